@@ -1,14 +1,10 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! `sluice bench`: OpenMessaging-Benchmark workloads against any Kafka-protocol broker.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Arguments of `sluice bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+/// Runs `sluice bench` with parsed arguments.
+pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::bail!("sluice bench is not built yet")
 }
