@@ -1,0 +1,659 @@
+//! One partition's log: segments, offsets, idempotent-producer state and the high watermark.
+//!
+//! Durability contract: [`Partition::append`] returns once the batch is in the page cache
+//! and tells the caller which offset must become visible before the produce may be
+//! answered. Under the default config (`flush.messages` = 1) the high watermark moves only
+//! when the [`crate::Syncer`] has fsynced the data; in page-cache mode it moves at once and
+//! the data is flushed by count (`flush.messages`) or age (`flush.ms`).
+//! Readers never see bytes past the high watermark.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::batch::{self, BatchError, BatchHeader, BatchIter};
+use crate::producer_state::{ProducerStateTable, SequenceCheck};
+use crate::segment::{log_file_name, Segment, INDEX_INTERVAL_BYTES};
+
+const LOG_START_OFFSET_FILE: &str = "log-start-offset";
+const SNAPSHOT_SUFFIX: &str = ".snapshot";
+/// Producer snapshots kept per partition (older ones are deleted).
+const SNAPSHOTS_KEPT: usize = 2;
+/// A read never returns more than this, whatever the client asks for.
+pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The per-topic settings storage acts on, in Kafka's names and units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// `segment.bytes`
+    pub segment_bytes: u64,
+    /// `segment.ms`
+    pub segment_ms: i64,
+    /// `retention.ms`, negative = forever
+    pub retention_ms: i64,
+    /// `retention.bytes`, negative = unlimited
+    pub retention_bytes: i64,
+    /// `max.message.bytes`: the largest batch accepted
+    pub max_message_bytes: usize,
+    /// `flush.messages`: 1 = fsync before acknowledging (the default); N > 1 = page-cache
+    /// mode, flushed after N messages
+    pub flush_messages: u64,
+    /// `flush.ms`: in page-cache mode, flush data older than this
+    pub flush_ms: i64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes: 1 << 30,
+            segment_ms: 7 * 24 * 3600 * 1000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            retention_bytes: -1,
+            max_message_bytes: 1_048_588,
+            flush_messages: 1,
+            flush_ms: i64::MAX,
+        }
+    }
+}
+
+impl LogConfig {
+    /// True when a write may be acknowledged only after fsync.
+    pub fn fsync_before_ack(&self) -> bool {
+        self.flush_messages <= 1
+    }
+}
+
+/// What readers and waiting producers observe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Visible {
+    pub high_watermark: i64,
+    /// The log hit an I/O error it cannot recover from without a restart.
+    pub failed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogOffsets {
+    pub log_start_offset: i64,
+    pub high_watermark: i64,
+    pub log_end_offset: i64,
+}
+
+/// A successful append (or a recognised duplicate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub base_offset: i64,
+    pub log_start_offset: i64,
+    /// The produce may be answered once the high watermark reaches this offset.
+    pub visible_at: i64,
+    /// The caller must ask the syncer for an fsync.
+    pub needs_sync: bool,
+    pub duplicate: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("corrupt batch: {0}")]
+    Corrupt(#[from] BatchError),
+    #[error("batch of {size} bytes exceeds max.message.bytes {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("invalid record: {0}")]
+    InvalidRecord(&'static str),
+    #[error("out of order sequence number")]
+    OutOfOrderSequence,
+    #[error("stale producer epoch")]
+    StaleProducerEpoch,
+    #[error("storage error: {0}")]
+    Storage(#[from] io::Error),
+    #[error("partition log is offline after an I/O error")]
+    Offline,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("offset {offset} out of range [{log_start_offset}, {log_end_offset}]")]
+    OffsetOutOfRange { offset: i64, log_start_offset: i64, log_end_offset: i64 },
+    #[error("storage error: {0}")]
+    Storage(#[from] io::Error),
+    #[error("partition log is offline after an I/O error")]
+    Offline,
+}
+
+struct LogState {
+    config: LogConfig,
+    segments: BTreeMap<i64, Segment>,
+    log_start_offset: i64,
+    log_end_offset: i64,
+    high_watermark: i64,
+    /// (segment base offset, file position) of the high watermark.
+    high_watermark_position: (i64, u64),
+    producers: ProducerStateTable,
+    unflushed_messages: u64,
+    oldest_unflushed_ms: Option<i64>,
+    failed: bool,
+}
+
+/// A partition's log. Shared between request handlers and the syncer as `Arc<Partition>`.
+pub struct Partition {
+    dir: PathBuf,
+    state: Mutex<LogState>,
+    visible: watch::Sender<Visible>,
+    pub(crate) sync_queued: AtomicBool,
+}
+
+/// What one fsync must cover and what it makes visible.
+pub(crate) struct SyncTarget {
+    file: Arc<std::fs::File>,
+    end_offset: i64,
+    position: (i64, u64),
+}
+
+impl Partition {
+    /// Opens (recovering) or creates the partition log in `dir`.
+    pub fn open(dir: &Path, config: LogConfig) -> io::Result<Partition> {
+        std::fs::create_dir_all(dir)?;
+        let (snapshot_offset, producers) = load_latest_snapshot(dir);
+        let mut replay = ProducerReplay { from: snapshot_offset, producers };
+        let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
+        for base_offset in list_segment_bases(dir)? {
+            let (segment, trusted) = Segment::open(dir, base_offset, &mut |header| replay.apply(header))?;
+            if trusted && segment.next_offset() > replay.from {
+                let start = segment.position_at_or_before(replay.from);
+                segment.scan_from(start, &mut |header, _| {
+                    replay.apply(header);
+                    true
+                })?;
+            }
+            if let Some(previous) = segments.values().next_back().map(|s| s.next_offset()) {
+                if previous != base_offset {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{}: segment {base_offset} does not follow offset {previous}", dir.display()),
+                    ));
+                }
+            }
+            segments.insert(base_offset, segment);
+        }
+        let producers = replay.producers;
+        let stored_start = read_log_start_offset(dir);
+        if segments.is_empty() {
+            let base = stored_start.unwrap_or(0);
+            segments.insert(base, Segment::create(dir, base)?);
+        }
+        let active = segments.values().next_back().expect("at least one segment");
+        // The active segment will be appended to: its index file would go stale.
+        let _ = std::fs::remove_file(dir.join(log_file_name(active.base_offset()).replace(".log", ".index")));
+        active.file().sync_data()?;
+        let first_base = *segments.keys().next().expect("at least one segment");
+        let log_end_offset = active.next_offset();
+        let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
+        let high_watermark_position = (active.base_offset(), active.size_bytes());
+        let state = LogState {
+            config,
+            segments,
+            log_start_offset,
+            log_end_offset,
+            high_watermark: log_end_offset,
+            high_watermark_position,
+            producers,
+            unflushed_messages: 0,
+            oldest_unflushed_ms: None,
+            failed: false,
+        };
+        let (visible, _) = watch::channel(Visible { high_watermark: log_end_offset, failed: false });
+        Ok(Partition { dir: dir.to_path_buf(), state: Mutex::new(state), visible, sync_queued: AtomicBool::new(false) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> LogConfig {
+        self.state.lock().config.clone()
+    }
+
+    pub fn set_config(&self, config: LogConfig) {
+        self.state.lock().config = config;
+    }
+
+    pub fn offsets(&self) -> LogOffsets {
+        let state = self.state.lock();
+        LogOffsets {
+            log_start_offset: state.log_start_offset,
+            high_watermark: state.high_watermark,
+            log_end_offset: state.log_end_offset,
+        }
+    }
+
+    /// A receiver that changes whenever the high watermark moves or the log fails.
+    pub fn subscribe(&self) -> watch::Receiver<Visible> {
+        self.visible.subscribe()
+    }
+
+    /// Validates and appends one batch (as sent by the client) at the log end.
+    pub fn append(&self, batch: &Bytes, leader_epoch: i32, now_ms: i64) -> Result<AppendOutcome, AppendError> {
+        let header = batch::validate_batch(batch)?;
+        let mut state = self.state.lock();
+        if state.failed {
+            return Err(AppendError::Offline);
+        }
+        if batch.len() > state.config.max_message_bytes {
+            return Err(AppendError::TooLarge { size: batch.len(), limit: state.config.max_message_bytes });
+        }
+        if header.is_control() || header.is_transactional() {
+            return Err(AppendError::InvalidRecord("transactional and control batches are not supported"));
+        }
+        if header.record_count == 0 {
+            return Err(AppendError::InvalidRecord("empty batch"));
+        }
+        match state.producers.check(&header) {
+            SequenceCheck::Append => {}
+            SequenceCheck::Duplicate { base_offset } => {
+                return Ok(AppendOutcome {
+                    base_offset,
+                    log_start_offset: state.log_start_offset,
+                    visible_at: base_offset + 1,
+                    needs_sync: false,
+                    duplicate: true,
+                })
+            }
+            SequenceCheck::OutOfOrder => return Err(AppendError::OutOfOrderSequence),
+            SequenceCheck::StaleEpoch => return Err(AppendError::StaleProducerEpoch),
+        }
+        let base_offset = state.log_end_offset;
+        let mut header = header;
+        header.base_offset = base_offset;
+        header.partition_leader_epoch = leader_epoch;
+        self.roll_if_needed(&mut state, &header, now_ms)?;
+        let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
+        let segment = state.segments.values_mut().next_back().expect("active segment");
+        segment.append(&prefix, &batch[16..], &header, now_ms)?;
+        let segment_end = (segment.base_offset(), segment.size_bytes());
+        state.producers.record(&header);
+        state.log_end_offset = header.last_offset() + 1;
+        let end_offset = state.log_end_offset;
+        let fsync = state.config.fsync_before_ack();
+        if !fsync {
+            state.high_watermark = end_offset;
+            state.high_watermark_position = segment_end;
+            state.unflushed_messages += header.record_count as u64;
+            state.oldest_unflushed_ms.get_or_insert(now_ms);
+            self.publish(&state);
+        }
+        Ok(AppendOutcome {
+            base_offset,
+            log_start_offset: state.log_start_offset,
+            visible_at: end_offset,
+            needs_sync: fsync,
+            duplicate: false,
+        })
+    }
+
+    fn roll_if_needed(&self, state: &mut LogState, header: &BatchHeader, now_ms: i64) -> io::Result<()> {
+        let config = &state.config;
+        let active = state.segments.values().next_back().expect("active segment");
+        let too_old = active.first_append_ms().is_some_and(|first| now_ms - first >= config.segment_ms);
+        let full = active.is_full_for(header.total_bytes() as u64, header.last_offset(), config.segment_bytes);
+        if !(full || (too_old && !active.is_empty())) {
+            return Ok(());
+        }
+        let new_base = state.log_end_offset;
+        // Create the new file first: if that fails (disk full) the old segment stays active.
+        let segment = Segment::create(&self.dir, new_base)?;
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        active.seal()?;
+        // Everything in the sealed segment is now durable.
+        if state.high_watermark < new_base {
+            state.high_watermark = new_base;
+            state.high_watermark_position = (new_base, 0);
+            self.publish(state);
+        }
+        state.segments.insert(new_base, segment);
+        write_snapshot(&self.dir, new_base, &state.producers)?;
+        Ok(())
+    }
+
+    fn publish(&self, state: &LogState) {
+        self.visible.send_replace(Visible { high_watermark: state.high_watermark, failed: state.failed });
+    }
+
+    /// Captures what an fsync issued now would make durable. Called by the syncer.
+    pub(crate) fn sync_target(&self) -> SyncTarget {
+        let state = self.state.lock();
+        let active = state.segments.values().next_back().expect("active segment");
+        SyncTarget {
+            file: active.file().clone(),
+            end_offset: state.log_end_offset,
+            position: (active.base_offset(), active.size_bytes()),
+        }
+    }
+
+    /// Runs one fsync for `target` and advances the high watermark. Called by the syncer.
+    pub(crate) fn sync(&self, target: SyncTarget) {
+        let result = target.file.sync_data();
+        let mut state = self.state.lock();
+        match result {
+            Ok(()) => {
+                if target.end_offset > state.high_watermark {
+                    state.high_watermark = target.end_offset;
+                    state.high_watermark_position = target.position;
+                }
+                if target.end_offset >= state.log_end_offset {
+                    state.unflushed_messages = 0;
+                    state.oldest_unflushed_ms = None;
+                }
+            }
+            Err(error) => {
+                // After a failed fsync the page cache may have dropped the data: nothing
+                // unsynced can be trusted, so the log goes offline until a restart recovers it.
+                tracing::error!(dir = %self.dir.display(), %error, "fdatasync failed; partition offline");
+                state.failed = true;
+            }
+        }
+        self.publish(&state);
+    }
+
+    /// In page-cache mode, true when `flush.messages` or `flush.ms` asks for an fsync now.
+    pub fn flush_due(&self, now_ms: i64) -> bool {
+        let state = self.state.lock();
+        if state.config.fsync_before_ack() || state.unflushed_messages == 0 {
+            return false;
+        }
+        state.unflushed_messages >= state.config.flush_messages
+            || state.oldest_unflushed_ms.is_some_and(|t| now_ms - t >= state.config.flush_ms)
+    }
+
+    /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
+    /// (at least one batch when `min_one_batch`) and never past the high watermark.
+    pub fn read(&self, offset: i64, max_bytes: usize, min_one_batch: bool) -> Result<Bytes, ReadError> {
+        let max_bytes = max_bytes.min(READ_BYTES_MAX);
+        let (file, start, end) = {
+            let state = self.state.lock();
+            if state.failed {
+                return Err(ReadError::Offline);
+            }
+            if offset < state.log_start_offset || offset > state.log_end_offset {
+                return Err(ReadError::OffsetOutOfRange {
+                    offset,
+                    log_start_offset: state.log_start_offset,
+                    log_end_offset: state.log_end_offset,
+                });
+            }
+            if offset >= state.high_watermark {
+                return Ok(Bytes::new());
+            }
+            let (base, segment) = state.segments.range(..=offset).next_back().expect("offset is inside the log");
+            let end = if *base == state.high_watermark_position.0 {
+                state.high_watermark_position.1
+            } else {
+                segment.size_bytes()
+            };
+            (segment.file().clone(), segment.position_at_or_before(offset), end)
+        };
+        Ok(read_batches(&file, start, end, offset, max_bytes, min_one_batch)?)
+    }
+
+    /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
+    pub fn batch_for_timestamp(&self, timestamp: i64) -> Result<Option<Bytes>, ReadError> {
+        let located = {
+            let state = self.state.lock();
+            let mut found = None;
+            for segment in state.segments.values() {
+                if segment.max_timestamp() < timestamp || segment.next_offset() <= state.log_start_offset {
+                    continue;
+                }
+                let mut hit = None;
+                let start = segment.position_for_timestamp(timestamp);
+                let high_watermark = state.high_watermark;
+                segment.scan_from(start, &mut |header, position| {
+                    if header.base_offset >= high_watermark {
+                        return false;
+                    }
+                    if header.max_timestamp >= timestamp && header.last_offset() >= state.log_start_offset {
+                        hit = Some((position, header.total_bytes()));
+                        return false;
+                    }
+                    true
+                })?;
+                if let Some((position, length)) = hit {
+                    found = Some((segment.file().clone(), position, length));
+                    break;
+                }
+            }
+            found
+        };
+        match located {
+            None => Ok(None),
+            Some((file, position, length)) => Ok(Some(Segment::read_at(&file, position, length)?)),
+        }
+    }
+
+    /// The batch holding the largest timestamp in the log (ListOffsets MAX_TIMESTAMP).
+    pub fn batch_with_max_timestamp(&self) -> Result<Option<Bytes>, ReadError> {
+        let offset = {
+            let state = self.state.lock();
+            let best = state
+                .segments
+                .values()
+                .filter(|s| !s.is_empty() && s.offset_of_max_timestamp() >= state.log_start_offset)
+                .max_by_key(|s| s.max_timestamp());
+            match best {
+                Some(segment) if segment.offset_of_max_timestamp() < state.high_watermark => segment.offset_of_max_timestamp(),
+                _ => return Ok(None),
+            }
+        };
+        let batches = self.read(offset, 1, true)?;
+        let Some(Ok((header, range))) = BatchIter::new(&batches).next() else { return Ok(None) };
+        assert!(header.base_offset <= offset && offset <= header.last_offset());
+        Ok(Some(batches.slice(range)))
+    }
+
+    /// Moves the log start offset forward (DeleteRecords). `offset` must be <= the high watermark.
+    pub fn delete_records_before(&self, offset: i64) -> Result<i64, ReadError> {
+        let mut state = self.state.lock();
+        if offset < 0 || offset > state.high_watermark {
+            return Err(ReadError::OffsetOutOfRange {
+                offset,
+                log_start_offset: state.log_start_offset,
+                log_end_offset: state.high_watermark,
+            });
+        }
+        if offset > state.log_start_offset {
+            crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+            state.log_start_offset = offset;
+            delete_segments(&mut state, |segment, state_start| segment.next_offset() <= state_start);
+        }
+        Ok(state.log_start_offset)
+    }
+
+    /// Applies `retention.ms` and `retention.bytes`. Returns the number of segments deleted.
+    pub fn apply_retention(&self, now_ms: i64) -> usize {
+        let mut state = self.state.lock();
+        let retention_ms = state.config.retention_ms;
+        let mut deleted = 0;
+        if retention_ms >= 0 {
+            deleted += delete_segments(&mut state, |segment, _| segment.max_timestamp() < now_ms - retention_ms);
+        }
+        let retention_bytes = state.config.retention_bytes;
+        if retention_bytes >= 0 {
+            let mut total: u64 = state.segments.values().map(|s| s.size_bytes()).sum();
+            deleted += delete_segments(&mut state, |segment, _| {
+                let excess = total.saturating_sub(segment.size_bytes()) >= retention_bytes as u64;
+                if excess {
+                    total -= segment.size_bytes();
+                }
+                excess
+            });
+        }
+        deleted
+    }
+
+    /// Clean shutdown: fsync, cut preallocation, persist indexes and producer state.
+    pub fn close(&self) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let log_end_offset = state.log_end_offset;
+        write_snapshot(&self.dir, log_end_offset, &state.producers)?;
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        active.seal()
+    }
+
+    pub fn producer_count(&self) -> usize {
+        self.state.lock().producers.producer_count()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.state.lock().segments.values().map(|s| s.size_bytes()).sum()
+    }
+}
+
+/// Rebuilds producer state from batch headers at or after `from`, each applied once.
+struct ProducerReplay {
+    from: i64,
+    producers: ProducerStateTable,
+}
+
+impl ProducerReplay {
+    fn apply(&mut self, header: &BatchHeader) {
+        if header.base_offset >= self.from {
+            self.producers.record(header);
+            self.from = header.last_offset() + 1;
+        }
+    }
+}
+
+/// Deletes oldest sealed segments while `expired` says so, then moves the log start offset.
+fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) -> bool) -> usize {
+    let mut deleted = 0;
+    while state.segments.len() > 1 {
+        let (base, segment) = state.segments.iter().next().expect("non-empty");
+        if !expired(segment, state.log_start_offset) {
+            break;
+        }
+        if let Err(error) = segment.delete_files() {
+            tracing::warn!(%error, "failed to delete segment files");
+            break;
+        }
+        let base = *base;
+        state.segments.remove(&base);
+        deleted += 1;
+    }
+    let first_base = *state.segments.keys().next().expect("non-empty");
+    state.log_start_offset = state.log_start_offset.max(first_base);
+    deleted
+}
+
+/// Reads whole batches from `start` (a batch boundary at or before `offset`) to `end`.
+fn read_batches(
+    file: &std::fs::File,
+    mut start: u64,
+    end: u64,
+    offset: i64,
+    max_bytes: usize,
+    min_one_batch: bool,
+) -> io::Result<Bytes> {
+    while start < end {
+        let length = ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
+        let chunk = Segment::read_at(file, start, length)?;
+        let mut taken: Option<(usize, usize)> = None;
+        let mut iter = BatchIter::new(&chunk);
+        for item in iter.by_ref() {
+            let (header, range) = item.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            if header.last_offset() < offset {
+                continue;
+            }
+            match taken {
+                None if range.len() > max_bytes && !min_one_batch => return Ok(Bytes::new()),
+                None => taken = Some((range.start, range.end)),
+                Some((begin, _)) if range.end - begin > max_bytes => break,
+                Some((begin, _)) => taken = Some((begin, range.end)),
+            }
+        }
+        if let Some((begin, end)) = taken {
+            return Ok(chunk.slice(begin..end));
+        }
+        match iter.position() {
+            0 => {
+                // Not even one whole batch in the chunk: read the batch at `start` alone.
+                let header = batch::BatchHeader::parse(&chunk)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                if header.last_offset() >= offset {
+                    if !min_one_batch && header.total_bytes() > max_bytes {
+                        return Ok(Bytes::new());
+                    }
+                    return Segment::read_at(file, start, header.total_bytes());
+                }
+                start += header.total_bytes() as u64;
+            }
+            consumed => start += consumed as u64,
+        }
+    }
+    Ok(Bytes::new())
+}
+
+fn list_segment_bases(dir: &Path) -> io::Result<Vec<i64>> {
+    let mut bases = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(stem) = name.strip_suffix(".log") {
+            if let Ok(base) = stem.parse::<i64>() {
+                bases.push(base);
+            }
+        }
+    }
+    bases.sort_unstable();
+    Ok(bases)
+}
+
+fn read_log_start_offset(dir: &Path) -> Option<i64> {
+    std::fs::read_to_string(dir.join(LOG_START_OFFSET_FILE)).ok()?.trim().parse().ok()
+}
+
+#[derive(Serialize, Deserialize)]
+struct ProducerSnapshot {
+    version: u32,
+    offset: i64,
+    producers: ProducerStateTable,
+}
+
+fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io::Result<()> {
+    let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
+    let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
+    crate::write_file_atomically(&dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}")), &body)?;
+    let mut snapshots = list_snapshots(dir);
+    while snapshots.len() > SNAPSHOTS_KEPT {
+        let oldest = snapshots.remove(0);
+        let _ = std::fs::remove_file(dir.join(format!("{oldest:020}{SNAPSHOT_SUFFIX}")));
+    }
+    Ok(())
+}
+
+fn list_snapshots(dir: &Path) -> Vec<i64> {
+    let mut offsets: Vec<i64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(SNAPSHOT_SUFFIX)?.parse().ok())
+        .collect();
+    offsets.sort_unstable();
+    offsets
+}
+
+/// The newest readable producer snapshot, or an empty table replayed from offset 0.
+fn load_latest_snapshot(dir: &Path) -> (i64, ProducerStateTable) {
+    for offset in list_snapshots(dir).into_iter().rev() {
+        let path = dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}"));
+        let parsed = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<ProducerSnapshot>(&b).ok());
+        match parsed {
+            Some(snapshot) if snapshot.version == 1 && snapshot.offset == offset => return (offset, snapshot.producers),
+            _ => tracing::warn!(path = %path.display(), "ignoring unreadable producer snapshot"),
+        }
+    }
+    (0, ProducerStateTable::default())
+}

@@ -1,0 +1,161 @@
+//! Idempotent-producer state of one partition: per producer id, its epoch and the last
+//! few batches it wrote, so a retried batch is answered with its original offset instead
+//! of being written twice, and a gap in sequence numbers is refused.
+//!
+//! The state is a pure function of the log: it is rebuilt by replaying batch headers, and
+//! snapshotted (at segment roll and clean shutdown) only to bound that replay.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::batch::BatchHeader;
+
+/// How many recent batches per producer are remembered for duplicate detection. Kafka
+/// clients keep at most 5 requests in flight per connection with idempotence on.
+pub const PRODUCER_BATCHES_REMEMBERED: usize = 5;
+
+/// Verdict of a sequence check for an incoming batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceCheck {
+    /// New data in order: append it.
+    Append,
+    /// A retry of a batch already in the log at this base offset: do not write it again.
+    Duplicate { base_offset: i64 },
+    /// A gap or reordering: OUT_OF_ORDER_SEQUENCE_NUMBER.
+    OutOfOrder,
+    /// An epoch older than the producer's current one: INVALID_PRODUCER_EPOCH.
+    StaleEpoch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct BatchMetadata {
+    first_sequence: i32,
+    last_sequence: i32,
+    base_offset: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ProducerEntry {
+    epoch: i16,
+    batches: VecDeque<BatchMetadata>,
+}
+
+/// Producer id -> state, for one partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerStateTable {
+    producers: HashMap<i64, ProducerEntry>,
+}
+
+fn next_sequence(sequence: i32) -> i32 {
+    if sequence == i32::MAX {
+        0
+    } else {
+        sequence + 1
+    }
+}
+
+impl ProducerStateTable {
+    /// Decides what to do with a batch. Batches without a producer id always append.
+    pub fn check(&self, header: &BatchHeader) -> SequenceCheck {
+        if !header.has_producer_id() {
+            return SequenceCheck::Append;
+        }
+        let first = header.base_sequence;
+        let last = header.last_sequence();
+        let Some(entry) = self.producers.get(&header.producer_id) else {
+            return if first == 0 { SequenceCheck::Append } else { SequenceCheck::OutOfOrder };
+        };
+        if header.producer_epoch < entry.epoch {
+            return SequenceCheck::StaleEpoch;
+        }
+        if header.producer_epoch > entry.epoch {
+            return if first == 0 { SequenceCheck::Append } else { SequenceCheck::OutOfOrder };
+        }
+        if let Some(batch) =
+            entry.batches.iter().find(|b| b.first_sequence == first && b.last_sequence == last)
+        {
+            return SequenceCheck::Duplicate { base_offset: batch.base_offset };
+        }
+        match entry.batches.back() {
+            Some(previous) if first == next_sequence(previous.last_sequence) => SequenceCheck::Append,
+            None if first == 0 => SequenceCheck::Append,
+            _ => SequenceCheck::OutOfOrder,
+        }
+    }
+
+    /// Records a batch that was appended at `header.base_offset`.
+    pub fn record(&mut self, header: &BatchHeader) {
+        if !header.has_producer_id() {
+            return;
+        }
+        let entry = self
+            .producers
+            .entry(header.producer_id)
+            .or_insert_with(|| ProducerEntry { epoch: header.producer_epoch, batches: VecDeque::new() });
+        if header.producer_epoch != entry.epoch {
+            entry.epoch = header.producer_epoch;
+            entry.batches.clear();
+        }
+        if entry.batches.len() == PRODUCER_BATCHES_REMEMBERED {
+            entry.batches.pop_front();
+        }
+        entry.batches.push_back(BatchMetadata {
+            first_sequence: header.base_sequence,
+            last_sequence: header.last_sequence(),
+            base_offset: header.base_offset,
+        });
+        assert!(entry.batches.len() <= PRODUCER_BATCHES_REMEMBERED);
+    }
+
+    pub fn producer_count(&self) -> usize {
+        self.producers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{tests::make_batch, BatchHeader};
+
+    fn header(pid: i64, epoch: i16, seq: i32, count: i32, offset: i64) -> BatchHeader {
+        let mut h = BatchHeader::parse(&make_batch(count, 0, Some((pid, epoch, seq)))).unwrap();
+        h.base_offset = offset;
+        h
+    }
+
+    #[test]
+    fn in_order_batches_append_and_retries_are_duplicates() {
+        let mut table = ProducerStateTable::default();
+        let first = header(1, 0, 0, 3, 100);
+        assert_eq!(table.check(&first), SequenceCheck::Append);
+        table.record(&first);
+        let second = header(1, 0, 3, 2, 103);
+        assert_eq!(table.check(&second), SequenceCheck::Append);
+        table.record(&second);
+        assert_eq!(table.check(&header(1, 0, 0, 3, -1)), SequenceCheck::Duplicate { base_offset: 100 });
+        assert_eq!(table.check(&header(1, 0, 3, 2, -1)), SequenceCheck::Duplicate { base_offset: 103 });
+    }
+
+    #[test]
+    fn gaps_and_stale_epochs_are_refused() {
+        let mut table = ProducerStateTable::default();
+        assert_eq!(table.check(&header(1, 0, 5, 1, 0)), SequenceCheck::OutOfOrder);
+        table.record(&header(1, 2, 0, 1, 0));
+        assert_eq!(table.check(&header(1, 2, 2, 1, 1)), SequenceCheck::OutOfOrder);
+        assert_eq!(table.check(&header(1, 1, 1, 1, 1)), SequenceCheck::StaleEpoch);
+        assert_eq!(table.check(&header(1, 3, 0, 1, 1)), SequenceCheck::Append);
+        assert_eq!(table.check(&header(1, 3, 4, 1, 1)), SequenceCheck::OutOfOrder);
+    }
+
+    #[test]
+    fn only_recent_batches_are_remembered() {
+        let mut table = ProducerStateTable::default();
+        for i in 0..10 {
+            table.record(&header(9, 0, i, 1, i64::from(i)));
+        }
+        assert_eq!(table.check(&header(9, 0, 9, 1, -1)), SequenceCheck::Duplicate { base_offset: 9 });
+        assert_eq!(table.check(&header(9, 0, 1, 1, -1)), SequenceCheck::OutOfOrder);
+        assert_eq!(table.check(&header(9, 0, 10, 1, -1)), SequenceCheck::Append);
+    }
+}

@@ -1,0 +1,449 @@
+//! One segment of a partition log: a file of consecutive record batches plus its sparse
+//! offset and time indexes.
+//!
+//! Durability contract: `append` returns when the bytes are in the page cache; the
+//! partition's syncer makes them durable with `fdatasync` on [`Segment::file`]. A sealed
+//! segment is fsynced, truncated to its logical size and has its index file written, so
+//! recovery trusts it without scanning; the active segment is scanned batch by batch
+//! (length, CRC, offset continuity) and cut at the first invalid byte.
+//!
+//! The active segment's file is preallocated in chunks (`fallocate`), so most appends do not
+//! change the file size and an `fdatasync` does not have to commit size metadata.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::batch::{BatchHeader, BatchIter, BATCH_HEADER_BYTES};
+
+/// An index entry is added every this many bytes of appended batches.
+pub const INDEX_INTERVAL_BYTES: u64 = 4096;
+/// The active segment grows its allocation by this much at a time.
+pub const PREALLOCATE_CHUNK_BYTES: u64 = 16 * 1024 * 1024;
+/// Recovery and replay read the log in buffers of this size.
+const SCAN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+/// Index positions are u32: a segment can never be larger than this.
+pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
+const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
+const INDEX_FILE_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OffsetEntry {
+    relative_offset: u32,
+    position: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TimeEntry {
+    max_timestamp: i64,
+    relative_offset: u32,
+    position: u32,
+}
+
+/// A batch located by a scan: its header and where it starts in the segment file.
+#[derive(Debug, Clone, Copy)]
+pub struct LocatedBatch {
+    pub header: BatchHeader,
+    pub position: u64,
+}
+
+pub struct Segment {
+    base_offset: i64,
+    log_path: PathBuf,
+    index_path: PathBuf,
+    file: Arc<File>,
+    size_bytes: u64,
+    allocated_bytes: u64,
+    next_offset: i64,
+    max_timestamp: i64,
+    offset_of_max_timestamp: i64,
+    first_append_ms: Option<i64>,
+    offset_index: Vec<OffsetEntry>,
+    time_index: Vec<TimeEntry>,
+    bytes_since_index_entry: u64,
+}
+
+pub fn log_file_name(base_offset: i64) -> String {
+    format!("{base_offset:020}.log")
+}
+
+fn index_file_name(base_offset: i64) -> String {
+    format!("{base_offset:020}.index")
+}
+
+impl Segment {
+    /// Creates a new, empty segment file (failing if it exists).
+    pub fn create(dir: &Path, base_offset: i64) -> io::Result<Segment> {
+        assert!(base_offset >= 0);
+        let log_path = dir.join(log_file_name(base_offset));
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
+        Ok(Segment::empty(dir, base_offset, log_path, file))
+    }
+
+    fn empty(dir: &Path, base_offset: i64, log_path: PathBuf, file: File) -> Segment {
+        Segment {
+            base_offset,
+            index_path: dir.join(index_file_name(base_offset)),
+            log_path,
+            file: Arc::new(file),
+            size_bytes: 0,
+            allocated_bytes: 0,
+            next_offset: base_offset,
+            max_timestamp: -1,
+            offset_of_max_timestamp: -1,
+            first_append_ms: None,
+            offset_index: Vec::new(),
+            time_index: Vec::new(),
+            bytes_since_index_entry: 0,
+        }
+    }
+
+    /// Opens an existing segment. A segment with a valid index file matching its size is
+    /// trusted; otherwise it is scanned and truncated after its last valid batch.
+    /// `on_batch` sees every batch header of a scanned segment (for producer-state replay).
+    pub fn open(dir: &Path, base_offset: i64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<(Segment, bool)> {
+        let log_path = dir.join(log_file_name(base_offset));
+        let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
+        let file_len = file.metadata()?.len();
+        let mut segment = Segment::empty(dir, base_offset, log_path, file);
+        if segment.load_index_file(file_len).is_ok() {
+            segment.allocated_bytes = file_len;
+            return Ok((segment, true));
+        }
+        segment.recover(file_len, on_batch)?;
+        Ok((segment, false))
+    }
+
+    /// Scans the file from the start, rebuilding indexes, and truncates a torn or
+    /// preallocated tail. Returns the number of bytes cut.
+    fn recover(&mut self, file_len: u64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<u64> {
+        let _ = std::fs::remove_file(&self.index_path);
+        let mut expected_offset = self.base_offset;
+        let file = self.file.clone();
+        let valid_end = scan_batches(&file, 0, file_len, true, &mut |header, position| {
+            if header.base_offset != expected_offset {
+                return false;
+            }
+            expected_offset = header.last_offset() + 1;
+            self.track_appended(header, position);
+            on_batch(header);
+            true
+        })?;
+        assert_eq!(valid_end, self.size_bytes);
+        if valid_end != file_len {
+            self.file.set_len(valid_end)?;
+            self.file.sync_all()?;
+        }
+        self.allocated_bytes = valid_end;
+        Ok(file_len - valid_end)
+    }
+
+    pub fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
+    /// Offset after the last batch in this segment.
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    pub fn max_timestamp(&self) -> i64 {
+        self.max_timestamp
+    }
+    pub fn offset_of_max_timestamp(&self) -> i64 {
+        self.offset_of_max_timestamp
+    }
+    pub fn first_append_ms(&self) -> Option<i64> {
+        self.first_append_ms
+    }
+    pub fn is_empty(&self) -> bool {
+        self.size_bytes == 0
+    }
+    pub fn file(&self) -> &Arc<File> {
+        &self.file
+    }
+
+    /// True when a batch of `batch_bytes` would not fit under `segment_bytes` or would
+    /// overflow the relative offsets of the indexes.
+    pub fn is_full_for(&self, batch_bytes: u64, last_offset: i64, segment_bytes: u64) -> bool {
+        !self.is_empty()
+            && (self.size_bytes + batch_bytes > segment_bytes.min(SEGMENT_BYTES_MAX)
+                || last_offset - self.base_offset > i64::from(u32::MAX >> 1))
+    }
+
+    /// Writes `prefix` followed by `rest` (one batch) at the logical end. On error nothing
+    /// is accounted: the bytes past the logical end are garbage that the next append
+    /// overwrites and recovery cuts.
+    pub fn append(&mut self, prefix: &[u8], rest: &[u8], header: &BatchHeader, now_ms: i64) -> io::Result<u64> {
+        let batch_bytes = (prefix.len() + rest.len()) as u64;
+        assert_eq!(batch_bytes, header.total_bytes() as u64);
+        assert_eq!(header.base_offset, self.next_offset, "appends are contiguous");
+        let position = self.size_bytes;
+        if position + batch_bytes > SEGMENT_BYTES_MAX {
+            return Err(io::Error::other("segment would exceed its maximum size"));
+        }
+        self.ensure_allocated(position + batch_bytes)?;
+        write_all_vectored_at(&self.file, &[prefix, rest], position)?;
+        self.first_append_ms.get_or_insert(now_ms);
+        self.track_appended(header, position);
+        Ok(position)
+    }
+
+    fn ensure_allocated(&mut self, end: u64) -> io::Result<()> {
+        if end <= self.allocated_bytes {
+            return Ok(());
+        }
+        let new_allocated = (end + PREALLOCATE_CHUNK_BYTES).min(SEGMENT_BYTES_MAX).max(end);
+        let length = (new_allocated - self.allocated_bytes) as libc::off_t;
+        // SAFETY: fallocate on an owned, open file descriptor with in-range arguments.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, self.allocated_bytes as libc::off_t, length) };
+        if rc != 0 {
+            let error = io::Error::last_os_error();
+            // Filesystems without fallocate still work, appends just change the size.
+            if error.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(error);
+            }
+            return Ok(());
+        }
+        self.allocated_bytes = new_allocated;
+        Ok(())
+    }
+
+    fn track_appended(&mut self, header: &BatchHeader, position: u64) {
+        let batch_bytes = header.total_bytes() as u64;
+        let relative_offset = (header.base_offset - self.base_offset) as u32;
+        if self.bytes_since_index_entry >= INDEX_INTERVAL_BYTES || self.offset_index.is_empty() {
+            self.offset_index.push(OffsetEntry { relative_offset, position: position as u32 });
+            if header.max_timestamp > self.time_index.last().map_or(i64::MIN, |e| e.max_timestamp) {
+                self.time_index.push(TimeEntry {
+                    max_timestamp: self.max_timestamp.max(header.max_timestamp),
+                    relative_offset,
+                    position: position as u32,
+                });
+            }
+            self.bytes_since_index_entry = 0;
+        }
+        self.bytes_since_index_entry += batch_bytes;
+        if header.max_timestamp > self.max_timestamp {
+            self.max_timestamp = header.max_timestamp;
+            self.offset_of_max_timestamp = header.base_offset;
+        }
+        self.size_bytes = position + batch_bytes;
+        self.next_offset = header.last_offset() + 1;
+    }
+
+    /// File position of a batch at or before `offset` (a place to start scanning).
+    pub fn position_at_or_before(&self, offset: i64) -> u64 {
+        let relative = (offset - self.base_offset).max(0) as u32;
+        let index = self.offset_index.partition_point(|e| e.relative_offset <= relative);
+        if index == 0 {
+            0
+        } else {
+            u64::from(self.offset_index[index - 1].position)
+        }
+    }
+
+    /// File position from which to scan for the first batch with max timestamp >= `timestamp`.
+    pub fn position_for_timestamp(&self, timestamp: i64) -> u64 {
+        let index = self.time_index.partition_point(|e| e.max_timestamp < timestamp);
+        if index == 0 {
+            0
+        } else {
+            u64::from(self.time_index[index - 1].position)
+        }
+    }
+
+    /// Reads `length` bytes at `position` into a fresh buffer (one copy, from the page cache).
+    pub fn read_at(file: &File, position: u64, length: usize) -> io::Result<Bytes> {
+        let mut buffer = BytesMut::zeroed(length);
+        file.read_exact_at(&mut buffer, position)?;
+        Ok(buffer.freeze())
+    }
+
+    /// Visits batch headers from `position` to the logical end, stopping when `visit`
+    /// returns false.
+    pub fn scan_from(&self, position: u64, visit: &mut dyn FnMut(&BatchHeader, u64) -> bool) -> io::Result<()> {
+        scan_batches(&self.file, position, self.size_bytes, false, visit)?;
+        Ok(())
+    }
+
+    /// Makes the segment immutable: fsync, cut preallocation, persist indexes.
+    pub fn seal(&mut self) -> io::Result<()> {
+        self.file.sync_data()?;
+        if self.allocated_bytes != self.size_bytes {
+            self.file.set_len(self.size_bytes)?;
+            self.file.sync_all()?;
+            self.allocated_bytes = self.size_bytes;
+        }
+        self.write_index_file()
+    }
+
+    /// Deletes the segment's files.
+    pub fn delete_files(&self) -> io::Result<()> {
+        let _ = std::fs::remove_file(&self.index_path);
+        std::fs::remove_file(&self.log_path)
+    }
+
+    fn write_index_file(&self) -> io::Result<()> {
+        let mut out = Vec::with_capacity(64 + self.offset_index.len() * 8 + self.time_index.len() * 16);
+        out.extend_from_slice(INDEX_FILE_MAGIC);
+        out.extend_from_slice(&INDEX_FILE_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.size_bytes.to_le_bytes());
+        out.extend_from_slice(&self.next_offset.to_le_bytes());
+        out.extend_from_slice(&self.max_timestamp.to_le_bytes());
+        out.extend_from_slice(&self.offset_of_max_timestamp.to_le_bytes());
+        out.extend_from_slice(&self.first_append_ms.unwrap_or(-1).to_le_bytes());
+        out.extend_from_slice(&(self.offset_index.len() as u32).to_le_bytes());
+        for entry in &self.offset_index {
+            out.extend_from_slice(&entry.relative_offset.to_le_bytes());
+            out.extend_from_slice(&entry.position.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.time_index.len() as u32).to_le_bytes());
+        for entry in &self.time_index {
+            out.extend_from_slice(&entry.max_timestamp.to_le_bytes());
+            out.extend_from_slice(&entry.relative_offset.to_le_bytes());
+            out.extend_from_slice(&entry.position.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        crate::write_file_atomically(&self.index_path, &out)
+    }
+
+    fn load_index_file(&mut self, file_len: u64) -> io::Result<()> {
+        let mut data = Vec::new();
+        File::open(&self.index_path)?.read_to_end(&mut data)?;
+        let invalid = || io::Error::new(io::ErrorKind::InvalidData, "invalid index file");
+        if data.len() < 56 || &data[0..4] != INDEX_FILE_MAGIC {
+            return Err(invalid());
+        }
+        let (body, crc) = data.split_at(data.len() - 4);
+        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+            return Err(invalid());
+        }
+        let mut reader = LeReader { data: body, position: 4 };
+        if reader.u32()? != INDEX_FILE_VERSION || reader.u64()? != file_len {
+            return Err(invalid());
+        }
+        self.size_bytes = file_len;
+        self.next_offset = reader.u64()? as i64;
+        self.max_timestamp = reader.u64()? as i64;
+        self.offset_of_max_timestamp = reader.u64()? as i64;
+        let first_append_ms = reader.u64()? as i64;
+        self.first_append_ms = (first_append_ms >= 0).then_some(first_append_ms);
+        for _ in 0..reader.u32()? {
+            self.offset_index.push(OffsetEntry { relative_offset: reader.u32()?, position: reader.u32()? });
+        }
+        for _ in 0..reader.u32()? {
+            let max_timestamp = reader.u64()? as i64;
+            self.time_index.push(TimeEntry { max_timestamp, relative_offset: reader.u32()?, position: reader.u32()? });
+        }
+        if self.next_offset < self.base_offset || self.offset_index.iter().any(|e| u64::from(e.position) >= file_len.max(1)) {
+            return Err(invalid());
+        }
+        Ok(())
+    }
+}
+
+struct LeReader<'a> {
+    data: &'a [u8],
+    position: usize,
+}
+
+impl LeReader<'_> {
+    fn take<const N: usize>(&mut self) -> io::Result<[u8; N]> {
+        let end = self.position + N;
+        let bytes = self.data.get(self.position..end).ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        self.position = end;
+        Ok(bytes.try_into().expect("N bytes"))
+    }
+    fn u32(&mut self) -> io::Result<u32> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> io::Result<u64> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+}
+
+/// Reads batches between `start` and `end` in large buffers and calls `visit` with each
+/// header and position until it returns false or the bytes stop forming whole batches.
+/// With `check_crc`, each batch's CRC is validated and a bad one ends the scan.
+/// Returns the position after the last visited batch.
+fn scan_batches(
+    file: &File,
+    start: u64,
+    end: u64,
+    check_crc: bool,
+    visit: &mut dyn FnMut(&BatchHeader, u64) -> bool,
+) -> io::Result<u64> {
+    let mut buffer = vec![0u8; SCAN_BUFFER_BYTES];
+    let mut position = start;
+    while position + (BATCH_HEADER_BYTES as u64) <= end {
+        let want = ((end - position) as usize).min(buffer.len());
+        file.read_exact_at(&mut buffer[..want], position)?;
+        let chunk = &buffer[..want];
+        let mut iter = BatchIter::new(chunk);
+        let mut visited_any = false;
+        while let Some(item) = iter.next() {
+            let Ok((header, range)) = item else { return Ok(position + iter.position() as u64) };
+            let valid = !check_crc || crate::batch::validate_batch(&chunk[range.clone()]).is_ok();
+            if !valid || !visit(&header, position + range.start as u64) {
+                return Ok(position + range.start as u64);
+            }
+            visited_any = true;
+        }
+        let consumed = iter.position() as u64;
+        if !visited_any {
+            // The next batch does not fit in the buffer: grow it if the file really holds it.
+            match BatchHeader::parse(chunk) {
+                Ok(header) if position + header.total_bytes() as u64 <= end && header.total_bytes() > buffer.len() => {
+                    buffer.resize(header.total_bytes(), 0);
+                    continue;
+                }
+                _ => return Ok(position),
+            }
+        }
+        position += consumed;
+    }
+    Ok(position)
+}
+
+/// `pwritev` of all of `parts` at `position`, retrying short writes.
+fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io::Result<()> {
+    let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
+    while !parts.is_empty() {
+        let iovecs: Vec<libc::iovec> = parts
+            .iter()
+            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+            .collect();
+        // SAFETY: iovecs point into live slices for the duration of the call.
+        let written = unsafe { libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, position as libc::off_t) };
+        if written < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if written == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+        }
+        position += written as u64;
+        let mut remaining = written as usize;
+        while remaining > 0 {
+            if remaining >= parts[0].len() {
+                remaining -= parts[0].len();
+                parts.remove(0);
+            } else {
+                parts[0] = &parts[0][remaining..];
+                remaining = 0;
+            }
+        }
+    }
+    Ok(())
+}

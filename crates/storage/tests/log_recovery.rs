@@ -1,0 +1,190 @@
+//! Partition log behaviour on a real filesystem: append, read, fsync visibility, torn-tail
+//! recovery, segment roll, retention and idempotent-producer state across restarts.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_storage::batch::{validate_batch, BatchIter};
+use sluice_storage::{AppendError, LogConfig, LogManager, Partition, TopicPartition};
+
+/// An uncompressed batch of `count` one-byte records (CRC computed as a client would).
+fn batch(count: i32, timestamp: i64, producer: Option<(i64, i16, i32)>) -> Bytes {
+    let mut records = Vec::new();
+    for i in 0..count {
+        let body = [0u8, 0, (i as u8) << 1, 1, 2, b'x', 0];
+        records.push((body.len() as u8) << 1);
+        records.extend_from_slice(&body);
+    }
+    let (pid, epoch, seq) = producer.unwrap_or((-1, -1, -1));
+    let mut buf = Vec::new();
+    buf.extend_from_slice(&0i64.to_be_bytes());
+    buf.extend_from_slice(&((49 + records.len()) as i32).to_be_bytes());
+    buf.extend_from_slice(&0i32.to_be_bytes());
+    buf.push(2);
+    buf.extend_from_slice(&0u32.to_be_bytes());
+    buf.extend_from_slice(&0i16.to_be_bytes());
+    buf.extend_from_slice(&(count - 1).to_be_bytes());
+    buf.extend_from_slice(&timestamp.to_be_bytes());
+    buf.extend_from_slice(&timestamp.to_be_bytes());
+    buf.extend_from_slice(&pid.to_be_bytes());
+    buf.extend_from_slice(&epoch.to_be_bytes());
+    buf.extend_from_slice(&seq.to_be_bytes());
+    buf.extend_from_slice(&count.to_be_bytes());
+    buf.extend_from_slice(&records);
+    let crc = crc32c::crc32c(&buf[21..]);
+    buf[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(buf)
+}
+
+fn page_cache_config() -> LogConfig {
+    LogConfig { flush_messages: u64::MAX, ..LogConfig::default() }
+}
+
+fn read_offsets(partition: &Partition, from: i64) -> Vec<(i64, i64)> {
+    let bytes = partition.read(from, 1 << 20, true).unwrap();
+    BatchIter::new(&bytes)
+        .map(|item| {
+            let (header, range) = item.unwrap();
+            validate_batch(&bytes[range]).unwrap();
+            (header.base_offset, header.last_offset())
+        })
+        .collect()
+}
+
+#[test]
+fn fsync_mode_hides_data_until_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = LogManager::new(dir.path()).unwrap();
+    let partition = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    let outcome = partition.append(&batch(3, 10, None), 0, 0).unwrap();
+    assert!(outcome.needs_sync);
+    assert_eq!(outcome.visible_at, 3);
+    assert_eq!(partition.offsets().high_watermark, 0);
+    assert!(partition.read(0, 1 << 20, true).unwrap().is_empty());
+    manager.syncer().schedule(&partition);
+    let mut visible = partition.subscribe();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(visible.wait_for(|v| v.high_watermark >= 3)).unwrap();
+    assert_eq!(read_offsets(&partition, 0), vec![(0, 2)]);
+    manager.close();
+}
+
+#[test]
+fn torn_tail_is_cut_and_appends_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    {
+        let partition = Partition::open(&path, page_cache_config()).unwrap();
+        for _ in 0..10 {
+            partition.append(&batch(2, 5, None), 0, 0).unwrap();
+        }
+        // Simulate a crash: no close(); then tear the last batch in half.
+    }
+    let log = path.join(format!("{:020}.log", 0));
+    let full = std::fs::read(&log).unwrap();
+    let one = batch(2, 5, None).len();
+    let mut torn = full[..one * 10 - one / 2].to_vec();
+    torn.extend_from_slice(&[0u8; 1000]);
+    std::fs::write(&log, &torn).unwrap();
+
+    let partition = Partition::open(&path, page_cache_config()).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 18);
+    assert_eq!(read_offsets(&partition, 0).len(), 9);
+    partition.append(&batch(1, 5, None), 0, 0).unwrap();
+    assert_eq!(read_offsets(&partition, 18), vec![(18, 18)]);
+}
+
+#[test]
+fn garbage_after_valid_batches_is_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    {
+        let partition = Partition::open(&path, page_cache_config()).unwrap();
+        partition.append(&batch(2, 5, None), 0, 0).unwrap();
+    }
+    let log = path.join(format!("{:020}.log", 0));
+    let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let mut stale = batch(2, 5, None).to_vec();
+    stale[0..8].copy_from_slice(&77i64.to_be_bytes()); // a valid CRC but the wrong offset
+    file.write_all(&stale).unwrap();
+    drop(file);
+    let partition = Partition::open(&path, page_cache_config()).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 2);
+}
+
+#[test]
+fn segments_roll_and_survive_clean_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    let config = LogConfig { segment_bytes: 1000, ..page_cache_config() };
+    {
+        let partition = Partition::open(&path, config.clone()).unwrap();
+        for i in 0..100 {
+            partition.append(&batch(3, i, None), 0, i).unwrap();
+        }
+        partition.close().unwrap();
+    }
+    let segments = std::fs::read_dir(&path).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log")).count();
+    assert!(segments > 5, "expected many segments, got {segments}");
+    let partition = Partition::open(&path, config).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 300);
+    let mut next = 0;
+    while next < 300 {
+        let got = read_offsets(&partition, next);
+        assert!(!got.is_empty());
+        assert!(got[0].0 <= next && next <= got[0].1);
+        next = got.last().unwrap().1 + 1;
+    }
+    let batch_bytes = partition.batch_for_timestamp(50).unwrap().unwrap();
+    assert_eq!(validate_batch(&batch_bytes).unwrap().base_offset, 150);
+}
+
+#[test]
+fn retention_by_size_and_delete_records_move_log_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { segment_bytes: 1000, retention_bytes: 3000, ..page_cache_config() };
+    let partition = Partition::open(&dir.path().join("t-0"), config).unwrap();
+    for i in 0..100 {
+        partition.append(&batch(3, i, None), 0, i).unwrap();
+    }
+    assert!(partition.apply_retention(1000) > 0);
+    assert!(partition.size_bytes() <= 4000);
+    let start = partition.offsets().log_start_offset;
+    assert!(start > 0);
+    assert!(matches!(partition.read(0, 100, true), Err(sluice_storage::ReadError::OffsetOutOfRange { .. })));
+    assert_eq!(partition.delete_records_before(290).unwrap(), 290);
+    assert_eq!(partition.offsets().log_start_offset, 290);
+}
+
+#[test]
+fn idempotent_duplicates_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    {
+        let partition = Partition::open(&path, page_cache_config()).unwrap();
+        assert_eq!(partition.append(&batch(2, 1, Some((42, 0, 0))), 0, 0).unwrap().base_offset, 0);
+        assert_eq!(partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap().base_offset, 2);
+        // crash: no close
+    }
+    let partition = Partition::open(&path, page_cache_config()).unwrap();
+    let retry = partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap();
+    assert!(retry.duplicate);
+    assert_eq!(retry.base_offset, 2);
+    assert!(matches!(partition.append(&batch(1, 1, Some((42, 0, 7))), 0, 0), Err(AppendError::OutOfOrderSequence)));
+    assert_eq!(partition.append(&batch(1, 1, Some((42, 0, 4))), 0, 0).unwrap().base_offset, 4);
+    assert_eq!(partition.offsets().log_end_offset, 5);
+}
+
+#[test]
+fn corrupt_and_oversized_batches_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { max_message_bytes: 100, ..page_cache_config() };
+    let partition = Arc::new(Partition::open(&dir.path().join("t-0"), config).unwrap());
+    let mut bad = batch(2, 1, None).to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(matches!(partition.append(&Bytes::from(bad), 0, 0), Err(AppendError::Corrupt(_))));
+    assert!(matches!(partition.append(&batch(20, 1, None), 0, 0), Err(AppendError::TooLarge { .. })));
+    assert_eq!(partition.offsets().log_end_offset, 0);
+}
