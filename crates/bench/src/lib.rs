@@ -1,10 +1,221 @@
 //! `sluice bench`: OpenMessaging-Benchmark workloads against any Kafka-protocol broker.
+//!
+//! The bench reads OMB's workload and Kafka driver YAML files as they are
+//! ([`workload`], [`driver`]), drives the broker with real librdkafka clients, one per
+//! OMB producer and consumer ([`kafka`]), runs OMB's phases ([`runner`]) and writes
+//! OMB's result JSON ([`result`]), so numbers can be set beside published ones. It also
+//! draws charts ([`chart`]) and runs side-by-side comparisons with Apache Kafka
+//! ([`compare`], [`brokers`]).
+//!
+//! ```text
+//! sluice bench --driver bench/drivers/kafka-latency.yaml bench/workloads/1-topic-100-partitions-1kb.yaml
+//! sluice bench chart results/*.json --output-dir charts
+//! sluice bench compare --workload bench/workloads-scaled/... --driver ... --against kafka
+//! ```
+
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+#![deny(unused_must_use)]
+
+pub mod brokers;
+pub mod chart;
+pub mod compare;
+pub mod driver;
+pub mod kafka;
+pub mod procstat;
+pub mod rate;
+pub mod result;
+pub mod runner;
+pub mod stats;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::driver::Driver;
+use crate::result::result_file_name;
+use crate::runner::{ConsumerModeChoice, RunOptions};
+use crate::workload::Workload;
 
 /// Arguments of `sluice bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    /// `compare` or `chart`; without one, runs the given workloads.
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// Workload runs.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands of `sluice bench`.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Runs a workload against Sluice and a peer broker alternately and prints the ratios.
+    Compare(compare::CompareArgs),
+    /// Draws charts (SVG) and an HTML page from result files.
+    Chart(chart::ChartArgs),
+}
+
+/// Arguments of a plain run (`sluice bench --driver D W.yaml...`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Driver files, as OMB's `--drivers`; each workload runs once per driver.
+    #[arg(short = 'd', long = "driver", alias = "drivers", value_delimiter = ',')]
+    pub drivers: Vec<PathBuf>,
+    /// Workload files.
+    pub workloads: Vec<PathBuf>,
+    /// Result file (one run only); default `<workload>-<driver>-<date>.json` in --output-dir.
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// Folder for result files.
+    #[arg(long, default_value = ".")]
+    pub output_dir: PathBuf,
+    /// Also draw charts and an HTML page beside each result.
+    #[arg(long)]
+    pub charts: bool,
+    /// Start a fresh `sluice serve` for the run (on a free loopback port, temporary data dir).
+    #[arg(long)]
+    pub start_sluice: bool,
+    /// The `sluice` binary for --start-sluice (default: this executable).
+    #[arg(long, env = "SLUICE_BIN")]
+    pub sluice_bin: Option<PathBuf>,
+    /// Broker process to measure (CPU seconds, peak RSS); set automatically with --start-sluice.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
+    /// Run overrides shared with `compare`.
+    #[command(flatten)]
+    pub overrides: Overrides,
+}
+
+/// Overrides of the OMB files, for short runs and one-machine scale.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Overrides {
+    /// Overrides `bootstrap.servers` of the driver.
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+    /// How consumers get partitions: `auto` uses consumer groups when the broker has them.
+    #[arg(long, value_enum, default_value_t = ConsumerModeChoice::Auto)]
+    pub consumer_mode: ConsumerModeChoice,
+    /// Overrides `testDurationMinutes`, in seconds.
+    #[arg(long)]
+    pub test_duration_seconds: Option<f64>,
+    /// Overrides `warmupDurationMinutes`, in seconds.
+    #[arg(long)]
+    pub warmup_duration_seconds: Option<f64>,
+    /// Overrides the sample period (default 10 s, or the workload's `sampleRateMillis`).
+    #[arg(long)]
+    pub sample_period_seconds: Option<f64>,
+    /// Overrides `producerRate` (msg/s; 0 = discover the sustainable rate).
+    #[arg(long)]
+    pub producer_rate: Option<f64>,
+}
+
+impl Overrides {
+    /// Run options from these overrides.
+    pub fn run_options(&self) -> RunOptions {
+        let seconds = |value: Option<f64>| value.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        RunOptions {
+            bootstrap: self.bootstrap.clone(),
+            consumer_mode: self.consumer_mode,
+            test_duration: seconds(self.test_duration_seconds),
+            warmup_duration: seconds(self.warmup_duration_seconds),
+            sample_period: seconds(self.sample_period_seconds)
+                .map(|d| d.max(Duration::from_millis(100))),
+            producer_rate: self.producer_rate,
+            ..RunOptions::default()
+        }
+    }
+}
 
 /// Runs `sluice bench` with parsed arguments.
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("sluice bench is not built yet")
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        Some(BenchCommand::Compare(compare_args)) => compare::run(compare_args),
+        Some(BenchCommand::Chart(chart_args)) => chart::run(chart_args),
+        None => run_workloads(args.run).map(|_| ()),
+    }
+}
+
+/// Runs every workload once per driver and writes one result file per run.
+pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
+    if args.workloads.is_empty() {
+        bail!("no workload file given (usage: sluice bench --driver DRIVER.yaml WORKLOAD.yaml...)");
+    }
+    if args.drivers.is_empty() {
+        bail!("no driver file given (--driver DRIVER.yaml)");
+    }
+    let runs_count = args.workloads.len() * args.drivers.len();
+    if args.output.is_some() && runs_count > 1 {
+        bail!("--output names one file but {runs_count} runs were asked for: use --output-dir");
+    }
+    let workloads = args
+        .workloads
+        .iter()
+        .map(Workload::load)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let drivers = args
+        .drivers
+        .iter()
+        .map(Driver::load)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    std::fs::create_dir_all(&args.output_dir)
+        .with_context(|| format!("creating {}", args.output_dir.display()))?;
+
+    let mut written = Vec::new();
+    for driver in &drivers {
+        for workload in &workloads {
+            let mut options = args.overrides.run_options();
+            options.broker_pid = args.broker_pid;
+            let mut broker = None;
+            if args.start_sluice {
+                let bin = match &args.sluice_bin {
+                    Some(bin) => bin.clone(),
+                    None => std::env::current_exe()?,
+                };
+                let started = brokers::SluiceBroker::start(&bin)?;
+                options.bootstrap = Some(started.bootstrap());
+                options.broker_pid = Some(started.pid());
+                options.broker_label = Some("sluice".into());
+                broker = Some(started);
+            }
+            let outcome = runner::run_workload(workload, driver, &options);
+            drop(broker);
+            let result = outcome?;
+            let path = match &args.output {
+                Some(path) => path.clone(),
+                None => args.output_dir.join(result_file_name(
+                    &result.workload,
+                    &result.driver,
+                    unix_seconds(),
+                )),
+            };
+            result.write(&path)?;
+            println!("Wrote {}", path.display());
+            if args.charts {
+                let folder = path.with_extension("charts");
+                chart::write_all(&[(label_of(&path), result.clone())], &folder)?;
+                println!("Charts in {}", folder.display());
+            }
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+/// A short label for a result file (its name without extension).
+pub fn label_of(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

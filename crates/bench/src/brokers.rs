@@ -1,0 +1,409 @@
+//! Local brokers started fresh for a run: `sluice serve` and Apache Kafka (KRaft).
+//!
+//! Each broker gets a new data directory and free loopback ports, is ready when it
+//! answers ApiVersions, and is stopped with SIGTERM (then SIGKILL after a grace period)
+//! when its handle drops. Kafka is installed on first use from Maven Central into a
+//! cache folder with `mvn dependency:copy-dependencies` (see `shared/PEERS.md`); the
+//! bench needs `java` and `mvn` on the PATH for that, nothing else.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::kafka::broker_api_keys;
+
+/// Kafka release installed by default (the newest complete one on Maven Central).
+pub const KAFKA_VERSION_DEFAULT: &str = "4.3.1";
+/// The log4j binding that makes the broker log.
+const LOG4J_SLF4J_VERSION: &str = "2.25.4";
+/// How long a broker may take to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a broker may take to stop after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// A free TCP port on 127.0.0.1 (free when asked; the broker binds it right after).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A fresh folder under the system temp dir.
+fn fresh_dir(prefix: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        crate::kafka::monotonic_ns()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A broker process we started; stopped on drop.
+#[derive(Debug)]
+pub struct BrokerProcess {
+    child: Option<Child>,
+    name: &'static str,
+    bootstrap: String,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    keep_data: bool,
+}
+
+impl BrokerProcess {
+    /// `host:port` to bootstrap from.
+    pub fn bootstrap(&self) -> String {
+        self.bootstrap.clone()
+    }
+
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// The broker's name (`sluice`, `kafka`).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The broker's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    fn wait_ready(&mut self, log_marker: Option<&str>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "{} exited during start-up ({status}); log: {}\n{}",
+                        self.name,
+                        self.log_path.display(),
+                        tail_of(&self.log_path)
+                    );
+                }
+            }
+            let answers = broker_api_keys(&self.bootstrap).is_ok();
+            let logged = match log_marker {
+                Some(marker) => std::fs::read_to_string(&self.log_path)
+                    .map(|text| text.contains(marker))
+                    .unwrap_or(false),
+                None => true,
+            };
+            // The log line is the real signal for Kafka; fall back on ApiVersions alone
+            // after a while in case logging is configured differently.
+            if answers && (logged || started.elapsed() > Duration::from_secs(20)) {
+                return Ok(());
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                bail!(
+                    "{} not ready after {:?}; log: {}\n{}",
+                    self.name,
+                    READY_TIMEOUT,
+                    self.log_path.display(),
+                    tail_of(&self.log_path)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops the broker (SIGTERM, then SIGKILL after a grace period).
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: plain kill(2) on the pid of a child we own and have not reaped.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let started = Instant::now();
+        while started.elapsed() < STOP_GRACE {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+        if !self.keep_data {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn tail_of(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = std::fs::File::open(path) {
+        let _ = file.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// `sluice serve`, started fresh.
+pub struct SluiceBroker;
+
+impl SluiceBroker {
+    /// Starts `bin serve --listen 127.0.0.1:PORT --data-dir DIR` and waits until it answers.
+    pub fn start(bin: &Path) -> anyhow::Result<BrokerProcess> {
+        Self::start_with_args(bin, &[])
+    }
+
+    /// As [`SluiceBroker::start`], with extra `serve` arguments.
+    pub fn start_with_args(bin: &Path, extra: &[String]) -> anyhow::Result<BrokerProcess> {
+        let port = free_port()?;
+        let dir = fresh_dir("sluice-bench-sluice")?;
+        let data_dir = dir.join("data");
+        std::fs::create_dir_all(&data_dir)?;
+        let log_path = dir.join("sluice.log");
+        let log = std::fs::File::create(&log_path)?;
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} serve", bin.display()))?;
+        let mut broker = BrokerProcess {
+            child: Some(child),
+            name: "sluice",
+            bootstrap: listen,
+            data_dir: dir,
+            log_path,
+            keep_data: false,
+        };
+        broker.wait_ready(None)?;
+        println!(
+            "Started sluice (pid {}) on {}",
+            broker.pid(),
+            broker.bootstrap
+        );
+        Ok(broker)
+    }
+}
+
+/// An Apache Kafka installation from Maven Central.
+#[derive(Debug, Clone)]
+pub struct KafkaInstall {
+    /// Folder holding `lib/*.jar`.
+    pub home: PathBuf,
+    /// Kafka version.
+    pub version: String,
+}
+
+/// The default cache folder: `$SLUICE_BENCH_CACHE`, else `$XDG_CACHE_HOME/sluice-bench`,
+/// else `~/.cache/sluice-bench`.
+pub fn cache_dir_default() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SLUICE_BENCH_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("sluice-bench");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("sluice-bench")
+}
+
+impl KafkaInstall {
+    /// Installs Kafka `version` into `cache_dir/kafka-VERSION` unless already there.
+    pub fn ensure(cache_dir: &Path, version: &str) -> anyhow::Result<KafkaInstall> {
+        let home = cache_dir.join(format!("kafka-{version}"));
+        let marker = home.join(".installed");
+        let install = KafkaInstall {
+            home: home.clone(),
+            version: version.to_string(),
+        };
+        if marker.is_file() {
+            return Ok(install);
+        }
+        std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
+        std::fs::write(home.join("pom.xml"), kafka_pom(version))?;
+        println!(
+            "Installing Apache Kafka {version} from Maven Central into {}",
+            home.display()
+        );
+        let status = Command::new("mvn")
+            .args([
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
+                "-DoutputDirectory=lib",
+                "-DincludeScope=runtime",
+            ])
+            .current_dir(&home)
+            .status()
+            .context("running mvn (is Maven installed?)")?;
+        if !status.success() {
+            bail!("mvn dependency:copy-dependencies failed ({status})");
+        }
+        let jars = std::fs::read_dir(home.join("lib"))?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "jar"))
+            .count();
+        if jars < 10 {
+            bail!("Kafka install has only {jars} jars");
+        }
+        std::fs::write(&marker, format!("{jars} jars\n"))?;
+        println!("Installed {jars} jars");
+        Ok(install)
+    }
+
+    fn classpath(&self) -> String {
+        format!("{}/lib/*", self.home.display())
+    }
+
+    /// Starts a fresh single-node KRaft broker on loopback.
+    pub fn start(&self, heap: &str) -> anyhow::Result<BrokerProcess> {
+        let port = free_port()?;
+        let controller_port = free_port()?;
+        let dir = fresh_dir("sluice-bench-kafka")?;
+        let data_dir = dir.join("data");
+        std::fs::create_dir_all(&data_dir)?;
+        let properties = dir.join("server.properties");
+        std::fs::write(
+            &properties,
+            kafka_properties(port, controller_port, &data_dir),
+        )?;
+        let log4j = dir.join("log4j2.properties");
+        std::fs::write(&log4j, LOG4J2_PROPERTIES)?;
+        let cluster_id = self.storage_tool(&["random-uuid"])?;
+        let cluster_id = cluster_id.trim().to_string();
+        self.storage_tool(&[
+            "format",
+            "-t",
+            &cluster_id,
+            "-c",
+            &properties.display().to_string(),
+        ])?;
+        let log_path = dir.join("kafka.log");
+        let log = std::fs::File::create(&log_path)?;
+        let child = Command::new("java")
+            .arg(format!("-Xms{heap}"))
+            .arg(format!("-Xmx{heap}"))
+            .arg("-XX:+UseG1GC")
+            .arg(format!("-Dlog4j2.configurationFile={}", log4j.display()))
+            .arg("-cp")
+            .arg(self.classpath())
+            .arg("kafka.Kafka")
+            .arg(&properties)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting java (is a JDK installed?)")?;
+        let mut broker = BrokerProcess {
+            child: Some(child),
+            name: "kafka",
+            bootstrap: format!("127.0.0.1:{port}"),
+            data_dir: dir,
+            log_path,
+            keep_data: false,
+        };
+        broker.wait_ready(Some("Kafka Server started"))?;
+        println!(
+            "Started Kafka {} (pid {}) on {}",
+            self.version,
+            broker.pid(),
+            broker.bootstrap
+        );
+        Ok(broker)
+    }
+
+    fn storage_tool(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = Command::new("java")
+            .arg("-cp")
+            .arg(self.classpath())
+            .arg("kafka.tools.StorageTool")
+            .args(args)
+            .output()
+            .context("running kafka.tools.StorageTool")?;
+        if !output.status.success() {
+            return Err(anyhow!(
+                "StorageTool {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+fn kafka_pom(version: &str) -> String {
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by sluice bench: resolves Apache Kafka's runtime jars. -->
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.sluice.bench</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{version}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{version}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{LOG4J_SLF4J_VERSION}</version></dependency>
+  </dependencies>
+</project>
+"#
+    )
+}
+
+/// Single-node KRaft on loopback with Kafka's defaults otherwise (the durability the
+/// run asks for is in the driver's topic config: `flush.messages=1` or nothing).
+fn kafka_properties(port: u16, controller_port: u16, data_dir: &Path) -> String {
+    format!(
+        "process.roles=broker,controller\n\
+         node.id=1\n\
+         controller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+         listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n\
+         advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+         controller.listener.names=CONTROLLER\n\
+         inter.broker.listener.name=PLAINTEXT\n\
+         log.dirs={}\n\
+         offsets.topic.replication.factor=1\n\
+         transaction.state.log.replication.factor=1\n\
+         transaction.state.log.min.isr=1\n\
+         share.coordinator.state.topic.replication.factor=1\n\
+         group.initial.rebalance.delay.ms=0\n",
+        data_dir.display()
+    )
+}
+
+const LOG4J2_PROPERTIES: &str = "status = warn\n\
+appender.out.type = Console\n\
+appender.out.name = out\n\
+appender.out.layout.type = PatternLayout\n\
+appender.out.layout.pattern = [%d] %p %m (%c)%n\n\
+rootLogger.level = info\n\
+rootLogger.appenderRef.out.ref = out\n\
+logger.kafka.name = kafka\n\
+logger.kafka.level = info\n\
+logger.apache.name = org.apache.kafka\n\
+logger.apache.level = warn\n";
+
+/// Drops the page cache (root only) so no broker reads what the previous one cached.
+pub fn drop_caches() -> bool {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}

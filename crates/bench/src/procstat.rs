@@ -1,0 +1,128 @@
+//! Broker CPU time and memory from `/proc`.
+//!
+//! CPU seconds are `utime + stime` of `/proc/PID/stat` (the process and all its
+//! threads) at the end minus at the start of the measured phase. Peak RSS is `VmHWM`
+//! from `/proc/PID/status`, the kernel's high-water mark since the process started,
+//! which is the figure for a broker started fresh for the run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Resource use over a measured phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// CPU seconds (user + system).
+    pub cpu_seconds: Option<f64>,
+    /// Peak resident set size in bytes.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Samples one process from the start of a phase to its end.
+#[derive(Debug)]
+pub struct ProcessSampler {
+    pid: u32,
+    cpu_ticks_start: Option<u64>,
+    rss_bytes_max: AtomicU64,
+}
+
+impl ProcessSampler {
+    /// Starts measuring `pid`.
+    pub fn start(pid: u32) -> Self {
+        Self {
+            pid,
+            cpu_ticks_start: cpu_ticks(pid),
+            rss_bytes_max: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes the current RSS (in case VmHWM is unavailable).
+    pub fn tick(&self) {
+        if let Some(rss) = status_kib(self.pid, "VmRSS:") {
+            self.rss_bytes_max.fetch_max(rss * 1024, Ordering::Relaxed);
+        }
+    }
+
+    /// Ends the measurement.
+    pub fn finish(self) -> Usage {
+        let ticks_per_second = ticks_per_second();
+        let cpu_seconds = match (self.cpu_ticks_start, cpu_ticks(self.pid)) {
+            (Some(start), Some(end)) => Some(end.saturating_sub(start) as f64 / ticks_per_second),
+            _ => None,
+        };
+        let sampled = self.rss_bytes_max.load(Ordering::Relaxed);
+        let peak_rss_bytes = status_kib(self.pid, "VmHWM:")
+            .map(|kib| kib * 1024)
+            .or((sampled > 0).then_some(sampled));
+        Usage {
+            cpu_seconds,
+            peak_rss_bytes,
+        }
+    }
+}
+
+/// Total CPU seconds used so far by `pid`.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    cpu_ticks(pid).map(|ticks| ticks as f64 / ticks_per_second())
+}
+
+/// Peak RSS so far of `pid`.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:").map(|kib| kib * 1024)
+}
+
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
+}
+
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_ticks(&text)
+}
+
+/// utime + stime from a `/proc/PID/stat` line. The command name (field 2) may hold
+/// spaces and parentheses, so fields are counted after its closing parenthesis.
+fn parse_stat_ticks(text: &str) -> Option<u64> {
+    let after = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|line| line.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_line_with_odd_name() {
+        let line = "1234 (java (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0";
+        assert_eq!(parse_stat_ticks(line), Some(300));
+    }
+
+    #[test]
+    fn own_process_is_measurable() {
+        let pid = std::process::id();
+        let sampler = ProcessSampler::start(pid);
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0);
+        sampler.tick();
+        let usage = sampler.finish();
+        assert!(usage.cpu_seconds.is_some());
+        assert!(usage.peak_rss_bytes.unwrap() > 1024 * 1024);
+    }
+}
