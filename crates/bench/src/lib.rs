@@ -82,12 +82,44 @@ pub struct RunArgs {
     /// The `sluice` binary for --start-sluice (default: this executable).
     #[arg(long, env = "SLUICE_BIN")]
     pub sluice_bin: Option<PathBuf>,
-    /// Broker process to measure (CPU seconds, peak RSS); set automatically with --start-sluice.
+    /// Start a fresh Apache Kafka (single-node KRaft, installed from Maven Central on first use).
+    #[arg(long, conflicts_with = "start_sluice")]
+    pub start_kafka: bool,
+    /// Kafka settings for --start-kafka.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Broker process to measure (CPU seconds, peak RSS); set automatically with --start-*.
     #[arg(long)]
     pub broker_pid: Option<u32>,
     /// Run overrides shared with `compare`.
     #[command(flatten)]
     pub overrides: Overrides,
+}
+
+/// Where and which Apache Kafka to run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaArgs {
+    /// Kafka version from Maven Central.
+    #[arg(long, default_value = brokers::KAFKA_VERSION_DEFAULT)]
+    pub kafka_version: String,
+    /// Cache folder for the Kafka install (default ~/.cache/sluice-bench or $SLUICE_BENCH_CACHE).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Kafka JVM heap (-Xms and -Xmx).
+    #[arg(long, default_value = "1g")]
+    pub kafka_heap: String,
+}
+
+impl KafkaArgs {
+    /// Installs (if needed) and starts a fresh Kafka.
+    pub fn start(&self) -> anyhow::Result<brokers::BrokerProcess> {
+        let cache = self
+            .cache_dir
+            .clone()
+            .unwrap_or_else(brokers::cache_dir_default);
+        let install = brokers::KafkaInstall::ensure(&cache, &self.kafka_version)?;
+        install.start(&self.kafka_heap)
+    }
 }
 
 /// Overrides of the OMB files, for short runs and one-machine scale.
@@ -179,6 +211,12 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
                 options.bootstrap = Some(started.bootstrap());
                 options.broker_pid = Some(started.pid());
                 options.broker_label = Some("sluice".into());
+                broker = Some(started);
+            } else if args.start_kafka {
+                let started = args.kafka.start()?;
+                options.bootstrap = Some(started.bootstrap());
+                options.broker_pid = Some(started.pid());
+                options.broker_label = Some("kafka".into());
                 broker = Some(started);
             }
             let outcome = runner::run_workload(workload, driver, &options);

@@ -1,0 +1,144 @@
+//! End to end: the smoke workload (short, small rate, a small backlog) against a real
+//! `sluice serve` started by the bench, then the result JSON is checked.
+//!
+//! The `sluice` binary is taken from `$SLUICE_BIN`, else `target/release/sluice` or
+//! `target/debug/sluice` of the workspace. Set `SLUICE_BENCH_KAFKA_TEST=1` to also run
+//! the same workload against Apache Kafka (installed from Maven Central on first use).
+
+use std::path::{Path, PathBuf};
+
+use sluice_bench::result::TestResult;
+use sluice_bench::{KafkaArgs, Overrides, RunArgs};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn sluice_bin() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("SLUICE_BIN") {
+        return Some(PathBuf::from(bin));
+    }
+    ["target/release/sluice", "target/debug/sluice"]
+        .iter()
+        .map(|relative| workspace().join(relative))
+        .find(|path| path.is_file())
+}
+
+fn smoke_args(output_dir: &Path) -> RunArgs {
+    RunArgs {
+        drivers: vec![workspace().join("bench/local/drivers/local-latency.yaml")],
+        workloads: vec![workspace().join("bench/local/workloads/smoke.yaml")],
+        output: None,
+        output_dir: output_dir.to_path_buf(),
+        charts: true,
+        start_sluice: false,
+        sluice_bin: None,
+        start_kafka: false,
+        kafka: KafkaArgs {
+            kafka_version: sluice_bench::brokers::KAFKA_VERSION_DEFAULT.into(),
+            cache_dir: None,
+            kafka_heap: "512m".into(),
+        },
+        broker_pid: None,
+        overrides: Overrides::default(),
+    }
+}
+
+fn check(result: &TestResult) {
+    assert!(!result.publish_rate.is_empty());
+    assert!(
+        result.publish_rate.iter().all(|rate| *rate > 0.0),
+        "{:?}",
+        result.publish_rate
+    );
+    assert!(
+        result.consume_rate.iter().all(|rate| *rate > 0.0),
+        "{:?}",
+        result.consume_rate
+    );
+    let extras = result.sluice.as_ref().expect("sluice extras");
+    assert!(
+        extras.backlog_drain_seconds.is_some(),
+        "backlog was not drained"
+    );
+    assert!(
+        *result.backlog.last().unwrap() < 1_000,
+        "{:?}",
+        result.backlog
+    );
+    assert!(extras.broker_cpu_seconds.unwrap() > 0.0);
+    assert!(extras.broker_peak_rss_bytes.unwrap() > 0);
+    let ordered = |name: &str, values: [f64; 7]| {
+        assert!(values[0] > 0.0, "{name}: {values:?}");
+        assert!(
+            values.windows(2).all(|pair| pair[0] <= pair[1]),
+            "{name}: {values:?}"
+        );
+    };
+    ordered(
+        "publish",
+        [
+            result.aggregated_publish_latency_50pct,
+            result.aggregated_publish_latency_75pct,
+            result.aggregated_publish_latency_95pct,
+            result.aggregated_publish_latency_99pct,
+            result.aggregated_publish_latency_999pct,
+            result.aggregated_publish_latency_9999pct,
+            result.aggregated_publish_latency_max,
+        ],
+    );
+    ordered(
+        "end to end",
+        [
+            result.aggregated_end_to_end_latency_50pct,
+            result.aggregated_end_to_end_latency_75pct,
+            result.aggregated_end_to_end_latency_95pct,
+            result.aggregated_end_to_end_latency_99pct,
+            result.aggregated_end_to_end_latency_999pct,
+            result.aggregated_end_to_end_latency_9999pct,
+            result.aggregated_end_to_end_latency_max,
+        ],
+    );
+    let quantiles = &result.aggregated_end_to_end_latency_quantiles.0;
+    assert!(quantiles.windows(2).all(|pair| pair[0].1 <= pair[1].1));
+}
+
+fn run_and_check(args: RunArgs) {
+    let written = sluice_bench::run_workloads(args).expect("bench run");
+    assert_eq!(written.len(), 1);
+    let result = TestResult::load(&written[0]).unwrap();
+    check(&result);
+    let charts = written[0].with_extension("charts");
+    assert!(
+        charts.join("index.html").is_file(),
+        "no chart page in {}",
+        charts.display()
+    );
+}
+
+#[test]
+fn smoke_workload_against_sluice() {
+    let Some(bin) = sluice_bin() else {
+        // The broker binary is built by the workspace; without it there is nothing to
+        // drive. Say so loudly rather than fail the bench crate's own tests.
+        eprintln!("SKIPPED: no sluice binary (set SLUICE_BIN or build target/*/sluice)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    run_and_check(args);
+}
+
+#[test]
+fn smoke_workload_against_kafka() {
+    if std::env::var_os("SLUICE_BENCH_KAFKA_TEST").is_none() {
+        eprintln!("SKIPPED: set SLUICE_BENCH_KAFKA_TEST=1 to run against Apache Kafka");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.start_kafka = true;
+    run_and_check(args);
+}
