@@ -1,10 +1,321 @@
-//! Compare (placeholder).
+//! `sluice bench compare`: the same workload against Apache Kafka and Sluice, alternately.
+//!
+//! Each round starts each broker fresh (new data dir, page cache dropped when we may),
+//! runs the workload with the same clients and settings, and stops the broker: Kafka,
+//! then Sluice, N rounds (A B A B). The table gives each figure's median with min and
+//! max across rounds for both brokers and the ratio of the medians (Sluice / Kafka).
+//! Broker CPU seconds and peak RSS come from `/proc`, so CPU per GiB is a figure for both.
+//!
+//! Durability: the driver's `topicConfig` goes to both brokers' CreateTopics. With
+//! `flush.messages=1` Kafka fsyncs every message (level 1 of REFERENCE.md on one node);
+//! without it Kafka runs at its default (page cache, no fsync). The table says which.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+use crate::brokers::{self, SluiceBroker};
+use crate::driver::Driver;
+use crate::result::TestResult;
+use crate::workload::Workload;
+use crate::{chart, runner, KafkaArgs, Overrides};
+
+/// The peer to compare against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// Apache Kafka, single-node KRaft, from Maven Central.
+    Kafka,
+}
 
 /// Arguments of `sluice bench compare`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct CompareArgs {}
+pub struct CompareArgs {
+    /// Workload file.
+    #[arg(long)]
+    pub workload: PathBuf,
+    /// Driver file.
+    #[arg(long)]
+    pub driver: PathBuf,
+    /// Peer broker.
+    #[arg(long, value_enum, default_value_t = Peer::Kafka)]
+    pub against: Peer,
+    /// Rounds (each round runs the peer, then Sluice).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// The `sluice` binary (default: this executable).
+    #[arg(long, env = "SLUICE_BIN")]
+    pub sluice_bin: Option<PathBuf>,
+    /// Extra `sluice serve` argument (repeatable), e.g. --sluice-arg=--flush-messages=1000000.
+    #[arg(long, allow_hyphen_values = true)]
+    pub sluice_arg: Vec<String>,
+    /// Folder for result files, charts and the summary.
+    #[arg(long, default_value = "compare-results")]
+    pub output_dir: PathBuf,
+    /// Do not drop the page cache between runs (it needs root; skipped silently otherwise).
+    #[arg(long)]
+    pub no_drop_caches: bool,
+    /// Kafka settings.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Run overrides.
+    #[command(flatten)]
+    pub overrides: Overrides,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Default)]
+struct Figures {
+    values: Vec<Option<f64>>,
+}
+
+/// The figures of the table, in order: (name, from a result).
+type Metric = (&'static str, fn(&TestResult) -> Option<f64>);
+
+const METRICS: &[Metric] = &[
+    ("publish rate (msg/s)", |r| Some(r.publish_rate_mean())),
+    ("publish MiB/s", |r| {
+        r.sluice.as_ref().map(|e| mean(&e.publish_throughput_mb))
+    }),
+    ("consume rate (msg/s)", |r| Some(r.consume_rate_mean())),
+    ("publish p50 (ms)", |r| {
+        Some(r.aggregated_publish_latency_50pct)
+    }),
+    ("publish p99 (ms)", |r| {
+        Some(r.aggregated_publish_latency_99pct)
+    }),
+    ("publish p99.9 (ms)", |r| {
+        Some(r.aggregated_publish_latency_999pct)
+    }),
+    ("e2e p50 (ms)", |r| {
+        Some(r.aggregated_end_to_end_latency_50pct)
+    }),
+    ("e2e p99 (ms)", |r| {
+        Some(r.aggregated_end_to_end_latency_99pct)
+    }),
+    ("e2e p99.9 (ms)", |r| {
+        Some(r.aggregated_end_to_end_latency_999pct)
+    }),
+    ("publish delay p99 (us)", |r| {
+        Some(r.aggregated_publish_delay_latency_99pct as f64)
+    }),
+    ("broker CPU (s)", |r| {
+        r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)
+    }),
+    ("broker CPU s per GiB", |r| {
+        r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)
+    }),
+    ("broker peak RSS (MiB)", |r| {
+        r.sluice
+            .as_ref()
+            .and_then(|e| e.broker_peak_rss_bytes)
+            .map(|b| b as f64 / (1024.0 * 1024.0))
+    }),
+];
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+impl Figures {
+    fn of(result: &TestResult) -> Figures {
+        Figures {
+            values: METRICS.iter().map(|(_, pick)| pick(result)).collect(),
+        }
+    }
+}
+
+/// Min, median and max of `values`; `None` when empty.
+pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 1 {
+        sorted[middle]
+    } else {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    };
+    Some((sorted[0], median, sorted[sorted.len() - 1]))
+}
 
 /// Runs `sluice bench compare`.
-pub fn run(_args: CompareArgs) -> anyhow::Result<()> {
+pub fn run(args: CompareArgs) -> anyhow::Result<()> {
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let workload = Workload::load(&args.workload)?;
+    let driver = Driver::load(&args.driver)?;
+    let sluice_bin = match &args.sluice_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?,
+    };
+    std::fs::create_dir_all(&args.output_dir)
+        .with_context(|| format!("creating {}", args.output_dir.display()))?;
+    let durability = if driver.driver.fsync_each_message() {
+        "topic flush.messages=1 (fsync per message) on both brokers"
+    } else {
+        "Kafka default (page cache, no fsync); Sluice at its own default"
+    };
+    println!("Durability: {durability}");
+
+    let mut runs: Vec<(String, u32, anyhow::Result<TestResult>)> = Vec::new();
+    for round in 1..=args.rounds {
+        for broker in ["kafka", "sluice"] {
+            println!("===== round {round}/{}: {broker} =====", args.rounds);
+            if !args.no_drop_caches && !brokers::drop_caches() && round == 1 && broker == "kafka" {
+                println!("warning: cannot drop the page cache (not root): runs share a warm cache");
+            }
+            let outcome = run_one(&args, broker, &sluice_bin, &workload, &driver);
+            match &outcome {
+                Ok(result) => {
+                    let path = args.output_dir.join(format!("round-{round}-{broker}.json"));
+                    result.write(&path)?;
+                    println!("Wrote {}", path.display());
+                }
+                Err(error) => println!("error: {broker} round {round} failed: {error:#}"),
+            }
+            runs.push((broker.to_string(), round, outcome));
+        }
+    }
+
+    let table = summary_table(
+        &runs,
+        &workload.workload.name,
+        &driver.driver.name,
+        durability,
+    );
+    println!("\n{table}");
+    std::fs::write(args.output_dir.join("summary.md"), &table)?;
+    let charted: Vec<(String, TestResult)> = runs
+        .iter()
+        .filter_map(|(broker, round, outcome)| {
+            outcome
+                .as_ref()
+                .ok()
+                .map(|r| (format!("{broker}-{round}"), r.clone()))
+        })
+        .collect();
+    if !charted.is_empty() {
+        chart::write_all(&charted, &args.output_dir.join("charts"))?;
+        println!("Charts in {}", args.output_dir.join("charts").display());
+    }
     Ok(())
+}
+
+fn run_one(
+    args: &CompareArgs,
+    broker: &str,
+    sluice_bin: &std::path::Path,
+    workload: &crate::workload::LoadedWorkload,
+    driver: &crate::driver::LoadedDriver,
+) -> anyhow::Result<TestResult> {
+    let process = match broker {
+        "kafka" => args.kafka.start()?,
+        _ => SluiceBroker::start_with_args(sluice_bin, &args.sluice_arg)?,
+    };
+    let mut options = args.overrides.run_options();
+    options.bootstrap = Some(process.bootstrap());
+    options.broker_pid = Some(process.pid());
+    options.broker_label = Some(broker.to_string());
+    let outcome = runner::run_workload(workload, driver, &options);
+    if outcome.is_err() {
+        println!("broker log: {}", process.log_path().display());
+    }
+    drop(process);
+    outcome
+}
+
+fn summary_table(
+    runs: &[(String, u32, anyhow::Result<TestResult>)],
+    workload: &str,
+    driver: &str,
+    durability: &str,
+) -> String {
+    let figures_of = |broker: &str| -> Vec<Figures> {
+        runs.iter()
+            .filter(|(b, _, _)| b == broker)
+            .filter_map(|(_, _, outcome)| outcome.as_ref().ok().map(Figures::of))
+            .collect()
+    };
+    let kafka = figures_of("kafka");
+    let sluice = figures_of("sluice");
+    let failed = runs
+        .iter()
+        .filter(|(_, _, outcome)| outcome.is_err())
+        .count();
+    let mut table = String::new();
+    let _ = writeln!(table, "Workload: {workload}; driver: {driver}");
+    let _ = writeln!(table, "Durability: {durability}");
+    let _ = writeln!(
+        table,
+        "Runs: kafka {} ok, sluice {} ok, {failed} failed; median (min .. max) across rounds\n",
+        kafka.len(),
+        sluice.len()
+    );
+    let _ = writeln!(table, "| figure | Kafka | Sluice | Sluice / Kafka |");
+    let _ = writeln!(table, "|---|---|---|---|");
+    for (index, (name, _)) in METRICS.iter().enumerate() {
+        let column = |figures: &[Figures]| -> Vec<f64> {
+            figures.iter().filter_map(|f| f.values[index]).collect()
+        };
+        let k = spread(&column(&kafka));
+        let s = spread(&column(&sluice));
+        let cell = |spread: Option<(f64, f64, f64)>| match spread {
+            Some((min, median, max)) => format!("{} ({} .. {})", num(median), num(min), num(max)),
+            None => "-".to_string(),
+        };
+        let ratio = match (k, s) {
+            (Some((_, km, _)), Some((_, sm, _))) if km > 0.0 => format!("{:.2}", sm / km),
+            _ => "-".to_string(),
+        };
+        let _ = writeln!(table, "| {name} | {} | {} | {ratio} |", cell(k), cell(s));
+    }
+    table
+}
+
+fn num(value: f64) -> String {
+    if value.abs() >= 100.0 {
+        format!("{value:.0}")
+    } else if value.abs() >= 1.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_of_rounds() {
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+        assert_eq!(spread(&[4.0, 1.0]), Some((1.0, 2.5, 4.0)));
+        assert_eq!(spread(&[]), None);
+    }
+
+    #[test]
+    fn table_has_ratio() {
+        let result = |rate: f64| TestResult {
+            publish_rate: vec![rate],
+            ..TestResult::default()
+        };
+        let runs = vec![
+            ("kafka".to_string(), 1, Ok(result(100.0))),
+            ("sluice".to_string(), 1, Ok(result(150.0))),
+            ("kafka".to_string(), 2, Err(anyhow::anyhow!("x"))),
+        ];
+        let table = summary_table(&runs, "w", "d", "default");
+        assert!(
+            table.contains("| publish rate (msg/s) | 100 (100 .. 100) | 150 (150 .. 150) | 1.50 |"),
+            "{table}"
+        );
+        assert!(table.contains("1 failed"));
+    }
 }

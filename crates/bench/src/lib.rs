@@ -54,7 +54,7 @@ pub struct BenchArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
     /// Runs a workload against Sluice and a peer broker alternately and prints the ratios.
-    Compare(compare::CompareArgs),
+    Compare(Box<compare::CompareArgs>),
     /// Draws charts (SVG) and an HTML page from result files.
     Chart(chart::ChartArgs),
 }
@@ -165,7 +165,7 @@ impl Overrides {
 /// Runs `sluice bench` with parsed arguments.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        Some(BenchCommand::Compare(compare_args)) => compare::run(compare_args),
+        Some(BenchCommand::Compare(compare_args)) => compare::run(*compare_args),
         Some(BenchCommand::Chart(chart_args)) => chart::run(chart_args),
         None => run_workloads(args.run).map(|_| ()),
     }
