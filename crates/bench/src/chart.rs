@@ -230,17 +230,18 @@ fn draw(chart: &Chart, path: &Path) -> anyhow::Result<()> {
         let y_low = y_min.max(1e-3) * 0.8;
         let y_high = y_max.max(y_low * 10.0) * 1.25;
         let mut context = builder
-            .build_cartesian_2d(nines(50.0)..NINES_MAX, (y_low..y_high).log_scale())
+            .build_cartesian_2d(0.0..NINES_MAX, (y_low..y_high).log_scale())
             .map_err(plot_error)?;
         context
             .configure_mesh()
             .x_desc(chart.x_label)
             .y_desc(chart.y_label)
+            .x_labels(NINES_MAX as usize + 1)
             .x_label_formatter(&nines_label)
             .draw()
             .map_err(plot_error)?;
         draw_series(&mut context, &chart.series)?;
-        legend(&mut context)?;
+        legend(&mut context, SeriesLabelPosition::LowerRight)?;
     } else {
         let y_high = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
         let mut context = builder
@@ -253,7 +254,7 @@ fn draw(chart: &Chart, path: &Path) -> anyhow::Result<()> {
             .draw()
             .map_err(plot_error)?;
         draw_series(&mut context, &chart.series)?;
-        legend(&mut context)?;
+        legend(&mut context, SeriesLabelPosition::UpperRight)?;
     }
     root.present().map_err(plot_error)?;
     Ok(())
@@ -284,7 +285,10 @@ where
     Ok(())
 }
 
-fn legend<'a, DB, X, Y>(context: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>) -> anyhow::Result<()>
+fn legend<'a, DB, X, Y>(
+    context: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()>
 where
     DB: DrawingBackend + 'a,
     X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
@@ -292,7 +296,7 @@ where
 {
     context
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(position)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
