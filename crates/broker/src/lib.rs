@@ -1,1 +1,98 @@
-//! placeholder
+//! The single-node Sluice broker: accepts Kafka clients, routes their requests to the
+//! handlers, and owns the storage engine and the topic registry.
+//!
+//! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
+
+pub mod config;
+mod connection;
+mod handlers;
+pub mod server;
+pub mod topic_config;
+pub mod topics;
+
+use std::io;
+use std::sync::Arc;
+
+use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
+use tokio::sync::Semaphore;
+
+use crate::config::BrokerConfig;
+use crate::topics::{TopicMeta, TopicRegistry};
+
+/// Leader epoch of every partition on a single node (replication will move it).
+pub const LEADER_EPOCH: i32 = 0;
+
+/// Shared state of a running broker.
+pub struct Broker {
+    config: BrokerConfig,
+    advertised: (String, i32),
+    topics: TopicRegistry,
+    logs: LogManager,
+    /// Bytes of produce requests being processed; bounds buffered produce data.
+    produce_memory: Arc<Semaphore>,
+}
+
+impl Broker {
+    /// Opens the data dir: loads the topic registry and recovers every partition log.
+    pub fn open(config: BrokerConfig) -> io::Result<Arc<Broker>> {
+        config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let started = std::time::Instant::now();
+        std::fs::create_dir_all(&config.data_dir)?;
+        let topics = TopicRegistry::open(&config.data_dir)?;
+        let logs = LogManager::new(&config.data_dir.join("logs"))?;
+        let wanted: Vec<(TopicPartition, LogConfig)> = topics
+            .all()
+            .into_iter()
+            .flat_map(|topic| {
+                let log_config = config.topic_defaults.log_config(&topic.configs);
+                (0..topic.partitions).map(move |p| (TopicPartition::new(topic.name.clone(), p), log_config.clone()))
+            })
+            .collect();
+        let partition_count = wanted.len();
+        logs.open_all(wanted)?;
+        tracing::info!(partitions = partition_count, elapsed_ms = started.elapsed().as_millis() as u64, "recovered partition logs");
+        let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
+        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory }))
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn node_id(&self) -> i32 {
+        self.config.node_id
+    }
+
+    pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
+        self.logs.get(&TopicPartition::new(topic, partition))
+    }
+
+    /// Creates a topic: logs first, then the registry entry, so a registered topic always
+    /// has its logs.
+    pub(crate) fn create_topic(&self, topic: TopicMeta) -> io::Result<()> {
+        let log_config = self.config.topic_defaults.log_config(&topic.configs);
+        for p in 0..topic.partitions {
+            self.logs.open(&TopicPartition::new(topic.name.clone(), p), log_config.clone())?;
+        }
+        self.topics.insert(topic)
+    }
+
+    pub(crate) fn delete_topic(&self, name: &str) -> io::Result<Option<TopicMeta>> {
+        let Some(topic) = self.topics.remove(name)? else { return Ok(None) };
+        for p in 0..topic.partitions {
+            self.logs.delete(&TopicPartition::new(name, p))?;
+        }
+        Ok(Some(topic))
+    }
+
+    /// Periodic upkeep (retention, page-cache flushes); runs on a blocking thread.
+    pub fn tick(&self) {
+        self.logs.tick(sluice_storage::now_ms());
+    }
+
+    /// Clean shutdown: fsync and seal every partition.
+    pub fn close(&self) {
+        self.logs.close();
+    }
+}

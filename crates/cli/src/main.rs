@@ -1,1 +1,28 @@
-fn main() {}
+//! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
+
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "A Kafka-protocol streaming broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a broker (single node; defaults: 127.0.0.1:9092, ./sluice-data).
+    Serve(serve::ServeArgs),
+    /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
+    Bench(sluice_bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(args) => sluice_bench::run(args),
+    }
+}

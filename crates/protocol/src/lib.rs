@@ -1,1 +1,17 @@
-//! placeholder
+//! The Kafka wire protocol as Sluice speaks it: framing, request decoding, response
+//! encoding and the table of API versions we advertise.
+//!
+//! Only this crate turns socket bytes into requests. Message codecs come from the
+//! `kafka-protocol` crate; this crate adds the parts a broker needs around them: size
+//! limits on frames, header versions per API, the distinction between an unknown API, an
+//! unsupported version and a malformed body (each answered differently), and the
+//! ApiVersions rule that its response header is always v0.
+
+mod frame;
+mod request;
+mod versions;
+
+pub use crate::frame::{decode_frame, FrameError, FRAME_SIZE_PREFIX_BYTES};
+pub use crate::request::{encode_response, parse_request, Request, RequestError};
+pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
+pub use kafka_protocol;

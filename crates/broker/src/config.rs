@@ -1,0 +1,95 @@
+//! Broker configuration: listener, data dir, limits and topic defaults, with the named
+//! limits every queue and buffer is bounded by.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::topic_config::TopicDefaults;
+
+/// Largest request frame accepted by default (Kafka's `socket.request.max.bytes`).
+pub const REQUEST_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// Requests a connection may have in flight before the broker stops reading from it.
+pub const INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT: usize = 16;
+/// Produce payload bytes buffered across all connections, awaiting durability.
+pub const PRODUCE_MEMORY_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
+pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
+/// Longest a fetch may wait, whatever the client asks for.
+pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerConfig {
+    pub node_id: i32,
+    pub listen: SocketAddr,
+    /// Address given to clients in metadata; defaults to `listen` (127.0.0.1 if unspecified).
+    pub advertised_listener: Option<String>,
+    pub data_dir: PathBuf,
+    pub max_request_bytes: usize,
+    pub max_connections: usize,
+    pub max_inflight_requests_per_connection: usize,
+    pub produce_memory_bytes: usize,
+    pub auto_create_topics: bool,
+    pub num_partitions: i32,
+    pub log_retention_check_interval_ms: u64,
+    pub topic_defaults: TopicDefaults,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            node_id: 0,
+            listen: "127.0.0.1:9092".parse().expect("valid address"),
+            advertised_listener: None,
+            data_dir: PathBuf::from("./sluice-data"),
+            max_request_bytes: REQUEST_BYTES_MAX_DEFAULT,
+            max_connections: CONNECTIONS_MAX_DEFAULT,
+            max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
+            produce_memory_bytes: PRODUCE_MEMORY_BYTES_DEFAULT,
+            auto_create_topics: true,
+            num_partitions: 1,
+            log_retention_check_interval_ms: 60_000,
+            topic_defaults: TopicDefaults::default(),
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Checks relations between settings; the error says which setting is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id < 0 {
+            return Err(format!("node_id must be >= 0, got {}", self.node_id));
+        }
+        if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
+            return Err(format!("max_request_bytes must be in [1024, {}], got {}", i32::MAX, self.max_request_bytes));
+        }
+        if self.max_connections == 0 || self.max_inflight_requests_per_connection == 0 {
+            return Err("max_connections and max_inflight_requests_per_connection must be > 0".into());
+        }
+        if self.produce_memory_bytes < self.max_request_bytes.min(1 << 20) {
+            return Err("produce_memory_bytes must hold at least one request of 1 MiB".into());
+        }
+        if self.num_partitions < 1 || self.num_partitions > PARTITIONS_PER_TOPIC_MAX {
+            return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        self.advertised_address()?;
+        self.topic_defaults.validate()
+    }
+
+    /// (host, port) advertised in Metadata.
+    pub fn advertised_address(&self) -> Result<(String, i32), String> {
+        match &self.advertised_listener {
+            Some(text) => {
+                let (host, port) = text.rsplit_once(':').ok_or_else(|| format!("advertised_listener {text:?} is not host:port"))?;
+                let port: u16 = port.parse().map_err(|_| format!("advertised_listener {text:?} has a bad port"))?;
+                Ok((host.to_string(), i32::from(port)))
+            }
+            None => {
+                let ip = if self.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { self.listen.ip().to_string() };
+                Ok((ip, i32::from(self.listen.port())))
+            }
+        }
+    }
+}

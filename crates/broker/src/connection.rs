@@ -1,0 +1,128 @@
+//! One client connection: read frames, dispatch requests in arrival order, write responses
+//! in the same order, with at most `max_inflight_requests_per_connection` outstanding.
+//!
+//! Bad input closes only this connection (as Kafka does): oversized or negative frame
+//! sizes, undecodable headers or bodies, unknown APIs and unsupported versions. The one
+//! exception is ApiVersions at an unsupported version, answered with UNSUPPORTED_VERSION.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use futures::stream::{FuturesOrdered, StreamExt};
+use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::ResponseError;
+use sluice_protocol::{api_versions_response, decode_frame, encode_response, parse_request, RequestError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::handlers::{self, ResponseFuture};
+use crate::Broker;
+
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.into_split();
+    let frame_bytes_max = broker.config().max_request_bytes;
+    let inflight_max = broker.config().max_inflight_requests_per_connection;
+    let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    let mut inflight: FuturesOrdered<ResponseFuture> = FuturesOrdered::new();
+    let mut read_closed = false;
+    loop {
+        // Turn buffered bytes into requests while there is room in flight.
+        let mut blocked_on_memory = false;
+        while inflight.len() < inflight_max {
+            let frame = match decode_frame(&mut buffer, frame_bytes_max) {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%peer, %error, "closing connection: bad frame");
+                    return;
+                }
+            };
+            let permit = match reserve_produce_memory(&broker, &frame, inflight.is_empty()).await {
+                Ok(permit) => permit,
+                Err(()) => {
+                    // Other requests of ours hold the memory: finish them first.
+                    buffer = rejoin(frame, buffer);
+                    blocked_on_memory = true;
+                    break;
+                }
+            };
+            match parse_request(frame) {
+                Ok(request) => inflight.push_back(handlers::dispatch(&broker, request, permit)),
+                Err(error) => match reject(error, &peer) {
+                    Some(response) => inflight.push_back(response),
+                    None => return,
+                },
+            }
+        }
+        let can_read = !read_closed && !blocked_on_memory && inflight.len() < inflight_max;
+        if inflight.is_empty() && !can_read {
+            return;
+        }
+        tokio::select! {
+            Some(response) = inflight.next(), if !inflight.is_empty() => {
+                if let Some(bytes) = response {
+                    if let Err(error) = writer.write_all(&bytes).await {
+                        tracing::debug!(%peer, %error, "write failed");
+                        return;
+                    }
+                }
+            }
+            read = reader.read_buf(&mut buffer), if can_read => match read {
+                Ok(0) => read_closed = true,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%peer, %error, "read failed");
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Produce frames take permits from the broker-wide produce memory budget for as long
+/// as the request is in flight. Waits only when this connection has nothing in flight
+/// (otherwise its own requests could hold what it waits for).
+async fn reserve_produce_memory(
+    broker: &Arc<Broker>,
+    frame: &bytes::Bytes,
+    may_wait: bool,
+) -> Result<Option<OwnedSemaphorePermit>, ()> {
+    let is_produce = frame.len() >= 2 && i16::from_be_bytes([frame[0], frame[1]]) == ApiKey::Produce as i16;
+    if !is_produce {
+        return Ok(None);
+    }
+    let wanted = (frame.len().min(broker.config().produce_memory_bytes)) as u32;
+    let memory = broker.produce_memory.clone();
+    match memory.clone().try_acquire_many_owned(wanted) {
+        Ok(permit) => Ok(Some(permit)),
+        Err(_) if may_wait => Ok(memory.acquire_many_owned(wanted).await.ok()),
+        Err(_) => Err(()),
+    }
+}
+
+/// Puts a frame back in front of the unread bytes (rare: only when memory is short).
+fn rejoin(frame: bytes::Bytes, rest: BytesMut) -> BytesMut {
+    let mut joined = BytesMut::with_capacity(4 + frame.len() + rest.len());
+    joined.extend_from_slice(&(frame.len() as i32).to_be_bytes());
+    joined.extend_from_slice(&frame);
+    joined.extend_from_slice(&rest);
+    joined
+}
+
+/// What to do with a request that could not be decoded: an answer for ApiVersions at an
+/// unsupported version, otherwise `None` (close the connection).
+fn reject(error: RequestError, peer: &SocketAddr) -> Option<ResponseFuture> {
+    if let RequestError::UnsupportedVersion { api_key: ApiKey::ApiVersions, api_version, correlation_id } = error {
+        tracing::info!(%peer, api_version, "ApiVersions at an unsupported version: answering with our ranges");
+        let body = ResponseKind::ApiVersions(api_versions_response(ResponseError::UnsupportedVersion.code()));
+        let bytes = encode_response(ApiKey::ApiVersions, 0, correlation_id, &body).ok();
+        return Some(Box::pin(async move { bytes }));
+    }
+    tracing::warn!(%peer, %error, "closing connection: bad request");
+    None
+}

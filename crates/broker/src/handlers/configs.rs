@@ -1,0 +1,239 @@
+//! DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (broker configs
+//! are static and described read-only).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym};
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse as IncrementalResult;
+use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+
+use super::admin::{SOURCE_DEFAULT, SOURCE_TOPIC};
+use super::message;
+use crate::topic_config::{self, ConfigType};
+use crate::Broker;
+
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+const SOURCE_STATIC_BROKER: i8 = 4;
+/// DescribeConfigs v3 added config types.
+const CONFIG_TYPE_VERSION: i16 = 3;
+
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+type Failure = (ResponseError, String);
+
+fn str_bytes(text: &str) -> StrBytes {
+    StrBytes::from_string(text.to_string())
+}
+
+pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
+    let mut response = DescribeConfigsResponse::default();
+    for resource in request.resources {
+        let mut result = DescribeConfigsResult::default();
+        result.resource_type = resource.resource_type;
+        result.resource_name = resource.resource_name.clone();
+        let wanted = |name: &str| resource.configuration_keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == name));
+        let entries = match resource.resource_type {
+            RESOURCE_TOPIC => match broker.topics.get(resource.resource_name.as_str()) {
+                None => Err((ResponseError::UnknownTopicOrPartition, format!("topic {:?} does not exist", resource.resource_name.as_str()))),
+                Some(topic) => Ok(broker
+                    .config()
+                    .topic_defaults
+                    .describe(&topic.configs)
+                    .into_iter()
+                    .filter(|c| wanted(c.name))
+                    .map(|c| {
+                        let source = if c.is_default { SOURCE_DEFAULT } else { SOURCE_TOPIC };
+                        let mut entry = entry(c.name, &c.value, source, c.config_type, version, false);
+                        if request.include_synonyms {
+                            if !c.is_default {
+                                entry.synonyms.push(synonym(c.name, &c.value, SOURCE_TOPIC));
+                            }
+                            entry.synonyms.push(synonym(c.name, &c.default, SOURCE_DEFAULT));
+                        }
+                        entry
+                    })
+                    .collect()),
+            },
+            RESOURCE_BROKER => Ok(broker_configs(broker)
+                .into_iter()
+                .filter(|(name, _, _)| wanted(name))
+                .map(|(name, value, config_type)| entry(name, &value, SOURCE_STATIC_BROKER, config_type, version, true))
+                .collect()),
+            other => Err((ResponseError::InvalidRequest, format!("resource type {other} is not supported"))),
+        };
+        match entries {
+            Ok(configs) => result.configs = configs,
+            Err((error, text)) => {
+                result.error_code = error.code();
+                result.error_message = message(text);
+            }
+        }
+        response.results.push(result);
+    }
+    response
+}
+
+fn entry(name: &str, value: &str, source: i8, config_type: ConfigType, version: i16, read_only: bool) -> DescribeConfigsResourceResult {
+    let mut entry = DescribeConfigsResourceResult::default();
+    entry.name = str_bytes(name);
+    entry.value = Some(str_bytes(value));
+    entry.read_only = read_only;
+    entry.config_source = source;
+    if version >= CONFIG_TYPE_VERSION {
+        entry.config_type = config_type as i8;
+    }
+    entry
+}
+
+fn synonym(name: &str, value: &str, source: i8) -> DescribeConfigsSynonym {
+    let mut synonym = DescribeConfigsSynonym::default();
+    synonym.name = str_bytes(name);
+    synonym.value = Some(str_bytes(value));
+    synonym.source = source;
+    synonym
+}
+
+/// The broker's static settings, in Kafka's names where one exists.
+fn broker_configs(broker: &Broker) -> Vec<(&'static str, String, ConfigType)> {
+    let config = broker.config();
+    vec![
+        ("broker.id", config.node_id.to_string(), ConfigType::Int),
+        ("node.id", config.node_id.to_string(), ConfigType::Int),
+        ("log.dirs", config.data_dir.display().to_string(), ConfigType::String),
+        ("num.partitions", config.num_partitions.to_string(), ConfigType::Int),
+        ("auto.create.topics.enable", config.auto_create_topics.to_string(), ConfigType::Boolean),
+        ("socket.request.max.bytes", config.max_request_bytes.to_string(), ConfigType::Int),
+        ("max.connections", config.max_connections.to_string(), ConfigType::Int),
+        ("message.max.bytes", config.topic_defaults.max_message_bytes.to_string(), ConfigType::Int),
+        ("log.segment.bytes", config.topic_defaults.segment_bytes.to_string(), ConfigType::Int),
+        ("log.retention.ms", config.topic_defaults.retention_ms.to_string(), ConfigType::Long),
+        ("log.retention.bytes", config.topic_defaults.retention_bytes.to_string(), ConfigType::Long),
+        ("log.flush.interval.messages", config.topic_defaults.flush_messages.to_string(), ConfigType::Long),
+        ("log.flush.interval.ms", config.topic_defaults.flush_ms.to_string(), ConfigType::Long),
+    ]
+}
+
+/// AlterConfigs replaces a topic's whole set of overrides.
+pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> AlterConfigsResponse {
+    let mut response = AlterConfigsResponse::default();
+    for resource in request.resources {
+        let changes: Vec<(String, i8, Option<String>)> =
+            resource.configs.iter().map(|c| (c.name.to_string(), OP_SET, c.value.as_ref().map(|v| v.to_string()))).collect();
+        let outcome = apply(broker, resource.resource_type, resource.resource_name.as_str(), &changes, true, request.validate_only);
+        let mut result = AlterConfigsResourceResponse::default();
+        result.resource_type = resource.resource_type;
+        result.resource_name = resource.resource_name;
+        if let Err((error, text)) = outcome {
+            result.error_code = error.code();
+            result.error_message = message(text);
+        }
+        response.responses.push(result);
+    }
+    response
+}
+
+pub(super) fn incremental_alter(broker: &Arc<Broker>, request: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+    let mut response = IncrementalAlterConfigsResponse::default();
+    for resource in request.resources {
+        let changes: Vec<(String, i8, Option<String>)> = resource
+            .configs
+            .iter()
+            .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
+            .collect();
+        let outcome = apply(broker, resource.resource_type, resource.resource_name.as_str(), &changes, false, request.validate_only);
+        let mut result = IncrementalResult::default();
+        result.resource_type = resource.resource_type;
+        result.resource_name = resource.resource_name;
+        if let Err((error, text)) = outcome {
+            result.error_code = error.code();
+            result.error_message = message(text);
+        }
+        response.responses.push(result);
+    }
+    response
+}
+
+/// Validates all changes, then applies them at once (to the registry and the live logs).
+fn apply(
+    broker: &Broker,
+    resource_type: i8,
+    name: &str,
+    changes: &[(String, i8, Option<String>)],
+    replace_all: bool,
+    validate_only: bool,
+) -> Result<(), Failure> {
+    if resource_type != RESOURCE_TOPIC {
+        return Err((ResponseError::InvalidRequest, "only topic configs can be altered; broker configs are static".into()));
+    }
+    let topic = broker.topics.get(name).ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
+    let mut configs = if replace_all { BTreeMap::new() } else { topic.configs.clone() };
+    for (key, operation, value) in changes {
+        apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
+    }
+    if validate_only {
+        return Ok(());
+    }
+    let updated = broker
+        .topics
+        .update(name, |t| t.configs = configs)
+        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?
+        .ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
+    let log_config = broker.config().topic_defaults.log_config(&updated.configs);
+    for p in 0..updated.partitions {
+        if let Some(log) = broker.partition(name, p) {
+            log.set_config(log_config.clone());
+        }
+    }
+    tracing::info!(topic = name, configs = ?updated.configs, "altered topic configs");
+    Ok(())
+}
+
+fn apply_one(
+    configs: &mut BTreeMap<String, String>,
+    key: &str,
+    operation: i8,
+    value: Option<&str>,
+    defaults: &topic_config::TopicDefaults,
+) -> Result<(), Failure> {
+    let invalid = |text: String| (ResponseError::InvalidConfig, text);
+    topic_config::validate(key, None).map_err(invalid)?;
+    match operation {
+        OP_SET => {
+            let value = value.ok_or_else(|| invalid(format!("null value for {key}")))?;
+            topic_config::validate(key, Some(value)).map_err(invalid)?;
+            configs.insert(key.to_string(), value.to_string());
+        }
+        OP_DELETE => {
+            configs.remove(key);
+        }
+        OP_APPEND | OP_SUBTRACT => {
+            if !topic_config::is_list(key) {
+                return Err(invalid(format!("{key} is not a list config; APPEND and SUBTRACT need one")));
+            }
+            let current = configs.get(key).cloned().unwrap_or_else(|| {
+                defaults.describe(&BTreeMap::new()).into_iter().find(|c| c.name == key).map(|c| c.value).unwrap_or_default()
+            });
+            let mut items: Vec<String> = current.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+            for item in value.unwrap_or_default().split(',').filter(|s| !s.is_empty()) {
+                if operation == OP_APPEND && !items.iter().any(|i| i == item) {
+                    items.push(item.to_string());
+                } else if operation == OP_SUBTRACT {
+                    items.retain(|i| i != item);
+                }
+            }
+            let joined = items.join(",");
+            topic_config::validate(key, Some(&joined)).map_err(invalid)?;
+            configs.insert(key.to_string(), joined);
+        }
+        other => return Err((ResponseError::InvalidRequest, format!("unknown config operation {other}"))),
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! Request handlers, one module per concern. [`dispatch`] runs the synchronous part of a
+//! request (for Produce: validating and appending, in arrival order) before returning a
+//! future for the rest (waiting for durability or for data).
+
+mod admin;
+mod configs;
+mod fetch;
+mod offsets;
+mod produce;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::{RequestKind, ResponseKind};
+use kafka_protocol::protocol::StrBytes;
+use sluice_protocol::{api_versions_response, encode_response, Request};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::Broker;
+
+/// The encoded response frame, or `None` when the request gets no response (acks=0).
+pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<OwnedSemaphorePermit>) -> ResponseFuture {
+    let Request { api_key, api_version, correlation_id, body, .. } = request;
+    let broker = broker.clone();
+    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
+        RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
+        RequestKind::Produce(request) => {
+            let pending = produce::append(&broker, request);
+            Box::pin(async move {
+                let response = pending.await;
+                drop(permit);
+                response.map(ResponseKind::Produce)
+            })
+        }
+        RequestKind::Fetch(request) => Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) }),
+        RequestKind::ListOffsets(request) => ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version))),
+        RequestKind::DeleteRecords(request) => ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request))),
+        RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request))),
+        RequestKind::CreateTopics(request) => ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version))),
+        RequestKind::DeleteTopics(request) => ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))),
+        RequestKind::CreatePartitions(request) => ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request))),
+        RequestKind::DescribeCluster(request) => ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request))),
+        RequestKind::InitProducerId(request) => ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request))),
+        RequestKind::DescribeConfigs(request) => ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version))),
+        RequestKind::AlterConfigs(request) => ready(ResponseKind::AlterConfigs(configs::alter(&broker, request))),
+        RequestKind::IncrementalAlterConfigs(request) => {
+            ready(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request)))
+        }
+        other => {
+            // parse_request only lets advertised APIs through; this is a bug, not bad input.
+            tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
+            Box::pin(async { None })
+        }
+    };
+    Box::pin(async move {
+        let body = response.await?;
+        match encode_response(api_key, api_version, correlation_id, &body) {
+            Ok(bytes) => Some(bytes),
+            Err(error) => {
+                tracing::error!(?api_key, api_version, %error, "failed to encode response");
+                None
+            }
+        }
+    })
+}
+
+fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
+    Box::pin(std::future::ready(Some(response)))
+}
+
+fn message(text: impl Into<String>) -> Option<StrBytes> {
+    Some(StrBytes::from_string(text.into()))
+}

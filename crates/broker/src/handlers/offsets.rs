@@ -1,0 +1,121 @@
+//! ListOffsets (earliest, latest, by timestamp, max timestamp) and DeleteRecords.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse};
+use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::ResponseError;
+use sluice_storage::{Partition, ReadError};
+
+use crate::{Broker, LEADER_EPOCH};
+
+const LATEST_TIMESTAMP: i64 = -1;
+const EARLIEST_TIMESTAMP: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+const EARLIEST_LOCAL_TIMESTAMP: i64 = -4;
+const LATEST_TIERED_TIMESTAMP: i64 = -5;
+/// ListOffsets v4 added the leader epoch to the response.
+const LEADER_EPOCH_VERSION: i16 = 4;
+
+pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+    let mut response = ListOffsetsResponse::default();
+    for topic in request.topics {
+        let mut topic_response = ListOffsetsTopicResponse::default();
+        topic_response.name = topic.name.clone();
+        for partition in topic.partitions {
+            let mut result = ListOffsetsPartitionResponse::default();
+            result.partition_index = partition.partition_index;
+            result.timestamp = -1;
+            result.offset = -1;
+            match broker.partition(&topic.name, partition.partition_index) {
+                None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
+                Some(log) => match lookup(&log, partition.timestamp) {
+                    Ok((offset, timestamp)) => {
+                        result.offset = offset;
+                        result.timestamp = timestamp;
+                        if version >= LEADER_EPOCH_VERSION && offset >= 0 {
+                            result.leader_epoch = LEADER_EPOCH;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, topic = %topic.name.as_str(), "list offsets failed");
+                        result.error_code = ResponseError::KafkaStorageError.code();
+                    }
+                },
+            }
+            topic_response.partitions.push(result);
+        }
+        response.topics.push(topic_response);
+    }
+    response
+}
+
+/// (offset, timestamp) for a ListOffsets query; (-1, -1) when no record matches.
+fn lookup(log: &Partition, query: i64) -> Result<(i64, i64), ReadError> {
+    let offsets = log.offsets();
+    match query {
+        LATEST_TIMESTAMP => Ok((offsets.high_watermark, -1)),
+        EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => Ok((offsets.log_start_offset, -1)),
+        LATEST_TIERED_TIMESTAMP => Ok((-1, -1)),
+        MAX_TIMESTAMP => Ok(match log.batch_with_max_timestamp()? {
+            None => (-1, -1),
+            Some(batch) => record_matching(batch, |records| records.iter().max_by_key(|(_, ts)| *ts).copied()),
+        }),
+        timestamp if timestamp >= 0 => Ok(match log.batch_for_timestamp(timestamp)? {
+            None => (-1, -1),
+            Some(batch) => record_matching(batch, |records| {
+                records.iter().find(|(offset, ts)| *ts >= timestamp && *offset >= offsets.log_start_offset).copied()
+            }),
+        }),
+        _ => Ok((-1, -1)),
+    }
+}
+
+/// Decodes one stored batch (decompressing if needed) and picks a record from its
+/// (offset, timestamp) pairs. Records sit inside the batch, so this is the one place the
+/// broker looks inside a batch.
+fn record_matching(mut batch: Bytes, pick: impl FnOnce(&[(i64, i64)]) -> Option<(i64, i64)>) -> (i64, i64) {
+    match RecordBatchDecoder::decode(&mut batch) {
+        Ok(set) => {
+            let pairs: Vec<(i64, i64)> = set.records.iter().map(|r| (r.offset, r.timestamp)).collect();
+            pick(&pairs).unwrap_or((-1, -1))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "stored batch could not be decoded for a timestamp lookup");
+            (-1, -1)
+        }
+    }
+}
+
+pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let mut response = DeleteRecordsResponse::default();
+    for topic in request.topics {
+        let mut topic_result = DeleteRecordsTopicResult::default();
+        topic_result.name = topic.name.clone();
+        for partition in topic.partitions {
+            let mut result = DeleteRecordsPartitionResult::default();
+            result.partition_index = partition.partition_index;
+            result.low_watermark = -1;
+            match broker.partition(&topic.name, partition.partition_index) {
+                None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
+                Some(log) => {
+                    let target = if partition.offset == -1 { log.offsets().high_watermark } else { partition.offset };
+                    match log.delete_records_before(target) {
+                        Ok(low_watermark) => result.low_watermark = low_watermark,
+                        Err(ReadError::OffsetOutOfRange { .. }) => result.error_code = ResponseError::OffsetOutOfRange.code(),
+                        Err(error) => {
+                            tracing::warn!(%error, "delete records failed");
+                            result.error_code = ResponseError::KafkaStorageError.code();
+                        }
+                    }
+                }
+            }
+            topic_result.partitions.push(result);
+        }
+        response.topics.push(topic_result);
+    }
+    response
+}

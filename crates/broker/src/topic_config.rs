@@ -1,0 +1,184 @@
+//! Topic configs in Kafka's names: which keys Sluice understands, their types, defaults and
+//! valid values, and how a topic's overrides become the storage [`LogConfig`].
+//!
+//! Unknown keys and values Sluice does not implement (e.g. `cleanup.policy=compact`) are
+//! rejected with INVALID_CONFIG rather than accepted and silently ignored.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use sluice_storage::LogConfig;
+
+/// DescribeConfigs config_type codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    Boolean = 1,
+    String = 2,
+    Int = 3,
+    Long = 5,
+    List = 7,
+}
+
+/// Broker-wide defaults for topic configs (`[topic_defaults]` in the TOML file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicDefaults {
+    pub retention_ms: i64,
+    pub retention_bytes: i64,
+    pub segment_bytes: i64,
+    pub segment_ms: i64,
+    pub max_message_bytes: i64,
+    /// 1 = fsync before acknowledging (Sluice's default durability).
+    pub flush_messages: i64,
+    pub flush_ms: i64,
+    pub min_insync_replicas: i64,
+}
+
+impl Default for TopicDefaults {
+    fn default() -> Self {
+        let log = LogConfig::default();
+        TopicDefaults {
+            retention_ms: log.retention_ms,
+            retention_bytes: log.retention_bytes,
+            segment_bytes: log.segment_bytes as i64,
+            segment_ms: log.segment_ms,
+            max_message_bytes: log.max_message_bytes as i64,
+            flush_messages: log.flush_messages as i64,
+            flush_ms: log.flush_ms,
+            min_insync_replicas: 1,
+        }
+    }
+}
+
+struct ConfigDef {
+    name: &'static str,
+    config_type: ConfigType,
+    /// Inclusive numeric range, or the allowed strings.
+    check: Check,
+    default: fn(&TopicDefaults) -> String,
+}
+
+enum Check {
+    Range(i64, i64),
+    OneOf(&'static [&'static str]),
+}
+
+const SEGMENT_BYTES_MIN: i64 = 1024;
+
+const DEFS: &[ConfigDef] = &[
+    ConfigDef { name: "cleanup.policy", config_type: ConfigType::List, check: Check::OneOf(&["delete"]), default: |_| "delete".into() },
+    ConfigDef { name: "compression.type", config_type: ConfigType::String, check: Check::OneOf(&["producer"]), default: |_| "producer".into() },
+    ConfigDef { name: "flush.messages", config_type: ConfigType::Long, check: Check::Range(1, i64::MAX), default: |d| d.flush_messages.to_string() },
+    ConfigDef { name: "flush.ms", config_type: ConfigType::Long, check: Check::Range(0, i64::MAX), default: |d| d.flush_ms.to_string() },
+    ConfigDef { name: "max.message.bytes", config_type: ConfigType::Int, check: Check::Range(0, i32::MAX as i64), default: |d| d.max_message_bytes.to_string() },
+    ConfigDef { name: "message.timestamp.type", config_type: ConfigType::String, check: Check::OneOf(&["CreateTime"]), default: |_| "CreateTime".into() },
+    ConfigDef { name: "min.insync.replicas", config_type: ConfigType::Int, check: Check::Range(1, i32::MAX as i64), default: |d| d.min_insync_replicas.to_string() },
+    ConfigDef { name: "retention.bytes", config_type: ConfigType::Long, check: Check::Range(-1, i64::MAX), default: |d| d.retention_bytes.to_string() },
+    ConfigDef { name: "retention.ms", config_type: ConfigType::Long, check: Check::Range(-1, i64::MAX), default: |d| d.retention_ms.to_string() },
+    ConfigDef { name: "segment.bytes", config_type: ConfigType::Int, check: Check::Range(SEGMENT_BYTES_MIN, i32::MAX as i64), default: |d| d.segment_bytes.to_string() },
+    ConfigDef { name: "segment.ms", config_type: ConfigType::Long, check: Check::Range(1, i64::MAX), default: |d| d.segment_ms.to_string() },
+    ConfigDef { name: "unclean.leader.election.enable", config_type: ConfigType::Boolean, check: Check::OneOf(&["true", "false"]), default: |_| "false".into() },
+];
+
+fn def(name: &str) -> Option<&'static ConfigDef> {
+    DEFS.iter().find(|d| d.name == name)
+}
+
+fn check_value(def: &ConfigDef, value: &str) -> Result<(), String> {
+    match &def.check {
+        Check::Range(min, max) => match value.trim().parse::<i64>() {
+            Ok(n) if n >= *min && n <= *max => Ok(()),
+            Ok(n) => Err(format!("invalid value {n} for configuration {}: must be in [{min}, {max}]", def.name)),
+            Err(_) => Err(format!("invalid value {value:?} for configuration {}: expected a number", def.name)),
+        },
+        Check::OneOf(allowed) if allowed.contains(&value.trim()) => Ok(()),
+        Check::OneOf(allowed) => Err(format!(
+            "invalid value {value:?} for configuration {}: Sluice supports only {}",
+            def.name,
+            allowed.join(", ")
+        )),
+    }
+}
+
+/// Validates one override; the error is the message sent to the client.
+pub fn validate(name: &str, value: Option<&str>) -> Result<(), String> {
+    let def = def(name).ok_or_else(|| format!("unknown topic config name: {name}"))?;
+    match value {
+        None => Ok(()),
+        Some(value) => check_value(def, value),
+    }
+}
+
+/// Whether `name` is a list-typed config (for APPEND/SUBTRACT).
+pub fn is_list(name: &str) -> bool {
+    def(name).is_some_and(|d| d.config_type == ConfigType::List)
+}
+
+impl TopicDefaults {
+    pub fn validate(&self) -> Result<(), String> {
+        for def in DEFS {
+            check_value(def, &(def.default)(self)).map_err(|e| format!("topic_defaults: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The storage settings for a topic with these overrides (validated beforehand).
+    pub fn log_config(&self, overrides: &BTreeMap<String, String>) -> LogConfig {
+        let number = |name: &str, default: i64| overrides.get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(default);
+        LogConfig {
+            segment_bytes: number("segment.bytes", self.segment_bytes) as u64,
+            segment_ms: number("segment.ms", self.segment_ms),
+            retention_ms: number("retention.ms", self.retention_ms),
+            retention_bytes: number("retention.bytes", self.retention_bytes),
+            max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,
+            flush_messages: number("flush.messages", self.flush_messages) as u64,
+            flush_ms: number("flush.ms", self.flush_ms),
+        }
+    }
+
+    /// Every known config with its effective value and whether it is overridden.
+    pub fn describe(&self, overrides: &BTreeMap<String, String>) -> Vec<DescribedConfig> {
+        DEFS.iter()
+            .map(|def| {
+                let default = (def.default)(self);
+                let value = overrides.get(def.name).cloned();
+                DescribedConfig {
+                    name: def.name,
+                    is_default: value.is_none(),
+                    value: value.unwrap_or_else(|| default.clone()),
+                    default,
+                    config_type: def.config_type,
+                }
+            })
+            .collect()
+    }
+}
+
+pub struct DescribedConfig {
+    pub name: &'static str,
+    pub value: String,
+    pub default: String,
+    pub is_default: bool,
+    pub config_type: ConfigType,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_validate_and_apply() {
+        assert!(validate("retention.ms", Some("1000")).is_ok());
+        assert!(validate("retention.ms", Some("-2")).is_err());
+        assert!(validate("retention.ms", Some("abc")).is_err());
+        assert!(validate("cleanup.policy", Some("compact")).is_err());
+        assert!(validate("no.such.config", Some("1")).is_err());
+        let defaults = TopicDefaults::default();
+        defaults.validate().unwrap();
+        let overrides = BTreeMap::from([("flush.messages".to_string(), "100".to_string())]);
+        let log = defaults.log_config(&overrides);
+        assert_eq!(log.flush_messages, 100);
+        assert!(!log.fsync_before_ack());
+        assert!(defaults.log_config(&BTreeMap::new()).fsync_before_ack());
+    }
+}

@@ -1,0 +1,127 @@
+//! `sluice serve`: configuration from defaults, a TOML file, `SLUICE_*` environment
+//! variables and flags (each overriding the one before), then the broker until SIGTERM or
+//! SIGINT, which shut it down cleanly (logs fsynced and sealed).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use sluice_broker::config::BrokerConfig;
+use sluice_broker::Broker;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (keys as in BrokerConfig; see README).
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:9092].
+    #[arg(long, env = "SLUICE_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// host:port given to clients in metadata [default: the listen address].
+    #[arg(long, env = "SLUICE_ADVERTISED_LISTENER")]
+    advertised_listener: Option<String>,
+    /// Data directory [default: ./sluice-data].
+    #[arg(long, env = "SLUICE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    #[arg(long, env = "SLUICE_NODE_ID")]
+    node_id: Option<i32>,
+    /// Largest request frame accepted, in bytes [default: 104857600].
+    #[arg(long, env = "SLUICE_MAX_REQUEST_BYTES")]
+    max_request_bytes: Option<usize>,
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    #[arg(long, env = "SLUICE_MAX_INFLIGHT_REQUESTS_PER_CONNECTION")]
+    max_inflight_requests_per_connection: Option<usize>,
+    /// Produce bytes buffered across all connections while awaiting durability.
+    #[arg(long, env = "SLUICE_PRODUCE_MEMORY_BYTES")]
+    produce_memory_bytes: Option<usize>,
+    /// Create topics on first metadata request (Kafka's auto.create.topics.enable).
+    #[arg(long, env = "SLUICE_AUTO_CREATE_TOPICS")]
+    auto_create_topics: Option<bool>,
+    /// Partitions of auto-created topics (Kafka's num.partitions).
+    #[arg(long, env = "SLUICE_NUM_PARTITIONS")]
+    num_partitions: Option<i32>,
+    /// Default segment.bytes for topics.
+    #[arg(long, env = "SLUICE_SEGMENT_BYTES")]
+    segment_bytes: Option<i64>,
+    /// Default retention.ms for topics.
+    #[arg(long, env = "SLUICE_RETENTION_MS")]
+    retention_ms: Option<i64>,
+    /// Default flush.messages for topics: 1 = fsync before ack (default); N > 1 = page-cache mode.
+    #[arg(long, env = "SLUICE_FLUSH_MESSAGES")]
+    flush_messages: Option<i64>,
+    /// How often retention is checked.
+    #[arg(long, env = "SLUICE_LOG_RETENTION_CHECK_INTERVAL_MS")]
+    log_retention_check_interval_ms: Option<u64>,
+    /// Log format: text or json.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+impl ServeArgs {
+    fn into_config(self) -> anyhow::Result<(BrokerConfig, String)> {
+        let mut config = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+            }
+            None => BrokerConfig::default(),
+        };
+        macro_rules! set {
+            ($($field:ident),*) => { $(if let Some(value) = self.$field { config.$field = value; })* };
+        }
+        set!(listen, data_dir, node_id, max_request_bytes, max_connections, max_inflight_requests_per_connection);
+        set!(produce_memory_bytes, auto_create_topics, num_partitions, log_retention_check_interval_ms);
+        if self.advertised_listener.is_some() {
+            config.advertised_listener = self.advertised_listener;
+        }
+        let defaults = &mut config.topic_defaults;
+        if let Some(value) = self.segment_bytes {
+            defaults.segment_bytes = value;
+        }
+        if let Some(value) = self.retention_ms {
+            defaults.retention_ms = value;
+        }
+        if let Some(value) = self.flush_messages {
+            defaults.flush_messages = value;
+        }
+        config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+        Ok((config, self.log_format))
+    }
+}
+
+fn init_logging(format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match format {
+        "text" => builder.init(),
+        "json" => builder.json().init(),
+        other => anyhow::bail!("unknown log format {other:?} (text or json)"),
+    }
+    Ok(())
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let (config, log_format) = args.into_config()?;
+    init_logging(&log_format)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("sluice-io").build()?;
+    runtime.block_on(async move {
+        let listen = config.listen;
+        let data_dir = config.data_dir.clone();
+        let broker = tokio::task::spawn_blocking(move || Broker::open(config))
+            .await?
+            .with_context(|| format!("opening data dir {}", data_dir.display()))?;
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+        sluice_broker::server::serve(broker, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

@@ -1,0 +1,68 @@
+//! The APIs and versions Sluice advertises. Only what works end to end is listed.
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+
+/// Produce v0-v2 are advertised (librdkafka only compresses when it sees Produce v0, and
+/// Kafka does the same) but refused: the connection is closed, as Kafka does.
+pub const PRODUCE_MIN_ACCEPTED_VERSION: i16 = 3;
+
+/// (api, min version, max version) advertised in ApiVersions.
+pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 0, 11),
+    (ApiKey::Fetch, 4, 16),
+    (ApiKey::ListOffsets, 1, 9),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::DescribeCluster, 0, 1),
+];
+
+/// The advertised (min, max) for `api_key`, if we serve it at all. Produce v0-v2 are
+/// advertised but not in this range.
+pub fn supported_range(api_key: ApiKey) -> Option<(i16, i16)> {
+    ADVERTISED_APIS.iter().find(|(key, _, _)| *key == api_key).map(|(key, min, max)| {
+        let min = if *key == ApiKey::Produce { PRODUCE_MIN_ACCEPTED_VERSION } else { *min };
+        (min, *max)
+    })
+}
+
+/// The ApiVersions response body listing [`ADVERTISED_APIS`].
+pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
+    let mut response = ApiVersionsResponse::default();
+    response.error_code = error_code;
+    response.api_keys = ADVERTISED_APIS
+        .iter()
+        .map(|(key, min, max)| {
+            let mut version = ApiVersion::default();
+            version.api_key = *key as i16;
+            version.min_version = *min;
+            version.max_version = *max;
+            version
+        })
+        .collect();
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_versions_are_within_the_codec() {
+        for (key, min, max) in ADVERTISED_APIS {
+            let codec = key.valid_versions();
+            assert!(min <= max, "{key:?}");
+            assert!(*max <= codec.max, "{key:?} max {max} beyond codec {}", codec.max);
+            let (accepted_min, _) = supported_range(*key).unwrap();
+            assert!(accepted_min >= codec.min, "{key:?} accepted min below codec");
+        }
+    }
+}
