@@ -117,7 +117,9 @@ public final class IdempotentProducer {
         p.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, compression);
         p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-        // retries and delivery.timeout.ms stay at their defaults (MAX_VALUE, 120 s)
+        // retries and delivery.timeout.ms stay at their defaults (MAX_VALUE, 120 s). send() may wait
+        // for metadata while the broker restarts: allow longer than the 60 s default for that.
+        p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "180000");
 
         long[] ackOffset = new long[n];
         Arrays.fill(ackOffset, -1);
