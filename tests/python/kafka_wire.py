@@ -870,10 +870,29 @@ def consume_until(bootstrap: str, topic: str, end_offsets: dict[int, int], start
         c.close()
 
 
+# Errors a client retries while a (restarting) broker gets ready, as the Java client does.
+RETRIABLE = {
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.NETWORK_EXCEPTION, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+}
+
+
 def watermarks(bootstrap: str, topic: str, partition: int, timeout: float = 10.0) -> tuple[int, int]:
-    """(log start offset, high watermark) as ListOffsets reports them."""
+    """(log start offset, high watermark) as ListOffsets reports them.
+
+    Retriable errors (a broker still starting up) are retried until `timeout`, as clients do.
+    """
     c = consumer(bootstrap)
+    deadline = time.monotonic() + timeout
     try:
-        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
+        while True:
+            try:
+                return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1), cached=False)
+            except KafkaException as e:
+                err = e.args[0]
+                if err.code() not in RETRIABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
     finally:
         c.close()
