@@ -33,11 +33,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 /// A fresh folder under the system temp dir.
 fn fresh_dir(prefix: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        crate::kafka::monotonic_ns()
-    ));
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), crate::kafka::monotonic_ns()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
@@ -89,9 +85,9 @@ impl BrokerProcess {
             }
             let answers = broker_api_keys(&self.bootstrap).is_ok();
             let logged = match log_marker {
-                Some(marker) => std::fs::read_to_string(&self.log_path)
-                    .map(|text| text.contains(marker))
-                    .unwrap_or(false),
+                Some(marker) => {
+                    std::fs::read_to_string(&self.log_path).map(|text| text.contains(marker)).unwrap_or(false)
+                }
                 None => true,
             };
             // The log line is the real signal for Kafka; fall back on ApiVersions alone
@@ -192,11 +188,7 @@ impl SluiceBroker {
             keep_data: false,
         };
         broker.wait_ready(None)?;
-        println!(
-            "Started sluice (pid {}) on {}",
-            broker.pid(),
-            broker.bootstrap
-        );
+        println!("Started sluice (pid {}) on {}", broker.pid(), broker.bootstrap);
         Ok(broker)
     }
 }
@@ -219,9 +211,7 @@ pub fn cache_dir_default() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(dir).join("sluice-bench");
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("sluice-bench")
 }
 
@@ -230,23 +220,19 @@ impl KafkaInstall {
     pub fn ensure(cache_dir: &Path, version: &str) -> anyhow::Result<KafkaInstall> {
         let home = cache_dir.join(format!("kafka-{version}"));
         let marker = home.join(".installed");
-        let install = KafkaInstall {
-            home: home.clone(),
-            version: version.to_string(),
-        };
+        let install = KafkaInstall { home: home.clone(), version: version.to_string() };
         if marker.is_file() {
             return Ok(install);
         }
         std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
         std::fs::write(home.join("pom.xml"), kafka_pom(version))?;
-        println!(
-            "Installing Apache Kafka {version} from Maven Central into {}",
-            home.display()
-        );
+        println!("Installing Apache Kafka {version} from Maven Central into {}", home.display());
         let status = Command::new("mvn")
             .args([
                 "-q",
                 "-B",
+                "--no-transfer-progress",
+                "-Dstyle.color=never",
                 "dependency:copy-dependencies",
                 "-DoutputDirectory=lib",
                 "-DincludeScope=runtime",
@@ -281,21 +267,12 @@ impl KafkaInstall {
         let data_dir = dir.join("data");
         std::fs::create_dir_all(&data_dir)?;
         let properties = dir.join("server.properties");
-        std::fs::write(
-            &properties,
-            kafka_properties(port, controller_port, &data_dir),
-        )?;
+        std::fs::write(&properties, kafka_properties(port, controller_port, &data_dir))?;
         let log4j = dir.join("log4j2.properties");
         std::fs::write(&log4j, LOG4J2_PROPERTIES)?;
         let cluster_id = self.storage_tool(&["random-uuid"])?;
         let cluster_id = cluster_id.trim().to_string();
-        self.storage_tool(&[
-            "format",
-            "-t",
-            &cluster_id,
-            "-c",
-            &properties.display().to_string(),
-        ])?;
+        self.storage_tool(&["format", "-t", &cluster_id, "-c", &properties.display().to_string()])?;
         let log_path = dir.join("kafka.log");
         let log = std::fs::File::create(&log_path)?;
         let child = Command::new("java")
@@ -321,12 +298,7 @@ impl KafkaInstall {
             keep_data: false,
         };
         broker.wait_ready(Some("Kafka Server started"))?;
-        println!(
-            "Started Kafka {} (pid {}) on {}",
-            self.version,
-            broker.pid(),
-            broker.bootstrap
-        );
+        println!("Started Kafka {} (pid {}) on {}", self.version, broker.pid(), broker.bootstrap);
         Ok(broker)
     }
 
@@ -339,10 +311,7 @@ impl KafkaInstall {
             .output()
             .context("running kafka.tools.StorageTool")?;
         if !output.status.success() {
-            return Err(anyhow!(
-                "StorageTool {args:?} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ));
+            return Err(anyhow!("StorageTool {args:?} failed: {}", String::from_utf8_lossy(&output.stderr)));
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }

@@ -68,33 +68,20 @@ pub fn write_all(results: &[(String, TestResult)], folder: &Path) -> anyhow::Res
     Ok(())
 }
 
-fn over_time(
-    results: &[(String, TestResult)],
-    pick: impl Fn(&TestResult) -> &Vec<f64>,
-) -> Vec<Series> {
+fn over_time(results: &[(String, TestResult)], pick: impl Fn(&TestResult) -> &Vec<f64>) -> Vec<Series> {
     results
         .iter()
         .map(|(label, result)| {
-            let period_s = result
-                .sluice
-                .as_ref()
-                .map(|extras| extras.sample_period_seconds)
-                .filter(|s| *s > 0.0)
-                .unwrap_or(10.0);
-            let points = pick(result)
-                .iter()
-                .enumerate()
-                .map(|(i, value)| ((i + 1) as f64 * period_s, *value))
-                .collect();
+            let period_s =
+                result.sluice.as_ref().map(|extras| extras.sample_period_seconds).filter(|s| *s > 0.0).unwrap_or(10.0);
+            let points =
+                pick(result).iter().enumerate().map(|(i, value)| ((i + 1) as f64 * period_s, *value)).collect();
             (label.clone(), points)
         })
         .collect()
 }
 
-fn by_quantile(
-    results: &[(String, TestResult)],
-    pick: impl Fn(&TestResult) -> &Quantiles,
-) -> Vec<Series> {
+fn by_quantile(results: &[(String, TestResult)], pick: impl Fn(&TestResult) -> &Quantiles) -> Vec<Series> {
     results
         .iter()
         .map(|(label, result)| {
@@ -122,14 +109,8 @@ fn nines_label(x: &f64) -> String {
 }
 
 fn charts_of(results: &[(String, TestResult)]) -> Vec<Chart> {
-    let time = |file, title, y_label, series| Chart {
-        file,
-        title,
-        x_label: "seconds",
-        y_label,
-        quantile_axis: false,
-        series,
-    };
+    let time =
+        |file, title, y_label, series| Chart { file, title, x_label: "seconds", y_label, quantile_axis: false, series };
     let quantile = |file, title, y_label, series| Chart {
         file,
         title,
@@ -139,24 +120,9 @@ fn charts_of(results: &[(String, TestResult)]) -> Vec<Chart> {
         series,
     };
     vec![
-        time(
-            "publish-rate.svg",
-            "Publish rate",
-            "msg/s",
-            over_time(results, |r| &r.publish_rate),
-        ),
-        time(
-            "consume-rate.svg",
-            "Consume rate",
-            "msg/s",
-            over_time(results, |r| &r.consume_rate),
-        ),
-        time(
-            "publish-latency-p99.svg",
-            "Publish latency p99",
-            "ms",
-            over_time(results, |r| &r.publish_latency_99pct),
-        ),
+        time("publish-rate.svg", "Publish rate", "msg/s", over_time(results, |r| &r.publish_rate)),
+        time("consume-rate.svg", "Consume rate", "msg/s", over_time(results, |r| &r.consume_rate)),
+        time("publish-latency-p99.svg", "Publish latency p99", "ms", over_time(results, |r| &r.publish_latency_99pct)),
         time(
             "publish-latency-avg.svg",
             "Publish latency average",
@@ -208,12 +174,7 @@ fn bounds(series: &[Series]) -> (f64, f64, f64, f64) {
     if x_min > x_max {
         return (0.0, 1.0, 0.0, 1.0);
     }
-    (
-        x_min,
-        x_max.max(x_min + 1e-9),
-        y_min,
-        y_max.max(y_min + 1e-9),
-    )
+    (x_min, x_max.max(x_min + 1e-9), y_min, y_max.max(y_min + 1e-9))
 }
 
 fn draw(chart: &Chart, path: &Path) -> anyhow::Result<()> {
@@ -221,17 +182,12 @@ fn draw(chart: &Chart, path: &Path) -> anyhow::Result<()> {
     root.fill(&WHITE).map_err(plot_error)?;
     let (x_min, x_max, y_min, y_max) = bounds(&chart.series);
     let mut builder = ChartBuilder::on(&root);
-    builder
-        .caption(chart.title, ("sans-serif", 24))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(72);
+    builder.caption(chart.title, ("sans-serif", 24)).margin(16).x_label_area_size(44).y_label_area_size(72);
     if chart.quantile_axis {
         let y_low = y_min.max(1e-3) * 0.8;
         let y_high = y_max.max(y_low * 10.0) * 1.25;
-        let mut context = builder
-            .build_cartesian_2d(0.0..NINES_MAX, (y_low..y_high).log_scale())
-            .map_err(plot_error)?;
+        let mut context =
+            builder.build_cartesian_2d(0.0..NINES_MAX, (y_low..y_high).log_scale()).map_err(plot_error)?;
         context
             .configure_mesh()
             .x_desc(chart.x_label)
@@ -244,15 +200,8 @@ fn draw(chart: &Chart, path: &Path) -> anyhow::Result<()> {
         legend(&mut context, SeriesLabelPosition::LowerRight)?;
     } else {
         let y_high = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
-        let mut context = builder
-            .build_cartesian_2d(x_min.min(0.0)..x_max, 0.0..y_high)
-            .map_err(plot_error)?;
-        context
-            .configure_mesh()
-            .x_desc(chart.x_label)
-            .y_desc(chart.y_label)
-            .draw()
-            .map_err(plot_error)?;
+        let mut context = builder.build_cartesian_2d(x_min.min(0.0)..x_max, 0.0..y_high).map_err(plot_error)?;
+        context.configure_mesh().x_desc(chart.x_label).y_desc(chart.y_label).draw().map_err(plot_error)?;
         draw_series(&mut context, &chart.series)?;
         legend(&mut context, SeriesLabelPosition::UpperRight)?;
     }
@@ -272,15 +221,10 @@ where
     for (index, (label, points)) in series.iter().enumerate() {
         let color = Palette99::pick(index).to_rgba();
         context
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(2),
-            ))
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
             .map_err(plot_error)?
             .label(label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
     Ok(())
 }
@@ -309,9 +253,7 @@ fn plot_error<E: std::fmt::Debug>(error: E) -> anyhow::Error {
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 fn html(results: &[(String, TestResult)], charts: &[Chart]) -> String {
@@ -326,11 +268,7 @@ fn html(results: &[(String, TestResult)], charts: &[Chart]) -> String {
     );
     for (label, result) in results {
         let extras = result.sluice.clone().unwrap_or_default();
-        let optional = |value: Option<f64>| {
-            value
-                .map(|v| format!("{v:.1}"))
-                .unwrap_or_else(|| "-".into())
-        };
+        let optional = |value: Option<f64>| value.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             page,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.0}</td><td>{:.0}</td><td>{:.2}</td><td>{:.2}</td>\
@@ -351,18 +289,11 @@ fn html(results: &[(String, TestResult)], charts: &[Chart]) -> String {
         );
     }
     page.push_str("</table>\n");
-    if let Some(clock) = results
-        .iter()
-        .find_map(|(_, r)| r.sluice.as_ref().map(|e| e.end_to_end_clock.clone()))
-    {
+    if let Some(clock) = results.iter().find_map(|(_, r)| r.sluice.as_ref().map(|e| e.end_to_end_clock.clone())) {
         let _ = writeln!(page, "<p>End-to-end latency clock: {}</p>", escape(&clock));
     }
     for chart in charts {
-        let _ = writeln!(
-            page,
-            "<h2>{}</h2>\n<img src=\"{}\" alt=\"{}\">",
-            chart.title, chart.file, chart.title
-        );
+        let _ = writeln!(page, "<h2>{}</h2>\n<img src=\"{}\" alt=\"{}\">", chart.title, chart.file, chart.title);
     }
     page.push_str("</body></html>\n");
     page
@@ -382,30 +313,17 @@ mod tests {
 
     #[test]
     fn charts_for_two_results() {
-        let mut a = TestResult {
-            workload: "w".into(),
-            driver: "d".into(),
-            ..TestResult::default()
-        };
+        let mut a = TestResult { workload: "w".into(), driver: "d".into(), ..TestResult::default() };
         a.publish_rate = vec![10.0, 20.0, 15.0];
         a.publish_latency_99pct = vec![1.0, 2.0, 1.5];
-        a.aggregated_publish_latency_quantiles = Quantiles(vec![
-            (50.0, 1.0),
-            (90.0, 2.0),
-            (99.0, 3.0),
-            (99.99, 9.0),
-            (100.0, 10.0),
-        ]);
+        a.aggregated_publish_latency_quantiles =
+            Quantiles(vec![(50.0, 1.0), (90.0, 2.0), (99.0, 3.0), (99.99, 9.0), (100.0, 10.0)]);
         let b = a.clone();
         let dir = tempfile::tempdir().unwrap();
         write_all(&[("a".into(), a), ("b".into(), b)], dir.path()).unwrap();
-        let svg =
-            std::fs::read_to_string(dir.path().join("publish-latency-quantiles.svg")).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("publish-latency-quantiles.svg")).unwrap();
         assert!(svg.contains("<svg"));
-        assert!(
-            svg.contains("99.99%") || svg.contains("99.9%"),
-            "quantile axis labels"
-        );
+        assert!(svg.contains("99.99%") || svg.contains("99.9%"), "quantile axis labels");
         let html = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
         assert!(html.contains("publish-rate.svg"));
     }

@@ -74,42 +74,19 @@ type Metric = (&'static str, fn(&TestResult) -> Option<f64>);
 
 const METRICS: &[Metric] = &[
     ("publish rate (msg/s)", |r| Some(r.publish_rate_mean())),
-    ("publish MiB/s", |r| {
-        r.sluice.as_ref().map(|e| mean(&e.publish_throughput_mb))
-    }),
+    ("publish MiB/s", |r| r.sluice.as_ref().map(|e| mean(&e.publish_throughput_mb))),
     ("consume rate (msg/s)", |r| Some(r.consume_rate_mean())),
-    ("publish p50 (ms)", |r| {
-        Some(r.aggregated_publish_latency_50pct)
-    }),
-    ("publish p99 (ms)", |r| {
-        Some(r.aggregated_publish_latency_99pct)
-    }),
-    ("publish p99.9 (ms)", |r| {
-        Some(r.aggregated_publish_latency_999pct)
-    }),
-    ("e2e p50 (ms)", |r| {
-        Some(r.aggregated_end_to_end_latency_50pct)
-    }),
-    ("e2e p99 (ms)", |r| {
-        Some(r.aggregated_end_to_end_latency_99pct)
-    }),
-    ("e2e p99.9 (ms)", |r| {
-        Some(r.aggregated_end_to_end_latency_999pct)
-    }),
-    ("publish delay p99 (us)", |r| {
-        Some(r.aggregated_publish_delay_latency_99pct as f64)
-    }),
-    ("broker CPU (s)", |r| {
-        r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)
-    }),
-    ("broker CPU s per GiB", |r| {
-        r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)
-    }),
+    ("publish p50 (ms)", |r| Some(r.aggregated_publish_latency_50pct)),
+    ("publish p99 (ms)", |r| Some(r.aggregated_publish_latency_99pct)),
+    ("publish p99.9 (ms)", |r| Some(r.aggregated_publish_latency_999pct)),
+    ("e2e p50 (ms)", |r| Some(r.aggregated_end_to_end_latency_50pct)),
+    ("e2e p99 (ms)", |r| Some(r.aggregated_end_to_end_latency_99pct)),
+    ("e2e p99.9 (ms)", |r| Some(r.aggregated_end_to_end_latency_999pct)),
+    ("publish delay p99 (us)", |r| Some(r.aggregated_publish_delay_latency_99pct as f64)),
+    ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
+    ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
     ("broker peak RSS (MiB)", |r| {
-        r.sluice
-            .as_ref()
-            .and_then(|e| e.broker_peak_rss_bytes)
-            .map(|b| b as f64 / (1024.0 * 1024.0))
+        r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(|b| b as f64 / (1024.0 * 1024.0))
     }),
 ];
 
@@ -122,9 +99,7 @@ fn mean(values: &[f64]) -> f64 {
 
 impl Figures {
     fn of(result: &TestResult) -> Figures {
-        Figures {
-            values: METRICS.iter().map(|(_, pick)| pick(result)).collect(),
-        }
+        Figures { values: METRICS.iter().map(|(_, pick)| pick(result)).collect() }
     }
 }
 
@@ -136,11 +111,7 @@ pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
-    let median = if sorted.len() % 2 == 1 {
-        sorted[middle]
-    } else {
-        (sorted[middle - 1] + sorted[middle]) / 2.0
-    };
+    let median = if sorted.len() % 2 == 1 { sorted[middle] } else { (sorted[middle - 1] + sorted[middle]) / 2.0 };
     Some((sorted[0], median, sorted[sorted.len() - 1]))
 }
 
@@ -155,8 +126,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         Some(bin) => bin.clone(),
         None => std::env::current_exe()?,
     };
-    std::fs::create_dir_all(&args.output_dir)
-        .with_context(|| format!("creating {}", args.output_dir.display()))?;
+    std::fs::create_dir_all(&args.output_dir).with_context(|| format!("creating {}", args.output_dir.display()))?;
     let durability = if driver.driver.fsync_each_message() {
         "topic flush.messages=1 (fsync per message) on both brokers"
     } else {
@@ -184,22 +154,12 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
-    let table = summary_table(
-        &runs,
-        &workload.workload.name,
-        &driver.driver.name,
-        durability,
-    );
+    let table = summary_table(&runs, &workload.workload.name, &driver.driver.name, durability);
     println!("\n{table}");
     std::fs::write(args.output_dir.join("summary.md"), &table)?;
     let charted: Vec<(String, TestResult)> = runs
         .iter()
-        .filter_map(|(broker, round, outcome)| {
-            outcome
-                .as_ref()
-                .ok()
-                .map(|r| (format!("{broker}-{round}"), r.clone()))
-        })
+        .filter_map(|(broker, round, outcome)| outcome.as_ref().ok().map(|r| (format!("{broker}-{round}"), r.clone())))
         .collect();
     if !charted.is_empty() {
         chart::write_all(&charted, &args.output_dir.join("charts"))?;
@@ -245,10 +205,7 @@ fn summary_table(
     };
     let kafka = figures_of("kafka");
     let sluice = figures_of("sluice");
-    let failed = runs
-        .iter()
-        .filter(|(_, _, outcome)| outcome.is_err())
-        .count();
+    let failed = runs.iter().filter(|(_, _, outcome)| outcome.is_err()).count();
     let mut table = String::new();
     let _ = writeln!(table, "Workload: {workload}; driver: {driver}");
     let _ = writeln!(table, "Durability: {durability}");
@@ -261,9 +218,7 @@ fn summary_table(
     let _ = writeln!(table, "| figure | Kafka | Sluice | Sluice / Kafka |");
     let _ = writeln!(table, "|---|---|---|---|");
     for (index, (name, _)) in METRICS.iter().enumerate() {
-        let column = |figures: &[Figures]| -> Vec<f64> {
-            figures.iter().filter_map(|f| f.values[index]).collect()
-        };
+        let column = |figures: &[Figures]| -> Vec<f64> { figures.iter().filter_map(|f| f.values[index]).collect() };
         let k = spread(&column(&kafka));
         let s = spread(&column(&sluice));
         let cell = |spread: Option<(f64, f64, f64)>| match spread {
@@ -302,20 +257,14 @@ mod tests {
 
     #[test]
     fn table_has_ratio() {
-        let result = |rate: f64| TestResult {
-            publish_rate: vec![rate],
-            ..TestResult::default()
-        };
+        let result = |rate: f64| TestResult { publish_rate: vec![rate], ..TestResult::default() };
         let runs = vec![
             ("kafka".to_string(), 1, Ok(result(100.0))),
             ("sluice".to_string(), 1, Ok(result(150.0))),
             ("kafka".to_string(), 2, Err(anyhow::anyhow!("x"))),
         ];
         let table = summary_table(&runs, "w", "d", "default");
-        assert!(
-            table.contains("| publish rate (msg/s) | 100 (100 .. 100) | 150 (150 .. 150) | 1.50 |"),
-            "{table}"
-        );
+        assert!(table.contains("| publish rate (msg/s) | 100 (100 .. 100) | 150 (150 .. 150) | 1.50 |"), "{table}");
         assert!(table.contains("1 failed"));
     }
 }

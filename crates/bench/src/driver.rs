@@ -86,25 +86,15 @@ impl Driver {
     /// Reads a driver file.
     pub fn load(path: impl AsRef<Path>) -> anyhow::Result<LoadedDriver> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading driver {}", path.display()))?;
-        let (driver, warnings) =
-            Self::parse(&text).with_context(|| format!("parsing driver {}", path.display()))?;
-        Ok(LoadedDriver {
-            driver,
-            path: path.to_path_buf(),
-            warnings,
-        })
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading driver {}", path.display()))?;
+        let (driver, warnings) = Self::parse(&text).with_context(|| format!("parsing driver {}", path.display()))?;
+        Ok(LoadedDriver { driver, path: path.to_path_buf(), warnings })
     }
 
     /// Parses driver YAML text.
     pub fn parse(text: &str) -> anyhow::Result<(Driver, Vec<String>)> {
         let file: DriverFile = serde_norway::from_str(text)?;
-        let warnings = file
-            .unknown
-            .keys()
-            .map(|key| format!("unknown driver key `{key}` ignored"))
-            .collect();
+        let warnings = file.unknown.keys().map(|key| format!("unknown driver key `{key}` ignored")).collect();
         let driver = Driver {
             name: file.name,
             replication_factor: file.replication_factor,
@@ -129,10 +119,8 @@ impl Driver {
 
     /// Sets (or replaces) `bootstrap.servers` in the common config.
     pub fn set_bootstrap(&mut self, servers: &str) {
-        self.common_config
-            .retain(|(key, _)| key != "bootstrap.servers");
-        self.common_config
-            .push(("bootstrap.servers".into(), servers.into()));
+        self.common_config.retain(|(key, _)| key != "bootstrap.servers");
+        self.common_config.push(("bootstrap.servers".into(), servers.into()));
     }
 
     /// True when the topic config asks for an fsync per message (durability level 1).
@@ -142,10 +130,7 @@ impl Driver {
 }
 
 fn lookup<'a>(list: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    list.iter()
-        .rev()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
+    list.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
 /// Parses a Java-properties text block: `key=value` or `key: value` lines; `#` and `!`
@@ -173,8 +158,7 @@ mod tests {
 
     #[test]
     fn properties_blocks() {
-        let props =
-            parse_properties("# comment\nacks=all\n  linger.ms = 1\nbatch.size: 1048576\n\n");
+        let props = parse_properties("# comment\nacks=all\n  linger.ms = 1\nbatch.size: 1048576\n\n");
         assert_eq!(
             props,
             vec![
@@ -199,9 +183,6 @@ mod tests {
         assert_eq!(driver.replication_factor, 3);
         assert!(driver.reset);
         assert!(driver.fsync_each_message());
-        assert_eq!(
-            driver.common_setting("bootstrap.servers"),
-            Some("localhost:9092")
-        );
+        assert_eq!(driver.common_setting("bootstrap.servers"), Some("localhost:9092"));
     }
 }

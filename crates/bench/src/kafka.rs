@@ -39,8 +39,7 @@ pub const TIMESTAMP_MAGIC: [u8; 8] = *b"SLUICEts";
 /// Bytes of the magic plus the timestamp.
 pub const TIMESTAMP_HEADER_BYTES: usize = 16;
 /// What the result says about the end-to-end clock.
-pub const END_TO_END_CLOCK: &str =
-    "CLOCK_MONOTONIC nanoseconds embedded in the first 16 payload bytes \
+pub const END_TO_END_CLOCK: &str = "CLOCK_MONOTONIC nanoseconds embedded in the first 16 payload bytes \
 (producers and consumers in one process); CreateTime in ms for payloads under 16 bytes";
 /// Keys in the key pool (OMB's distributors use 10,000).
 pub const KEY_POOL_SIZE: usize = 10_000;
@@ -51,10 +50,7 @@ const CLIENT_ERRORS_PRINTED_MAX: usize = 5;
 
 /// Monotonic nanoseconds (`CLOCK_MONOTONIC`), shared by every process on the machine.
 pub fn monotonic_ns() -> u64 {
-    let mut spec = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut spec = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `spec` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut spec) };
     assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
@@ -62,10 +58,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// Writes the timestamp header into `payload` if it is long enough.
@@ -107,9 +100,7 @@ impl XorShift {
     /// A random lowercase alphanumeric string.
     pub fn string(&mut self, len: usize) -> String {
         const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-        (0..len)
-            .map(|_| ALPHABET[(self.next_u64() % ALPHABET.len() as u64) as usize] as char)
-            .collect()
+        (0..len).map(|_| ALPHABET[(self.next_u64() % ALPHABET.len() as u64) as usize] as char).collect()
     }
 }
 
@@ -143,15 +134,10 @@ pub fn first_bootstrap(bootstrap: &str) -> &str {
 /// The API keys a broker lists in its ApiVersions (v0) response.
 pub fn broker_api_keys(bootstrap: &str) -> anyhow::Result<Vec<i16>> {
     let address = first_bootstrap(bootstrap);
-    let mut addrs: Vec<_> = address
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {address}"))?
-        .collect();
+    let mut addrs: Vec<_> = address.to_socket_addrs().with_context(|| format!("resolving {address}"))?.collect();
     // librdkafka may prefer ::1 for localhost; brokers here listen on IPv4 loopback.
     addrs.sort_by_key(|a| !a.is_ipv4());
-    let addr = addrs
-        .first()
-        .ok_or_else(|| anyhow!("no address for {address}"))?;
+    let addr = addrs.first().ok_or_else(|| anyhow!("no address for {address}"))?;
     let mut stream = TcpStream::connect_timeout(addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let client_id = b"sluice-bench";
@@ -205,11 +191,7 @@ pub struct BenchContext {
 
 impl BenchContext {
     fn new(label: String, stats: Option<Arc<ClientStats>>) -> Self {
-        Self {
-            label,
-            errors_count: AtomicUsize::new(0),
-            stats,
-        }
+        Self { label, errors_count: AtomicUsize::new(0), stats }
     }
 }
 
@@ -262,16 +244,9 @@ impl Admin {
 
     /// Broker count and topic names in the cluster.
     pub fn metadata(&self) -> anyhow::Result<(usize, Vec<String>)> {
-        let metadata = self
-            .client
-            .inner()
-            .fetch_metadata(None, Duration::from_secs(30))
-            .context("fetching metadata")?;
-        let topics = metadata
-            .topics()
-            .iter()
-            .map(|t| t.name().to_string())
-            .collect();
+        let metadata =
+            self.client.inner().fetch_metadata(None, Duration::from_secs(30)).context("fetching metadata")?;
+        let topics = metadata.topics().iter().map(|t| t.name().to_string()).collect();
         Ok((metadata.brokers().len(), topics))
     }
 
@@ -285,11 +260,7 @@ impl Admin {
         let topics: Vec<NewTopic<'_>> = names
             .iter()
             .map(|(name, partitions)| {
-                let mut topic = NewTopic::new(
-                    name,
-                    *partitions as i32,
-                    TopicReplication::Fixed(replication_factor),
-                );
+                let mut topic = NewTopic::new(name, *partitions as i32, TopicReplication::Fixed(replication_factor));
                 for (key, value) in config {
                     topic = topic.set(key, value);
                 }
@@ -297,8 +268,7 @@ impl Admin {
             })
             .collect();
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(60)));
-        let results = block_on(self.client.create_topics(topics.iter(), &options))?
-            .context("creating topics")?;
+        let results = block_on(self.client.create_topics(topics.iter(), &options))?.context("creating topics")?;
         for result in results {
             if let Err((name, code)) = result {
                 if code != RDKafkaErrorCode::TopicAlreadyExists {
@@ -319,10 +289,7 @@ impl Admin {
         match block_on(self.client.delete_topics(&refs, &options)) {
             Ok(Ok(results)) => results
                 .into_iter()
-                .filter_map(|r| {
-                    r.err()
-                        .map(|(name, code)| format!("deleting {name}: {code}"))
-                })
+                .filter_map(|r| r.err().map(|(name, code)| format!("deleting {name}: {code}")))
                 .collect(),
             Ok(Err(error)) => vec![format!("deleting topics: {error}")],
             Err(error) => vec![format!("deleting topics: {error}")],
@@ -331,9 +298,7 @@ impl Admin {
 }
 
 fn block_on<F: std::future::Future>(future: F) -> anyhow::Result<F::Output> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     Ok(runtime.block_on(future))
 }
 
@@ -349,8 +314,7 @@ pub struct ProducerControl {
 impl ProducerControl {
     /// Sets the per-producer rate.
     pub fn set_rate(&self, rate_per_second: f64) {
-        self.rate_bits
-            .store(rate_per_second.to_bits(), Ordering::Relaxed);
+        self.rate_bits.store(rate_per_second.to_bits(), Ordering::Relaxed);
     }
 
     fn rate(&self) -> f64 {
@@ -360,10 +324,7 @@ impl ProducerControl {
 
 impl Default for ProducerControl {
     fn default() -> Self {
-        Self {
-            rate_bits: AtomicU64::new(0f64.to_bits()),
-            stop: AtomicBool::new(false),
-        }
+        Self { rate_bits: AtomicU64::new(0f64.to_bits()), stop: AtomicBool::new(false) }
     }
 }
 
@@ -392,9 +353,8 @@ pub fn spawn_producer(
     let mut config = spec.config.clone();
     config.set("client.id", &spec.label);
     let context = BenchContext::new(spec.label.clone(), Some(stats.clone()));
-    let producer: ThreadedProducer<BenchContext> = config
-        .create_with_context(context)
-        .with_context(|| format!("creating producer {}", spec.label))?;
+    let producer: ThreadedProducer<BenchContext> =
+        config.create_with_context(context).with_context(|| format!("creating producer {}", spec.label))?;
     let handle = std::thread::Builder::new()
         .name(spec.label.clone())
         .spawn(move || producer_loop(&spec, &producer, &stats, &control))?;
@@ -432,9 +392,7 @@ fn producer_loop(
                 round_robin = (round_robin + 1) % spec.keys.len();
                 Some(spec.keys[round_robin].as_str())
             }
-            KeyDistributor::RandomNano => {
-                Some(spec.keys[(monotonic_ns() % spec.keys.len() as u64) as usize].as_str())
-            }
+            KeyDistributor::RandomNano => Some(spec.keys[(monotonic_ns() % spec.keys.len() as u64) as usize].as_str()),
         };
         if spec.payloads.len() > 1 {
             let index = (random.next_u64() % spec.payloads.len() as u64) as usize;
@@ -473,8 +431,7 @@ fn send_one(
         stats.record_publish_delay(sent_ns.saturating_sub(intended_ns) / 1_000);
     }
     stamp_payload(buffer, sent_ns);
-    let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(&spec.topic, sent_ns as usize)
-        .payload(&*buffer);
+    let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(&spec.topic, sent_ns as usize).payload(&*buffer);
     if let Some(key) = key {
         record = record.key(key);
     }
@@ -560,9 +517,8 @@ pub fn spawn_consumer(
         config.set("enable.auto.commit", "false");
     }
     let context = BenchContext::new(spec.label.clone(), None);
-    let consumer: BaseConsumer<BenchContext> = config
-        .create_with_context(context)
-        .with_context(|| format!("creating consumer {}", spec.label))?;
+    let consumer: BaseConsumer<BenchContext> =
+        config.create_with_context(context).with_context(|| format!("creating consumer {}", spec.label))?;
     match spec.mode {
         ConsumerMode::Subscribe => consumer.subscribe(&[&spec.topic])?,
         ConsumerMode::Assign => {
@@ -592,11 +548,7 @@ fn consumer_loop(
         let want_paused = control.paused.load(Ordering::Relaxed);
         if want_paused != paused {
             if let Ok(assignment) = consumer.assignment() {
-                let outcome = if want_paused {
-                    consumer.pause(&assignment)
-                } else {
-                    consumer.resume(&assignment)
-                };
+                let outcome = if want_paused { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
                 if let Err(error) = outcome {
                     eprintln!("[{}] pause/resume failed: {error}", spec.label);
                 }
@@ -631,9 +583,7 @@ fn end_to_end_us(payload: &[u8], timestamp: Timestamp) -> Option<u64> {
         return Some(monotonic_ns().saturating_sub(sent_ns) / 1_000);
     }
     match timestamp {
-        Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => {
-            Some((wall_ms() - ms).max(0) as u64 * 1_000)
-        }
+        Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some((wall_ms() - ms).max(0) as u64 * 1_000),
         Timestamp::NotAvailable => None,
     }
 }
@@ -657,10 +607,8 @@ mod tests {
     #[test]
     fn java_only_settings_are_dropped() {
         let mut warnings = Vec::new();
-        let props = vec![
-            ("acks".to_string(), "all".to_string()),
-            ("default.api.timeout.ms".to_string(), "600000".to_string()),
-        ];
+        let props =
+            vec![("acks".to_string(), "all".to_string()), ("default.api.timeout.ms".to_string(), "600000".to_string())];
         let config = client_config(&props, &mut warnings);
         assert_eq!(config.get("acks"), Some("all"));
         assert_eq!(config.get("default.api.timeout.ms"), None);

@@ -113,10 +113,7 @@ pub struct KafkaArgs {
 impl KafkaArgs {
     /// Installs (if needed) and starts a fresh Kafka.
     pub fn start(&self) -> anyhow::Result<brokers::BrokerProcess> {
-        let cache = self
-            .cache_dir
-            .clone()
-            .unwrap_or_else(brokers::cache_dir_default);
+        let cache = self.cache_dir.clone().unwrap_or_else(brokers::cache_dir_default);
         let install = brokers::KafkaInstall::ensure(&cache, &self.kafka_version)?;
         install.start(&self.kafka_heap)
     }
@@ -154,8 +151,7 @@ impl Overrides {
             consumer_mode: self.consumer_mode,
             test_duration: seconds(self.test_duration_seconds),
             warmup_duration: seconds(self.warmup_duration_seconds),
-            sample_period: seconds(self.sample_period_seconds)
-                .map(|d| d.max(Duration::from_millis(100))),
+            sample_period: seconds(self.sample_period_seconds).map(|d| d.max(Duration::from_millis(100))),
             producer_rate: self.producer_rate,
             ..RunOptions::default()
         }
@@ -183,18 +179,9 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
     if args.output.is_some() && runs_count > 1 {
         bail!("--output names one file but {runs_count} runs were asked for: use --output-dir");
     }
-    let workloads = args
-        .workloads
-        .iter()
-        .map(Workload::load)
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let drivers = args
-        .drivers
-        .iter()
-        .map(Driver::load)
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    std::fs::create_dir_all(&args.output_dir)
-        .with_context(|| format!("creating {}", args.output_dir.display()))?;
+    let workloads = args.workloads.iter().map(Workload::load).collect::<anyhow::Result<Vec<_>>>()?;
+    let drivers = args.drivers.iter().map(Driver::load).collect::<anyhow::Result<Vec<_>>>()?;
+    std::fs::create_dir_all(&args.output_dir).with_context(|| format!("creating {}", args.output_dir.display()))?;
 
     let mut written = Vec::new();
     for driver in &drivers {
@@ -224,11 +211,7 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
             let result = outcome?;
             let path = match &args.output {
                 Some(path) => path.clone(),
-                None => args.output_dir.join(result_file_name(
-                    &result.workload,
-                    &result.driver,
-                    unix_seconds(),
-                )),
+                None => args.output_dir.join(result_file_name(&result.workload, &result.driver, unix_seconds())),
             };
             result.write(&path)?;
             println!("Wrote {}", path.display());
@@ -245,15 +228,10 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
 
 /// A short label for a result file (its name without extension).
 pub fn label_of(path: &std::path::Path) -> String {
-    path.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
 }
 
 /// Seconds since the Unix epoch.
 pub fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

@@ -27,11 +27,7 @@ pub struct ProcessSampler {
 impl ProcessSampler {
     /// Starts measuring `pid`.
     pub fn start(pid: u32) -> Self {
-        Self {
-            pid,
-            cpu_ticks_start: cpu_ticks(pid),
-            rss_bytes_max: AtomicU64::new(0),
-        }
+        Self { pid, cpu_ticks_start: cpu_ticks(pid), rss_bytes_max: AtomicU64::new(0) }
     }
 
     /// Notes the current RSS (in case VmHWM is unavailable).
@@ -49,13 +45,8 @@ impl ProcessSampler {
             _ => None,
         };
         let sampled = self.rss_bytes_max.load(Ordering::Relaxed);
-        let peak_rss_bytes = status_kib(self.pid, "VmHWM:")
-            .map(|kib| kib * 1024)
-            .or((sampled > 0).then_some(sampled));
-        Usage {
-            cpu_seconds,
-            peak_rss_bytes,
-        }
+        let peak_rss_bytes = status_kib(self.pid, "VmHWM:").map(|kib| kib * 1024).or((sampled > 0).then_some(sampled));
+        Usage { cpu_seconds, peak_rss_bytes }
     }
 }
 

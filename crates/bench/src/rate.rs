@@ -26,12 +26,7 @@ impl RateLimiter {
     /// A limiter at `rate_per_second` whose first send is intended at `start_ns`.
     pub fn new(rate_per_second: f64, start_ns: u64) -> Self {
         assert!(rate_per_second > 0.0, "rate must be positive");
-        Self {
-            start_ns,
-            interval_ns: NANOS_PER_SECOND / rate_per_second,
-            sends_count: 0,
-            rate_per_second,
-        }
+        Self { start_ns, interval_ns: NANOS_PER_SECOND / rate_per_second, sends_count: 0, rate_per_second }
     }
 
     /// The current rate.
@@ -117,12 +112,7 @@ impl RateController {
 
         let receive_backlog = subscriptions * published_total - received_total;
         if receive_backlog > self.config.receive_backlog_limit {
-            return self.slow_down(
-                period_ns,
-                received / subscriptions.max(1),
-                expected,
-                receive_backlog,
-            );
+            return self.slow_down(period_ns, received / subscriptions.max(1), expected, receive_backlog);
         }
         let publish_backlog = expected - published;
         if publish_backlog > self.config.publish_backlog_limit {

@@ -34,10 +34,8 @@ impl Serialize for Quantiles {
 impl<'de> Deserialize<'de> for Quantiles {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let map = BTreeMap::<String, f64>::deserialize(deserializer)?;
-        let mut pairs: Vec<(f64, f64)> = map
-            .into_iter()
-            .filter_map(|(key, value)| key.parse::<f64>().ok().map(|p| (p, value)))
-            .collect();
+        let mut pairs: Vec<(f64, f64)> =
+            map.into_iter().filter_map(|(key, value)| key.parse::<f64>().ok().map(|p| (p, value))).collect();
         pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
         Ok(Quantiles(pairs))
     }
@@ -288,19 +286,14 @@ impl TestResult {
         self.aggregated_end_to_end_latency_max = ms(e2e.max);
 
         self.aggregated_publish_latency_quantiles = curve_ms(&cumulative.publish_us);
-        self.aggregated_publish_delay_latency_quantiles = Quantiles(
-            quantile_curve(&cumulative.publish_delay_us)
-                .into_iter()
-                .map(|(p, v)| (p, v as f64))
-                .collect(),
-        );
+        self.aggregated_publish_delay_latency_quantiles =
+            Quantiles(quantile_curve(&cumulative.publish_delay_us).into_iter().map(|(p, v)| (p, v as f64)).collect());
         self.aggregated_end_to_end_latency_quantiles = curve_ms(&cumulative.end_to_end_us);
     }
 
     /// Reads a result file (ours or OMB's).
     pub fn load(path: &Path) -> anyhow::Result<TestResult> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading result {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading result {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("parsing result {}", path.display()))
     }
 
@@ -322,12 +315,7 @@ impl TestResult {
 }
 
 fn curve_ms(histogram: &Histogram<u64>) -> Quantiles {
-    Quantiles(
-        quantile_curve(histogram)
-            .into_iter()
-            .map(|(p, v)| (p, ms(v)))
-            .collect(),
-    )
+    Quantiles(quantile_curve(histogram).into_iter().map(|(p, v)| (p, ms(v))).collect())
 }
 
 fn mean(values: &[f64]) -> f64 {
@@ -342,21 +330,10 @@ fn mean(values: &[f64]) -> f64 {
 pub fn result_file_name(workload: &str, driver: &str, unix_seconds: u64) -> String {
     let clean = |text: &str| -> String {
         text.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                    c
-                } else {
-                    '-'
-                }
-            })
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '-' })
             .collect()
     };
-    format!(
-        "{}-{}-{}.json",
-        clean(workload),
-        clean(driver),
-        utc_stamp(unix_seconds)
-    )
+    format!("{}-{}-{}.json", clean(workload), clean(driver), utc_stamp(unix_seconds))
 }
 
 /// `yyyy-MM-dd-HH-mm-ss` in UTC.
@@ -377,16 +354,11 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153;
     let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    } as u32;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
 }
@@ -471,17 +443,8 @@ mod tests {
         }
         let mut period = LatencySet::default();
         client.drain_period_into(&mut period);
-        let mut result = TestResult {
-            workload: "w".into(),
-            driver: "d".into(),
-            ..TestResult::default()
-        };
-        let rates = SampleRates {
-            publish_rate: 4.0,
-            publish_error_rate: 0.0,
-            consume_rate: 4.0,
-            backlog: 0,
-        };
+        let mut result = TestResult { workload: "w".into(), driver: "d".into(), ..TestResult::default() };
+        let rates = SampleRates { publish_rate: 4.0, publish_error_rate: 0.0, consume_rate: 4.0, backlog: 0 };
         result.push_sample(rates, &period);
         result.set_aggregated(&period);
         result
@@ -510,9 +473,7 @@ mod tests {
         assert_eq!(result.publish_latency_50pct, vec![1.5]);
         assert_eq!(result.aggregated_publish_delay_latency_50pct, 150);
         let value = serde_json::to_value(&result).unwrap();
-        let quantiles = value["aggregatedPublishLatencyQuantiles"]
-            .as_object()
-            .unwrap();
+        let quantiles = value["aggregatedPublishLatencyQuantiles"].as_object().unwrap();
         assert!(quantiles.contains_key("100.0"), "{quantiles:?}");
         let back: TestResult = serde_json::from_value(value).unwrap();
         assert_eq!(back, result);

@@ -27,8 +27,8 @@ use anyhow::{bail, Context};
 
 use crate::driver::LoadedDriver;
 use crate::kafka::{
-    self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec,
-    XorShift, KEY_POOL_SIZE,
+    self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, XorShift,
+    KEY_POOL_SIZE,
 };
 use crate::procstat::ProcessSampler;
 use crate::rate::{RateController, RateControllerConfig};
@@ -110,12 +110,7 @@ struct Clients {
 
 impl Clients {
     fn counters(&self) -> Counters {
-        total_counters(
-            self.producer_stats
-                .iter()
-                .chain(self.consumer_stats.iter())
-                .map(|s| s.as_ref()),
-        )
+        total_counters(self.producer_stats.iter().chain(self.consumer_stats.iter()).map(|s| s.as_ref()))
     }
 
     fn drain_period(&self) -> LatencySet {
@@ -157,10 +152,7 @@ pub fn run_workload(
     if let Some(bootstrap) = &options.bootstrap {
         driver_settings.set_bootstrap(bootstrap);
     }
-    let bootstrap = driver_settings
-        .common_setting("bootstrap.servers")
-        .unwrap_or("127.0.0.1:9092")
-        .to_string();
+    let bootstrap = driver_settings.common_setting("bootstrap.servers").unwrap_or("127.0.0.1:9092").to_string();
     let mode = pick_consumer_mode(options.consumer_mode, &bootstrap);
     println!(
         "Running workload `{}` with driver `{}` against {bootstrap} (consumers: {})",
@@ -184,11 +176,7 @@ pub fn run_workload(
     let topics = create_topics(workload, &driver_settings, &common, options)?;
     let payloads = Arc::new(load_payloads(loaded)?);
     let mut random = XorShift::seeded(7);
-    let keys = Arc::new(
-        (0..KEY_POOL_SIZE)
-            .map(|_| random.string(7))
-            .collect::<Vec<_>>(),
-    );
+    let keys = Arc::new((0..KEY_POOL_SIZE).map(|_| random.string(7)).collect::<Vec<_>>());
 
     let mut clients = Clients {
         producer_stats: Vec::new(),
@@ -199,16 +187,8 @@ pub fn run_workload(
         producers_count: 0,
         expected_probe_messages: 0,
     };
-    let started = start_clients(
-        workload,
-        &topics,
-        mode,
-        &consumer_config,
-        &producer_config,
-        payloads,
-        keys,
-        &mut clients,
-    );
+    let started =
+        start_clients(workload, &topics, mode, &consumer_config, &producer_config, payloads, keys, &mut clients);
     if let Err(error) = started.and_then(|()| wait_ready(&clients)) {
         clients.stop();
         return Err(error);
@@ -227,9 +207,7 @@ fn pick_consumer_mode(choice: ConsumerModeChoice, bootstrap: &str) -> ConsumerMo
         ConsumerModeChoice::Auto => match kafka::broker_has_consumer_groups(bootstrap) {
             Ok(true) => ConsumerMode::Subscribe,
             Ok(false) => {
-                println!(
-                    "broker lists no consumer-group APIs: consumers assign partitions directly"
-                );
+                println!("broker lists no consumer-group APIs: consumers assign partitions directly");
                 ConsumerMode::Assign
             }
             Err(error) => {
@@ -249,17 +227,12 @@ fn create_topics(
     let admin = kafka::Admin::connect(common)?;
     let (brokers_count, existing) = admin.metadata()?;
     if driver.reset {
-        let old: Vec<String> = existing
-            .into_iter()
-            .filter(|name| name.starts_with(TOPIC_PREFIX))
-            .collect();
+        let old: Vec<String> = existing.into_iter().filter(|name| name.starts_with(TOPIC_PREFIX)).collect();
         for problem in admin.delete_topics(&old) {
             println!("warning: {problem}");
         }
     }
-    let cap = options
-        .replication_factor_max
-        .unwrap_or(brokers_count.max(1) as i32);
+    let cap = options.replication_factor_max.unwrap_or(brokers_count.max(1) as i32);
     let replication_factor = driver.replication_factor.min(cap).max(1);
     if replication_factor != driver.replication_factor {
         println!(
@@ -278,20 +251,11 @@ fn create_topics(
         }
     }
     let topics: Vec<(String, u32)> = (0..workload.topics as usize)
-        .map(|index| {
-            (
-                format!("{TOPIC_PREFIX}-{index:07}-{suffix}"),
-                workload.partitions_of(index),
-            )
-        })
+        .map(|index| (format!("{TOPIC_PREFIX}-{index:07}-{suffix}"), workload.partitions_of(index)))
         .collect();
     let started = std::time::Instant::now();
     admin.create_topics(&topics, replication_factor, &topic_config)?;
-    println!(
-        "Created {} topics in {} ms",
-        topics.len(),
-        started.elapsed().as_millis()
-    );
+    println!("Created {} topics in {} ms", topics.len(), started.elapsed().as_millis());
     Ok(topics)
 }
 
@@ -316,16 +280,10 @@ fn load_payloads(loaded: &LoadedWorkload) -> anyhow::Result<Vec<Vec<u8>>> {
     let Some(file) = &workload.payload_file else {
         return Ok(vec![vec![0u8; size]]);
     };
-    let path = resolve_payload(&loaded.path, file)
-        .with_context(|| format!("payload file {file} not found"))?;
-    let payload =
-        std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?;
+    let path = resolve_payload(&loaded.path, file).with_context(|| format!("payload file {file} not found"))?;
+    let payload = std::fs::read(&path).with_context(|| format!("reading payload {}", path.display()))?;
     if payload.len() != size {
-        bail!(
-            "payload {} has {} bytes but messageSize is {size}",
-            path.display(),
-            payload.len()
-        );
+        bail!("payload {} has {} bytes but messageSize is {size}", path.display(), payload.len());
     }
     Ok(vec![payload])
 }
@@ -338,11 +296,7 @@ pub fn resolve_payload(workload_path: &Path, file: &str) -> Option<PathBuf> {
     if direct.is_file() {
         return Some(direct);
     }
-    folder
-        .ancestors()
-        .take(4)
-        .map(|dir| dir.join(file))
-        .find(|candidate| candidate.is_file())
+    folder.ancestors().take(4).map(|dir| dir.join(file)).find(|candidate| candidate.is_file())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -374,8 +328,7 @@ fn start_clients(
                     config: consumer_config.clone(),
                 };
                 let stats = Arc::new(ClientStats::default());
-                let handle =
-                    kafka::spawn_consumer(spec, stats.clone(), clients.consumer_control.clone())?;
+                let handle = kafka::spawn_consumer(spec, stats.clone(), clients.consumer_control.clone())?;
                 clients.consumer_stats.push(stats);
                 clients.handles.push(handle);
             }
@@ -394,8 +347,7 @@ fn start_clients(
                 config: producer_config.clone(),
             };
             let stats = Arc::new(ClientStats::default());
-            let handle =
-                kafka::spawn_producer(spec, stats.clone(), clients.producer_control.clone())?;
+            let handle = kafka::spawn_producer(spec, stats.clone(), clients.producer_control.clone())?;
             clients.producer_stats.push(stats);
             clients.handles.push(handle);
             clients.producers_count += 1;
@@ -440,16 +392,9 @@ fn minutes(value: f64) -> Duration {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum BacklogState {
     None,
-    Building {
-        since_ns: u64,
-    },
-    Draining {
-        since_ns: u64,
-        received_at_start: u64,
-    },
-    Tail {
-        until_ns: u64,
-    },
+    Building { since_ns: u64 },
+    Draining { since_ns: u64, received_at_start: u64 },
+    Tail { until_ns: u64 },
     Done,
 }
 
@@ -478,9 +423,7 @@ fn run_phases(
         _ => Some(RateController::new(RateControllerConfig::default())),
     };
     let target_rate = rate.filter(|r| *r > 0.0).unwrap_or(DISCOVERY_RATE_START);
-    let sample_period = options
-        .sample_period
-        .unwrap_or(Duration::from_millis(workload.sample_period_ms()));
+    let sample_period = options.sample_period.unwrap_or(Duration::from_millis(workload.sample_period_ms()));
     // The probe's latency (first metadata round trips) is not part of any phase.
     clients.drain_period();
     let now_ns = monotonic_ns();
@@ -505,14 +448,9 @@ fn run_phases(
     clients.set_total_rate(target_rate);
     println!("End-to-end latency clock: {}", kafka::END_TO_END_CLOCK);
 
-    let warmup = options
-        .warmup_duration
-        .unwrap_or_else(|| minutes(workload.warmup_duration_minutes));
+    let warmup = options.warmup_duration.unwrap_or_else(|| minutes(workload.warmup_duration_minutes));
     if !warmup.is_zero() {
-        println!(
-            "----- Starting warm-up traffic ({:.1}s) ------",
-            warmup.as_secs_f64()
-        );
+        println!("----- Starting warm-up traffic ({:.1}s) ------", warmup.as_secs_f64());
         phase.collect(warmup, BacklogState::None, None)?;
     }
     let backlog = if workload.consumer_backlog_size_gb > 0.0 {
@@ -520,13 +458,8 @@ fn run_phases(
     } else {
         BacklogState::None
     };
-    let test = options
-        .test_duration
-        .unwrap_or_else(|| minutes(workload.test_duration_minutes));
-    println!(
-        "----- Starting benchmark traffic ({:.1}s) ------",
-        test.as_secs_f64()
-    );
+    let test = options.test_duration.unwrap_or_else(|| minutes(workload.test_duration_minutes));
+    println!("----- Starting benchmark traffic ({:.1}s) ------", test.as_secs_f64());
     let sampler = options.broker_pid.map(ProcessSampler::start);
     let mut result = phase.collect(test, backlog, sampler.as_ref())?;
     if let Some(sampler) = sampler {
@@ -534,10 +467,7 @@ fn run_phases(
         let gib_sent = phase.extras.measured_bytes_sent as f64 / (1024.0 * 1024.0 * 1024.0);
         phase.extras.broker_cpu_seconds = usage.cpu_seconds;
         phase.extras.broker_peak_rss_bytes = usage.peak_rss_bytes;
-        phase.extras.broker_cpu_seconds_per_gb = usage
-            .cpu_seconds
-            .filter(|_| gib_sent > 0.0)
-            .map(|cpu| cpu / gib_sent);
+        phase.extras.broker_cpu_seconds_per_gb = usage.cpu_seconds.filter(|_| gib_sent > 0.0).map(|cpu| cpu / gib_sent);
     }
     result.sluice = Some(phase.extras);
     Ok(result)
@@ -562,6 +492,10 @@ impl Phase<'_> {
             ..TestResult::default()
         };
         let mut cumulative = LatencySet::default();
+        // Per-sample extras belong to this phase only, like the result's arrays.
+        self.extras.publish_throughput_mb.clear();
+        self.extras.consume_throughput_mb.clear();
+        self.extras.target_rate.clear();
         let start_ns = monotonic_ns();
         let end_ns = start_ns + duration.as_nanos() as u64;
         let phase_counters_start = self.clients.counters();
@@ -570,10 +504,7 @@ impl Phase<'_> {
         self.counters_at_sample = phase_counters_start;
         if let BacklogState::Building { .. } = backlog {
             println!("Stopping all consumers to build backlog");
-            self.clients
-                .consumer_control
-                .paused
-                .store(true, Ordering::Relaxed);
+            self.clients.consumer_control.paused.store(true, Ordering::Relaxed);
             backlog = BacklogState::Building { since_ns: start_ns };
         }
         loop {
@@ -720,19 +651,10 @@ impl Phase<'_> {
                 println!("--- Completed backlog build in {seconds:.1} s ---");
                 println!("--- Start draining backlog ---");
                 self.extras.backlog_build_seconds = Some(seconds);
-                self.clients
-                    .consumer_control
-                    .paused
-                    .store(false, Ordering::Relaxed);
-                BacklogState::Draining {
-                    since_ns: now_ns,
-                    received_at_start: counters.bytes_received,
-                }
+                self.clients.consumer_control.paused.store(false, Ordering::Relaxed);
+                BacklogState::Draining { since_ns: now_ns, received_at_start: counters.bytes_received }
             }
-            BacklogState::Draining {
-                since_ns,
-                received_at_start,
-            } => {
+            BacklogState::Draining { since_ns, received_at_start } => {
                 let capacity = requested_bytes / u64::from(workload.message_size);
                 let empty_level = ((1.0 - workload.backlog_drain_ratio) * capacity as f64) as u64;
                 if backlog_messages > empty_level.max(1000) {
@@ -740,16 +662,11 @@ impl Phase<'_> {
                 }
                 let seconds = (now_ns - since_ns) as f64 / 1e9;
                 let mib = (counters.bytes_received - received_at_start) as f64 / (1024.0 * 1024.0);
-                println!(
-                    "--- Completed backlog draining in {seconds:.1} s ({:.1} MB/s) ---",
-                    mib / seconds.max(1e-9)
-                );
+                println!("--- Completed backlog draining in {seconds:.1} s ({:.1} MB/s) ---", mib / seconds.max(1e-9));
                 self.extras.backlog_drain_seconds = Some(seconds);
                 self.extras.backlog_drain_mb_per_second = Some(mib / seconds.max(1e-9));
                 // As OMB: after draining, the measured phase runs one more test duration.
-                BacklogState::Tail {
-                    until_ns: now_ns + tail.as_nanos() as u64,
-                }
+                BacklogState::Tail { until_ns: now_ns + tail.as_nanos() as u64 }
             }
             BacklogState::Tail { until_ns } if now_ns >= until_ns => BacklogState::Done,
             other => other,

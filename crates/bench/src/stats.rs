@@ -294,33 +294,16 @@ mod tests {
             histogram.record(value * 7 % 5_003).unwrap();
         }
         let summary = Summary::of(&histogram);
-        let ordered = [
-            summary.p50,
-            summary.p75,
-            summary.p95,
-            summary.p99,
-            summary.p999,
-            summary.p9999,
-            summary.max,
-        ];
-        assert!(
-            ordered.windows(2).all(|pair| pair[0] <= pair[1]),
-            "{summary:?}"
-        );
+        let ordered = [summary.p50, summary.p75, summary.p95, summary.p99, summary.p999, summary.p9999, summary.max];
+        assert!(ordered.windows(2).all(|pair| pair[0] <= pair[1]), "{summary:?}");
         let curve = quantile_curve(&histogram);
-        assert!(curve
-            .windows(2)
-            .all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1));
+        assert!(curve.windows(2).all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1));
         assert_eq!(curve.last().unwrap().0, 100.0);
     }
 
     #[test]
     fn backlog_counts_every_subscription() {
-        let counters = Counters {
-            messages_sent: 100,
-            messages_received: 150,
-            ..Counters::default()
-        };
+        let counters = Counters { messages_sent: 100, messages_received: 150, ..Counters::default() };
         assert_eq!(counters.backlog(2), 50);
     }
 }

@@ -131,25 +131,17 @@ impl Workload {
     /// Reads and checks a workload file.
     pub fn load(path: impl AsRef<Path>) -> anyhow::Result<LoadedWorkload> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading workload {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading workload {}", path.display()))?;
         let (workload, warnings) =
             Self::parse(&text).with_context(|| format!("parsing workload {}", path.display()))?;
-        Ok(LoadedWorkload {
-            workload,
-            path: path.to_path_buf(),
-            warnings,
-        })
+        Ok(LoadedWorkload { workload, path: path.to_path_buf(), warnings })
     }
 
     /// Parses workload YAML text; returns the workload and its warnings.
     pub fn parse(text: &str) -> anyhow::Result<(Workload, Vec<String>)> {
         let workload: Workload = serde_norway::from_str(text)?;
-        let mut warnings: Vec<String> = workload
-            .unknown
-            .keys()
-            .map(|key| format!("unknown workload key `{key}` ignored"))
-            .collect();
+        let mut warnings: Vec<String> =
+            workload.unknown.keys().map(|key| format!("unknown workload key `{key}` ignored")).collect();
         workload.validate(&mut warnings)?;
         Ok((workload, warnings))
     }
@@ -163,22 +155,14 @@ impl Workload {
         }
         if let Some(list) = &self.partitions_per_topic_list {
             if list.len() != self.topics as usize {
-                bail!(
-                    "partitionsPerTopicList has {} entries for {} topics",
-                    list.len(),
-                    self.topics
-                );
+                bail!("partitionsPerTopicList has {} entries for {} topics", list.len(), self.topics);
             }
         } else if self.partitions_per_topic == 0 {
             bail!("partitionsPerTopic must be at least 1");
         }
         if let Some(list) = &self.producers_per_topic_list {
             if list.len() != self.topics as usize {
-                bail!(
-                    "producersPerTopicList has {} entries for {} topics",
-                    list.len(),
-                    self.topics
-                );
+                bail!("producersPerTopicList has {} entries for {} topics", list.len(), self.topics);
             }
         }
         if self.consumer_backlog_size_gb > 0.0 && self.producer_rate <= 0.0 {
@@ -188,9 +172,7 @@ impl Workload {
             bail!("backlogDrainRatio must be within 0.0..=1.0");
         }
         if self.use_randomized_payloads && self.randomized_payload_pool_size == 0 {
-            warnings.push(
-                "useRandomizedPayloads with randomizedPayloadPoolSize 0: using a pool of 1".into(),
-            );
+            warnings.push("useRandomizedPayloads with randomizedPayloadPoolSize 0: using a pool of 1".into());
         }
         if !self.use_randomized_payloads && self.payload_file.is_none() {
             warnings.push("no payloadFile: using zero bytes of messageSize".into());
@@ -219,19 +201,12 @@ impl Workload {
 
     /// The sample period, with the fork names taken into account.
     pub fn sample_period_ms(&self) -> u64 {
-        self.sample_rate_millis
-            .or(self.log_interval_millis)
-            .unwrap_or(SAMPLE_PERIOD_MS_DEFAULT)
-            .max(100)
+        self.sample_rate_millis.or(self.log_interval_millis).unwrap_or(SAMPLE_PERIOD_MS_DEFAULT).max(100)
     }
 
     /// The producer rate `minutes` after the start of the load; `None` means rate discovery.
     pub fn rate_at(&self, minutes: f64) -> Option<f64> {
-        if let Some(list) = self
-            .producer_rate_list
-            .as_ref()
-            .filter(|list| !list.is_empty())
-        {
+        if let Some(list) = self.producer_rate_list.as_ref().filter(|list| !list.is_empty()) {
             return Some(interpolate(list, minutes));
         }
         (self.producer_rate > 0.0).then_some(self.producer_rate)

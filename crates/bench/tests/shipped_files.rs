@@ -27,14 +27,8 @@ fn every_shipped_workload_parses() {
     let mut count = 0;
     for folder in ["workloads", "local/workloads"] {
         for path in yaml_files(folder) {
-            let loaded =
-                Workload::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-            assert!(
-                loaded.warnings.is_empty(),
-                "{}: {:?}",
-                path.display(),
-                loaded.warnings
-            );
+            let loaded = Workload::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            assert!(loaded.warnings.is_empty(), "{}: {:?}", path.display(), loaded.warnings);
             let workload = &loaded.workload;
             if let Some(file) = &workload.payload_file {
                 let payload = resolve_payload(&path, file)
@@ -53,14 +47,8 @@ fn every_shipped_driver_parses() {
     let mut count = 0;
     for folder in ["drivers", "local/drivers"] {
         for path in yaml_files(folder) {
-            let loaded =
-                Driver::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-            assert!(
-                loaded.warnings.is_empty(),
-                "{}: {:?}",
-                path.display(),
-                loaded.warnings
-            );
+            let loaded = Driver::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+            assert!(loaded.warnings.is_empty(), "{}: {:?}", path.display(), loaded.warnings);
             assert!(loaded.driver.common_setting("bootstrap.servers").is_some());
             assert!(!loaded.driver.producer_config.is_empty());
             count += 1;
@@ -71,17 +59,9 @@ fn every_shipped_driver_parses() {
 
 #[test]
 fn fsync_drivers_say_so() {
-    for path in yaml_files("drivers")
-        .into_iter()
-        .chain(yaml_files("local/drivers"))
-    {
+    for path in yaml_files("drivers").into_iter().chain(yaml_files("local/drivers")) {
         let driver = Driver::load(&path).unwrap().driver;
         let named_fsync = path.to_string_lossy().contains("fsync");
-        assert_eq!(
-            driver.fsync_each_message(),
-            named_fsync,
-            "{}",
-            path.display()
-        );
+        assert_eq!(driver.fsync_each_message(), named_fsync, "{}", path.display());
     }
 }
