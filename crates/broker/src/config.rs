@@ -71,7 +71,7 @@ impl BrokerConfig {
         if self.produce_memory_bytes < self.max_request_bytes.min(1 << 20) {
             return Err("produce_memory_bytes must hold at least one request of 1 MiB".into());
         }
-        if self.num_partitions < 1 || self.num_partitions > PARTITIONS_PER_TOPIC_MAX {
+        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.num_partitions) {
             return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
         }
         self.advertised_address()?;
@@ -82,12 +82,17 @@ impl BrokerConfig {
     pub fn advertised_address(&self) -> Result<(String, i32), String> {
         match &self.advertised_listener {
             Some(text) => {
-                let (host, port) = text.rsplit_once(':').ok_or_else(|| format!("advertised_listener {text:?} is not host:port"))?;
+                let (host, port) =
+                    text.rsplit_once(':').ok_or_else(|| format!("advertised_listener {text:?} is not host:port"))?;
                 let port: u16 = port.parse().map_err(|_| format!("advertised_listener {text:?} has a bad port"))?;
                 Ok((host.to_string(), i32::from(port)))
             }
             None => {
-                let ip = if self.listen.ip().is_unspecified() { "127.0.0.1".to_string() } else { self.listen.ip().to_string() };
+                let ip = if self.listen.ip().is_unspecified() {
+                    "127.0.0.1".to_string()
+                } else {
+                    self.listen.ip().to_string()
+                };
                 Ok((ip, i32::from(self.listen.port())))
             }
         }

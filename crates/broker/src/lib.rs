@@ -50,7 +50,11 @@ impl Broker {
             .collect();
         let partition_count = wanted.len();
         logs.open_all(wanted)?;
-        tracing::info!(partitions = partition_count, elapsed_ms = started.elapsed().as_millis() as u64, "recovered partition logs");
+        tracing::info!(
+            partitions = partition_count,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "recovered partition logs"
+        );
         let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory }))

@@ -66,18 +66,78 @@ enum Check {
 const SEGMENT_BYTES_MIN: i64 = 1024;
 
 const DEFS: &[ConfigDef] = &[
-    ConfigDef { name: "cleanup.policy", config_type: ConfigType::List, check: Check::OneOf(&["delete"]), default: |_| "delete".into() },
-    ConfigDef { name: "compression.type", config_type: ConfigType::String, check: Check::OneOf(&["producer"]), default: |_| "producer".into() },
-    ConfigDef { name: "flush.messages", config_type: ConfigType::Long, check: Check::Range(1, i64::MAX), default: |d| d.flush_messages.to_string() },
-    ConfigDef { name: "flush.ms", config_type: ConfigType::Long, check: Check::Range(0, i64::MAX), default: |d| d.flush_ms.to_string() },
-    ConfigDef { name: "max.message.bytes", config_type: ConfigType::Int, check: Check::Range(0, i32::MAX as i64), default: |d| d.max_message_bytes.to_string() },
-    ConfigDef { name: "message.timestamp.type", config_type: ConfigType::String, check: Check::OneOf(&["CreateTime"]), default: |_| "CreateTime".into() },
-    ConfigDef { name: "min.insync.replicas", config_type: ConfigType::Int, check: Check::Range(1, i32::MAX as i64), default: |d| d.min_insync_replicas.to_string() },
-    ConfigDef { name: "retention.bytes", config_type: ConfigType::Long, check: Check::Range(-1, i64::MAX), default: |d| d.retention_bytes.to_string() },
-    ConfigDef { name: "retention.ms", config_type: ConfigType::Long, check: Check::Range(-1, i64::MAX), default: |d| d.retention_ms.to_string() },
-    ConfigDef { name: "segment.bytes", config_type: ConfigType::Int, check: Check::Range(SEGMENT_BYTES_MIN, i32::MAX as i64), default: |d| d.segment_bytes.to_string() },
-    ConfigDef { name: "segment.ms", config_type: ConfigType::Long, check: Check::Range(1, i64::MAX), default: |d| d.segment_ms.to_string() },
-    ConfigDef { name: "unclean.leader.election.enable", config_type: ConfigType::Boolean, check: Check::OneOf(&["true", "false"]), default: |_| "false".into() },
+    ConfigDef {
+        name: "cleanup.policy",
+        config_type: ConfigType::List,
+        check: Check::OneOf(&["delete"]),
+        default: |_| "delete".into(),
+    },
+    ConfigDef {
+        name: "compression.type",
+        config_type: ConfigType::String,
+        check: Check::OneOf(&["producer"]),
+        default: |_| "producer".into(),
+    },
+    ConfigDef {
+        name: "flush.messages",
+        config_type: ConfigType::Long,
+        check: Check::Range(1, i64::MAX),
+        default: |d| d.flush_messages.to_string(),
+    },
+    ConfigDef {
+        name: "flush.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(0, i64::MAX),
+        default: |d| d.flush_ms.to_string(),
+    },
+    ConfigDef {
+        name: "max.message.bytes",
+        config_type: ConfigType::Int,
+        check: Check::Range(0, i32::MAX as i64),
+        default: |d| d.max_message_bytes.to_string(),
+    },
+    ConfigDef {
+        name: "message.timestamp.type",
+        config_type: ConfigType::String,
+        check: Check::OneOf(&["CreateTime"]),
+        default: |_| "CreateTime".into(),
+    },
+    ConfigDef {
+        name: "min.insync.replicas",
+        config_type: ConfigType::Int,
+        check: Check::Range(1, i32::MAX as i64),
+        default: |d| d.min_insync_replicas.to_string(),
+    },
+    ConfigDef {
+        name: "retention.bytes",
+        config_type: ConfigType::Long,
+        check: Check::Range(-1, i64::MAX),
+        default: |d| d.retention_bytes.to_string(),
+    },
+    ConfigDef {
+        name: "retention.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(-1, i64::MAX),
+        default: |d| d.retention_ms.to_string(),
+    },
+    ConfigDef {
+        name: "segment.bytes",
+        config_type: ConfigType::Int,
+        check: Check::Range(SEGMENT_BYTES_MIN, i32::MAX as i64),
+        default: |d| d.segment_bytes.to_string(),
+    },
+    ConfigDef {
+        name: "segment.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(1, i64::MAX),
+        default: |d| d.segment_ms.to_string(),
+    },
+    ConfigDef {
+        name: "unclean.leader.election.enable",
+        config_type: ConfigType::Boolean,
+        check: Check::OneOf(&["true", "false"]),
+        default: |_| "false".into(),
+    },
 ];
 
 fn def(name: &str) -> Option<&'static ConfigDef> {
@@ -124,7 +184,9 @@ impl TopicDefaults {
 
     /// The storage settings for a topic with these overrides (validated beforehand).
     pub fn log_config(&self, overrides: &BTreeMap<String, String>) -> LogConfig {
-        let number = |name: &str, default: i64| overrides.get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(default);
+        let number = |name: &str, default: i64| {
+            overrides.get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(default)
+        };
         LogConfig {
             segment_bytes: number("segment.bytes", self.segment_bytes) as u64,
             segment_ms: number("segment.ms", self.segment_ms),

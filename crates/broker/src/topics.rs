@@ -71,7 +71,8 @@ impl TopicRegistry {
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(META_FILE);
         let file: MetaFile = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?,
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => MetaFile {
                 version: META_VERSION,
                 cluster_id: base64_cluster_id(Uuid::new_v4()),
@@ -81,7 +82,10 @@ impl TopicRegistry {
             Err(e) => return Err(e),
         };
         if file.version != META_VERSION {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("unsupported metadata version {}", file.version)));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unsupported metadata version {}", file.version),
+            ));
         }
         let names_by_id = file.topics.iter().map(|t| (t.id, t.name.clone())).collect();
         let state = State {

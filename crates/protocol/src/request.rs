@@ -39,12 +39,14 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let api_version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes(frame[4..8].try_into().expect("4 bytes"));
-    let api_key = ApiKey::try_from(raw_key).map_err(|()| RequestError::UnknownApiKey { api_key: raw_key, correlation_id })?;
+    let api_key =
+        ApiKey::try_from(raw_key).map_err(|()| RequestError::UnknownApiKey { api_key: raw_key, correlation_id })?;
     let Some(range) = supported_range(api_key) else {
         return Err(RequestError::UnknownApiKey { api_key: raw_key, correlation_id });
     };
     let crate_range = api_key.valid_versions();
-    if api_version < range.0 || api_version > range.1 || api_version < crate_range.min || api_version > crate_range.max {
+    if api_version < range.0 || api_version > range.1 || api_version < crate_range.min || api_version > crate_range.max
+    {
         return Err(RequestError::UnsupportedVersion { api_key, api_version, correlation_id });
     }
     let malformed = |reason: String| RequestError::Malformed { api_key, api_version, correlation_id, reason };
@@ -59,7 +61,12 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
 
 /// Encodes a response frame: size prefix, response header (v0 for ApiVersions, else per
 /// the API's flexible versions) and body.
-pub fn encode_response(api_key: ApiKey, api_version: i16, correlation_id: i32, body: &ResponseKind) -> anyhow::Result<Bytes> {
+pub fn encode_response(
+    api_key: ApiKey,
+    api_version: i16,
+    correlation_id: i32,
+    body: &ResponseKind,
+) -> anyhow::Result<Bytes> {
     let header_version = if api_key == ApiKey::ApiVersions { 0 } else { api_key.response_header_version(api_version) };
     let mut out = BytesMut::with_capacity(256);
     out.put_i32(0);

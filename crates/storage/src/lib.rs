@@ -44,7 +44,5 @@ pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
 
 /// Wall-clock milliseconds since the Unix epoch (Kafka timestamps).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

@@ -444,7 +444,9 @@ impl Partition {
                 .filter(|s| !s.is_empty() && s.offset_of_max_timestamp() >= state.log_start_offset)
                 .max_by_key(|s| s.max_timestamp());
             match best {
-                Some(segment) if segment.offset_of_max_timestamp() < state.high_watermark => segment.offset_of_max_timestamp(),
+                Some(segment) if segment.offset_of_max_timestamp() < state.high_watermark => {
+                    segment.offset_of_max_timestamp()
+                }
                 _ => return Ok(None),
             }
         };
@@ -558,7 +560,8 @@ fn read_batches(
     min_one_batch: bool,
 ) -> io::Result<Bytes> {
     while start < end {
-        let length = ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
+        let length =
+            ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
         let chunk = Segment::read_at(file, start, length)?;
         let mut taken: Option<(usize, usize)> = None;
         let mut iter = BatchIter::new(&chunk);
@@ -651,7 +654,9 @@ fn load_latest_snapshot(dir: &Path) -> (i64, ProducerStateTable) {
         let path = dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}"));
         let parsed = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<ProducerSnapshot>(&b).ok());
         match parsed {
-            Some(snapshot) if snapshot.version == 1 && snapshot.offset == offset => return (offset, snapshot.producers),
+            Some(snapshot) if snapshot.version == 1 && snapshot.offset == offset => {
+                return (offset, snapshot.producers)
+            }
             _ => tracing::warn!(path = %path.display(), "ignoring unreadable producer snapshot"),
         }
     }

@@ -61,7 +61,9 @@ impl LogManager {
                 .map(|part| {
                     scope.spawn(move || {
                         part.iter()
-                            .map(|(tp, config)| Ok((tp.clone(), Partition::open(&self.root.join(tp.dir_name()), config.clone())?)))
+                            .map(|(tp, config)| {
+                                Ok((tp.clone(), Partition::open(&self.root.join(tp.dir_name()), config.clone())?))
+                            })
                             .collect()
                     })
                 })

@@ -72,9 +72,7 @@ impl ProducerStateTable {
         if header.producer_epoch > entry.epoch {
             return if first == 0 { SequenceCheck::Append } else { SequenceCheck::OutOfOrder };
         }
-        if let Some(batch) =
-            entry.batches.iter().find(|b| b.first_sequence == first && b.last_sequence == last)
-        {
+        if let Some(batch) = entry.batches.iter().find(|b| b.first_sequence == first && b.last_sequence == last) {
             return SequenceCheck::Duplicate { base_offset: batch.base_offset };
         }
         match entry.batches.back() {

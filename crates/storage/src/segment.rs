@@ -343,7 +343,9 @@ impl Segment {
             let max_timestamp = reader.u64()? as i64;
             self.time_index.push(TimeEntry { max_timestamp, relative_offset: reader.u32()?, position: reader.u32()? });
         }
-        if self.next_offset < self.base_offset || self.offset_index.iter().any(|e| u64::from(e.position) >= file_len.max(1)) {
+        if self.next_offset < self.base_offset
+            || self.offset_index.iter().any(|e| u64::from(e.position) >= file_len.max(1))
+        {
             return Err(invalid());
         }
         Ok(())
@@ -417,12 +419,12 @@ fn scan_batches(
 fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io::Result<()> {
     let mut parts: Vec<&[u8]> = parts.iter().copied().filter(|p| !p.is_empty()).collect();
     while !parts.is_empty() {
-        let iovecs: Vec<libc::iovec> = parts
-            .iter()
-            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
-            .collect();
+        let iovecs: Vec<libc::iovec> =
+            parts.iter().map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() }).collect();
         // SAFETY: iovecs point into live slices for the duration of the call.
-        let written = unsafe { libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, position as libc::off_t) };
+        let written = unsafe {
+            libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, position as libc::off_t)
+        };
         if written < 0 {
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::Interrupted {

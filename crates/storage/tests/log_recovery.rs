@@ -125,7 +125,10 @@ fn segments_roll_and_survive_clean_restart() {
         }
         partition.close().unwrap();
     }
-    let segments = std::fs::read_dir(&path).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log")).count();
+    let segments = std::fs::read_dir(&path)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+        .count();
     assert!(segments > 5, "expected many segments, got {segments}");
     let partition = Partition::open(&path, config).unwrap();
     assert_eq!(partition.offsets().log_end_offset, 300);

@@ -9,7 +9,9 @@ use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
-use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -76,13 +78,21 @@ fn lookup_or_create(broker: &Broker, name: &str, id: Uuid, auto_create: bool) ->
     if !auto_create {
         return failed(ResponseError::UnknownTopicOrPartition);
     }
-    let topic = TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions: broker.config().num_partitions, configs: BTreeMap::new() };
+    let topic = TopicMeta {
+        name: name.to_string(),
+        id: Uuid::new_v4(),
+        partitions: broker.config().num_partitions,
+        configs: BTreeMap::new(),
+    };
     match broker.create_topic(topic.clone()) {
         Ok(()) => {
             tracing::info!(topic = name, partitions = topic.partitions, "auto-created topic");
             topic_metadata(broker, &topic)
         }
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => broker.topics.get(name).map_or_else(|| failed(ResponseError::LeaderNotAvailable), |t| topic_metadata(broker, &t)),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => broker
+            .topics
+            .get(name)
+            .map_or_else(|| failed(ResponseError::LeaderNotAvailable), |t| topic_metadata(broker, &t)),
         Err(error) => {
             tracing::warn!(topic = name, %error, "auto-create failed");
             failed(ResponseError::KafkaStorageError)
@@ -150,7 +160,11 @@ pub(super) fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, 
     response
 }
 
-fn create_one(broker: &Broker, topic: &CreatableTopic, validate_only: bool) -> Result<TopicMeta, (ResponseError, String)> {
+fn create_one(
+    broker: &Broker,
+    topic: &CreatableTopic,
+    validate_only: bool,
+) -> Result<TopicMeta, (ResponseError, String)> {
     let name = topic.name.as_str();
     validate_topic_name(name).map_err(|e| (ResponseError::InvalidTopicException, e))?;
     if broker.topics.get(name).is_some() {
@@ -163,12 +177,18 @@ fn create_one(broker: &Broker, topic: &CreatableTopic, validate_only: bool) -> R
     } else {
         topic.num_partitions
     };
-    if partitions < 1 || partitions > PARTITIONS_PER_TOPIC_MAX {
-        return Err((ResponseError::InvalidPartitions, format!("number of partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}")));
+    if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
+        return Err((
+            ResponseError::InvalidPartitions,
+            format!("number of partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}"),
+        ));
     }
     let node = broker.node_id();
     if topic.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node) || a.broker_ids.len() != 1) {
-        return Err((ResponseError::InvalidReplicaAssignment, "this single-node cluster only has node ".to_string() + &node.to_string()));
+        return Err((
+            ResponseError::InvalidReplicaAssignment,
+            "this single-node cluster only has node ".to_string() + &node.to_string(),
+        ));
     }
     if !(topic.replication_factor == -1 || topic.replication_factor == 1) {
         return Err((
@@ -178,7 +198,8 @@ fn create_one(broker: &Broker, topic: &CreatableTopic, validate_only: bool) -> R
     }
     let mut configs = BTreeMap::new();
     for config in &topic.configs {
-        topic_config::validate(config.name.as_str(), config.value.as_deref()).map_err(|e| (ResponseError::InvalidConfig, e))?;
+        topic_config::validate(config.name.as_str(), config.value.as_deref())
+            .map_err(|e| (ResponseError::InvalidConfig, e))?;
         if let Some(value) = &config.value {
             configs.insert(config.name.to_string(), value.to_string());
         }
@@ -200,7 +221,8 @@ fn create_one(broker: &Broker, topic: &CreatableTopic, validate_only: bool) -> R
 }
 
 pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
-    let mut wanted: Vec<(Option<String>, Uuid)> = request.topic_names.iter().map(|n| (Some(n.to_string()), Uuid::nil())).collect();
+    let mut wanted: Vec<(Option<String>, Uuid)> =
+        request.topic_names.iter().map(|n| (Some(n.to_string()), Uuid::nil())).collect();
     wanted.extend(request.topics.iter().map(|t| (t.name.as_ref().map(|n| n.to_string()), t.topic_id)));
     let mut response = DeleteTopicsResponse::default();
     for (name, id) in wanted {
@@ -208,7 +230,8 @@ pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) 
         result.topic_id = id;
         let resolved = name.clone().or_else(|| broker.topics.name_for_id(&id));
         result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
-        let unknown = if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
+        let unknown =
+            if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
         match resolved.map(|n| broker.delete_topic(&n)) {
             None | Some(Ok(None)) => result.error_code = unknown.code(),
             Some(Ok(Some(deleted))) => {
@@ -259,7 +282,10 @@ fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> R
             .open(&sluice_storage::TopicPartition::new(name, p), log_config.clone())
             .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
     }
-    broker.topics.update(name, |t| t.partitions = count).map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
+    broker
+        .topics
+        .update(name, |t| t.partitions = count)
+        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
     tracing::info!(topic = name, partitions = count, "added partitions");
     Ok(())
 }

@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym};
-use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse as IncrementalResult;
 use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+};
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse as IncrementalResult;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -39,10 +41,15 @@ pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, ve
         let mut result = DescribeConfigsResult::default();
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name.clone();
-        let wanted = |name: &str| resource.configuration_keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == name));
+        let wanted = |name: &str| {
+            resource.configuration_keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k.as_str() == name))
+        };
         let entries = match resource.resource_type {
             RESOURCE_TOPIC => match broker.topics.get(resource.resource_name.as_str()) {
-                None => Err((ResponseError::UnknownTopicOrPartition, format!("topic {:?} does not exist", resource.resource_name.as_str()))),
+                None => Err((
+                    ResponseError::UnknownTopicOrPartition,
+                    format!("topic {:?} does not exist", resource.resource_name.as_str()),
+                )),
                 Some(topic) => Ok(broker
                     .config()
                     .topic_defaults
@@ -81,7 +88,14 @@ pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, ve
     response
 }
 
-fn entry(name: &str, value: &str, source: i8, config_type: ConfigType, version: i16, read_only: bool) -> DescribeConfigsResourceResult {
+fn entry(
+    name: &str,
+    value: &str,
+    source: i8,
+    config_type: ConfigType,
+    version: i16,
+    read_only: bool,
+) -> DescribeConfigsResourceResult {
     let mut entry = DescribeConfigsResourceResult::default();
     entry.name = str_bytes(name);
     entry.value = Some(str_bytes(value));
@@ -125,9 +139,19 @@ fn broker_configs(broker: &Broker) -> Vec<(&'static str, String, ConfigType)> {
 pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut response = AlterConfigsResponse::default();
     for resource in request.resources {
-        let changes: Vec<(String, i8, Option<String>)> =
-            resource.configs.iter().map(|c| (c.name.to_string(), OP_SET, c.value.as_ref().map(|v| v.to_string()))).collect();
-        let outcome = apply(broker, resource.resource_type, resource.resource_name.as_str(), &changes, true, request.validate_only);
+        let changes: Vec<(String, i8, Option<String>)> = resource
+            .configs
+            .iter()
+            .map(|c| (c.name.to_string(), OP_SET, c.value.as_ref().map(|v| v.to_string())))
+            .collect();
+        let outcome = apply(
+            broker,
+            resource.resource_type,
+            resource.resource_name.as_str(),
+            &changes,
+            true,
+            request.validate_only,
+        );
         let mut result = AlterConfigsResourceResponse::default();
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
@@ -140,7 +164,10 @@ pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> Alter
     response
 }
 
-pub(super) fn incremental_alter(broker: &Arc<Broker>, request: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+pub(super) fn incremental_alter(
+    broker: &Arc<Broker>,
+    request: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
     let mut response = IncrementalAlterConfigsResponse::default();
     for resource in request.resources {
         let changes: Vec<(String, i8, Option<String>)> = resource
@@ -148,7 +175,14 @@ pub(super) fn incremental_alter(broker: &Arc<Broker>, request: IncrementalAlterC
             .iter()
             .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
             .collect();
-        let outcome = apply(broker, resource.resource_type, resource.resource_name.as_str(), &changes, false, request.validate_only);
+        let outcome = apply(
+            broker,
+            resource.resource_type,
+            resource.resource_name.as_str(),
+            &changes,
+            false,
+            request.validate_only,
+        );
         let mut result = IncrementalResult::default();
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
@@ -171,9 +205,15 @@ fn apply(
     validate_only: bool,
 ) -> Result<(), Failure> {
     if resource_type != RESOURCE_TOPIC {
-        return Err((ResponseError::InvalidRequest, "only topic configs can be altered; broker configs are static".into()));
+        return Err((
+            ResponseError::InvalidRequest,
+            "only topic configs can be altered; broker configs are static".into(),
+        ));
     }
-    let topic = broker.topics.get(name).ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
+    let topic = broker
+        .topics
+        .get(name)
+        .ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
     let mut configs = if replace_all { BTreeMap::new() } else { topic.configs.clone() };
     for (key, operation, value) in changes {
         apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
@@ -219,7 +259,12 @@ fn apply_one(
                 return Err(invalid(format!("{key} is not a list config; APPEND and SUBTRACT need one")));
             }
             let current = configs.get(key).cloned().unwrap_or_else(|| {
-                defaults.describe(&BTreeMap::new()).into_iter().find(|c| c.name == key).map(|c| c.value).unwrap_or_default()
+                defaults
+                    .describe(&BTreeMap::new())
+                    .into_iter()
+                    .find(|c| c.name == key)
+                    .map(|c| c.value)
+                    .unwrap_or_default()
             });
             let mut items: Vec<String> = current.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
             for item in value.unwrap_or_default().split(',').filter(|s| !s.is_empty()) {

@@ -38,9 +38,16 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
     let mut topics = Vec::new();
     let mut targets = Vec::new();
     for (topic_index, topic) in request.topics.iter().enumerate() {
-        let name = if version >= TOPIC_ID_VERSION { broker.topics.name_for_id(&topic.topic_id) } else { Some(topic.topic.to_string()) };
-        let unknown_error =
-            if version >= TOPIC_ID_VERSION { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
+        let name = if version >= TOPIC_ID_VERSION {
+            broker.topics.name_for_id(&topic.topic_id)
+        } else {
+            Some(topic.topic.to_string())
+        };
+        let unknown_error = if version >= TOPIC_ID_VERSION {
+            ResponseError::UnknownTopicId
+        } else {
+            ResponseError::UnknownTopicOrPartition
+        };
         topics.push((topic.topic.clone(), topic.topic_id));
         for partition in &topic.partitions {
             targets.push(Target {
@@ -88,7 +95,11 @@ fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)
                 data.log_start_offset = offsets.log_start_offset;
                 data.aborted_transactions = Some(Vec::new());
                 let limit = target.partition_max_bytes.min(max_bytes - used);
-                let read = if limit == 0 && used > 0 { Ok(Bytes::new()) } else { log.read(target.fetch_offset, limit, used == 0) };
+                let read = if limit == 0 && used > 0 {
+                    Ok(Bytes::new())
+                } else {
+                    log.read(target.fetch_offset, limit, used == 0)
+                };
                 match read {
                     Ok(records) => {
                         used += records.len();
@@ -108,7 +119,11 @@ fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)
     (partitions, used, has_error)
 }
 
-fn build_response(topics: Vec<(TopicName, Uuid)>, partitions: Vec<(usize, PartitionData)>, version: i16) -> FetchResponse {
+fn build_response(
+    topics: Vec<(TopicName, Uuid)>,
+    partitions: Vec<(usize, PartitionData)>,
+    version: i16,
+) -> FetchResponse {
     let mut responses: Vec<FetchableTopicResponse> = topics
         .into_iter()
         .map(|(name, id)| {
@@ -128,4 +143,3 @@ fn build_response(topics: Vec<(TopicName, Uuid)>, partitions: Vec<(usize, Partit
     response.responses = responses;
     response
 }
-

@@ -36,16 +36,32 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
                 response.map(ResponseKind::Produce)
             })
         }
-        RequestKind::Fetch(request) => Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) }),
-        RequestKind::ListOffsets(request) => ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version))),
-        RequestKind::DeleteRecords(request) => ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request))),
+        RequestKind::Fetch(request) => {
+            Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) })
+        }
+        RequestKind::ListOffsets(request) => {
+            ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
+        }
+        RequestKind::DeleteRecords(request) => {
+            ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
+        }
         RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request))),
-        RequestKind::CreateTopics(request) => ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version))),
+        RequestKind::CreateTopics(request) => {
+            ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
+        }
         RequestKind::DeleteTopics(request) => ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))),
-        RequestKind::CreatePartitions(request) => ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request))),
-        RequestKind::DescribeCluster(request) => ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request))),
-        RequestKind::InitProducerId(request) => ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request))),
-        RequestKind::DescribeConfigs(request) => ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version))),
+        RequestKind::CreatePartitions(request) => {
+            ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
+        }
+        RequestKind::DescribeCluster(request) => {
+            ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request)))
+        }
+        RequestKind::InitProducerId(request) => {
+            ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
+        }
+        RequestKind::DescribeConfigs(request) => {
+            ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
+        }
         RequestKind::AlterConfigs(request) => ready(ResponseKind::AlterConfigs(configs::alter(&broker, request))),
         RequestKind::IncrementalAlterConfigs(request) => {
             ready(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request)))

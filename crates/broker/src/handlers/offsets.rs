@@ -105,7 +105,9 @@ pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest
                     let target = if partition.offset == -1 { log.offsets().high_watermark } else { partition.offset };
                     match log.delete_records_before(target) {
                         Ok(low_watermark) => result.low_watermark = low_watermark,
-                        Err(ReadError::OffsetOutOfRange { .. }) => result.error_code = ResponseError::OffsetOutOfRange.code(),
+                        Err(ReadError::OffsetOutOfRange { .. }) => {
+                            result.error_code = ResponseError::OffsetOutOfRange.code()
+                        }
                         Err(error) => {
                             tracing::warn!(%error, "delete records failed");
                             result.error_code = ResponseError::KafkaStorageError.code();

@@ -22,7 +22,10 @@ struct PendingAck {
     visible_at: i64,
 }
 
-pub(super) fn append(broker: &Arc<Broker>, request: ProduceRequest) -> impl Future<Output = Option<ProduceResponse>> + Send + 'static {
+pub(super) fn append(
+    broker: &Arc<Broker>,
+    request: ProduceRequest,
+) -> impl Future<Output = Option<ProduceResponse>> + Send + 'static {
     let now_ms = sluice_storage::now_ms();
     let acks = request.acks;
     let timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
@@ -62,7 +65,9 @@ pub(super) fn append(broker: &Arc<Broker>, request: ProduceRequest) -> impl Futu
             return None;
         }
         for mut ack in pending {
-            let reached = tokio::time::timeout(timeout, ack.visible.wait_for(|v| v.high_watermark >= ack.visible_at || v.failed)).await;
+            let reached =
+                tokio::time::timeout(timeout, ack.visible.wait_for(|v| v.high_watermark >= ack.visible_at || v.failed))
+                    .await;
             let error = match reached {
                 Ok(Ok(visible)) if visible.high_watermark >= ack.visible_at => None,
                 Ok(_) => Some(ResponseError::KafkaStorageError),

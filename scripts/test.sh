@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: style, unit and property tests, then end-to-end tests with real
+# clients (librdkafka via confluent-kafka, the Java client, Kafka's own tools) against a
+# real `sluice serve` process. Installs what it needs (Python venv, Maven artifacts).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== style"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== build"
+cargo build --release -p sluice-cli
+export SLUICE_BIN="$PWD/target/release/sluice"
+
+echo "== unit and property tests"
+cargo test --workspace
+
+echo "== end-to-end tests"
+if [ ! -x .venv/bin/pytest ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q -r tests/python/requirements.txt
+.venv/bin/pytest -q tests/python "$@"
