@@ -1,6 +1,7 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
 mod serve;
+mod tools;
 
 use clap::{Parser, Subcommand};
 
@@ -15,6 +16,14 @@ struct Cli {
 enum Command {
     /// Start a broker (single node; defaults: 127.0.0.1:9092, ./sluice-data).
     Serve(serve::ServeArgs),
+    /// Create, list, describe and delete topics.
+    Topic(tools::TopicArgs),
+    /// Produce lines from stdin as records.
+    Produce(tools::ProduceArgs),
+    /// Print records of a topic.
+    Consume(tools::ConsumeArgs),
+    /// Show the cluster's brokers.
+    Cluster(tools::ClusterArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
     Bench(sluice_bench::BenchArgs),
 }
@@ -23,6 +32,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Topic(args) => tools::topic(args),
+        Command::Produce(args) => tools::produce(args),
+        Command::Consume(args) => tools::consume(args),
+        Command::Cluster(args) => tools::cluster(args),
         Command::Bench(args) => sluice_bench::run(args),
     }
 }
