@@ -149,7 +149,7 @@ fn describe_topic(
     let metadata = admin.inner().fetch_metadata(Some(name), METADATA_TIMEOUT)?;
     let Some(topic) = metadata.topics().first() else { bail!("no metadata for {name}") };
     if let Some(error) = topic.error() {
-        bail!("{name}: {:?}", rdkafka::types::RDKafkaRespErr::from(error));
+        bail!("{name}: {error:?}");
     }
     println!("topic {name}: {} partitions", topic.partitions().len());
     for partition in topic.partitions() {
