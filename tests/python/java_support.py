@@ -319,6 +319,7 @@ class TcpProxy:
         self.bytes_up = 0
         self.bytes_down = 0
         self.requests: dict[int, int] = {}  # api key -> complete requests forwarded
+        self.requests_since_drop: dict[int, int] = {}
         self._thread = threading.Thread(target=self._loop, name="tcp-proxy", daemon=True)
         self._thread.start()
 
@@ -335,11 +336,26 @@ class TcpProxy:
         done.wait(5)
 
     def drop_after_next_request(self, delay: float = 0.0, rst: bool = True, api_key: int = 0) -> None:
-        self._cmds.put(("arm", (delay, rst, api_key), None))
+        done = threading.Event()
+        self._cmds.put(("arm", (delay, rst, api_key), done))
         self._wake_w.send(b"x")
+        done.wait(5)
 
     def armed(self) -> bool:
         return self._armed is not None or self._drop_at is not None
+
+    def live_connections(self) -> int:
+        return len(self._pairs)
+
+    def wait_for_traffic(self, api_key: int = 0, timeout: float = 15.0) -> bool:
+        """Waits until a request with this API key went through since the last cut (and its
+        connection is still open): the client is connected and working again."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.requests_since_drop.get(api_key, 0) > 0 and self._pairs:
+                return True
+            time.sleep(0.005)
+        return False
 
     def close(self) -> None:
         self._running = False
@@ -389,6 +405,7 @@ class TcpProxy:
                 done.set()
             elif cmd == "arm":
                 self._armed = arg
+                done.set()
 
     def _accept(self):
         try:
@@ -434,6 +451,7 @@ class TcpProxy:
                 if side == "client":
                     for api in self._frame(pair, data):
                         self.requests[api] = self.requests.get(api, 0) + 1
+                        self.requests_since_drop[api] = self.requests_since_drop.get(api, 0) + 1
                         if self._armed is not None and api == self._armed[2]:
                             delay, rst, _ = self._armed
                             self._armed = None
@@ -534,3 +552,4 @@ class TcpProxy:
         for p in pairs:
             self._close_pair(p, rst)
         self.drop_events.append((time.monotonic(), len(pairs)))
+        self.requests_since_drop = {}

@@ -66,13 +66,17 @@ def test_idempotent_producer_connection_cuts(broker_factory, java_cp):
             rng.shuffle(kinds)
             for at, kind in zip(moments, kinds):
                 time.sleep(max(0.0, start + at - time.monotonic()))
+                # Cut only once the client is back and producing through the proxy again.
+                assert proxy.wait_for_traffic(api_key=0, timeout=15), (
+                    f"no Produce request through the proxy within 15 s of the last cut\n{proc.result().report()}")
                 assert not proc.seen("PRODUCED"), "producer finished before the connection cuts were done"
                 rst = rng.random() < 0.5
                 if kind == "after-request":
                     proxy.drop_after_next_request(delay=rng.uniform(0.0, 0.01), rst=rst)
-                    deadline = time.monotonic() + 5
+                    deadline = time.monotonic() + 15
                     while proxy.armed() and time.monotonic() < deadline:
-                        time.sleep(0.005)
+                        time.sleep(0.002)
+                    assert not proxy.armed(), "armed cut did not fire within 15 s"
                 else:
                     proxy.drop_all(rst=rst)
             cuts = list(proxy.drop_events)
@@ -80,6 +84,7 @@ def test_idempotent_producer_connection_cuts(broker_factory, java_cp):
         finally:
             proc.kill()
         ctx = f"seed={seed} result={r} cuts={cuts}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
+        print(f"seed={seed} cuts={len(cuts)} produce requests forwarded={proxy.requests.get(0, 0)} result={r}")
         assert len(cuts) == 10 and all(n > 0 for _, n in cuts), f"not every cut hit a live connection: {ctx}"
         _assert_exactly_once(r, ctx)
         assert r["retries"] > 0, f"no produce request was retried: the cuts did not hit in-flight requests: {ctx}"
@@ -117,5 +122,6 @@ def test_idempotent_producer_broker_restarts(broker_factory, java_cp):
     finally:
         proc.kill()
     ctx = f"seed={seed} result={r} restarts={restarts}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
+    print(f"seed={seed} restarts(at_s, down_s, start_s)={restarts} result={r}")
     _assert_exactly_once(r, ctx)
     assert broker.is_running()
