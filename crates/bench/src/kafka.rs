@@ -510,11 +510,12 @@ pub fn spawn_consumer(
 ) -> anyhow::Result<JoinHandle<()>> {
     let mut config = spec.config.clone();
     config.set("client.id", &spec.label);
-    if spec.mode == ConsumerMode::Subscribe {
-        config.set("group.id", &spec.subscription);
-    } else {
-        config.remove("group.id");
+    // librdkafka wants a group id even for assign(); in assign mode it is never joined
+    // and nothing is committed, so the broker needs no group support.
+    config.set("group.id", &spec.subscription);
+    if spec.mode == ConsumerMode::Assign {
         config.set("enable.auto.commit", "false");
+        config.set("enable.auto.offset.store", "false");
     }
     let context = BenchContext::new(spec.label.clone(), None);
     let consumer: BaseConsumer<BenchContext> =
