@@ -291,6 +291,7 @@ class TcpProxy:
     forwarded, i.e. while that request is in flight on the broker and before its response can
     reach the client. The proxy follows Kafka's request framing (4-byte size, then the 2-byte API
     key) on the client->broker direction to know where requests end.
+    call_after_next_request(fn, delay): the same trigger running any action (e.g. SIGKILL the broker).
     """
 
     BUF_LIMIT = 4 << 20
@@ -310,8 +311,9 @@ class TcpProxy:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._pairs: list[_Pair] = []
         self._cmds: queue.Queue = queue.Queue()
-        self._armed: tuple[float, bool, int] | None = None  # (delay, rst, api_key)
-        self._drop_at: tuple[float, bool] | None = None
+        self._armed: tuple[float, int, object] | None = None  # (delay, api_key, action)
+        self._action_at: tuple[float, object] | None = None  # (monotonic due time, action)
+        self.action_errors: list[BaseException] = []
         self._running = True
         # statistics
         self.accepted = 0
@@ -336,13 +338,18 @@ class TcpProxy:
         done.wait(5)
 
     def drop_after_next_request(self, delay: float = 0.0, rst: bool = True, api_key: int = 0) -> None:
+        self.call_after_next_request(lambda: self._drop(rst), delay, api_key)
+
+    def call_after_next_request(self, action, delay: float = 0.0, api_key: int = 0) -> None:
+        """Runs `action()` on the proxy thread `delay` s after the next complete request with this
+        API key has been forwarded to the broker (e.g. to SIGKILL the broker while it handles it)."""
         done = threading.Event()
-        self._cmds.put(("arm", (delay, rst, api_key), done))
+        self._cmds.put(("arm", (delay, api_key, action), done))
         self._wake_w.send(b"x")
         done.wait(5)
 
     def armed(self) -> bool:
-        return self._armed is not None or self._drop_at is not None
+        return self._armed is not None or self._action_at is not None
 
     def live_connections(self) -> int:
         return len(self._pairs)
@@ -373,8 +380,8 @@ class TcpProxy:
     def _loop(self):
         while self._running:
             timeout = 0.05
-            if self._drop_at is not None:
-                timeout = max(0.0, min(timeout, self._drop_at[0] - time.monotonic()))
+            if self._action_at is not None:
+                timeout = max(0.0, min(timeout, self._action_at[0] - time.monotonic()))
             for key, mask in self._sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -384,10 +391,13 @@ class TcpProxy:
                     pair, side = key.data
                     if not pair.closed:
                         self._io(pair, side, mask)
-            if self._drop_at is not None and time.monotonic() >= self._drop_at[0]:
-                rst = self._drop_at[1]
-                self._drop_at = None
-                self._drop(rst)
+            if self._action_at is not None and time.monotonic() >= self._action_at[0]:
+                action = self._action_at[1]
+                try:
+                    action()
+                except BaseException as e:  # reported by the test, never kills the proxy
+                    self.action_errors.append(e)
+                self._action_at = None
 
     def _commands(self):
         try:
@@ -452,10 +462,10 @@ class TcpProxy:
                     for api in self._frame(pair, data):
                         self.requests[api] = self.requests.get(api, 0) + 1
                         self.requests_since_drop[api] = self.requests_since_drop.get(api, 0) + 1
-                        if self._armed is not None and api == self._armed[2]:
-                            delay, rst, _ = self._armed
+                        if self._armed is not None and api == self._armed[1]:
+                            delay, _, action = self._armed
                             self._armed = None
-                            self._drop_at = (time.monotonic() + delay, rst)
+                            self._action_at = (time.monotonic() + delay, action)
         if mask & selectors.EVENT_WRITE:
             own_out = pair.to_client if side == "client" else pair.to_server
             if not self._flush(pair, src, own_out):

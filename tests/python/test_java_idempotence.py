@@ -95,33 +95,56 @@ def test_idempotent_producer_connection_cuts(broker_factory, java_cp):
 
 def test_idempotent_producer_broker_restarts(broker_factory, java_cp):
     """The broker is SIGKILLed and restarted (same port, same data dir) 4 times while the producer
-    is sending. Afterwards: every record acked once, no duplicates, no gaps, per-partition order =
-    send order, each record at its acknowledged offset (the broker must keep producer state across
-    the crash to recognise retried batches it had already written)."""
+    is sending: twice 0-3 ms after a Produce request reached it (so the kill lands while the
+    broker is reading, syncing or answering it), twice at random moments. The client talks to the
+    broker through a transparent TCP proxy (advertised in metadata) that only watches the request
+    framing to time those kills; it cuts nothing itself. Afterwards: every record acked once, no
+    duplicates, no gaps, per-partition order = send order, each record at its acknowledged offset
+    (the broker must keep producer state across the crash to recognise retried batches it had
+    already written), and the client really did retry."""
     seed = _seed()
     rng = random.Random(seed)
-    broker = broker_factory()
-    proc = JavaProcess(java_cp, "sluice.tests.IdempotentProducer",
-                       ["--bootstrap", broker.bootstrap, "--topic", "idem-restart", "--partitions", PARTITIONS,
-                        "--records", RECORDS, "--rate", RATE])
+    broker_port = free_port()
+    proxy = TcpProxy(broker_port)
     restarts = []
     try:
-        proc.wait_for_line("READY", 90)
-        start = time.monotonic()
-        moments = sorted(rng.uniform(1.0, PRODUCE_S * 0.8) for _ in range(4))
-        for at in moments:
-            time.sleep(max(0.0, start + at - time.monotonic()))
-            assert not proc.seen("PRODUCED"), "producer finished before the broker restarts were done"
-            broker.kill()
-            down = rng.uniform(0.0, 1.0)
-            time.sleep(down)
-            t = time.monotonic()
-            broker.start()
-            restarts.append((round(at, 2), round(down, 2), round(time.monotonic() - t, 2)))
-        r = _result(proc, broker, f"seed={seed} restarts(at, down, start_s)={restarts}")
+        broker = broker_factory(port=broker_port, extra_args=["--advertised-listener", proxy.bootstrap])
+        proc = JavaProcess(java_cp, "sluice.tests.IdempotentProducer",
+                           ["--bootstrap", proxy.bootstrap, "--topic", "idem-restart", "--partitions", PARTITIONS,
+                            "--records", RECORDS, "--rate", RATE])
+        try:
+            proc.wait_for_line("READY", 90)
+            start = time.monotonic()
+            moments = sorted(rng.uniform(1.0, PRODUCE_S * 0.8) for _ in range(4))
+            kinds = ["after-request"] * 2 + ["random"] * 2
+            rng.shuffle(kinds)
+            for at, kind in zip(moments, kinds):
+                time.sleep(max(0.0, start + at - time.monotonic()))
+                assert proxy.wait_for_traffic(api_key=0, timeout=15), (
+                    f"no Produce request within 15 s of the last restart\n{proc.result().report()}")
+                assert not proc.seen("PRODUCED"), "producer finished before the broker restarts were done"
+                if kind == "after-request":
+                    proxy.call_after_next_request(broker.kill, delay=rng.uniform(0.0, 0.003))
+                    deadline = time.monotonic() + 15
+                    while proxy.armed() and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    assert not proxy.armed() and not proxy.action_errors, f"armed kill failed: {proxy.action_errors}"
+                else:
+                    broker.kill()
+                assert not broker.is_running()
+                down = rng.uniform(0.0, 1.0)
+                time.sleep(down)
+                t = time.monotonic()
+                broker.start()
+                restarts.append((kind, round(time.monotonic() - start, 2), round(down, 2),
+                                 round(time.monotonic() - t, 2)))
+            r = _result(proc, broker, f"seed={seed} restarts(kind, at_s, down_s, start_s)={restarts}")
+        finally:
+            proc.kill()
+        ctx = f"seed={seed} result={r} restarts={restarts}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
+        print(f"seed={seed} restarts(kind, at_s, down_s, start_s)={restarts} result={r}")
+        _assert_exactly_once(r, ctx)
+        assert r["retries"] > 0, f"no produce request was retried: no kill hit an in-flight request: {ctx}"
+        assert broker.is_running()
     finally:
-        proc.kill()
-    ctx = f"seed={seed} result={r} restarts={restarts}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
-    print(f"seed={seed} restarts(at_s, down_s, start_s)={restarts} result={r}")
-    _assert_exactly_once(r, ctx)
-    assert broker.is_running()
+        proxy.close()
