@@ -390,7 +390,7 @@ def test_create_partitions(broker):
 
     a.create_partitions([NewPartitions(topic, 5)], operation_timeout=10)[topic].result(10)
     wait_for_topic(broker.bootstrap, topic, 5)
-    assert produce_sync(broker.bootstrap, topic, [(4, None, b"p4", None), (3, None, b"p3", None)]) == [(4, 0), (3, 0)]
+    assert sorted(produce_sync(broker.bootstrap, topic, [(4, None, b"p4", None), (3, None, b"p3", None)])) == [(3, 0), (4, 0)]
     got = consume_until(broker.bootstrap, topic, {0: 1, 1: 1, 3: 1, 4: 1})
     assert [m.value() for m in got[0]] == [b"before-0"]
     assert [m.value() for m in got[4]] == [b"p4"]
