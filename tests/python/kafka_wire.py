@@ -22,6 +22,7 @@ METADATA = 3
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
+INIT_PRODUCER_ID = 22
 
 # Error codes
 NONE = 0
@@ -35,10 +36,13 @@ TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+DUPLICATE_SEQUENCE_NUMBER = 46
 KAFKA_STORAGE_ERROR = 56
 
 # First flexible version of each API we encode.
-FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, LIST_OFFSETS: 6, METADATA: 9, API_VERSIONS: 3, CREATE_TOPICS: 5, DELETE_TOPICS: 4}
+FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, LIST_OFFSETS: 6, METADATA: 9, API_VERSIONS: 3, CREATE_TOPICS: 5, DELETE_TOPICS: 4,
+                 INIT_PRODUCER_ID: 2}
 
 
 # ---------------------------------------------------------------- CRC32C (Castagnoli)
@@ -524,6 +528,18 @@ class Conn:
         v = version if version is not None else self.pick(LIST_OFFSETS, [2, 3, 4, 5, 1, 6, 7])
         r = self.request(LIST_OFFSETS, v, list_offsets_body(v, topic, partition, timestamp))
         return parse_list_offsets_response(r, v)
+
+    def init_producer_id(self, version: int | None = None) -> tuple[int, int, int]:
+        """Non-transactional InitProducerId: returns (error_code, producer_id, producer_epoch)."""
+        v = version if version is not None else self.pick(INIT_PRODUCER_ID, [1, 0, 2, 3, 4, 5])
+        w = Writer(v >= FLEXIBLE_FROM[INIT_PRODUCER_ID])
+        w.string(None).i32(60000)
+        if v >= 3:
+            w.i64(-1).i16(-1)
+        w.tags()
+        r = self.request(INIT_PRODUCER_ID, v, w.getvalue())
+        r.i32()
+        return r.i16(), r.i64(), r.i16()
 
     def metadata(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
         """Returns {topic: (error_code, [partition ids])}."""

@@ -2,6 +2,7 @@
 compression codec, offsets by time, DeleteRecords, topic configs, partitions, deletion and
 auto-creation. Consumers assign() partitions explicitly; no consumer groups."""
 
+import threading
 import time
 import uuid
 import warnings
@@ -462,3 +463,73 @@ def test_auto_create_disabled(broker_factory):
     assert len(errs) == 1 and errs[0] is not None, f"produce to a missing topic must fail: {errs}"
     assert errs[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._MSG_TIMED_OUT), errs[0]
     assert topic not in a.list_topics(timeout=5).topics
+
+
+# ---------------------------------------------------------------- acks, long-poll fetch, cluster
+
+@pytest.mark.parametrize("acks", ["0", "1"])
+def test_acks_0_and_1(broker, acks):
+    topic = unique(f"acks{acks}")
+    create_topic(broker.bootstrap, topic, 1)
+    p = producer(broker.bootstrap, **{"acks": acks, "linger.ms": 5})
+    errs = []
+    for i in range(2000):
+        p.produce(topic, partition=0, value=b"a%d" % i, on_delivery=lambda err, msg: errs.append(err))
+    flush_all(p, 30)
+    assert errs == [None] * 2000
+    deadline = time.monotonic() + 10
+    while watermarks(broker.bootstrap, topic, 0)[1] < 2000 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert watermarks(broker.bootstrap, topic, 0) == (0, 2000)
+    got = consume_until(broker.bootstrap, topic, {0: 2000})
+    assert [m.value() for m in got[0]] == [b"a%d" % i for i in range(2000)]
+
+
+def test_fetch_long_poll_wakes_on_produce(broker):
+    topic = unique("longpoll")
+    create_topic(broker.bootstrap, topic, 1)
+    with kw.Conn.to(broker.bootstrap) as c:
+        # Nothing to read: the broker holds the fetch for about max_wait, then answers empty.
+        t0 = time.monotonic()
+        err, hw, _, data = c.fetch(topic, 0, 0, max_wait_ms=600)
+        waited = time.monotonic() - t0
+        assert (err, hw, data) == (0, 0, b"")
+        assert 0.45 <= waited < 3.0, f"empty fetch with max_wait 600 ms returned after {waited:.2f}s"
+
+        # A fetch waiting 10 s is answered as soon as a record arrives.
+        result = {}
+
+        def waiting_fetch():
+            result["fetch"] = c.fetch(topic, 0, 0, max_wait_ms=10000)
+            result["at"] = time.monotonic()
+
+        t = threading.Thread(target=waiting_fetch)
+        t.start()
+        time.sleep(0.5)
+        with kw.Conn.to(broker.bootstrap) as producer_conn:
+            assert producer_conn.produce(topic, 0, kw.record_batch([kw.Record(b"wake-up")]))[:2] == (0, 0)
+            acked_at = time.monotonic()
+        t.join(15)
+        assert "fetch" in result, "long-poll fetch never returned"
+        err, hw, _, data = result["fetch"]
+        assert err == 0 and hw == 1
+        delay = result["at"] - acked_at
+        assert delay < 1.0, f"fetch answered {delay:.2f}s after the produce was acknowledged (max_wait 10 s)"
+        (b,) = kw.parse_batches(data)
+        assert [r.value for _, r in kw.decode_records(b)] == [b"wake-up"]
+
+
+def test_describe_cluster(broker):
+    a = admin_client(broker.bootstrap)
+    desc = a.describe_cluster(request_timeout=10).result(10)
+    assert desc.cluster_id, "cluster id must be set"
+    assert len(desc.nodes) == 1
+    node = desc.nodes[0]
+    assert (node.host, node.port) == ("127.0.0.1", broker.port)
+    assert desc.controller is not None and desc.controller.id == node.id
+    md = a.list_topics(timeout=10)
+    assert md.cluster_id == desc.cluster_id
+    assert [b.id for b in md.brokers.values()] == [node.id]
+    # The cluster id is persistent.
+    broker.restart()
+    assert admin_client(broker.bootstrap).describe_cluster(request_timeout=10).result(10).cluster_id == desc.cluster_id
