@@ -18,6 +18,10 @@ pub const PRODUCE_MEMORY_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
 pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
+/// Kafka's default `group.initial.rebalance.delay.ms`.
+pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
+/// Longest initial rebalance delay accepted (it holds up every new group's first join).
+pub const GROUP_INITIAL_REBALANCE_DELAY_MS_MAX: u64 = 300_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -34,6 +38,9 @@ pub struct BrokerConfig {
     pub auto_create_topics: bool,
     pub num_partitions: i32,
     pub log_retention_check_interval_ms: u64,
+    /// Kafka's `group.initial.rebalance.delay.ms`: the first rebalance of an empty group
+    /// waits this long for more members to join.
+    pub group_initial_rebalance_delay_ms: u64,
     pub topic_defaults: TopicDefaults,
 }
 
@@ -51,6 +58,7 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             num_partitions: 1,
             log_retention_check_interval_ms: 60_000,
+            group_initial_rebalance_delay_ms: GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT,
             topic_defaults: TopicDefaults::default(),
         }
     }
@@ -73,6 +81,12 @@ impl BrokerConfig {
         }
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.num_partitions) {
             return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        if self.group_initial_rebalance_delay_ms > GROUP_INITIAL_REBALANCE_DELAY_MS_MAX {
+            return Err(format!(
+                "group_initial_rebalance_delay_ms must be at most {GROUP_INITIAL_REBALANCE_DELAY_MS_MAX}, got {}",
+                self.group_initial_rebalance_delay_ms
+            ));
         }
         self.advertised_address()?;
         self.topic_defaults.validate()

@@ -5,6 +5,7 @@
 
 pub mod config;
 mod connection;
+mod group;
 mod handlers;
 pub mod server;
 pub mod topic_config;
@@ -17,6 +18,7 @@ use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
 use tokio::sync::Semaphore;
 
 use crate::config::BrokerConfig;
+use crate::group::GroupCoordinator;
 use crate::topics::{TopicMeta, TopicRegistry};
 
 /// Leader epoch of every partition on a single node (replication will move it).
@@ -30,6 +32,8 @@ pub struct Broker {
     logs: LogManager,
     /// Bytes of produce requests being processed; bounds buffered produce data.
     produce_memory: Arc<Semaphore>,
+    /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
+    groups: Arc<GroupCoordinator>,
 }
 
 impl Broker {
@@ -57,7 +61,8 @@ impl Broker {
         );
         let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
-        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory }))
+        let groups = GroupCoordinator::open(&config.data_dir, config.group_initial_rebalance_delay_ms as i64)?;
+        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory, groups }))
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -98,5 +103,6 @@ impl Broker {
     /// Clean shutdown: fsync and seal every partition.
     pub fn close(&self) {
         self.logs.close();
+        self.groups.close();
     }
 }

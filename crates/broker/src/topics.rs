@@ -55,6 +55,9 @@ pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name == "." || name == ".." {
         return Err(format!("topic name {name:?} is not allowed"));
     }
+    if name == crate::group::OFFSETS_TOPIC {
+        return Err(format!("topic name {name:?} is reserved for the broker's committed offsets"));
+    }
     if name.len() > TOPIC_NAME_BYTES_MAX {
         return Err(format!("topic name is longer than {TOPIC_NAME_BYTES_MAX} characters"));
     }
@@ -185,7 +188,7 @@ mod tests {
     #[test]
     fn topic_names_follow_kafka_rules() {
         assert!(validate_topic_name("orders.v1_a-b").is_ok());
-        for bad in ["", ".", "..", "bad/name", "sp ace", &"x".repeat(250)] {
+        for bad in ["", ".", "..", "bad/name", "sp ace", &"x".repeat(250), "__consumer_offsets"] {
             assert!(validate_topic_name(bad).is_err(), "{bad:?}");
         }
     }

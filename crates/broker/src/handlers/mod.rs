@@ -5,6 +5,7 @@
 mod admin;
 mod configs;
 mod fetch;
+mod groups;
 mod offsets;
 mod produce;
 
@@ -24,7 +25,7 @@ use crate::Broker;
 pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
 
 pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<OwnedSemaphorePermit>) -> ResponseFuture {
-    let Request { api_key, api_version, correlation_id, body, .. } = request;
+    let Request { api_key, api_version, correlation_id, body, client_id } = request;
     let broker = broker.clone();
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
         RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
@@ -65,6 +66,40 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
         RequestKind::AlterConfigs(request) => ready(ResponseKind::AlterConfigs(configs::alter(&broker, request))),
         RequestKind::IncrementalAlterConfigs(request) => {
             ready(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request)))
+        }
+        RequestKind::FindCoordinator(request) => {
+            ready(ResponseKind::FindCoordinator(groups::find_coordinator(&broker, request, api_version)))
+        }
+        RequestKind::JoinGroup(request) => {
+            let pending = groups::join_group(&broker, request, api_version, client_id);
+            Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
+        }
+        RequestKind::SyncGroup(request) => {
+            let pending = groups::sync_group(&broker, request);
+            Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
+        }
+        RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
+        RequestKind::LeaveGroup(request) => {
+            ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
+        }
+        RequestKind::OffsetCommit(request) => {
+            let pending = groups::offset_commit(&broker, request);
+            Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
+        }
+        RequestKind::OffsetFetch(request) => {
+            ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
+        }
+        RequestKind::OffsetDelete(request) => {
+            let pending = groups::offset_delete(&broker, request);
+            Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
+        }
+        RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
+        RequestKind::DescribeGroups(request) => {
+            ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
+        }
+        RequestKind::DeleteGroups(request) => {
+            let pending = groups::delete_groups(&broker, request);
+            Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
         }
         other => {
             // parse_request only lets advertised APIs through; this is a bug, not bad input.

@@ -1,0 +1,334 @@
+//! The `__consumer_offsets` log: where committed offsets become durable, and what a
+//! restart replays to rebuild them.
+//!
+//! It is one partition of the storage crate's ordinary log, kept in `<data>/groups/`
+//! rather than with the topics so that clients can neither produce to nor fetch from it.
+//! Each OffsetCommit becomes one record batch (built by `RecordBatchEncoder`); deletions
+//! are tombstones (no value). A write is acknowledged only once the group-commit syncer
+//! has fsynced it, as a produce with the default durability is.
+//!
+//! Record layout (big endian), versioned so it can evolve:
+//! key   = u8 version (1), u8 kind (1 = offset), str16 group, str16 topic, i32 partition
+//! value = u8 version (1), i64 offset, i32 leader epoch, i64 commit time ms,
+//!         i32 metadata length (-1 = null), metadata bytes
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use sluice_storage::{LogConfig, Partition, Syncer, Visible};
+use tokio::sync::watch;
+
+use crate::group::error::GroupError;
+use crate::group::offsets::CommittedOffset;
+use crate::group::OFFSETS_BATCH_BYTES_MAX;
+
+/// The internal topic's name, as in Kafka.
+pub(crate) const OFFSETS_TOPIC: &str = "__consumer_offsets";
+const RECORD_VERSION: u8 = 1;
+const KIND_OFFSET: u8 = 1;
+/// Bytes read per step while replaying at startup.
+const REPLAY_READ_BYTES: usize = 4 * 1024 * 1024;
+const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// One change to the committed offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OffsetRecord {
+    Commit { group: String, topic: String, partition: i32, value: CommittedOffset },
+    Delete { group: String, topic: String, partition: i32 },
+}
+
+/// The durable offsets log.
+pub(crate) struct OffsetsLog {
+    partition: Arc<Partition>,
+}
+
+/// A write appended to the page cache, waiting for its fsync.
+pub(crate) struct PendingWrite {
+    base_offset: i64,
+    visible_at: i64,
+    visible: watch::Receiver<Visible>,
+}
+
+impl PendingWrite {
+    /// Waits until the write is durable; returns the log offset of its first record.
+    pub(crate) async fn durable(mut self, timeout: Duration) -> Result<i64, GroupError> {
+        let visible_at = self.visible_at;
+        let reached =
+            tokio::time::timeout(timeout, self.visible.wait_for(|v| v.high_watermark >= visible_at || v.failed)).await;
+        match reached {
+            Ok(Ok(visible)) if visible.high_watermark >= visible_at => Ok(self.base_offset),
+            Ok(_) => Err(GroupError::Storage),
+            Err(_) => Err(GroupError::Timeout),
+        }
+    }
+}
+
+impl OffsetsLog {
+    /// Opens (recovering) the log under `dir` and returns every record in it, in order,
+    /// with its log offset.
+    pub(crate) fn open(dir: &Path) -> io::Result<(OffsetsLog, Vec<(i64, OffsetRecord)>)> {
+        let config = LogConfig {
+            segment_bytes: SEGMENT_BYTES,
+            retention_ms: -1,
+            retention_bytes: -1,
+            max_message_bytes: OFFSETS_BATCH_BYTES_MAX,
+            flush_messages: 1,
+            ..LogConfig::default()
+        };
+        let partition = Arc::new(Partition::open(&dir.join(format!("{OFFSETS_TOPIC}-0")), config)?);
+        let records = replay(&partition)?;
+        Ok((OffsetsLog { partition }, records))
+    }
+
+    /// Appends `records` as one batch and asks the syncer for an fsync.
+    pub(crate) fn append(&self, records: &[OffsetRecord], syncer: &Syncer) -> Result<PendingWrite, GroupError> {
+        assert!(!records.is_empty(), "an empty offsets write");
+        let batch = encode_batch(records, sluice_storage::now_ms())?;
+        if batch.len() > OFFSETS_BATCH_BYTES_MAX {
+            return Err(GroupError::CommitTooLarge);
+        }
+        let visible = self.partition.subscribe();
+        let outcome =
+            self.partition.append(&batch, crate::LEADER_EPOCH, sluice_storage::now_ms()).map_err(|error| {
+                tracing::error!(%error, "offsets log append failed");
+                GroupError::Storage
+            })?;
+        assert!(!outcome.duplicate, "offsets batches carry no producer id");
+        if outcome.needs_sync {
+            syncer.schedule(&self.partition);
+        }
+        Ok(PendingWrite { base_offset: outcome.base_offset, visible_at: outcome.visible_at, visible })
+    }
+
+    /// Clean shutdown: fsync and seal.
+    pub(crate) fn close(&self) -> io::Result<()> {
+        self.partition.close()
+    }
+}
+
+fn encode_batch(records: &[OffsetRecord], now_ms: i64) -> Result<Bytes, GroupError> {
+    let records: Vec<Record> = records
+        .iter()
+        .enumerate()
+        .map(|(index, record)| {
+            let (key, value) = encode_record(record);
+            Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: crate::LEADER_EPOCH,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: index as i64,
+                // One batch needs offset - sequence to stay constant (see CRATES.md).
+                sequence: index as i32,
+                timestamp: now_ms,
+                key: Some(key),
+                value,
+                headers: Default::default(),
+            }
+        })
+        .collect();
+    let mut buffer = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buffer, &records, &options).map_err(|error| {
+        tracing::error!(%error, "could not encode an offsets batch");
+        GroupError::CommitTooLarge
+    })?;
+    Ok(buffer.freeze())
+}
+
+fn put_str16(out: &mut BytesMut, text: &str) {
+    let length = u16::try_from(text.len()).expect("names are bounded below 64 KiB");
+    out.put_u16(length);
+    out.put_slice(text.as_bytes());
+}
+
+fn encode_record(record: &OffsetRecord) -> (Bytes, Option<Bytes>) {
+    let (group, topic, partition, value) = match record {
+        OffsetRecord::Commit { group, topic, partition, value } => (group, topic, *partition, Some(value)),
+        OffsetRecord::Delete { group, topic, partition } => (group, topic, *partition, None),
+    };
+    let mut key = BytesMut::with_capacity(8 + group.len() + topic.len());
+    key.put_u8(RECORD_VERSION);
+    key.put_u8(KIND_OFFSET);
+    put_str16(&mut key, group);
+    put_str16(&mut key, topic);
+    key.put_i32(partition);
+    let value = value.map(|value| {
+        let metadata = value.metadata.as_deref();
+        let mut out = BytesMut::with_capacity(25 + metadata.map_or(0, str::len));
+        out.put_u8(RECORD_VERSION);
+        out.put_i64(value.offset);
+        out.put_i32(value.leader_epoch);
+        out.put_i64(value.commit_timestamp_ms);
+        match metadata {
+            Some(text) => {
+                out.put_i32(text.len() as i32);
+                out.put_slice(text.as_bytes());
+            }
+            None => out.put_i32(-1),
+        }
+        out.freeze()
+    });
+    (key.freeze(), value)
+}
+
+/// Why a stored record could not be read back.
+#[derive(Debug, thiserror::Error)]
+enum DecodeError {
+    #[error("record too short")]
+    Truncated,
+    #[error("unknown record version {0}")]
+    Version(u8),
+    #[error("unknown record kind {0}")]
+    Kind(u8),
+    #[error("name is not UTF-8")]
+    Utf8,
+    #[error("record has no key")]
+    NoKey,
+}
+
+fn get_str16(input: &mut Bytes) -> Result<String, DecodeError> {
+    if input.remaining() < 2 {
+        return Err(DecodeError::Truncated);
+    }
+    let length = input.get_u16() as usize;
+    if input.remaining() < length {
+        return Err(DecodeError::Truncated);
+    }
+    String::from_utf8(input.split_to(length).to_vec()).map_err(|_| DecodeError::Utf8)
+}
+
+fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecord, DecodeError> {
+    let mut key = key.ok_or(DecodeError::NoKey)?;
+    if key.remaining() < 2 {
+        return Err(DecodeError::Truncated);
+    }
+    let version = key.get_u8();
+    if version != RECORD_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let kind = key.get_u8();
+    if kind != KIND_OFFSET {
+        return Err(DecodeError::Kind(kind));
+    }
+    let group = get_str16(&mut key)?;
+    let topic = get_str16(&mut key)?;
+    if key.remaining() < 4 {
+        return Err(DecodeError::Truncated);
+    }
+    let partition = key.get_i32();
+    let Some(mut value) = value else { return Ok(OffsetRecord::Delete { group, topic, partition }) };
+    if value.remaining() < 25 {
+        return Err(DecodeError::Truncated);
+    }
+    let version = value.get_u8();
+    if version != RECORD_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let offset = value.get_i64();
+    let leader_epoch = value.get_i32();
+    let commit_timestamp_ms = value.get_i64();
+    let metadata = match value.get_i32() {
+        length if length < 0 => None,
+        length if value.remaining() >= length as usize => {
+            Some(String::from_utf8(value.split_to(length as usize).to_vec()).map_err(|_| DecodeError::Utf8)?)
+        }
+        _ => return Err(DecodeError::Truncated),
+    };
+    let value = CommittedOffset { offset, leader_epoch, metadata, commit_timestamp_ms };
+    Ok(OffsetRecord::Commit { group, topic, partition, value })
+}
+
+/// Reads the whole log, from its start to its high watermark.
+fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
+    let offsets = partition.offsets();
+    let mut next = offsets.log_start_offset;
+    let mut records = Vec::new();
+    while next < offsets.high_watermark {
+        let mut chunk = partition.read(next, REPLAY_READ_BYTES, true).map_err(|e| io::Error::other(e.to_string()))?;
+        if chunk.is_empty() {
+            break;
+        }
+        let batches = RecordBatchDecoder::decode_all(&mut chunk)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{OFFSETS_TOPIC}: {e}")))?;
+        let before = next;
+        for record in batches.into_iter().flat_map(|batch| batch.records) {
+            next = next.max(record.offset + 1);
+            if record.offset < before {
+                continue;
+            }
+            match decode_record(record.key, record.value) {
+                Ok(decoded) => records.push((record.offset, decoded)),
+                Err(error) => tracing::warn!(offset = record.offset, %error, "skipping unreadable offsets record"),
+            }
+        }
+        assert!(next > before, "replay of {OFFSETS_TOPIC} made no progress at offset {before}");
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(group: &str, partition: i32, offset: i64, metadata: Option<&str>) -> OffsetRecord {
+        OffsetRecord::Commit {
+            group: group.into(),
+            topic: "orders".into(),
+            partition,
+            value: CommittedOffset {
+                offset,
+                leader_epoch: 7,
+                metadata: metadata.map(String::from),
+                commit_timestamp_ms: 1_700_000_000_000,
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip_through_the_codec() {
+        let records = [
+            commit("g", 0, 42, Some("meta")),
+            commit("g", 1, 0, None),
+            OffsetRecord::Delete { group: "g".into(), topic: "orders".into(), partition: 2 },
+        ];
+        for record in records {
+            let (key, value) = encode_record(&record);
+            assert_eq!(decode_record(Some(key), value).unwrap(), record);
+        }
+        assert!(matches!(decode_record(None, None), Err(DecodeError::NoKey)));
+        assert!(matches!(decode_record(Some(Bytes::from_static(&[9, 1])), None), Err(DecodeError::Version(9))));
+    }
+
+    #[tokio::test]
+    async fn appended_records_are_replayed_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        {
+            let (log, replayed) = OffsetsLog::open(dir.path()).unwrap();
+            assert!(replayed.is_empty());
+            let first = log.append(&[commit("g", 0, 10, None), commit("g", 1, 11, Some("m"))], &syncer).unwrap();
+            assert_eq!(first.durable(Duration::from_secs(5)).await.unwrap(), 0);
+            let second = log
+                .append(&[OffsetRecord::Delete { group: "g".into(), topic: "orders".into(), partition: 0 }], &syncer)
+                .unwrap();
+            assert_eq!(second.durable(Duration::from_secs(5)).await.unwrap(), 2);
+            log.close().unwrap();
+        }
+        let (_log, replayed) = OffsetsLog::open(dir.path()).unwrap();
+        let offsets: Vec<i64> = replayed.iter().map(|(offset, _)| *offset).collect();
+        assert_eq!(offsets, vec![0, 1, 2]);
+        assert_eq!(replayed[1].1, commit("g", 1, 11, Some("m")));
+        assert!(matches!(&replayed[2].1, OffsetRecord::Delete { partition: 0, .. }));
+        syncer.shutdown();
+    }
+}

@@ -1,0 +1,487 @@
+//! The group coordinator (Kafka's classic consumer-group protocol) of a single node: it
+//! owns every group's membership state machine ([`state`]), the committed offsets
+//! ([`offsets`]) and their durable log ([`journal`]).
+//!
+//! Why it looks like this: group traffic must never slow the data path, so the
+//! coordinator keeps its state behind its own two locks (groups, then offsets; always
+//! taken in that order, never held across an `.await`) and long-polls (JoinGroup,
+//! SyncGroup) wait on `oneshot` channels that the state machine completes. One tokio task
+//! ticks every [`TICK_INTERVAL_MS`] to expire sessions and end join or sync phases.
+//!
+//! ```text
+//! let coordinator = GroupCoordinator::open(data_dir, initial_delay_ms)?;
+//! coordinator.start_ticker();
+//! match coordinator.join("g", request)? { Reply::Ready(r) => .., Reply::Wait(rx) => rx.await }
+//! ```
+
+pub(crate) mod error;
+pub(crate) mod journal;
+pub(crate) mod offsets;
+pub(crate) mod state;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use sluice_storage::Syncer;
+
+use crate::group::error::GroupError;
+use crate::group::journal::{OffsetRecord, OffsetsLog};
+use crate::group::offsets::{CommittedOffset, OffsetTable};
+use crate::group::state::{
+    Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
+};
+
+pub(crate) use crate::group::journal::OFFSETS_TOPIC;
+
+/// Members per group (Kafka's `group.max.size` defaults to unbounded; a group this large
+/// already makes every rebalance ship megabytes to its leader).
+pub(crate) const GROUP_MEMBERS_MAX: usize = 1_000;
+/// Groups this coordinator holds state for (live groups plus groups with offsets).
+pub(crate) const GROUPS_MAX: usize = 100_000;
+/// Bytes of all protocol metadata one member may send in JoinGroup.
+pub(crate) const MEMBER_METADATA_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes of one member's assignment in SyncGroup.
+pub(crate) const MEMBER_ASSIGNMENT_BYTES_MAX: usize = 1024 * 1024;
+/// Assignors one member may offer.
+pub(crate) const MEMBER_PROTOCOLS_MAX: usize = 64;
+/// Kafka's `group.min.session.timeout.ms` and `group.max.session.timeout.ms`.
+pub(crate) const SESSION_TIMEOUT_MS_MIN: i32 = 6_000;
+pub(crate) const SESSION_TIMEOUT_MS_MAX: i32 = 1_800_000;
+/// Rebalance timeouts are clamped to this, which bounds every JoinGroup long-poll.
+pub(crate) const REBALANCE_TIMEOUT_MS_MAX: i32 = 30 * 60 * 1000;
+/// Kafka's `offset.metadata.max.bytes`.
+pub(crate) const OFFSET_METADATA_BYTES_MAX: usize = 4096;
+/// One OffsetCommit is one batch of the offsets log; this is its size limit.
+pub(crate) const OFFSETS_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Group ids longer than this are refused (they are stored in every offsets record).
+pub(crate) const GROUP_ID_BYTES_MAX: usize = 4096;
+/// How often sessions and rebalance deadlines are checked.
+pub(crate) const TICK_INTERVAL_MS: u64 = 100;
+/// How long an offsets write may wait for its fsync before the client hears a timeout.
+pub(crate) const OFFSETS_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// Slack on top of a long-poll's own deadline before the handler gives up on it.
+pub(crate) const LONG_POLL_SLACK_MS: u64 = 5_000;
+
+const _: () = assert!(GROUP_ID_BYTES_MAX < u16::MAX as usize);
+const _: () = assert!(SESSION_TIMEOUT_MS_MIN < SESSION_TIMEOUT_MS_MAX);
+const _: () = assert!(MEMBER_METADATA_BYTES_MAX < OFFSETS_BATCH_BYTES_MAX);
+
+/// A group as ListGroups shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupListing {
+    pub(crate) group_id: String,
+    pub(crate) protocol_type: String,
+    pub(crate) state: GroupState,
+}
+
+/// A group as DescribeGroups shows it.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupDescription {
+    pub(crate) state: GroupState,
+    pub(crate) protocol_type: String,
+    pub(crate) protocol_name: String,
+    pub(crate) members: Vec<MemberDescription>,
+}
+
+/// Committed offsets asked for in OffsetFetch: `None` means every committed one.
+pub(crate) type OffsetQuery = Option<Vec<(String, Vec<i32>)>>;
+/// OffsetFetch's answer: per topic, per partition, the committed offset if any.
+pub(crate) type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)>)>;
+/// OffsetDelete's answer: per topic, per partition, whether it may be deleted.
+pub(crate) type DeleteResults = Vec<(String, Vec<(i32, Result<(), GroupError>)>)>;
+
+/// The coordinator of every group on this node.
+pub(crate) struct GroupCoordinator {
+    timing: Timing,
+    groups: Mutex<HashMap<String, Group>>,
+    offsets: Mutex<OffsetTable>,
+    log: OffsetsLog,
+    ticker_started: AtomicBool,
+}
+
+/// Group ids must be non-empty and bounded.
+pub(crate) fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
+    if group_id.is_empty() || group_id.len() > GROUP_ID_BYTES_MAX {
+        return Err(GroupError::InvalidGroupId);
+    }
+    Ok(())
+}
+
+impl GroupCoordinator {
+    /// Opens the offsets log under `data_dir/groups` and replays it into memory.
+    pub(crate) fn open(data_dir: &Path, initial_rebalance_delay_ms: i64) -> io::Result<Arc<GroupCoordinator>> {
+        let started = std::time::Instant::now();
+        let (log, records) = OffsetsLog::open(&data_dir.join("groups"))?;
+        let mut table = OffsetTable::default();
+        let replayed = records.len();
+        for (log_offset, record) in records {
+            match record {
+                OffsetRecord::Commit { group, topic, partition, value } => {
+                    table.apply_commit(&group, &topic, partition, value, log_offset)
+                }
+                OffsetRecord::Delete { group, topic, partition } => {
+                    table.apply_delete(&group, &topic, partition, log_offset)
+                }
+            }
+        }
+        table.forget_tombstones();
+        tracing::info!(
+            records = replayed,
+            groups = table.group_count(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "replayed committed offsets"
+        );
+        Ok(Arc::new(GroupCoordinator {
+            timing: Timing { initial_rebalance_delay_ms },
+            groups: Mutex::new(HashMap::new()),
+            offsets: Mutex::new(table),
+            log,
+            ticker_started: AtomicBool::new(false),
+        }))
+    }
+
+    /// Starts the tick task once (from the first group request, inside the runtime).
+    pub(crate) fn start_ticker(self: &Arc<Self>) {
+        if self.ticker_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let coordinator: Weak<GroupCoordinator> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_millis(TICK_INTERVAL_MS));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(coordinator) = coordinator.upgrade() else { return };
+                coordinator.tick(sluice_storage::now_ms());
+            }
+        });
+    }
+
+    /// Expires sessions, ends overdue join and sync phases, and forgets empty groups that
+    /// have no committed offsets.
+    pub(crate) fn tick(&self, now_ms: i64) {
+        let mut groups = self.groups.lock();
+        for group in groups.values_mut() {
+            group.tick(now_ms, &self.timing);
+        }
+        let offsets = self.offsets.lock();
+        groups.retain(|group_id, group| group.state() != GroupState::Empty || offsets.has_group(group_id));
+    }
+
+    pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
+        validate_group_id(group_id)?;
+        let mut groups = self.groups.lock();
+        if !groups.contains_key(group_id) {
+            if !request.member_id.is_empty() {
+                return Err(GroupError::UnknownMemberId);
+            }
+            if groups.len() >= GROUPS_MAX {
+                return Err(GroupError::TooManyGroups);
+            }
+            groups.insert(group_id.to_string(), Group::new(group_id));
+        }
+        let group = groups.get_mut(group_id).expect("inserted above");
+        Ok(group.join(request, sluice_storage::now_ms(), &self.timing))
+    }
+
+    pub(crate) fn sync(&self, group_id: &str, request: SyncRequest) -> Reply<SyncResponse> {
+        let mut groups = self.groups.lock();
+        match groups.get_mut(group_id) {
+            Some(group) => group.sync(request, sluice_storage::now_ms()),
+            None => Reply::Ready(SyncResponse::failed(GroupError::UnknownMemberId)),
+        }
+    }
+
+    pub(crate) fn heartbeat(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        group_instance_id: Option<&str>,
+        generation_id: i32,
+    ) -> Result<(), GroupError> {
+        let mut groups = self.groups.lock();
+        let group = groups.get_mut(group_id).ok_or(GroupError::UnknownMemberId)?;
+        group.heartbeat(member_id, group_instance_id, generation_id, sluice_storage::now_ms())
+    }
+
+    /// LeaveGroup for each (member id, instance id); the outer error is for the group.
+    pub(crate) fn leave(
+        &self,
+        group_id: &str,
+        members: &[(String, Option<String>)],
+    ) -> Result<Vec<Result<(), GroupError>>, GroupError> {
+        let mut groups = self.groups.lock();
+        let Some(group) = groups.get_mut(group_id) else {
+            return Ok(members.iter().map(|_| Err(GroupError::UnknownMemberId)).collect());
+        };
+        let now_ms = sluice_storage::now_ms();
+        Ok(members
+            .iter()
+            .map(|(member_id, instance_id)| group.leave(member_id, instance_id.as_deref(), now_ms, &self.timing))
+            .collect())
+    }
+
+    /// Checks the committer, appends the commit to the offsets log and returns a future
+    /// that resolves once it is durable and visible to OffsetFetch.
+    pub(crate) fn commit_offsets(
+        self: &Arc<Self>,
+        group_id: &str,
+        member_id: &str,
+        group_instance_id: Option<&str>,
+        generation_id: i32,
+        commits: Vec<(String, i32, CommittedOffset)>,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        validate_group_id(group_id)?;
+        {
+            let mut groups = self.groups.lock();
+            match groups.get_mut(group_id) {
+                Some(group) => {
+                    group.validate_commit(member_id, group_instance_id, generation_id, sluice_storage::now_ms())?
+                }
+                None if generation_id < 0 => {
+                    let offsets = self.offsets.lock();
+                    if !offsets.has_group(group_id) && groups.len() + offsets.group_count() >= GROUPS_MAX {
+                        return Err(GroupError::TooManyGroups);
+                    }
+                }
+                None => return Err(GroupError::IllegalGeneration),
+            }
+        }
+        let records: Vec<OffsetRecord> = commits
+            .iter()
+            .map(|(topic, partition, value)| OffsetRecord::Commit {
+                group: group_id.to_string(),
+                topic: topic.clone(),
+                partition: *partition,
+                value: value.clone(),
+            })
+            .collect();
+        let pending = (!records.is_empty()).then(|| self.log.append(&records, syncer)).transpose()?;
+        let coordinator = self.clone();
+        let group_id = group_id.to_string();
+        Ok(async move {
+            let Some(pending) = pending else { return Ok(()) };
+            let base_offset = pending.durable(Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS)).await?;
+            let mut offsets = coordinator.offsets.lock();
+            for (index, (topic, partition, value)) in commits.into_iter().enumerate() {
+                offsets.apply_commit(&group_id, &topic, partition, value, base_offset + index as i64);
+            }
+            Ok(())
+        })
+    }
+
+    /// Committed offsets of `group_id` for the asked partitions (or all of them).
+    pub(crate) fn fetch_offsets(&self, group_id: &str, query: OffsetQuery) -> FetchedOffsets {
+        let offsets = self.offsets.lock();
+        match query {
+            Some(topics) => topics
+                .into_iter()
+                .map(|(topic, partitions)| {
+                    let found =
+                        partitions.into_iter().map(|p| (p, offsets.get(group_id, &topic, p).cloned())).collect();
+                    (topic, found)
+                })
+                .collect(),
+            None => {
+                let mut by_topic: BTreeMap<String, Vec<(i32, Option<CommittedOffset>)>> = BTreeMap::new();
+                for (topic, partition, value) in offsets.all(group_id) {
+                    by_topic.entry(topic).or_default().push((partition, Some(value)));
+                }
+                by_topic.into_iter().collect()
+            }
+        }
+    }
+
+    /// Topics the live members of a consumer-protocol group subscribe to, or `None` when
+    /// the group has members of another protocol type (then nothing may be deleted).
+    fn subscribed_topics(group: &Group) -> Option<Vec<String>> {
+        if group.member_count() == 0 {
+            return Some(Vec::new());
+        }
+        if group.protocol_type() != Some("consumer") {
+            return None;
+        }
+        let mut topics = Vec::new();
+        for metadata in group.member_metadata() {
+            topics.extend(decode_subscription(&metadata));
+        }
+        Some(topics)
+    }
+
+    /// OffsetDelete: tombstones for the asked partitions not subscribed to by live
+    /// members. Returns per-partition results and a future for the durable write.
+    pub(crate) fn delete_offsets(
+        self: &Arc<Self>,
+        group_id: &str,
+        topics: Vec<(String, Vec<i32>)>,
+        syncer: &Syncer,
+    ) -> Result<(DeleteResults, impl Future<Output = Result<(), GroupError>> + Send), GroupError> {
+        let subscribed = {
+            let groups = self.groups.lock();
+            let offsets = self.offsets.lock();
+            match groups.get(group_id) {
+                Some(group) => Self::subscribed_topics(group).ok_or(GroupError::NonEmptyGroup)?,
+                None if offsets.has_group(group_id) => Vec::new(),
+                None => return Err(GroupError::GroupIdNotFound),
+            }
+        };
+        let mut results = Vec::new();
+        let mut deletions = Vec::new();
+        {
+            let offsets = self.offsets.lock();
+            for (topic, partitions) in topics {
+                let blocked = subscribed.contains(&topic);
+                let mut topic_results = Vec::new();
+                for partition in partitions {
+                    if blocked {
+                        topic_results.push((partition, Err(GroupError::GroupSubscribedToTopic)));
+                        continue;
+                    }
+                    if offsets.get(group_id, &topic, partition).is_some() {
+                        deletions.push((topic.clone(), partition));
+                    }
+                    topic_results.push((partition, Ok(())));
+                }
+                results.push((topic, topic_results));
+            }
+        }
+        let write = self.write_tombstones(group_id, deletions, syncer)?;
+        Ok((results, write))
+    }
+
+    fn write_tombstones(
+        self: &Arc<Self>,
+        group_id: &str,
+        deletions: Vec<(String, i32)>,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        let records: Vec<OffsetRecord> = deletions
+            .iter()
+            .map(|(topic, partition)| OffsetRecord::Delete {
+                group: group_id.to_string(),
+                topic: topic.clone(),
+                partition: *partition,
+            })
+            .collect();
+        let pending = (!records.is_empty()).then(|| self.log.append(&records, syncer)).transpose()?;
+        let coordinator = self.clone();
+        let group_id = group_id.to_string();
+        Ok(async move {
+            let Some(pending) = pending else { return Ok(()) };
+            let base_offset = pending.durable(Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS)).await?;
+            let mut offsets = coordinator.offsets.lock();
+            for (index, (topic, partition)) in deletions.into_iter().enumerate() {
+                offsets.apply_delete(&group_id, &topic, partition, base_offset + index as i64);
+            }
+            Ok(())
+        })
+    }
+
+    /// DeleteGroups for one group: refused while it has members; otherwise the group is
+    /// forgotten and its offsets deleted durably.
+    pub(crate) fn delete_group(
+        self: &Arc<Self>,
+        group_id: &str,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        validate_group_id(group_id)?;
+        let deletions: Vec<(String, i32)> = {
+            let mut groups = self.groups.lock();
+            let offsets = self.offsets.lock();
+            let known = groups.contains_key(group_id) || offsets.has_group(group_id);
+            if !known {
+                return Err(GroupError::GroupIdNotFound);
+            }
+            if let Some(group) = groups.get_mut(group_id) {
+                if group.state() != GroupState::Empty {
+                    return Err(GroupError::NonEmptyGroup);
+                }
+                group.mark_dead();
+            }
+            groups.remove(group_id);
+            offsets.all(group_id).into_iter().map(|(topic, partition, _)| (topic, partition)).collect()
+        };
+        tracing::info!(group = group_id, offsets = deletions.len(), "deleting group");
+        self.write_tombstones(group_id, deletions, syncer)
+    }
+
+    /// Every group: live ones and those known only by their committed offsets.
+    pub(crate) fn list_groups(&self) -> Vec<GroupListing> {
+        let groups = self.groups.lock();
+        let offsets = self.offsets.lock();
+        let mut listings: Vec<GroupListing> = groups
+            .iter()
+            .filter(|(_, group)| group.state() != GroupState::Dead)
+            .map(|(group_id, group)| GroupListing {
+                group_id: group_id.clone(),
+                protocol_type: group.protocol_type().unwrap_or_default().to_string(),
+                state: group.state(),
+            })
+            .collect();
+        listings.extend(offsets.group_ids().filter(|id| !groups.contains_key(*id)).map(|id| GroupListing {
+            group_id: id.to_string(),
+            protocol_type: String::new(),
+            state: GroupState::Empty,
+        }));
+        listings.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        listings
+    }
+
+    /// DescribeGroups for one group; an unknown group is `Dead`, as in Kafka.
+    pub(crate) fn describe_group(&self, group_id: &str) -> GroupDescription {
+        let groups = self.groups.lock();
+        match groups.get(group_id) {
+            Some(group) => GroupDescription {
+                state: group.state(),
+                protocol_type: group.protocol_type().unwrap_or_default().to_string(),
+                protocol_name: if group.state() == GroupState::Stable {
+                    group.protocol_name().unwrap_or_default().to_string()
+                } else {
+                    String::new()
+                },
+                members: group.describe_members(),
+            },
+            None => {
+                let state = if self.offsets.lock().has_group(group_id) { GroupState::Empty } else { GroupState::Dead };
+                GroupDescription {
+                    state,
+                    protocol_type: String::new(),
+                    protocol_name: String::new(),
+                    members: Vec::new(),
+                }
+            }
+        }
+    }
+
+    /// Clean shutdown: fsync and seal the offsets log (after the syncer has stopped).
+    pub(crate) fn close(&self) {
+        if let Err(error) = self.log.close() {
+            tracing::error!(%error, "failed to close the offsets log");
+        }
+    }
+}
+
+/// Topics in a ConsumerProtocolSubscription (the consumer protocol's member metadata);
+/// empty if it cannot be decoded.
+fn decode_subscription(metadata: &bytes::Bytes) -> Vec<String> {
+    use kafka_protocol::messages::ConsumerProtocolSubscription;
+    use kafka_protocol::protocol::Decodable;
+    let mut buffer = metadata.clone();
+    if buffer.len() < 2 {
+        return Vec::new();
+    }
+    let version = i16::from_be_bytes([buffer[0], buffer[1]]);
+    bytes::Buf::advance(&mut buffer, 2);
+    let version = version.clamp(0, 3);
+    match ConsumerProtocolSubscription::decode(&mut buffer, version) {
+        Ok(subscription) => subscription.topics.iter().map(|t| t.to_string()).collect(),
+        Err(_) => Vec::new(),
+    }
+}

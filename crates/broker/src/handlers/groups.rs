@@ -1,0 +1,513 @@
+//! Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup,
+//! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete, ListGroups,
+//! DescribeGroups and DeleteGroups. These handlers only translate between the wire
+//! messages and the [`GroupCoordinator`]; the rules live in `crate::group`.
+//!
+//! Long-polls (JoinGroup, SyncGroup) and durable offset writes return futures that wait
+//! without holding any coordinator lock, each bounded by a timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+
+use crate::group::error::GroupError;
+use crate::group::offsets::CommittedOffset;
+use crate::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
+use crate::group::{
+    validate_group_id, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSET_METADATA_BYTES_MAX,
+    REBALANCE_TIMEOUT_MS_MAX,
+};
+use crate::Broker;
+
+/// FindCoordinator key types.
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+/// FindCoordinator v4 moved to batched `coordinator_keys`.
+const FIND_COORDINATOR_BATCHED_VERSION: i16 = 4;
+/// JoinGroup v4 requires a known member id (KIP-394); v7 made protocol_name nullable.
+const JOIN_REQUIRE_MEMBER_ID_VERSION: i16 = 4;
+const JOIN_NULLABLE_PROTOCOL_VERSION: i16 = 7;
+/// LeaveGroup v3 leaves a batch of members.
+const LEAVE_BATCH_VERSION: i16 = 3;
+/// OffsetFetch v8 asks for several groups at once.
+const OFFSET_FETCH_GROUPS_VERSION: i16 = 8;
+/// Where the coordinator's address comes from is not known to clients: "unknown host".
+const CLIENT_HOST_UNKNOWN: &str = "/unknown";
+
+type Pending<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+fn text(value: &str) -> StrBytes {
+    StrBytes::from_string(value.to_string())
+}
+
+fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
+    broker.groups.start_ticker();
+    &broker.groups
+}
+
+pub(super) fn find_coordinator(
+    broker: &Arc<Broker>,
+    request: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    coordinator(broker);
+    let (host, port) = &broker.advertised;
+    let answer = |key: &StrBytes, key_type: i8| -> Coordinator {
+        let mut coordinator = Coordinator::default();
+        coordinator.key = key.clone();
+        let error = match key_type {
+            KEY_TYPE_GROUP => None,
+            // There is no transaction coordinator yet: clients retry and report this.
+            KEY_TYPE_TRANSACTION => Some((ResponseError::CoordinatorNotAvailable, "transactions are not supported")),
+            _ => Some((ResponseError::InvalidRequest, "unknown coordinator key type")),
+        };
+        match error {
+            None => {
+                coordinator.node_id = BrokerId(broker.node_id());
+                coordinator.host = text(host);
+                coordinator.port = *port;
+            }
+            Some((error, message)) => {
+                coordinator.node_id = BrokerId(-1);
+                coordinator.port = -1;
+                coordinator.error_code = error.code();
+                coordinator.error_message = Some(text(message));
+            }
+        }
+        coordinator
+    };
+    let mut response = FindCoordinatorResponse::default();
+    if version >= FIND_COORDINATOR_BATCHED_VERSION {
+        response.coordinators = request.coordinator_keys.iter().map(|key| answer(key, request.key_type)).collect();
+        return response;
+    }
+    let single = answer(&request.key, request.key_type);
+    response.error_code = single.error_code;
+    response.error_message = single.error_message;
+    response.node_id = single.node_id;
+    response.host = single.host;
+    response.port = single.port;
+    response
+}
+
+pub(super) fn join_group(
+    broker: &Arc<Broker>,
+    request: JoinGroupRequest,
+    version: i16,
+    client_id: Option<StrBytes>,
+) -> Pending<JoinGroupResponse> {
+    let coordinator = coordinator(broker);
+    let rebalance_timeout_ms = if version == 0 { request.session_timeout_ms } else { request.rebalance_timeout_ms };
+    let join = JoinRequest {
+        member_id: request.member_id.to_string(),
+        group_instance_id: request.group_instance_id.as_ref().map(|s| s.to_string()),
+        client_id: client_id.map(|s| s.to_string()).unwrap_or_default(),
+        client_host: CLIENT_HOST_UNKNOWN.to_string(),
+        session_timeout_ms: request.session_timeout_ms,
+        rebalance_timeout_ms,
+        protocol_type: request.protocol_type.to_string(),
+        protocols: request
+            .protocols
+            .into_iter()
+            .map(|p| Protocol { name: p.name.to_string(), metadata: p.metadata })
+            .collect(),
+        require_known_member_id: version >= JOIN_REQUIRE_MEMBER_ID_VERSION,
+    };
+    let member_id = join.member_id.clone();
+    let reply = coordinator.join(request.group_id.as_str(), join);
+    let bound = long_poll_bound(rebalance_timeout_ms) + Duration::from_millis(broker_initial_delay(broker));
+    Box::pin(async move {
+        let response = match reply {
+            Err(error) => JoinResponse::failed(error, &member_id),
+            Ok(reply) => wait(reply, bound, || JoinResponse::failed(GroupError::RebalanceInProgress, &member_id)).await,
+        };
+        join_response(response, version)
+    })
+}
+
+fn broker_initial_delay(broker: &Broker) -> u64 {
+    broker.config().group_initial_rebalance_delay_ms
+}
+
+fn long_poll_bound(timeout_ms: i32) -> Duration {
+    Duration::from_millis(timeout_ms.clamp(0, REBALANCE_TIMEOUT_MS_MAX) as u64 + LONG_POLL_SLACK_MS)
+}
+
+/// Resolves a reply, waiting at most `bound` (a dropped or late answer becomes `lost()`).
+async fn wait<T>(reply: Reply<T>, bound: Duration, lost: impl FnOnce() -> T) -> T {
+    match reply {
+        Reply::Ready(value) => value,
+        Reply::Wait(receiver) => match tokio::time::timeout(bound, receiver).await {
+            Ok(Ok(value)) => value,
+            Ok(Err(_)) | Err(_) => lost(),
+        },
+    }
+}
+
+fn join_response(response: JoinResponse, version: i16) -> JoinGroupResponse {
+    let mut out = JoinGroupResponse::default();
+    out.error_code = response.error.map_or(0, GroupError::code);
+    out.generation_id = response.generation_id;
+    out.protocol_type = response.protocol_type.as_deref().map(text);
+    out.protocol_name = match response.protocol_name.as_deref() {
+        Some(name) => Some(text(name)),
+        None if version < JOIN_NULLABLE_PROTOCOL_VERSION => Some(StrBytes::default()),
+        None => None,
+    };
+    out.leader = text(&response.leader_id);
+    out.skip_assignment = response.skip_assignment;
+    out.member_id = text(&response.member_id);
+    out.members = response
+        .members
+        .into_iter()
+        .map(|m| {
+            let mut member = JoinGroupResponseMember::default();
+            member.member_id = text(&m.member_id);
+            member.group_instance_id = m.group_instance_id.as_deref().map(text);
+            member.metadata = m.metadata;
+            member
+        })
+        .collect();
+    out
+}
+
+pub(super) fn sync_group(broker: &Arc<Broker>, request: SyncGroupRequest) -> Pending<SyncGroupResponse> {
+    let coordinator = coordinator(broker);
+    let sync = SyncRequest {
+        member_id: request.member_id.to_string(),
+        group_instance_id: request.group_instance_id.as_ref().map(|s| s.to_string()),
+        generation_id: request.generation_id,
+        protocol_type: request.protocol_type.as_ref().map(|s| s.to_string()),
+        protocol_name: request.protocol_name.as_ref().map(|s| s.to_string()),
+        assignments: request.assignments.into_iter().map(|a| (a.member_id.to_string(), a.assignment)).collect(),
+    };
+    let reply = coordinator.sync(request.group_id.as_str(), sync);
+    let bound = long_poll_bound(REBALANCE_TIMEOUT_MS_MAX);
+    Box::pin(async move {
+        let response: SyncResponse = wait(reply, bound, || SyncResponse::failed(GroupError::RebalanceInProgress)).await;
+        let mut out = SyncGroupResponse::default();
+        out.error_code = response.error.map_or(0, GroupError::code);
+        out.protocol_type = response.protocol_type.as_deref().map(text);
+        out.protocol_name = response.protocol_name.as_deref().map(text);
+        out.assignment = response.assignment;
+        out
+    })
+}
+
+pub(super) fn heartbeat(broker: &Arc<Broker>, request: HeartbeatRequest) -> HeartbeatResponse {
+    let result = coordinator(broker).heartbeat(
+        request.group_id.as_str(),
+        request.member_id.as_str(),
+        request.group_instance_id.as_deref(),
+        request.generation_id,
+    );
+    let mut response = HeartbeatResponse::default();
+    response.error_code = result.err().map_or(0, GroupError::code);
+    response
+}
+
+pub(super) fn leave_group(broker: &Arc<Broker>, request: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+    let members: Vec<(String, Option<String>)> = if version >= LEAVE_BATCH_VERSION {
+        request
+            .members
+            .iter()
+            .map(|m| (m.member_id.to_string(), m.group_instance_id.as_ref().map(|s| s.to_string())))
+            .collect()
+    } else {
+        vec![(request.member_id.to_string(), None)]
+    };
+    let mut response = LeaveGroupResponse::default();
+    let results = match coordinator(broker).leave(request.group_id.as_str(), &members) {
+        Ok(results) => results,
+        Err(error) => {
+            response.error_code = error.code();
+            return response;
+        }
+    };
+    if version < LEAVE_BATCH_VERSION {
+        response.error_code = results[0].err().map_or(0, GroupError::code);
+        return response;
+    }
+    response.members = members
+        .into_iter()
+        .zip(results)
+        .map(|((member_id, instance_id), result)| {
+            let mut member = MemberResponse::default();
+            member.member_id = text(&member_id);
+            member.group_instance_id = instance_id.as_deref().map(text);
+            member.error_code = result.err().map_or(0, GroupError::code);
+            member
+        })
+        .collect();
+    response
+}
+
+/// Per-partition validation of a commit: the topic partition must exist and the metadata
+/// must fit.
+fn check_commit(broker: &Broker, topic: &str, partition: i32, metadata: Option<&str>) -> Result<(), i16> {
+    if broker.topics.get(topic).is_none_or(|t| partition < 0 || partition >= t.partitions) {
+        return Err(ResponseError::UnknownTopicOrPartition.code());
+    }
+    if metadata.is_some_and(|m| m.len() > OFFSET_METADATA_BYTES_MAX) {
+        return Err(ResponseError::OffsetMetadataTooLarge.code());
+    }
+    Ok(())
+}
+
+pub(super) fn offset_commit(broker: &Arc<Broker>, request: OffsetCommitRequest) -> Pending<OffsetCommitResponse> {
+    let coordinator = coordinator(broker);
+    let now_ms = sluice_storage::now_ms();
+    let mut response = OffsetCommitResponse::default();
+    let mut commits = Vec::new();
+    // (topic index, partition index) of each accepted commit, to fill in its result.
+    let mut accepted = Vec::new();
+    for (topic_index, topic) in request.topics.iter().enumerate() {
+        let mut topic_response = OffsetCommitResponseTopic::default();
+        topic_response.name = topic.name.clone();
+        for (partition_index, partition) in topic.partitions.iter().enumerate() {
+            let mut partition_response = OffsetCommitResponsePartition::default();
+            partition_response.partition_index = partition.partition_index;
+            let metadata = partition.committed_metadata.as_deref();
+            match check_commit(broker, topic.name.as_str(), partition.partition_index, metadata) {
+                Err(code) => partition_response.error_code = code,
+                Ok(()) => {
+                    let value = CommittedOffset {
+                        offset: partition.committed_offset,
+                        leader_epoch: partition.committed_leader_epoch,
+                        metadata: metadata.map(str::to_string),
+                        commit_timestamp_ms: now_ms,
+                    };
+                    commits.push((topic.name.to_string(), partition.partition_index, value));
+                    accepted.push((topic_index, partition_index));
+                }
+            }
+            topic_response.partitions.push(partition_response);
+        }
+        response.topics.push(topic_response);
+    }
+    let write = coordinator.commit_offsets(
+        request.group_id.as_str(),
+        request.member_id.as_str(),
+        request.group_instance_id.as_deref(),
+        request.generation_id_or_member_epoch,
+        commits,
+        broker.logs.syncer(),
+    );
+    Box::pin(async move {
+        let result = match write {
+            Ok(write) => write.await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = result {
+            for (topic_index, partition_index) in accepted {
+                response.topics[topic_index].partitions[partition_index].error_code = error.code();
+            }
+        }
+        response
+    })
+}
+
+fn fetch_partition_default(partition: i32, value: Option<CommittedOffset>) -> (i32, i64, i32, Option<StrBytes>) {
+    match value {
+        Some(v) => (partition, v.offset, v.leader_epoch, Some(text(v.metadata.as_deref().unwrap_or_default()))),
+        None => (partition, -1, -1, Some(StrBytes::default())),
+    }
+}
+
+pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
+    let coordinator = coordinator(broker);
+    let mut response = OffsetFetchResponse::default();
+    if version < OFFSET_FETCH_GROUPS_VERSION {
+        let query: OffsetQuery =
+            request.topics.map(|ts| ts.into_iter().map(|t| (t.name.to_string(), t.partition_indexes)).collect());
+        if let Err(error) = validate_group_id(request.group_id.as_str()) {
+            response.error_code = error.code();
+            return response;
+        }
+        for (topic, partitions) in coordinator.fetch_offsets(request.group_id.as_str(), query) {
+            let mut topic_response = OffsetFetchResponseTopic::default();
+            topic_response.name = TopicName(text(&topic));
+            for (partition, value) in partitions {
+                let (index, offset, epoch, metadata) = fetch_partition_default(partition, value);
+                let mut p = OffsetFetchResponsePartition::default();
+                p.partition_index = index;
+                p.committed_offset = offset;
+                p.committed_leader_epoch = epoch;
+                p.metadata = metadata;
+                topic_response.partitions.push(p);
+            }
+            response.topics.push(topic_response);
+        }
+        return response;
+    }
+    for group in request.groups {
+        let mut group_response = OffsetFetchResponseGroup::default();
+        group_response.group_id = group.group_id.clone();
+        if let Err(error) = validate_group_id(group.group_id.as_str()) {
+            group_response.error_code = error.code();
+            response.groups.push(group_response);
+            continue;
+        }
+        let query: OffsetQuery =
+            group.topics.map(|ts| ts.into_iter().map(|t| (t.name.to_string(), t.partition_indexes)).collect());
+        for (topic, partitions) in coordinator.fetch_offsets(group.group_id.as_str(), query) {
+            let mut topic_response = OffsetFetchResponseTopics::default();
+            topic_response.name = TopicName(text(&topic));
+            for (partition, value) in partitions {
+                let (index, offset, epoch, metadata) = fetch_partition_default(partition, value);
+                let mut p = OffsetFetchResponsePartitions::default();
+                p.partition_index = index;
+                p.committed_offset = offset;
+                p.committed_leader_epoch = epoch;
+                p.metadata = metadata;
+                topic_response.partitions.push(p);
+            }
+            group_response.topics.push(topic_response);
+        }
+        response.groups.push(group_response);
+    }
+    response
+}
+
+pub(super) fn offset_delete(broker: &Arc<Broker>, request: OffsetDeleteRequest) -> Pending<OffsetDeleteResponse> {
+    let coordinator = coordinator(broker);
+    let topics: Vec<(String, Vec<i32>)> = request
+        .topics
+        .iter()
+        .map(|t| (t.name.to_string(), t.partitions.iter().map(|p| p.partition_index).collect()))
+        .collect();
+    let outcome = coordinator.delete_offsets(request.group_id.as_str(), topics, broker.logs.syncer());
+    let mut response = OffsetDeleteResponse::default();
+    let (results, write) = match outcome {
+        Ok(pair) => pair,
+        Err(error) => {
+            response.error_code = error.code();
+            return Box::pin(std::future::ready(response));
+        }
+    };
+    Box::pin(async move {
+        if let Err(error) = write.await {
+            response.error_code = error.code();
+            return response;
+        }
+        response.topics = results
+            .into_iter()
+            .map(|(topic, partitions)| {
+                let mut topic_response = OffsetDeleteResponseTopic::default();
+                topic_response.name = TopicName(text(&topic));
+                topic_response.partitions = partitions
+                    .into_iter()
+                    .map(|(index, result)| {
+                        let mut p = OffsetDeleteResponsePartition::default();
+                        p.partition_index = index;
+                        p.error_code = result.err().map_or(0, GroupError::code);
+                        p
+                    })
+                    .collect();
+                topic_response
+            })
+            .collect();
+        response
+    })
+}
+
+pub(super) fn list_groups(broker: &Arc<Broker>, request: ListGroupsRequest) -> ListGroupsResponse {
+    let states: Vec<String> = request.states_filter.iter().map(|s| s.to_lowercase()).collect();
+    let types: Vec<String> = request.types_filter.iter().map(|s| s.to_lowercase()).collect();
+    let mut response = ListGroupsResponse::default();
+    // Every group here is a classic group.
+    if !types.is_empty() && !types.iter().any(|t| t == "classic") {
+        return response;
+    }
+    response.groups = coordinator(broker)
+        .list_groups()
+        .into_iter()
+        .filter(|g| states.is_empty() || states.contains(&g.state.name().to_lowercase()))
+        .map(|g| {
+            let mut listed = ListedGroup::default();
+            listed.group_id = GroupId(text(&g.group_id));
+            listed.protocol_type = text(&g.protocol_type);
+            listed.group_state = text(g.state.name());
+            listed.group_type = text("classic");
+            listed
+        })
+        .collect();
+    response
+}
+
+pub(super) fn describe_groups(broker: &Arc<Broker>, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let coordinator = coordinator(broker);
+    let mut response = DescribeGroupsResponse::default();
+    for group_id in request.groups {
+        let mut described = DescribedGroup::default();
+        if let Err(error) = validate_group_id(group_id.as_str()) {
+            described.group_id = group_id;
+            described.error_code = error.code();
+            response.groups.push(described);
+            continue;
+        }
+        let description = coordinator.describe_group(group_id.as_str());
+        described.group_id = group_id;
+        described.group_state = text(description.state.name());
+        described.protocol_type = text(&description.protocol_type);
+        described.protocol_data = text(&description.protocol_name);
+        described.members = description
+            .members
+            .into_iter()
+            .map(|m| {
+                let mut member = DescribedGroupMember::default();
+                member.member_id = text(&m.member_id);
+                member.group_instance_id = m.group_instance_id.as_deref().map(text);
+                member.client_id = text(&m.client_id);
+                member.client_host = text(&m.client_host);
+                member.member_metadata = m.metadata;
+                member.member_assignment = m.assignment;
+                member
+            })
+            .collect();
+        response.groups.push(described);
+    }
+    response
+}
+
+pub(super) fn delete_groups(broker: &Arc<Broker>, request: DeleteGroupsRequest) -> Pending<DeleteGroupsResponse> {
+    let coordinator = coordinator(broker);
+    let writes: Vec<_> = request
+        .groups_names
+        .into_iter()
+        .map(|group_id| {
+            let write = coordinator.delete_group(group_id.as_str(), broker.logs.syncer());
+            (group_id, write)
+        })
+        .collect();
+    Box::pin(async move {
+        let mut response = DeleteGroupsResponse::default();
+        for (group_id, write) in writes {
+            let result = match write {
+                Ok(write) => write.await,
+                Err(error) => Err(error),
+            };
+            let mut deleted = DeletableGroupResult::default();
+            deleted.group_id = group_id;
+            deleted.error_code = result.err().map_or(0, GroupError::code);
+            response.results.push(deleted);
+        }
+        response
+    })
+}
