@@ -13,6 +13,7 @@ TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
 PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 GET_OFFSET_SHELL = "org.apache.kafka.tools.GetOffsetShell"
+CONFIG_COMMAND = "kafka.admin.ConfigCommand"
 
 ZERO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 
@@ -121,6 +122,41 @@ def test_topic_command(broker, tools_cp):
     assert "tools-other" in names, names
     gone = topics(cp, broker, "--describe", "--topic", "tools-topic", ok=False)
     assert gone.returncode != 0 and "does not exist" in gone.stdout + gone.stderr, gone.report()
+    assert broker.is_running()
+
+
+def test_config_command(broker, tools_cp):
+    """kafka-configs: --alter --add-config on a topic shows up in --describe as dynamic topic
+    configs; --delete-config removes it again; a broker's --describe --all lists its configs."""
+    cp = tools_cp
+    topics(cp, broker, "--create", "--topic", "cfg-topic", "--partitions", "2")
+
+    def configs(*args):
+        return tool(cp, broker, CONFIG_COMMAND, "--bootstrap-server", broker.bootstrap, *args)
+
+    def dynamic():
+        res = configs("--describe", "--entity-type", "topics", "--entity-name", "cfg-topic")
+        return dict(re.findall(r"^\s+([\w.]+)=(\S*) sensitive=", res.stdout, re.M)), res
+
+    res = configs("--alter", "--entity-type", "topics", "--entity-name", "cfg-topic",
+                  "--add-config", "retention.ms=3600000,segment.bytes=1048576")
+    assert "Completed updating config for topic cfg-topic." in res.stdout, res.report()
+    got, res = dynamic()
+    assert got == {"retention.ms": "3600000", "segment.bytes": "1048576"}, res.report()
+
+    configs("--alter", "--entity-type", "topics", "--entity-name", "cfg-topic", "--delete-config", "retention.ms")
+    got, res = dynamic()
+    assert got == {"segment.bytes": "1048576"}, res.report()
+
+    bad = tool(cp, broker, CONFIG_COMMAND, "--bootstrap-server", broker.bootstrap, "--alter", "--entity-type", "topics",
+               "--entity-name", "cfg-topic", "--add-config", "retention.ms=not-a-number", ok=False)
+    assert bad.returncode != 0, bad.report()
+    got, res = dynamic()
+    assert got == {"segment.bytes": "1048576"}, res.report()
+
+    res = configs("--describe", "--entity-type", "brokers", "--entity-name", "0", "--all")
+    assert re.search(r"^All configs for broker 0 are:", res.stdout, re.M), res.report()
+    assert len(re.findall(r"^\s+[\w.]+=.* sensitive=", res.stdout, re.M)) > 0, res.report()
     assert broker.is_running()
 
 
