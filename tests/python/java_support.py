@@ -563,3 +563,10 @@ class TcpProxy:
             self._close_pair(p, rst)
         self.drop_events.append((time.monotonic(), len(pairs)))
         self.requests_since_drop = {}
+
+
+if __name__ == "__main__":
+    # Prefetch / build both Maven projects (what the tests would do on first use), e.g. in CI:
+    #   .venv/bin/python tests/python/java_support.py
+    print("java test programs:", java_test_classpath())
+    print("kafka tools:", kafka_tools_classpath())
