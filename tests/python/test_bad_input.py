@@ -194,6 +194,7 @@ def test_oversized_frame_closes_without_allocating(broker, traffic):
 
 def test_max_request_bytes_flag(broker_factory):
     b = broker_factory(extra_args=["--max-request-bytes", str(1 << 20)])
+    bg = BackgroundTraffic(b.bootstrap).start()
     topic = unique("maxreq")
     create_topic(b.bootstrap, topic, 1)
     small = record_batch([Record(b"s" * 1000) for _ in range(100)])  # ~100 KiB
@@ -210,6 +211,8 @@ def test_max_request_bytes_flag(broker_factory):
     assert watermarks(b.bootstrap, topic, 0) == (0, 100)
     with Conn.to(b.bootstrap) as c:
         assert c.produce(topic, 0, small)[:2] == (0, 100)
+    assert_healthy(b, bg)
+    bg.stop_and_check()
 
 
 def test_garbage_bytes_close_connection(broker, traffic):
