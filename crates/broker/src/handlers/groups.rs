@@ -43,6 +43,7 @@ const FIND_COORDINATOR_BATCHED_VERSION: i16 = 4;
 /// JoinGroup v4 requires a known member id (KIP-394); v7 made protocol_name nullable.
 const JOIN_REQUIRE_MEMBER_ID_VERSION: i16 = 4;
 const JOIN_NULLABLE_PROTOCOL_VERSION: i16 = 7;
+const JOIN_SKIP_ASSIGNMENT_VERSION: i16 = 9;
 /// LeaveGroup v3 leaves a batch of members.
 const LEAVE_BATCH_VERSION: i16 = 3;
 /// OffsetFetch v8 asks for several groups at once.
@@ -171,7 +172,8 @@ fn join_response(response: JoinResponse, version: i16) -> JoinGroupResponse {
         None => None,
     };
     out.leader = text(&response.leader_id);
-    out.skip_assignment = response.skip_assignment;
+    // Only v9 can say so; older leaders see the old leader id and do not assign anyway.
+    out.skip_assignment = response.skip_assignment && version >= JOIN_SKIP_ASSIGNMENT_VERSION;
     out.member_id = text(&response.member_id);
     out.members = response
         .members
