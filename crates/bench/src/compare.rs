@@ -19,7 +19,7 @@ use crate::brokers::{self, SluiceBroker};
 use crate::driver::Driver;
 use crate::result::TestResult;
 use crate::workload::Workload;
-use crate::{chart, runner, KafkaArgs, Overrides};
+use crate::{chart, peak, runner, KafkaArgs, Overrides};
 
 /// The peer to compare against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +73,7 @@ struct Figures {
 type Metric = (&'static str, fn(&TestResult) -> Option<f64>);
 
 const METRICS: &[Metric] = &[
+    ("peak stable rate (msg/s)", |r| r.sluice.as_ref().and_then(|e| e.peak_stable_rate)),
     ("publish rate (msg/s)", |r| Some(r.publish_rate_mean())),
     ("publish MiB/s", |r| r.sluice.as_ref().map(|e| mean(&e.publish_throughput_mb))),
     ("consume rate (msg/s)", |r| Some(r.consume_rate_mean())),
@@ -183,7 +184,11 @@ fn run_one(
     options.bootstrap = Some(process.bootstrap());
     options.broker_pid = Some(process.pid());
     options.broker_label = Some(broker.to_string());
-    let outcome = runner::run_workload(workload, driver, &options);
+    let outcome = if args.overrides.find_peak {
+        peak::find_peak(workload, driver, &options)
+    } else {
+        runner::run_workload(workload, driver, &options)
+    };
     if outcome.is_err() {
         println!("broker log: {}", process.log_path().display());
     }

@@ -21,6 +21,7 @@ pub mod chart;
 pub mod compare;
 pub mod driver;
 pub mod kafka;
+pub mod peak;
 pub mod procstat;
 pub mod rate;
 pub mod result;
@@ -140,6 +141,11 @@ pub struct Overrides {
     /// Overrides `producerRate` (msg/s; 0 = discover the sustainable rate).
     #[arg(long)]
     pub producer_rate: Option<f64>,
+    /// Search the peak stable throughput with fixed-rate trials (doubling from
+    /// --producer-rate or 10,000 msg/s, then bisecting) instead of one run; trials last
+    /// 10 s warm-up + 20 s unless the durations are overridden.
+    #[arg(long)]
+    pub find_peak: bool,
 }
 
 impl Overrides {
@@ -206,7 +212,11 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
                 options.broker_label = Some("kafka".into());
                 broker = Some(started);
             }
-            let outcome = runner::run_workload(workload, driver, &options);
+            let outcome = if args.overrides.find_peak {
+                peak::find_peak(workload, driver, &options)
+            } else {
+                runner::run_workload(workload, driver, &options)
+            };
             drop(broker);
             let result = outcome?;
             let path = match &args.output {

@@ -77,6 +77,10 @@ pub struct SluiceExtras {
     pub broker_cpu_seconds_per_gb: Option<f64>,
     /// Which broker was measured, when the bench knows (`sluice`, `kafka`).
     pub broker: Option<String>,
+    /// Peak stable throughput (msg/s) found by `--find-peak`; this result is its best trial.
+    pub peak_stable_rate: Option<f64>,
+    /// The peak search's trials: `[target msg/s, published msg/s, stable (1) or not (0)]`.
+    pub peak_trials: Vec<[f64; 3]>,
 }
 
 /// OMB's `TestResult`, field for field.
