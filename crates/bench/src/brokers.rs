@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +30,19 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// Makes `command`'s process receive SIGTERM when the bench dies, so an interrupted
+/// run leaves no broker behind.
+fn die_with_parent(command: &mut Command) -> &mut Command {
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        })
+    }
 }
 
 /// A fresh folder under the system temp dir.
@@ -167,7 +181,7 @@ impl SluiceBroker {
         let log_path = dir.join("sluice.log");
         let log = std::fs::File::create(&log_path)?;
         let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(bin)
+        let child = die_with_parent(&mut Command::new(bin))
             .arg("serve")
             .arg("--listen")
             .arg(&listen)
@@ -275,7 +289,7 @@ impl KafkaInstall {
         self.storage_tool(&["format", "-t", &cluster_id, "-c", &properties.display().to_string()])?;
         let log_path = dir.join("kafka.log");
         let log = std::fs::File::create(&log_path)?;
-        let child = Command::new("java")
+        let child = die_with_parent(&mut Command::new("java"))
             .arg(format!("-Xms{heap}"))
             .arg(format!("-Xmx{heap}"))
             .arg("-XX:+UseG1GC")
