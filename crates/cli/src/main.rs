@@ -5,6 +5,10 @@ mod tools;
 
 use clap::{Parser, Subcommand};
 
+/// Hostile array lengths in requests must not abort the broker (see `GuardedAllocator`).
+#[global_allocator]
+static ALLOCATOR: sluice_protocol::GuardedAllocator = sluice_protocol::GuardedAllocator;
+
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A Kafka-protocol streaming broker")]
 struct Cli {

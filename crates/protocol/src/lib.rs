@@ -7,11 +7,17 @@
 //! unsupported version and a malformed body (each answered differently), and the
 //! ApiVersions rule that its response header is always v0.
 
+mod alloc_guard;
 mod frame;
 mod request;
 mod versions;
 
+pub use crate::alloc_guard::{GuardedAllocator, LAZY_ALLOCATION_BYTES_MIN};
 pub use crate::frame::{decode_frame, FrameError, FRAME_SIZE_PREFIX_BYTES};
 pub use crate::request::{encode_response, parse_request, Request, RequestError};
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;
+
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: GuardedAllocator = GuardedAllocator;

@@ -1,6 +1,6 @@
 //! Request decoding and response encoding around the `kafka-protocol` codecs.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
@@ -53,9 +53,7 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
     let header_version = api_key.request_header_version(api_version);
     let header = RequestHeader::decode(&mut frame, header_version).map_err(|e| malformed(e.to_string()))?;
     let body = RequestKind::decode(api_key, &mut frame, api_version).map_err(|e| malformed(e.to_string()))?;
-    if frame.has_remaining() {
-        return Err(malformed(format!("{} trailing bytes", frame.remaining())));
-    }
+    // Trailing bytes are tolerated, as Kafka does: librdkafka sends a few on some versions.
     Ok(Request { api_key, api_version, correlation_id, client_id: header.client_id, body })
 }
 
@@ -120,6 +118,16 @@ mod tests {
         #[test]
         fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
             let _ = parse_request(Bytes::from(bytes));
+        }
+
+        #[test]
+        fn huge_array_counts_are_refused_not_fatal(count in 1_000_000_000i32..i32::MAX) {
+            // Metadata v4: topics array count right after the header.
+            let mut bytes = frame(ApiKey::Metadata, 4, MetadataRequest::default().into()).to_vec();
+            let len = bytes.len();
+            bytes.truncate(len - 5);
+            bytes.extend_from_slice(&count.to_be_bytes());
+            proptest::prop_assert!(parse_request(Bytes::from(bytes)).is_err());
         }
 
         #[test]
