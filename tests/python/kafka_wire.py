@@ -726,7 +726,7 @@ def parse_list_offsets_response(r: Reader, v: int):
     result = None
 
     def part(rr: Reader):
-        idx, err, ts, off = rr.i32(), rr.i16(), rr.i64(), rr.i64()
+        _idx, err, ts, off = rr.i32(), rr.i16(), rr.i64(), rr.i64()
         if v >= 4:
             rr.i32()
         rr.tags()
@@ -776,7 +776,7 @@ def parse_metadata_response(r: Reader, v: int):
         r.i32()
 
     def part(rr: Reader):
-        err, idx = rr.i16(), rr.i32()
+        _err, idx = rr.i16(), rr.i32()
         rr.i32()
         if v >= 7:
             rr.i32()
@@ -807,7 +807,7 @@ def parse_metadata_response(r: Reader, v: int):
 # Shared by the client-level tests. Consumers never use group coordination: they assign()
 # partitions with explicit offsets and never commit.
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
     KafkaError,
     KafkaException,
