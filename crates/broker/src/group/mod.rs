@@ -171,7 +171,7 @@ impl GroupCoordinator {
             group.tick(now_ms, &self.timing);
         }
         let offsets = self.offsets.lock();
-        groups.retain(|group_id, group| group.state() != GroupState::Empty || offsets.has_group(group_id));
+        groups.retain(|group_id, group| !group.is_idle() || offsets.has_group(group_id));
     }
 
     pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
@@ -483,5 +483,45 @@ fn decode_subscription(metadata: &bytes::Bytes) -> Vec<String> {
     match ConsumerProtocolSubscription::decode(&mut buffer, version) {
         Ok(subscription) => subscription.topics.iter().map(|t| t.to_string()).collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offset(value: i64, metadata: &str) -> CommittedOffset {
+        CommittedOffset { offset: value, leader_epoch: 3, metadata: Some(metadata.into()), commit_timestamp_ms: 1 }
+    }
+
+    #[tokio::test]
+    async fn committed_offsets_and_deletions_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        {
+            let coordinator = GroupCoordinator::open(dir.path(), 0).unwrap();
+            let commits = vec![("t".to_string(), 0, offset(10, "a")), ("t".to_string(), 1, offset(20, "b"))];
+            coordinator.commit_offsets("simple", "", None, -1, commits, &syncer).unwrap().await.unwrap();
+            let again = vec![("t".to_string(), 0, offset(11, "c"))];
+            coordinator.commit_offsets("simple", "", None, -1, again, &syncer).unwrap().await.unwrap();
+            let doomed = vec![("t".to_string(), 0, offset(5, "d"))];
+            coordinator.commit_offsets("doomed", "", None, -1, doomed, &syncer).unwrap().await.unwrap();
+            coordinator.delete_group("doomed", &syncer).unwrap().await.unwrap();
+            let (results, write) = coordinator.delete_offsets("simple", vec![("t".into(), vec![1])], &syncer).unwrap();
+            write.await.unwrap();
+            assert_eq!(results[0].1, vec![(1, Ok(()))]);
+            // A commit with a generation for a group nobody joined is refused.
+            let stale = coordinator.commit_offsets("simple", "m", None, 4, Vec::new(), &syncer);
+            assert_eq!(stale.err(), Some(GroupError::IllegalGeneration));
+            coordinator.close();
+        }
+        let coordinator = GroupCoordinator::open(dir.path(), 0).unwrap();
+        let fetched = coordinator.fetch_offsets("simple", Some(vec![("t".into(), vec![0, 1])]));
+        assert_eq!(fetched, vec![("t".to_string(), vec![(0, Some(offset(11, "c"))), (1, None)])]);
+        assert!(coordinator.fetch_offsets("doomed", None).is_empty());
+        let listed: Vec<String> = coordinator.list_groups().into_iter().map(|g| g.group_id).collect();
+        assert_eq!(listed, vec!["simple".to_string()]);
+        assert_eq!(coordinator.delete_group("doomed", &syncer).err(), Some(GroupError::GroupIdNotFound));
+        syncer.shutdown();
     }
 }

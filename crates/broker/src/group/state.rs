@@ -262,6 +262,12 @@ impl Group {
         self.leader_id.as_deref()
     }
 
+    /// True when nothing but committed offsets (kept elsewhere) would be lost by
+    /// forgetting this group: no members, and no KIP-394 newcomer about to rejoin.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.state == GroupState::Empty && self.members.is_empty() && self.pending_members.is_empty()
+    }
+
     pub(crate) fn member_count(&self) -> usize {
         self.members.len()
     }
