@@ -272,8 +272,9 @@ impl Partition {
         header.partition_leader_epoch = leader_epoch;
         self.roll_if_needed(&mut state, &header, now_ms)?;
         let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
+        let segment_bytes = state.config.segment_bytes;
         let segment = state.segments.values_mut().next_back().expect("active segment");
-        segment.append(&prefix, &batch[16..], &header, now_ms)?;
+        segment.append(&prefix, &batch[16..], &header, now_ms, segment_bytes)?;
         let segment_end = (segment.base_offset(), segment.size_bytes());
         state.producers.record(&header);
         state.log_end_offset = header.last_offset() + 1;

@@ -180,7 +180,14 @@ impl Segment {
     /// Writes `prefix` followed by `rest` (one batch) at the logical end. On error nothing
     /// is accounted: the bytes past the logical end are garbage that the next append
     /// overwrites and recovery cuts.
-    pub fn append(&mut self, prefix: &[u8], rest: &[u8], header: &BatchHeader, now_ms: i64) -> io::Result<u64> {
+    pub fn append(
+        &mut self,
+        prefix: &[u8],
+        rest: &[u8],
+        header: &BatchHeader,
+        now_ms: i64,
+        segment_bytes: u64,
+    ) -> io::Result<u64> {
         let batch_bytes = (prefix.len() + rest.len()) as u64;
         assert_eq!(batch_bytes, header.total_bytes() as u64);
         assert_eq!(header.base_offset, self.next_offset, "appends are contiguous");
@@ -188,28 +195,38 @@ impl Segment {
         if position + batch_bytes > SEGMENT_BYTES_MAX {
             return Err(io::Error::other("segment would exceed its maximum size"));
         }
-        self.ensure_allocated(position + batch_bytes)?;
+        self.ensure_allocated(position + batch_bytes, segment_bytes)?;
         write_all_vectored_at(&self.file, &[prefix, rest], position)?;
         self.first_append_ms.get_or_insert(now_ms);
         self.track_appended(header, position);
         Ok(position)
     }
 
-    fn ensure_allocated(&mut self, end: u64) -> io::Result<()> {
+    /// Makes sure `[0, end)` is allocated, reserving ahead up to the segment's roll size.
+    /// When the disk cannot hold the reservation, falls back to exactly what the batch
+    /// needs, so a nearly full disk still takes every batch that fits.
+    fn ensure_allocated(&mut self, end: u64, segment_bytes: u64) -> io::Result<()> {
         if end <= self.allocated_bytes {
             return Ok(());
         }
-        let new_allocated = (end + PREALLOCATE_CHUNK_BYTES).min(SEGMENT_BYTES_MAX).max(end);
+        let ahead = (end + PREALLOCATE_CHUNK_BYTES).min(segment_bytes.min(SEGMENT_BYTES_MAX)).max(end);
+        match self.fallocate(ahead) {
+            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) && ahead > end => self.fallocate(end),
+            result => result,
+        }
+    }
+
+    fn fallocate(&mut self, new_allocated: u64) -> io::Result<()> {
         let length = (new_allocated - self.allocated_bytes) as libc::off_t;
         // SAFETY: fallocate on an owned, open file descriptor with in-range arguments.
         let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, self.allocated_bytes as libc::off_t, length) };
         if rc != 0 {
             let error = io::Error::last_os_error();
             // Filesystems without fallocate still work, appends just change the size.
-            if error.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                return Err(error);
+            if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                return Ok(());
             }
-            return Ok(());
+            return Err(error);
         }
         self.allocated_bytes = new_allocated;
         Ok(())
