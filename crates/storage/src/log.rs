@@ -149,7 +149,7 @@ pub struct Partition {
 
 /// What one fsync must cover and what it makes visible.
 pub(crate) struct SyncTarget {
-    file: Arc<std::fs::File>,
+    pub(crate) file: Arc<std::fs::File>,
     end_offset: i64,
     position: (i64, u64),
 }
@@ -335,9 +335,9 @@ impl Partition {
         }
     }
 
-    /// Runs one fsync for `target` and advances the high watermark. Called by the syncer.
-    pub(crate) fn sync(&self, target: SyncTarget) {
-        let result = target.file.sync_data();
+    /// Advances the high watermark after an fsync covering `target` finished with
+    /// `result`. Called by the syncer.
+    pub(crate) fn finish_sync(&self, target: SyncTarget, result: &io::Result<()>) {
         let mut state = self.state.lock();
         match result {
             Ok(()) => {

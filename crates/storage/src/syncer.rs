@@ -1,11 +1,16 @@
-//! Group commit: a few threads that fsync dirty partitions and advance their high watermark.
+//! Group commit: one fsync covers every batch, on every partition, that arrived meanwhile.
 //!
-//! A produce handler appends to the page cache, then schedules its partition here and
-//! waits for the high watermark. A partition is queued at most once however many batches
-//! arrive meanwhile, and one `fdatasync` covers them all; several workers sync different
-//! partitions concurrently so the filesystem can merge their journal commits.
+//! A produce handler appends to the page cache, queues its partition here (at most once
+//! however many batches arrive) and waits for the high watermark. A worker takes the
+//! whole queue, captures each partition's log end, and makes it durable with one call:
+//! `fdatasync` when a single partition is dirty, `syncfs` when several are, so the cost of
+//! a round does not grow with the number of partitions (one journal commit and one device
+//! cache flush for all of them). Then it advances every high watermark in the round.
+//! Two workers let the next round gather while the previous one is on the device.
 
 use std::collections::VecDeque;
+use std::io;
+use std::os::unix::io::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -14,8 +19,10 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::log::Partition;
 
-/// Concurrent fsync workers.
-pub const SYNC_THREADS: usize = 4;
+/// Concurrent group-commit workers.
+pub const SYNC_THREADS: usize = 2;
+/// Partitions made durable by one round at most (bounds the work done between wake-ups).
+pub const SYNC_ROUND_PARTITIONS_MAX: usize = 16_384;
 
 struct Queue {
     partitions: VecDeque<Arc<Partition>>,
@@ -72,22 +79,40 @@ impl Syncer {
 
 fn worker(shared: &Shared) {
     loop {
-        let partition = {
+        let round: Vec<Arc<Partition>> = {
             let mut queue = shared.queue.lock();
-            loop {
-                if let Some(partition) = queue.partitions.pop_front() {
-                    break partition;
-                }
+            while queue.partitions.is_empty() {
                 if queue.shutdown {
                     return;
                 }
                 shared.ready.wait(&mut queue);
             }
+            let take = queue.partitions.len().min(SYNC_ROUND_PARTITIONS_MAX);
+            queue.partitions.drain(..take).collect()
         };
-        // Clear the flag before capturing the target: an append after this point queues
-        // the partition again, so no write is left without a covering fsync.
-        partition.sync_queued.store(false, Ordering::Release);
-        let target = partition.sync_target();
-        partition.sync(target);
+        // Clear the flags before capturing targets: an append after this point queues its
+        // partition again, so no write is left without a covering fsync.
+        for partition in &round {
+            partition.sync_queued.store(false, Ordering::Release);
+        }
+        let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
+        let result = match targets.as_slice() {
+            [single] => single.file.sync_data(),
+            [first, ..] => syncfs(&first.file),
+            [] => unreachable!("a round has at least one partition"),
+        };
+        for (partition, target) in round.iter().zip(targets) {
+            partition.finish_sync(target, &result);
+        }
+    }
+}
+
+/// Flushes every dirty page and the journal of the filesystem holding `file`, and waits.
+fn syncfs(file: &std::fs::File) -> io::Result<()> {
+    // SAFETY: syncfs takes any open descriptor on the filesystem.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
