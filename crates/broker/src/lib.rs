@@ -34,6 +34,8 @@ pub struct Broker {
     produce_memory: Arc<Semaphore>,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
+    /// Held for the broker's life: a second broker on the same data dir fails to start.
+    _data_dir_lock: sluice_storage::DirLock,
 }
 
 impl Broker {
@@ -41,7 +43,7 @@ impl Broker {
     pub fn open(config: BrokerConfig) -> io::Result<Arc<Broker>> {
         config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let started = std::time::Instant::now();
-        std::fs::create_dir_all(&config.data_dir)?;
+        let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs = LogManager::new(&config.data_dir.join("logs"))?;
         let wanted: Vec<(TopicPartition, LogConfig)> = topics
@@ -62,7 +64,7 @@ impl Broker {
         let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let groups = GroupCoordinator::open(&config.data_dir, config.group_initial_rebalance_delay_ms as i64)?;
-        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory, groups }))
+        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory, groups, _data_dir_lock: data_dir_lock }))
     }
 
     pub fn config(&self) -> &BrokerConfig {

@@ -42,6 +42,55 @@ pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes a file by rename without fsync: for files that are validated when read (a
+/// checksum or parse check) and merely speed up recovery, so a crash may lose them but
+/// never leaves them half-written under their final name with wrong content unnoticed.
+/// A later fsync round (`syncfs`) or clean shutdown makes them durable.
+pub fn write_file_unsynced(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Flushes every dirty page and the journal of the filesystem holding `path`, and waits.
+pub fn sync_filesystem(path: &Path) -> io::Result<()> {
+    let file = File::open(path)?;
+    syncfs(&file)
+}
+
+pub(crate) fn syncfs(file: &File) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: syncfs takes any open descriptor on the filesystem.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// An exclusive `flock` on `<dir>/.lock`, held for the life of the process, so two brokers
+/// never share a data directory.
+pub struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    pub fn acquire(dir: &Path) -> io::Result<DirLock> {
+        use std::os::unix::io::AsRawFd;
+        std::fs::create_dir_all(dir)?;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(".lock"))?;
+        // SAFETY: flock on an open descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = io::Error::last_os_error();
+            return Err(io::Error::new(
+                error.kind(),
+                format!("data directory {} is in use by another process ({error})", dir.display()),
+            ));
+        }
+        Ok(DirLock { _file: file })
+    }
+}
+
 /// Wall-clock milliseconds since the Unix epoch (Kafka timestamps).
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)

@@ -308,7 +308,7 @@ impl Partition {
         // Create the new file first: if that fails (disk full) the old segment stays active.
         let segment = Segment::create(&self.dir, new_base)?;
         let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal()?;
+        active.seal(true)?;
         // Everything in the sealed segment is now durable.
         if state.high_watermark < new_base {
             state.high_watermark = new_base;
@@ -497,13 +497,14 @@ impl Partition {
         deleted
     }
 
-    /// Clean shutdown: fsync, cut preallocation, persist indexes and producer state.
+    /// Clean shutdown: cut preallocation, persist indexes and producer state. The caller
+    /// makes it durable with one `syncfs` for all partitions (`LogManager::close`).
     pub fn close(&self) -> io::Result<()> {
         let mut state = self.state.lock();
         let log_end_offset = state.log_end_offset;
         write_snapshot(&self.dir, log_end_offset, &state.producers)?;
         let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal()
+        active.seal(false)
     }
 
     pub fn producer_count(&self) -> usize {
@@ -629,7 +630,8 @@ struct ProducerSnapshot {
 fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io::Result<()> {
     let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
     let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
-    crate::write_file_atomically(&dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}")), &body)?;
+    // Unsynced: a lost snapshot only means a longer replay from an older one.
+    crate::write_file_unsynced(&dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}")), &body)?;
     let mut snapshots = list_snapshots(dir);
     while snapshots.len() > SNAPSHOTS_KEPT {
         let oldest = snapshots.remove(0);

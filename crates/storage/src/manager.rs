@@ -115,13 +115,25 @@ impl LogManager {
         }
     }
 
-    /// Clean shutdown: stop syncing, then seal every partition.
+    /// Clean shutdown: stop syncing, seal every partition (in parallel), then one
+    /// `syncfs` makes all of it durable.
     pub fn close(&self) {
         self.syncer.shutdown();
-        for (tp, partition) in self.partitions() {
-            if let Err(error) = partition.close() {
-                tracing::error!(topic = %tp.topic, partition = tp.partition, %error, "failed to close partition");
+        let partitions = self.partitions();
+        let chunk = partitions.len().div_ceil(RECOVERY_THREADS).max(1);
+        std::thread::scope(|scope| {
+            for part in partitions.chunks(chunk) {
+                scope.spawn(move || {
+                    for (tp, partition) in part {
+                        if let Err(error) = partition.close() {
+                            tracing::error!(topic = %tp.topic, partition = tp.partition, %error, "failed to close partition");
+                        }
+                    }
+                });
             }
+        });
+        if let Err(error) = crate::sync_filesystem(&self.root) {
+            tracing::error!(%error, "final syncfs failed");
         }
     }
 }

@@ -23,8 +23,10 @@ use crate::batch::{BatchHeader, BatchIter, BATCH_HEADER_BYTES};
 
 /// An index entry is added every this many bytes of appended batches.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
-/// The active segment grows its allocation by this much at a time.
-pub const PREALLOCATE_CHUNK_BYTES: u64 = 16 * 1024 * 1024;
+/// The active segment reserves ahead as much as it already holds, within these bounds, so
+/// busy partitions rarely change their file size while thousands of idle ones reserve little.
+pub const PREALLOCATE_AHEAD_BYTES_MIN: u64 = 64 * 1024;
+pub const PREALLOCATE_AHEAD_BYTES_MAX: u64 = 16 * 1024 * 1024;
 /// Recovery and replay read the log in buffers of this size.
 const SCAN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Index positions are u32: a segment can never be larger than this.
@@ -209,7 +211,8 @@ impl Segment {
         if end <= self.allocated_bytes {
             return Ok(());
         }
-        let ahead = (end + PREALLOCATE_CHUNK_BYTES).min(segment_bytes.min(SEGMENT_BYTES_MAX)).max(end);
+        let reserve = self.size_bytes.clamp(PREALLOCATE_AHEAD_BYTES_MIN, PREALLOCATE_AHEAD_BYTES_MAX);
+        let ahead = (end + reserve).min(segment_bytes.min(SEGMENT_BYTES_MAX)).max(end);
         match self.fallocate(ahead) {
             Err(error) if error.raw_os_error() == Some(libc::ENOSPC) && ahead > end => self.fallocate(end),
             result => result,
@@ -290,12 +293,16 @@ impl Segment {
         Ok(())
     }
 
-    /// Makes the segment immutable: fsync, cut preallocation, persist indexes.
-    pub fn seal(&mut self) -> io::Result<()> {
-        self.file.sync_data()?;
+    /// Makes the segment immutable: fsync its data, cut the preallocation, write the index
+    /// file. The size change and the index reach the disk with the next `syncfs` (a
+    /// crash before that only means this segment is scanned at recovery).
+    /// `sync_data` = false leaves the data fsync to a `syncfs` the caller runs next.
+    pub fn seal(&mut self, sync_data: bool) -> io::Result<()> {
+        if sync_data {
+            self.file.sync_data()?;
+        }
         if self.allocated_bytes != self.size_bytes {
             self.file.set_len(self.size_bytes)?;
-            self.file.sync_all()?;
             self.allocated_bytes = self.size_bytes;
         }
         self.write_index_file()
@@ -329,7 +336,7 @@ impl Segment {
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
-        crate::write_file_atomically(&self.index_path, &out)
+        crate::write_file_unsynced(&self.index_path, &out)
     }
 
     fn load_index_file(&mut self, file_len: u64) -> io::Result<()> {

@@ -9,8 +9,6 @@
 //! Two workers let the next round gather while the previous one is on the device.
 
 use std::collections::VecDeque;
-use std::io;
-use std::os::unix::io::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -98,21 +96,11 @@ fn worker(shared: &Shared) {
         let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
         let result = match targets.as_slice() {
             [single] => single.file.sync_data(),
-            [first, ..] => syncfs(&first.file),
+            [first, ..] => crate::syncfs(&first.file),
             [] => unreachable!("a round has at least one partition"),
         };
         for (partition, target) in round.iter().zip(targets) {
             partition.finish_sync(target, &result);
         }
-    }
-}
-
-/// Flushes every dirty page and the journal of the filesystem holding `file`, and waits.
-fn syncfs(file: &std::fs::File) -> io::Result<()> {
-    // SAFETY: syncfs takes any open descriptor on the filesystem.
-    if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
