@@ -27,7 +27,7 @@ TOOLS = REPO / "tests" / "kafka-tools"
 LIB = TOOLS / "lib"
 SLUICE = Path(os.environ.get("SLUICE_BIN", REPO / "target" / "release" / "sluice"))
 SUMMARY = re.compile(
-    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency, "
+    r"(\d+) (?:steady state )?records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency, "
     r"(\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99.9th"
 )
 
