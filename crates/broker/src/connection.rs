@@ -65,8 +65,8 @@ pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr
         }
         tokio::select! {
             Some(response) = inflight.next(), if !inflight.is_empty() => {
-                if let Some(bytes) = response {
-                    if let Err(error) = writer.write_all(&bytes).await {
+                if let Some(chunks) = response {
+                    if let Err(error) = write_chunks(&mut writer, chunks).await {
                         tracing::debug!(%peer, %error, "write failed");
                         return;
                     }
@@ -103,6 +103,33 @@ async fn reserve_produce_memory(
         Err(_) if may_wait => Ok(memory.acquire_many_owned(wanted).await.ok()),
         Err(_) => Err(()),
     }
+}
+
+/// Writes all chunks of a response with vectored writes (record batches of a fetch are
+/// separate chunks, sent without another copy).
+async fn write_chunks(
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    mut chunks: Vec<bytes::Bytes>,
+) -> std::io::Result<()> {
+    use bytes::Buf;
+    let mut first = 0;
+    while first < chunks.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..].iter().map(|c| std::io::IoSlice::new(c)).collect();
+        let mut written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let chunk = &mut chunks[first];
+            let step = written.min(chunk.len());
+            chunk.advance(step);
+            written -= step;
+            if chunk.is_empty() {
+                first += 1;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Puts a frame back in front of the unread bytes (rare: only when memory is short).

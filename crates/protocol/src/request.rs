@@ -4,6 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
+use crate::chunked::ChunkedBuf;
 use crate::versions::supported_range;
 
 /// A decoded request.
@@ -58,23 +59,35 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
 }
 
 /// Encodes a response frame: size prefix, response header (v0 for ApiVersions, else per
-/// the API's flexible versions) and body.
+/// the API's flexible versions) and body, as chunks for a vectored write. Record batches of
+/// a Fetch response are referenced, not copied (see [`ChunkedBuf`]).
 pub fn encode_response(
     api_key: ApiKey,
     api_version: i16,
     correlation_id: i32,
     body: &ResponseKind,
-) -> anyhow::Result<Bytes> {
+) -> anyhow::Result<Vec<Bytes>> {
     let header_version = if api_key == ApiKey::ApiVersions { 0 } else { api_key.response_header_version(api_version) };
-    let mut out = BytesMut::with_capacity(256);
-    out.put_i32(0);
     let mut header = ResponseHeader::default();
     header.correlation_id = correlation_id;
+    if let ResponseKind::Fetch(fetch) = body {
+        let payloads =
+            fetch.responses.iter().flat_map(|t| t.partitions.iter().filter_map(|p| p.records.clone())).collect();
+        let mut out = ChunkedBuf::new(payloads);
+        header.encode(&mut out, header_version)?;
+        fetch.encode(&mut out, api_version)?;
+        let size = i32::try_from(out.len())?;
+        let mut chunks = vec![Bytes::copy_from_slice(&size.to_be_bytes())];
+        chunks.extend(out.into_chunks());
+        return Ok(chunks);
+    }
+    let mut out = BytesMut::with_capacity(256);
+    out.put_i32(0);
     header.encode(&mut out, header_version)?;
     body.encode(&mut out, api_version)?;
     let size = i32::try_from(out.len() - 4)?;
     out[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(out.freeze())
+    Ok(vec![out.freeze()])
 }
 
 #[cfg(test)]

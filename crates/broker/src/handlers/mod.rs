@@ -21,8 +21,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::Broker;
 
-/// The encoded response frame, or `None` when the request gets no response (acks=0).
-pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+/// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
+pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
 
 pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<OwnedSemaphorePermit>) -> ResponseFuture {
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
