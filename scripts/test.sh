@@ -12,6 +12,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== build"
 cargo build --release -p sluice-cli
 export SLUICE_BIN="$PWD/target/release/sluice"
+# The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
+export SLUICE_BENCH_KAFKA_TEST=1
 
 echo "== unit and property tests"
 cargo test --workspace

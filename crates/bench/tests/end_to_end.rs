@@ -103,12 +103,7 @@ fn run_and_check(args: RunArgs) {
 
 #[test]
 fn smoke_workload_against_sluice() {
-    let Some(bin) = sluice_bin() else {
-        // The broker binary is built by the workspace; without it there is nothing to
-        // drive. Say so loudly rather than fail the bench crate's own tests.
-        eprintln!("SKIPPED: no sluice binary (set SLUICE_BIN or build target/*/sluice)");
-        return;
-    };
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
     let dir = tempfile::tempdir().unwrap();
     let mut args = smoke_args(dir.path());
     args.start_sluice = true;
