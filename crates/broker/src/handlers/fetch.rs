@@ -94,7 +94,7 @@ fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)
                 data.last_stable_offset = offsets.high_watermark;
                 data.log_start_offset = offsets.log_start_offset;
                 data.aborted_transactions = Some(Vec::new());
-                let limit = target.partition_max_bytes.min(max_bytes - used);
+                let limit = target.partition_max_bytes.min(max_bytes.saturating_sub(used));
                 let read = if limit == 0 && used > 0 {
                     Ok(Bytes::new())
                 } else {
