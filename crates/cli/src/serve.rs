@@ -106,9 +106,25 @@ fn init_logging(format: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every segment holds a file descriptor: raise the soft limit to the hard one so a broker
+/// with thousands of partitions does not run out.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            let wanted = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+                tracing::warn!(soft = limit.rlim_cur, "could not raise the open files limit");
+            }
+        }
+    }
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, log_format) = args.into_config()?;
     init_logging(&log_format)?;
+    raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("sluice-io").build()?;
     runtime.block_on(async move {
         let listen = config.listen;
