@@ -143,6 +143,9 @@ class Verifier:
             assert rows[off] == (off, n), f"{when}: p{part}@{off} holds record {rows[off][1]}, but record {n} was acknowledged there"
 
 
+RESUME_TIMEOUT_S = 15
+
+
 def test_kill9_during_idempotent_produce(broker):
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", "4242")))
     topic = f"crash-{uuid.uuid4().hex[:8]}"
@@ -164,6 +167,13 @@ def test_kill9_during_idempotent_produce(broker):
             verifier.catch_up()
             verifier.assert_acked_present(acked_before, f"after kill {k + 1}")
             assert not prod.fatal, f"producer fatal error after kill {k + 1}: {prod.fatal}"
+            # Liveness: the producer gets new acknowledgements from the restarted broker (its
+            # reconnect backoff grows after repeated refusals, so allow some seconds). Waiting
+            # here also makes every next kill land while production is under way.
+            deadline = time.monotonic() + RESUME_TIMEOUT_S
+            while len(prod.snapshot()) <= len(acked_before):
+                assert time.monotonic() < deadline, f"no new acknowledgement {RESUME_TIMEOUT_S} s after restart {k + 1}"
+                time.sleep(0.02)
         time.sleep(1.0)
     finally:
         remaining = prod.stop()
