@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use crate::batch::{self, BatchError, BatchHeader, BatchIter};
 use crate::producer_state::{ProducerStateTable, SequenceCheck};
-use crate::segment::{log_file_name, Segment, INDEX_INTERVAL_BYTES};
+use crate::segment::{index_file_name, Segment, INDEX_INTERVAL_BYTES};
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
 const SNAPSHOT_SUFFIX: &str = ".snapshot";
@@ -188,7 +188,7 @@ impl Partition {
         }
         let active = segments.values().next_back().expect("at least one segment");
         // The active segment will be appended to: its index file would go stale.
-        let _ = std::fs::remove_file(dir.join(log_file_name(active.base_offset()).replace(".log", ".index")));
+        let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
         active.file().sync_data()?;
         let first_base = *segments.keys().next().expect("at least one segment");
         let log_end_offset = active.next_offset();

@@ -74,7 +74,7 @@ pub fn log_file_name(base_offset: i64) -> String {
     format!("{base_offset:020}.log")
 }
 
-fn index_file_name(base_offset: i64) -> String {
+pub(crate) fn index_file_name(base_offset: i64) -> String {
     format!("{base_offset:020}.index")
 }
 

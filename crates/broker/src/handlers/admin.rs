@@ -13,11 +13,10 @@ use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
 
-use super::message;
+use super::{message, str_bytes};
 use crate::config::PARTITIONS_PER_TOPIC_MAX;
 use crate::topics::{validate_topic_name, TopicMeta};
 use crate::{topic_config, Broker, LEADER_EPOCH};
@@ -27,10 +26,6 @@ const CREATE_TOPICS_CONFIGS_VERSION: i16 = 5;
 /// DescribeConfigs config_source for a topic override and for a default.
 pub(super) const SOURCE_TOPIC: i8 = 1;
 pub(super) const SOURCE_DEFAULT: i8 = 5;
-
-fn str_bytes(text: &str) -> StrBytes {
-    StrBytes::from_string(text.to_string())
-}
 
 pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataResponse {
     let mut response = MetadataResponse::default();

@@ -14,7 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use super::admin::{SOURCE_DEFAULT, SOURCE_TOPIC};
-use super::message;
+use super::{message, str_bytes};
 use crate::topic_config::{self, ConfigType};
 use crate::Broker;
 
@@ -30,10 +30,6 @@ const OP_APPEND: i8 = 2;
 const OP_SUBTRACT: i8 = 3;
 
 type Failure = (ResponseError, String);
-
-fn str_bytes(text: &str) -> StrBytes {
-    StrBytes::from_string(text.to_string())
-}
 
 pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
     let mut response = DescribeConfigsResponse::default();
@@ -139,26 +135,16 @@ fn broker_configs(broker: &Broker) -> Vec<(&'static str, String, ConfigType)> {
 pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut response = AlterConfigsResponse::default();
     for resource in request.resources {
-        let changes: Vec<(String, i8, Option<String>)> = resource
+        let changes: Vec<Change> = resource
             .configs
             .iter()
             .map(|c| (c.name.to_string(), OP_SET, c.value.as_ref().map(|v| v.to_string())))
             .collect();
-        let outcome = apply(
-            broker,
-            resource.resource_type,
-            resource.resource_name.as_str(),
-            &changes,
-            true,
-            request.validate_only,
-        );
         let mut result = AlterConfigsResourceResponse::default();
+        (result.error_code, result.error_message) =
+            outcome(broker, resource.resource_type, &resource.resource_name, &changes, true, request.validate_only);
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
-        if let Err((error, text)) = outcome {
-            result.error_code = error.code();
-            result.error_message = message(text);
-        }
         response.responses.push(result);
     }
     response
@@ -170,29 +156,37 @@ pub(super) fn incremental_alter(
 ) -> IncrementalAlterConfigsResponse {
     let mut response = IncrementalAlterConfigsResponse::default();
     for resource in request.resources {
-        let changes: Vec<(String, i8, Option<String>)> = resource
+        let changes: Vec<Change> = resource
             .configs
             .iter()
             .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
             .collect();
-        let outcome = apply(
-            broker,
-            resource.resource_type,
-            resource.resource_name.as_str(),
-            &changes,
-            false,
-            request.validate_only,
-        );
         let mut result = IncrementalResult::default();
+        (result.error_code, result.error_message) =
+            outcome(broker, resource.resource_type, &resource.resource_name, &changes, false, request.validate_only);
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
-        if let Err((error, text)) = outcome {
-            result.error_code = error.code();
-            result.error_message = message(text);
-        }
         response.responses.push(result);
     }
     response
+}
+
+/// (name, operation, value) of one requested change.
+type Change = (String, i8, Option<String>);
+
+/// Applies one resource's changes and returns its error code and message.
+fn outcome(
+    broker: &Broker,
+    resource_type: i8,
+    name: &StrBytes,
+    changes: &[Change],
+    replace_all: bool,
+    validate_only: bool,
+) -> (i16, Option<StrBytes>) {
+    match apply(broker, resource_type, name.as_str(), changes, replace_all, validate_only) {
+        Ok(()) => (0, None),
+        Err((error, text)) => (error.code(), message(text)),
+    }
 }
 
 /// Validates all changes, then applies them at once (to the registry and the live logs).
@@ -200,7 +194,7 @@ fn apply(
     broker: &Broker,
     resource_type: i8,
     name: &str,
-    changes: &[(String, i8, Option<String>)],
+    changes: &[Change],
     replace_all: bool,
     validate_only: bool,
 ) -> Result<(), Failure> {

@@ -123,6 +123,10 @@ fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseK
     Box::pin(std::future::ready(Some(response)))
 }
 
+fn str_bytes(text: &str) -> StrBytes {
+    StrBytes::from_string(text.to_string())
+}
+
 fn message(text: impl Into<String>) -> Option<StrBytes> {
     Some(StrBytes::from_string(text.into()))
 }
