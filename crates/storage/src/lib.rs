@@ -23,7 +23,9 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
-pub use crate::log::{AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, ReadError, Visible};
+pub use crate::log::{
+    AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReplicaAppend, Visible,
+};
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::syncer::Syncer;
 

@@ -6,6 +6,13 @@
 //! when the [`crate::Syncer`] has fsynced the data; in page-cache mode it moves at once and
 //! the data is flushed by count (`flush.messages`) or age (`flush.ms`).
 //! Readers never see bytes past the high watermark.
+//!
+//! Replication: a replicated partition's high watermark is moved by the replication layer
+//! ([`Partition::set_replicated`], [`Partition::advance_high_watermark`]) instead of by
+//! fsyncs; the log then reports its own progress (end offset, locally durable end) on a
+//! separate channel ([`Partition::progress`]). Followers append the leader's batches as
+//! they are ([`Partition::append_replica`]) and cut a divergent tail with
+//! [`Partition::truncate_to`], guided by the leader-epoch cache ([`Partition::epoch_end_offset`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -23,6 +30,10 @@ use crate::producer_state::{ProducerStateTable, SequenceCheck};
 use crate::segment::{index_file_name, Segment, INDEX_INTERVAL_BYTES};
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
+/// The leader-epoch cache: which epoch started at which offset (JSON, fsynced on change).
+const LEADER_EPOCHS_FILE: &str = "leader-epochs";
+/// Leader epochs remembered per partition (the oldest are dropped).
+const LEADER_EPOCHS_MAX: usize = 1024;
 const SNAPSHOT_SUFFIX: &str = ".snapshot";
 /// Producer snapshots kept per partition (older ones are deleted).
 const SNAPSHOTS_KEPT: usize = 2;
@@ -78,6 +89,24 @@ pub struct Visible {
     pub failed: bool,
 }
 
+/// What the replication layer observes: the log's own progress, which for a replicated
+/// partition runs ahead of the high watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub log_end_offset: i64,
+    /// The end of what this node holds at the topic's local durability: fsynced data, or
+    /// everything appended when the topic acknowledges from the page cache.
+    pub local_end: i64,
+}
+
+/// A follower's append of batches fetched from the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAppend {
+    pub log_end_offset: i64,
+    /// The caller must ask the syncer for an fsync before reporting the data as durable.
+    pub needs_sync: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogOffsets {
     pub log_start_offset: i64,
@@ -131,8 +160,12 @@ struct LogState {
     log_start_offset: i64,
     log_end_offset: i64,
     high_watermark: i64,
-    /// (segment base offset, file position) of the high watermark.
-    high_watermark_position: (i64, u64),
+    /// Appended and locally durable per the topic's config (see [`Progress::local_end`]).
+    local_end: i64,
+    /// The high watermark is moved by the replication layer, not by local durability.
+    replicated: bool,
+    /// (leader epoch, first offset written in it), ascending in both.
+    epochs: Vec<(i32, i64)>,
     producers: ProducerStateTable,
     unflushed_messages: u64,
     oldest_unflushed_ms: Option<i64>,
@@ -144,6 +177,7 @@ pub struct Partition {
     dir: PathBuf,
     state: Mutex<LogState>,
     visible: watch::Sender<Visible>,
+    progress: watch::Sender<Progress>,
     pub(crate) sync_queued: AtomicBool,
 }
 
@@ -151,63 +185,23 @@ pub struct Partition {
 pub(crate) struct SyncTarget {
     pub(crate) file: Arc<std::fs::File>,
     end_offset: i64,
-    position: (i64, u64),
 }
 
 impl Partition {
     /// Opens (recovering) or creates the partition log in `dir`.
     pub fn open(dir: &Path, config: LogConfig) -> io::Result<Partition> {
         std::fs::create_dir_all(dir)?;
-        let (snapshot_offset, producers) = load_latest_snapshot(dir);
-        let mut replay = ProducerReplay { from: snapshot_offset, producers };
-        let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
-        for base_offset in list_segment_bases(dir)? {
-            let (segment, trusted) = Segment::open(dir, base_offset, &mut |header| replay.apply(header))?;
-            if trusted && segment.next_offset() > replay.from {
-                let start = segment.position_at_or_before(replay.from);
-                segment.scan_from(start, &mut |header, _| {
-                    replay.apply(header);
-                    true
-                })?;
-            }
-            if let Some(previous) = segments.values().next_back().map(|s| s.next_offset()) {
-                if previous != base_offset {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{}: segment {base_offset} does not follow offset {previous}", dir.display()),
-                    ));
-                }
-            }
-            segments.insert(base_offset, segment);
-        }
-        let producers = replay.producers;
-        let stored_start = read_log_start_offset(dir);
-        if segments.is_empty() {
-            let base = stored_start.unwrap_or(0);
-            segments.insert(base, Segment::create(dir, base)?);
-        }
-        let active = segments.values().next_back().expect("at least one segment");
-        // The active segment will be appended to: its index file would go stale.
-        let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
-        active.file().sync_data()?;
-        let first_base = *segments.keys().next().expect("at least one segment");
-        let log_end_offset = active.next_offset();
-        let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
-        let high_watermark_position = (active.base_offset(), active.size_bytes());
-        let state = LogState {
-            config,
-            segments,
-            log_start_offset,
-            log_end_offset,
-            high_watermark: log_end_offset,
-            high_watermark_position,
-            producers,
-            unflushed_messages: 0,
-            oldest_unflushed_ms: None,
-            failed: false,
-        };
-        let (visible, _) = watch::channel(Visible { high_watermark: log_end_offset, failed: false });
-        Ok(Partition { dir: dir.to_path_buf(), state: Mutex::new(state), visible, sync_queued: AtomicBool::new(false) })
+        let state = load_state(dir, config)?;
+        let end = state.log_end_offset;
+        let (visible, _) = watch::channel(Visible { high_watermark: end, failed: false });
+        let (progress, _) = watch::channel(Progress { log_end_offset: end, local_end: end });
+        Ok(Partition {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(state),
+            visible,
+            progress,
+            sync_queued: AtomicBool::new(false),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -270,23 +264,9 @@ impl Partition {
         let mut header = header;
         header.base_offset = base_offset;
         header.partition_leader_epoch = leader_epoch;
-        self.roll_if_needed(&mut state, &header, now_ms)?;
         let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
-        let segment_bytes = state.config.segment_bytes;
-        let segment = state.segments.values_mut().next_back().expect("active segment");
-        segment.append(&prefix, &batch[16..], &header, now_ms, segment_bytes)?;
-        let segment_end = (segment.base_offset(), segment.size_bytes());
-        state.producers.record(&header);
-        state.log_end_offset = header.last_offset() + 1;
+        let fsync = self.append_at_end(&mut state, &prefix, &batch[16..], &header, now_ms)?;
         let end_offset = state.log_end_offset;
-        let fsync = state.config.fsync_before_ack();
-        if !fsync {
-            state.high_watermark = end_offset;
-            state.high_watermark_position = segment_end;
-            state.unflushed_messages += header.record_count as u64;
-            state.oldest_unflushed_ms.get_or_insert(now_ms);
-            self.publish(&state);
-        }
         Ok(AppendOutcome {
             base_offset,
             log_start_offset: state.log_start_offset,
@@ -294,6 +274,65 @@ impl Partition {
             needs_sync: fsync,
             duplicate: false,
         })
+    }
+
+    /// Appends batches fetched from the leader, stored byte for byte (their offsets and
+    /// leader epochs are already in their headers). They must continue this log exactly.
+    pub fn append_replica(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
+        let mut state = self.state.lock();
+        if state.failed {
+            return Err(AppendError::Offline);
+        }
+        let mut needs_sync = false;
+        for item in BatchIter::new(batches) {
+            let (_, range) = item?;
+            let bytes = &batches[range];
+            let header = batch::validate_batch(bytes)?;
+            if header.last_offset() < state.log_end_offset {
+                continue;
+            }
+            if header.base_offset != state.log_end_offset {
+                return Err(AppendError::InvalidRecord("replicated batch does not continue the log"));
+            }
+            needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
+        }
+        Ok(ReplicaAppend { log_end_offset: state.log_end_offset, needs_sync })
+    }
+
+    /// Writes one batch whose header is final at the log end and does the bookkeeping.
+    /// Returns true when the batch waits for an fsync to become locally durable.
+    fn append_at_end(
+        &self,
+        state: &mut LogState,
+        prefix: &[u8],
+        rest: &[u8],
+        header: &BatchHeader,
+        now_ms: i64,
+    ) -> Result<bool, AppendError> {
+        self.roll_if_needed(state, header, now_ms)?;
+        if state.epochs.last().is_none_or(|&(epoch, _)| header.partition_leader_epoch > epoch) {
+            state.epochs.push((header.partition_leader_epoch, header.base_offset));
+            if state.epochs.len() > LEADER_EPOCHS_MAX {
+                state.epochs.remove(0);
+            }
+            write_leader_epochs(&self.dir, &state.epochs)?;
+        }
+        let segment_bytes = state.config.segment_bytes;
+        let segment = state.segments.values_mut().next_back().expect("active segment");
+        segment.append(prefix, rest, header, now_ms, segment_bytes)?;
+        state.producers.record(header);
+        state.log_end_offset = header.last_offset() + 1;
+        let fsync = state.config.fsync_before_ack();
+        if !fsync {
+            state.local_end = state.log_end_offset;
+            if !state.replicated {
+                state.high_watermark = state.local_end;
+            }
+            state.unflushed_messages += header.record_count as u64;
+            state.oldest_unflushed_ms.get_or_insert(now_ms);
+            self.publish(state);
+        }
+        Ok(fsync)
     }
 
     fn roll_if_needed(&self, state: &mut LogState, header: &BatchHeader, now_ms: i64) -> io::Result<()> {
@@ -310,9 +349,11 @@ impl Partition {
         let active = state.segments.values_mut().next_back().expect("active segment");
         active.seal(true)?;
         // Everything in the sealed segment is now durable.
-        if state.high_watermark < new_base {
-            state.high_watermark = new_base;
-            state.high_watermark_position = (new_base, 0);
+        if state.local_end < new_base {
+            state.local_end = new_base;
+            if !state.replicated {
+                state.high_watermark = new_base;
+            }
             self.publish(state);
         }
         state.segments.insert(new_base, segment);
@@ -321,18 +362,17 @@ impl Partition {
     }
 
     fn publish(&self, state: &LogState) {
-        self.visible.send_replace(Visible { high_watermark: state.high_watermark, failed: state.failed });
+        let visible = Visible { high_watermark: state.high_watermark, failed: state.failed };
+        self.visible.send_if_modified(|current| std::mem::replace(current, visible) != visible);
+        let progress = Progress { log_end_offset: state.log_end_offset, local_end: state.local_end };
+        self.progress.send_if_modified(|current| std::mem::replace(current, progress) != progress);
     }
 
     /// Captures what an fsync issued now would make durable. Called by the syncer.
     pub(crate) fn sync_target(&self) -> SyncTarget {
         let state = self.state.lock();
         let active = state.segments.values().next_back().expect("active segment");
-        SyncTarget {
-            file: active.file().clone(),
-            end_offset: state.log_end_offset,
-            position: (active.base_offset(), active.size_bytes()),
-        }
+        SyncTarget { file: active.file().clone(), end_offset: state.log_end_offset }
     }
 
     /// Advances the high watermark after an fsync covering `target` finished with
@@ -341,9 +381,11 @@ impl Partition {
         let mut state = self.state.lock();
         match result {
             Ok(()) => {
-                if target.end_offset > state.high_watermark {
-                    state.high_watermark = target.end_offset;
-                    state.high_watermark_position = target.position;
+                if target.end_offset > state.local_end {
+                    state.local_end = target.end_offset;
+                    if !state.replicated {
+                        state.high_watermark = target.end_offset;
+                    }
                 }
                 if target.end_offset >= state.log_end_offset {
                     state.unflushed_messages = 0;
@@ -360,6 +402,108 @@ impl Partition {
         self.publish(&state);
     }
 
+    /// A receiver that changes whenever the log end or the locally durable end moves.
+    pub fn progress(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// Hands the high watermark to the replication layer (`true`) or back to local
+    /// durability (`false`, which moves it to the locally durable end at once).
+    pub fn set_replicated(&self, replicated: bool) {
+        let mut state = self.state.lock();
+        state.replicated = replicated;
+        if !replicated && state.high_watermark < state.local_end {
+            state.high_watermark = state.local_end;
+        }
+        self.publish(&state);
+    }
+
+    /// Moves a replicated partition's high watermark forward (never back, never past the
+    /// log end). Returns the high watermark now in force.
+    pub fn advance_high_watermark(&self, offset: i64) -> i64 {
+        let mut state = self.state.lock();
+        assert!(state.replicated, "only a replicated partition's high watermark is set from outside");
+        let offset = offset.min(state.log_end_offset);
+        if offset > state.high_watermark {
+            state.high_watermark = offset;
+            self.publish(&state);
+        }
+        state.high_watermark
+    }
+
+    /// The latest leader epoch written to this log, if any.
+    pub fn latest_epoch(&self) -> Option<i32> {
+        self.state.lock().epochs.last().map(|&(epoch, _)| epoch)
+    }
+
+    /// Kafka's OffsetForLeaderEpoch: the largest epoch <= `epoch` this log knows and the
+    /// offset where it ended (the start of the next epoch, or the log end). `None` when
+    /// the log knows no epoch that old.
+    pub fn epoch_end_offset(&self, epoch: i32) -> Option<(i32, i64)> {
+        let state = self.state.lock();
+        let index = state.epochs.partition_point(|&(e, _)| e <= epoch);
+        if index == 0 {
+            return None;
+        }
+        let found = state.epochs[index - 1].0;
+        let end = state.epochs.get(index).map_or(state.log_end_offset, |&(_, start)| start);
+        Some((found, end))
+    }
+
+    /// Cuts the log so that it ends at or before `offset` (at a batch boundary): a
+    /// follower dropping the tail it does not share with its new leader. The high
+    /// watermark never moves back past what replication committed, except onto the cut.
+    pub fn truncate_to(&self, offset: i64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if offset >= state.log_end_offset {
+            return Ok(());
+        }
+        let offset = offset.max(state.log_start_offset);
+        let bases: Vec<i64> = state.segments.keys().copied().collect();
+        let first_base = bases[0];
+        for base in bases.into_iter().rev() {
+            let segment = &state.segments[&base];
+            if base >= offset && base > first_base {
+                segment.delete_files()?;
+                state.segments.remove(&base);
+                continue;
+            }
+            // The segment holding the cut: keep its batches before `offset`.
+            let mut cut = 0;
+            segment.scan_from(segment.position_at_or_before(offset.max(base)), &mut |header, position| {
+                if header.last_offset() >= offset {
+                    cut = position;
+                    return false;
+                }
+                cut = position + header.total_bytes() as u64;
+                true
+            })?;
+            segment.file().set_len(cut)?;
+            segment.file().sync_all()?;
+            let _ = std::fs::remove_file(self.dir.join(index_file_name(base)));
+            break;
+        }
+        for snapshot in list_snapshots(&self.dir) {
+            if snapshot > offset {
+                let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
+            }
+        }
+        let config = state.config.clone();
+        let replicated = state.replicated;
+        let high_watermark = state.high_watermark;
+        state.segments.clear();
+        let mut reloaded = load_state(&self.dir, config)?;
+        reloaded.replicated = replicated;
+        reloaded.high_watermark = high_watermark.min(reloaded.log_end_offset);
+        if reloaded.epochs.len() != state.epochs.len() {
+            write_leader_epochs(&self.dir, &reloaded.epochs)?;
+        }
+        *state = reloaded;
+        tracing::info!(dir = %self.dir.display(), log_end_offset = state.log_end_offset, "truncated log");
+        self.publish(&state);
+        Ok(())
+    }
+
     /// In page-cache mode, true when `flush.messages` or `flush.ms` asks for an fsync now.
     pub fn flush_due(&self, now_ms: i64) -> bool {
         let state = self.state.lock();
@@ -373,8 +517,17 @@ impl Partition {
     /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
     /// (at least one batch when `min_one_batch`) and never past the high watermark.
     pub fn read(&self, offset: i64, max_bytes: usize, min_one_batch: bool) -> Result<Bytes, ReadError> {
+        self.read_until(offset, max_bytes, min_one_batch, false)
+    }
+
+    /// Like [`Partition::read`] but up to the log end: what a follower fetches.
+    pub fn read_for_replica(&self, offset: i64, max_bytes: usize) -> Result<Bytes, ReadError> {
+        self.read_until(offset, max_bytes, true, true)
+    }
+
+    fn read_until(&self, offset: i64, max_bytes: usize, min_one_batch: bool, to_end: bool) -> Result<Bytes, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
-        let (file, start, end) = {
+        let located = {
             let state = self.state.lock();
             if state.failed {
                 return Err(ReadError::Offline);
@@ -386,18 +539,15 @@ impl Partition {
                     log_end_offset: state.log_end_offset,
                 });
             }
-            if offset >= state.high_watermark {
+            let limit = if to_end { state.log_end_offset } else { state.high_watermark };
+            if offset >= limit {
                 return Ok(Bytes::new());
             }
-            let (base, segment) = state.segments.range(..=offset).next_back().expect("offset is inside the log");
-            let end = if *base == state.high_watermark_position.0 {
-                state.high_watermark_position.1
-            } else {
-                segment.size_bytes()
-            };
-            (segment.file().clone(), segment.position_at_or_before(offset), end)
+            let (_, segment) = state.segments.range(..=offset).next_back().expect("offset is inside the log");
+            (segment.file().clone(), segment.position_at_or_before(offset), segment.size_bytes(), limit)
         };
-        Ok(read_batches(&file, start, end, offset, max_bytes, min_one_batch)?)
+        let (file, start, end, limit) = located;
+        Ok(read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch)?)
     }
 
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
@@ -516,6 +666,61 @@ impl Partition {
     }
 }
 
+/// Recovers a partition's state from its directory (see [`Partition::open`]).
+fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
+    let (snapshot_offset, producers) = load_latest_snapshot(dir);
+    let mut replay = ProducerReplay { from: snapshot_offset, producers };
+    let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
+    for base_offset in list_segment_bases(dir)? {
+        let (segment, trusted) = Segment::open(dir, base_offset, &mut |header| replay.apply(header))?;
+        if trusted && segment.next_offset() > replay.from {
+            let start = segment.position_at_or_before(replay.from);
+            segment.scan_from(start, &mut |header, _| {
+                replay.apply(header);
+                true
+            })?;
+        }
+        if let Some(previous) = segments.values().next_back().map(|s| s.next_offset()) {
+            if previous != base_offset {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: segment {base_offset} does not follow offset {previous}", dir.display()),
+                ));
+            }
+        }
+        segments.insert(base_offset, segment);
+    }
+    let producers = replay.producers;
+    let stored_start = read_log_start_offset(dir);
+    if segments.is_empty() {
+        let base = stored_start.unwrap_or(0);
+        segments.insert(base, Segment::create(dir, base)?);
+    }
+    let active = segments.values().next_back().expect("at least one segment");
+    // The active segment will be appended to: its index file would go stale.
+    let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
+    active.file().sync_data()?;
+    let first_base = *segments.keys().next().expect("at least one segment");
+    let log_end_offset = active.next_offset();
+    let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
+    let mut epochs = read_leader_epochs(dir);
+    epochs.retain(|&(_, start)| start < log_end_offset);
+    Ok(LogState {
+        config,
+        segments,
+        log_start_offset,
+        log_end_offset,
+        high_watermark: log_end_offset,
+        local_end: log_end_offset,
+        replicated: false,
+        epochs,
+        producers,
+        unflushed_messages: 0,
+        oldest_unflushed_ms: None,
+        failed: false,
+    })
+}
+
 /// Rebuilds producer state from batch headers at or after `from`, each applied once.
 struct ProducerReplay {
     from: i64,
@@ -552,15 +757,17 @@ fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) 
     deleted
 }
 
-/// Reads whole batches from `start` (a batch boundary at or before `offset`) to `end`.
+/// Reads whole batches holding `offsets` from `start` (a batch boundary at or before
+/// `offsets.start`) to the file position `end`. Batches at or past `offsets.end` are left out.
 fn read_batches(
     file: &std::fs::File,
     mut start: u64,
     end: u64,
-    offset: i64,
+    offsets: std::ops::Range<i64>,
     max_bytes: usize,
     min_one_batch: bool,
 ) -> io::Result<Bytes> {
+    let offset = offsets.start;
     while start < end {
         let length =
             ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
@@ -571,6 +778,9 @@ fn read_batches(
             let (header, range) = item.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             if header.last_offset() < offset {
                 continue;
+            }
+            if header.base_offset >= offsets.end {
+                return Ok(taken.map_or_else(Bytes::new, |(begin, end)| chunk.slice(begin..end)));
             }
             match taken {
                 None if range.len() > max_bytes && !min_one_batch => return Ok(Bytes::new()),
@@ -587,6 +797,9 @@ fn read_batches(
                 // Not even one whole batch in the chunk: read the batch at `start` alone.
                 let header = batch::BatchHeader::parse(&chunk)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                if header.base_offset >= offsets.end {
+                    return Ok(Bytes::new());
+                }
                 if header.last_offset() >= offset {
                     if !min_one_batch && header.total_bytes() > max_bytes {
                         return Ok(Bytes::new());
@@ -614,6 +827,22 @@ fn list_segment_bases(dir: &Path) -> io::Result<Vec<i64>> {
     }
     bases.sort_unstable();
     Ok(bases)
+}
+
+fn read_leader_epochs(dir: &Path) -> Vec<(i32, i64)> {
+    let Ok(body) = std::fs::read(dir.join(LEADER_EPOCHS_FILE)) else { return Vec::new() };
+    match serde_json::from_slice::<Vec<(i32, i64)>>(&body) {
+        Ok(epochs) if epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1) => epochs,
+        _ => {
+            tracing::warn!(dir = %dir.display(), "ignoring unreadable leader-epoch cache");
+            Vec::new()
+        }
+    }
+}
+
+fn write_leader_epochs(dir: &Path, epochs: &[(i32, i64)]) -> io::Result<()> {
+    let body = serde_json::to_vec(epochs).map_err(io::Error::other)?;
+    crate::write_file_atomically(&dir.join(LEADER_EPOCHS_FILE), &body)
 }
 
 fn read_log_start_offset(dir: &Path) -> Option<i64> {

@@ -191,3 +191,128 @@ fn corrupt_and_oversized_batches_are_refused() {
     assert!(matches!(partition.append(&batch(20, 1, None), 0, 0), Err(AppendError::TooLarge { .. })));
     assert_eq!(partition.offsets().log_end_offset, 0);
 }
+
+// ---- replication: follower appends, leader-epoch cache, truncation, external high watermark
+
+fn small_segments_config() -> LogConfig {
+    LogConfig { flush_messages: u64::MAX, segment_bytes: 200, ..LogConfig::default() }
+}
+
+/// Everything the leader has from `from`, as a follower would fetch it (a read stops at a
+/// segment end, so this loops like a fetcher).
+fn replica_bytes(leader: &Partition, mut from: i64) -> Vec<Bytes> {
+    let mut chunks = Vec::new();
+    while from < leader.offsets().log_end_offset {
+        let chunk = leader.read_for_replica(from, 1 << 20).unwrap();
+        let last = BatchIter::new(&chunk).last().unwrap().unwrap().0;
+        from = last.last_offset() + 1;
+        chunks.push(chunk);
+    }
+    chunks
+}
+
+fn all_offsets(partition: &Partition) -> Vec<(i64, i64)> {
+    let chunks = replica_bytes(partition, partition.offsets().log_start_offset);
+    chunks
+        .iter()
+        .flat_map(|c| BatchIter::new(c).map(|b| b.unwrap().0))
+        .map(|h| (h.base_offset, h.last_offset()))
+        .collect()
+}
+
+#[test]
+#[test]
+fn follower_stores_leader_batches_verbatim_and_knows_their_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
+    for epoch in [1, 1, 1, 3, 3] {
+        leader.append(&batch(2, 7, None), epoch, 0).unwrap();
+    }
+    let shipped = replica_bytes(&leader, 0);
+    assert!(shipped.len() > 1, "the test needs several segments");
+    let follower = Partition::open(&dir.path().join("follower"), small_segments_config()).unwrap();
+    for chunk in &shipped {
+        let appended = follower.append_replica(chunk, 0).unwrap();
+        assert!(!appended.needs_sync);
+    }
+    assert_eq!(follower.offsets().log_end_offset, 10);
+    assert_eq!(replica_bytes(&follower, 0), shipped);
+    // Re-sending what the follower already has is ignored; a gap is refused.
+    assert_eq!(follower.append_replica(&shipped[0], 0).unwrap().log_end_offset, 10);
+    let gap = shipped[0].clone();
+    let other = Partition::open(&dir.path().join("other"), small_segments_config()).unwrap();
+    other.append(&batch(1, 7, None), 1, 0).unwrap();
+    assert!(matches!(other.append_replica(&gap.slice(0..0), 0), Ok(r) if r.log_end_offset == 1));
+    let second_batch_onward = {
+        let (_, range) = BatchIter::new(&gap).next().unwrap().unwrap();
+        gap.slice(range.end..)
+    };
+    assert!(matches!(other.append_replica(&second_batch_onward, 0), Err(AppendError::InvalidRecord(_))));
+
+    assert_eq!(follower.latest_epoch(), Some(3));
+    assert_eq!(follower.epoch_end_offset(0), None);
+    assert_eq!(follower.epoch_end_offset(1), Some((1, 6)));
+    assert_eq!(follower.epoch_end_offset(2), Some((1, 6)));
+    assert_eq!(follower.epoch_end_offset(3), Some((3, 10)));
+    assert_eq!(follower.epoch_end_offset(9), Some((3, 10)));
+    drop(follower);
+    let reopened = Partition::open(&dir.path().join("follower"), small_segments_config()).unwrap();
+    assert_eq!(reopened.epoch_end_offset(1), Some((1, 6)));
+    assert_eq!(reopened.offsets().log_end_offset, 10);
+}
+
+#[test]
+fn truncation_cuts_a_divergent_tail_across_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p");
+    let partition = Partition::open(&path, small_segments_config()).unwrap();
+    for epoch in [1, 1, 2, 2, 2, 2, 2] {
+        partition.append(&batch(2, 7, Some((9, 0, partition.offsets().log_end_offset as i32))), epoch, 0).unwrap();
+    }
+    assert_eq!(partition.offsets().log_end_offset, 14);
+    let segments_before = std::fs::read_dir(&path)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+        .count();
+    assert!(segments_before > 2, "the test needs several segments, got {segments_before}");
+    // Cutting inside a batch cuts the whole batch.
+    partition.truncate_to(5).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 4);
+    assert_eq!(all_offsets(&partition), vec![(0, 1), (2, 3)]);
+    assert_eq!(partition.epoch_end_offset(2), Some((1, 4)));
+    // The idempotent producer's state follows the cut: sequence 4 is next, not 14.
+    partition.append(&batch(2, 7, Some((9, 0, 4))), 4, 0).unwrap();
+    assert!(matches!(partition.append(&batch(2, 7, Some((9, 0, 14))), 4, 0), Err(AppendError::OutOfOrderSequence)));
+    assert_eq!(partition.epoch_end_offset(3), Some((1, 4)));
+    assert_eq!(partition.epoch_end_offset(4), Some((4, 6)));
+    partition.close().unwrap();
+    drop(partition);
+    let reopened = Partition::open(&path, small_segments_config()).unwrap();
+    assert_eq!(reopened.offsets().log_end_offset, 6);
+    assert_eq!(all_offsets(&reopened), vec![(0, 1), (2, 3), (4, 5)]);
+    assert_eq!(reopened.epoch_end_offset(2), Some((1, 4)));
+}
+
+#[test]
+fn replicated_partition_shows_only_what_replication_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = LogManager::new(dir.path()).unwrap();
+    let partition = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    partition.set_replicated(true);
+    for _ in 0..3 {
+        partition.append(&batch(2, 7, None), 1, 0).unwrap();
+    }
+    manager.syncer().schedule(&partition);
+    let mut progress = partition.progress();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(progress.wait_for(|p| p.local_end >= 6)).unwrap();
+    assert_eq!(partition.offsets().high_watermark, 0, "fsync alone does not commit a replicated write");
+    assert!(partition.read(0, 1 << 20, true).unwrap().is_empty());
+    assert_eq!(partition.advance_high_watermark(4), 4);
+    assert_eq!(read_offsets(&partition, 0), vec![(0, 1), (2, 3)]);
+    assert_eq!(partition.advance_high_watermark(2), 4, "the high watermark never goes back");
+    assert_eq!(partition.advance_high_watermark(99), 6, "nor past the log end");
+    partition.set_replicated(false);
+    assert_eq!(partition.offsets().high_watermark, 6);
+    manager.close();
+}
