@@ -221,7 +221,6 @@ fn all_offsets(partition: &Partition) -> Vec<(i64, i64)> {
 }
 
 #[test]
-#[test]
 fn follower_stores_leader_batches_verbatim_and_knows_their_epochs() {
     let dir = tempfile::tempdir().unwrap();
     let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
