@@ -7,6 +7,7 @@ pub mod config;
 mod connection;
 mod group;
 mod handlers;
+pub mod replication;
 pub mod server;
 pub mod topic_config;
 pub mod topics;
@@ -34,6 +35,8 @@ pub struct Broker {
     produce_memory: Arc<Semaphore>,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
+    /// Partition roles in a cluster; `None` on a single node (every partition led here).
+    replicas: Option<Arc<replication::ReplicaManager>>,
     /// Held for the broker's life: a second broker on the same data dir fails to start.
     _data_dir_lock: sluice_storage::DirLock,
 }
@@ -64,7 +67,16 @@ impl Broker {
         let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let groups = GroupCoordinator::open(&config.data_dir, config.group_initial_rebalance_delay_ms as i64)?;
-        Ok(Arc::new(Broker { config, advertised, topics, logs, produce_memory, groups, _data_dir_lock: data_dir_lock }))
+        Ok(Arc::new(Broker {
+            config,
+            advertised,
+            topics,
+            logs,
+            produce_memory,
+            groups,
+            replicas: None,
+            _data_dir_lock: data_dir_lock,
+        }))
     }
 
     pub fn config(&self) -> &BrokerConfig {

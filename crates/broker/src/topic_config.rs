@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use sluice_storage::LogConfig;
 
+use crate::replication::{DurabilityLevel, ReplicationConfig};
+
 /// DescribeConfigs config_type codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigType {
@@ -32,6 +34,10 @@ pub struct TopicDefaults {
     pub flush_messages: i64,
     pub flush_ms: i64,
     pub min_insync_replicas: i64,
+    /// `sluice.durability.level`: 1 = replicated and fsynced on each ISR member before
+    /// acknowledging, 2 = replicated, fsync async, 3 = leader fsynced, replication async,
+    /// 4 = neither (see ARCHITECTURE.md).
+    pub durability_level: i64,
 }
 
 impl Default for TopicDefaults {
@@ -46,6 +52,7 @@ impl Default for TopicDefaults {
             flush_messages: log.flush_messages as i64,
             flush_ms: log.flush_ms,
             min_insync_replicas: 1,
+            durability_level: DURABILITY_LEVEL_CONFIG_DEFAULT,
         }
     }
 }
@@ -64,6 +71,8 @@ enum Check {
 }
 
 const SEGMENT_BYTES_MIN: i64 = 1024;
+pub const DURABILITY_LEVEL_CONFIG: &str = "sluice.durability.level";
+const DURABILITY_LEVEL_CONFIG_DEFAULT: i64 = 1;
 
 const DEFS: &[ConfigDef] = &[
     ConfigDef {
@@ -133,6 +142,12 @@ const DEFS: &[ConfigDef] = &[
         default: |d| d.segment_ms.to_string(),
     },
     ConfigDef {
+        name: DURABILITY_LEVEL_CONFIG,
+        config_type: ConfigType::Int,
+        check: Check::Range(1, 4),
+        default: |d| d.durability_level.to_string(),
+    },
+    ConfigDef {
         name: "unclean.leader.election.enable",
         config_type: ConfigType::Boolean,
         check: Check::OneOf(&["true", "false"]),
@@ -187,14 +202,33 @@ impl TopicDefaults {
         let number = |name: &str, default: i64| {
             overrides.get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(default)
         };
+        let level = self.durability(overrides);
+        let flush_messages = number("flush.messages", self.flush_messages) as u64;
         LogConfig {
+            // Levels 2 and 4 acknowledge from the page cache: fsync by flush.ms or roll.
+            flush_messages: if level.fsyncs() { flush_messages } else { flush_messages.max(i64::MAX as u64) },
             segment_bytes: number("segment.bytes", self.segment_bytes) as u64,
             segment_ms: number("segment.ms", self.segment_ms),
             retention_ms: number("retention.ms", self.retention_ms),
             retention_bytes: number("retention.bytes", self.retention_bytes),
             max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,
-            flush_messages: number("flush.messages", self.flush_messages) as u64,
             flush_ms: number("flush.ms", self.flush_ms),
+        }
+    }
+
+    /// The topic's `sluice.durability.level`.
+    pub fn durability(&self, overrides: &BTreeMap<String, String>) -> DurabilityLevel {
+        let level = overrides.get(DURABILITY_LEVEL_CONFIG).and_then(|v| v.trim().parse::<i64>().ok());
+        DurabilityLevel::from_level(level.unwrap_or(self.durability_level) as u8).expect("validated level")
+    }
+
+    /// The replication settings for a topic with these overrides (validated beforehand).
+    pub fn replication_config(&self, overrides: &BTreeMap<String, String>) -> ReplicationConfig {
+        let min_insync = overrides.get("min.insync.replicas").and_then(|v| v.trim().parse::<i64>().ok());
+        ReplicationConfig {
+            level: self.durability(overrides),
+            min_insync_replicas: min_insync.unwrap_or(self.min_insync_replicas).max(1) as usize,
+            log: self.log_config(overrides),
         }
     }
 
@@ -242,5 +276,18 @@ mod tests {
         assert_eq!(log.flush_messages, 100);
         assert!(!log.fsync_before_ack());
         assert!(defaults.log_config(&BTreeMap::new()).fsync_before_ack());
+    }
+
+    #[test]
+    fn durability_levels_map_to_local_fsync_and_replication() {
+        let defaults = TopicDefaults::default();
+        assert!(validate(DURABILITY_LEVEL_CONFIG, Some("5")).is_err());
+        assert!(validate(DURABILITY_LEVEL_CONFIG, Some("0")).is_err());
+        for (level, fsyncs, waits) in [("1", true, true), ("2", false, true), ("3", true, false), ("4", false, false)] {
+            let overrides = BTreeMap::from([(DURABILITY_LEVEL_CONFIG.to_string(), level.to_string())]);
+            let config = defaults.replication_config(&overrides);
+            assert_eq!(config.log.fsync_before_ack(), fsyncs, "level {level}");
+            assert_eq!(config.level.waits_for_replicas(), waits, "level {level}");
+        }
     }
 }

@@ -419,12 +419,12 @@ impl Partition {
     }
 
     /// Moves a replicated partition's high watermark forward (never back, never past the
-    /// log end). Returns the high watermark now in force.
+    /// log end; ignored when the partition is not replicated). Returns the high watermark
+    /// now in force.
     pub fn advance_high_watermark(&self, offset: i64) -> i64 {
         let mut state = self.state.lock();
-        assert!(state.replicated, "only a replicated partition's high watermark is set from outside");
         let offset = offset.min(state.log_end_offset);
-        if offset > state.high_watermark {
+        if state.replicated && offset > state.high_watermark {
             state.high_watermark = offset;
             self.publish(&state);
         }

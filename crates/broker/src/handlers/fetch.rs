@@ -2,6 +2,10 @@
 //! and long-poll (`max_wait_ms` / `min_bytes`) by waiting on the partitions' high-watermark
 //! channels, so a fetch is answered as soon as a produce becomes visible.
 //!
+//! A fetch with a replica id is a follower replicating: it reads up to the log end, not
+//! the high watermark, waits on the log's progress, and its fetch offset tells the leader
+//! how far the follower got (see `crate::replication`).
+//!
 //! Fetch sessions (KIP-227) are declined by answering session id 0, which the protocol
 //! defines as "no session": clients then send full fetch requests.
 
@@ -17,24 +21,32 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
+use crate::replication::NotServed;
 use crate::Broker;
 
 /// First Fetch version that names topics by id.
 const TOPIC_ID_VERSION: i16 = 13;
+/// Last Fetch version with `replica_id` in the body (later ones use `replica_state`).
+const LAST_REPLICA_ID_VERSION: i16 = 14;
 
 struct Target {
     topic_index: usize,
     partition: i32,
     fetch_offset: i64,
     partition_max_bytes: usize,
-    log: Option<Arc<Partition>>,
-    unknown_error: ResponseError,
+    log: Result<Arc<Partition>, ResponseError>,
+    /// A follower's log diverges: (epoch, end offset) it must truncate to.
+    diverging: Option<(i32, i64)>,
 }
 
 pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version: i16) -> FetchResponse {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let min_bytes = request.min_bytes.max(0) as usize;
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
+    let replica_id =
+        if version <= LAST_REPLICA_ID_VERSION { request.replica_id.0 } else { request.replica_state.replica_id.0 };
+    let follower = (replica_id >= 0).then_some(replica_id);
+    let now_ms = sluice_storage::now_ms();
     let mut topics = Vec::new();
     let mut targets = Vec::new();
     for (topic_index, topic) in request.topics.iter().enumerate() {
@@ -50,24 +62,40 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         };
         topics.push((topic.topic.clone(), topic.topic_id));
         for partition in &topic.partitions {
+            let (log, diverging) = match name.as_deref() {
+                None => (Err(unknown_error), None),
+                Some(name) => serving_log(broker, name, partition, follower, now_ms, unknown_error),
+            };
             targets.push(Target {
                 topic_index,
                 partition: partition.partition,
                 fetch_offset: partition.fetch_offset,
                 partition_max_bytes: partition.partition_max_bytes.max(0) as usize,
-                log: name.as_deref().and_then(|n| broker.partition(n, partition.partition)),
-                unknown_error,
+                log,
+                diverging,
             });
         }
     }
     loop {
-        // Subscribe before reading so a produce landing in between still wakes us.
-        let mut receivers: Vec<_> = targets.iter().filter_map(|t| t.log.as_ref().map(|log| log.subscribe())).collect();
-        let (partitions, bytes, has_error) = read_all(&targets, max_bytes);
+        // Subscribe before reading so a produce landing in between still wakes us. A
+        // follower waits for the log end to move, a consumer for the high watermark.
+        let mut receivers: Vec<_> =
+            targets
+                .iter()
+                .filter_map(|t| t.log.as_ref().ok())
+                .map(|log| {
+                    if follower.is_some() {
+                        Wakeup::Progress(log.progress())
+                    } else {
+                        Wakeup::Visible(log.subscribe())
+                    }
+                })
+                .collect();
+        let (partitions, bytes, has_error) = read_all(&targets, max_bytes, follower.is_some());
         if bytes >= min_bytes || has_error || receivers.is_empty() || Instant::now() >= deadline {
             return build_response(topics, partitions, version);
         }
-        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
+        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()));
         tokio::select! {
             _ = any_changed => {}
             () = tokio::time::sleep_until(deadline) => {}
@@ -75,8 +103,74 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
     }
 }
 
+/// A channel whose change should end a fetch's long-poll.
+enum Wakeup {
+    Visible(tokio::sync::watch::Receiver<sluice_storage::Visible>),
+    Progress(tokio::sync::watch::Receiver<sluice_storage::Progress>),
+}
+
+impl Wakeup {
+    fn changed(&mut self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        match self {
+            Wakeup::Visible(rx) => Box::pin(async move {
+                let _ = rx.changed().await;
+            }),
+            Wakeup::Progress(rx) => Box::pin(async move {
+                let _ = rx.changed().await;
+            }),
+        }
+    }
+}
+
+/// The log a fetch reads from, if this node may serve it: on a single node any hosted
+/// partition; in a cluster the leader's, for consumers and followers alike. A follower's
+/// fetch is recorded (it moves the high watermark) and checked for divergence here.
+fn serving_log(
+    broker: &Arc<Broker>,
+    name: &str,
+    partition: &kafka_protocol::messages::fetch_request::FetchPartition,
+    follower: Option<i32>,
+    now_ms: i64,
+    unknown_error: ResponseError,
+) -> (Result<Arc<Partition>, ResponseError>, Option<(i32, i64)>) {
+    let Some(replicas) = &broker.replicas else {
+        return (broker.partition(name, partition.partition).ok_or(unknown_error), None);
+    };
+    let Some(replica) = replicas.get(name, partition.partition) else {
+        let known = broker.topics.get(name).is_some_and(|t| (0..t.partitions).contains(&partition.partition));
+        return (Err(if known { ResponseError::NotLeaderOrFollower } else { unknown_error }), None);
+    };
+    let served = match follower {
+        None => replica.check_leader(partition.current_leader_epoch).map(|_| None),
+        Some(id) => replica
+            .follower_fetched(
+                id,
+                partition.current_leader_epoch,
+                partition.fetch_offset,
+                partition.last_fetched_epoch,
+                now_ms,
+                replicas.isr_changes(),
+            )
+            .map(|fetch| fetch.diverging),
+    };
+    match served {
+        Ok(diverging) => (Ok(replica.log.clone()), diverging),
+        Err(not_served) => (Err(not_served_error(not_served)), None),
+    }
+}
+
+pub(super) fn not_served_error(not_served: NotServed) -> ResponseError {
+    match not_served {
+        NotServed::UnknownPartition => ResponseError::UnknownTopicOrPartition,
+        NotServed::NotLeader => ResponseError::NotLeaderOrFollower,
+        NotServed::FencedLeaderEpoch => ResponseError::FencedLeaderEpoch,
+        NotServed::UnknownLeaderEpoch => ResponseError::UnknownLeaderEpoch,
+        NotServed::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
+    }
+}
+
 /// One pass over all partitions: returns their data, the bytes read and whether any failed.
-fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)>, usize, bool) {
+fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool) -> (Vec<(usize, PartitionData)>, usize, bool) {
     let mut used = 0usize;
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
@@ -87,8 +181,14 @@ fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)
         data.last_stable_offset = -1;
         data.log_start_offset = -1;
         match &target.log {
-            None => data.error_code = target.unknown_error.code(),
-            Some(log) => {
+            Err(error) => data.error_code = error.code(),
+            Ok(_) if target.diverging.is_some() => {
+                let (epoch, end_offset) = target.diverging.expect("checked");
+                data.diverging_epoch.epoch = epoch;
+                data.diverging_epoch.end_offset = end_offset;
+                has_error = true;
+            }
+            Ok(log) => {
                 let offsets = log.offsets();
                 data.high_watermark = offsets.high_watermark;
                 data.last_stable_offset = offsets.high_watermark;
@@ -97,6 +197,8 @@ fn read_all(targets: &[Target], max_bytes: usize) -> (Vec<(usize, PartitionData)
                 let limit = target.partition_max_bytes.min(max_bytes.saturating_sub(used));
                 let read = if limit == 0 && used > 0 {
                     Ok(Bytes::new())
+                } else if for_replica {
+                    log.read_for_replica(target.fetch_offset, limit.max(1))
                 } else {
                     log.read(target.fetch_offset, limit, used == 0)
                 };

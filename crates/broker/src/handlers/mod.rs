@@ -123,7 +123,7 @@ fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseK
     Box::pin(std::future::ready(Some(response)))
 }
 
-fn str_bytes(text: &str) -> StrBytes {
+pub(crate) fn str_bytes(text: &str) -> StrBytes {
     StrBytes::from_string(text.to_string())
 }
 

@@ -12,14 +12,22 @@ use kafka_protocol::ResponseError;
 use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
 
+use crate::replication::NotServed;
 use crate::{Broker, LEADER_EPOCH};
 
-/// A partition whose append succeeded and whose answer waits for the high watermark.
+/// A partition whose append succeeded and whose answer waits until it is durable enough.
 struct PendingAck {
     topic_index: usize,
     partition_index: usize,
-    visible: watch::Receiver<sluice_storage::Visible>,
+    until: AckWhen,
     visible_at: i64,
+}
+
+/// What a produce waits for: the high watermark (replicated or fsynced, per the topic),
+/// or only this node's locally durable end (acks=1 on a replicated partition).
+enum AckWhen {
+    Visible(watch::Receiver<sluice_storage::Visible>),
+    LocallyDurable(watch::Receiver<sluice_storage::Progress>),
 }
 
 pub(super) fn append(
@@ -40,19 +48,26 @@ pub(super) fn append(
             partition_response.index = data.index;
             partition_response.base_offset = -1;
             partition_response.log_append_time_ms = -1;
-            let log = broker.partition(&topic.name, data.index);
-            let result = match (&log, data.records) {
+            let target = leader_log(broker, &topic.name, data.index, acks);
+            let result = match (&target, data.records) {
                 _ if invalid_acks => Err(ResponseError::InvalidRequiredAcks),
-                (None, _) => Err(ResponseError::UnknownTopicOrPartition),
-                (Some(_), None) => Err(ResponseError::CorruptMessage),
-                (Some(log), Some(records)) => append_one(broker, log, &records, now_ms, &topic.name, data.index),
+                (Err(error), _) => Err(error.clone()),
+                (Ok(_), None) => Err(ResponseError::CorruptMessage),
+                (Ok((log, epoch, _)), Some(records)) => {
+                    append_one(broker, log, *epoch, &records, now_ms, &topic.name, data.index)
+                }
             };
             match result {
                 Ok((outcome_base, log_start, visible_at)) => {
                     partition_response.base_offset = outcome_base;
                     partition_response.log_start_offset = log_start;
-                    let log = log.expect("append succeeded on an existing log");
-                    pending.push(PendingAck { topic_index, partition_index, visible: log.subscribe(), visible_at });
+                    let (log, _, waits_for_replicas) = target.expect("append succeeded on an existing log");
+                    let until = if waits_for_replicas {
+                        AckWhen::Visible(log.subscribe())
+                    } else {
+                        AckWhen::LocallyDurable(log.progress())
+                    };
+                    pending.push(PendingAck { topic_index, partition_index, until, visible_at });
                 }
                 Err(error) => partition_response.error_code = error.code(),
             }
@@ -64,13 +79,21 @@ pub(super) fn append(
         if acks == 0 {
             return None;
         }
-        for mut ack in pending {
-            let reached =
-                tokio::time::timeout(timeout, ack.visible.wait_for(|v| v.high_watermark >= ack.visible_at || v.failed))
-                    .await;
+        for ack in pending {
+            let at = ack.visible_at;
+            let reached = match ack.until {
+                AckWhen::Visible(mut visible) => {
+                    let wait = visible.wait_for(|v| v.high_watermark >= at || v.failed);
+                    tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok_and(|v| v.high_watermark >= at))
+                }
+                AckWhen::LocallyDurable(mut progress) => {
+                    let wait = progress.wait_for(|p| p.local_end >= at);
+                    tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok())
+                }
+            };
             let error = match reached {
-                Ok(Ok(visible)) if visible.high_watermark >= ack.visible_at => None,
-                Ok(_) => Some(ResponseError::KafkaStorageError),
+                Ok(true) => None,
+                Ok(false) => Some(ResponseError::KafkaStorageError),
                 Err(_) => Some(ResponseError::RequestTimedOut),
             };
             if let Some(error) = error {
@@ -83,16 +106,43 @@ pub(super) fn append(
     }
 }
 
+/// The log to append to, the leader epoch to stamp and whether acknowledgement waits for
+/// the high watermark. On a single node every partition is led here at epoch 0.
+fn leader_log(
+    broker: &Broker,
+    topic: &str,
+    partition: i32,
+    acks: i16,
+) -> Result<(Arc<Partition>, i32, bool), ResponseError> {
+    let Some(replicas) = &broker.replicas else {
+        let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
+        return Ok((log, LEADER_EPOCH, true));
+    };
+    let replica = replicas.get(topic, partition).ok_or_else(|| {
+        if broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&partition)) {
+            ResponseError::NotLeaderOrFollower
+        } else {
+            ResponseError::UnknownTopicOrPartition
+        }
+    })?;
+    match replica.begin_write(acks) {
+        Ok(write) => Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1)),
+        Err(NotServed::NotEnoughReplicas) => Err(ResponseError::NotEnoughReplicas),
+        Err(_) => Err(ResponseError::NotLeaderOrFollower),
+    }
+}
+
 /// Appends one batch; returns (base offset, log start offset, offset to wait for).
 fn append_one(
     broker: &Broker,
     log: &Arc<Partition>,
+    leader_epoch: i32,
     records: &bytes::Bytes,
     now_ms: i64,
     topic: &str,
     partition: i32,
 ) -> Result<(i64, i64, i64), ResponseError> {
-    match log.append(records, LEADER_EPOCH, now_ms) {
+    match log.append(records, leader_epoch, now_ms) {
         Ok(outcome) => {
             if outcome.needs_sync {
                 broker.logs.syncer().schedule(log);

@@ -1,0 +1,191 @@
+//! Followers' side of replication: one fetch loop per leader node, carrying every
+//! partition this node follows from that leader in one long-polling Fetch (so
+//! replication batches per node pair). Each round appends what came back, fsyncs it
+//! (one group commit for the whole round) when the topic's level asks, and only then
+//! fetches on: the next fetch offset is the follower's promise of durability.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, RequestKind, ResponseKind, TopicName};
+use kafka_protocol::ResponseError;
+
+use super::peer::PeerConnection;
+use super::Replica;
+use crate::handlers::str_bytes;
+use crate::Broker;
+
+/// Fetch version followers use (replica id in the body, last fetched epoch, diverging epoch).
+pub const REPLICA_FETCH_VERSION: i16 = 12;
+/// How long a follower's fetch waits at the leader for new data.
+pub const REPLICA_FETCH_WAIT_MS: i32 = 500;
+pub const REPLICA_FETCH_BYTES_MAX: i32 = 32 * 1024 * 1024;
+pub const REPLICA_FETCH_PARTITION_BYTES_MAX: i32 = 4 * 1024 * 1024;
+/// Pause after a failed round (connection refused, leader moved) before the next.
+pub const REPLICA_FETCH_BACKOFF_MS: u64 = 100;
+/// Longest a round waits for its own fsync before fetching on regardless.
+pub const REPLICA_SYNC_WAIT_MS: u64 = 30_000;
+
+/// Keeps one fetch loop running per leader this node follows something from.
+pub fn spawn_supervisor(broker: &Arc<Broker>) {
+    let weak = Arc::downgrade(broker);
+    tokio::spawn(async move {
+        let mut running: HashMap<i32, tokio::task::JoinHandle<()>> = HashMap::new();
+        loop {
+            let Some(broker) = weak.upgrade() else { return };
+            let Some(replicas) = broker.replicas.clone() else { return };
+            let changed = replicas.followers_changed.notified();
+            running.retain(|_, task| !task.is_finished());
+            for leader in replicas.followed_by_leader().into_keys() {
+                running.entry(leader).or_insert_with(|| tokio::spawn(fetch_loop(weak.clone(), leader)));
+            }
+            drop(broker);
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    });
+}
+
+async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
+    let mut connection: Option<PeerConnection> = None;
+    loop {
+        let Some(strong) = broker.upgrade() else { return };
+        let Some(replicas) = strong.replicas.clone() else { return };
+        let Some(partitions) = replicas.followed_by_leader().remove(&leader) else { return };
+        let Some(address) = replicas.broker_address(leader) else {
+            drop(strong);
+            tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
+            continue;
+        };
+        if connection.is_none() {
+            match PeerConnection::connect(&address, format!("sluice-replica-{}", replicas.node_id())).await {
+                Ok(c) => connection = Some(c),
+                Err(error) => {
+                    tracing::debug!(leader, %address, %error, "cannot reach leader");
+                    drop(strong);
+                    tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
+                    continue;
+                }
+            }
+        }
+        let request = fetch_request(replicas.node_id(), &partitions);
+        let timeout = Duration::from_millis(REPLICA_FETCH_WAIT_MS as u64 + 10_000);
+        let call =
+            connection.as_mut().expect("connected").call(ApiKey::Fetch, REPLICA_FETCH_VERSION, &request, timeout);
+        let response = match call.await {
+            Ok(ResponseKind::Fetch(response)) => response,
+            Ok(_) => unreachable!("a fetch is answered by a fetch response"),
+            Err(error) => {
+                tracing::debug!(leader, %error, "replica fetch failed");
+                connection = None;
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
+                continue;
+            }
+        };
+        let by_name: HashMap<(&str, i32), &Arc<Replica>> =
+            partitions.iter().map(|(r, _)| ((r.topic.as_str(), r.partition), r)).collect();
+        let mut awaiting_sync = Vec::new();
+        let mut backoff = false;
+        for topic in &response.responses {
+            for data in &topic.partitions {
+                let Some(replica) = by_name.get(&(topic.topic.as_str(), data.partition_index)) else { continue };
+                match apply_partition(&strong, replica, data) {
+                    Ok(Some(end)) => awaiting_sync.push((replica.log.progress(), end)),
+                    Ok(None) => {}
+                    Err(()) => backoff = true,
+                }
+            }
+        }
+        drop(strong);
+        for (mut progress, end) in awaiting_sync {
+            let synced = progress.wait_for(|p| p.local_end >= end);
+            let _ = tokio::time::timeout(Duration::from_millis(REPLICA_SYNC_WAIT_MS), synced).await;
+        }
+        if backoff {
+            tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
+        }
+    }
+}
+
+fn fetch_request(node_id: i32, partitions: &[(Arc<Replica>, i32)]) -> RequestKind {
+    let mut topics: Vec<FetchTopic> = Vec::new();
+    for (replica, leader_epoch) in partitions {
+        let offsets = replica.log.offsets();
+        let mut partition = FetchPartition::default();
+        partition.partition = replica.partition;
+        partition.current_leader_epoch = *leader_epoch;
+        partition.fetch_offset = offsets.log_end_offset;
+        partition.last_fetched_epoch = replica.log.latest_epoch().unwrap_or(-1);
+        partition.log_start_offset = offsets.log_start_offset;
+        partition.partition_max_bytes = REPLICA_FETCH_PARTITION_BYTES_MAX;
+        match topics.iter_mut().find(|t| t.topic.as_str() == replica.topic) {
+            Some(topic) => topic.partitions.push(partition),
+            None => {
+                let mut topic = FetchTopic::default();
+                topic.topic = TopicName(str_bytes(&replica.topic));
+                topic.partitions.push(partition);
+                topics.push(topic);
+            }
+        }
+    }
+    let mut request = FetchRequest::default();
+    request.replica_id = BrokerId(node_id);
+    request.max_wait_ms = REPLICA_FETCH_WAIT_MS;
+    request.min_bytes = 1;
+    request.max_bytes = REPLICA_FETCH_BYTES_MAX;
+    request.session_id = 0;
+    request.session_epoch = -1;
+    request.topics = topics;
+    RequestKind::Fetch(request)
+}
+
+/// Applies one partition of a fetch response. Returns the log end to wait on for an
+/// fsync, or `Err` when the round should back off (leader moved, our metadata lags).
+fn apply_partition(
+    broker: &Broker,
+    replica: &Replica,
+    data: &kafka_protocol::messages::fetch_response::PartitionData,
+) -> Result<Option<i64>, ()> {
+    if data.error_code != 0 {
+        let error = ResponseError::try_from_code(data.error_code);
+        tracing::debug!(topic = %replica.topic, partition = replica.partition, ?error, "replica fetch error");
+        return Err(());
+    }
+    if data.diverging_epoch.epoch >= 0 || data.diverging_epoch.end_offset >= 0 {
+        let (epoch, leader_end) = (data.diverging_epoch.epoch, data.diverging_epoch.end_offset);
+        let ours = replica.log.epoch_end_offset(epoch).map_or(0, |(_, end)| end);
+        let cut = if epoch < 0 { 0 } else { leader_end.min(ours) };
+        tracing::warn!(topic = %replica.topic, partition = replica.partition, epoch, cut, "log diverges from leader; truncating");
+        if let Err(error) = replica.log.truncate_to(cut) {
+            tracing::error!(%error, "truncation failed");
+            return Err(());
+        }
+        return Ok(None);
+    }
+    let mut wait_for = None;
+    if let Some(records) = &data.records {
+        if !records.is_empty() {
+            match replica.log.append_replica(records, sluice_storage::now_ms()) {
+                Ok(appended) => {
+                    if appended.needs_sync {
+                        broker.logs.syncer().schedule(&replica.log);
+                        wait_for = Some(appended.log_end_offset);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "replica append failed");
+                    return Err(());
+                }
+            }
+        }
+    }
+    if replica.leader_epoch().is_none() {
+        replica.log.advance_high_watermark(data.high_watermark);
+    }
+    Ok(wait_for)
+}

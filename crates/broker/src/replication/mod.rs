@@ -1,0 +1,551 @@
+//! Partition replication, Kafka's design: one leader per partition takes produce and
+//! consumer fetches; followers fetch from it with the ordinary Fetch API (replica id set)
+//! and append the leader's batches byte for byte. The leader tracks how far each follower
+//! has fetched and moves the high watermark to the smallest such offset over the in-sync
+//! replicas (ISR). Leadership, leader epochs and the ISR are decided by the controller
+//! quorum (`sluice-cluster`); this module applies them ([`ReplicaManager::apply`]) and
+//! asks the controller to shrink or expand the ISR.
+//!
+//! Why followers fetch (and not Raft per partition): one fetch per node pair carries all
+//! partitions between them, so replication traffic and fsyncs batch across partitions,
+//! and a partition with RF=1 keeps the single-node fast path untouched.
+//!
+//! Durability: a follower reports an offset (its next fetch offset) only once that data
+//! is as durable as the topic's level asks (fsynced at level 1). The leader's own share
+//! is its locally durable end ([`sluice_storage::Progress::local_end`]). So at levels 1
+//! and 2 a high watermark at offset N means every ISR member holds [0, N) durably per the
+//! level, and an acknowledged write survives any failure that leaves one ISR member.
+//!
+//! Safety rules that live here:
+//! - a follower truncates to the leader's epoch end before fetching on (divergence is
+//!   answered in the fetch response, KIP-595 style, from the leader-epoch cache);
+//! - an ISR expansion counts the new member for the high watermark from the moment it is
+//!   requested (Kafka's "maximal ISR"), a shrink only once the controller committed it.
+
+pub(crate) mod fetcher;
+pub(crate) mod peer;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
+use tokio::sync::Notify;
+
+/// How long a follower may stay behind the leader's log end before it leaves the ISR
+/// (Kafka's `replica.lag.time.max.ms` is 30 s; a dead node is fenced by the controller
+/// much sooner, this catches slow but live ones).
+pub const REPLICA_LAG_TIME_MS_DEFAULT: u64 = 10_000;
+/// How often leaders look for followers to drop from the ISR.
+pub const ISR_CHECK_INTERVAL_MS: u64 = 250;
+
+/// Where a partition lives and who leads it, as the controller decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub replicas: Vec<i32>,
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub isr: Vec<i32>,
+    pub partition_epoch: i32,
+}
+
+/// How a topic acknowledges writes (`sluice.durability.level`, see ARCHITECTURE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurabilityLevel {
+    /// A majority (the ISR, at least `min.insync.replicas`) has it, each fsynced.
+    ReplicatedFsynced = 1,
+    /// The ISR has it in memory; fsync is asynchronous.
+    Replicated = 2,
+    /// The leader fsynced it; replication is asynchronous.
+    LeaderFsynced = 3,
+    /// The leader has it in memory.
+    LeaderOnly = 4,
+}
+
+impl DurabilityLevel {
+    pub fn from_level(level: u8) -> Option<DurabilityLevel> {
+        match level {
+            1 => Some(DurabilityLevel::ReplicatedFsynced),
+            2 => Some(DurabilityLevel::Replicated),
+            3 => Some(DurabilityLevel::LeaderFsynced),
+            4 => Some(DurabilityLevel::LeaderOnly),
+            _ => None,
+        }
+    }
+
+    /// Acknowledgement (and the high watermark) waits for the ISR.
+    pub fn waits_for_replicas(self) -> bool {
+        matches!(self, DurabilityLevel::ReplicatedFsynced | DurabilityLevel::Replicated)
+    }
+
+    /// Each copy is fsynced before it counts.
+    pub fn fsyncs(self) -> bool {
+        matches!(self, DurabilityLevel::ReplicatedFsynced | DurabilityLevel::LeaderFsynced)
+    }
+}
+
+/// What the replication layer needs from the controller: ISR changes.
+pub trait IsrChanges: Send + Sync + 'static {
+    /// Proposes a new ISR; resolves once the controller committed or refused it.
+    fn alter_isr(
+        &self,
+        topic: String,
+        partition: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+}
+
+/// A follower as its leader sees it.
+#[derive(Debug, Clone, Copy)]
+struct FollowerProgress {
+    /// The follower's last fetch offset: it holds [0, end) at the topic's durability.
+    end: i64,
+    /// The last time the follower had fetched everything the leader had.
+    caught_up_ms: i64,
+    /// The leader's log end at the follower's previous fetch.
+    leader_end_at_last_fetch: i64,
+    last_fetch_ms: i64,
+}
+
+#[derive(Debug)]
+struct LeaderRole {
+    assignment: Assignment,
+    level: DurabilityLevel,
+    min_insync: usize,
+    /// Followers being added to the ISR, counted for the high watermark already.
+    joining: HashSet<i32>,
+    /// An ISR change is in flight with the controller.
+    isr_change_pending: bool,
+    followers: HashMap<i32, FollowerProgress>,
+}
+
+#[derive(Debug)]
+enum Role {
+    Leader(LeaderRole),
+    /// Following `leader` (-1: no leader right now) at `leader_epoch`.
+    Follower {
+        leader: i32,
+        leader_epoch: i32,
+    },
+}
+
+/// One partition hosted on this node.
+pub struct Replica {
+    pub topic: String,
+    pub partition: i32,
+    pub log: Arc<Partition>,
+    role: Mutex<Role>,
+    /// Wakes the leader's high-watermark task when the role changes.
+    role_changed: Notify,
+}
+
+/// Why a request for a partition cannot be served here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotServed {
+    UnknownPartition,
+    NotLeader,
+    /// The client's leader epoch is older than ours.
+    FencedLeaderEpoch,
+    /// The client's leader epoch is newer than ours (our metadata lags).
+    UnknownLeaderEpoch,
+    NotEnoughReplicas,
+}
+
+/// What a produce on the leader must wait for.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderWrite {
+    pub leader_epoch: i32,
+    /// Wait for the high watermark (ISR) rather than the local durable end.
+    pub waits_for_replicas: bool,
+}
+
+/// A follower's fetch as the leader answers it.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowerFetch {
+    /// Set when the follower's log diverges: (epoch, end offset) to truncate to.
+    pub diverging: Option<(i32, i64)>,
+}
+
+impl Replica {
+    fn new(topic: String, partition: i32, log: Arc<Partition>) -> Replica {
+        Replica {
+            topic,
+            partition,
+            log,
+            role: Mutex::new(Role::Follower { leader: -1, leader_epoch: -1 }),
+            role_changed: Notify::new(),
+        }
+    }
+
+    /// The leader epoch if this node leads the partition.
+    pub fn leader_epoch(&self) -> Option<i32> {
+        match &*self.role.lock() {
+            Role::Leader(leader) => Some(leader.assignment.leader_epoch),
+            Role::Follower { .. } => None,
+        }
+    }
+
+    /// Checks that a client request may be served by this node as leader.
+    pub fn check_leader(&self, client_epoch: i32) -> Result<i32, NotServed> {
+        let Some(epoch) = self.leader_epoch() else { return Err(NotServed::NotLeader) };
+        check_epoch(epoch, client_epoch)?;
+        Ok(epoch)
+    }
+
+    /// A produce with `acks`: refused when this node does not lead or the ISR is too small.
+    pub fn begin_write(&self, acks: i16) -> Result<LeaderWrite, NotServed> {
+        let role = self.role.lock();
+        let Role::Leader(leader) = &*role else { return Err(NotServed::NotLeader) };
+        let waits = leader.level.waits_for_replicas() && acks == -1;
+        if waits && leader.assignment.isr.len() < leader.min_insync {
+            return Err(NotServed::NotEnoughReplicas);
+        }
+        Ok(LeaderWrite { leader_epoch: leader.assignment.leader_epoch, waits_for_replicas: waits })
+    }
+
+    /// Records a follower's fetch at `fetch_offset` (it holds everything before it) and
+    /// checks its log against ours. Moves the high watermark; may ask to expand the ISR.
+    pub fn follower_fetched(
+        self: &Arc<Self>,
+        follower: i32,
+        client_epoch: i32,
+        fetch_offset: i64,
+        last_fetched_epoch: i32,
+        now_ms: i64,
+        isr_changes: &Arc<dyn IsrChanges>,
+    ) -> Result<FollowerFetch, NotServed> {
+        let mut role = self.role.lock();
+        let Role::Leader(leader) = &mut *role else { return Err(NotServed::NotLeader) };
+        check_epoch(leader.assignment.leader_epoch, client_epoch)?;
+        if !leader.assignment.replicas.contains(&follower) {
+            return Err(NotServed::UnknownPartition);
+        }
+        if last_fetched_epoch >= 0 {
+            match self.log.epoch_end_offset(last_fetched_epoch) {
+                Some((epoch, end)) if epoch == last_fetched_epoch && end >= fetch_offset => {}
+                Some((epoch, end)) => return Ok(FollowerFetch { diverging: Some((epoch, end)) }),
+                None => return Ok(FollowerFetch { diverging: Some((-1, -1)) }),
+            }
+        }
+        let log_end = self.log.offsets().log_end_offset;
+        let progress = leader.followers.entry(follower).or_insert(FollowerProgress {
+            end: -1,
+            caught_up_ms: now_ms,
+            leader_end_at_last_fetch: -1,
+            last_fetch_ms: now_ms,
+        });
+        if fetch_offset >= log_end {
+            progress.caught_up_ms = now_ms;
+        } else if fetch_offset >= progress.leader_end_at_last_fetch && progress.leader_end_at_last_fetch >= 0 {
+            progress.caught_up_ms = progress.last_fetch_ms;
+        }
+        progress.end = fetch_offset;
+        progress.leader_end_at_last_fetch = log_end;
+        progress.last_fetch_ms = now_ms;
+        let high_watermark = self.log.offsets().high_watermark;
+        let may_join = !leader.assignment.isr.contains(&follower)
+            && !leader.joining.contains(&follower)
+            && !leader.isr_change_pending
+            && fetch_offset >= high_watermark
+            && fetch_offset >= self.log.epoch_end_offset(leader.assignment.leader_epoch - 1).map_or(0, |(_, end)| end);
+        if may_join {
+            leader.joining.insert(follower);
+            let mut isr = leader.assignment.isr.clone();
+            isr.push(follower);
+            isr.sort_unstable();
+            self.request_isr_change(leader, isr, isr_changes);
+        }
+        self.advance_high_watermark(leader);
+        Ok(FollowerFetch { diverging: None })
+    }
+
+    fn request_isr_change(self: &Arc<Self>, leader: &mut LeaderRole, isr: Vec<i32>, isr_changes: &Arc<dyn IsrChanges>) {
+        leader.isr_change_pending = true;
+        let replica = self.clone();
+        let change = isr_changes.alter_isr(
+            self.topic.clone(),
+            self.partition,
+            leader.assignment.leader_epoch,
+            leader.assignment.partition_epoch,
+            isr.clone(),
+        );
+        tracing::info!(topic = %self.topic, partition = self.partition, ?isr, "proposing ISR change");
+        tokio::spawn(async move {
+            let result = change.await;
+            let mut role = replica.role.lock();
+            if let Role::Leader(leader) = &mut *role {
+                leader.isr_change_pending = false;
+                if let Err(error) = result {
+                    tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "ISR change refused");
+                    leader.joining.clear();
+                }
+            }
+        });
+    }
+
+    /// Recomputes the high watermark from the leader's durable end and the ISR's fetches.
+    fn advance_high_watermark(&self, leader: &LeaderRole) {
+        if !leader.level.waits_for_replicas() || leader.assignment.replicas.len() == 1 {
+            return;
+        }
+        let mut high_watermark = self.log.progress().borrow().local_end;
+        for member in leader.assignment.isr.iter().chain(leader.joining.iter()) {
+            if *member == leader.assignment.leader {
+                continue;
+            }
+            high_watermark = high_watermark.min(leader.followers.get(member).map_or(-1, |f| f.end));
+        }
+        if high_watermark >= 0 {
+            self.log.advance_high_watermark(high_watermark);
+        }
+    }
+
+    /// Drops followers that fell behind for longer than `lag_ms` from the ISR.
+    fn check_isr(self: &Arc<Self>, now_ms: i64, lag_ms: u64, isr_changes: &Arc<dyn IsrChanges>) {
+        let mut role = self.role.lock();
+        let Role::Leader(leader) = &mut *role else { return };
+        if leader.isr_change_pending || leader.assignment.isr.len() <= 1 {
+            return;
+        }
+        let log_end = self.log.offsets().log_end_offset;
+        let me = leader.assignment.leader;
+        let lagging: Vec<i32> = leader
+            .assignment
+            .isr
+            .iter()
+            .copied()
+            .filter(|&member| member != me)
+            .filter(|member| match leader.followers.get(member) {
+                Some(f) => f.end < log_end && now_ms - f.caught_up_ms > lag_ms as i64,
+                None => false,
+            })
+            .collect();
+        if lagging.is_empty() {
+            return;
+        }
+        let isr: Vec<i32> = leader.assignment.isr.iter().copied().filter(|m| !lagging.contains(m)).collect();
+        tracing::warn!(topic = %self.topic, partition = self.partition, ?lagging, "followers fell behind");
+        self.request_isr_change(leader, isr, isr_changes);
+    }
+}
+
+fn check_epoch(ours: i32, client: i32) -> Result<(), NotServed> {
+    match client {
+        -1 => Ok(()),
+        e if e < ours => Err(NotServed::FencedLeaderEpoch),
+        e if e > ours => Err(NotServed::UnknownLeaderEpoch),
+        _ => Ok(()),
+    }
+}
+
+/// Topic settings replication acts on.
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    pub level: DurabilityLevel,
+    pub min_insync_replicas: usize,
+    pub log: LogConfig,
+}
+
+/// The replicas this node hosts and their roles.
+pub struct ReplicaManager {
+    node_id: i32,
+    replicas: RwLock<HashMap<TopicPartition, Arc<Replica>>>,
+    /// Kafka listener address of every known broker, for fetchers.
+    brokers: RwLock<BTreeMap<i32, String>>,
+    /// Wakes fetchers when the set of followed partitions changes.
+    pub(crate) followers_changed: Notify,
+    isr_changes: Arc<dyn IsrChanges>,
+    lag_ms: u64,
+}
+
+impl ReplicaManager {
+    pub fn new(node_id: i32, isr_changes: Arc<dyn IsrChanges>, lag_ms: u64) -> Arc<ReplicaManager> {
+        Arc::new(ReplicaManager {
+            node_id,
+            replicas: RwLock::new(HashMap::new()),
+            brokers: RwLock::new(BTreeMap::new()),
+            followers_changed: Notify::new(),
+            isr_changes,
+            lag_ms,
+        })
+    }
+
+    pub fn node_id(&self) -> i32 {
+        self.node_id
+    }
+
+    pub fn get(&self, topic: &str, partition: i32) -> Option<Arc<Replica>> {
+        self.replicas.read().get(&TopicPartition::new(topic, partition)).cloned()
+    }
+
+    pub fn isr_changes(&self) -> &Arc<dyn IsrChanges> {
+        &self.isr_changes
+    }
+
+    pub fn set_brokers(&self, brokers: BTreeMap<i32, String>) {
+        *self.brokers.write() = brokers;
+    }
+
+    pub fn broker_address(&self, node: i32) -> Option<String> {
+        self.brokers.read().get(&node).cloned()
+    }
+
+    /// Partitions this node follows, grouped by leader: (replica, leader epoch).
+    pub fn followed_by_leader(&self) -> BTreeMap<i32, Vec<(Arc<Replica>, i32)>> {
+        let mut by_leader: BTreeMap<i32, Vec<(Arc<Replica>, i32)>> = BTreeMap::new();
+        for replica in self.replicas.read().values() {
+            if let Role::Follower { leader, leader_epoch } = &*replica.role.lock() {
+                if *leader >= 0 {
+                    by_leader.entry(*leader).or_default().push((replica.clone(), *leader_epoch));
+                }
+            }
+        }
+        by_leader
+    }
+
+    /// Applies the controller's decision for one partition hosted here: opens the log if
+    /// needed and becomes leader or follower. Idempotent.
+    pub fn apply(
+        self: &Arc<Self>,
+        logs: &LogManager,
+        topic: &str,
+        partition: i32,
+        assignment: &Assignment,
+        config: &ReplicationConfig,
+    ) -> std::io::Result<()> {
+        assert!(assignment.replicas.contains(&self.node_id));
+        let tp = TopicPartition::new(topic, partition);
+        let existing = self.replicas.read().get(&tp).cloned();
+        let replica = match existing {
+            Some(replica) => replica,
+            None => {
+                let log = logs.open(&tp, config.log.clone())?;
+                let replica = Arc::new(Replica::new(topic.to_string(), partition, log));
+                self.replicas.write().insert(tp, replica.clone());
+                replica
+            }
+        };
+        replica.log.set_config(config.log.clone());
+        let mut role = replica.role.lock();
+        let mut follower_change = false;
+        if assignment.leader == self.node_id {
+            match &mut *role {
+                Role::Leader(leader) if leader.assignment.leader_epoch == assignment.leader_epoch => {
+                    leader.joining.retain(|j| !assignment.isr.contains(j));
+                    leader.assignment = assignment.clone();
+                    leader.level = config.level;
+                    leader.min_insync = config.min_insync_replicas;
+                    replica.advance_high_watermark(leader);
+                }
+                current => {
+                    follower_change = matches!(current, Role::Follower { .. });
+                    tracing::info!(topic, partition, epoch = assignment.leader_epoch, "becoming leader");
+                    let replicated = assignment.replicas.len() > 1 && config.level.waits_for_replicas();
+                    replica.log.set_replicated(replicated);
+                    *current = Role::Leader(LeaderRole {
+                        assignment: assignment.clone(),
+                        level: config.level,
+                        min_insync: config.min_insync_replicas,
+                        joining: HashSet::new(),
+                        isr_change_pending: false,
+                        followers: HashMap::new(),
+                    });
+                    if let Role::Leader(leader) = &*current {
+                        replica.advance_high_watermark(leader);
+                    }
+                    drop(role);
+                    replica.role_changed.notify_waiters();
+                    self.spawn_high_watermark_task(&replica, assignment.leader_epoch);
+                    if follower_change {
+                        self.followers_changed.notify_waiters();
+                    }
+                    return Ok(());
+                }
+            }
+        } else {
+            let new_role = Role::Follower { leader: assignment.leader, leader_epoch: assignment.leader_epoch };
+            let same = matches!(&*role, Role::Follower { leader, leader_epoch }
+                if *leader == assignment.leader && *leader_epoch == assignment.leader_epoch);
+            if !same {
+                tracing::info!(
+                    topic,
+                    partition,
+                    leader = assignment.leader,
+                    epoch = assignment.leader_epoch,
+                    "following"
+                );
+                replica.log.set_replicated(true);
+                *role = new_role;
+                follower_change = true;
+            }
+        }
+        drop(role);
+        if follower_change {
+            replica.role_changed.notify_waiters();
+            self.followers_changed.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Forgets a partition no longer hosted here (deleted or moved away) and deletes its log.
+    pub fn remove(&self, logs: &LogManager, topic: &str, partition: i32) -> std::io::Result<()> {
+        let tp = TopicPartition::new(topic, partition);
+        if let Some(replica) = self.replicas.write().remove(&tp) {
+            *replica.role.lock() = Role::Follower { leader: -1, leader_epoch: -1 };
+            replica.role_changed.notify_waiters();
+            self.followers_changed.notify_waiters();
+            logs.delete(&tp)?;
+        }
+        Ok(())
+    }
+
+    /// All hosted partitions.
+    pub fn hosted(&self) -> Vec<(TopicPartition, Arc<Replica>)> {
+        self.replicas.read().iter().map(|(tp, r)| (tp.clone(), r.clone())).collect()
+    }
+
+    /// While this node leads `replica` at `epoch`, moves its high watermark when its own
+    /// durable end moves (followers' fetches move it from the fetch path).
+    fn spawn_high_watermark_task(&self, replica: &Arc<Replica>, epoch: i32) {
+        let replica = replica.clone();
+        tokio::spawn(async move {
+            let mut progress = replica.log.progress();
+            loop {
+                {
+                    let role = replica.role.lock();
+                    match &*role {
+                        Role::Leader(leader) if leader.assignment.leader_epoch == epoch => {
+                            replica.advance_high_watermark(leader)
+                        }
+                        _ => return,
+                    }
+                }
+                let role_changed = replica.role_changed.notified();
+                tokio::select! {
+                    changed = progress.changed() => if changed.is_err() { return },
+                    () = role_changed => {}
+                }
+            }
+        });
+    }
+
+    /// Runs the periodic ISR check until the process ends.
+    pub fn spawn_isr_checker(self: &Arc<Self>) {
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(std::time::Duration::from_millis(ISR_CHECK_INTERVAL_MS));
+            loop {
+                interval.tick().await;
+                let Some(manager) = manager.upgrade() else { return };
+                let now = sluice_storage::now_ms();
+                for (_, replica) in manager.hosted() {
+                    replica.check_isr(now, manager.lag_ms, &manager.isr_changes);
+                }
+            }
+        });
+    }
+}
