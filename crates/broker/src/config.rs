@@ -1,6 +1,7 @@
 //! Broker configuration: listener, data dir, limits and topic defaults, with the named
 //! limits every queue and buffer is bounded by.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -42,6 +43,81 @@ pub struct BrokerConfig {
     /// waits this long for more members to join.
     pub group_initial_rebalance_delay_ms: u64,
     pub topic_defaults: TopicDefaults,
+    /// Set to run as a node of a replicated cluster; absent = a single node.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: this node's part in a replicated cluster.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Where this node's controller (Raft) listens for the other controllers.
+    pub controller_listen: SocketAddr,
+    /// The controller quorum as `id@host:port,...` (Kafka's `controller.quorum.voters`).
+    pub voters: String,
+    /// How often a broker tells the active controller it is alive.
+    pub heartbeat_interval_ms: u64,
+    /// A broker silent for this long is fenced and its partitions get new leaders.
+    pub session_timeout_ms: u64,
+    /// Raft election timeout (the upper bound is twice this).
+    pub election_timeout_min_ms: u64,
+    /// Kafka's `replica.lag.time.max.ms`.
+    pub replica_lag_time_max_ms: u64,
+    /// Kafka's `default.replication.factor`, for topics created without one.
+    pub default_replication_factor: i16,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            controller_listen: "127.0.0.1:9093".parse().expect("valid address"),
+            voters: String::new(),
+            heartbeat_interval_ms: 250,
+            session_timeout_ms: 1_500,
+            election_timeout_min_ms: 500,
+            replica_lag_time_max_ms: crate::replication::REPLICA_LAG_TIME_MS_DEFAULT,
+            default_replication_factor: 3,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The voters by node id.
+    pub fn voters(&self) -> Result<BTreeMap<i32, String>, String> {
+        let mut voters = BTreeMap::new();
+        for entry in self.voters.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (id, address) =
+                entry.split_once('@').ok_or_else(|| format!("cluster.voters entry {entry:?} is not id@host:port"))?;
+            let id: i32 = id.parse().map_err(|_| format!("cluster.voters entry {entry:?} has a bad node id"))?;
+            if !address.contains(':') {
+                return Err(format!("cluster.voters entry {entry:?} has no port"));
+            }
+            if voters.insert(id, address.to_string()).is_some() {
+                return Err(format!("cluster.voters names node {id} twice"));
+            }
+        }
+        if voters.is_empty() {
+            return Err("cluster.voters is empty".into());
+        }
+        Ok(voters)
+    }
+
+    pub fn validate(&self, node_id: i32) -> Result<(), String> {
+        let voters = self.voters()?;
+        if !voters.contains_key(&node_id) {
+            return Err(format!("node_id {node_id} is not among cluster.voters (learners are not supported yet)"));
+        }
+        if self.heartbeat_interval_ms == 0 || self.session_timeout_ms <= self.heartbeat_interval_ms * 2 {
+            return Err("cluster.session_timeout_ms must exceed twice cluster.heartbeat_interval_ms".into());
+        }
+        if self.election_timeout_min_ms < 50 {
+            return Err("cluster.election_timeout_min_ms must be at least 50".into());
+        }
+        if self.default_replication_factor < 1 {
+            return Err("cluster.default_replication_factor must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for BrokerConfig {
@@ -60,6 +136,7 @@ impl Default for BrokerConfig {
             log_retention_check_interval_ms: 60_000,
             group_initial_rebalance_delay_ms: GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT,
             topic_defaults: TopicDefaults::default(),
+            cluster: None,
         }
     }
 }
@@ -89,6 +166,9 @@ impl BrokerConfig {
             ));
         }
         self.advertised_address()?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(self.node_id)?;
+        }
         self.topic_defaults.validate()
     }
 

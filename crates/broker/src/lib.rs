@@ -4,6 +4,7 @@
 //! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
 
 pub mod config;
+pub mod cluster_link;
 mod connection;
 mod group;
 mod handlers;
@@ -37,6 +38,8 @@ pub struct Broker {
     groups: Arc<GroupCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
     replicas: Option<Arc<replication::ReplicaManager>>,
+    /// This node's controller, in a cluster.
+    cluster: Option<Arc<cluster_link::ClusterLink>>,
     /// Held for the broker's life: a second broker on the same data dir fails to start.
     _data_dir_lock: sluice_storage::DirLock,
 }
@@ -49,6 +52,23 @@ impl Broker {
         let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs = LogManager::new(&config.data_dir.join("logs"))?;
+        let (replicas, cluster) = match &config.cluster {
+            None => (None, None),
+            Some(cluster_config) => {
+                // The controller's metadata decides which logs this node hosts; they are
+                // opened as it arrives (cluster_link), not from the local registry.
+                topics.replace_all(Vec::new())?;
+                topics.set_cluster_id(cluster_id_for(&cluster_config.voters));
+                topics.use_node_producer_ids(config.node_id)?;
+                let link = Arc::new(cluster_link::ClusterLink::default());
+                let replicas = replication::ReplicaManager::new(
+                    config.node_id,
+                    link.clone(),
+                    cluster_config.replica_lag_time_max_ms,
+                );
+                (Some(replicas), Some(link))
+            }
+        };
         let wanted: Vec<(TopicPartition, LogConfig)> = topics
             .all()
             .into_iter()
@@ -74,9 +94,18 @@ impl Broker {
             logs,
             produce_memory,
             groups,
-            replicas: None,
+            replicas,
+            cluster,
             _data_dir_lock: data_dir_lock,
         }))
+    }
+
+    /// Cluster mode: starts this node's controller and replication (see [`cluster_link`]).
+    pub async fn join_cluster(self: &Arc<Self>) -> anyhow::Result<()> {
+        match &self.config.cluster {
+            Some(cluster) => cluster_link::join(self, &cluster.clone()).await,
+            None => Ok(()),
+        }
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -87,8 +116,15 @@ impl Broker {
         self.config.node_id
     }
 
+    /// The log of a partition this node leads (on a single node: every partition).
     pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
-        self.logs.get(&TopicPartition::new(topic, partition))
+        match &self.replicas {
+            None => self.logs.get(&TopicPartition::new(topic, partition)),
+            Some(replicas) => {
+                let replica = replicas.get(topic, partition)?;
+                replica.leader_epoch().map(|_| replica.log.clone())
+            }
+        }
     }
 
     /// Creates a topic: logs first, then the registry entry, so a registered topic always
@@ -119,4 +155,11 @@ impl Broker {
         self.logs.close();
         self.groups.close();
     }
+}
+
+/// Every node of a cluster reports the same cluster id: derived from the voter list.
+fn cluster_id_for(voters: &str) -> String {
+    let digest = crc32c::crc32c(voters.as_bytes());
+    let id = uuid::Uuid::from_u64_pair(u64::from(digest) << 32 | 0x5_1ce, u64::from(digest));
+    topics::base64_cluster_id(id)
 }

@@ -17,6 +17,8 @@ const META_VERSION: u32 = 1;
 /// Producer ids are reserved on disk this many at a time, so a restart never reuses one.
 pub const PRODUCER_ID_BLOCK: i64 = 1000;
 pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+/// Bits of a producer id below the node id in cluster mode (2^40 ids per node).
+pub const PRODUCER_ID_NODE_SHIFT: u32 = 40;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicMeta {
@@ -160,6 +162,31 @@ impl TopicRegistry {
         Ok(Some(updated))
     }
 
+    /// Cluster mode: the controller owns the topics; this registry becomes a cache of
+    /// them (kept in memory, not persisted) and takes the cluster's id.
+    pub fn replace_all(&self, topics: Vec<TopicMeta>) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.names_by_id = topics.iter().map(|t| (t.id, t.name.clone())).collect();
+        state.topics = topics.into_iter().map(|t| (t.name.clone(), t)).collect();
+        Ok(())
+    }
+
+    pub fn set_cluster_id(&self, cluster_id: String) {
+        self.state.lock().cluster_id = cluster_id;
+    }
+
+    /// Cluster mode: producer ids of node N start at N << [`PRODUCER_ID_NODE_SHIFT`], so
+    /// nodes never hand out the same id (each node's counter is persisted as before).
+    pub fn use_node_producer_ids(&self, node_id: i32) -> io::Result<()> {
+        let floor = i64::from(node_id) << PRODUCER_ID_NODE_SHIFT;
+        let mut state = self.state.lock();
+        if state.next_producer_id < floor {
+            state.next_producer_id = floor;
+            state.producer_id_block_end = floor;
+        }
+        Ok(())
+    }
+
     /// A producer id never handed out before, even across restarts.
     pub fn allocate_producer_id(&self) -> io::Result<i64> {
         let mut state = self.state.lock();
@@ -175,7 +202,7 @@ impl TopicRegistry {
 }
 
 /// Kafka cluster ids are 22-character URL-safe base64 UUIDs.
-fn base64_cluster_id(id: Uuid) -> String {
+pub(crate) fn base64_cluster_id(id: Uuid) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = id.as_u128();
     (0..22).map(|i| ALPHABET[((bits >> (122 - 6 * i).max(0)) & 63) as usize] as char).collect()

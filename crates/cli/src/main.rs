@@ -1,5 +1,6 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
+mod dev_cluster;
 mod serve;
 mod tools;
 
@@ -28,6 +29,8 @@ enum Command {
     Consume(tools::ConsumeArgs),
     /// Show the cluster's brokers.
     Cluster(tools::ClusterArgs),
+    /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
+    DevCluster(dev_cluster::DevClusterArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
     Bench(sluice_bench::BenchArgs),
 }
@@ -40,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Produce(args) => tools::produce(args),
         Command::Consume(args) => tools::consume(args),
         Command::Cluster(args) => tools::cluster(args),
+        Command::DevCluster(args) => dev_cluster::run(args),
         Command::Bench(args) => sluice_bench::run(args),
     }
 }

@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// Initial rebalance delay of a new consumer group (Kafka's group.initial.rebalance.delay.ms).
     #[arg(long, env = "SLUICE_GROUP_INITIAL_REBALANCE_DELAY_MS")]
     group_initial_rebalance_delay_ms: Option<u64>,
+    /// Run as a cluster node: the controller quorum as `id@host:port,...` (each voter's
+    /// controller address). Absent = a single node.
+    #[arg(long, env = "SLUICE_CLUSTER_VOTERS")]
+    cluster_voters: Option<String>,
+    /// Where this node's controller listens (cluster mode).
+    #[arg(long, env = "SLUICE_CONTROLLER_LISTEN")]
+    controller_listen: Option<SocketAddr>,
     /// Log format: text or json.
     #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -88,6 +95,15 @@ impl ServeArgs {
         }
         if let Some(value) = self.flush_messages {
             defaults.flush_messages = value;
+        }
+        if self.cluster_voters.is_some() || self.controller_listen.is_some() {
+            let cluster = config.cluster.get_or_insert_with(Default::default);
+            if let Some(voters) = self.cluster_voters {
+                cluster.voters = voters;
+            }
+            if let Some(listen) = self.controller_listen {
+                cluster.controller_listen = listen;
+            }
         }
         config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         Ok((config, self.log_format))
@@ -133,6 +149,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await?
             .with_context(|| format!("opening data dir {}", data_dir.display()))?;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+        broker.join_cluster().await.context("joining the cluster")?;
         sluice_broker::server::serve(broker, listener, shutdown_signal()).await?;
         Ok(())
     })

@@ -29,14 +29,18 @@ pub(super) const SOURCE_DEFAULT: i8 = 5;
 
 pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataResponse {
     let mut response = MetadataResponse::default();
-    let (host, port) = &broker.advertised;
-    let mut node = MetadataResponseBroker::default();
-    node.node_id = BrokerId(broker.node_id());
-    node.host = str_bytes(host);
-    node.port = *port;
-    response.brokers.push(node);
+    response.brokers = live_brokers(broker)
+        .into_iter()
+        .map(|(id, host, port)| {
+            let mut node = MetadataResponseBroker::default();
+            node.node_id = BrokerId(id);
+            node.host = str_bytes(&host);
+            node.port = port;
+            node
+        })
+        .collect();
     response.cluster_id = Some(str_bytes(&broker.topics.cluster_id()));
-    response.controller_id = BrokerId(broker.node_id());
+    response.controller_id = BrokerId(controller_id(broker));
     let auto_create = request.allow_auto_topic_creation && broker.config().auto_create_topics;
     match request.topics {
         None => response.topics = broker.topics.all().iter().map(|t| topic_metadata(broker, t)).collect(),
@@ -53,7 +57,32 @@ pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest) -> Metada
     response
 }
 
-fn lookup_or_create(broker: &Broker, name: &str, id: Uuid, auto_create: bool) -> MetadataResponseTopic {
+/// (node id, host, port) of every broker clients may use: this one on a single node, the
+/// unfenced ones in a cluster.
+fn live_brokers(broker: &Broker) -> Vec<(i32, String, i32)> {
+    if let Some(cluster) = &broker.cluster {
+        let metadata = cluster.metadata();
+        let live: Vec<_> = metadata
+            .brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| (b.node_id, b.host.clone(), i32::from(b.port)))
+            .collect();
+        if !live.is_empty() {
+            return live;
+        }
+    }
+    vec![(broker.node_id(), broker.advertised.0.clone(), broker.advertised.1)]
+}
+
+fn controller_id(broker: &Broker) -> i32 {
+    match &broker.cluster {
+        None => broker.node_id(),
+        Some(cluster) => cluster.controller().and_then(|c| c.active_controller()).unwrap_or(-1),
+    }
+}
+
+fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: bool) -> MetadataResponseTopic {
     let failed = |error: ResponseError| {
         let mut topic = MetadataResponseTopic::default();
         topic.name = (!name.is_empty()).then(|| TopicName(str_bytes(name)));
@@ -72,6 +101,18 @@ fn lookup_or_create(broker: &Broker, name: &str, id: Uuid, auto_create: bool) ->
     }
     if !auto_create {
         return failed(ResponseError::UnknownTopicOrPartition);
+    }
+    if broker.cluster.is_some() {
+        // As Kafka does: the topic is being created; the client asks again.
+        let creating = broker.clone();
+        let topic = name.to_string();
+        tokio::spawn(async move {
+            let partitions = creating.config().num_partitions;
+            if let Err((_, error)) = create_in_cluster(&creating, &topic, partitions, -1, BTreeMap::new()).await {
+                tracing::info!(%topic, %error, "auto-create in cluster failed");
+            }
+        });
+        return failed(ResponseError::LeaderNotAvailable);
     }
     let topic = TopicMeta {
         name: name.to_string(),
@@ -100,6 +141,33 @@ fn topic_metadata(broker: &Broker, topic: &TopicMeta) -> MetadataResponseTopic {
     let mut response = MetadataResponseTopic::default();
     response.name = Some(TopicName(str_bytes(&topic.name)));
     response.topic_id = topic.id;
+    if let Some(cluster) = &broker.cluster {
+        let metadata = cluster.metadata();
+        let Some(info) = metadata.topics.get(&topic.name) else {
+            response.error_code = ResponseError::LeaderNotAvailable.code();
+            return response;
+        };
+        let fenced = |id: &i32| metadata.brokers.get(id).is_none_or(|b| b.fenced);
+        response.partitions = info
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(index, p)| {
+                let mut partition = MetadataResponsePartition::default();
+                partition.partition_index = index as i32;
+                partition.leader_id = BrokerId(p.leader);
+                partition.leader_epoch = p.leader_epoch;
+                if p.leader < 0 {
+                    partition.error_code = ResponseError::LeaderNotAvailable.code();
+                }
+                partition.replica_nodes = p.replicas.iter().map(|&r| BrokerId(r)).collect();
+                partition.isr_nodes = p.isr.iter().map(|&r| BrokerId(r)).collect();
+                partition.offline_replicas = p.replicas.iter().filter(|r| fenced(r)).map(|&r| BrokerId(r)).collect();
+                partition
+            })
+            .collect();
+        return response;
+    }
     response.partitions = (0..topic.partitions)
         .map(|index| {
             let mut partition = MetadataResponsePartition::default();
@@ -155,11 +223,8 @@ pub(super) fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, 
     response
 }
 
-fn create_one(
-    broker: &Broker,
-    topic: &CreatableTopic,
-    validate_only: bool,
-) -> Result<TopicMeta, (ResponseError, String)> {
+/// Checks a CreatableTopic (name, partitions, configs) and resolves its partition count.
+fn validate_creatable(broker: &Broker, topic: &CreatableTopic) -> Result<TopicMeta, (ResponseError, String)> {
     let name = topic.name.as_str();
     validate_topic_name(name).map_err(|e| (ResponseError::InvalidTopicException, e))?;
     if broker.topics.get(name).is_some() {
@@ -178,6 +243,27 @@ fn create_one(
             format!("number of partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}"),
         ));
     }
+    let mut configs = BTreeMap::new();
+    for config in &topic.configs {
+        topic_config::validate(config.name.as_str(), config.value.as_deref())
+            .map_err(|e| (ResponseError::InvalidConfig, e))?;
+        if let Some(value) = &config.value {
+            configs.insert(config.name.to_string(), value.to_string());
+        }
+    }
+    if broker.cluster.is_some() && !topic.assignments.is_empty() {
+        return Err((ResponseError::InvalidReplicaAssignment, "manual replica assignment is not supported yet".into()));
+    }
+    Ok(TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions, configs })
+}
+
+fn create_one(
+    broker: &Broker,
+    topic: &CreatableTopic,
+    validate_only: bool,
+) -> Result<TopicMeta, (ResponseError, String)> {
+    let meta = validate_creatable(broker, topic)?;
+    let (name, partitions) = (meta.name.as_str(), meta.partitions);
     let node = broker.node_id();
     if topic.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node) || a.broker_ids.len() != 1) {
         return Err((
@@ -191,15 +277,6 @@ fn create_one(
             format!("replication factor {} is larger than the 1 available broker", topic.replication_factor),
         ));
     }
-    let mut configs = BTreeMap::new();
-    for config in &topic.configs {
-        topic_config::validate(config.name.as_str(), config.value.as_deref())
-            .map_err(|e| (ResponseError::InvalidConfig, e))?;
-        if let Some(value) = &config.value {
-            configs.insert(config.name.to_string(), value.to_string());
-        }
-    }
-    let meta = TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions, configs };
     if validate_only {
         return Ok(meta);
     }
@@ -227,6 +304,12 @@ pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) 
         result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
         let unknown =
             if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
+        if broker.cluster.is_some() {
+            result.error_code = ResponseError::InvalidRequest.code();
+            result.error_message = message(crate::cluster_link::NOT_YET_IN_CLUSTER);
+            response.responses.push(result);
+            continue;
+        }
         match resolved.map(|n| broker.delete_topic(&n)) {
             None | Some(Ok(None)) => result.error_code = unknown.code(),
             Some(Ok(Some(deleted))) => {
@@ -269,6 +352,9 @@ fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> R
     }
     if validate_only {
         return Ok(());
+    }
+    if broker.cluster.is_some() {
+        return Err((ResponseError::InvalidRequest, crate::cluster_link::NOT_YET_IN_CLUSTER.into()));
     }
     let log_config = broker.config().topic_defaults.log_config(&topic.configs);
     for p in topic.partitions..count {
@@ -321,6 +407,73 @@ pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequ
             tracing::warn!(%error, "could not persist producer id block");
             response.error_code = ResponseError::KafkaStorageError.code();
         }
+    }
+    response
+}
+
+/// Creates a topic through the controller and waits until this node has applied it.
+pub(super) async fn create_in_cluster(
+    broker: &Arc<Broker>,
+    name: &str,
+    partitions: i32,
+    replication_factor: i16,
+    configs: BTreeMap<String, String>,
+) -> Result<TopicMeta, (ResponseError, String)> {
+    let cluster = broker.cluster.as_ref().expect("cluster mode");
+    let controller = cluster.controller().ok_or((ResponseError::NotController, "controller not started".into()))?;
+    let default_rf = broker.config().cluster.as_ref().map_or(1, |c| c.default_replication_factor);
+    let replication_factor = if replication_factor == -1 {
+        let brokers = cluster.metadata().brokers.values().filter(|b| !b.fenced).count().max(1);
+        default_rf.min(brokers as i16)
+    } else {
+        replication_factor
+    };
+    let created = tokio::time::timeout(
+        crate::cluster_link::ADMIN_TIMEOUT,
+        controller.create_topic(name, partitions, replication_factor, configs.clone()),
+    )
+    .await
+    .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
+    .map_err(|e| (ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError), e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while broker.topics.get(name).is_none() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tracing::info!(topic = name, partitions, replication_factor, "created topic in cluster");
+    Ok(TopicMeta { name: name.to_string(), id: created.topic_id, partitions, configs })
+}
+
+/// CreateTopics in a cluster: the same checks as on a single node, then the controller.
+pub(super) async fn create_topics_in_cluster(
+    broker: Arc<Broker>,
+    request: CreateTopicsRequest,
+) -> CreateTopicsResponse {
+    let mut response = CreateTopicsResponse::default();
+    for topic in request.topics {
+        let mut result = CreatableTopicResult::default();
+        result.name = topic.name.clone();
+        result.num_partitions = -1;
+        result.replication_factor = -1;
+        let outcome = match validate_creatable(&broker, &topic) {
+            Err(refused) => Err(refused),
+            Ok(meta) if request.validate_only => Ok(meta),
+            Ok(meta) => {
+                create_in_cluster(&broker, &meta.name, meta.partitions, topic.replication_factor, meta.configs).await
+            }
+        };
+        match outcome {
+            Ok(created) => {
+                result.topic_id = created.id;
+                result.num_partitions = created.partitions;
+                result.replication_factor = topic.replication_factor;
+            }
+            Err((error, text)) => {
+                tracing::info!(topic = %topic.name.as_str(), %text, "create topic refused");
+                result.error_code = error.code();
+                result.error_message = message(text);
+            }
+        }
+        response.topics.push(result);
     }
     response
 }

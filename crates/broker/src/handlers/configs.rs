@@ -215,6 +215,9 @@ fn apply(
     if validate_only {
         return Ok(());
     }
+    if broker.cluster.is_some() {
+        return Err((ResponseError::InvalidRequest, crate::cluster_link::NOT_YET_IN_CLUSTER.into()));
+    }
     let updated = broker
         .topics
         .update(name, |t| t.configs = configs)

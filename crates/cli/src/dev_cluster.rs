@@ -1,0 +1,115 @@
+//! `sluice dev-cluster`: N cluster nodes as separate `sluice serve` processes on
+//! 127.0.0.1, for development and tests. Node i (1-based) serves Kafka on
+//! `base_port + i - 1` and its controller on `base_port + CONTROLLER_PORT_OFFSET + i - 1`,
+//! with data in `<data_dir>/node-<i>`. A node that dies is reported and left dead (the
+//! others go on); Ctrl-C or SIGTERM stops them all cleanly.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+/// Controller ports sit this far above the Kafka ports.
+pub const CONTROLLER_PORT_OFFSET: u16 = 100;
+pub const DEV_CLUSTER_NODES_MAX: u16 = 9;
+/// How long nodes get to shut down cleanly before they are killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, clap::Args)]
+pub struct DevClusterArgs {
+    /// Number of nodes (all of them controller voters).
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// Kafka port of node 1; node i listens on base-port + i - 1.
+    #[arg(long, default_value_t = 9092)]
+    base_port: u16,
+    /// Parent of the nodes' data dirs.
+    #[arg(long, default_value = "./sluice-dev-cluster")]
+    data_dir: PathBuf,
+    /// Extra arguments passed to every `sluice serve` (after `--`).
+    #[arg(last = true)]
+    serve_args: Vec<String>,
+}
+
+pub fn run(args: DevClusterArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=DEV_CLUSTER_NODES_MAX).contains(&args.nodes), "--nodes must be in 1..={DEV_CLUSTER_NODES_MAX}");
+    let last_port = u32::from(args.base_port) + u32::from(CONTROLLER_PORT_OFFSET) + u32::from(args.nodes);
+    anyhow::ensure!(last_port <= u32::from(u16::MAX), "--base-port too high for {} nodes", args.nodes);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(run_nodes(args))
+}
+
+async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("locating the sluice binary")?;
+    let ids: Vec<u16> = (1..=args.nodes).collect();
+    let kafka_port = |id: u16| args.base_port + id - 1;
+    let controller_port = |id: u16| args.base_port + CONTROLLER_PORT_OFFSET + id - 1;
+    let voters: Vec<String> = ids.iter().map(|&id| format!("{id}@127.0.0.1:{}", controller_port(id))).collect();
+    let voters = voters.join(",");
+    let mut children: Vec<(u16, Option<Child>)> = Vec::new();
+    for &id in &ids {
+        let data_dir = args.data_dir.join(format!("node-{id}"));
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        let child = Command::new(&exe)
+            .arg("serve")
+            .args(["--node-id", &id.to_string()])
+            .args(["--listen", &format!("127.0.0.1:{}", kafka_port(id))])
+            .args(["--controller-listen", &format!("127.0.0.1:{}", controller_port(id))])
+            .args(["--cluster-voters", &voters])
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(&args.serve_args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting node {id}"))?;
+        children.push((id, Some(child)));
+    }
+    let bootstrap: Vec<String> = ids.iter().map(|&id| format!("127.0.0.1:{}", kafka_port(id))).collect();
+    println!("bootstrap: {}", bootstrap.join(","));
+    for &id in &ids {
+        println!("node {id}: pid {} kafka 127.0.0.1:{} controller 127.0.0.1:{}", pid_of(&children, id), kafka_port(id), controller_port(id));
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                for (id, slot) in children.iter_mut() {
+                    if let Some(child) = slot {
+                        if let Some(status) = child.try_wait()? {
+                            eprintln!("node {id} exited: {status}; the others keep running");
+                            *slot = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("stopping {} nodes", children.iter().filter(|(_, c)| c.is_some()).count());
+    for (_, child) in children.iter().filter_map(|(id, c)| c.as_ref().map(|c| (id, c))) {
+        if let Some(pid) = child.id() {
+            // SAFETY: kill(2) on a child pid we own.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+    }
+    for (id, slot) in children.iter_mut() {
+        if let Some(child) = slot {
+            match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
+                Ok(status) => eprintln!("node {id} stopped: {}", status?),
+                Err(_) => {
+                    eprintln!("node {id} did not stop in {STOP_TIMEOUT:?}; killing it");
+                    child.kill().await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn pid_of(children: &[(u16, Option<Child>)], id: u16) -> u32 {
+    children.iter().find(|(i, _)| *i == id).and_then(|(_, c)| c.as_ref()?.id()).unwrap_or(0)
+}
