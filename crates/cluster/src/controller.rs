@@ -58,10 +58,11 @@ const FORWARD_TIMEOUT_MS_MAX: u64 = 5_000;
 const WRITE_RETRY_BACKOFF_MS: u64 = 50;
 /// Period of the active controller's liveness check.
 const LIVENESS_TICK_MS_MAX: u64 = 100;
-/// Raft entries between snapshots (and so the log kept on disk, roughly).
-const SNAPSHOT_LOGS_SINCE_LAST: u64 = 1_000;
-/// Entries kept behind a snapshot so slightly lagging followers need no snapshot.
-const LOGS_KEPT_AFTER_SNAPSHOT: u64 = 200;
+/// Default number of raft entries between snapshots (and so the log kept, roughly).
+pub const SNAPSHOT_INTERVAL_ENTRIES_DEFAULT: u64 = 1_000;
+/// Entries kept behind a snapshot, as a fraction of the interval, so that slightly lagging
+/// followers catch up from the log instead of a whole snapshot.
+const LOGS_KEPT_AFTER_SNAPSHOT_DIVISOR: u64 = 5;
 
 /// Configuration of one node's controller.
 #[derive(Clone, Debug)]
@@ -94,6 +95,8 @@ pub struct ControllerConfig {
     pub leader_rebalance_interval_ms: u64,
     /// Deadline of one write, forwarding and retries included.
     pub write_timeout_ms: u64,
+    /// Raft entries between two snapshots of the state machine; older entries are purged.
+    pub snapshot_interval_entries: u64,
 }
 
 impl ControllerConfig {
@@ -121,6 +124,7 @@ impl ControllerConfig {
             auto_leader_rebalance_enable: true,
             leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS_DEFAULT,
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
+            snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
         }
     }
 
@@ -141,8 +145,11 @@ impl ControllerConfig {
         if self.election_timeout_min_ms < 10 || self.election_timeout_min_ms >= self.election_timeout_max_ms {
             return fail("election timeouts: need 10 <= min < max".to_string());
         }
-        if self.leader_rebalance_interval_ms == 0 || self.write_timeout_ms == 0 {
-            return fail("leader_rebalance_interval_ms and write_timeout_ms must be positive".to_string());
+        if self.leader_rebalance_interval_ms == 0 || self.write_timeout_ms == 0 || self.snapshot_interval_entries == 0 {
+            return fail(
+                "leader_rebalance_interval_ms, write_timeout_ms and snapshot_interval_entries must be positive"
+                    .to_string(),
+            );
         }
         Ok(())
     }
@@ -154,8 +161,8 @@ impl ControllerConfig {
             election_timeout_max: self.election_timeout_max_ms,
             heartbeat_interval: (self.election_timeout_min_ms / 3).max(5),
             install_snapshot_timeout: self.election_timeout_max_ms.max(1_000),
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(SNAPSHOT_LOGS_SINCE_LAST),
-            max_in_snapshot_log_to_keep: LOGS_KEPT_AFTER_SNAPSHOT,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_interval_entries),
+            max_in_snapshot_log_to_keep: self.snapshot_interval_entries / LOGS_KEPT_AFTER_SNAPSHOT_DIVISOR,
             ..Default::default()
         };
         config.validate().map_err(|error| ControllerError::Config(error.to_string()))

@@ -144,18 +144,19 @@ impl LogInner {
             let entry: Entry<TypeConfig> =
                 serde_json::from_slice(payload).map_err(|error| corrupt(format!("undecodable entry: {error}")))?;
             let index = entry.log_id.index;
-            if let Some((&previous, _)) = self.positions.last_key_value() {
-                if index != previous + 1 {
-                    return Err(corrupt(format!("log index {index} follows {previous}")));
-                }
-            }
-            self.positions.insert(index, (first, offset as u64));
+            // Only live entries must be contiguous: after a snapshot install the log jumps
+            // from a purged prefix to the entry after the snapshot.
             if purged_index.is_none_or(|purged| index > purged) {
+                if let Some((&previous, _)) = self.entries.last_key_value() {
+                    if index != previous + 1 {
+                        return Err(corrupt(format!("log index {index} follows {previous}")));
+                    }
+                }
+                self.positions.insert(index, (first, offset as u64));
                 self.entries.insert(index, entry);
             }
             offset += RECORD_HEADER_BYTES + payload.len();
         }
-        self.positions.retain(|&index, _| purged_index.is_none_or(|purged| index > purged));
         Ok(offset as u64)
     }
 
@@ -163,14 +164,20 @@ impl LogInner {
         let mut new_segment = false;
         for entry in entries {
             let index = entry.log_id.index;
-            if let Some((&last, _)) = self.entries.last_key_value() {
-                assert_eq!(index, last + 1, "the log must not have holes");
+            match (self.entries.last_key_value(), self.last_purged) {
+                (Some((&last, _)), _) => assert_eq!(index, last + 1, "the log must not have holes"),
+                (None, Some(purged)) => assert!(index > purged.index, "append at {index} below the purge point"),
+                (None, None) => {}
             }
             let payload = serde_json::to_vec(&entry).map_err(io::Error::other)?;
             assert!(payload.len() <= ENTRY_BYTES_MAX, "log entry of {} bytes", payload.len());
+            // Everything in the active segment is purged (e.g. a snapshot was installed): the
+            // log may continue at a much later index, so start a segment named after it.
             let roll = match &self.active {
                 None => true,
-                Some((first, _)) => self.segments[first] >= SEGMENT_BYTES_MAX,
+                Some((first, _)) => {
+                    self.segments[first] >= SEGMENT_BYTES_MAX || (self.entries.is_empty() && self.segments[first] > 0)
+                }
             };
             if roll {
                 self.roll(index)?;
@@ -419,6 +426,22 @@ mod tests {
         store.lock().append_entries(vec![entry(1, 3)]).unwrap();
         drop(store);
         assert_eq!(indexes(&LogStore::open(dir.path()).unwrap()), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn log_continues_after_a_purge_past_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store.lock().append_entries((1..=5).map(|index| entry(1, index)).collect()).unwrap();
+        // As after installing a snapshot up to 59: everything is purged, the log goes on at 60.
+        store.lock().purge(LogId::new(CommittedLeaderId::new(2, 1), 59)).unwrap();
+        store.lock().append_entries((60..=62).map(|index| entry(2, index)).collect()).unwrap();
+        store.lock().purge(LogId::new(CommittedLeaderId::new(2, 1), 60)).unwrap();
+        assert_eq!(store.lock().segments.keys().copied().collect::<Vec<_>>(), vec![60]);
+        drop(store);
+        let store = LogStore::open(dir.path()).unwrap();
+        assert_eq!(indexes(&store), vec![61, 62]);
+        assert_eq!(store.lock().last_log_id().unwrap().index, 62);
     }
 
     #[test]

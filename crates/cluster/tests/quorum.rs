@@ -13,6 +13,8 @@ const HEARTBEAT_INTERVAL_MS: u64 = 100;
 const SESSION_TIMEOUT_MS: u64 = 1_000;
 /// Scheduling slack on a loaded 2-core machine running several clusters at once.
 const SLACK: Duration = Duration::from_secs(4);
+/// Small, so that the tests snapshot, purge and install snapshots on lagging nodes.
+const SNAPSHOT_INTERVAL_ENTRIES: u64 = 20;
 const READY: Duration = Duration::from_secs(20);
 
 struct Cluster {
@@ -62,6 +64,7 @@ impl Cluster {
         config.election_timeout_max_ms = 600;
         config.auto_leader_rebalance_enable = false;
         config.write_timeout_ms = 15_000;
+        config.snapshot_interval_entries = SNAPSHOT_INTERVAL_ENTRIES;
         config
     }
 
@@ -315,5 +318,34 @@ async fn whole_cluster_restart_keeps_the_metadata() {
     assert_eq!(cluster.metadata(1).topics["kept"].topic_id, before["kept"].topic_id);
     let next_block = cluster.nodes[&1].allocate_producer_ids(100).await.unwrap();
     assert!(next_block >= first_block + 100, "producer ids are never reused");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_node_catches_up_from_a_snapshot() {
+    let mut cluster = Cluster::start(3).await;
+    let lagging = cluster.follower().await;
+    cluster.stop(lagging).await;
+    let writer = cluster.leader().await;
+    for _ in 0..3 * SNAPSHOT_INTERVAL_ENTRIES {
+        cluster.nodes[&writer].allocate_producer_ids(1).await.unwrap();
+    }
+    cluster.nodes[&writer].create_topic("after", 2, 2, BTreeMap::new()).await.unwrap();
+    let snapshot = cluster.dirs[&writer].path().join("controller/snapshot-v1.bin");
+    wait_until("leader snapshot", SLACK, || snapshot.exists()).await;
+    // The leader purged the entries the lagging node misses: it must install the snapshot.
+    cluster.restart(lagging).await;
+    let expected = cluster.metadata(writer).next_producer_id;
+    wait_until("lagging node caught up", SLACK, || {
+        let metadata = cluster.metadata(lagging);
+        metadata.next_producer_id >= expected && metadata.topics.contains_key("after")
+    })
+    .await;
+    assert!(cluster.dirs[&lagging].path().join("controller/snapshot-v1.bin").exists());
+    // And a restart from its own snapshot plus log keeps it.
+    cluster.stop(lagging).await;
+    cluster.restart(lagging).await;
+    assert!(cluster.metadata(lagging).next_producer_id >= expected);
+    assert!(cluster.metadata(lagging).topics.contains_key("after"));
     cluster.shutdown().await;
 }
