@@ -508,12 +508,14 @@ impl Shared {
 
     /// One attempt at `leader`; `None` when it could not be reached (not sent: safe to retry).
     async fn forward(&self, leader: i32, command: &Command, deadline: Instant) -> Option<WriteReply> {
-        if leader == self.config.node_id {
-            return Some(self.propose(command.clone()).await);
-        }
-        let address = self.config.voters.get(&leader)?;
         let timeout =
             deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(FORWARD_TIMEOUT_MS_MAX));
+        if leader == self.config.node_id {
+            // A leader cut off from its quorum never answers: the deadline still holds.
+            let proposed = tokio::time::timeout(timeout, self.propose(command.clone())).await;
+            return Some(proposed.unwrap_or_else(|_| WriteReply::Failed("proposal timed out".to_string())));
+        }
+        let address = self.config.voters.get(&leader)?;
         match self.peers.client(address).call(&Request::Write(command.clone()), timeout).await {
             Ok(Response::Write(reply)) => Some(reply),
             Ok(other) => Some(WriteReply::Failed(format!("mismatched response {other:?}"))),

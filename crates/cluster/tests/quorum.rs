@@ -18,6 +18,8 @@ const SNAPSHOT_INTERVAL_ENTRIES: u64 = 20;
 const READY: Duration = Duration::from_secs(20);
 
 struct Cluster {
+    /// `Some(interval)` turns on the automatic preferred leader election.
+    auto_rebalance_ms: Option<u64>,
     voters: BTreeMap<i32, String>,
     dirs: BTreeMap<i32, TempDir>,
     nodes: BTreeMap<i32, Arc<Controller>>,
@@ -35,10 +37,14 @@ fn init_tracing() {
 
 impl Cluster {
     async fn start(count: i32) -> Cluster {
+        Cluster::start_with(count, None).await
+    }
+
+    async fn start_with(count: i32, auto_rebalance_ms: Option<u64>) -> Cluster {
         init_tracing();
         let voters: BTreeMap<i32, String> = (1..=count).map(|id| (id, format!("127.0.0.1:{}", free_port()))).collect();
         let dirs = (1..=count).map(|id| (id, tempfile::tempdir().unwrap())).collect();
-        let mut cluster = Cluster { voters, dirs, nodes: BTreeMap::new() };
+        let mut cluster = Cluster { auto_rebalance_ms, voters, dirs, nodes: BTreeMap::new() };
         let starts: Vec<_> = (1..=count).map(|id| Controller::start(cluster.config(id))).collect();
         for (id, started) in (1..=count).zip(futures_join_all(starts).await) {
             cluster.nodes.insert(id, started.unwrap());
@@ -62,7 +68,8 @@ impl Cluster {
         config.session_timeout_ms = SESSION_TIMEOUT_MS;
         config.election_timeout_min_ms = 300;
         config.election_timeout_max_ms = 600;
-        config.auto_leader_rebalance_enable = false;
+        config.auto_leader_rebalance_enable = self.auto_rebalance_ms.is_some();
+        config.leader_rebalance_interval_ms = self.auto_rebalance_ms.unwrap_or(1);
         config.write_timeout_ms = 15_000;
         config.snapshot_interval_entries = SNAPSHOT_INTERVAL_ENTRIES;
         config
@@ -347,5 +354,54 @@ async fn lagging_node_catches_up_from_a_snapshot() {
     cluster.restart(lagging).await;
     assert!(cluster.metadata(lagging).next_producer_id >= expected);
     assert!(cluster.metadata(lagging).topics.contains_key("after"));
+    cluster.shutdown().await;
+}
+
+/// Every partition leader of `topic` adds `node` back to its ISR (re-reading its metadata
+/// while its view lags behind the latest fencing changes); returns how many partitions prefer
+/// `node` as leader.
+async fn rejoin_isrs(cluster: &Cluster, topic: &str, node: i32) -> usize {
+    let count = cluster.metadata(node).topics[topic].partitions.len();
+    let mut preferred_by_node = 0;
+    for index in 0..count {
+        let start = Instant::now();
+        loop {
+            let partition = cluster.metadata(node).topics[topic].partitions[index].clone();
+            let mut isr = partition.isr.clone();
+            isr.push(node);
+            let owner = &cluster.nodes[&partition.leader];
+            let result = owner
+                .alter_partition(topic, index as i32, partition.leader_epoch, partition.partition_epoch, isr)
+                .await;
+            match result {
+                Ok(_) => {
+                    preferred_by_node += usize::from(partition.replicas[0] == node);
+                    break;
+                }
+                Err(error) => assert!(start.elapsed() < SLACK, "alter partition keeps failing: {error}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    preferred_by_node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_preferred_election_restores_leaders() {
+    let cluster = Cluster::start_with(3, Some(300)).await;
+    let leader = cluster.leader().await;
+    let silent = cluster.follower().await;
+    cluster.nodes[&leader].create_topic("t", 6, 3, BTreeMap::new()).await.unwrap();
+    cluster.nodes[&silent].set_heartbeats_paused(true);
+    let limit = Duration::from_millis(SESSION_TIMEOUT_MS) + SLACK;
+    wait_until("silent broker fenced", limit, || cluster.metadata(leader).brokers[&silent].fenced).await;
+    cluster.nodes[&silent].set_heartbeats_paused(false);
+    wait_until("broker unfenced", SLACK, || !cluster.metadata(silent).brokers[&silent].fenced).await;
+    assert_eq!(rejoin_isrs(&cluster, "t", silent).await, 2);
+    wait_until("preferred leaders restored", SLACK, || {
+        let metadata = cluster.metadata(leader);
+        metadata.topics["t"].partitions.iter().all(|partition| partition.leader == partition.replicas[0])
+    })
+    .await;
     cluster.shutdown().await;
 }
