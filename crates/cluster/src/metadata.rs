@@ -1,0 +1,1011 @@
+//! The replicated state machine: [`ClusterMetadata`] and the [`Command`]s that change it.
+//!
+//! Everything here is pure and deterministic: [`ClusterMetadata::apply`] is called on every
+//! node with the same commands in the same order and must produce the same state, so it reads
+//! no clock, no randomness and no environment. Choices that need randomness (where a topic's
+//! replicas start, the topic id) are made by the proposer and carried in the command.
+//!
+//! A command is validated completely before anything is changed, so a rejected command leaves
+//! the state untouched (a rejection is still a committed log entry; its result is the error).
+//!
+//! The leader election rules (the core safety rule of the cluster) live in
+//! [`ClusterMetadata::apply`]'s helpers `fence_broker` and `unfence_broker`:
+//! - a fenced broker loses the leadership of every partition it leads; the new leader is the
+//!   first replica (in replica order) that is in the ISR and unfenced, `leader_epoch + 1`, and
+//!   the fenced broker leaves the ISR;
+//! - if no such replica exists the partition goes leaderless (`leader = -1`) and the ISR is
+//!   kept as it is, so the last in-sync replica is remembered (no unclean election unless the
+//!   topic sets `unclean.leader.election.enable=true`);
+//! - a fenced broker also leaves the ISR of the partitions it follows (unless it is the last
+//!   member), with `partition_epoch + 1`;
+//! - an unfenced broker becomes the leader of every leaderless partition whose ISR holds it.
+//!
+//! ```
+//! use sluice_cluster::{BrokerInfo, ClusterMetadata, Command};
+//! let mut metadata = ClusterMetadata::default();
+//! let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 9092, rack: None, incarnation: 7, fenced: false };
+//! metadata.apply(Command::RegisterBroker(broker)).unwrap();
+//! assert!(!metadata.brokers[&1].fenced);
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Most topics the cluster holds; CreateTopic beyond it is refused.
+pub const TOPICS_MAX: usize = 10_000;
+/// Most partitions of one topic (the broker's own limit is the same).
+pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
+/// Most replicas of one partition.
+pub const REPLICATION_FACTOR_MAX: i16 = 16;
+/// Most registered brokers.
+pub const BROKERS_MAX: usize = 1_024;
+/// Longest topic name, as in Kafka.
+pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+/// Most config overrides of one topic.
+pub const CONFIGS_PER_TOPIC_MAX: usize = 256;
+/// Most producer ids handed out by one AllocateProducerIds.
+pub const PRODUCER_ID_BLOCK_MAX: i64 = 1 << 20;
+/// The leader id of a partition without a leader.
+pub const NO_LEADER: i32 = -1;
+/// Topic config that allows electing an out-of-sync replica (data loss) over staying leaderless.
+pub const UNCLEAN_LEADER_ELECTION_CONFIG: &str = "unclean.leader.election.enable";
+
+/// One broker as the controller quorum knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerInfo {
+    /// Node id (the same id as its controller).
+    pub node_id: i32,
+    /// Host of its Kafka listener.
+    pub host: String,
+    /// Port of its Kafka listener.
+    pub port: u16,
+    /// Rack, if configured.
+    pub rack: Option<String>,
+    /// Random per process start: a new value means the broker restarted.
+    pub incarnation: u64,
+    /// A fenced broker leads nothing and is in no ISR (except as the last member).
+    pub fenced: bool,
+}
+
+/// One partition's replica set and leadership.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    /// Replicas in preference order: the first is the preferred leader.
+    pub replicas: Vec<i32>,
+    /// Current leader, [`NO_LEADER`] when none.
+    pub leader: i32,
+    /// Bumped on every leader change (including to and from [`NO_LEADER`]).
+    pub leader_epoch: i32,
+    /// In-sync replicas, a subset of `replicas`.
+    pub isr: Vec<i32>,
+    /// Bumped on every change of this partition's state.
+    pub partition_epoch: i32,
+}
+
+/// One topic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicInfo {
+    /// Kafka topic id.
+    pub topic_id: Uuid,
+    /// Config overrides (Kafka names); validated by the broker, stored as given.
+    pub configs: BTreeMap<String, String>,
+    /// Partitions by index.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// A reassignment in progress: the partition's replicas are `original` plus `target` until
+/// every target replica is in the ISR, then they become `target`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reassignment {
+    /// The replicas wanted at the end.
+    pub target: Vec<i32>,
+    /// The replicas before the reassignment started (restored on cancel).
+    pub original: Vec<i32>,
+}
+
+/// The whole replicated cluster state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMetadata {
+    /// Registered brokers by node id.
+    pub brokers: BTreeMap<i32, BrokerInfo>,
+    /// Topics by name.
+    pub topics: BTreeMap<String, TopicInfo>,
+    /// First producer id of the next AllocateProducerIds block.
+    pub next_producer_id: i64,
+    /// Raft log index of the last applied entry: grows with every change.
+    pub version: u64,
+    /// Reassignments in progress: topic -> partition -> reassignment.
+    pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+}
+
+/// A change to the cluster metadata: the application data of the raft log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Add or update a broker; when it arrives unfenced it also takes leaderless partitions.
+    RegisterBroker(BrokerInfo),
+    /// The broker's session expired.
+    FenceBroker {
+        /// The broker.
+        node_id: i32,
+    },
+    /// The broker is alive again.
+    UnfenceBroker {
+        /// The broker.
+        node_id: i32,
+    },
+    /// Create a topic; replicas are placed at apply time from `placement_seed`.
+    CreateTopic {
+        /// Topic name.
+        name: String,
+        /// Chosen by the proposer.
+        topic_id: Uuid,
+        /// Partition count.
+        partitions: i32,
+        /// Replicas per partition.
+        replication_factor: i16,
+        /// Config overrides.
+        configs: BTreeMap<String, String>,
+        /// Random, chosen by the proposer: where the round-robin placement starts.
+        placement_seed: u64,
+    },
+    /// Delete a topic.
+    DeleteTopic {
+        /// Topic name.
+        name: String,
+    },
+    /// Grow a topic to `total` partitions.
+    CreatePartitions {
+        /// Topic name.
+        name: String,
+        /// New partition count.
+        total: i32,
+        /// Random, chosen by the proposer.
+        placement_seed: u64,
+    },
+    /// Replace a topic's config overrides.
+    AlterTopicConfigs {
+        /// Topic name.
+        name: String,
+        /// The new overrides (all of them).
+        configs: BTreeMap<String, String>,
+    },
+    /// Kafka's AlterPartition: the partition leader changes the ISR.
+    AlterPartition {
+        /// Topic name.
+        topic: String,
+        /// Partition index.
+        partition: i32,
+        /// The broker asking: must be the current leader.
+        leader_id: i32,
+        /// Must equal the current leader epoch.
+        leader_epoch: i32,
+        /// Must equal the current partition epoch.
+        partition_epoch: i32,
+        /// The new ISR.
+        new_isr: Vec<i32>,
+    },
+    /// Hand out `count` producer ids.
+    AllocateProducerIds {
+        /// How many.
+        count: i64,
+    },
+    /// Preferred (`preferred = true`) or leaderless-only election over all partitions.
+    ElectLeaders {
+        /// Move leadership back to the first replica where possible.
+        preferred: bool,
+    },
+    /// Start (`Some`) or cancel (`None`) a reassignment.
+    Reassign {
+        /// Topic name.
+        topic: String,
+        /// Partition index.
+        partition: i32,
+        /// Target replicas.
+        target: Option<Vec<i32>>,
+    },
+}
+
+/// What an applied command returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandOutput {
+    /// Nothing to report.
+    Done,
+    /// The topic as created or changed.
+    Topic(TopicInfo),
+    /// The partition as changed.
+    Partition(PartitionInfo),
+    /// First id of the allocated producer-id block.
+    ProducerIds {
+        /// First id.
+        first: i64,
+    },
+    /// How many partitions got a new leader.
+    Elected(usize),
+}
+
+/// Why a command was refused. Serializable: it travels back in the raft response.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MetadataError {
+    /// CreateTopic of an existing name.
+    #[error("topic {0} already exists")]
+    TopicAlreadyExists(String),
+    /// No such topic.
+    #[error("unknown topic {0}")]
+    UnknownTopic(String),
+    /// No such partition.
+    #[error("unknown partition {topic}-{partition}")]
+    UnknownPartition {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+    },
+    /// Bad partition count.
+    #[error("invalid partitions: {0}")]
+    InvalidPartitions(String),
+    /// Bad replication factor, or not enough unfenced brokers.
+    #[error("invalid replication factor: {0}")]
+    InvalidReplicationFactor(String),
+    /// Bad replica list.
+    #[error("invalid replica assignment: {0}")]
+    InvalidReplicaAssignment(String),
+    /// AlterPartition with a leader epoch that is not the current one.
+    #[error("stale leader epoch {given}, current {current}")]
+    StaleEpoch {
+        /// The request's epoch.
+        given: i32,
+        /// The partition's epoch.
+        current: i32,
+    },
+    /// AlterPartition with a partition epoch that is not the current one.
+    #[error("invalid update version: partition epoch {given}, current {current}")]
+    InvalidUpdateVersion {
+        /// The request's epoch.
+        given: i32,
+        /// The partition's epoch.
+        current: i32,
+    },
+    /// AlterPartition from a broker that does not lead the partition.
+    #[error("broker {given} is not the leader (leader is {current})")]
+    NotLeader {
+        /// The asking broker.
+        given: i32,
+        /// The current leader.
+        current: i32,
+    },
+    /// The new ISR holds a broker that is not a replica or is fenced.
+    #[error("ineligible replica: {0}")]
+    IneligibleReplica(String),
+    /// No such broker.
+    #[error("unknown broker {0}")]
+    UnknownBroker(i32),
+    /// Cancel of a reassignment that does not exist.
+    #[error("no reassignment in progress for {topic}-{partition}")]
+    NoReassignmentInProgress {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+    },
+    /// A named limit would be exceeded.
+    #[error("limit exceeded: {0}")]
+    LimitExceeded(String),
+    /// Malformed request.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+/// The result an applied command returns, as stored in the raft response.
+pub type CommandResult = Result<CommandOutput, MetadataError>;
+
+impl ClusterMetadata {
+    /// The partition, if it exists.
+    pub fn partition(&self, topic: &str, partition: i32) -> Option<&PartitionInfo> {
+        let index = usize::try_from(partition).ok()?;
+        self.topics.get(topic)?.partitions.get(index)
+    }
+
+    /// Ids of the unfenced brokers, ascending.
+    pub fn unfenced_brokers(&self) -> Vec<i32> {
+        self.brokers.values().filter(|broker| !broker.fenced).map(|broker| broker.node_id).collect()
+    }
+
+    /// Applies one command: all validation first, then the change, so an error changes nothing.
+    pub fn apply(&mut self, command: Command) -> CommandResult {
+        match command {
+            Command::RegisterBroker(info) => self.register_broker(info),
+            Command::FenceBroker { node_id } => self.fence_broker(node_id),
+            Command::UnfenceBroker { node_id } => self.unfence_broker(node_id),
+            Command::CreateTopic { name, topic_id, partitions, replication_factor, configs, placement_seed } => {
+                self.create_topic(name, topic_id, partitions, replication_factor, configs, placement_seed)
+            }
+            Command::DeleteTopic { name } => self.delete_topic(&name),
+            Command::CreatePartitions { name, total, placement_seed } => {
+                self.create_partitions(&name, total, placement_seed)
+            }
+            Command::AlterTopicConfigs { name, configs } => self.alter_topic_configs(&name, configs),
+            Command::AlterPartition { topic, partition, leader_id, leader_epoch, partition_epoch, new_isr } => {
+                self.alter_partition(&topic, partition, leader_id, leader_epoch, partition_epoch, new_isr)
+            }
+            Command::AllocateProducerIds { count } => self.allocate_producer_ids(count),
+            Command::ElectLeaders { preferred } => Ok(CommandOutput::Elected(self.elect_leaders(preferred))),
+            Command::Reassign { topic, partition, target } => self.reassign(&topic, partition, target),
+        }
+    }
+
+    fn register_broker(&mut self, info: BrokerInfo) -> CommandResult {
+        if info.node_id < 0 {
+            return Err(MetadataError::InvalidRequest(format!("negative node id {}", info.node_id)));
+        }
+        let was_fenced = match self.brokers.get(&info.node_id) {
+            Some(existing) => existing.fenced,
+            None if self.brokers.len() >= BROKERS_MAX => {
+                return Err(MetadataError::LimitExceeded(format!("more than {BROKERS_MAX} brokers")));
+            }
+            None => true,
+        };
+        let node_id = info.node_id;
+        let fenced = info.fenced;
+        self.brokers.insert(node_id, info);
+        if was_fenced && !fenced {
+            self.elect_for_unfenced(node_id);
+        }
+        Ok(CommandOutput::Done)
+    }
+
+    fn fence_broker(&mut self, node_id: i32) -> CommandResult {
+        let broker = self.brokers.get_mut(&node_id).ok_or(MetadataError::UnknownBroker(node_id))?;
+        if broker.fenced {
+            return Ok(CommandOutput::Done);
+        }
+        broker.fenced = true;
+        let brokers = &self.brokers;
+        for topic in self.topics.values_mut() {
+            let unclean = unclean_allowed(&topic.configs);
+            for partition in &mut topic.partitions {
+                fence_in_partition(partition, node_id, brokers, unclean);
+            }
+        }
+        Ok(CommandOutput::Done)
+    }
+
+    fn unfence_broker(&mut self, node_id: i32) -> CommandResult {
+        let broker = self.brokers.get_mut(&node_id).ok_or(MetadataError::UnknownBroker(node_id))?;
+        if !broker.fenced {
+            return Ok(CommandOutput::Done);
+        }
+        broker.fenced = false;
+        self.elect_for_unfenced(node_id);
+        Ok(CommandOutput::Done)
+    }
+
+    /// A broker became eligible: it leads the leaderless partitions whose ISR holds it (or, with
+    /// unclean election allowed, whose replicas hold it).
+    fn elect_for_unfenced(&mut self, node_id: i32) {
+        assert!(self.brokers.get(&node_id).is_some_and(|broker| !broker.fenced));
+        for topic in self.topics.values_mut() {
+            let unclean = unclean_allowed(&topic.configs);
+            for partition in &mut topic.partitions {
+                if partition.leader != NO_LEADER {
+                    continue;
+                }
+                if partition.isr.contains(&node_id) {
+                    set_leader(partition, node_id);
+                } else if unclean && partition.replicas.contains(&node_id) {
+                    set_leader(partition, node_id);
+                    partition.isr = vec![node_id];
+                }
+            }
+        }
+    }
+
+    fn create_topic(
+        &mut self,
+        name: String,
+        topic_id: Uuid,
+        partitions: i32,
+        replication_factor: i16,
+        configs: BTreeMap<String, String>,
+        placement_seed: u64,
+    ) -> CommandResult {
+        validate_topic_name(&name)?;
+        if self.topics.contains_key(&name) {
+            return Err(MetadataError::TopicAlreadyExists(name));
+        }
+        if self.topics.len() >= TOPICS_MAX {
+            return Err(MetadataError::LimitExceeded(format!("more than {TOPICS_MAX} topics")));
+        }
+        if self.topics.values().any(|topic| topic.topic_id == topic_id) || topic_id.is_nil() {
+            return Err(MetadataError::InvalidRequest(format!("topic id {topic_id} is taken or nil")));
+        }
+        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
+            return Err(MetadataError::InvalidPartitions(format!(
+                "{partitions} partitions, must be 1..={PARTITIONS_PER_TOPIC_MAX}"
+            )));
+        }
+        validate_configs(&configs)?;
+        let replicas = self.place_replicas(0, partitions, replication_factor, placement_seed)?;
+        let partitions = replicas.into_iter().map(new_partition).collect();
+        let topic = TopicInfo { topic_id, configs, partitions };
+        self.topics.insert(name, topic.clone());
+        Ok(CommandOutput::Topic(topic))
+    }
+
+    /// Kafka's rack-unaware placement over the unfenced brokers: partition `p`'s first replica
+    /// is broker `(start + p) mod n` (so leaders go round-robin), the followers follow at a
+    /// shift that grows after every `n` partitions (so followers spread too).
+    fn place_replicas(
+        &self,
+        first_partition: i32,
+        count: i32,
+        replication_factor: i16,
+        placement_seed: u64,
+    ) -> Result<Vec<Vec<i32>>, MetadataError> {
+        let brokers = self.unfenced_brokers();
+        if !(1..=REPLICATION_FACTOR_MAX).contains(&replication_factor) {
+            return Err(MetadataError::InvalidReplicationFactor(format!(
+                "{replication_factor}, must be 1..={REPLICATION_FACTOR_MAX}"
+            )));
+        }
+        let factor = usize::try_from(replication_factor).expect("checked positive");
+        if brokers.len() < factor {
+            return Err(MetadataError::InvalidReplicationFactor(format!(
+                "replication factor {factor} is larger than the {} unfenced brokers",
+                brokers.len()
+            )));
+        }
+        let n = brokers.len();
+        let start = usize::try_from(placement_seed % n as u64).expect("below n");
+        let shift_base = usize::try_from((placement_seed >> 32) % n as u64).expect("below n");
+        let mut assignment = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+        for index in 0..count {
+            let p = usize::try_from(first_partition + index).expect("partition index is positive");
+            let first = (start + p) % n;
+            let mut replicas = vec![brokers[first]];
+            let shift = shift_base + p / n;
+            for j in 0..factor - 1 {
+                let offset = 1 + (shift + j) % (n - 1);
+                replicas.push(brokers[(first + offset) % n]);
+            }
+            debug_assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), factor);
+            assignment.push(replicas);
+        }
+        Ok(assignment)
+    }
+
+    fn delete_topic(&mut self, name: &str) -> CommandResult {
+        if self.topics.remove(name).is_none() {
+            return Err(MetadataError::UnknownTopic(name.to_string()));
+        }
+        self.reassignments.remove(name);
+        Ok(CommandOutput::Done)
+    }
+
+    fn create_partitions(&mut self, name: &str, total: i32, placement_seed: u64) -> CommandResult {
+        let topic = self.topics.get(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))?;
+        let current = i32::try_from(topic.partitions.len()).expect("bounded by PARTITIONS_PER_TOPIC_MAX");
+        if total <= current || total > PARTITIONS_PER_TOPIC_MAX {
+            return Err(MetadataError::InvalidPartitions(format!(
+                "topic {name} has {current} partitions, asked for {total} (max {PARTITIONS_PER_TOPIC_MAX})"
+            )));
+        }
+        let factor = i16::try_from(topic.partitions[0].replicas.len()).expect("bounded by REPLICATION_FACTOR_MAX");
+        let replicas = self.place_replicas(current, total - current, factor, placement_seed)?;
+        let topic = self.topics.get_mut(name).expect("checked above");
+        topic.partitions.extend(replicas.into_iter().map(new_partition));
+        Ok(CommandOutput::Topic(topic.clone()))
+    }
+
+    fn alter_topic_configs(&mut self, name: &str, configs: BTreeMap<String, String>) -> CommandResult {
+        validate_configs(&configs)?;
+        let topic = self.topics.get_mut(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))?;
+        topic.configs = configs;
+        Ok(CommandOutput::Topic(topic.clone()))
+    }
+
+    fn alter_partition(
+        &mut self,
+        topic: &str,
+        index: i32,
+        leader_id: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        new_isr: Vec<i32>,
+    ) -> CommandResult {
+        let partition = self.partition(topic, index).ok_or_else(|| unknown_partition(topic, index))?;
+        if leader_epoch != partition.leader_epoch {
+            return Err(MetadataError::StaleEpoch { given: leader_epoch, current: partition.leader_epoch });
+        }
+        if leader_id != partition.leader {
+            return Err(MetadataError::NotLeader { given: leader_id, current: partition.leader });
+        }
+        if partition_epoch != partition.partition_epoch {
+            return Err(MetadataError::InvalidUpdateVersion {
+                given: partition_epoch,
+                current: partition.partition_epoch,
+            });
+        }
+        self.check_new_isr(partition, leader_id, &new_isr)?;
+        let brokers = &self.brokers;
+        let pending = self.reassignments.get(topic).and_then(|by_partition| by_partition.get(&index)).cloned();
+        let partition = partition_mut(&mut self.topics, topic, index);
+        partition.isr = new_isr;
+        partition.partition_epoch += 1;
+        if let Some(reassignment) = pending {
+            if reassignment.target.iter().all(|replica| partition.isr.contains(replica)) {
+                move_replicas(partition, reassignment.target, brokers);
+                remove_reassignment(&mut self.reassignments, topic, index);
+            }
+        }
+        let partition = self.partition(topic, index).expect("exists").clone();
+        Ok(CommandOutput::Partition(partition))
+    }
+
+    /// The ISR must hold the leader, only replicas, no duplicate, and no fenced broker that is
+    /// not already in it (a fenced broker may stay, it cannot join).
+    fn check_new_isr(&self, partition: &PartitionInfo, leader_id: i32, new_isr: &[i32]) -> Result<(), MetadataError> {
+        let unique: BTreeSet<i32> = new_isr.iter().copied().collect();
+        if unique.len() != new_isr.len() || !unique.contains(&leader_id) {
+            return Err(MetadataError::InvalidRequest(format!("isr {new_isr:?} has duplicates or lacks the leader")));
+        }
+        for replica in new_isr {
+            if !partition.replicas.contains(replica) {
+                return Err(MetadataError::IneligibleReplica(format!("{replica} is not a replica")));
+            }
+            let fenced = self.brokers.get(replica).is_none_or(|broker| broker.fenced);
+            if fenced && !partition.isr.contains(replica) {
+                return Err(MetadataError::IneligibleReplica(format!("{replica} is fenced")));
+            }
+        }
+        Ok(())
+    }
+
+    fn allocate_producer_ids(&mut self, count: i64) -> CommandResult {
+        if !(1..=PRODUCER_ID_BLOCK_MAX).contains(&count) {
+            return Err(MetadataError::InvalidRequest(format!(
+                "producer id count {count}, must be 1..={PRODUCER_ID_BLOCK_MAX}"
+            )));
+        }
+        let first = self.next_producer_id;
+        self.next_producer_id = first
+            .checked_add(count)
+            .ok_or_else(|| MetadataError::LimitExceeded("producer ids exhausted".to_string()))?;
+        assert!(self.next_producer_id > first);
+        Ok(CommandOutput::ProducerIds { first })
+    }
+
+    /// Preferred: the first replica leads where it is in the ISR and unfenced. Otherwise (and in
+    /// both cases) leaderless partitions get the first eligible ISR member. Returns how many
+    /// partitions changed leader.
+    fn elect_leaders(&mut self, preferred: bool) -> usize {
+        let brokers = &self.brokers;
+        let mut elected = 0;
+        for partition in self.topics.values_mut().flat_map(|topic| topic.partitions.iter_mut()) {
+            let preferred_leader = partition.replicas[0];
+            let candidate = if preferred
+                && partition.leader != preferred_leader
+                && partition.isr.contains(&preferred_leader)
+                && eligible(brokers, preferred_leader)
+            {
+                Some(preferred_leader)
+            } else if partition.leader == NO_LEADER {
+                first_eligible_in_isr(partition, brokers, None)
+            } else {
+                None
+            };
+            if let Some(leader) = candidate {
+                set_leader(partition, leader);
+                elected += 1;
+            }
+        }
+        elected
+    }
+
+    fn reassign(&mut self, topic: &str, index: i32, target: Option<Vec<i32>>) -> CommandResult {
+        let partition = self.partition(topic, index).ok_or_else(|| unknown_partition(topic, index))?.clone();
+        let pending = self.reassignments.get(topic).and_then(|by_partition| by_partition.get(&index)).cloned();
+        let Some(target) = target else {
+            let reassignment = pending.ok_or_else(|| MetadataError::NoReassignmentInProgress {
+                topic: topic.to_string(),
+                partition: index,
+            })?;
+            if !partition.isr.iter().any(|replica| reassignment.original.contains(replica)) {
+                return Err(MetadataError::InvalidReplicaAssignment("no original replica is in the isr".to_string()));
+            }
+            let brokers = &self.brokers;
+            move_replicas(partition_mut(&mut self.topics, topic, index), reassignment.original, brokers);
+            remove_reassignment(&mut self.reassignments, topic, index);
+            return Ok(CommandOutput::Partition(self.partition(topic, index).expect("exists").clone()));
+        };
+        self.check_target(&target)?;
+        let original = pending.map_or(partition.replicas.clone(), |reassignment| reassignment.original);
+        let mut replicas = target.clone();
+        replicas.extend(original.iter().filter(|replica| !target.contains(replica)));
+        let done = target.iter().all(|replica| partition.isr.contains(replica));
+        let brokers = &self.brokers;
+        let slot = partition_mut(&mut self.topics, topic, index);
+        if done {
+            move_replicas(slot, target, brokers);
+            remove_reassignment(&mut self.reassignments, topic, index);
+        } else {
+            slot.replicas = replicas;
+            slot.partition_epoch += 1;
+            self.reassignments.entry(topic.to_string()).or_default().insert(index, Reassignment { target, original });
+        }
+        Ok(CommandOutput::Partition(self.partition(topic, index).expect("exists").clone()))
+    }
+
+    fn check_target(&self, target: &[i32]) -> Result<(), MetadataError> {
+        let unique: BTreeSet<i32> = target.iter().copied().collect();
+        let factor_max = usize::try_from(REPLICATION_FACTOR_MAX).expect("positive");
+        if target.is_empty() || unique.len() != target.len() || target.len() > factor_max {
+            return Err(MetadataError::InvalidReplicaAssignment(format!("{target:?}: empty, duplicated or too long")));
+        }
+        if let Some(unknown) = target.iter().find(|replica| !self.brokers.contains_key(replica)) {
+            return Err(MetadataError::InvalidReplicaAssignment(format!("broker {unknown} is not registered")));
+        }
+        Ok(())
+    }
+}
+
+fn new_partition(replicas: Vec<i32>) -> PartitionInfo {
+    assert!(!replicas.is_empty());
+    PartitionInfo { leader: replicas[0], leader_epoch: 0, isr: replicas.clone(), replicas, partition_epoch: 0 }
+}
+
+fn eligible(brokers: &BTreeMap<i32, BrokerInfo>, node_id: i32) -> bool {
+    brokers.get(&node_id).is_some_and(|broker| !broker.fenced)
+}
+
+fn unclean_allowed(configs: &BTreeMap<String, String>) -> bool {
+    configs.get(UNCLEAN_LEADER_ELECTION_CONFIG).is_some_and(|value| value.eq_ignore_ascii_case("true"))
+}
+
+fn set_leader(partition: &mut PartitionInfo, leader: i32) {
+    assert_ne!(partition.leader, leader, "a leader change must change the leader");
+    partition.leader = leader;
+    partition.leader_epoch += 1;
+    partition.partition_epoch += 1;
+}
+
+/// The first replica (in preference order) that is in the ISR, unfenced and not `excluded`.
+fn first_eligible_in_isr(
+    partition: &PartitionInfo,
+    brokers: &BTreeMap<i32, BrokerInfo>,
+    excluded: Option<i32>,
+) -> Option<i32> {
+    partition
+        .replicas
+        .iter()
+        .copied()
+        .find(|&replica| Some(replica) != excluded && partition.isr.contains(&replica) && eligible(brokers, replica))
+}
+
+/// The election rule for one partition when `fenced` (already marked fenced) goes away.
+fn fence_in_partition(partition: &mut PartitionInfo, fenced: i32, brokers: &BTreeMap<i32, BrokerInfo>, unclean: bool) {
+    debug_assert!(!eligible(brokers, fenced));
+    if partition.leader == fenced {
+        if let Some(leader) = first_eligible_in_isr(partition, brokers, Some(fenced)) {
+            set_leader(partition, leader);
+            partition.isr.retain(|&replica| replica != fenced);
+        } else if let Some(leader) =
+            partition.replicas.iter().copied().find(|&replica| unclean && eligible(brokers, replica))
+        {
+            set_leader(partition, leader);
+            partition.isr = vec![leader];
+        } else {
+            // No in-sync replica can take over: stay leaderless and remember the ISR, so the
+            // partition recovers when one of its members comes back.
+            set_leader(partition, NO_LEADER);
+        }
+        assert!(!partition.isr.is_empty());
+        return;
+    }
+    if partition.isr.contains(&fenced) && partition.isr.len() > 1 {
+        partition.isr.retain(|&replica| replica != fenced);
+        partition.partition_epoch += 1;
+    }
+}
+
+/// Replaces the replica set (end or cancel of a reassignment): the ISR keeps only members of
+/// the new set, and the leader moves if it is no longer a replica.
+fn move_replicas(partition: &mut PartitionInfo, replicas: Vec<i32>, brokers: &BTreeMap<i32, BrokerInfo>) {
+    let isr: Vec<i32> = partition.isr.iter().copied().filter(|replica| replicas.contains(replica)).collect();
+    assert!(!isr.is_empty(), "checked by the caller");
+    partition.replicas = replicas;
+    partition.isr = isr;
+    partition.partition_epoch += 1;
+    if !partition.replicas.contains(&partition.leader) {
+        let leader = first_eligible_in_isr(partition, brokers, None).unwrap_or(NO_LEADER);
+        if leader != partition.leader {
+            set_leader(partition, leader);
+        }
+    }
+}
+
+fn remove_reassignment(reassignments: &mut BTreeMap<String, BTreeMap<i32, Reassignment>>, topic: &str, index: i32) {
+    if let Some(by_partition) = reassignments.get_mut(topic) {
+        by_partition.remove(&index);
+        if by_partition.is_empty() {
+            reassignments.remove(topic);
+        }
+    }
+}
+
+fn partition_mut<'a>(topics: &'a mut BTreeMap<String, TopicInfo>, topic: &str, index: i32) -> &'a mut PartitionInfo {
+    let index = usize::try_from(index).expect("checked by the caller");
+    &mut topics.get_mut(topic).expect("checked by the caller").partitions[index]
+}
+
+fn unknown_partition(topic: &str, partition: i32) -> MetadataError {
+    if partition >= 0 {
+        MetadataError::UnknownPartition { topic: topic.to_string(), partition }
+    } else {
+        MetadataError::InvalidPartitions(format!("negative partition {partition}"))
+    }
+}
+
+fn validate_topic_name(name: &str) -> Result<(), MetadataError> {
+    let legal = name.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'));
+    if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX || name == "." || name == ".." || !legal {
+        return Err(MetadataError::InvalidRequest(format!("illegal topic name {name:?}")));
+    }
+    Ok(())
+}
+
+fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), MetadataError> {
+    if configs.len() > CONFIGS_PER_TOPIC_MAX {
+        return Err(MetadataError::LimitExceeded(format!("more than {CONFIGS_PER_TOPIC_MAX} topic configs")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker(node_id: i32) -> BrokerInfo {
+        BrokerInfo { node_id, host: "127.0.0.1".into(), port: 9092, rack: None, incarnation: 1, fenced: false }
+    }
+
+    fn cluster(nodes: &[i32]) -> ClusterMetadata {
+        let mut metadata = ClusterMetadata::default();
+        for &node in nodes {
+            metadata.apply(Command::RegisterBroker(broker(node))).unwrap();
+        }
+        metadata
+    }
+
+    fn create(metadata: &mut ClusterMetadata, name: &str, partitions: i32, factor: i16, seed: u64) -> CommandResult {
+        metadata.apply(Command::CreateTopic {
+            name: name.into(),
+            topic_id: Uuid::new_v4(),
+            partitions,
+            replication_factor: factor,
+            configs: BTreeMap::new(),
+            placement_seed: seed,
+        })
+    }
+
+    /// Sets one partition's state directly (tests only).
+    fn with_partition(metadata: &mut ClusterMetadata, replicas: &[i32], leader: i32, isr: &[i32]) {
+        create(metadata, "t", 1, 1, 0).unwrap();
+        let partition = &mut metadata.topics.get_mut("t").unwrap().partitions[0];
+        *partition = PartitionInfo {
+            replicas: replicas.to_vec(),
+            leader,
+            leader_epoch: 5,
+            isr: isr.to_vec(),
+            partition_epoch: 10,
+        };
+    }
+
+    /// Applies `command` to a partition state and checks (leader, leader_epoch, isr, partition_epoch).
+    fn check(
+        nodes: &[i32],
+        fenced: &[i32],
+        replicas: &[i32],
+        leader: i32,
+        isr: &[i32],
+        command: Command,
+        expected: (i32, i32, &[i32], i32),
+    ) {
+        let mut metadata = cluster(nodes);
+        with_partition(&mut metadata, replicas, leader, isr);
+        for &node in fenced {
+            metadata.brokers.get_mut(&node).unwrap().fenced = true;
+        }
+        metadata.apply(command).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!(
+            (partition.leader, partition.leader_epoch, partition.isr.as_slice(), partition.partition_epoch),
+            expected
+        );
+    }
+
+    #[test]
+    fn fencing_the_leader_elects_the_next_isr_member() {
+        check(&[1, 2, 3], &[], &[1, 2, 3], 1, &[1, 2, 3], Command::FenceBroker { node_id: 1 }, (2, 6, &[2, 3], 11));
+        // Replica order decides, and a fenced ISR member is skipped.
+        check(&[1, 2, 3], &[2], &[1, 2, 3], 1, &[1, 3, 2], Command::FenceBroker { node_id: 1 }, (3, 6, &[3, 2], 11));
+        // A replica outside the ISR is never elected.
+        check(&[1, 2, 3], &[], &[1, 2, 3], 1, &[1, 3], Command::FenceBroker { node_id: 1 }, (3, 6, &[3], 11));
+    }
+
+    #[test]
+    fn fencing_the_last_isr_member_leaves_the_partition_leaderless() {
+        check(&[1, 2, 3], &[], &[1, 2, 3], 1, &[1], Command::FenceBroker { node_id: 1 }, (NO_LEADER, 6, &[1], 11));
+    }
+
+    #[test]
+    fn fencing_a_follower_removes_it_from_the_isr() {
+        check(&[1, 2, 3], &[], &[1, 2, 3], 1, &[1, 2, 3], Command::FenceBroker { node_id: 2 }, (1, 5, &[1, 3], 11));
+        check(&[1, 2, 3], &[], &[1, 2, 3], 1, &[1, 3], Command::FenceBroker { node_id: 2 }, (1, 5, &[1, 3], 10));
+    }
+
+    #[test]
+    fn unfencing_the_last_isr_member_makes_it_leader_again() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        with_partition(&mut metadata, &[1, 2], 1, &[1]);
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().leader, NO_LEADER);
+        // Another replica coming back does not help: it is not in the ISR.
+        metadata.apply(Command::FenceBroker { node_id: 2 }).unwrap();
+        metadata.apply(Command::UnfenceBroker { node_id: 2 }).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().leader, NO_LEADER);
+        metadata.apply(Command::UnfenceBroker { node_id: 1 }).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((partition.leader, partition.leader_epoch, partition.isr.as_slice()), (1, 7, &[1][..]));
+        // Registering a new incarnation of a fenced broker unfences it the same way.
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        metadata.apply(Command::RegisterBroker(BrokerInfo { incarnation: 2, ..broker(1) })).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().leader, 1);
+    }
+
+    #[test]
+    fn unclean_election_takes_any_unfenced_replica_when_allowed() {
+        let mut metadata = cluster(&[1, 2]);
+        with_partition(&mut metadata, &[1, 2], 1, &[1]);
+        let configs = BTreeMap::from([(UNCLEAN_LEADER_ELECTION_CONFIG.to_string(), "true".to_string())]);
+        metadata.apply(Command::AlterTopicConfigs { name: "t".into(), configs }).unwrap();
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((partition.leader, partition.isr.as_slice()), (2, &[2][..]));
+    }
+
+    #[test]
+    fn placement_spreads_leaders_and_replicas() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        let CommandOutput::Topic(topic) = create(&mut metadata, "t", 6, 3, 12345).unwrap() else { panic!() };
+        let mut leaders = BTreeMap::<i32, usize>::new();
+        for partition in &topic.partitions {
+            assert_eq!(partition.replicas.iter().collect::<BTreeSet<_>>().len(), 3);
+            assert_eq!((partition.leader, &partition.isr), (partition.replicas[0], &partition.replicas));
+            *leaders.entry(partition.leader).or_default() += 1;
+        }
+        assert_eq!(leaders.values().copied().collect::<Vec<_>>(), vec![2, 2, 2]);
+        // RF 2 over 5 brokers: every broker holds 2 * 10 / 5 = 4 replicas.
+        let mut metadata = cluster(&[1, 2, 3, 4, 5]);
+        let CommandOutput::Topic(topic) = create(&mut metadata, "u", 10, 2, 7 << 32 | 3).unwrap() else { panic!() };
+        let mut load = BTreeMap::<i32, usize>::new();
+        for replica in topic.partitions.iter().flat_map(|partition| &partition.replicas) {
+            *load.entry(*replica).or_default() += 1;
+        }
+        assert_eq!(load.values().copied().collect::<Vec<_>>(), vec![4; 5]);
+    }
+
+    #[test]
+    fn create_topic_refusals() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        metadata.apply(Command::FenceBroker { node_id: 3 }).unwrap();
+        assert!(matches!(create(&mut metadata, "t", 1, 3, 0), Err(MetadataError::InvalidReplicationFactor(_))));
+        assert!(matches!(create(&mut metadata, "t", 0, 1, 0), Err(MetadataError::InvalidPartitions(_))));
+        assert!(matches!(create(&mut metadata, "bad/name", 1, 1, 0), Err(MetadataError::InvalidRequest(_))));
+        create(&mut metadata, "t", 1, 2, 0).unwrap();
+        let before = metadata.clone();
+        assert_eq!(create(&mut metadata, "t", 1, 1, 0), Err(MetadataError::TopicAlreadyExists("t".into())));
+        assert_eq!(metadata, before, "a refused command changes nothing");
+    }
+
+    #[test]
+    fn alter_partition_checks_epochs_and_isr() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        with_partition(&mut metadata, &[1, 2, 3], 1, &[1, 2, 3]);
+        let alter = |leader_id, leader_epoch, partition_epoch, new_isr: &[i32]| Command::AlterPartition {
+            topic: "t".into(),
+            partition: 0,
+            leader_id,
+            leader_epoch,
+            partition_epoch,
+            new_isr: new_isr.to_vec(),
+        };
+        assert_eq!(metadata.apply(alter(1, 4, 10, &[1])), Err(MetadataError::StaleEpoch { given: 4, current: 5 }));
+        assert_eq!(
+            metadata.apply(alter(1, 5, 9, &[1])),
+            Err(MetadataError::InvalidUpdateVersion { given: 9, current: 10 })
+        );
+        assert_eq!(metadata.apply(alter(2, 5, 10, &[1])), Err(MetadataError::NotLeader { given: 2, current: 1 }));
+        assert!(matches!(metadata.apply(alter(1, 5, 10, &[2, 3])), Err(MetadataError::InvalidRequest(_))));
+        // Shrink to the leader alone, then grow back.
+        metadata.apply(alter(1, 5, 10, &[1])).unwrap();
+        assert!(matches!(metadata.apply(alter(1, 5, 11, &[1, 4])), Err(MetadataError::IneligibleReplica(_))));
+        metadata.apply(Command::FenceBroker { node_id: 3 }).unwrap();
+        assert!(matches!(metadata.apply(alter(1, 5, 11, &[1, 3])), Err(MetadataError::IneligibleReplica(_))));
+        let CommandOutput::Partition(partition) = metadata.apply(alter(1, 5, 11, &[1, 2])).unwrap() else { panic!() };
+        assert_eq!((partition.isr, partition.partition_epoch), (vec![1, 2], 12));
+    }
+
+    #[test]
+    fn preferred_election_moves_leadership_back() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        with_partition(&mut metadata, &[1, 2, 3], 2, &[2, 3, 1]);
+        metadata.brokers.get_mut(&1).unwrap().fenced = true;
+        assert_eq!(metadata.apply(Command::ElectLeaders { preferred: true }), Ok(CommandOutput::Elected(0)));
+        metadata.brokers.get_mut(&1).unwrap().fenced = false;
+        assert_eq!(metadata.apply(Command::ElectLeaders { preferred: true }), Ok(CommandOutput::Elected(1)));
+        assert_eq!(metadata.partition("t", 0).unwrap().leader, 1);
+        assert_eq!(metadata.apply(Command::ElectLeaders { preferred: true }), Ok(CommandOutput::Elected(0)));
+    }
+
+    #[test]
+    fn reassignment_completes_when_the_target_is_in_sync() {
+        let mut metadata = cluster(&[1, 2, 3, 4]);
+        with_partition(&mut metadata, &[1, 2], 1, &[1, 2]);
+        let reassign = |target: Option<Vec<i32>>| Command::Reassign { topic: "t".into(), partition: 0, target };
+        metadata.apply(reassign(Some(vec![3, 4]))).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().replicas, vec![3, 4, 1, 2]);
+        let alter = |partition_epoch, new_isr: Vec<i32>| Command::AlterPartition {
+            topic: "t".into(),
+            partition: 0,
+            leader_id: 1,
+            leader_epoch: 5,
+            partition_epoch,
+            new_isr,
+        };
+        metadata.apply(alter(11, vec![1, 2, 3, 4])).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((&partition.replicas, partition.leader, &partition.isr), (&vec![3, 4], 3, &vec![3, 4]));
+        assert!(metadata.reassignments.is_empty());
+        assert!(matches!(metadata.apply(reassign(None)), Err(MetadataError::NoReassignmentInProgress { .. })));
+        // Cancel restores the original replicas.
+        metadata.apply(reassign(Some(vec![1, 2]))).unwrap();
+        metadata.apply(reassign(None)).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().replicas, vec![3, 4]);
+    }
+
+    #[test]
+    fn producer_ids_are_handed_out_once() {
+        let mut metadata = ClusterMetadata::default();
+        assert_eq!(
+            metadata.apply(Command::AllocateProducerIds { count: 1000 }),
+            Ok(CommandOutput::ProducerIds { first: 0 })
+        );
+        assert_eq!(
+            metadata.apply(Command::AllocateProducerIds { count: 10 }),
+            Ok(CommandOutput::ProducerIds { first: 1000 })
+        );
+        assert!(metadata.apply(Command::AllocateProducerIds { count: 0 }).is_err());
+    }
+
+    #[test]
+    fn create_partitions_grows_only() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        create(&mut metadata, "t", 2, 2, 0).unwrap();
+        let grow = |total| Command::CreatePartitions { name: "t".into(), total, placement_seed: 1 };
+        assert!(matches!(metadata.apply(grow(2)), Err(MetadataError::InvalidPartitions(_))));
+        metadata.apply(grow(5)).unwrap();
+        assert!(metadata.topics["t"].partitions.iter().all(|partition| partition.replicas.len() == 2));
+        assert_eq!(metadata.topics["t"].partitions.len(), 5);
+    }
+
+    #[test]
+    fn metadata_round_trips_through_json() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        create(&mut metadata, "t", 3, 2, 0).unwrap();
+        metadata.apply(Command::Reassign { topic: "t".into(), partition: 0, target: Some(vec![3]) }).ok();
+        let json = serde_json::to_vec(&metadata).unwrap();
+        assert_eq!(serde_json::from_slice::<ClusterMetadata>(&json).unwrap(), metadata);
+    }
+}
