@@ -3,8 +3,8 @@
 //!
 //! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
 
-pub mod config;
 pub mod cluster_link;
+pub mod config;
 mod connection;
 mod group;
 mod handlers;

@@ -434,7 +434,9 @@ pub(super) async fn create_in_cluster(
     )
     .await
     .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
-    .map_err(|e| (ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError), e.to_string()))?;
+    .map_err(|e| {
+        (ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError), e.to_string())
+    })?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     while broker.topics.get(name).is_none() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -34,7 +34,7 @@ struct Target {
     partition: i32,
     fetch_offset: i64,
     partition_max_bytes: usize,
-    log: Result<Arc<Partition>, ResponseError>,
+    log: ServingLog,
     /// A follower's log diverges: (epoch, end offset) it must truncate to.
     diverging: Option<(i32, i64)>,
 }
@@ -122,6 +122,8 @@ impl Wakeup {
     }
 }
 
+type ServingLog = Result<Arc<Partition>, ResponseError>;
+
 /// The log a fetch reads from, if this node may serve it: on a single node any hosted
 /// partition; in a cluster the leader's, for consumers and followers alike. A follower's
 /// fetch is recorded (it moves the high watermark) and checked for divergence here.
@@ -132,7 +134,7 @@ fn serving_log(
     follower: Option<i32>,
     now_ms: i64,
     unknown_error: ResponseError,
-) -> (Result<Arc<Partition>, ResponseError>, Option<(i32, i64)>) {
+) -> (ServingLog, Option<(i32, i64)>) {
     let Some(replicas) = &broker.replicas else {
         return (broker.partition(name, partition.partition).ok_or(unknown_error), None);
     };

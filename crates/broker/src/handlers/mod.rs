@@ -47,9 +47,11 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
             ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
         }
         RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request))),
-        RequestKind::CreateTopics(request) if broker.cluster.is_some() => Box::pin(async move {
-            Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await))
-        }),
+        RequestKind::CreateTopics(request) if broker.cluster.is_some() => {
+            Box::pin(
+                async move { Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await)) },
+            )
+        }
         RequestKind::CreateTopics(request) => {
             ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
         }

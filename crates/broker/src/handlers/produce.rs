@@ -51,7 +51,7 @@ pub(super) fn append(
             let target = leader_log(broker, &topic.name, data.index, acks);
             let result = match (&target, data.records) {
                 _ if invalid_acks => Err(ResponseError::InvalidRequiredAcks),
-                (Err(error), _) => Err(error.clone()),
+                (Err(error), _) => Err(*error),
                 (Ok(_), None) => Err(ResponseError::CorruptMessage),
                 (Ok((log, epoch, _)), Some(records)) => {
                     append_one(broker, log, *epoch, &records, now_ms, &topic.name, data.index)
