@@ -34,7 +34,10 @@ pub struct DevClusterArgs {
 }
 
 pub fn run(args: DevClusterArgs) -> anyhow::Result<()> {
-    anyhow::ensure!((1..=DEV_CLUSTER_NODES_MAX).contains(&args.nodes), "--nodes must be in 1..={DEV_CLUSTER_NODES_MAX}");
+    anyhow::ensure!(
+        (1..=DEV_CLUSTER_NODES_MAX).contains(&args.nodes),
+        "--nodes must be in 1..={DEV_CLUSTER_NODES_MAX}"
+    );
     let last_port = u32::from(args.base_port) + u32::from(CONTROLLER_PORT_OFFSET) + u32::from(args.nodes);
     anyhow::ensure!(last_port <= u32::from(u16::MAX), "--base-port too high for {} nodes", args.nodes);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -70,7 +73,12 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
     let bootstrap: Vec<String> = ids.iter().map(|&id| format!("127.0.0.1:{}", kafka_port(id))).collect();
     println!("bootstrap: {}", bootstrap.join(","));
     for &id in &ids {
-        println!("node {id}: pid {} kafka 127.0.0.1:{} controller 127.0.0.1:{}", pid_of(&children, id), kafka_port(id), controller_port(id));
+        println!(
+            "node {id}: pid {} kafka 127.0.0.1:{} controller 127.0.0.1:{}",
+            pid_of(&children, id),
+            kafka_port(id),
+            controller_port(id)
+        );
     }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
