@@ -36,6 +36,14 @@ class Cluster:
     def start(self):
         for node in self.nodes.values():
             node.start()
+        # The quorum elects its first leader and registers every broker before topics can
+        # be placed on all three.
+        admin = self.admin()
+        self.wait_for(
+            "all brokers registered",
+            lambda: len(admin.list_topics(timeout=5).brokers) == NODES,
+            timeout=60,
+        )
         return self
 
     def kill_all(self):
@@ -84,7 +92,7 @@ def create_topic(cluster, name, partitions, config=None):
                 raise
         return True
 
-    cluster.wait_for("topic creation", created, timeout=30)
+    cluster.wait_for("topic creation", created, timeout=60)
     cluster.wait_for(
         "all leaders and full ISRs",
         lambda: all(
