@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig};
@@ -90,8 +90,11 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     tokio::spawn(async move {
         loop {
             let current = metadata.borrow_and_update().clone();
-            if apply_metadata(&weak, current).await.is_err() {
-                return;
+            let Some(broker) = weak.upgrade() else { return };
+            match tokio::task::spawn_blocking(move || apply_blocking(&broker, &current)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "applying cluster metadata failed"),
+                Err(error) => tracing::error!(%error, "metadata task panicked"),
             }
             if metadata.changed().await.is_err() {
                 return;
@@ -104,18 +107,6 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
 }
 
 /// Applies one metadata version: topic registry, broker addresses, partition roles.
-async fn apply_metadata(broker: &Weak<Broker>, metadata: Arc<ClusterMetadata>) -> Result<(), ()> {
-    let broker = broker.upgrade().ok_or(())?;
-    let applying = broker.clone();
-    let result = tokio::task::spawn_blocking(move || apply_blocking(&applying, &metadata)).await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%error, "applying cluster metadata failed"),
-        Err(error) => tracing::error!(%error, "metadata task panicked"),
-    }
-    Ok(())
-}
-
 fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::Result<()> {
     let replicas: &Arc<ReplicaManager> = broker.replicas.as_ref().expect("cluster mode");
     let me = broker.node_id();
@@ -133,7 +124,7 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
                 configs: t.configs.clone(),
             })
             .collect(),
-    )?;
+    );
     let defaults = &broker.config().topic_defaults;
     let mut hosted = HashSet::new();
     for (name, topic) in &metadata.topics {

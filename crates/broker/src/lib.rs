@@ -57,9 +57,9 @@ impl Broker {
             Some(cluster_config) => {
                 // The controller's metadata decides which logs this node hosts; they are
                 // opened as it arrives (cluster_link), not from the local registry.
-                topics.replace_all(Vec::new())?;
+                topics.replace_all(Vec::new());
                 topics.set_cluster_id(cluster_id_for(&cluster_config.voters));
-                topics.use_node_producer_ids(config.node_id)?;
+                topics.use_node_producer_ids(config.node_id);
                 let link = Arc::new(cluster_link::ClusterLink::default());
                 let replicas = replication::ReplicaManager::new(
                     config.node_id,
@@ -114,6 +114,25 @@ impl Broker {
 
     pub fn node_id(&self) -> i32 {
         self.config.node_id
+    }
+
+    /// Cluster mode: the replica of a partition hosted here. A partition of a known topic
+    /// hosted elsewhere is NOT_LEADER_OR_FOLLOWER (the client's metadata is stale);
+    /// anything else is `unknown`.
+    pub(crate) fn hosted_replica(
+        &self,
+        topic: &str,
+        partition: i32,
+        unknown: kafka_protocol::ResponseError,
+    ) -> Result<Arc<replication::Replica>, kafka_protocol::ResponseError> {
+        let replicas = self.replicas.as_ref().expect("cluster mode");
+        replicas.get(topic, partition).ok_or_else(|| {
+            if self.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&partition)) {
+                kafka_protocol::ResponseError::NotLeaderOrFollower
+            } else {
+                unknown
+            }
+        })
     }
 
     /// The log of a partition this node leads (on a single node: every partition).

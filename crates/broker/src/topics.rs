@@ -164,11 +164,10 @@ impl TopicRegistry {
 
     /// Cluster mode: the controller owns the topics; this registry becomes a cache of
     /// them (kept in memory, not persisted) and takes the cluster's id.
-    pub fn replace_all(&self, topics: Vec<TopicMeta>) -> io::Result<()> {
+    pub fn replace_all(&self, topics: Vec<TopicMeta>) {
         let mut state = self.state.lock();
         state.names_by_id = topics.iter().map(|t| (t.id, t.name.clone())).collect();
         state.topics = topics.into_iter().map(|t| (t.name.clone(), t)).collect();
-        Ok(())
     }
 
     pub fn set_cluster_id(&self, cluster_id: String) {
@@ -177,14 +176,13 @@ impl TopicRegistry {
 
     /// Cluster mode: producer ids of node N start at N << [`PRODUCER_ID_NODE_SHIFT`], so
     /// nodes never hand out the same id (each node's counter is persisted as before).
-    pub fn use_node_producer_ids(&self, node_id: i32) -> io::Result<()> {
+    pub fn use_node_producer_ids(&self, node_id: i32) {
         let floor = i64::from(node_id) << PRODUCER_ID_NODE_SHIFT;
         let mut state = self.state.lock();
         if state.next_producer_id < floor {
             state.next_producer_id = floor;
             state.producer_id_block_end = floor;
         }
-        Ok(())
     }
 
     /// A producer id never handed out before, even across restarts.

@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::error::ControllerError;
 use crate::log_store::LogStore;
-use crate::metadata::{BrokerInfo, ClusterMetadata, Command, CommandOutput, PartitionInfo, TopicInfo};
+use crate::metadata::{BrokerInfo, ClusterMetadata, Command, CommandOutput, MetadataError, PartitionInfo, TopicInfo};
 use crate::network::{NetworkFactory, Peers};
 use crate::rpc::{self, Handler, Heartbeat, Redirect, Request, Response, RpcError, WriteReply};
 use crate::state_machine::StateMachine;
@@ -318,7 +318,9 @@ impl Controller {
         match self.write(command).await {
             Ok(CommandOutput::Topic(topic)) => Ok(topic),
             // A retried write whose first attempt was applied: the topic id tells it apart.
-            Err(ControllerError::TopicAlreadyExists(_)) if self.topic_id(name) == Some(topic_id) => {
+            Err(ControllerError::Refused(MetadataError::TopicAlreadyExists(_)))
+                if self.topic_id(name) == Some(topic_id) =>
+            {
                 Ok(self.shared.metadata.borrow().topics[name].clone())
             }
             Ok(other) => Err(unexpected(other)),

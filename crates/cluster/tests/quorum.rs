@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, ControllerError, NO_LEADER};
+use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, ControllerError, MetadataError, NO_LEADER};
 use tempfile::TempDir;
 
 const HEARTBEAT_INTERVAL_MS: u64 = 100;
@@ -157,12 +157,12 @@ async fn bootstrap_create_topic_and_forward_writes() {
 
     assert!(matches!(
         node.create_topic("orders", 1, 1, BTreeMap::new()).await,
-        Err(ControllerError::TopicAlreadyExists(_))
+        Err(ControllerError::Refused(MetadataError::TopicAlreadyExists(_)))
     ));
     let error = node.create_topic("wide", 1, 4, BTreeMap::new()).await.unwrap_err();
-    assert!(matches!(error, ControllerError::InvalidReplicationFactor(_)), "{error}");
+    assert!(matches!(error, ControllerError::Refused(MetadataError::InvalidReplicationFactor(_))), "{error}");
     assert_eq!(error.kafka_error_code(), 38);
-    assert!(matches!(node.delete_topic("nope").await, Err(ControllerError::UnknownTopic(_))));
+    assert!(matches!(node.delete_topic("nope").await, Err(ControllerError::Refused(MetadataError::UnknownTopic(_)))));
 
     // Producer-id blocks from different nodes never overlap.
     let mut firsts = Vec::new();
@@ -291,13 +291,16 @@ async fn alter_partition_refuses_stale_epochs() {
     assert_eq!((shrunk.isr.clone(), shrunk.partition_epoch), (vec![partition.leader], partition.partition_epoch + 1));
     let stale =
         owner.alter_partition("t", 0, partition.leader_epoch, partition.partition_epoch, partition.isr.clone()).await;
-    assert!(matches!(stale, Err(ControllerError::InvalidUpdateVersion { given: 0, current: 1 })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(ControllerError::Refused(MetadataError::InvalidUpdateVersion { given: 0, current: 1 }))),
+        "{stale:?}"
+    );
     let stale =
         owner.alter_partition("t", 0, partition.leader_epoch - 1, shrunk.partition_epoch, partition.isr.clone()).await;
-    assert!(matches!(stale, Err(ControllerError::StaleEpoch { .. })), "{stale:?}");
+    assert!(matches!(stale, Err(ControllerError::Refused(MetadataError::StaleEpoch { .. }))), "{stale:?}");
     let other = cluster.nodes.keys().find(|&&id| id != partition.leader).unwrap();
     let refused = cluster.nodes[other].alter_partition("t", 0, 0, 1, partition.isr.clone()).await;
-    assert!(matches!(refused, Err(ControllerError::NotLeader { .. })), "{refused:?}");
+    assert!(matches!(refused, Err(ControllerError::Refused(MetadataError::NotLeader { .. }))), "{refused:?}");
     let grown = owner.alter_partition("t", 0, 0, shrunk.partition_epoch, partition.isr.clone()).await.unwrap();
     assert_eq!(grown.isr, partition.isr);
     cluster.shutdown().await;

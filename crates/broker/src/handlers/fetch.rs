@@ -21,7 +21,6 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
-use crate::replication::NotServed;
 use crate::Broker;
 
 /// First Fetch version that names topics by id.
@@ -138,36 +137,24 @@ fn serving_log(
     let Some(replicas) = &broker.replicas else {
         return (broker.partition(name, partition.partition).ok_or(unknown_error), None);
     };
-    let Some(replica) = replicas.get(name, partition.partition) else {
-        let known = broker.topics.get(name).is_some_and(|t| (0..t.partitions).contains(&partition.partition));
-        return (Err(if known { ResponseError::NotLeaderOrFollower } else { unknown_error }), None);
+    let replica = match broker.hosted_replica(name, partition.partition, unknown_error) {
+        Ok(replica) => replica,
+        Err(error) => return (Err(error), None),
     };
     let served = match follower {
         None => replica.check_leader(partition.current_leader_epoch).map(|_| None),
-        Some(id) => replica
-            .follower_fetched(
-                id,
-                partition.current_leader_epoch,
-                partition.fetch_offset,
-                partition.last_fetched_epoch,
-                now_ms,
-                replicas.isr_changes(),
-            )
-            .map(|fetch| fetch.diverging),
+        Some(id) => replica.follower_fetched(
+            id,
+            partition.current_leader_epoch,
+            partition.fetch_offset,
+            partition.last_fetched_epoch,
+            now_ms,
+            replicas.isr_changes(),
+        ),
     };
     match served {
         Ok(diverging) => (Ok(replica.log.clone()), diverging),
-        Err(not_served) => (Err(not_served_error(not_served)), None),
-    }
-}
-
-pub(super) fn not_served_error(not_served: NotServed) -> ResponseError {
-    match not_served {
-        NotServed::UnknownPartition => ResponseError::UnknownTopicOrPartition,
-        NotServed::NotLeader => ResponseError::NotLeaderOrFollower,
-        NotServed::FencedLeaderEpoch => ResponseError::FencedLeaderEpoch,
-        NotServed::UnknownLeaderEpoch => ResponseError::UnknownLeaderEpoch,
-        NotServed::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
+        Err(not_served) => (Err(not_served.error()), None),
     }
 }
 

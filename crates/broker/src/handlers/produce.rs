@@ -114,22 +114,13 @@ fn leader_log(
     partition: i32,
     acks: i16,
 ) -> Result<(Arc<Partition>, i32, bool), ResponseError> {
-    let Some(replicas) = &broker.replicas else {
+    if broker.replicas.is_none() {
         let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
         return Ok((log, LEADER_EPOCH, true));
-    };
-    let replica = replicas.get(topic, partition).ok_or_else(|| {
-        if broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&partition)) {
-            ResponseError::NotLeaderOrFollower
-        } else {
-            ResponseError::UnknownTopicOrPartition
-        }
-    })?;
-    match replica.begin_write(acks) {
-        Ok(write) => Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1)),
-        Err(NotServed::NotEnoughReplicas) => Err(ResponseError::NotEnoughReplicas),
-        Err(_) => Err(ResponseError::NotLeaderOrFollower),
     }
+    let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
+    let write = replica.begin_write(acks).map_err(NotServed::error)?;
+    Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1))
 }
 
 /// Appends one batch; returns (base offset, log start offset, offset to wait for).

@@ -30,6 +30,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use kafka_protocol::ResponseError;
 use parking_lot::{Mutex, RwLock};
 use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
 use tokio::sync::Notify;
@@ -155,19 +156,25 @@ pub enum NotServed {
     NotEnoughReplicas,
 }
 
+impl NotServed {
+    /// The Kafka error a client gets for it.
+    pub fn error(self) -> ResponseError {
+        match self {
+            NotServed::UnknownPartition => ResponseError::UnknownTopicOrPartition,
+            NotServed::NotLeader => ResponseError::NotLeaderOrFollower,
+            NotServed::FencedLeaderEpoch => ResponseError::FencedLeaderEpoch,
+            NotServed::UnknownLeaderEpoch => ResponseError::UnknownLeaderEpoch,
+            NotServed::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
+        }
+    }
+}
+
 /// What a produce on the leader must wait for.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaderWrite {
     pub leader_epoch: i32,
     /// Wait for the high watermark (ISR) rather than the local durable end.
     pub waits_for_replicas: bool,
-}
-
-/// A follower's fetch as the leader answers it.
-#[derive(Debug, Clone, Copy)]
-pub struct FollowerFetch {
-    /// Set when the follower's log diverges: (epoch, end offset) to truncate to.
-    pub diverging: Option<(i32, i64)>,
 }
 
 impl Replica {
@@ -208,7 +215,8 @@ impl Replica {
     }
 
     /// Records a follower's fetch at `fetch_offset` (it holds everything before it) and
-    /// checks its log against ours. Moves the high watermark; may ask to expand the ISR.
+    /// checks its log against ours: `Some((epoch, end offset))` when it diverges and must
+    /// truncate. Moves the high watermark; may ask to expand the ISR.
     pub fn follower_fetched(
         self: &Arc<Self>,
         follower: i32,
@@ -217,7 +225,7 @@ impl Replica {
         last_fetched_epoch: i32,
         now_ms: i64,
         isr_changes: &Arc<dyn IsrChanges>,
-    ) -> Result<FollowerFetch, NotServed> {
+    ) -> Result<Option<(i32, i64)>, NotServed> {
         let mut role = self.role.lock();
         let Role::Leader(leader) = &mut *role else { return Err(NotServed::NotLeader) };
         check_epoch(leader.assignment.leader_epoch, client_epoch)?;
@@ -227,8 +235,8 @@ impl Replica {
         if last_fetched_epoch >= 0 {
             match self.log.epoch_end_offset(last_fetched_epoch) {
                 Some((epoch, end)) if epoch == last_fetched_epoch && end >= fetch_offset => {}
-                Some((epoch, end)) => return Ok(FollowerFetch { diverging: Some((epoch, end)) }),
-                None => return Ok(FollowerFetch { diverging: Some((-1, -1)) }),
+                Some(diverging) => return Ok(Some(diverging)),
+                None => return Ok(Some((-1, -1))),
             }
         }
         let log_end = self.log.offsets().log_end_offset;
@@ -260,7 +268,7 @@ impl Replica {
             self.request_isr_change(leader, isr, isr_changes);
         }
         self.advance_high_watermark(leader);
-        Ok(FollowerFetch { diverging: None })
+        Ok(None)
     }
 
     fn request_isr_change(self: &Arc<Self>, leader: &mut LeaderRole, isr: Vec<i32>, isr_changes: &Arc<dyn IsrChanges>) {
@@ -431,46 +439,37 @@ impl ReplicaManager {
         };
         replica.log.set_config(config.log.clone());
         let mut role = replica.role.lock();
-        let mut follower_change = false;
-        if assignment.leader == self.node_id {
-            match &mut *role {
-                Role::Leader(leader) if leader.assignment.leader_epoch == assignment.leader_epoch => {
-                    leader.joining.retain(|j| !assignment.isr.contains(j));
-                    leader.assignment = assignment.clone();
-                    leader.level = config.level;
-                    leader.min_insync = config.min_insync_replicas;
-                    replica.advance_high_watermark(leader);
-                }
-                current => {
-                    follower_change = matches!(current, Role::Follower { .. });
-                    tracing::info!(topic, partition, epoch = assignment.leader_epoch, "becoming leader");
-                    let replicated = assignment.replicas.len() > 1 && config.level.waits_for_replicas();
-                    replica.log.set_replicated(replicated);
-                    *current = Role::Leader(LeaderRole {
-                        assignment: assignment.clone(),
-                        level: config.level,
-                        min_insync: config.min_insync_replicas,
-                        joining: HashSet::new(),
-                        isr_change_pending: false,
-                        followers: HashMap::new(),
-                    });
-                    if let Role::Leader(leader) = &*current {
-                        replica.advance_high_watermark(leader);
-                    }
-                    drop(role);
-                    replica.role_changed.notify_waiters();
-                    self.spawn_high_watermark_task(&replica, assignment.leader_epoch);
-                    if follower_change {
-                        self.followers_changed.notify_waiters();
-                    }
-                    return Ok(());
-                }
+        let leads = assignment.leader == self.node_id;
+        let changed = match &mut *role {
+            Role::Leader(leader) if leads && leader.assignment.leader_epoch == assignment.leader_epoch => {
+                leader.joining.retain(|j| !assignment.isr.contains(j));
+                leader.assignment = assignment.clone();
+                leader.level = config.level;
+                leader.min_insync = config.min_insync_replicas;
+                replica.advance_high_watermark(leader);
+                false
             }
-        } else {
-            let new_role = Role::Follower { leader: assignment.leader, leader_epoch: assignment.leader_epoch };
-            let same = matches!(&*role, Role::Follower { leader, leader_epoch }
-                if *leader == assignment.leader && *leader_epoch == assignment.leader_epoch);
-            if !same {
+            Role::Follower { leader, leader_epoch }
+                if !leads && *leader == assignment.leader && *leader_epoch == assignment.leader_epoch =>
+            {
+                false
+            }
+            current if leads => {
+                tracing::info!(topic, partition, epoch = assignment.leader_epoch, "becoming leader");
+                let leader = LeaderRole {
+                    assignment: assignment.clone(),
+                    level: config.level,
+                    min_insync: config.min_insync_replicas,
+                    joining: HashSet::new(),
+                    isr_change_pending: false,
+                    followers: HashMap::new(),
+                };
+                replica.log.set_replicated(assignment.replicas.len() > 1 && config.level.waits_for_replicas());
+                replica.advance_high_watermark(&leader);
+                *current = Role::Leader(leader);
+                true
+            }
+            current => {
                 tracing::info!(
                     topic,
                     partition,
@@ -479,14 +478,17 @@ impl ReplicaManager {
                     "following"
                 );
                 replica.log.set_replicated(true);
-                *role = new_role;
-                follower_change = true;
+                *current = Role::Follower { leader: assignment.leader, leader_epoch: assignment.leader_epoch };
+                true
             }
-        }
+        };
         drop(role);
-        if follower_change {
+        if changed {
             replica.role_changed.notify_waiters();
             self.followers_changed.notify_waiters();
+            if leads {
+                self.spawn_high_watermark_task(&replica, assignment.leader_epoch);
+            }
         }
         Ok(())
     }
