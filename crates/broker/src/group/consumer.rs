@@ -222,7 +222,8 @@ pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<()
     if request.subscribed_topic_names.as_ref().is_some_and(|names| names.len() > SUBSCRIBED_TOPICS_MAX) {
         return invalid("SubscribedTopicNames has too many topics.");
     }
-    if request.subscribed_topic_regex.is_some() {
+    // An empty regex subscribes to nothing (librdkafka sends one along with topic names).
+    if request.subscribed_topic_regex.as_deref().is_some_and(|regex| !regex.is_empty()) {
         return invalid("SubscribedTopicRegex is not supported by this broker: subscribe to topic names.");
     }
     if epoch == JOIN_GROUP_MEMBER_EPOCH {
@@ -233,7 +234,9 @@ pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<()
             return invalid("TopicPartitions must be empty when (re-)joining.");
         }
         if request.subscribed_topic_names.is_none() {
-            return invalid("SubscribedTopicNames must be set in first request.");
+            return invalid(
+                "SubscribedTopicNames must be set in first request (regular expressions are not supported).",
+            );
         }
     } else if epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH && request.instance_id.is_none() {
         return invalid("InstanceId can't be null.");

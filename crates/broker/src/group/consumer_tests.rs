@@ -348,6 +348,11 @@ fn invalid_heartbeats_are_refused_with_kafka_errors() {
     check(|r| r.member_epoch = -2, 1, GroupError::InvalidRequest);
     check(|r| r.member_epoch = -3, 1, GroupError::InvalidRequest);
     check(|r| r.instance_id = Some(String::new()), 1, GroupError::InvalidRequest);
+    assert!(validate_heartbeat(
+        &Heartbeat { subscribed_topic_regex: Some(String::new()), ..Client::new("m").request() },
+        1
+    )
+    .is_ok());
     assert!(validate_heartbeat(&Heartbeat { member_id: String::new(), ..Client::new("m").request() }, 0).is_ok());
 }
 
