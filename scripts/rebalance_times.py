@@ -136,7 +136,7 @@ def measure(cp, bootstrap, name, protocol, props, round_no):
         return down, up
     finally:
         for m in members:
-            m.kill()
+            m.proc.kill()
 
 
 def main():
@@ -152,8 +152,8 @@ def main():
         broker = Broker(Path(tmp) / "data", extra_args=broker_args).start()
         stop = threading.Event()
         try:
-            AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
-                [NewTopic("rebalance", PARTITIONS, 1)])["rebalance"].result(30)
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # must outlive the future
+            admin.create_topics([NewTopic("rebalance", PARTITIONS, 1)])["rebalance"].result(30)
             producer = threading.Thread(target=keep_producing, args=(broker.bootstrap, "rebalance", stop))
             producer.start()
             results = {}
