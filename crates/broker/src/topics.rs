@@ -268,4 +268,21 @@ mod tests {
         assert_eq!(registry.cluster_id(), cluster_id);
         assert!(registry.allocate_producer_id().unwrap() > first);
     }
+
+    #[test]
+    fn the_catalog_follows_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = TopicRegistry::open(dir.path()).unwrap();
+        let id = Uuid::new_v4();
+        let before = registry.catalog();
+        registry.insert(TopicMeta { name: "a".into(), id, partitions: 3, configs: BTreeMap::new() }).unwrap();
+        assert_eq!(before.get("a"), None, "a published catalog never changes");
+        assert_eq!(registry.catalog().get("a"), Some((id, 3)));
+        assert_eq!(registry.catalog().name_for_id(&id), Some("a"));
+        registry.update("a", |topic| topic.partitions = 5).unwrap();
+        assert_eq!(registry.catalog().get("a"), Some((id, 5)));
+        registry.remove("a").unwrap();
+        assert_eq!(registry.catalog().get("a"), None);
+        assert_eq!(registry.catalog().name_for_id(&id), None);
+    }
 }
