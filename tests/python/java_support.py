@@ -188,11 +188,11 @@ def run_java(cp: str, main_class: str, args=(), timeout: float = 120, heap: str 
 class JavaProcess:
     """A Java main class running in the background; stdout lines are collected as they arrive."""
 
-    def __init__(self, cp: str, main_class: str, args=(), heap: str = JAVA_HEAP, jvm_args=()):
+    def __init__(self, cp: str, main_class: str, args=(), heap: str = JAVA_HEAP, jvm_args=(), stdin: bool = False):
         self.cmd = java_cmd(cp, main_class, args, heap, jvm_args)
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     errors="replace", start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
         self.lines: list[tuple[float, str]] = []
         self._q: queue.Queue[str | None] = queue.Queue()
         self._err: list[str] = []
@@ -219,6 +219,11 @@ class JavaProcess:
     @property
     def stderr(self) -> str:
         return "".join(self._err)
+
+    def send(self, line: str) -> None:
+        """Writes one line to the program's stdin (started with stdin=True)."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def seen(self, prefix: str) -> bool:
         return any(l.startswith(prefix) for _, l in self.lines)

@@ -23,6 +23,17 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
 /// Longest initial rebalance delay accepted (it holds up every new group's first join).
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_MAX: u64 = 300_000;
+/// Kafka's default `group.consumer.heartbeat.interval.ms` (KIP-848 groups): the interval
+/// the coordinator tells consumer-protocol members to heartbeat at.
+pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 5_000;
+/// Kafka's default `group.consumer.session.timeout.ms`: a consumer-protocol member that
+/// does not heartbeat for this long is removed and its partitions move.
+pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 45_000;
+/// Lower bounds well below Kafka's (which are 5 s and 45 s) so tests can run fast.
+pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN: u64 = 100;
+pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
+/// Upper bound of both consumer-group timings (Kafka's `group.max.session.timeout.ms`).
+pub const GROUP_CONSUMER_TIMEOUT_MS_MAX: u64 = 1_800_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,6 +53,10 @@ pub struct BrokerConfig {
     /// Kafka's `group.initial.rebalance.delay.ms`: the first rebalance of an empty group
     /// waits this long for more members to join.
     pub group_initial_rebalance_delay_ms: u64,
+    /// Kafka's `group.consumer.heartbeat.interval.ms` (consumer-protocol groups).
+    pub group_consumer_heartbeat_interval_ms: u64,
+    /// Kafka's `group.consumer.session.timeout.ms` (consumer-protocol groups).
+    pub group_consumer_session_timeout_ms: u64,
     pub topic_defaults: TopicDefaults,
     /// Set to run as a node of a replicated cluster; absent = a single node.
     pub cluster: Option<ClusterConfig>,
@@ -135,6 +150,8 @@ impl Default for BrokerConfig {
             num_partitions: 1,
             log_retention_check_interval_ms: 60_000,
             group_initial_rebalance_delay_ms: GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT,
+            group_consumer_heartbeat_interval_ms: GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT,
+            group_consumer_session_timeout_ms: GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT,
             topic_defaults: TopicDefaults::default(),
             cluster: None,
         }
@@ -165,11 +182,36 @@ impl BrokerConfig {
                 self.group_initial_rebalance_delay_ms
             ));
         }
+        self.validate_consumer_group_timing()?;
         self.advertised_address()?;
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }
         self.topic_defaults.validate()
+    }
+
+    fn validate_consumer_group_timing(&self) -> Result<(), String> {
+        let heartbeat_ms = self.group_consumer_heartbeat_interval_ms;
+        let session_ms = self.group_consumer_session_timeout_ms;
+        if !(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN..=GROUP_CONSUMER_TIMEOUT_MS_MAX).contains(&heartbeat_ms) {
+            return Err(format!(
+                "group_consumer_heartbeat_interval_ms must be in [{GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN}, \
+                 {GROUP_CONSUMER_TIMEOUT_MS_MAX}], got {heartbeat_ms}"
+            ));
+        }
+        if !(GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN..=GROUP_CONSUMER_TIMEOUT_MS_MAX).contains(&session_ms) {
+            return Err(format!(
+                "group_consumer_session_timeout_ms must be in [{GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN}, \
+                 {GROUP_CONSUMER_TIMEOUT_MS_MAX}], got {session_ms}"
+            ));
+        }
+        if heartbeat_ms >= session_ms {
+            return Err(format!(
+                "group_consumer_heartbeat_interval_ms ({heartbeat_ms}) must be below group_consumer_session_timeout_ms \
+                 ({session_ms})"
+            ));
+        }
+        Ok(())
     }
 
     /// (host, port) advertised in Metadata.
@@ -192,3 +234,6 @@ impl BrokerConfig {
         }
     }
 }
+
+const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT < GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT);
+const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN < GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN);

@@ -52,7 +52,7 @@ pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr
                 }
             };
             match parse_request(frame) {
-                Ok(request) => inflight.push_back(handlers::dispatch(&broker, request, permit)),
+                Ok(request) => inflight.push_back(handlers::dispatch(&broker, request, permit, &peer)),
                 Err(error) => match reject(error, &peer) {
                     Some(response) => inflight.push_back(response),
                     None => return,

@@ -86,7 +86,12 @@ impl Broker {
         );
         let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
-        let groups = GroupCoordinator::open(&config.data_dir, config.group_initial_rebalance_delay_ms as i64)?;
+        let timing = group::state::Timing {
+            initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
+            consumer_heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms as i32,
+            consumer_session_timeout_ms: config.group_consumer_session_timeout_ms as i64,
+        };
+        let groups = GroupCoordinator::open(&config.data_dir, timing)?;
         Ok(Arc::new(Broker {
             config,
             advertised,

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,45 @@ struct State {
 pub struct TopicRegistry {
     path: PathBuf,
     state: Mutex<State>,
+    /// An immutable copy of names, ids and partition counts, replaced after every change.
+    /// The group coordinator reads it on every consumer-group heartbeat; it has its own
+    /// lock so that a reader never waits behind the fsync of a topic change.
+    catalog: Mutex<Arc<TopicCatalog>>,
+}
+
+/// Topic names, ids and partition counts at one moment (what group assignors need).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct TopicCatalog {
+    by_name: HashMap<String, (Uuid, i32)>,
+    names_by_id: HashMap<Uuid, String>,
+}
+
+impl TopicCatalog {
+    fn of(topics: &BTreeMap<String, TopicMeta>) -> TopicCatalog {
+        TopicCatalog {
+            by_name: topics.values().map(|t| (t.name.clone(), (t.id, t.partitions))).collect(),
+            names_by_id: topics.values().map(|t| (t.id, t.name.clone())).collect(),
+        }
+    }
+
+    /// A catalog from (name, id, partitions) triples, for tests.
+    pub fn from_topics(topics: impl IntoIterator<Item = (String, Uuid, i32)>) -> TopicCatalog {
+        let mut catalog = TopicCatalog::default();
+        for (name, id, partitions) in topics {
+            catalog.names_by_id.insert(id, name.clone());
+            catalog.by_name.insert(name, (id, partitions));
+        }
+        catalog
+    }
+
+    /// The id and partition count of the topic called `name`.
+    pub fn get(&self, name: &str) -> Option<(Uuid, i32)> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn name_for_id(&self, id: &Uuid) -> Option<&str> {
+        self.names_by_id.get(id).map(String::as_str)
+    }
 }
 
 /// Kafka's rules for topic names.
@@ -101,7 +141,8 @@ impl TopicRegistry {
             next_producer_id: file.next_producer_id_block,
             producer_id_block_end: file.next_producer_id_block,
         };
-        let registry = TopicRegistry { path, state: Mutex::new(state) };
+        let catalog = Mutex::new(Arc::new(TopicCatalog::of(&state.topics)));
+        let registry = TopicRegistry { path, state: Mutex::new(state), catalog };
         registry.persist(&registry.state.lock())?;
         Ok(registry)
     }
@@ -115,6 +156,17 @@ impl TopicRegistry {
         };
         let bytes = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
         sluice_storage::write_file_atomically(&self.path, &bytes)
+    }
+
+    /// The current catalog (a cheap `Arc` clone; never waits on disk I/O).
+    pub fn catalog(&self) -> Arc<TopicCatalog> {
+        self.catalog.lock().clone()
+    }
+
+    /// Publishes a new catalog after a change; called with the state lock held so that
+    /// catalogs are published in the order of the changes.
+    fn publish_catalog(&self, state: &State) {
+        *self.catalog.lock() = Arc::new(TopicCatalog::of(&state.topics));
     }
 
     pub fn cluster_id(&self) -> String {
@@ -141,14 +193,18 @@ impl TopicRegistry {
         }
         state.names_by_id.insert(topic.id, topic.name.clone());
         state.topics.insert(topic.name.clone(), topic);
-        self.persist(&state)
+        let persisted = self.persist(&state);
+        self.publish_catalog(&state);
+        persisted
     }
 
     pub fn remove(&self, name: &str) -> io::Result<Option<TopicMeta>> {
         let mut state = self.state.lock();
         let Some(topic) = state.topics.remove(name) else { return Ok(None) };
         state.names_by_id.remove(&topic.id);
-        self.persist(&state)?;
+        let persisted = self.persist(&state);
+        self.publish_catalog(&state);
+        persisted?;
         Ok(Some(topic))
     }
 
@@ -158,7 +214,9 @@ impl TopicRegistry {
         let Some(topic) = state.topics.get_mut(name) else { return Ok(None) };
         change(topic);
         let updated = topic.clone();
-        self.persist(&state)?;
+        let persisted = self.persist(&state);
+        self.publish_catalog(&state);
+        persisted?;
         Ok(Some(updated))
     }
 
@@ -168,6 +226,7 @@ impl TopicRegistry {
         let mut state = self.state.lock();
         state.names_by_id = topics.iter().map(|t| (t.id, t.name.clone())).collect();
         state.topics = topics.into_iter().map(|t| (t.name.clone(), t)).collect();
+        self.publish_catalog(&state);
     }
 
     pub fn set_cluster_id(&self, cluster_id: String) {
@@ -234,5 +293,22 @@ mod tests {
         assert_eq!(registry.name_for_id(&topic.id).as_deref(), Some("a"));
         assert_eq!(registry.cluster_id(), cluster_id);
         assert!(registry.allocate_producer_id().unwrap() > first);
+    }
+
+    #[test]
+    fn the_catalog_follows_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = TopicRegistry::open(dir.path()).unwrap();
+        let id = Uuid::new_v4();
+        let before = registry.catalog();
+        registry.insert(TopicMeta { name: "a".into(), id, partitions: 3, configs: BTreeMap::new() }).unwrap();
+        assert_eq!(before.get("a"), None, "a published catalog never changes");
+        assert_eq!(registry.catalog().get("a"), Some((id, 3)));
+        assert_eq!(registry.catalog().name_for_id(&id), Some("a"));
+        registry.update("a", |topic| topic.partitions = 5).unwrap();
+        assert_eq!(registry.catalog().get("a"), Some((id, 5)));
+        registry.remove("a").unwrap();
+        assert_eq!(registry.catalog().get("a"), None);
+        assert_eq!(registry.catalog().name_for_id(&id), None);
     }
 }

@@ -63,6 +63,12 @@ pub struct ServeArgs {
     /// Where this node's controller listens (cluster mode).
     #[arg(long, env = "SLUICE_CONTROLLER_LISTEN")]
     controller_listen: Option<SocketAddr>,
+    /// Heartbeat interval of consumer-protocol groups (Kafka's group.consumer.heartbeat.interval.ms).
+    #[arg(long, env = "SLUICE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS")]
+    group_consumer_heartbeat_interval_ms: Option<u64>,
+    /// Session timeout of consumer-protocol groups (Kafka's group.consumer.session.timeout.ms).
+    #[arg(long, env = "SLUICE_GROUP_CONSUMER_SESSION_TIMEOUT_MS")]
+    group_consumer_session_timeout_ms: Option<u64>,
     /// Log format: text or json.
     #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -82,7 +88,7 @@ impl ServeArgs {
         }
         set!(listen, data_dir, node_id, max_request_bytes, max_connections, max_inflight_requests_per_connection);
         set!(produce_memory_bytes, auto_create_topics, num_partitions, log_retention_check_interval_ms);
-        set!(group_initial_rebalance_delay_ms);
+        set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
         }

@@ -42,6 +42,18 @@ pub(crate) enum GroupError {
     Storage,
     #[error("offsets log write timed out")]
     Timeout,
+    #[error("member epoch fenced: abandon all partitions and rejoin")]
+    FencedMemberEpoch,
+    #[error("member epoch is stale")]
+    StaleMemberEpoch,
+    #[error("server assignor not supported")]
+    UnsupportedAssignor,
+    #[error("instance id still used by another member")]
+    UnreleasedInstanceId,
+    #[error("invalid request")]
+    InvalidRequest,
+    #[error("api version not supported by this group")]
+    UnsupportedVersion,
 }
 
 impl GroupError {
@@ -66,10 +78,35 @@ impl GroupError {
             GroupError::CommitTooLarge => ResponseError::InvalidCommitOffsetSize,
             GroupError::Storage => ResponseError::KafkaStorageError,
             GroupError::Timeout => ResponseError::RequestTimedOut,
+            GroupError::FencedMemberEpoch => ResponseError::FencedMemberEpoch,
+            GroupError::StaleMemberEpoch => ResponseError::StaleMemberEpoch,
+            GroupError::UnsupportedAssignor => ResponseError::UnsupportedAssignor,
+            GroupError::UnreleasedInstanceId => ResponseError::UnreleasedInstanceId,
+            GroupError::InvalidRequest => ResponseError::InvalidRequest,
+            GroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
         }
     }
 
     pub(crate) fn code(self) -> i16 {
         self.response_error().code()
+    }
+
+    /// This error with a message for the client (APIs with an `error_message` field).
+    pub(crate) fn because(self, message: impl Into<String>) -> Refusal {
+        Refusal { error: self, message: message.into() }
+    }
+}
+
+/// An error with the message Kafka would send along (ConsumerGroupHeartbeat and
+/// ConsumerGroupDescribe carry one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) error: GroupError,
+    pub(crate) message: String,
+}
+
+impl From<GroupError> for Refusal {
+    fn from(error: GroupError) -> Refusal {
+        Refusal { error, message: error.to_string() }
     }
 }

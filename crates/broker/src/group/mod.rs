@@ -1,6 +1,7 @@
-//! The group coordinator (Kafka's classic consumer-group protocol) of a single node: it
-//! owns every group's membership state machine ([`state`]), the committed offsets
-//! ([`offsets`]) and their durable log ([`journal`]).
+//! The group coordinator of a single node: it owns every group's membership state
+//! machine, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
+//! server-side assignors of [`assignor`]), the committed offsets ([`offsets`]) and their
+//! durable log ([`journal`]). A group id names one group of one protocol at a time.
 //!
 //! Why it looks like this: group traffic must never slow the data path, so the
 //! coordinator keeps its state behind its own two locks (groups, then offsets; always
@@ -14,6 +15,8 @@
 //! match coordinator.join("g", request)? { Reply::Ready(r) => .., Reply::Wait(rx) => rx.await }
 //! ```
 
+pub(crate) mod assignor;
+pub(crate) mod consumer;
 pub(crate) mod error;
 pub(crate) mod journal;
 pub(crate) mod offsets;
@@ -30,12 +33,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_storage::Syncer;
 
-use crate::group::error::GroupError;
+use crate::group::consumer::{ConsumerGroup, Heartbeat, HeartbeatAnswer, JOIN_GROUP_MEMBER_EPOCH};
+use crate::group::error::{GroupError, Refusal};
 use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
 use crate::group::state::{
     Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
 };
+use crate::topics::TopicCatalog;
 
 pub(crate) use crate::group::journal::OFFSETS_TOPIC;
 
@@ -72,18 +77,25 @@ const _: () = assert!(GROUP_ID_BYTES_MAX < u16::MAX as usize);
 const _: () = assert!(SESSION_TIMEOUT_MS_MIN < SESSION_TIMEOUT_MS_MAX);
 const _: () = assert!(MEMBER_METADATA_BYTES_MAX < OFFSETS_BATCH_BYTES_MAX);
 
+/// Group types as ListGroups v5 shows them.
+pub(crate) const GROUP_TYPE_CLASSIC: &str = "classic";
+pub(crate) const GROUP_TYPE_CONSUMER: &str = "consumer";
+/// The protocol type of consumer-protocol groups in ListGroups and DescribeGroups.
+pub(crate) const PROTOCOL_TYPE_CONSUMER: &str = "consumer";
+
 /// A group as ListGroups shows it.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupListing {
     pub(crate) group_id: String,
     pub(crate) protocol_type: String,
-    pub(crate) state: GroupState,
+    pub(crate) state: &'static str,
+    pub(crate) group_type: &'static str,
 }
 
 /// A group as DescribeGroups shows it.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupDescription {
-    pub(crate) state: GroupState,
+    pub(crate) state: &'static str,
     pub(crate) protocol_type: String,
     pub(crate) protocol_name: String,
     pub(crate) members: Vec<MemberDescription>,
@@ -96,10 +108,27 @@ pub(crate) type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)
 /// OffsetDelete's answer: per topic, per partition, whether it may be deleted.
 pub(crate) type DeleteResults = Vec<(String, Vec<(i32, Result<(), GroupError>)>)>;
 
+/// Every live group, by protocol. Invariant: a group id is a key of at most one map.
+#[derive(Debug, Default)]
+struct Groups {
+    classic: HashMap<String, Group>,
+    consumer: HashMap<String, ConsumerGroup>,
+}
+
+impl Groups {
+    fn len(&self) -> usize {
+        self.classic.len() + self.consumer.len()
+    }
+
+    fn contains(&self, group_id: &str) -> bool {
+        self.classic.contains_key(group_id) || self.consumer.contains_key(group_id)
+    }
+}
+
 /// The coordinator of every group on this node.
 pub(crate) struct GroupCoordinator {
     timing: Timing,
-    groups: Mutex<HashMap<String, Group>>,
+    groups: Mutex<Groups>,
     offsets: Mutex<OffsetTable>,
     log: OffsetsLog,
     ticker_started: AtomicBool,
@@ -115,7 +144,7 @@ pub(crate) fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
 
 impl GroupCoordinator {
     /// Opens the offsets log under `data_dir/groups` and replays it into memory.
-    pub(crate) fn open(data_dir: &Path, initial_rebalance_delay_ms: i64) -> io::Result<Arc<GroupCoordinator>> {
+    pub(crate) fn open(data_dir: &Path, timing: Timing) -> io::Result<Arc<GroupCoordinator>> {
         let started = std::time::Instant::now();
         let (log, records) = OffsetsLog::open(&data_dir.join("groups"))?;
         let mut table = OffsetTable::default();
@@ -138,8 +167,8 @@ impl GroupCoordinator {
             "replayed committed offsets"
         );
         Ok(Arc::new(GroupCoordinator {
-            timing: Timing { initial_rebalance_delay_ms },
-            groups: Mutex::new(HashMap::new()),
+            timing,
+            groups: Mutex::new(Groups::default()),
             offsets: Mutex::new(table),
             log,
             ticker_started: AtomicBool::new(false),
@@ -167,32 +196,45 @@ impl GroupCoordinator {
     /// have no committed offsets.
     pub(crate) fn tick(&self, now_ms: i64) {
         let mut groups = self.groups.lock();
-        for group in groups.values_mut() {
+        for group in groups.classic.values_mut() {
+            group.tick(now_ms, &self.timing);
+        }
+        for group in groups.consumer.values_mut() {
             group.tick(now_ms, &self.timing);
         }
         let offsets = self.offsets.lock();
-        groups.retain(|group_id, group| !group.is_idle() || offsets.has_group(group_id));
+        groups.classic.retain(|group_id, group| !group.is_idle() || offsets.has_group(group_id));
+        groups.consumer.retain(|group_id, group| !group.is_empty() || offsets.has_group(group_id));
     }
 
     pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
         validate_group_id(group_id)?;
         let mut groups = self.groups.lock();
-        if !groups.contains_key(group_id) {
+        if let Some(group) = groups.consumer.get(group_id) {
+            // An empty consumer-protocol group becomes a classic group (its offsets stay);
+            // Sluice does not mix protocols within one live group.
+            if !group.is_empty() {
+                return Err(GroupError::InconsistentGroupProtocol);
+            }
+            tracing::info!(group = group_id, "empty consumer-protocol group converted to a classic group");
+            groups.consumer.remove(group_id);
+        }
+        if !groups.classic.contains_key(group_id) {
             if !request.member_id.is_empty() {
                 return Err(GroupError::UnknownMemberId);
             }
             if groups.len() >= GROUPS_MAX {
                 return Err(GroupError::TooManyGroups);
             }
-            groups.insert(group_id.to_string(), Group::new(group_id));
+            groups.classic.insert(group_id.to_string(), Group::new(group_id));
         }
-        let group = groups.get_mut(group_id).expect("inserted above");
+        let group = groups.classic.get_mut(group_id).expect("inserted above");
         Ok(group.join(request, sluice_storage::now_ms(), &self.timing))
     }
 
     pub(crate) fn sync(&self, group_id: &str, request: SyncRequest) -> Reply<SyncResponse> {
         let mut groups = self.groups.lock();
-        match groups.get_mut(group_id) {
+        match groups.classic.get_mut(group_id) {
             Some(group) => group.sync(request, sluice_storage::now_ms()),
             None => Reply::Ready(SyncResponse::failed(GroupError::UnknownMemberId)),
         }
@@ -206,7 +248,7 @@ impl GroupCoordinator {
         generation_id: i32,
     ) -> Result<(), GroupError> {
         let mut groups = self.groups.lock();
-        let group = groups.get_mut(group_id).ok_or(GroupError::UnknownMemberId)?;
+        let group = groups.classic.get_mut(group_id).ok_or(GroupError::UnknownMemberId)?;
         group.heartbeat(member_id, group_instance_id, generation_id, sluice_storage::now_ms())
     }
 
@@ -217,7 +259,7 @@ impl GroupCoordinator {
         members: &[(String, Option<String>)],
     ) -> Result<Vec<Result<(), GroupError>>, GroupError> {
         let mut groups = self.groups.lock();
-        let Some(group) = groups.get_mut(group_id) else {
+        let Some(group) = groups.classic.get_mut(group_id) else {
             return Ok(members.iter().map(|_| Err(GroupError::UnknownMemberId)).collect());
         };
         let now_ms = sluice_storage::now_ms();
@@ -228,23 +270,29 @@ impl GroupCoordinator {
     }
 
     /// Checks the committer, appends the commit to the offsets log and returns a future
-    /// that resolves once it is durable and visible to OffsetFetch.
+    /// that resolves once it is durable and visible to OffsetFetch. `generation_id` is the
+    /// member epoch for consumer-protocol groups (OffsetCommit v9).
     pub(crate) fn commit_offsets(
         self: &Arc<Self>,
         group_id: &str,
-        member_id: &str,
-        group_instance_id: Option<&str>,
-        generation_id: i32,
+        committer: Committer<'_>,
         commits: Vec<(String, i32, CommittedOffset)>,
         syncer: &Syncer,
     ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         validate_group_id(group_id)?;
+        let Committer { member_id, group_instance_id, generation_id, version } = committer;
         {
             let mut groups = self.groups.lock();
-            match groups.get_mut(group_id) {
+            let consumer_group = groups.consumer.get(group_id);
+            if let Some(group) = consumer_group {
+                group.validate_commit(member_id, generation_id, version)?;
+            }
+            let consumer_group = consumer_group.is_some();
+            match groups.classic.get_mut(group_id) {
                 Some(group) => {
                     group.validate_commit(member_id, group_instance_id, generation_id, sluice_storage::now_ms())?
                 }
+                None if consumer_group => {}
                 None if generation_id < 0 => {
                     let offsets = self.offsets.lock();
                     if !offsets.has_group(group_id) && groups.len() + offsets.group_count() >= GROUPS_MAX {
@@ -275,6 +323,22 @@ impl GroupCoordinator {
             }
             Ok(())
         })
+    }
+
+    /// OffsetFetch v9 from a member of a consumer-protocol group must carry its current
+    /// epoch; everyone else (classic members, admin tools, unknown groups, whose offsets
+    /// come back as -1) may fetch freely.
+    pub(crate) fn validate_offset_fetch(
+        &self,
+        group_id: &str,
+        member_id: Option<&str>,
+        member_epoch: i32,
+    ) -> Result<(), GroupError> {
+        let groups = self.groups.lock();
+        match groups.consumer.get(group_id) {
+            Some(group) => group.validate_fetch(member_id, member_epoch),
+            None => Ok(()),
+        }
     }
 
     /// Committed offsets of `group_id` for the asked partitions (or all of them).
@@ -326,10 +390,11 @@ impl GroupCoordinator {
         let subscribed = {
             let groups = self.groups.lock();
             let offsets = self.offsets.lock();
-            match groups.get(group_id) {
-                Some(group) => Self::subscribed_topics(group).ok_or(GroupError::NonEmptyGroup)?,
-                None if offsets.has_group(group_id) => Vec::new(),
-                None => return Err(GroupError::GroupIdNotFound),
+            match (groups.classic.get(group_id), groups.consumer.get(group_id)) {
+                (Some(group), _) => Self::subscribed_topics(group).ok_or(GroupError::NonEmptyGroup)?,
+                (None, Some(group)) => group.subscribed_topic_names(),
+                (None, None) if offsets.has_group(group_id) => Vec::new(),
+                (None, None) => return Err(GroupError::GroupIdNotFound),
             }
         };
         let mut results = Vec::new();
@@ -395,17 +460,21 @@ impl GroupCoordinator {
         let deletions: Vec<(String, i32)> = {
             let mut groups = self.groups.lock();
             let offsets = self.offsets.lock();
-            let known = groups.contains_key(group_id) || offsets.has_group(group_id);
+            let known = groups.contains(group_id) || offsets.has_group(group_id);
             if !known {
                 return Err(GroupError::GroupIdNotFound);
             }
-            if let Some(group) = groups.get_mut(group_id) {
+            if let Some(group) = groups.classic.get_mut(group_id) {
                 if group.state() != GroupState::Empty {
                     return Err(GroupError::NonEmptyGroup);
                 }
                 group.mark_dead();
             }
-            groups.remove(group_id);
+            if groups.consumer.get(group_id).is_some_and(|group| !group.is_empty()) {
+                return Err(GroupError::NonEmptyGroup);
+            }
+            groups.classic.remove(group_id);
+            groups.consumer.remove(group_id);
             offsets.all(group_id).into_iter().map(|(topic, partition, _)| (topic, partition)).collect()
         };
         tracing::info!(group = group_id, offsets = deletions.len(), "deleting group");
@@ -417,29 +486,43 @@ impl GroupCoordinator {
         let groups = self.groups.lock();
         let offsets = self.offsets.lock();
         let mut listings: Vec<GroupListing> = groups
+            .classic
             .iter()
             .filter(|(_, group)| group.state() != GroupState::Dead)
             .map(|(group_id, group)| GroupListing {
                 group_id: group_id.clone(),
                 protocol_type: group.protocol_type().unwrap_or_default().to_string(),
-                state: group.state(),
+                state: group.state().name(),
+                group_type: GROUP_TYPE_CLASSIC,
             })
             .collect();
-        listings.extend(offsets.group_ids().filter(|id| !groups.contains_key(*id)).map(|id| GroupListing {
+        listings.extend(groups.consumer.iter().map(|(group_id, group)| GroupListing {
+            group_id: group_id.clone(),
+            protocol_type: PROTOCOL_TYPE_CONSUMER.to_string(),
+            state: group.state().name(),
+            group_type: GROUP_TYPE_CONSUMER,
+        }));
+        listings.extend(offsets.group_ids().filter(|id| !groups.contains(id)).map(|id| GroupListing {
             group_id: id.to_string(),
             protocol_type: String::new(),
-            state: GroupState::Empty,
+            state: GroupState::Empty.name(),
+            group_type: GROUP_TYPE_CLASSIC,
         }));
         listings.sort_by(|a, b| a.group_id.cmp(&b.group_id));
         listings
     }
 
-    /// DescribeGroups for one group; an unknown group is `Dead`, as in Kafka.
-    pub(crate) fn describe_group(&self, group_id: &str) -> GroupDescription {
+    /// DescribeGroups for one group; an unknown group is `Dead`, as in Kafka. A
+    /// consumer-protocol group is shown in the classic shape: its assignor as the protocol,
+    /// each member's assignment encoded as a ConsumerProtocolAssignment.
+    pub(crate) fn describe_group(&self, group_id: &str, catalog: &TopicCatalog) -> GroupDescription {
         let groups = self.groups.lock();
-        match groups.get(group_id) {
+        if let Some(group) = groups.consumer.get(group_id) {
+            return classic_description(group, catalog);
+        }
+        match groups.classic.get(group_id) {
             Some(group) => GroupDescription {
-                state: group.state(),
+                state: group.state().name(),
                 protocol_type: group.protocol_type().unwrap_or_default().to_string(),
                 protocol_name: if group.state() == GroupState::Stable {
                     group.protocol_name().unwrap_or_default().to_string()
@@ -451,7 +534,7 @@ impl GroupCoordinator {
             None => {
                 let state = if self.offsets.lock().has_group(group_id) { GroupState::Empty } else { GroupState::Dead };
                 GroupDescription {
-                    state,
+                    state: state.name(),
                     protocol_type: String::new(),
                     protocol_name: String::new(),
                     members: Vec::new(),
@@ -460,10 +543,131 @@ impl GroupCoordinator {
         }
     }
 
+    /// ConsumerGroupHeartbeat. A heartbeat with epoch 0 creates the group, or converts an
+    /// idle classic group of that id; a live classic group is GROUP_ID_NOT_FOUND, as in
+    /// Kafka. A known epoch for a group this node does not have gets UNKNOWN_MEMBER_ID so
+    /// the member rejoins: membership lives in memory here, so after a restart the group
+    /// is gone (Kafka, which persists it, would never see this case).
+    pub(crate) fn consumer_heartbeat(
+        &self,
+        group_id: &str,
+        request: Heartbeat,
+        catalog: &TopicCatalog,
+    ) -> Result<HeartbeatAnswer, Refusal> {
+        if validate_group_id(group_id).is_err() {
+            return Err(GroupError::InvalidRequest.because("GroupId can't be empty."));
+        }
+        let mut groups = self.groups.lock();
+        if let Some(classic) = groups.classic.get(group_id) {
+            if request.member_epoch != JOIN_GROUP_MEMBER_EPOCH || !classic.is_idle() {
+                return Err(GroupError::GroupIdNotFound.because(format!("Group {group_id} is not a consumer group.")));
+            }
+            tracing::info!(group = group_id, "empty classic group converted to a consumer-protocol group");
+            groups.classic.remove(group_id);
+        }
+        if !groups.consumer.contains_key(group_id) {
+            if request.member_epoch != JOIN_GROUP_MEMBER_EPOCH {
+                let message = format!("Member {} is not a member of group {group_id}.", request.member_id);
+                return Err(GroupError::UnknownMemberId.because(message));
+            }
+            if groups.len() >= GROUPS_MAX {
+                return Err(GroupError::TooManyGroups.into());
+            }
+            groups.consumer.insert(group_id.to_string(), ConsumerGroup::new(group_id));
+        }
+        let group = groups.consumer.get_mut(group_id).expect("inserted above");
+        group.heartbeat(request, catalog, sluice_storage::now_ms(), &self.timing)
+    }
+
+    /// ConsumerGroupDescribe for one group: GROUP_ID_NOT_FOUND for unknown and classic
+    /// groups (the admin client then falls back to DescribeGroups), as in Kafka.
+    pub(crate) fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, Refusal> {
+        let groups = self.groups.lock();
+        if let Some(group) = groups.consumer.get(group_id) {
+            return Ok(group.describe());
+        }
+        let message = if groups.classic.contains_key(group_id) {
+            format!("Group {group_id} is not a consumer group.")
+        } else {
+            format!("Group {group_id} not found.")
+        };
+        Err(GroupError::GroupIdNotFound.because(message))
+    }
+
     /// Clean shutdown: fsync and seal the offsets log (after the syncer has stopped).
     pub(crate) fn close(&self) {
         if let Err(error) = self.log.close() {
             tracing::error!(%error, "failed to close the offsets log");
+        }
+    }
+}
+
+/// Who commits offsets: `generation_id` is the classic generation or, for members of a
+/// consumer-protocol group, the member epoch; `version` is the OffsetCommit version.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Committer<'a> {
+    pub(crate) member_id: &'a str,
+    pub(crate) group_instance_id: Option<&'a str>,
+    pub(crate) generation_id: i32,
+    pub(crate) version: i16,
+}
+
+impl Committer<'_> {
+    /// A commit from outside any group (admin tools, manually assigned consumers).
+    #[cfg(test)]
+    fn simple() -> Committer<'static> {
+        Committer { member_id: "", group_instance_id: None, generation_id: -1, version: 9 }
+    }
+}
+
+/// A consumer-protocol group in DescribeGroups' classic shape.
+fn classic_description(group: &ConsumerGroup, catalog: &TopicCatalog) -> GroupDescription {
+    let description = group.describe();
+    let members = description
+        .members
+        .into_iter()
+        .map(|m| MemberDescription {
+            member_id: m.member_id,
+            group_instance_id: m.instance_id,
+            client_id: m.client_id,
+            client_host: m.client_host,
+            metadata: bytes::Bytes::new(),
+            assignment: encode_assignment(&m.assignment, catalog),
+        })
+        .collect();
+    GroupDescription {
+        state: description.state.name(),
+        protocol_type: PROTOCOL_TYPE_CONSUMER.to_string(),
+        protocol_name: description.assignor.to_string(),
+        members,
+    }
+}
+
+/// A ConsumerProtocolAssignment (v0, with its version prefix) naming the topics; topics
+/// deleted meanwhile are left out.
+fn encode_assignment(assignment: &assignor::Assignment, catalog: &TopicCatalog) -> bytes::Bytes {
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+    use kafka_protocol::messages::{ConsumerProtocolAssignment, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+    let assigned_partitions = assignment
+        .iter()
+        .filter_map(|(topic_id, partitions)| {
+            let name = catalog.name_for_id(topic_id)?;
+            let mut topic = TopicPartition::default();
+            topic.topic = TopicName(StrBytes::from_string(name.to_string()));
+            topic.partitions = partitions.iter().copied().collect();
+            Some(topic)
+        })
+        .collect();
+    let mut message = ConsumerProtocolAssignment::default();
+    message.assigned_partitions = assigned_partitions;
+    let mut buffer = bytes::BytesMut::new();
+    buffer.extend_from_slice(&0i16.to_be_bytes());
+    match message.encode(&mut buffer, 0) {
+        Ok(()) => buffer.freeze(),
+        Err(error) => {
+            tracing::error!(%error, "failed to encode a consumer protocol assignment");
+            bytes::Bytes::new()
         }
     }
 }
@@ -490,6 +694,12 @@ fn decode_subscription(metadata: &bytes::Bytes) -> Vec<String> {
 mod tests {
     use super::*;
 
+    const TIMING: Timing = Timing {
+        initial_rebalance_delay_ms: 0,
+        consumer_heartbeat_interval_ms: 5_000,
+        consumer_session_timeout_ms: 45_000,
+    };
+
     fn offset(value: i64, metadata: &str) -> CommittedOffset {
         CommittedOffset { offset: value, leader_epoch: 3, metadata: Some(metadata.into()), commit_timestamp_ms: 1 }
     }
@@ -499,23 +709,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let syncer = Syncer::start();
         {
-            let coordinator = GroupCoordinator::open(dir.path(), 0).unwrap();
+            let coordinator = GroupCoordinator::open(dir.path(), TIMING).unwrap();
             let commits = vec![("t".to_string(), 0, offset(10, "a")), ("t".to_string(), 1, offset(20, "b"))];
-            coordinator.commit_offsets("simple", "", None, -1, commits, &syncer).unwrap().await.unwrap();
+            coordinator.commit_offsets("simple", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
             let again = vec![("t".to_string(), 0, offset(11, "c"))];
-            coordinator.commit_offsets("simple", "", None, -1, again, &syncer).unwrap().await.unwrap();
+            coordinator.commit_offsets("simple", Committer::simple(), again, &syncer).unwrap().await.unwrap();
             let doomed = vec![("t".to_string(), 0, offset(5, "d"))];
-            coordinator.commit_offsets("doomed", "", None, -1, doomed, &syncer).unwrap().await.unwrap();
+            coordinator.commit_offsets("doomed", Committer::simple(), doomed, &syncer).unwrap().await.unwrap();
             coordinator.delete_group("doomed", &syncer).unwrap().await.unwrap();
             let (results, write) = coordinator.delete_offsets("simple", vec![("t".into(), vec![1])], &syncer).unwrap();
             write.await.unwrap();
             assert_eq!(results[0].1, vec![(1, Ok(()))]);
             // A commit with a generation for a group nobody joined is refused.
-            let stale = coordinator.commit_offsets("simple", "m", None, 4, Vec::new(), &syncer);
+            let member = Committer { member_id: "m", generation_id: 4, ..Committer::simple() };
+            let stale = coordinator.commit_offsets("simple", member, Vec::new(), &syncer);
             assert_eq!(stale.err(), Some(GroupError::IllegalGeneration));
             coordinator.close();
         }
-        let coordinator = GroupCoordinator::open(dir.path(), 0).unwrap();
+        let coordinator = GroupCoordinator::open(dir.path(), TIMING).unwrap();
         let fetched = coordinator.fetch_offsets("simple", Some(vec![("t".into(), vec![0, 1])]));
         assert_eq!(fetched, vec![("t".to_string(), vec![(0, Some(offset(11, "c"))), (1, None)])]);
         assert!(coordinator.fetch_offsets("doomed", None).is_empty());

@@ -53,6 +53,10 @@ pub(crate) struct Timing {
     /// `group.initial.rebalance.delay.ms`: how long the first rebalance of an empty group
     /// waits for more members (extended per new member, up to the rebalance timeout).
     pub(crate) initial_rebalance_delay_ms: i64,
+    /// `group.consumer.heartbeat.interval.ms`, told to consumer-protocol members.
+    pub(crate) consumer_heartbeat_interval_ms: i32,
+    /// `group.consumer.session.timeout.ms` of consumer-protocol members.
+    pub(crate) consumer_session_timeout_ms: i64,
 }
 
 /// One assignor a member supports, with its opaque (client-defined) metadata.

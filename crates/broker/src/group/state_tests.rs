@@ -9,7 +9,11 @@ use super::*;
 const T0: i64 = 1_000_000;
 const SESSION_MS: i32 = 10_000;
 const REBALANCE_MS: i32 = 20_000;
-const NO_DELAY: Timing = Timing { initial_rebalance_delay_ms: 0 };
+const NO_DELAY: Timing = Timing {
+    initial_rebalance_delay_ms: 0,
+    consumer_heartbeat_interval_ms: 5_000,
+    consumer_session_timeout_ms: 45_000,
+};
 
 fn protocols(names: &[&str]) -> Vec<Protocol> {
     names.iter().map(|n| Protocol { name: n.to_string(), metadata: Bytes::from(format!("meta-{n}")) }).collect()
@@ -227,7 +231,7 @@ fn a_static_member_rejoining_with_unchanged_metadata_causes_no_rebalance() {
 
 #[test]
 fn the_initial_delay_waits_for_more_members() {
-    let timing = Timing { initial_rebalance_delay_ms: 1_000 };
+    let timing = Timing { initial_rebalance_delay_ms: 1_000, ..NO_DELAY };
     let mut group = Group::new("g");
     let mut first_request = request("", None, &["range"]);
     first_request.require_known_member_id = false;
@@ -244,7 +248,7 @@ fn the_initial_delay_waits_for_more_members() {
 #[test]
 fn the_protocol_is_chosen_by_vote_among_common_ones() {
     let mut group = Group::new("g");
-    let timing = Timing { initial_rebalance_delay_ms: 10 };
+    let timing = Timing { initial_rebalance_delay_ms: 10, ..NO_DELAY };
     let mut joins = Vec::new();
     for names in [&["range", "roundrobin"][..], &["roundrobin", "range"], &["roundrobin", "sticky", "range"]] {
         let mut join = request("", None, names);

@@ -1,7 +1,8 @@
-//! Consumer-group APIs (classic protocol): FindCoordinator, JoinGroup, SyncGroup,
-//! Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete, ListGroups,
-//! DescribeGroups and DeleteGroups. These handlers only translate between the wire
-//! messages and the [`GroupCoordinator`]; the rules live in `crate::group`.
+//! Consumer-group APIs shared by both protocols or classic only: FindCoordinator,
+//! JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete,
+//! ListGroups, DescribeGroups and DeleteGroups (the KIP-848 APIs are in
+//! `consumer_groups`). These handlers only translate between the wire messages and the
+//! [`GroupCoordinator`]; the rules live in `crate::group`.
 //!
 //! Long-polls (JoinGroup, SyncGroup) and durable offset writes return futures that wait
 //! without holding any coordinator lock, each bounded by a timeout.
@@ -30,7 +31,7 @@ use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
 use crate::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
 use crate::group::{
-    validate_group_id, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSET_METADATA_BYTES_MAX,
+    validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSET_METADATA_BYTES_MAX,
     REBALANCE_TIMEOUT_MS_MAX,
 };
 use crate::Broker;
@@ -48,16 +49,14 @@ const JOIN_SKIP_ASSIGNMENT_VERSION: i16 = 9;
 const LEAVE_BATCH_VERSION: i16 = 3;
 /// OffsetFetch v8 asks for several groups at once.
 const OFFSET_FETCH_GROUPS_VERSION: i16 = 8;
-/// Where the coordinator's address comes from is not known to clients: "unknown host".
-const CLIENT_HOST_UNKNOWN: &str = "/unknown";
 
-type Pending<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+pub(super) type Pending<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
 
-fn text(value: &str) -> StrBytes {
+pub(super) fn text(value: &str) -> StrBytes {
     StrBytes::from_string(value.to_string())
 }
 
-fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
+pub(super) fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
     broker.groups.start_ticker();
     &broker.groups
 }
@@ -112,6 +111,7 @@ pub(super) fn join_group(
     request: JoinGroupRequest,
     version: i16,
     client_id: Option<StrBytes>,
+    client_host: String,
 ) -> Pending<JoinGroupResponse> {
     let coordinator = coordinator(broker);
     let rebalance_timeout_ms = if version == 0 { request.session_timeout_ms } else { request.rebalance_timeout_ms };
@@ -119,7 +119,7 @@ pub(super) fn join_group(
         member_id: request.member_id.to_string(),
         group_instance_id: request.group_instance_id.as_ref().map(|s| s.to_string()),
         client_id: client_id.map(|s| s.to_string()).unwrap_or_default(),
-        client_host: CLIENT_HOST_UNKNOWN.to_string(),
+        client_host,
         session_timeout_ms: request.session_timeout_ms,
         rebalance_timeout_ms,
         protocol_type: request.protocol_type.to_string(),
@@ -272,7 +272,11 @@ fn check_commit(broker: &Broker, topic: &str, partition: i32, metadata: Option<&
     Ok(())
 }
 
-pub(super) fn offset_commit(broker: &Arc<Broker>, request: OffsetCommitRequest) -> Pending<OffsetCommitResponse> {
+pub(super) fn offset_commit(
+    broker: &Arc<Broker>,
+    request: OffsetCommitRequest,
+    version: i16,
+) -> Pending<OffsetCommitResponse> {
     let coordinator = coordinator(broker);
     let now_ms = sluice_storage::now_ms();
     let mut response = OffsetCommitResponse::default();
@@ -303,14 +307,13 @@ pub(super) fn offset_commit(broker: &Arc<Broker>, request: OffsetCommitRequest) 
         }
         response.topics.push(topic_response);
     }
-    let write = coordinator.commit_offsets(
-        request.group_id.as_str(),
-        request.member_id.as_str(),
-        request.group_instance_id.as_deref(),
-        request.generation_id_or_member_epoch,
-        commits,
-        broker.logs.syncer(),
-    );
+    let committer = Committer {
+        member_id: request.member_id.as_str(),
+        group_instance_id: request.group_instance_id.as_deref(),
+        generation_id: request.generation_id_or_member_epoch,
+        version,
+    };
+    let write = coordinator.commit_offsets(request.group_id.as_str(), committer, commits, broker.logs.syncer());
     Box::pin(async move {
         let result = match write {
             Ok(write) => write.await,
@@ -361,7 +364,10 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
     for group in request.groups {
         let mut group_response = OffsetFetchResponseGroup::default();
         group_response.group_id = group.group_id.clone();
-        if let Err(error) = validate_group_id(group.group_id.as_str()) {
+        let member_id = group.member_id.as_deref();
+        let checked = validate_group_id(group.group_id.as_str())
+            .and_then(|()| coordinator.validate_offset_fetch(group.group_id.as_str(), member_id, group.member_epoch));
+        if let Err(error) = checked {
             group_response.error_code = error.code();
             response.groups.push(group_response);
             continue;
@@ -433,20 +439,17 @@ pub(super) fn list_groups(broker: &Arc<Broker>, request: ListGroupsRequest) -> L
     let states: Vec<String> = request.states_filter.iter().map(|s| s.to_lowercase()).collect();
     let types: Vec<String> = request.types_filter.iter().map(|s| s.to_lowercase()).collect();
     let mut response = ListGroupsResponse::default();
-    // Every group here is a classic group.
-    if !types.is_empty() && !types.iter().any(|t| t == "classic") {
-        return response;
-    }
     response.groups = coordinator(broker)
         .list_groups()
         .into_iter()
-        .filter(|g| states.is_empty() || states.contains(&g.state.name().to_lowercase()))
+        .filter(|g| states.is_empty() || states.contains(&g.state.to_lowercase()))
+        .filter(|g| types.is_empty() || types.iter().any(|t| t == g.group_type))
         .map(|g| {
             let mut listed = ListedGroup::default();
             listed.group_id = GroupId(text(&g.group_id));
             listed.protocol_type = text(&g.protocol_type);
-            listed.group_state = text(g.state.name());
-            listed.group_type = text("classic");
+            listed.group_state = text(g.state);
+            listed.group_type = text(g.group_type);
             listed
         })
         .collect();
@@ -455,6 +458,7 @@ pub(super) fn list_groups(broker: &Arc<Broker>, request: ListGroupsRequest) -> L
 
 pub(super) fn describe_groups(broker: &Arc<Broker>, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
     let coordinator = coordinator(broker);
+    let catalog = broker.topics.catalog();
     let mut response = DescribeGroupsResponse::default();
     for group_id in request.groups {
         let mut described = DescribedGroup::default();
@@ -464,9 +468,9 @@ pub(super) fn describe_groups(broker: &Arc<Broker>, request: DescribeGroupsReque
             response.groups.push(described);
             continue;
         }
-        let description = coordinator.describe_group(group_id.as_str());
+        let description = coordinator.describe_group(group_id.as_str(), &catalog);
         described.group_id = group_id;
-        described.group_state = text(description.state.name());
+        described.group_state = text(description.state);
         described.protocol_type = text(&description.protocol_type);
         described.protocol_data = text(&description.protocol_name);
         described.members = description

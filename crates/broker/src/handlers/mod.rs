@@ -4,12 +4,14 @@
 
 mod admin;
 mod configs;
+mod consumer_groups;
 mod fetch;
 mod groups;
 mod offsets;
 mod produce;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -24,7 +26,19 @@ use crate::Broker;
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
 pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
 
-pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<OwnedSemaphorePermit>) -> ResponseFuture {
+/// How Kafka shows a client's address in DescribeGroups (`InetAddress.toString()` of an
+/// address without a host name): "/127.0.0.1".
+fn client_host(peer: &SocketAddr) -> String {
+    format!("/{}", peer.ip())
+}
+
+/// Runs one request from the client at `peer`.
+pub(crate) fn dispatch(
+    broker: &Arc<Broker>,
+    request: Request,
+    permit: Option<OwnedSemaphorePermit>,
+    peer: &SocketAddr,
+) -> ResponseFuture {
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
     let broker = broker.clone();
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
@@ -76,7 +90,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
             ready(ResponseKind::FindCoordinator(groups::find_coordinator(&broker, request, api_version)))
         }
         RequestKind::JoinGroup(request) => {
-            let pending = groups::join_group(&broker, request, api_version, client_id);
+            let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
             Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
         }
         RequestKind::SyncGroup(request) => {
@@ -88,7 +102,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
             ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
         }
         RequestKind::OffsetCommit(request) => {
-            let pending = groups::offset_commit(&broker, request);
+            let pending = groups::offset_commit(&broker, request, api_version);
             Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
         }
         RequestKind::OffsetFetch(request) => {
@@ -101,6 +115,12 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, permit: Option<Ow
         RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
         RequestKind::DescribeGroups(request) => {
             ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
+        }
+        RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
+            consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
+        )),
+        RequestKind::ConsumerGroupDescribe(request) => {
+            ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
         }
         RequestKind::DeleteGroups(request) => {
             let pending = groups::delete_groups(&broker, request);
