@@ -646,3 +646,26 @@ fn needs_preferred_election(metadata: &ClusterMetadata) -> bool {
             && metadata.brokers.get(&preferred).is_some_and(|broker| !broker.fenced)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_refused(change: impl FnOnce(&mut ControllerConfig), expected: &str) {
+        let voters = BTreeMap::from([(1, "127.0.0.1:1".to_string()), (2, "127.0.0.1:2".to_string())]);
+        let mut config = ControllerConfig::new(1, "127.0.0.1:1".parse().unwrap(), voters, "/tmp".into(), "h".into(), 1);
+        assert!(config.validate().is_ok());
+        change(&mut config);
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+
+    #[test]
+    fn config_refusals() {
+        check_refused(|config| config.node_id = 3, "learners are not supported");
+        check_refused(|config| config.voters.clear(), "voters");
+        check_refused(|config| config.heartbeat_interval_ms = config.session_timeout_ms, "heartbeat_interval_ms");
+        check_refused(|config| config.election_timeout_max_ms = config.election_timeout_min_ms, "election");
+        check_refused(|config| config.snapshot_interval_entries = 0, "snapshot_interval_entries");
+    }
+}
