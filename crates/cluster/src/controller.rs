@@ -32,11 +32,11 @@ use uuid::Uuid;
 
 use crate::error::ControllerError;
 use crate::log_store::LogStore;
-use crate::metadata::{BrokerInfo, ClusterMetadata, Command, CommandOutput, MetadataError, PartitionInfo, TopicInfo};
+use crate::metadata::{BrokerInfo, ClusterMetadata, Command, CommandOutput, PartitionInfo, TopicInfo};
 use crate::network::{NetworkFactory, Peers};
 use crate::rpc::{self, Handler, Heartbeat, Redirect, Request, Response, RpcError, WriteReply};
 use crate::state_machine::StateMachine;
-use crate::types::{node_id, raft_id, TypeConfig};
+use crate::types::{node_id, raft_id, Proposal, TypeConfig};
 
 /// Default heartbeat period of each node to the active controller.
 pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 250;
@@ -315,21 +315,10 @@ impl Controller {
             configs,
             placement_seed: rand::random(),
         };
-        match self.write(command).await {
-            Ok(CommandOutput::Topic(topic)) => Ok(topic),
-            // A retried write whose first attempt was applied: the topic id tells it apart.
-            Err(ControllerError::Refused(MetadataError::TopicAlreadyExists(_)))
-                if self.topic_id(name) == Some(topic_id) =>
-            {
-                Ok(self.shared.metadata.borrow().topics[name].clone())
-            }
-            Ok(other) => Err(unexpected(other)),
-            Err(error) => Err(error),
+        match self.write(command).await? {
+            CommandOutput::Topic(topic) => Ok(topic),
+            other => Err(unexpected(other)),
         }
-    }
-
-    fn topic_id(&self, name: &str) -> Option<Uuid> {
-        self.shared.metadata.borrow().topics.get(name).map(|topic| topic.topic_id)
     }
 
     /// Deletes a topic.
@@ -418,8 +407,11 @@ impl Controller {
     }
 
     /// Proposes `command` through the current leader and waits until it is applied here.
+    /// Every attempt carries the same request id, so a retry after an unknown outcome (lost
+    /// answer, leader change) returns the first application's result instead of applying twice.
     async fn write(&self, command: Command) -> Result<CommandOutput, ControllerError> {
         let shared = &self.shared;
+        let proposal = Proposal::new(command);
         let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
         let mut hint: Option<i32> = None;
         loop {
@@ -428,7 +420,7 @@ impl Controller {
             }
             let leader = hint.take().or_else(|| shared.active_controller());
             let reply = match leader {
-                Some(leader) => shared.forward(leader, &command, deadline).await,
+                Some(leader) => shared.forward(leader, &proposal, deadline).await,
                 None => None,
             };
             match reply {
@@ -483,7 +475,7 @@ impl Shared {
             Request::Vote(rpc) => Response::Vote(self.raft.vote(rpc).await),
             Request::InstallSnapshot(rpc) => Response::InstallSnapshot(self.raft.install_snapshot(rpc).await),
             Request::Heartbeat(heartbeat) => Response::Heartbeat(self.record_heartbeat(heartbeat)),
-            Request::Write(command) => Response::Write(self.propose(command).await),
+            Request::Write(proposal) => Response::Write(self.propose(proposal).await),
         }
     }
 
@@ -498,8 +490,8 @@ impl Shared {
     }
 
     /// Proposes on this node, which must be the raft leader.
-    async fn propose(&self, command: Command) -> WriteReply {
-        match self.raft.client_write(command).await {
+    async fn propose(&self, proposal: Proposal) -> WriteReply {
+        match self.raft.client_write(proposal).await {
             Ok(response) => WriteReply::Committed { log_index: response.log_id.index, result: response.data },
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 WriteReply::NotLeader(forward.leader_id.map(node_id))
@@ -509,16 +501,16 @@ impl Shared {
     }
 
     /// One attempt at `leader`; `None` when it could not be reached (not sent: safe to retry).
-    async fn forward(&self, leader: i32, command: &Command, deadline: Instant) -> Option<WriteReply> {
+    async fn forward(&self, leader: i32, proposal: &Proposal, deadline: Instant) -> Option<WriteReply> {
         let timeout =
             deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(FORWARD_TIMEOUT_MS_MAX));
         if leader == self.config.node_id {
             // A leader cut off from its quorum never answers: the deadline still holds.
-            let proposed = tokio::time::timeout(timeout, self.propose(command.clone())).await;
+            let proposed = tokio::time::timeout(timeout, self.propose(proposal.clone())).await;
             return Some(proposed.unwrap_or_else(|_| WriteReply::Failed("proposal timed out".to_string())));
         }
         let address = self.config.voters.get(&leader)?;
-        match self.peers.client(address).call(&Request::Write(command.clone()), timeout).await {
+        match self.peers.client(address).call(&Request::Write(proposal.clone()), timeout).await {
             Ok(Response::Write(reply)) => Some(reply),
             Ok(other) => Some(WriteReply::Failed(format!("mismatched response {other:?}"))),
             Err(RpcError::Connect(..)) => None,
@@ -586,14 +578,14 @@ impl Shared {
             let metadata = self.metadata.borrow().clone();
             for command in self.liveness_commands(term, Instant::now(), &metadata) {
                 tracing::info!(?command, "active controller proposes");
-                if let WriteReply::Failed(why) = self.propose(command).await {
+                if let WriteReply::Failed(why) = self.propose(Proposal::new(command)).await {
                     tracing::warn!(%why, "liveness proposal failed");
                 }
             }
             if self.config.auto_leader_rebalance_enable && last_rebalance.elapsed() >= rebalance_interval {
                 last_rebalance = Instant::now();
                 if needs_preferred_election(&self.metadata.borrow()) {
-                    self.propose(Command::ElectLeaders { preferred: true }).await;
+                    self.propose(Proposal::new(Command::ElectLeaders { preferred: true })).await;
                 }
             }
         }
@@ -653,4 +645,27 @@ fn needs_preferred_election(metadata: &ClusterMetadata) -> bool {
             && partition.isr.contains(&preferred)
             && metadata.brokers.get(&preferred).is_some_and(|broker| !broker.fenced)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_refused(change: impl FnOnce(&mut ControllerConfig), expected: &str) {
+        let voters = BTreeMap::from([(1, "127.0.0.1:1".to_string()), (2, "127.0.0.1:2".to_string())]);
+        let mut config = ControllerConfig::new(1, "127.0.0.1:1".parse().unwrap(), voters, "/tmp".into(), "h".into(), 1);
+        assert!(config.validate().is_ok());
+        change(&mut config);
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+
+    #[test]
+    fn config_refusals() {
+        check_refused(|config| config.node_id = 3, "learners are not supported");
+        check_refused(|config| config.voters.clear(), "voters");
+        check_refused(|config| config.heartbeat_interval_ms = config.session_timeout_ms, "heartbeat_interval_ms");
+        check_refused(|config| config.election_timeout_max_ms = config.election_timeout_min_ms, "election");
+        check_refused(|config| config.snapshot_interval_entries = 0, "snapshot_interval_entries");
+    }
 }

@@ -51,4 +51,4 @@ pub use crate::metadata::{
     NO_LEADER,
 };
 pub use crate::rpc::FRAME_BYTES_MAX;
-pub use crate::types::TypeConfig;
+pub use crate::types::{Proposal, TypeConfig};

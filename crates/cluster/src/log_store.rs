@@ -17,6 +17,11 @@
 //! checks every CRC, and cuts the last segment at the first torn record (a write cut by a
 //! crash, never acknowledged); a bad record in an earlier segment is corruption and stops
 //! startup.
+//!
+//! The file I/O is synchronous inside openraft's async calls: openraft serializes storage
+//! calls on its own task, and a controller writes a few entries per second at most (liveness
+//! is not logged), so an fsync blocking one worker thread briefly costs less than handing
+//! every append to a blocking pool.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -426,6 +431,23 @@ mod tests {
         store.lock().append_entries(vec![entry(1, 3)]).unwrap();
         drop(store);
         assert_eq!(indexes(&LogStore::open(dir.path()).unwrap()), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_bad_record_in_a_sealed_segment_stops_startup() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path()).unwrap();
+        store.lock().append_entries(vec![entry(1, 1), entry(1, 2)]).unwrap();
+        store.lock().roll(3).unwrap();
+        store.lock().append_entries(vec![entry(1, 3)]).unwrap();
+        let sealed = store.lock().segment_path(1);
+        drop(store);
+        let mut bytes = fs::read(&sealed).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0x40;
+        fs::write(&sealed, bytes).unwrap();
+        let error = LogStore::open(dir.path()).err().expect("corruption is refused");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -123,7 +123,8 @@ pub struct ClusterMetadata {
 /// A change to the cluster metadata: the application data of the raft log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Add or update a broker; when it arrives unfenced it also takes leaderless partitions.
+    /// Add or update a broker. A new incarnation of a live broker first fences the old one
+    /// (leaderships move, ISRs shrink); an unfenced arrival takes leaderless partitions.
     RegisterBroker(BrokerInfo),
     /// The broker's session expired.
     FenceBroker {
@@ -339,14 +340,22 @@ impl ClusterMetadata {
         if info.node_id < 0 {
             return Err(MetadataError::InvalidRequest(format!("negative node id {}", info.node_id)));
         }
-        let was_fenced = match self.brokers.get(&info.node_id) {
-            Some(existing) => existing.fenced,
+        let restarted = match self.brokers.get(&info.node_id) {
+            Some(existing) => !existing.fenced && existing.incarnation != info.incarnation,
             None if self.brokers.len() >= BROKERS_MAX => {
                 return Err(MetadataError::LimitExceeded(format!("more than {BROKERS_MAX} brokers")));
             }
-            None => true,
+            None => false,
         };
         let node_id = info.node_id;
+        if restarted {
+            // A new incarnation of a broker still registered as live: the old process is gone,
+            // and with it whatever it had not made durable. Fence the old incarnation first, so
+            // its leaderships move (with a new leader epoch) and it leaves the ISRs until its
+            // leaders add it back, exactly as if its session had expired.
+            self.fence_broker(node_id)?;
+        }
+        let was_fenced = self.brokers.get(&node_id).is_none_or(|existing| existing.fenced);
         let fenced = info.fenced;
         self.brokers.insert(node_id, info);
         if was_fenced && !fenced {
@@ -862,6 +871,26 @@ mod tests {
         metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
         metadata.apply(Command::RegisterBroker(BrokerInfo { incarnation: 2, ..broker(1) })).unwrap();
         assert_eq!(metadata.partition("t", 0).unwrap().leader, 1);
+    }
+
+    #[test]
+    fn a_new_incarnation_of_a_live_broker_is_fenced_first() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        with_partition(&mut metadata, &[1, 2, 3], 1, &[1, 2, 3]);
+        // The same incarnation again changes nothing.
+        metadata.apply(Command::RegisterBroker(broker(1))).unwrap();
+        assert_eq!(metadata.partition("t", 0).unwrap().leader_epoch, 5);
+        metadata.apply(Command::RegisterBroker(BrokerInfo { incarnation: 2, ..broker(1) })).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((partition.leader, partition.leader_epoch, partition.isr.as_slice()), (2, 6, &[2, 3][..]));
+        assert!(!metadata.brokers[&1].fenced);
+        assert_eq!(metadata.brokers[&1].incarnation, 2);
+        // As the last ISR member it goes leaderless and straight back to itself, two epochs on.
+        let mut metadata = cluster(&[1, 2]);
+        with_partition(&mut metadata, &[1, 2], 1, &[1]);
+        metadata.apply(Command::RegisterBroker(BrokerInfo { incarnation: 2, ..broker(1) })).unwrap();
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((partition.leader, partition.leader_epoch, partition.isr.as_slice()), (1, 7, &[1][..]));
     }
 
     #[test]

@@ -35,8 +35,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::metadata::{Command, CommandResult};
-use crate::types::TypeConfig;
+use crate::metadata::CommandResult;
+use crate::types::{Proposal, TypeConfig};
 
 /// Largest frame either side accepts (openraft chunks snapshots well below this).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
@@ -69,7 +69,7 @@ pub(crate) enum Request {
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     Heartbeat(Heartbeat),
     /// A write made on a follower, for the raft leader to propose.
-    Write(Command),
+    Write(Proposal),
 }
 
 /// The answers, one variant per request kind.

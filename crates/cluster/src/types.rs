@@ -5,13 +5,34 @@
 
 use std::io::Cursor;
 
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
 use crate::metadata::{Command, CommandResult};
 
+/// One raft log entry's application data: a command and the id of the write that proposed it.
+/// Retries of a write reuse its id, so the state machine applies it at most once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// Random per write (not per attempt).
+    pub request_id: Uuid,
+    /// The change.
+    pub command: Command,
+}
+
+impl Proposal {
+    /// A proposal with a fresh request id.
+    pub fn new(command: Command) -> Proposal {
+        Proposal { request_id: Uuid::new_v4(), command }
+    }
+}
+
 openraft::declare_raft_types!(
-    /// Sluice's raft types: the log carries [`Command`]s, applying one yields a
+    /// Sluice's raft types: the log carries [`Proposal`]s (a [`Command`] with a request id),
+    /// applying one yields a
     /// [`CommandResult`], nodes are addressed by their controller RPC `host:port`.
     pub TypeConfig:
-        D = Command,
+        D = Proposal,
         R = CommandResult,
         NodeId = u64,
         Node = openraft::BasicNode,
