@@ -39,7 +39,8 @@ fn smoke_args(output_dir: &Path) -> RunArgs {
             cache_dir: None,
             kafka_heap: "512m".into(),
         },
-        broker_pid: None,
+        nodes: 1,
+        broker_pid: Vec::new(),
         overrides: Overrides::default(),
     }
 }
@@ -108,6 +109,18 @@ fn smoke_workload_against_sluice() {
     let mut args = smoke_args(dir.path());
     args.start_sluice = true;
     args.sluice_bin = Some(bin);
+    run_and_check(args);
+}
+
+#[test]
+fn smoke_workload_against_a_three_node_sluice_cluster() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.drivers = vec![workspace().join("bench/local/drivers/local-cluster-latency.yaml")];
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    args.nodes = 3;
     run_and_check(args);
 }
 

@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Default flush.messages for topics: 1 = fsync before ack (default); N > 1 = page-cache mode.
     #[arg(long, env = "SLUICE_FLUSH_MESSAGES")]
     flush_messages: Option<i64>,
+    /// Default `sluice.durability.level` of topics (1-4, see README "Durability levels").
+    #[arg(long, env = "SLUICE_DURABILITY_LEVEL")]
+    durability_level: Option<i64>,
     /// How often retention is checked.
     #[arg(long, env = "SLUICE_LOG_RETENTION_CHECK_INTERVAL_MS")]
     log_retention_check_interval_ms: Option<u64>,
@@ -101,6 +104,9 @@ impl ServeArgs {
         }
         if let Some(value) = self.flush_messages {
             defaults.flush_messages = value;
+        }
+        if let Some(value) = self.durability_level {
+            defaults.durability_level = value;
         }
         if self.cluster_voters.is_some() || self.controller_listen.is_some() {
             let cluster = config.cluster.get_or_insert_with(Default::default);
