@@ -93,7 +93,12 @@ fn check(result: &TestResult) {
     assert!(quantiles.windows(2).all(|pair| pair[0].1 <= pair[1].1));
 }
 
+/// Benchmarks in one process run one at a time: concurrent runs would share the 2 cores
+/// and the disk and measure each other.
+static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_and_check(args: RunArgs) {
+    let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let written = sluice_bench::run_workloads(args).expect("bench run");
     assert_eq!(written.len(), 1);
     let result = TestResult::load(&written[0]).unwrap();
