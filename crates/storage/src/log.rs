@@ -504,6 +504,36 @@ impl Partition {
         Ok(())
     }
 
+    /// Drops the whole log and starts it empty at `offset`: a follower whose log ends
+    /// before its leader's log start offset (a new replica of a partition whose head was
+    /// deleted by retention or DeleteRecords) cannot fetch what it lacks, so it restarts
+    /// where the leader's log starts, as Kafka's follower does on OFFSET_OUT_OF_RANGE.
+    pub fn reset_to(&self, offset: i64) -> io::Result<()> {
+        assert!(offset >= 0, "a log cannot start at a negative offset");
+        let mut state = self.state.lock();
+        assert!(offset > state.log_end_offset, "reset_to only moves a log forward past its end");
+        // The start offset is written first: a crash part way leaves either the old log
+        // (fetched from and reset again) or an empty one that recovery opens at `offset`.
+        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+        for segment in state.segments.values() {
+            segment.delete_files()?;
+        }
+        state.segments.clear();
+        for snapshot in list_snapshots(&self.dir) {
+            let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
+        }
+        write_leader_epochs(&self.dir, &[])?;
+        let config = state.config.clone();
+        let replicated = state.replicated;
+        let mut reloaded = load_state(&self.dir, config)?;
+        assert_eq!(reloaded.log_end_offset, offset);
+        reloaded.replicated = replicated;
+        *state = reloaded;
+        tracing::info!(dir = %self.dir.display(), offset, "log reset to the leader's log start");
+        self.publish(&state);
+        Ok(())
+    }
+
     /// In page-cache mode, true when `flush.messages` or `flush.ms` asks for an fsync now.
     pub fn flush_due(&self, now_ms: i64) -> bool {
         let state = self.state.lock();
