@@ -13,6 +13,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                    ResourceType)
 
 import kafka_wire as kw
+from java_support import tools_cp  # noqa: F401  (a fixture)
 from test_cluster import cluster, consume_all, create_topic  # noqa: F401  (cluster is a fixture)
 
 
@@ -237,3 +238,47 @@ def test_reassignment_moves_a_partition_under_load(cluster):
     assert all(by_key[k] == acked[k][1] for k in acked), "a record moved from its acknowledged offset"
     # Cancelling when nothing moves is refused as Kafka does.
     assert alter_reassignment(live, topic, 0, None)[1] == 85  # NO_REASSIGNMENT_IN_PROGRESS
+
+
+REASSIGN_COMMAND = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+
+
+def test_kafka_reassign_partitions_tool_moves_a_replica(cluster, tools_cp, tmp_path):
+    """kafka-reassign-partitions --execute / --verify / --list move an RF=1 partition to another node."""
+    import json
+
+    from java_support import run_java
+
+    admin = cluster.admin()
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic("tooled", num_partitions=1, replication_factor=1)])["tooled"].result(timeout=30)
+    cluster.wait_for("a leader", lambda: cluster.partition_state("tooled", 0)[0] > 0)
+    (source,) = cluster.partition_state("tooled", 0)[1]
+    destination = min(set(cluster.nodes) - {source})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(500):
+        producer.produce("tooled", key=f"k{i}", value=b"v" * 100)
+    assert producer.flush(30) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "tooled", "partition": 0, "replicas": [destination], "log_dirs": ["any"]}]}))
+
+    def tool(*args):
+        res = run_java(tools_cp, REASSIGN_COMMAND, ["--bootstrap-server", cluster.bootstrap, *args], timeout=120)
+        assert res.returncode == 0, res.report()
+        return res.stdout
+
+    out = tool("--reassignment-json-file", plan, "--execute")
+    assert "Successfully started partition reassignment" in out, out
+    cluster.wait_for(
+        "--verify reports completion",
+        lambda: "Reassignment of partition tooled-0 is completed" in tool(
+            "--reassignment-json-file", plan, "--verify", "--preserve-throttles"),
+        timeout=60,
+    )
+    assert "No partition reassignments found" in tool("--list")
+    assert cluster.partition_state("tooled", 0)[1] == [destination]
+    cluster.wait_for("old replica's log deleted", lambda: not partition_dirs(cluster, "tooled")[source])
+    seen = consume_all(cluster.bootstrap, "tooled", 1, 500)
+    assert sorted(k for _, _, k in seen) == sorted(f"k{i}" for i in range(500))

@@ -484,6 +484,45 @@ pub(super) fn describe_cluster(broker: &Arc<Broker>, _request: DescribeClusterRe
     response
 }
 
+/// DescribeLogDirs: the one log directory of this node and the partitions it holds
+/// (`kafka-reassign-partitions` reads it to show the current assignment).
+pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+    use kafka_protocol::messages::describe_log_dirs_response::{
+        DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+    };
+    let wanted = |topic: &str, partition: i32| match &request.topics {
+        None => true,
+        Some(topics) => topics.iter().any(|t| t.topic.as_str() == topic && t.partitions.contains(&partition)),
+    };
+    let mut by_topic: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
+    for (tp, log) in broker.logs.partitions() {
+        if tp.topic == crate::group::OFFSETS_TOPIC || !wanted(&tp.topic, tp.partition) {
+            continue;
+        }
+        let mut partition = DescribeLogDirsPartition::default();
+        partition.partition_index = tp.partition;
+        partition.partition_size = log.size_bytes() as i64;
+        by_topic.entry(tp.topic.clone()).or_default().push(partition);
+    }
+    let mut result = DescribeLogDirsResult::default();
+    result.log_dir = str_bytes(&broker.config().data_dir.join("logs").display().to_string());
+    result.total_bytes = -1;
+    result.usable_bytes = -1;
+    result.topics = by_topic
+        .into_iter()
+        .map(|(name, mut partitions)| {
+            partitions.sort_by_key(|p| p.partition_index);
+            let mut topic = DescribeLogDirsTopic::default();
+            topic.name = TopicName(str_bytes(&name));
+            topic.partitions = partitions;
+            topic
+        })
+        .collect();
+    let mut response = DescribeLogDirsResponse::default();
+    response.results.push(result);
+    response
+}
+
 /// An admin request's refusal: the Kafka error and a message for the client.
 pub(super) type Failure = (ResponseError, String);
 

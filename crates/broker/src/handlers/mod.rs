@@ -84,6 +84,9 @@ pub(crate) fn dispatch(
             RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
                 Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
             }),
+            RequestKind::DescribeLogDirs(request) => {
+                ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
+            }
             RequestKind::ListPartitionReassignments(request) => {
                 ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
             }
