@@ -282,3 +282,32 @@ def test_kafka_reassign_partitions_tool_moves_a_replica(cluster, tools_cp, tmp_p
     cluster.wait_for("old replica's log deleted", lambda: not partition_dirs(cluster, "tooled")[source])
     seen = consume_all(cluster.bootstrap, "tooled", 1, 500)
     assert sorted(k for _, _, k in seen) == sorted(f"k{i}" for i in range(500))
+
+
+def test_new_replica_starts_at_the_leaders_log_start(cluster):
+    """A partition whose head was deleted (DeleteRecords) moves to a new node: its follower's
+    first fetch (offset 0) is out of range, so it restarts at the leader's log start."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = cluster.admin()
+    admin.create_topics([NewTopic("trimmed", num_partitions=1, replication_factor=1)])["trimmed"].result(timeout=30)
+    cluster.wait_for("a leader", lambda: cluster.partition_state("trimmed", 0)[0] > 0)
+    (source,) = cluster.partition_state("trimmed", 0)[1]
+    destination = min(set(cluster.nodes) - {source})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(100):
+        producer.produce("trimmed", key=f"k{i}", value=b"v")
+    assert producer.flush(30) == 0
+    admin.delete_records([TopicPartition("trimmed", 0, 60)])[TopicPartition("trimmed", 0, 60)].result(timeout=30)
+    live = cluster.nodes[destination].bootstrap
+    assert alter_reassignment(live, "trimmed", 0, [destination])[:2] == (0, 0)
+    cluster.wait_for("the move finished", lambda: cluster.partition_state("trimmed", 0)[1] == [destination])
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
+    assert consumer.get_watermark_offsets(TopicPartition("trimmed", 0), timeout=10) == (60, 100)
+    consumer.assign([TopicPartition("trimmed", 0, 60)])
+    keys, deadline = [], time.monotonic() + 30
+    while len(keys) < 40 and time.monotonic() < deadline:
+        keys += [m.key().decode() for m in consumer.consume(100, 1.0) if not m.error()]
+    consumer.close()
+    assert keys == [f"k{i}" for i in range(60, 100)]
+    assert "restarting there" in cluster.nodes[destination].log()

@@ -291,12 +291,36 @@ impl Partition {
             if header.last_offset() < state.log_end_offset {
                 continue;
             }
+            if header.base_offset < state.log_end_offset && self.is_empty_at_start(&state) {
+                // Just reset to the leader's log start, which lies inside this batch:
+                // the log takes the whole batch and keeps its start offset, as Kafka does.
+                self.rebase_empty(&mut state, header.base_offset)?;
+            }
             if header.base_offset != state.log_end_offset {
                 return Err(AppendError::InvalidRecord("replicated batch does not continue the log"));
             }
             needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
         }
         Ok(ReplicaAppend { log_end_offset: state.log_end_offset, needs_sync })
+    }
+
+    /// True when the log holds no batch at all (one empty segment).
+    fn is_empty_at_start(&self, state: &LogState) -> bool {
+        state.segments.len() == 1 && state.segments.values().all(|s| s.is_empty())
+    }
+
+    /// Moves an empty log's only segment back to `base` (below the log start offset, which
+    /// stays): the first batch a reset follower fetches may begin before the leader's log start.
+    fn rebase_empty(&self, state: &mut LogState, base: i64) -> io::Result<()> {
+        assert!(self.is_empty_at_start(state) && base < state.log_end_offset);
+        let segment = Segment::create(&self.dir, base)?;
+        let (_, old) = state.segments.pop_first().expect("one segment");
+        old.delete_files()?;
+        state.segments.insert(base, segment);
+        state.log_end_offset = base;
+        state.local_end = state.local_end.min(base);
+        state.high_watermark = state.high_watermark.min(base);
+        Ok(())
     }
 
     /// Writes one batch whose header is final at the log end and does the bookkeeping.
