@@ -315,3 +315,29 @@ fn replicated_partition_shows_only_what_replication_committed() {
     assert_eq!(partition.offsets().high_watermark, 6);
     manager.close();
 }
+
+#[test]
+fn a_follower_behind_the_leaders_log_start_restarts_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
+    for _ in 0..6 {
+        leader.append(&batch(2, 7, Some((9, 0, leader.offsets().log_end_offset as i32))), 3, 0).unwrap();
+    }
+    let path = dir.path().join("follower");
+    let follower = Partition::open(&path, small_segments_config()).unwrap();
+    follower.append_replica(&leader.read_for_replica(0, 1 << 20).unwrap(), 0).unwrap();
+    assert!(follower.offsets().log_end_offset >= 2);
+    follower.reset_to(10).unwrap();
+    let offsets = follower.offsets();
+    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 10));
+    assert_eq!(follower.latest_epoch(), None, "the epochs of the dropped log are forgotten");
+    follower.append_replica(&leader.read_for_replica(10, 1 << 20).unwrap(), 0).unwrap();
+    assert_eq!(all_offsets(&follower), vec![(10, 11)]);
+    assert_eq!(follower.epoch_end_offset(3), Some((3, 12)));
+    follower.close().unwrap();
+    drop(follower);
+    let reopened = Partition::open(&path, small_segments_config()).unwrap();
+    let offsets = reopened.offsets();
+    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 12));
+    assert_eq!(all_offsets(&reopened), vec![(10, 11)]);
+}

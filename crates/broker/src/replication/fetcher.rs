@@ -151,6 +151,9 @@ fn apply_partition(
     replica: &Replica,
     data: &kafka_protocol::messages::fetch_response::PartitionData,
 ) -> Result<Option<i64>, ()> {
+    if data.error_code == ResponseError::OffsetOutOfRange.code() {
+        return restart_at_leader_start(replica, data.log_start_offset);
+    }
     if data.error_code != 0 {
         let error = ResponseError::try_from_code(data.error_code);
         tracing::debug!(topic = %replica.topic, partition = replica.partition, ?error, "replica fetch error");
@@ -188,4 +191,30 @@ fn apply_partition(
         replica.log.advance_high_watermark(data.high_watermark);
     }
     Ok(wait_for)
+}
+
+/// OFFSET_OUT_OF_RANGE: when our log ends before the leader's log start (a new replica of
+/// a partition whose head was deleted), nothing we lack can be fetched any more: drop our
+/// log and start at the leader's log start, as Kafka's follower does. Any other case backs
+/// off (the leader's log is shorter than ours: divergence handling cuts our tail).
+fn restart_at_leader_start(replica: &Replica, leader_log_start: i64) -> Result<Option<i64>, ()> {
+    let ours = replica.log.offsets().log_end_offset;
+    if leader_log_start <= ours {
+        tracing::debug!(topic = %replica.topic, partition = replica.partition, ours, leader_log_start, "offset out of range");
+        return Err(());
+    }
+    tracing::warn!(
+        topic = %replica.topic,
+        partition = replica.partition,
+        ours,
+        leader_log_start,
+        "log ends before the leader's log start; restarting there"
+    );
+    match replica.log.reset_to(leader_log_start) {
+        Ok(()) => Ok(None),
+        Err(error) => {
+            tracing::error!(%error, "log reset failed");
+            Err(())
+        }
+    }
 }
