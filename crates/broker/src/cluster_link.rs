@@ -82,6 +82,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS,
         write_timeout_ms: ADMIN_TIMEOUT.as_millis() as u64,
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+        source_address: cluster.source_address,
     };
     let controller = Controller::start(config).await?;
     let _ = link.controller.set(controller.clone());
