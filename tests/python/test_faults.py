@@ -64,6 +64,7 @@ def test_isolated_leader_is_replaced_and_rejoins_after_healing(tmp_path):
     # ... acknowledged records go on on the majority side, none is lost from the minority
     # side (checked above), and the old leader comes back into the ISR after healing.
     assert event.observations["acks_during"] > 0, report.table()
+    assert event.observations["minority_acks"] == 0, report.table()
     assert event.observations["rejoined_isr"], report.table()
 
 

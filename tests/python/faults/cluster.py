@@ -204,6 +204,15 @@ class FaultCluster:
 
     # ------------------------------------------------------------------ faults
 
+    def kill(self, node_id: int) -> None:
+        """SIGKILL; the node's public ports close with it."""
+        self.nodes[node_id].kill()
+        self.proxy.set_listening(node_id, False)
+
+    def restart(self, node_id: int) -> None:
+        self.proxy.set_listening(node_id, True)
+        self.nodes[node_id].start()
+
     def isolate(self, node_id: int) -> None:
         """Cuts `node_id` off from every other node (clients still reach it)."""
         self.proxy.cut({frozenset((node_id, other)) for other in self.nodes if other != node_id})

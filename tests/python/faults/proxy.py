@@ -75,7 +75,7 @@ class FaultProxy:
         self.routes = routes
         self._loop = asyncio.new_event_loop()
         self._links: dict[frozenset, Link] = {}
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: dict[int, asyncio.AbstractServer] = {}  # by public port
         self._cut: set[frozenset] = set()
         self._lock = threading.Lock()
         self.connections_total = 0
@@ -94,11 +94,12 @@ class FaultProxy:
             return
 
         async def close():
-            for server in self._servers:
+            for server in self._servers.values():
                 server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -141,12 +142,29 @@ class FaultProxy:
             else:
                 link.open.set()
 
+    def set_listening(self, node_id: int, listening: bool) -> None:
+        """Opens or closes the public ports of one node. A killed node's ports are closed so
+        that connecting to it is refused, as without the proxy: accepting and then closing
+        at once would look like a live peer that hangs up, which callers retry without
+        backing off."""
+        routes = [route for route in self.routes if route.node_id == node_id]
+        assert routes, f"no routes for node {node_id}"
+        future = asyncio.run_coroutine_threadsafe(self._set_listening(routes, listening), self._loop)
+        future.result(timeout=10)
+
+    async def _set_listening(self, routes: list[Route], listening: bool):
+        for route in routes:
+            server = self._servers.pop(route.public_port, None)
+            if server is not None:
+                server.close()
+            if listening:
+                self._servers[route.public_port] = await asyncio.start_server(
+                    lambda r, w, route=route: self._serve(route, r, w), "127.0.0.1", route.public_port,
+                    reuse_address=True,
+                )
+
     async def _listen(self):
-        for route in self.routes:
-            server = await asyncio.start_server(
-                lambda r, w, route=route: self._serve(route, r, w), "127.0.0.1", route.public_port, reuse_address=True
-            )
-            self._servers.append(server)
+        await self._set_listening(self.routes, True)
 
     async def _serve(self, route: Route, client_reader, client_writer):
         self.connections_total += 1
@@ -161,6 +179,7 @@ class FaultProxy:
             await asyncio.gather(
                 self._pipe(client_reader, upstream_writer, link),
                 self._pipe(upstream_reader, client_writer, link),
+                return_exceptions=True,
             )
         except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             # A reset, a node killed, or the proxy stopping: the connection just ends.

@@ -14,6 +14,7 @@ every node registered, every partition led, every ISR complete — within `recov
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import statistics
@@ -27,6 +28,9 @@ from faults.workload import ConsumerThread, History, ProducerThread, final_read
 
 FAULTS = ("kill", "pause", "partition", "controller")
 TOPIC = "queue"
+MINORITY_SLACK_S = 0.3
+"""Margin around the window in which an isolated leader must acknowledge nothing: answers
+sent just before the cut, and the metadata poll that notices the new leader."""
 TRUNCATION_LINE = re.compile(r"log diverges from leader; truncating")
 
 
@@ -66,6 +70,7 @@ class Report:
     events: list
     result: CheckResult
     unrecovered: list
+    proxied_connections: tuple = (0, 0)  # (all, black-holed)
 
     def failover_times(self) -> list[float]:
         return [e.failover_s for e in self.events if e.failover_s is not None]
@@ -94,6 +99,7 @@ class Report:
             ("longest unavailability (one partition)", f"{r.longest_partition_unavailability_s:.2f} s"),
             ("failover median / max", f"{statistics.median(failovers):.2f} s / {max(failovers):.2f} s"
              if failovers else "n/a"),
+            ("proxied connections (black-holed)", f"{self.proxied_connections[0]} ({self.proxied_connections[1]})"),
             ("not recovered in time", ", ".join(self.unrecovered) or "none"),
             ("verdict", "valid" if r.valid and not self.unrecovered else f"INVALID: {r.problems()}"),
         ]
@@ -143,7 +149,7 @@ class Nemesis:
         node = self.cluster.nodes[victim]
         event = FaultEvent(kind, victim, time.monotonic(), sorted(p for p, l in leaders.items() if l == victim))
         if kind in ("kill", "controller"):
-            node.kill()
+            self.cluster.kill(victim)
         elif kind == "pause":
             node.pause()
         else:
@@ -180,7 +186,15 @@ class Nemesis:
                 return all(md.partitions[p].leader not in (-1, event.victim) for p in event.led)
             try:
                 self.cluster.wait_for("a leader on the majority side", moved, self.config.hold_s + 10)
-                event.observations["majority_leader_s"] = round(time.monotonic() - event.start, 2)
+                elected = time.monotonic()
+                event.observations["majority_leader_s"] = round(elected - event.start, 2)
+                # Between the cut (plus answers already on their way) and the new leader, the
+                # isolated leader cannot advance its high watermark: at levels 1 and 2 it must
+                # acknowledge nothing on the partitions it led.
+                window = (event.start + MINORITY_SLACK_S, elected - MINORITY_SLACK_S)
+                with self.history.lock:
+                    event.observations["minority_acks"] = sum(
+                        1 for a in self.history.acks if a.partition in event.led and window[0] < a.time < window[1])
             except AssertionError:
                 event.observations["majority_leader_s"] = None
         time.sleep(max(0.0, deadline - time.monotonic()))
@@ -191,7 +205,7 @@ class Nemesis:
     def undo(self, event: FaultEvent) -> None:
         node = self.cluster.nodes[event.victim]
         if event.kind in ("kill", "controller"):
-            node.start()
+            self.cluster.restart(event.victim)
         elif event.kind == "pause":
             node.resume()
         else:
@@ -225,6 +239,21 @@ def failover(event: FaultEvent, history: History) -> float | None:
             return None
         firsts.append(min(times) - event.start)
     return max(firsts)
+
+
+def save_history(path: Path, history: History, final: dict, events: list) -> None:
+    """The raw history next to the node logs, for a post-mortem (times are monotonic; the
+    `wall_minus_monotonic` offset converts them to the nodes' log timestamps)."""
+    with history.lock:
+        document = {
+            "wall_minus_monotonic": time.time() - time.monotonic(),
+            "acks": [[a.time, a.partition, a.offset, a.value] for a in history.acks],
+            "failed": history.failed,
+            "reads": [[r.consumer, r.partition, r.offset, r.value] for r in history.reads],
+            "final": {str(p): records for p, records in final.items()},
+            "events": [[e.kind, e.victim, e.start, e.led, e.observations] for e in events],
+        }
+    path.write_text(json.dumps(document))
 
 
 def run(config: RunConfig, log=print) -> Report:
@@ -278,10 +307,12 @@ def run(config: RunConfig, log=print) -> Report:
             thread.stop()
             thread.join(timeout=30)
         final = final_read(cluster.bootstrap, TOPIC, config.partitions)
+        save_history(config.work_dir / "history.json", history, final, events)
         result = check(history, final, (window_start, window_end))
         for event in events:
             event.failover_s = failover(event, history)
-        return Report(config, events, result, unrecovered)
+        proxied = (cluster.proxy.connections_total, cluster.proxy.connections_blackholed)
+        return Report(config, events, result, unrecovered, proxied)
     finally:
         for thread in producers + consumers:
             thread.stop()
