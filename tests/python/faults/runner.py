@@ -28,9 +28,9 @@ from faults.workload import ConsumerThread, History, ProducerThread, final_read
 
 FAULTS = ("kill", "pause", "partition", "controller")
 TOPIC = "queue"
-MINORITY_SLACK_S = 0.3
-"""Margin around the window in which an isolated leader must acknowledge nothing: answers
-sent just before the cut, and the metadata poll that notices the new leader."""
+IN_FLIGHT_S = 0.3
+"""Answers already on their way when a fault begins (and the metadata poll that notices a
+new leader): acknowledgements this close to the fault are not counted as after it."""
 TRUNCATION_LINE = re.compile(r"log diverges from leader; truncating")
 
 
@@ -191,7 +191,7 @@ class Nemesis:
                 # Between the cut (plus answers already on their way) and the new leader, the
                 # isolated leader cannot advance its high watermark: at levels 1 and 2 it must
                 # acknowledge nothing on the partitions it led.
-                window = (event.start + MINORITY_SLACK_S, elected - MINORITY_SLACK_S)
+                window = (event.start + IN_FLIGHT_S, elected - IN_FLIGHT_S)
                 with self.history.lock:
                     event.observations["minority_acks"] = sum(
                         1 for a in self.history.acks if a.partition in event.led and window[0] < a.time < window[1])
@@ -229,12 +229,13 @@ class Nemesis:
 
 
 def failover(event: FaultEvent, history: History) -> float | None:
-    """Time from the fault to the first acknowledgement on every partition the victim led."""
+    """Time from the fault to the first acknowledgement on every partition the victim led
+    (answers that were already on their way when the fault began do not count)."""
     if not event.led:
         return None
     firsts = []
     for partition in event.led:
-        times = [a.time for a in history.acks if a.partition == partition and a.time > event.start]
+        times = [a.time for a in history.acks if a.partition == partition and a.time > event.start + IN_FLIGHT_S]
         if not times:
             return None
         firsts.append(min(times) - event.start)
