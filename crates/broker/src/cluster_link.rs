@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig};
+use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, NO_LEADER};
 use sluice_storage::TopicPartition;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -111,6 +111,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS,
         write_timeout_ms: ADMIN_TIMEOUT.as_millis() as u64,
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+        source_address: cluster.source_address,
     };
     let controller = Controller::start(config).await?;
     let _ = link.controller.set(controller.clone());
@@ -160,6 +161,7 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
     );
     remove_recreated_topics(broker, metadata)?;
     let defaults = &broker.config().topic_defaults;
+    let registered = registered_incarnation(broker, metadata);
     let mut hosted = HashSet::new();
     for (name, topic) in &metadata.topics {
         let config = defaults.replication_config(&topic.configs);
@@ -167,9 +169,15 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             if !partition.replicas.contains(&me) {
                 continue;
             }
+            // Until this process's own registration is applied, a leadership naming this
+            // node belongs to the previous incarnation (metadata replayed from disk at start).
+            // Registering fences that incarnation, so its leaderships move on with a new
+            // epoch; leading at the old epoch meanwhile would serve the previous process's
+            // unreplicated tail as committed (its high watermark after recovery is its log end).
+            let leader = if partition.leader == me && !registered { NO_LEADER } else { partition.leader };
             let assignment = Assignment {
                 replicas: partition.replicas.clone(),
-                leader: partition.leader,
+                leader,
                 leader_epoch: partition.leader_epoch,
                 isr: partition.isr.clone(),
                 partition_epoch: partition.partition_epoch,
@@ -202,6 +210,13 @@ fn remove_recreated_topics(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> 
     }
     *known = metadata.topics.iter().map(|(name, t)| (name.clone(), t.topic_id)).collect();
     Ok(())
+}
+
+/// Whether the metadata holds this process's own registration, unfenced.
+fn registered_incarnation(broker: &Broker, metadata: &ClusterMetadata) -> bool {
+    let Some(controller) = broker.cluster.as_ref().and_then(|link| link.controller()) else { return false };
+    let me = metadata.brokers.get(&broker.node_id());
+    me.is_some_and(|info| !info.fenced && info.incarnation == controller.incarnation())
 }
 
 /// How often the active controller moves leadership back to preferred replicas.

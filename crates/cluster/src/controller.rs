@@ -21,7 +21,7 @@
 //! calling node, so the caller's [`Controller::metadata`] already shows it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,6 +104,9 @@ pub struct ControllerConfig {
     pub write_timeout_ms: u64,
     /// Raft entries between two snapshots of the state machine; older entries are purged.
     pub snapshot_interval_entries: u64,
+    /// Local address every outgoing controller RPC connection binds to (any port), so the
+    /// other side can tell nodes apart by peer IP; `None` = chosen by the system.
+    pub source_address: Option<IpAddr>,
 }
 
 impl ControllerConfig {
@@ -132,6 +135,7 @@ impl ControllerConfig {
             leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS_DEFAULT,
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+            source_address: None,
         }
     }
 
@@ -157,6 +161,9 @@ impl ControllerConfig {
                 "leader_rebalance_interval_ms, write_timeout_ms and snapshot_interval_entries must be positive"
                     .to_string(),
             );
+        }
+        if self.source_address.is_some_and(|ip| ip.is_unspecified() || ip.is_multicast()) {
+            return fail("source_address must be a concrete unicast address".to_string());
         }
         Ok(())
     }
@@ -231,7 +238,7 @@ impl Controller {
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
-        let peers = Peers::default();
+        let peers = Peers::new(config.source_address);
         let network = NetworkFactory { peers: peers.clone() };
         let raft_config = Arc::new(config.raft_config()?);
         let raft = Raft::new(raft_id(config.node_id), raft_config, network, log_store, state_machine)
@@ -694,5 +701,7 @@ mod tests {
         check_refused(|config| config.heartbeat_interval_ms = config.session_timeout_ms, "heartbeat_interval_ms");
         check_refused(|config| config.election_timeout_max_ms = config.election_timeout_min_ms, "election");
         check_refused(|config| config.snapshot_interval_entries = 0, "snapshot_interval_entries");
+        check_refused(|config| config.source_address = Some("0.0.0.0".parse().unwrap()), "source_address");
+        check_refused(|config| config.source_address = Some("224.0.0.1".parse().unwrap()), "source_address");
     }
 }

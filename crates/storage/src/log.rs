@@ -249,13 +249,15 @@ impl Partition {
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate { base_offset } => {
+                // The retry is answered once the whole original batch is visible, as the
+                // original would have been.
                 return Ok(AppendOutcome {
                     base_offset,
                     log_start_offset: state.log_start_offset,
-                    visible_at: base_offset + 1,
+                    visible_at: base_offset + i64::from(header.last_offset_delta) + 1,
                     needs_sync: false,
                     duplicate: true,
-                })
+                });
             }
             SequenceCheck::OutOfOrder => return Err(AppendError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(AppendError::StaleProducerEpoch),

@@ -174,6 +174,8 @@ fn idempotent_duplicates_survive_restart() {
     let retry = partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap();
     assert!(retry.duplicate);
     assert_eq!(retry.base_offset, 2);
+    // The retry of a 2-record batch is answered once both records are visible, not the first.
+    assert_eq!(retry.visible_at, 4);
     assert!(matches!(partition.append(&batch(1, 1, Some((42, 0, 7))), 0, 0), Err(AppendError::OutOfOrderSequence)));
     assert_eq!(partition.append(&batch(1, 1, Some((42, 0, 4))), 0, 0).unwrap().base_offset, 4);
     assert_eq!(partition.offsets().log_end_offset, 5);

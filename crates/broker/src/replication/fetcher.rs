@@ -62,7 +62,8 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
             continue;
         };
         if connection.is_none() {
-            match PeerConnection::connect(&address, format!("sluice-replica-{}", replicas.node_id())).await {
+            let source = strong.config().cluster.as_ref().and_then(|cluster| cluster.source_address);
+            match PeerConnection::connect(&address, source, format!("sluice-replica-{}", replicas.node_id())).await {
                 Ok(c) => connection = Some(c),
                 Err(error) => {
                     tracing::debug!(leader, %address, %error, "cannot reach leader");
