@@ -114,6 +114,11 @@ fn leader_log(
     partition: i32,
     acks: i16,
 ) -> Result<(Arc<Partition>, i32, bool), ResponseError> {
+    if topic == crate::group::OFFSETS_TOPIC {
+        // Only the group coordinator writes committed offsets (Kafka: "Cannot append to
+        // internal topic").
+        return Err(ResponseError::InvalidTopicException);
+    }
     if broker.replicas.is_none() {
         let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
         return Ok((log, LEADER_EPOCH, true));
