@@ -157,8 +157,8 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node
 /// leads now, and at which epoch (it loads those and drops the others).
 fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, metadata: &ClusterMetadata) {
-    let Some(topic) = metadata.topics.get(crate::group::OFFSETS_TOPIC) else { return };
-    let leaders = (0..topic.partitions.len() as i32)
+    let count = metadata.topics.get(crate::group::OFFSETS_TOPIC).map_or(0, |topic| topic.partitions.len() as i32);
+    let leaders = (0..count)
         .map(|p| replicas.get(crate::group::OFFSETS_TOPIC, p).and_then(|r| r.leader_epoch().map(|e| (r, e))))
         .collect();
     broker.groups.start_ticker(broker);

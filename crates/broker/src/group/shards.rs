@@ -154,8 +154,15 @@ impl GroupCoordinator {
     pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
-        assert!(shards.partition_count == 0 || shards.partition_count == count, "offsets partitions never change");
-        shards.partition_count = count;
+        if shards.partition_count != count {
+            // The topic appeared (or was deleted and recreated): every placement changes.
+            let loaded: Vec<i32> = shards.shards.keys().copied().collect();
+            for partition in loaded {
+                self.unload(&mut shards, partition);
+            }
+            tracing::info!(partitions = count, "offsets topic partition count");
+            shards.partition_count = count;
+        }
         for (partition, leader) in leaders.into_iter().enumerate() {
             let partition = partition as i32;
             let current_epoch = shards.shards.get(&partition).map(|shard| match shard {
