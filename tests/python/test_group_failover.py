@@ -215,3 +215,62 @@ def test_retention_expires_offsets_of_a_group_without_members(broker_factory):
     broker.kill()
     broker.start()
     assert fetch_committed(bootstrap, "gone", "gone", 1) == {0: OFFSET_INVALID}
+
+
+def java_string_hash(text):
+    value = 0
+    encoded = text.encode("utf-16-be")
+    for i in range(0, len(encoded), 2):
+        value = (value * 31 + int.from_bytes(encoded[i:i + 2], "big")) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def offsets_partition(group, partitions):
+    value = java_string_hash(group)
+    return 0 if value == -(1 << 31) else abs(value) % partitions
+
+
+def test_compacted_offsets_partition_replicates_and_fails_over(tmp_path):
+    """Compaction in a cluster: followers follow the leader's log start, and a new
+    coordinator loading a compacted partition restores the latest offsets."""
+    cluster = Cluster(tmp_path)
+    offsets_partitions = 3
+    for node in cluster.nodes.values():
+        node.extra_args += [
+            "--offsets-topic-num-partitions", str(offsets_partitions),
+            "--offsets-snapshot-interval-bytes", "8192", "--offsets-topic-segment-bytes", "65536",
+        ]
+    cluster.start()
+    try:
+        create_topic(cluster, "compacted", 10)
+        group = "compacting-group"
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+        commits = 600
+        for i in range(commits):
+            consumer.commit(offsets=[TopicPartition("compacted", p, i + p) for p in range(10)], asynchronous=False)
+        consumer.close()
+        partition = offsets_partition(group, offsets_partitions)
+
+        def log_starts():
+            starts = []
+            for node in cluster.nodes.values():
+                path = node.data_dir / "logs" / f"__consumer_offsets-{partition}" / "log-start-offset"
+                starts.append(int(path.read_text()) if path.exists() else 0)
+            return starts
+
+        starts = cluster.wait_for("every replica compacted", lambda: (s := log_starts()) and min(s) > 0 and s)
+        assert min(starts) > 0, starts
+        admin = cluster.admin()
+        old = coordinator_of(admin, group)
+        cluster.nodes[old].kill()
+        survivors = AdminClient({"bootstrap.servers": ",".join(
+            n.bootstrap for i, n in cluster.nodes.items() if i != old)})
+        cluster.wait_for("a new coordinator", lambda: coordinator_of(survivors, group) not in (old, -1),
+                         timeout=COORDINATOR_MOVE_LIMIT_S)
+        expected = {p: commits - 1 + p for p in range(10)}
+        got = cluster.wait_for("offsets at the new coordinator",
+                               lambda: committed(survivors, group, "compacted", 10) or None,
+                               timeout=COORDINATOR_MOVE_LIMIT_S)
+        assert got == expected
+    finally:
+        cluster.kill_all()
