@@ -1,17 +1,21 @@
-//! The group coordinator of a single node: it owns every group's membership state
-//! machine, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
+//! The group coordinator: it owns the membership state machine of every group it
+//! coordinates, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
 //! server-side assignors of [`assignor`]), the committed offsets ([`offsets`]) and their
-//! durable log ([`journal`]). A group id names one group of one protocol at a time.
+//! durable log ([`journal`]). A group id names one group of one protocol at a time. A node
+//! coordinates the groups whose `__consumer_offsets` partition ([`placement`]) it leads:
+//! on a single node its one local partition, in a cluster the replicated partitions the
+//! controller made it leader of ([`shards`]: loading, dropping, compaction, retention).
 //!
 //! Why it looks like this: group traffic must never slow the data path, so the
-//! coordinator keeps its state behind its own two locks (groups, then offsets; always
-//! taken in that order, never held across an `.await`) and long-polls (JoinGroup,
+//! coordinator keeps its state behind its own locks (shards, then groups, then offsets;
+//! always taken in that order, never held across an `.await`) and long-polls (JoinGroup,
 //! SyncGroup) wait on `oneshot` channels that the state machine completes. One tokio task
-//! ticks every [`TICK_INTERVAL_MS`] to expire sessions and end join or sync phases.
+//! ticks every [`TICK_INTERVAL_MS`] to expire sessions, end join or sync phases, and run
+//! the offsets upkeep.
 //!
 //! ```text
-//! let coordinator = GroupCoordinator::open(data_dir, initial_delay_ms)?;
-//! coordinator.start_ticker();
+//! let coordinator = GroupCoordinator::open_local(data_dir, timing, settings, segment_bytes)?;
+//! coordinator.start_ticker(&broker);
 //! match coordinator.join("g", request)? { Reply::Ready(r) => .., Reply::Wait(rx) => rx.await }
 //! ```
 
@@ -231,15 +235,16 @@ impl GroupCoordinator {
         let offsets = self.offsets.lock();
         groups.classic.retain(|group_id, group| !group.is_idle() || offsets.has_group(group_id));
         groups.consumer.retain(|group_id, group| !group.is_empty() || offsets.has_group(group_id));
-        drop(offsets);
-        drop(groups);
-        // A request that passed the coordinator check just before its partition moved
-        // away may have created a group here; nothing can reach it, so forget it.
+    }
+
+    /// A request that passed the coordinator check just before its partition moved away
+    /// may have created a group here; nothing can reach it, so it is forgotten (from the
+    /// periodic upkeep: it costs a hash per group).
+    fn forget_unserved_groups(&self) {
         let shards = self.shards.read();
         let mut groups = self.groups.lock();
-        let served = |group_id: &str| shards.serves(group_id);
-        groups.classic.retain(|group_id, _| served(group_id));
-        groups.consumer.retain(|group_id, _| served(group_id));
+        groups.classic.retain(|group_id, _| shards.serves(group_id));
+        groups.consumer.retain(|group_id, _| shards.serves(group_id));
     }
 
     pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {

@@ -288,6 +288,7 @@ impl GroupCoordinator {
         }
         *last = now_ms;
         drop(last);
+        self.forget_unserved_groups();
         self.expire_offsets(&active, now_ms, syncer);
     }
 
