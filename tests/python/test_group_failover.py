@@ -231,8 +231,9 @@ def offsets_partition(group, partitions):
 
 
 def test_compacted_offsets_partition_replicates_and_fails_over(tmp_path):
-    """Compaction in a cluster: followers follow the leader's log start, and a new
-    coordinator loading a compacted partition restores the latest offsets."""
+    """Compaction in a cluster: followers follow the leader's log start, a follower that
+    was down while the leader compacted past its log end starts over at the leader's log
+    start, and a new coordinator loading a compacted partition has the latest offsets."""
     cluster = Cluster(tmp_path)
     offsets_partitions = 3
     for node in cluster.nodes.values():
@@ -244,28 +245,35 @@ def test_compacted_offsets_partition_replicates_and_fails_over(tmp_path):
     try:
         create_topic(cluster, "compacted", 10)
         group = "compacting-group"
+        partition = offsets_partition(group, offsets_partitions)
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+        consumer.commit(offsets=[TopicPartition("compacted", 0, 1)], asynchronous=False)
+        admin = cluster.admin()
+        leader = coordinator_of(admin, group)
+        lagging = next(i for i in cluster.nodes if i != leader)
+        cluster.nodes[lagging].kill()
         commits = 600
         for i in range(commits):
             consumer.commit(offsets=[TopicPartition("compacted", p, i + p) for p in range(10)], asynchronous=False)
         consumer.close()
-        partition = offsets_partition(group, offsets_partitions)
 
-        def log_starts():
-            starts = []
-            for node in cluster.nodes.values():
-                path = node.data_dir / "logs" / f"__consumer_offsets-{partition}" / "log-start-offset"
-                starts.append(int(path.read_text()) if path.exists() else 0)
-            return starts
+        def log_start(node):
+            path = node.data_dir / "logs" / f"__consumer_offsets-{partition}" / "log-start-offset"
+            return int(path.read_text()) if path.exists() else 0
 
-        starts = cluster.wait_for("every replica compacted", lambda: (s := log_starts()) and min(s) > 0 and s)
-        assert min(starts) > 0, starts
-        admin = cluster.admin()
-        old = coordinator_of(admin, group)
-        cluster.nodes[old].kill()
+        assert log_start(cluster.nodes[leader]) > 0
+        cluster.nodes[lagging].start()
+        cluster.wait_for(
+            "every replica compacted and in sync",
+            lambda: all(log_start(n) > 0 for n in cluster.nodes.values())
+            and len(cluster.partition_state("__consumer_offsets", partition)[2]) == 3,
+        )
+        assert "behind the leader's log start" in cluster.nodes[lagging].log_path.read_text(errors="replace")
+
+        cluster.nodes[leader].kill()
         survivors = AdminClient({"bootstrap.servers": ",".join(
-            n.bootstrap for i, n in cluster.nodes.items() if i != old)})
-        cluster.wait_for("a new coordinator", lambda: coordinator_of(survivors, group) not in (old, -1),
+            n.bootstrap for i, n in cluster.nodes.items() if i != leader)})
+        cluster.wait_for("a new coordinator", lambda: coordinator_of(survivors, group) not in (leader, -1),
                          timeout=COORDINATOR_MOVE_LIMIT_S)
         expected = {p: commits - 1 + p for p in range(10)}
         got = cluster.wait_for("offsets at the new coordinator",

@@ -504,6 +504,34 @@ impl Partition {
         Ok(())
     }
 
+    /// Empties the log and restarts it at `offset` (Kafka's `truncateFullyAndStartAt`): a
+    /// follower whose log ends before its leader's log start cannot fetch what the leader
+    /// no longer has, so it drops everything and fetches on from the leader's start.
+    /// Producer state and the leader-epoch cache start empty, as the log does.
+    pub fn truncate_fully_and_start_at(&self, offset: i64) -> io::Result<()> {
+        assert!(offset >= 0, "a log starts at a non-negative offset");
+        let mut state = self.state.lock();
+        assert!(offset >= state.log_end_offset, "a full truncation only moves a log forward");
+        for segment in state.segments.values() {
+            segment.delete_files()?;
+        }
+        state.segments.clear();
+        for snapshot in list_snapshots(&self.dir) {
+            let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
+        }
+        write_leader_epochs(&self.dir, &[])?;
+        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+        let config = state.config.clone();
+        let replicated = state.replicated;
+        let mut reloaded = load_state(&self.dir, config)?;
+        assert_eq!((reloaded.log_start_offset, reloaded.log_end_offset), (offset, offset));
+        reloaded.replicated = replicated;
+        *state = reloaded;
+        tracing::warn!(dir = %self.dir.display(), offset, "log emptied to restart at the leader's log start");
+        self.publish(&state);
+        Ok(())
+    }
+
     /// In page-cache mode, true when `flush.messages` or `flush.ms` asks for an fsync now.
     pub fn flush_due(&self, now_ms: i64) -> bool {
         let state = self.state.lock();

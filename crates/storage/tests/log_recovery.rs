@@ -293,6 +293,36 @@ fn truncation_cuts_a_divergent_tail_across_segments() {
 }
 
 #[test]
+fn a_follower_behind_the_leaders_log_start_restarts_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
+    for epoch in [1, 1, 2, 2, 2, 2] {
+        leader.append(&batch(2, 7, None), epoch, 0).unwrap();
+    }
+    let first_chunk = replica_bytes(&leader, 0).remove(0);
+    let log_start = leader.delete_records_before(8).unwrap();
+    assert!(log_start > 0 && log_start <= 8, "log start {log_start}");
+    let path = dir.path().join("follower");
+    let follower = Partition::open(&path, small_segments_config()).unwrap();
+    follower.append_replica(&first_chunk, 0).unwrap();
+    assert!(follower.offsets().log_end_offset < log_start);
+    follower.truncate_fully_and_start_at(log_start).unwrap();
+    let offsets = follower.offsets();
+    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (log_start, log_start));
+    assert_eq!(follower.latest_epoch(), None);
+    for chunk in replica_bytes(&leader, log_start) {
+        follower.append_replica(&chunk, 0).unwrap();
+    }
+    assert_eq!(all_offsets(&follower), all_offsets(&leader));
+    assert_eq!(follower.epoch_end_offset(2), Some((2, 12)));
+    follower.close().unwrap();
+    drop(follower);
+    let reopened = Partition::open(&path, small_segments_config()).unwrap();
+    assert_eq!(reopened.offsets().log_start_offset, log_start);
+    assert_eq!(all_offsets(&reopened), all_offsets(&leader));
+}
+
+#[test]
 fn replicated_partition_shows_only_what_replication_committed() {
     let dir = tempfile::tempdir().unwrap();
     let manager = LogManager::new(dir.path()).unwrap();

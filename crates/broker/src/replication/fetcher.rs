@@ -151,6 +151,20 @@ fn apply_partition(
     replica: &Replica,
     data: &kafka_protocol::messages::fetch_response::PartitionData,
 ) -> Result<Option<i64>, ()> {
+    let behind_log_start = data.log_start_offset > replica.log.offsets().log_end_offset;
+    if data.error_code == ResponseError::OffsetOutOfRange.code() && behind_log_start {
+        // The leader no longer has what we would fetch next (DeleteRecords, retention,
+        // offsets-log compaction): start over at its log start, as Kafka's followers do.
+        let start = data.log_start_offset;
+        tracing::warn!(topic = %replica.topic, partition = replica.partition, start, "behind the leader's log start");
+        return match replica.log.truncate_fully_and_start_at(start) {
+            Ok(()) => Ok(None),
+            Err(error) => {
+                tracing::error!(%error, "full truncation failed");
+                Err(())
+            }
+        };
+    }
     if data.error_code != 0 {
         let error = ResponseError::try_from_code(data.error_code);
         tracing::debug!(topic = %replica.topic, partition = replica.partition, ?error, "replica fetch error");
