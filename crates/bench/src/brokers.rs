@@ -154,6 +154,53 @@ impl Drop for BrokerProcess {
     }
 }
 
+/// The broker processes of one run: one node, or the nodes of a cluster.
+#[derive(Debug)]
+pub struct BrokerSet {
+    nodes: Vec<BrokerProcess>,
+}
+
+impl BrokerSet {
+    /// The bootstrap list (every node, comma-separated).
+    pub fn bootstrap(&self) -> String {
+        self.nodes.iter().map(BrokerProcess::bootstrap).collect::<Vec<_>>().join(",")
+    }
+
+    /// The nodes' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(BrokerProcess::pid).collect()
+    }
+
+    /// The nodes' log files.
+    pub fn log_paths(&self) -> Vec<&Path> {
+        self.nodes.iter().map(BrokerProcess::log_path).collect()
+    }
+
+    /// Waits until metadata lists every node (a cluster has formed and registered them).
+    fn wait_registered(&self) -> anyhow::Result<()> {
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", self.bootstrap());
+        let admin = crate::kafka::Admin::connect(&config)?;
+        let started = Instant::now();
+        loop {
+            match admin.metadata() {
+                Ok((brokers, _)) if brokers == self.nodes.len() => return Ok(()),
+                Ok(_) | Err(_) if started.elapsed() < READY_TIMEOUT => std::thread::sleep(Duration::from_millis(250)),
+                Ok((brokers, _)) => {
+                    bail!("only {brokers} of {} nodes registered after {READY_TIMEOUT:?}", self.nodes.len())
+                }
+                Err(error) => return Err(error.context("waiting for the cluster's metadata")),
+            }
+        }
+    }
+}
+
+impl From<BrokerProcess> for BrokerSet {
+    fn from(node: BrokerProcess) -> Self {
+        BrokerSet { nodes: vec![node] }
+    }
+}
+
 fn tail_of(path: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut file) = std::fs::File::open(path) {
@@ -175,7 +222,36 @@ impl SluiceBroker {
     /// As [`SluiceBroker::start`], with extra `serve` arguments.
     pub fn start_with_args(bin: &Path, extra: &[String]) -> anyhow::Result<BrokerProcess> {
         let port = free_port()?;
-        let dir = fresh_dir("sluice-bench-sluice")?;
+        Self::start_node(bin, port, "sluice-bench-sluice", extra)
+    }
+
+    /// `nodes` `sluice serve` processes forming one cluster (controller quorum of all of
+    /// them, as `sluice dev-cluster`), each with `extra`; one node is a plain broker.
+    pub fn start_cluster(bin: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<BrokerSet> {
+        if nodes <= 1 {
+            return Ok(Self::start_with_args(bin, extra)?.into());
+        }
+        let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        let voters = (0..nodes).map(|i| format!("{}@127.0.0.1:{}", i + 1, controller_ports[i])).collect::<Vec<_>>();
+        let voters = voters.join(",");
+        let mut started = Vec::with_capacity(nodes);
+        for i in 0..nodes {
+            let mut args = vec![
+                format!("--node-id={}", i + 1),
+                format!("--controller-listen=127.0.0.1:{}", controller_ports[i]),
+                format!("--cluster-voters={voters}"),
+            ];
+            args.extend(extra.iter().cloned());
+            started.push(Self::start_node(bin, ports[i], &format!("sluice-bench-sluice-node{}", i + 1), &args)?);
+        }
+        let set = BrokerSet { nodes: started };
+        set.wait_registered()?;
+        Ok(set)
+    }
+
+    fn start_node(bin: &Path, port: u16, dir_prefix: &str, extra: &[String]) -> anyhow::Result<BrokerProcess> {
+        let dir = fresh_dir(dir_prefix)?;
         let data_dir = dir.join("data");
         std::fs::create_dir_all(&data_dir)?;
         let log_path = dir.join("sluice.log");
@@ -275,45 +351,64 @@ impl KafkaInstall {
 
     /// Starts a fresh single-node KRaft broker on loopback.
     pub fn start(&self, heap: &str) -> anyhow::Result<BrokerProcess> {
-        let port = free_port()?;
-        let controller_port = free_port()?;
-        let dir = fresh_dir("sluice-bench-kafka")?;
-        let data_dir = dir.join("data");
-        std::fs::create_dir_all(&data_dir)?;
-        let properties = dir.join("server.properties");
-        std::fs::write(&properties, kafka_properties(port, controller_port, &data_dir))?;
-        let log4j = dir.join("log4j2.properties");
-        std::fs::write(&log4j, LOG4J2_PROPERTIES)?;
-        let cluster_id = self.storage_tool(&["random-uuid"])?;
-        let cluster_id = cluster_id.trim().to_string();
-        self.storage_tool(&["format", "-t", &cluster_id, "-c", &properties.display().to_string()])?;
-        let log_path = dir.join("kafka.log");
-        let log = std::fs::File::create(&log_path)?;
-        let child = die_with_parent(&mut Command::new("java"))
-            .arg(format!("-Xms{heap}"))
-            .arg(format!("-Xmx{heap}"))
-            .arg("-XX:+UseG1GC")
-            .arg(format!("-Dlog4j2.configurationFile={}", log4j.display()))
-            .arg("-cp")
-            .arg(self.classpath())
-            .arg("kafka.Kafka")
-            .arg(&properties)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting java (is a JDK installed?)")?;
-        let mut broker = BrokerProcess {
-            child: Some(child),
-            name: "kafka",
-            bootstrap: format!("127.0.0.1:{port}"),
-            data_dir: dir,
-            log_path,
-            keep_data: false,
-        };
-        broker.wait_ready(Some("Kafka Server started"))?;
-        println!("Started Kafka {} (pid {}) on {}", self.version, broker.pid(), broker.bootstrap);
-        Ok(broker)
+        let mut set = self.start_cluster(heap, 1)?;
+        Ok(set.nodes.remove(0))
+    }
+
+    /// Starts `nodes` fresh KRaft nodes on loopback, each broker and controller (combined
+    /// mode), all voters of one quorum.
+    pub fn start_cluster(&self, heap: &str, nodes: usize) -> anyhow::Result<BrokerSet> {
+        let nodes = nodes.max(1);
+        let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        let cluster_id = self.storage_tool(&["random-uuid"])?.trim().to_string();
+        let mut dirs = Vec::with_capacity(nodes);
+        for i in 0..nodes {
+            let dir = fresh_dir("sluice-bench-kafka")?;
+            let data_dir = dir.join("data");
+            std::fs::create_dir_all(&data_dir)?;
+            let properties = dir.join("server.properties");
+            std::fs::write(&properties, kafka_properties(i + 1, &ports, &controller_ports, &data_dir))?;
+            std::fs::write(dir.join("log4j2.properties"), LOG4J2_PROPERTIES)?;
+            self.storage_tool(&["format", "-t", &cluster_id, "-c", &properties.display().to_string()])?;
+            dirs.push(dir);
+        }
+        let mut started = Vec::with_capacity(nodes);
+        for (i, dir) in dirs.into_iter().enumerate() {
+            let log_path = dir.join("kafka.log");
+            let log = std::fs::File::create(&log_path)?;
+            let child = die_with_parent(&mut Command::new("java"))
+                .arg(format!("-Xms{heap}"))
+                .arg(format!("-Xmx{heap}"))
+                .arg("-XX:+UseG1GC")
+                .arg(format!("-Dlog4j2.configurationFile={}", dir.join("log4j2.properties").display()))
+                .arg("-cp")
+                .arg(self.classpath())
+                .arg("kafka.Kafka")
+                .arg(dir.join("server.properties"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting java (is a JDK installed?)")?;
+            started.push(BrokerProcess {
+                child: Some(child),
+                name: "kafka",
+                bootstrap: format!("127.0.0.1:{}", ports[i]),
+                data_dir: dir,
+                log_path,
+                keep_data: false,
+            });
+        }
+        // A combined-mode node finishes starting only once its quorum has a leader, so
+        // every node is started before any is waited for.
+        for broker in &mut started {
+            broker.wait_ready(Some("Kafka Server started"))?;
+            println!("Started Kafka {} (pid {}) on {}", self.version, broker.pid(), broker.bootstrap);
+        }
+        let set = BrokerSet { nodes: started };
+        set.wait_registered()?;
+        Ok(set)
     }
 
     fn storage_tool(&self, args: &[&str]) -> anyhow::Result<String> {
@@ -351,23 +446,32 @@ fn kafka_pom(version: &str) -> String {
     )
 }
 
-/// Single-node KRaft on loopback with Kafka's defaults otherwise (the durability the
-/// run asks for is in the driver's topic config: `flush.messages=1` or nothing).
-fn kafka_properties(port: u16, controller_port: u16, data_dir: &Path) -> String {
+/// One KRaft node (broker and controller) of a loopback quorum, with Kafka's defaults
+/// otherwise (the durability the run asks for is in the driver's topic config:
+/// `flush.messages=1` or nothing). Internal topics are replicated as far as the node
+/// count allows.
+fn kafka_properties(node_id: usize, ports: &[u16], controller_ports: &[u16], data_dir: &Path) -> String {
+    let voters: Vec<String> =
+        controller_ports.iter().enumerate().map(|(i, port)| format!("{}@127.0.0.1:{port}", i + 1)).collect();
+    let port = ports[node_id - 1];
+    let controller_port = controller_ports[node_id - 1];
+    let internal_rf = ports.len().min(3);
+    let internal_min_isr = ports.len().min(2);
     format!(
         "process.roles=broker,controller\n\
-         node.id=1\n\
-         controller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+         node.id={node_id}\n\
+         controller.quorum.voters={}\n\
          listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}\n\
          advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
          controller.listener.names=CONTROLLER\n\
          inter.broker.listener.name=PLAINTEXT\n\
          log.dirs={}\n\
-         offsets.topic.replication.factor=1\n\
-         transaction.state.log.replication.factor=1\n\
-         transaction.state.log.min.isr=1\n\
-         share.coordinator.state.topic.replication.factor=1\n\
+         offsets.topic.replication.factor={internal_rf}\n\
+         transaction.state.log.replication.factor={internal_rf}\n\
+         transaction.state.log.min.isr={internal_min_isr}\n\
+         share.coordinator.state.topic.replication.factor={internal_rf}\n\
          group.initial.rebalance.delay.ms=0\n",
+        voters.join(","),
         data_dir.display()
     )
 }

@@ -43,6 +43,10 @@ pub struct CompareArgs {
     /// Rounds (each round runs the peer, then Sluice).
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
+    /// Nodes of each broker (> 1 = a cluster of that many processes on loopback, for
+    /// both Sluice and the peer; use a driver with the replication factor wanted).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=9))]
+    pub nodes: u16,
     /// The `sluice` binary (default: this executable).
     #[arg(long, env = "SLUICE_BIN")]
     pub sluice_bin: Option<PathBuf>,
@@ -176,13 +180,14 @@ fn run_one(
     workload: &crate::workload::LoadedWorkload,
     driver: &crate::driver::LoadedDriver,
 ) -> anyhow::Result<TestResult> {
+    let nodes = usize::from(args.nodes);
     let process = match broker {
-        "kafka" => args.kafka.start()?,
-        _ => SluiceBroker::start_with_args(sluice_bin, &args.sluice_arg)?,
+        "kafka" => args.kafka.start(nodes)?,
+        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg)?,
     };
     let mut options = args.overrides.run_options();
     options.bootstrap = Some(process.bootstrap());
-    options.broker_pid = Some(process.pid());
+    options.broker_pids = process.pids();
     options.broker_label = Some(broker.to_string());
     let outcome = if args.overrides.find_peak {
         peak::find_peak(workload, driver, &options)
@@ -190,7 +195,9 @@ fn run_one(
         runner::run_workload(workload, driver, &options)
     };
     if outcome.is_err() {
-        println!("broker log: {}", process.log_path().display());
+        for log in process.log_paths() {
+            println!("broker log: {}", log.display());
+        }
     }
     drop(process);
     outcome

@@ -89,9 +89,14 @@ pub struct RunArgs {
     /// Kafka settings for --start-kafka.
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Broker process to measure (CPU seconds, peak RSS); set automatically with --start-*.
+    /// Nodes of the broker started with --start-sluice or --start-kafka (> 1 = a cluster
+    /// of that many processes on loopback).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=9))]
+    pub nodes: u16,
+    /// Broker process to measure (CPU seconds, peak RSS; repeat for a cluster's nodes);
+    /// set automatically with --start-*.
     #[arg(long)]
-    pub broker_pid: Option<u32>,
+    pub broker_pid: Vec<u32>,
     /// Run overrides shared with `compare`.
     #[command(flatten)]
     pub overrides: Overrides,
@@ -112,11 +117,11 @@ pub struct KafkaArgs {
 }
 
 impl KafkaArgs {
-    /// Installs (if needed) and starts a fresh Kafka.
-    pub fn start(&self) -> anyhow::Result<brokers::BrokerProcess> {
+    /// Installs (if needed) and starts a fresh Kafka of `nodes` nodes.
+    pub fn start(&self, nodes: usize) -> anyhow::Result<brokers::BrokerSet> {
         let cache = self.cache_dir.clone().unwrap_or_else(brokers::cache_dir_default);
         let install = brokers::KafkaInstall::ensure(&cache, &self.kafka_version)?;
-        install.start(&self.kafka_heap)
+        install.start_cluster(&self.kafka_heap, nodes)
     }
 }
 
@@ -193,22 +198,22 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
     for driver in &drivers {
         for workload in &workloads {
             let mut options = args.overrides.run_options();
-            options.broker_pid = args.broker_pid;
+            options.broker_pids = args.broker_pid.clone();
             let mut broker = None;
             if args.start_sluice {
                 let bin = match &args.sluice_bin {
                     Some(bin) => bin.clone(),
                     None => std::env::current_exe()?,
                 };
-                let started = brokers::SluiceBroker::start(&bin)?;
+                let started = brokers::SluiceBroker::start_cluster(&bin, usize::from(args.nodes), &[])?;
                 options.bootstrap = Some(started.bootstrap());
-                options.broker_pid = Some(started.pid());
+                options.broker_pids = started.pids();
                 options.broker_label = Some("sluice".into());
                 broker = Some(started);
             } else if args.start_kafka {
-                let started = args.kafka.start()?;
+                let started = args.kafka.start(usize::from(args.nodes))?;
                 options.bootstrap = Some(started.bootstrap());
-                options.broker_pid = Some(started.pid());
+                options.broker_pids = started.pids();
                 options.broker_label = Some("kafka".into());
                 broker = Some(started);
             }

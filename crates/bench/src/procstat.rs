@@ -16,37 +16,52 @@ pub struct Usage {
     pub peak_rss_bytes: Option<u64>,
 }
 
-/// Samples one process from the start of a phase to its end.
+/// Samples the broker's processes (one per node) from the start of a phase to its end;
+/// CPU seconds and peak RSS are summed over them.
 #[derive(Debug)]
 pub struct ProcessSampler {
-    pid: u32,
-    cpu_ticks_start: Option<u64>,
-    rss_bytes_max: AtomicU64,
+    pids: Vec<u32>,
+    cpu_ticks_start: Vec<Option<u64>>,
+    rss_bytes_max: Vec<AtomicU64>,
 }
 
 impl ProcessSampler {
-    /// Starts measuring `pid`.
-    pub fn start(pid: u32) -> Self {
-        Self { pid, cpu_ticks_start: cpu_ticks(pid), rss_bytes_max: AtomicU64::new(0) }
+    /// Starts measuring `pids`.
+    pub fn start(pids: &[u32]) -> Self {
+        Self {
+            pids: pids.to_vec(),
+            cpu_ticks_start: pids.iter().map(|&pid| cpu_ticks(pid)).collect(),
+            rss_bytes_max: pids.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     /// Notes the current RSS (in case VmHWM is unavailable).
     pub fn tick(&self) {
-        if let Some(rss) = status_kib(self.pid, "VmRSS:") {
-            self.rss_bytes_max.fetch_max(rss * 1024, Ordering::Relaxed);
+        for (pid, max) in self.pids.iter().zip(&self.rss_bytes_max) {
+            if let Some(rss) = status_kib(*pid, "VmRSS:") {
+                max.fetch_max(rss * 1024, Ordering::Relaxed);
+            }
         }
     }
 
-    /// Ends the measurement.
+    /// Ends the measurement; a figure is `None` unless every process could be measured.
     pub fn finish(self) -> Usage {
         let ticks_per_second = ticks_per_second();
-        let cpu_seconds = match (self.cpu_ticks_start, cpu_ticks(self.pid)) {
-            (Some(start), Some(end)) => Some(end.saturating_sub(start) as f64 / ticks_per_second),
-            _ => None,
-        };
-        let sampled = self.rss_bytes_max.load(Ordering::Relaxed);
-        let peak_rss_bytes = status_kib(self.pid, "VmHWM:").map(|kib| kib * 1024).or((sampled > 0).then_some(sampled));
-        Usage { cpu_seconds, peak_rss_bytes }
+        let mut usage = Usage { cpu_seconds: Some(0.0), peak_rss_bytes: Some(0) };
+        for ((pid, start), sampled) in self.pids.iter().zip(&self.cpu_ticks_start).zip(&self.rss_bytes_max) {
+            let cpu = match (start, cpu_ticks(*pid)) {
+                (Some(start), Some(end)) => Some(end.saturating_sub(*start) as f64 / ticks_per_second),
+                _ => None,
+            };
+            let sampled = sampled.load(Ordering::Relaxed);
+            let rss = status_kib(*pid, "VmHWM:").map(|kib| kib * 1024).or((sampled > 0).then_some(sampled));
+            usage.cpu_seconds = usage.cpu_seconds.zip(cpu).map(|(a, b)| a + b);
+            usage.peak_rss_bytes = usage.peak_rss_bytes.zip(rss).map(|(a, b)| a + b);
+        }
+        if self.pids.is_empty() {
+            return Usage::default();
+        }
+        usage
     }
 }
 
@@ -105,7 +120,7 @@ mod tests {
     #[test]
     fn own_process_is_measurable() {
         let pid = std::process::id();
-        let sampler = ProcessSampler::start(pid);
+        let sampler = ProcessSampler::start(&[pid]);
         let mut x = 0u64;
         for i in 0..5_000_000u64 {
             x = x.wrapping_add(i * i);

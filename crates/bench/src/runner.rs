@@ -63,8 +63,8 @@ pub struct RunOptions {
     pub sample_period: Option<Duration>,
     /// Overrides `producerRate` (msg/s, 0 = discover).
     pub producer_rate: Option<f64>,
-    /// Broker process to measure (CPU seconds, peak RSS).
-    pub broker_pid: Option<u32>,
+    /// Broker processes to measure (CPU seconds, peak RSS; summed over a cluster's nodes).
+    pub broker_pids: Vec<u32>,
     /// Broker name for the result (`sluice`, `kafka`).
     pub broker_label: Option<String>,
     /// Caps the replication factor (default: the broker count).
@@ -80,7 +80,7 @@ impl Default for RunOptions {
             warmup_duration: None,
             sample_period: None,
             producer_rate: None,
-            broker_pid: None,
+            broker_pids: Vec::new(),
             broker_label: None,
             replication_factor_max: None,
         }
@@ -460,7 +460,7 @@ fn run_phases(
     };
     let test = options.test_duration.unwrap_or_else(|| minutes(workload.test_duration_minutes));
     println!("----- Starting benchmark traffic ({:.1}s) ------", test.as_secs_f64());
-    let sampler = options.broker_pid.map(ProcessSampler::start);
+    let sampler = (!options.broker_pids.is_empty()).then(|| ProcessSampler::start(&options.broker_pids));
     let mut result = phase.collect(test, backlog, sampler.as_ref())?;
     if let Some(sampler) = sampler {
         let usage = sampler.finish();

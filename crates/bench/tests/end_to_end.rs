@@ -39,7 +39,8 @@ fn smoke_args(output_dir: &Path) -> RunArgs {
             cache_dir: None,
             kafka_heap: "512m".into(),
         },
-        broker_pid: None,
+        nodes: 1,
+        broker_pid: Vec::new(),
         overrides: Overrides::default(),
     }
 }
@@ -92,7 +93,12 @@ fn check(result: &TestResult) {
     assert!(quantiles.windows(2).all(|pair| pair[0].1 <= pair[1].1));
 }
 
+/// Benchmarks in one process run one at a time: concurrent runs would share the 2 cores
+/// and the disk and measure each other.
+static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_and_check(args: RunArgs) {
+    let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let written = sluice_bench::run_workloads(args).expect("bench run");
     assert_eq!(written.len(), 1);
     let result = TestResult::load(&written[0]).unwrap();
@@ -108,6 +114,18 @@ fn smoke_workload_against_sluice() {
     let mut args = smoke_args(dir.path());
     args.start_sluice = true;
     args.sluice_bin = Some(bin);
+    run_and_check(args);
+}
+
+#[test]
+fn smoke_workload_against_a_three_node_sluice_cluster() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.drivers = vec![workspace().join("bench/local/drivers/local-cluster-latency.yaml")];
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    args.nodes = 3;
     run_and_check(args);
 }
 

@@ -6,14 +6,17 @@
 //! Why metadata is applied by one task: every role change happens in metadata order, so
 //! a partition never sees an older leader epoch after a newer one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig};
+use parking_lot::Mutex;
+use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, NO_LEADER};
 use sluice_storage::TopicPartition;
+use tokio::sync::watch;
+use uuid::Uuid;
 
 use crate::config::ClusterConfig;
 use crate::replication::{Assignment, IsrChanges, ReplicaManager};
@@ -21,12 +24,38 @@ use crate::topics::TopicMeta;
 use crate::Broker;
 
 /// The controller of this node, once started.
-#[derive(Default)]
 pub struct ClusterLink {
     controller: OnceLock<Arc<Controller>>,
+    /// The metadata version this broker has applied (topic registry and replica roles).
+    applied_version: watch::Sender<u64>,
+    /// The topic id each hosted topic had when last applied: a topic deleted and created
+    /// again under the same name between two applies gets fresh, empty logs.
+    applied_topic_ids: Mutex<HashMap<String, Uuid>>,
+}
+
+impl Default for ClusterLink {
+    fn default() -> ClusterLink {
+        ClusterLink {
+            controller: OnceLock::new(),
+            applied_version: watch::channel(0).0,
+            applied_topic_ids: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 impl ClusterLink {
+    /// Waits until this broker applied metadata `version` or later (so an admin request
+    /// answers only once its change shows here). False on timeout.
+    pub async fn wait_applied(&self, version: u64, timeout: Duration) -> bool {
+        let mut applied = self.applied_version.subscribe();
+        tokio::time::timeout(timeout, applied.wait_for(|&v| v >= version)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// The version of this node's controller metadata now (what a write just made is in).
+    pub fn controller_version(&self) -> u64 {
+        self.controller.get().map_or(0, |c| c.metadata().borrow().version)
+    }
+
     pub fn controller(&self) -> Option<&Arc<Controller>> {
         self.controller.get()
     }
@@ -82,6 +111,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS,
         write_timeout_ms: ADMIN_TIMEOUT.as_millis() as u64,
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+        source_address: cluster.source_address,
     };
     let controller = Controller::start(config).await?;
     let _ = link.controller.set(controller.clone());
@@ -91,8 +121,12 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         loop {
             let current = metadata.borrow_and_update().clone();
             let Some(broker) = weak.upgrade() else { return };
+            let version = current.version;
+            let link = broker.cluster.clone().expect("cluster mode");
             match tokio::task::spawn_blocking(move || apply_blocking(&broker, &current)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    link.applied_version.send_replace(version);
+                }
                 Ok(Err(error)) => tracing::error!(%error, "applying cluster metadata failed"),
                 Err(error) => tracing::error!(%error, "metadata task panicked"),
             }
@@ -125,7 +159,9 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             })
             .collect(),
     );
+    remove_recreated_topics(broker, metadata)?;
     let defaults = &broker.config().topic_defaults;
+    let registered = registered_incarnation(broker, metadata);
     let mut hosted = HashSet::new();
     for (name, topic) in &metadata.topics {
         let config = defaults.replication_config(&topic.configs);
@@ -133,9 +169,15 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             if !partition.replicas.contains(&me) {
                 continue;
             }
+            // Until this process's own registration is applied, a leadership naming this
+            // node belongs to the previous incarnation (metadata replayed from disk at start).
+            // Registering fences that incarnation, so its leaderships move on with a new
+            // epoch; leading at the old epoch meanwhile would serve the previous process's
+            // unreplicated tail as committed (its high watermark after recovery is its log end).
+            let leader = if partition.leader == me && !registered { NO_LEADER } else { partition.leader };
             let assignment = Assignment {
                 replicas: partition.replicas.clone(),
-                leader: partition.leader,
+                leader,
                 leader_epoch: partition.leader_epoch,
                 isr: partition.isr.clone(),
                 partition_epoch: partition.partition_epoch,
@@ -165,11 +207,31 @@ fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, me
     broker.groups.follow_leadership(leaders);
 }
 
+/// Deletes the logs of a topic whose id changed since the last apply (deleted and created
+/// again in between): its old data must not show under the new topic.
+fn remove_recreated_topics(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::Result<()> {
+    let replicas: &Arc<ReplicaManager> = broker.replicas.as_ref().expect("cluster mode");
+    let link = broker.cluster.as_ref().expect("cluster mode");
+    let mut known = link.applied_topic_ids.lock();
+    for (tp, _) in replicas.hosted() {
+        let current = metadata.topics.get(&tp.topic).map(|t| t.topic_id);
+        if current.is_some() && known.get(&tp.topic).is_some_and(|id| Some(*id) != current) {
+            tracing::info!(topic = %tp.topic, partition = tp.partition, "topic was recreated; deleting the old log");
+            replicas.remove(&broker.logs, &tp.topic, tp.partition)?;
+        }
+    }
+    *known = metadata.topics.iter().map(|(name, t)| (name.clone(), t.topic_id)).collect();
+    Ok(())
+}
+
+/// Whether the metadata holds this process's own registration, unfenced.
+fn registered_incarnation(broker: &Broker, metadata: &ClusterMetadata) -> bool {
+    let Some(controller) = broker.cluster.as_ref().and_then(|link| link.controller()) else { return false };
+    let me = metadata.brokers.get(&broker.node_id());
+    me.is_some_and(|info| !info.fenced && info.incarnation == controller.incarnation())
+}
+
 /// How often the active controller moves leadership back to preferred replicas.
 pub const LEADER_REBALANCE_INTERVAL_MS: u64 = 10_000;
 /// How long an admin request waits for the controller.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What admin requests not yet routed through the controller answer in cluster mode.
-pub const NOT_YET_IN_CLUSTER: &str =
-    "not supported in cluster mode yet: DeleteTopics, CreatePartitions and config changes need the controller path";

@@ -2,7 +2,7 @@
 //! limits every queue and buffer is bounded by.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -111,6 +111,9 @@ pub struct ClusterConfig {
     pub replica_lag_time_max_ms: u64,
     /// Kafka's `default.replication.factor`, for topics created without one.
     pub default_replication_factor: i16,
+    /// Local IP every outgoing connection to another node (controller RPC, replica fetch)
+    /// binds to; absent = chosen by the system. Lets a proxy tell nodes apart by peer IP.
+    pub source_address: Option<IpAddr>,
 }
 
 impl Default for ClusterConfig {
@@ -123,6 +126,7 @@ impl Default for ClusterConfig {
             election_timeout_min_ms: 500,
             replica_lag_time_max_ms: crate::replication::REPLICA_LAG_TIME_MS_DEFAULT,
             default_replication_factor: 3,
+            source_address: None,
         }
     }
 }
@@ -161,6 +165,9 @@ impl ClusterConfig {
         }
         if self.default_replication_factor < 1 {
             return Err("cluster.default_replication_factor must be at least 1".into());
+        }
+        if let Some(ip) = self.source_address.filter(|ip| ip.is_unspecified() || ip.is_multicast()) {
+            return Err(format!("cluster.source_address must be a concrete unicast address, got {ip}"));
         }
         Ok(())
     }
@@ -303,3 +310,27 @@ impl BrokerConfig {
 
 const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT < GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT);
 const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN < GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_cluster(change: impl FnOnce(&mut ClusterConfig), expected: Result<(), &str>) {
+        let mut cluster = ClusterConfig { voters: "1@127.0.0.1:9093".to_string(), ..ClusterConfig::default() };
+        change(&mut cluster);
+        let config = BrokerConfig { node_id: 1, cluster: Some(cluster), ..BrokerConfig::default() };
+        match (config.validate(), expected) {
+            (Ok(()), Ok(())) => {}
+            (Err(error), Err(part)) => assert!(error.contains(part), "{error}"),
+            (got, expected) => panic!("got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn cluster_source_address() {
+        check_cluster(|_| {}, Ok(()));
+        check_cluster(|cluster| cluster.source_address = Some("127.0.0.11".parse().unwrap()), Ok(()));
+        check_cluster(|cluster| cluster.source_address = Some("0.0.0.0".parse().unwrap()), Err("source_address"));
+        check_cluster(|cluster| cluster.source_address = Some("ff02::1".parse().unwrap()), Err("source_address"));
+    }
+}

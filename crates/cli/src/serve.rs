@@ -2,7 +2,7 @@
 //! variables and flags (each overriding the one before), then the broker until SIGTERM or
 //! SIGINT, which shut it down cleanly (logs fsynced and sealed).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Default flush.messages for topics: 1 = fsync before ack (default); N > 1 = page-cache mode.
     #[arg(long, env = "SLUICE_FLUSH_MESSAGES")]
     flush_messages: Option<i64>,
+    /// Default `sluice.durability.level` of topics (1-4, see README "Durability levels").
+    #[arg(long, env = "SLUICE_DURABILITY_LEVEL")]
+    durability_level: Option<i64>,
     /// How often retention is checked.
     #[arg(long, env = "SLUICE_LOG_RETENTION_CHECK_INTERVAL_MS")]
     log_retention_check_interval_ms: Option<u64>,
@@ -63,6 +66,10 @@ pub struct ServeArgs {
     /// Where this node's controller listens (cluster mode).
     #[arg(long, env = "SLUICE_CONTROLLER_LISTEN")]
     controller_listen: Option<SocketAddr>,
+    /// Local IP that connections to other nodes are made from (cluster mode; e.g. so a
+    /// fault-injecting proxy can tell nodes apart) [default: chosen by the system].
+    #[arg(long, env = "SLUICE_CLUSTER_SOURCE_ADDRESS")]
+    cluster_source_address: Option<IpAddr>,
     /// Heartbeat interval of consumer-protocol groups (Kafka's group.consumer.heartbeat.interval.ms).
     #[arg(long, env = "SLUICE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS")]
     group_consumer_heartbeat_interval_ms: Option<u64>,
@@ -128,13 +135,19 @@ impl ServeArgs {
         if let Some(value) = self.flush_messages {
             defaults.flush_messages = value;
         }
-        if self.cluster_voters.is_some() || self.controller_listen.is_some() {
+        if let Some(value) = self.durability_level {
+            defaults.durability_level = value;
+        }
+        if self.cluster_voters.is_some() || self.controller_listen.is_some() || self.cluster_source_address.is_some() {
             let cluster = config.cluster.get_or_insert_with(Default::default);
             if let Some(voters) = self.cluster_voters {
                 cluster.voters = voters;
             }
             if let Some(listen) = self.controller_listen {
                 cluster.controller_listen = listen;
+            }
+            if let Some(source) = self.cluster_source_address {
+                cluster.source_address = Some(source);
             }
         }
         config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;

@@ -1,13 +1,17 @@
 //! [`Controller`]: one node's member of the controller quorum, and the API the broker uses.
 //!
 //! Every node runs one. It owns the openraft instance (log and state machine under
-//! `<data_dir>/controller/`), serves the controller RPC, sends this node's heartbeat to the
-//! active controller, and, while it is the raft leader, acts as the active controller:
-//! - liveness is kept **in memory** on the leader (heartbeats are not logged); it proposes
-//!   `FenceBroker` for a broker silent for `session_timeout_ms`, and `RegisterBroker` /
-//!   `UnfenceBroker` when one appears, comes back, or restarts with a new incarnation;
-//! - a newly elected leader knows nothing of the brokers' past heartbeats, so it waits one
-//!   session timeout (the grace period) before fencing anyone;
+//! `<data_dir>/controller/`), serves the controller RPC, sends this node's heartbeat to
+//! every voter, and, while it is the raft leader, acts as the active controller:
+//! - liveness is kept **in memory** (heartbeats are not logged); it proposes `FenceBroker`
+//!   for a broker silent for `session_timeout_ms`, and `RegisterBroker` / `UnfenceBroker`
+//!   when one appears, comes back, or restarts with a new incarnation;
+//! - every voter records the heartbeats it receives, leader or not, so a newly elected
+//!   leader already knows who went silent: when the old leader's node died, it is fenced
+//!   one session timeout after its last heartbeat, not one session timeout after the
+//!   election. The new leader only waits [`FENCE_GRACE_HEARTBEATS`] heartbeat periods (so
+//!   that a leader whose own view is stale, e.g. just healed from a partition, hears from
+//!   every live broker again) before fencing anyone;
 //! - every `leader_rebalance_interval_ms` it runs a preferred leader election (Kafka's
 //!   `auto.leader.rebalance.enable`), only when some partition is off its preferred leader.
 //!
@@ -17,7 +21,7 @@
 //! calling node, so the caller's [`Controller::metadata`] already shows it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,6 +56,9 @@ pub const LEADER_REBALANCE_INTERVAL_MS_DEFAULT: u64 = 30_000;
 pub const WRITE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Most voters of a quorum.
 pub const VOTERS_MAX: usize = 7;
+/// Heartbeat periods a newly elected leader waits before fencing anyone (every live
+/// broker heartbeats every voter, so this many periods refresh a stale view).
+const FENCE_GRACE_HEARTBEATS: u32 = 2;
 /// Bound on one forwarded write or heartbeat exchange.
 const FORWARD_TIMEOUT_MS_MAX: u64 = 5_000;
 /// Pause between write retries while there is no leader.
@@ -97,6 +104,9 @@ pub struct ControllerConfig {
     pub write_timeout_ms: u64,
     /// Raft entries between two snapshots of the state machine; older entries are purged.
     pub snapshot_interval_entries: u64,
+    /// Local address every outgoing controller RPC connection binds to (any port), so the
+    /// other side can tell nodes apart by peer IP; `None` = chosen by the system.
+    pub source_address: Option<IpAddr>,
 }
 
 impl ControllerConfig {
@@ -125,6 +135,7 @@ impl ControllerConfig {
             leader_rebalance_interval_ms: LEADER_REBALANCE_INTERVAL_MS_DEFAULT,
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+            source_address: None,
         }
     }
 
@@ -150,6 +161,9 @@ impl ControllerConfig {
                 "leader_rebalance_interval_ms, write_timeout_ms and snapshot_interval_entries must be positive"
                     .to_string(),
             );
+        }
+        if self.source_address.is_some_and(|ip| ip.is_unspecified() || ip.is_multicast()) {
+            return fail("source_address must be a concrete unicast address".to_string());
         }
         Ok(())
     }
@@ -187,19 +201,27 @@ struct Shared {
     shut_down: AtomicBool,
 }
 
-/// The active controller's view of broker liveness (memory only, rebuilt by each new leader).
+/// This node's view of broker liveness (memory only): the heartbeats it received, kept
+/// across terms, and when it last became leader.
 struct Liveness {
-    /// The raft term this view belongs to; a new term starts a new view.
+    /// The raft term `leader_since` belongs to.
     term: u64,
-    /// When this node became leader in `term`: the grace period starts here.
+    /// When this node became leader in `term`: the fencing grace period starts here.
     leader_since: Instant,
+    /// When this controller started: a broker never heard from counts as seen then.
+    started: Instant,
     last_seen: HashMap<i32, (Instant, Heartbeat)>,
 }
 
 impl Liveness {
+    fn new(now: Instant) -> Liveness {
+        Liveness { term: 0, leader_since: now, started: now, last_seen: HashMap::new() }
+    }
+
     fn for_term(&mut self, term: u64, now: Instant) -> &mut Liveness {
         if self.term != term {
-            *self = Liveness { term, leader_since: now, last_seen: HashMap::new() };
+            self.term = term;
+            self.leader_since = now;
         }
         self
     }
@@ -216,7 +238,7 @@ impl Controller {
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
-        let peers = Peers::default();
+        let peers = Peers::new(config.source_address);
         let network = NetworkFactory { peers: peers.clone() };
         let raft_config = Arc::new(config.raft_config()?);
         let raft = Raft::new(raft_id(config.node_id), raft_config, network, log_store, state_machine)
@@ -227,7 +249,7 @@ impl Controller {
             raft,
             peers,
             metadata,
-            liveness: Mutex::new(Liveness { term: 0, leader_since: Instant::now(), last_seen: HashMap::new() }),
+            liveness: Mutex::new(Liveness::new(Instant::now())),
             heartbeats_paused: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             config,
@@ -479,14 +501,14 @@ impl Shared {
         }
     }
 
+    /// Notes a heartbeat whether or not this node leads: a future leader needs the history.
     fn record_heartbeat(&self, heartbeat: Heartbeat) -> Redirect {
-        let Some(term) = self.leader_term() else {
-            return Redirect::NotLeader(self.active_controller());
-        };
         let now = Instant::now();
-        let mut liveness = self.liveness.lock().expect("liveness lock poisoned");
-        liveness.for_term(term, now).last_seen.insert(heartbeat.node_id, (now, heartbeat));
-        Redirect::Accepted
+        self.liveness.lock().expect("liveness lock poisoned").last_seen.insert(heartbeat.node_id, (now, heartbeat));
+        match self.leader_term() {
+            Some(_) => Redirect::Accepted,
+            None => Redirect::NotLeader(self.active_controller()),
+        }
     }
 
     /// Proposes on this node, which must be the raft leader.
@@ -542,8 +564,20 @@ impl Shared {
         }
     }
 
-    /// Heartbeats the active controller every `heartbeat_interval_ms`.
+    /// Heartbeats every voter (itself included) every `heartbeat_interval_ms`, one task
+    /// per voter so a dead or slow voter delays no other.
     async fn send_heartbeats(self: Arc<Self>) {
+        let voters: Vec<(i32, String)> =
+            self.config.voters.iter().map(|(&id, address)| (id, address.clone())).collect();
+        // A JoinSet aborts its tasks when dropped, so stopping this task stops them all.
+        let mut senders = tokio::task::JoinSet::new();
+        for (id, address) in voters {
+            senders.spawn(self.clone().heartbeat_voter(id, address));
+        }
+        while senders.join_next().await.is_some() {}
+    }
+
+    async fn heartbeat_voter(self: Arc<Self>, voter: i32, address: String) {
         let period = Duration::from_millis(self.config.heartbeat_interval_ms);
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -552,15 +586,13 @@ impl Shared {
             if self.heartbeats_paused.load(Ordering::Relaxed) {
                 continue;
             }
-            let Some(leader) = self.active_controller() else { continue };
-            if leader == self.config.node_id {
+            if voter == self.config.node_id {
                 self.record_heartbeat(self.heartbeat());
                 continue;
             }
-            let Some(address) = self.config.voters.get(&leader) else { continue };
             let request = Request::Heartbeat(self.heartbeat());
-            if let Err(error) = self.peers.client(address).call(&request, period * 2).await {
-                tracing::debug!(leader, %error, "heartbeat failed");
+            if let Err(error) = self.peers.client(&address).call(&request, period * 2).await {
+                tracing::debug!(voter, %error, "heartbeat failed");
             }
         }
     }
@@ -618,11 +650,13 @@ impl Shared {
                 })),
             }
         }
-        if now.duration_since(liveness.leader_since) < session_timeout {
+        let grace =
+            (Duration::from_millis(self.config.heartbeat_interval_ms) * FENCE_GRACE_HEARTBEATS).min(session_timeout);
+        if now.duration_since(liveness.leader_since) < grace {
             return commands;
         }
         for broker in metadata.brokers.values().filter(|broker| !broker.fenced) {
-            let seen = liveness.last_seen.get(&broker.node_id).map_or(liveness.leader_since, |(seen, _)| *seen);
+            let seen = liveness.last_seen.get(&broker.node_id).map_or(liveness.started, |(seen, _)| *seen);
             if now.duration_since(seen) >= session_timeout {
                 commands.push(Command::FenceBroker { node_id: broker.node_id });
             }
@@ -667,5 +701,7 @@ mod tests {
         check_refused(|config| config.heartbeat_interval_ms = config.session_timeout_ms, "heartbeat_interval_ms");
         check_refused(|config| config.election_timeout_max_ms = config.election_timeout_min_ms, "election");
         check_refused(|config| config.snapshot_interval_entries = 0, "snapshot_interval_entries");
+        check_refused(|config| config.source_address = Some("0.0.0.0".parse().unwrap()), "source_address");
+        check_refused(|config| config.source_address = Some("224.0.0.1".parse().unwrap()), "source_address");
     }
 }

@@ -35,6 +35,7 @@ mod controller;
 mod error;
 mod log_store;
 pub mod metadata;
+pub mod net;
 mod network;
 mod rpc;
 mod state_machine;

@@ -4,6 +4,7 @@
 //! forwarding ([`Peers`]), so all of them reuse the same pooled connections.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -24,12 +25,21 @@ type RaftRpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode,
 #[derive(Clone, Default)]
 pub(crate) struct Peers {
     clients: Arc<Mutex<HashMap<String, Arc<PeerClient>>>>,
+    /// Local address of every outgoing connection (`ControllerConfig::source_address`).
+    source_address: Option<IpAddr>,
 }
 
 impl Peers {
+    pub(crate) fn new(source_address: Option<IpAddr>) -> Peers {
+        Peers { clients: Arc::default(), source_address }
+    }
+
     pub(crate) fn client(&self, address: &str) -> Arc<PeerClient> {
         let mut clients = self.clients.lock().expect("peers lock poisoned");
-        clients.entry(address.to_string()).or_insert_with(|| Arc::new(PeerClient::new(address.to_string()))).clone()
+        clients
+            .entry(address.to_string())
+            .or_insert_with(|| Arc::new(PeerClient::new(address.to_string(), self.source_address)))
+            .clone()
     }
 }
 

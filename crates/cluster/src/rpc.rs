@@ -19,6 +19,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -147,12 +148,14 @@ async fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
 /// The client side for one peer: a pool of idle connections.
 pub(crate) struct PeerClient {
     address: String,
+    /// Local address every connection is bound to (`ControllerConfig::source_address`).
+    source_address: Option<IpAddr>,
     idle: Mutex<Vec<TcpStream>>,
 }
 
 impl PeerClient {
-    pub(crate) fn new(address: String) -> PeerClient {
-        PeerClient { address, idle: Mutex::new(Vec::new()) }
+    pub(crate) fn new(address: String, source_address: Option<IpAddr>) -> PeerClient {
+        PeerClient { address, source_address, idle: Mutex::new(Vec::new()) }
     }
 
     /// Sends `request` and waits for the answer, within `timeout` overall.
@@ -190,7 +193,7 @@ impl PeerClient {
     }
 
     async fn connect(&self) -> Result<TcpStream, RpcError> {
-        let connect = TcpStream::connect(&self.address);
+        let connect = crate::net::connect_from(&self.address, self.source_address);
         let stream = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
             .await
             .map_err(|_| RpcError::Connect(self.address.clone(), io::ErrorKind::TimedOut.into()))?

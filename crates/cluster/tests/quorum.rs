@@ -193,15 +193,18 @@ async fn leader_shutdown_elects_a_new_leader_and_moves_its_partitions() {
     let follower = cluster.follower().await;
     let topic = cluster.nodes[&follower].create_topic("t", 3, 3, BTreeMap::new()).await.unwrap();
     cluster.stop(old_leader).await;
+    let stopped = Instant::now();
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, old_leader);
     // Writes still work, from both survivors.
     for node in cluster.nodes.values() {
         node.allocate_producer_ids(10).await.unwrap();
     }
-    // The dead node's broker is fenced after the new leader's grace period plus a session.
-    let limit = Duration::from_millis(2 * SESSION_TIMEOUT_MS) + SLACK;
-    wait_until("old leader fenced", limit, || cluster.metadata(new_leader).brokers[&old_leader].fenced).await;
+    // The survivors heard the dead node's heartbeats too, so the new leader fences it one
+    // session after the last of them, not a session after its own election.
+    let limit = Duration::from_millis(SESSION_TIMEOUT_MS) + SLACK;
+    let remaining = limit.saturating_sub(stopped.elapsed());
+    wait_until("old leader fenced", remaining, || cluster.metadata(new_leader).brokers[&old_leader].fenced).await;
     let metadata = cluster.metadata(new_leader);
     for (index, before) in topic.partitions.iter().enumerate() {
         let after = &metadata.topics["t"].partitions[index];

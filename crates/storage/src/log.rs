@@ -249,13 +249,15 @@ impl Partition {
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate { base_offset } => {
+                // The retry is answered once the whole original batch is visible, as the
+                // original would have been.
                 return Ok(AppendOutcome {
                     base_offset,
                     log_start_offset: state.log_start_offset,
-                    visible_at: base_offset + 1,
+                    visible_at: base_offset + i64::from(header.last_offset_delta) + 1,
                     needs_sync: false,
                     duplicate: true,
-                })
+                });
             }
             SequenceCheck::OutOfOrder => return Err(AppendError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(AppendError::StaleProducerEpoch),
@@ -291,12 +293,36 @@ impl Partition {
             if header.last_offset() < state.log_end_offset {
                 continue;
             }
+            if header.base_offset < state.log_end_offset && self.is_empty_at_start(&state) {
+                // Just reset to the leader's log start, which lies inside this batch:
+                // the log takes the whole batch and keeps its start offset, as Kafka does.
+                self.rebase_empty(&mut state, header.base_offset)?;
+            }
             if header.base_offset != state.log_end_offset {
                 return Err(AppendError::InvalidRecord("replicated batch does not continue the log"));
             }
             needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
         }
         Ok(ReplicaAppend { log_end_offset: state.log_end_offset, needs_sync })
+    }
+
+    /// True when the log holds no batch at all (one empty segment).
+    fn is_empty_at_start(&self, state: &LogState) -> bool {
+        state.segments.len() == 1 && state.segments.values().all(|s| s.is_empty())
+    }
+
+    /// Moves an empty log's only segment back to `base` (below the log start offset, which
+    /// stays): the first batch a reset follower fetches may begin before the leader's log start.
+    fn rebase_empty(&self, state: &mut LogState, base: i64) -> io::Result<()> {
+        assert!(self.is_empty_at_start(state) && base < state.log_end_offset);
+        let segment = Segment::create(&self.dir, base)?;
+        let (_, old) = state.segments.pop_first().expect("one segment");
+        old.delete_files()?;
+        state.segments.insert(base, segment);
+        state.log_end_offset = base;
+        state.local_end = state.local_end.min(base);
+        state.high_watermark = state.high_watermark.min(base);
+        Ok(())
     }
 
     /// Writes one batch whose header is final at the log end and does the bookkeeping.
@@ -504,14 +530,17 @@ impl Partition {
         Ok(())
     }
 
-    /// Empties the log and restarts it at `offset` (Kafka's `truncateFullyAndStartAt`): a
-    /// follower whose log ends before its leader's log start cannot fetch what the leader
-    /// no longer has, so it drops everything and fetches on from the leader's start.
-    /// Producer state and the leader-epoch cache start empty, as the log does.
-    pub fn truncate_fully_and_start_at(&self, offset: i64) -> io::Result<()> {
-        assert!(offset >= 0, "a log starts at a non-negative offset");
+    /// Drops the whole log and starts it empty at `offset`: a follower whose log ends
+    /// before its leader's log start offset (a new replica of a partition whose head was
+    /// deleted by retention or DeleteRecords) cannot fetch what it lacks, so it restarts
+    /// where the leader's log starts, as Kafka's follower does on OFFSET_OUT_OF_RANGE.
+    pub fn reset_to(&self, offset: i64) -> io::Result<()> {
+        assert!(offset >= 0, "a log cannot start at a negative offset");
         let mut state = self.state.lock();
-        assert!(offset >= state.log_end_offset, "a full truncation only moves a log forward");
+        assert!(offset > state.log_end_offset, "reset_to only moves a log forward past its end");
+        // The start offset is written first: a crash part way leaves either the old log
+        // (fetched from and reset again) or an empty one that recovery opens at `offset`.
+        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
         for segment in state.segments.values() {
             segment.delete_files()?;
         }
@@ -520,14 +549,13 @@ impl Partition {
             let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
         }
         write_leader_epochs(&self.dir, &[])?;
-        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
         let config = state.config.clone();
         let replicated = state.replicated;
         let mut reloaded = load_state(&self.dir, config)?;
-        assert_eq!((reloaded.log_start_offset, reloaded.log_end_offset), (offset, offset));
+        assert_eq!(reloaded.log_end_offset, offset);
         reloaded.replicated = replicated;
         *state = reloaded;
-        tracing::warn!(dir = %self.dir.display(), offset, "log emptied to restart at the leader's log start");
+        tracing::info!(dir = %self.dir.display(), offset, "log reset to the leader's log start");
         self.publish(&state);
         Ok(())
     }

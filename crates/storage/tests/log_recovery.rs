@@ -174,6 +174,8 @@ fn idempotent_duplicates_survive_restart() {
     let retry = partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap();
     assert!(retry.duplicate);
     assert_eq!(retry.base_offset, 2);
+    // The retry of a 2-record batch is answered once both records are visible, not the first.
+    assert_eq!(retry.visible_at, 4);
     assert!(matches!(partition.append(&batch(1, 1, Some((42, 0, 7))), 0, 0), Err(AppendError::OutOfOrderSequence)));
     assert_eq!(partition.append(&batch(1, 1, Some((42, 0, 4))), 0, 0).unwrap().base_offset, 4);
     assert_eq!(partition.offsets().log_end_offset, 5);
@@ -293,36 +295,6 @@ fn truncation_cuts_a_divergent_tail_across_segments() {
 }
 
 #[test]
-fn a_follower_behind_the_leaders_log_start_restarts_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
-    for epoch in [1, 1, 2, 2, 2, 2] {
-        leader.append(&batch(2, 7, None), epoch, 0).unwrap();
-    }
-    let first_chunk = replica_bytes(&leader, 0).remove(0);
-    let log_start = leader.delete_records_before(8).unwrap();
-    assert!(log_start > 0 && log_start <= 8, "log start {log_start}");
-    let path = dir.path().join("follower");
-    let follower = Partition::open(&path, small_segments_config()).unwrap();
-    follower.append_replica(&first_chunk, 0).unwrap();
-    assert!(follower.offsets().log_end_offset < log_start);
-    follower.truncate_fully_and_start_at(log_start).unwrap();
-    let offsets = follower.offsets();
-    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (log_start, log_start));
-    assert_eq!(follower.latest_epoch(), None);
-    for chunk in replica_bytes(&leader, log_start) {
-        follower.append_replica(&chunk, 0).unwrap();
-    }
-    assert_eq!(all_offsets(&follower), all_offsets(&leader));
-    assert_eq!(follower.epoch_end_offset(2), Some((2, 12)));
-    follower.close().unwrap();
-    drop(follower);
-    let reopened = Partition::open(&path, small_segments_config()).unwrap();
-    assert_eq!(reopened.offsets().log_start_offset, log_start);
-    assert_eq!(all_offsets(&reopened), all_offsets(&leader));
-}
-
-#[test]
 fn replicated_partition_shows_only_what_replication_committed() {
     let dir = tempfile::tempdir().unwrap();
     let manager = LogManager::new(dir.path()).unwrap();
@@ -344,4 +316,30 @@ fn replicated_partition_shows_only_what_replication_committed() {
     partition.set_replicated(false);
     assert_eq!(partition.offsets().high_watermark, 6);
     manager.close();
+}
+
+#[test]
+fn a_follower_behind_the_leaders_log_start_restarts_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = Partition::open(&dir.path().join("leader"), small_segments_config()).unwrap();
+    for _ in 0..6 {
+        leader.append(&batch(2, 7, Some((9, 0, leader.offsets().log_end_offset as i32))), 3, 0).unwrap();
+    }
+    let path = dir.path().join("follower");
+    let follower = Partition::open(&path, small_segments_config()).unwrap();
+    follower.append_replica(&leader.read_for_replica(0, 1 << 20).unwrap(), 0).unwrap();
+    assert!(follower.offsets().log_end_offset >= 2);
+    follower.reset_to(10).unwrap();
+    let offsets = follower.offsets();
+    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 10));
+    assert_eq!(follower.latest_epoch(), None, "the epochs of the dropped log are forgotten");
+    follower.append_replica(&leader.read_for_replica(10, 1 << 20).unwrap(), 0).unwrap();
+    assert_eq!(all_offsets(&follower), vec![(10, 11)]);
+    assert_eq!(follower.epoch_end_offset(3), Some((3, 12)));
+    follower.close().unwrap();
+    drop(follower);
+    let reopened = Partition::open(&path, small_segments_config()).unwrap();
+    let offsets = reopened.offsets();
+    assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 12));
+    assert_eq!(all_offsets(&reopened), vec![(10, 11)]);
 }

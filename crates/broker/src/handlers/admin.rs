@@ -293,31 +293,85 @@ fn create_one(
     }
 }
 
-pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+/// The topics a DeleteTopics names: (name if given, id), by name (v0-5) or by id (v6).
+fn wanted_deletions(request: &DeleteTopicsRequest) -> Vec<(Option<String>, Uuid)> {
     let mut wanted: Vec<(Option<String>, Uuid)> =
         request.topic_names.iter().map(|n| (Some(n.to_string()), Uuid::nil())).collect();
     wanted.extend(request.topics.iter().map(|t| (t.name.as_ref().map(|n| n.to_string()), t.topic_id)));
-    let mut response = DeleteTopicsResponse::default();
-    for (name, id) in wanted {
-        let mut result = DeletableTopicResult::default();
-        result.topic_id = id;
-        let resolved = name.clone().or_else(|| broker.topics.name_for_id(&id));
-        result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
-        let unknown =
-            if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
-        if broker.cluster.is_some() {
-            result.error_code = ResponseError::InvalidRequest.code();
-            result.error_message = message(crate::cluster_link::NOT_YET_IN_CLUSTER);
-            response.responses.push(result);
-            continue;
+    wanted
+}
+
+/// Starts a DeleteTopics result: resolves the name; `Err` when the topic cannot be deleted.
+fn deletion_target(broker: &Broker, name: Option<String>, id: Uuid) -> (DeletableTopicResult, Result<String, Failure>) {
+    let mut result = DeletableTopicResult::default();
+    result.topic_id = id;
+    let resolved = name.clone().or_else(|| broker.topics.name_for_id(&id));
+    result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
+    let unknown = if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
+    let target = match resolved {
+        Some(name) if name == crate::group::OFFSETS_TOPIC => {
+            Err((ResponseError::InvalidTopicException, format!("{name} is an internal topic and cannot be deleted")))
         }
-        match resolved.map(|n| broker.delete_topic(&n)) {
-            None | Some(Ok(None)) => result.error_code = unknown.code(),
-            Some(Ok(Some(deleted))) => {
+        Some(name) => match broker.topics.get(&name) {
+            Some(topic) => {
+                result.topic_id = topic.id;
+                Ok(name)
+            }
+            None => Err((unknown, format!("topic {name:?} does not exist"))),
+        },
+        None => Err((unknown, format!("topic id {id} does not exist"))),
+    };
+    (result, target)
+}
+
+/// DeleteTopics in a cluster: one controller write per topic; every node then stops its
+/// replicas of the topic and deletes their logs (`cluster_link`).
+pub(super) async fn delete_topics_in_cluster(
+    broker: Arc<Broker>,
+    request: DeleteTopicsRequest,
+) -> DeleteTopicsResponse {
+    let mut response = DeleteTopicsResponse::default();
+    for (name, id) in wanted_deletions(&request) {
+        let (mut result, target) = deletion_target(&broker, name, id);
+        let outcome = match target {
+            Ok(name) => match controller(&broker) {
+                Ok(controller) => controller_write(&broker, controller.delete_topic(&name)).await.map(|()| name),
+                Err(failure) => Err(failure),
+            },
+            Err(failure) => Err(failure),
+        };
+        match outcome {
+            Ok(name) => tracing::info!(topic = %name, "deleted topic in cluster"),
+            Err((error, text)) => {
+                result.error_code = error.code();
+                result.error_message = message(text);
+            }
+        }
+        response.responses.push(result);
+    }
+    response
+}
+
+pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let mut response = DeleteTopicsResponse::default();
+    for (name, id) in wanted_deletions(&request) {
+        let (mut result, target) = deletion_target(broker, name, id);
+        let name = match target {
+            Ok(name) => name,
+            Err((error, text)) => {
+                result.error_code = error.code();
+                result.error_message = message(text);
+                response.responses.push(result);
+                continue;
+            }
+        };
+        match broker.delete_topic(&name) {
+            Ok(None) => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
+            Ok(Some(deleted)) => {
                 tracing::info!(topic = %deleted.name, "deleted topic");
                 result.topic_id = deleted.id;
             }
-            Some(Err(error)) => {
+            Err(error) => {
                 result.error_code = ResponseError::KafkaStorageError.code();
                 result.error_message = message(error.to_string());
             }
@@ -341,7 +395,45 @@ pub(super) fn create_partitions(broker: &Arc<Broker>, request: CreatePartitionsR
     response
 }
 
-fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> Result<(), (ResponseError, String)> {
+/// CreatePartitions in a cluster: the controller places the new partitions' replicas and
+/// every node opens the ones it hosts (`cluster_link`).
+pub(super) async fn create_partitions_in_cluster(
+    broker: Arc<Broker>,
+    request: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut response = CreatePartitionsResponse::default();
+    for topic in request.topics {
+        let mut result = CreatePartitionsTopicResult::default();
+        result.name = topic.name.clone();
+        let name = topic.name.as_str();
+        let mut outcome = check_growth(&broker, name, topic.count).map(drop);
+        if outcome.is_ok() && topic.assignments.is_some() {
+            outcome =
+                Err((ResponseError::InvalidReplicaAssignment, "manual replica assignment is not supported".into()));
+        }
+        if outcome.is_ok() && !request.validate_only {
+            outcome = match controller(&broker) {
+                Ok(controller) => controller_write(&broker, controller.create_partitions(name, topic.count)).await,
+                Err(failure) => Err(failure),
+            };
+        }
+        match outcome {
+            Ok(()) if !request.validate_only => {
+                tracing::info!(topic = name, partitions = topic.count, "added partitions in cluster")
+            }
+            Ok(()) => {}
+            Err((error, text)) => {
+                result.error_code = error.code();
+                result.error_message = message(text);
+            }
+        }
+        response.results.push(result);
+    }
+    response
+}
+
+/// Checks that `name` exists and may grow to `count` partitions.
+fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Failure> {
     let Some(topic) = broker.topics.get(name) else {
         return Err((ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")));
     };
@@ -351,11 +443,13 @@ fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> R
             format!("topic has {} partitions; the new count must be larger and at most {PARTITIONS_PER_TOPIC_MAX}, got {count}", topic.partitions),
         ));
     }
+    Ok(topic)
+}
+
+fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> Result<(), (ResponseError, String)> {
+    let topic = check_growth(broker, name, count)?;
     if validate_only {
         return Ok(());
-    }
-    if broker.cluster.is_some() {
-        return Err((ResponseError::InvalidRequest, crate::cluster_link::NOT_YET_IN_CLUSTER.into()));
     }
     let log_config = broker.config().topic_defaults.log_config(&topic.configs);
     for p in topic.partitions..count {
@@ -375,14 +469,93 @@ fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> R
 pub(super) fn describe_cluster(broker: &Arc<Broker>, _request: DescribeClusterRequest) -> DescribeClusterResponse {
     let mut response = DescribeClusterResponse::default();
     response.cluster_id = str_bytes(&broker.topics.cluster_id());
-    response.controller_id = BrokerId(broker.node_id());
-    let mut node = DescribeClusterBroker::default();
-    node.broker_id = BrokerId(broker.node_id());
-    node.host = str_bytes(&broker.advertised.0);
-    node.port = broker.advertised.1;
-    response.brokers.push(node);
+    response.controller_id = BrokerId(controller_id(broker));
+    // Every live broker, as Metadata lists them: Kafka's tools (kafka-reassign-partitions)
+    // check the broker ids of a plan against this list.
+    response.brokers = live_brokers(broker)
+        .into_iter()
+        .map(|(id, host, port)| {
+            let mut node = DescribeClusterBroker::default();
+            node.broker_id = BrokerId(id);
+            node.host = str_bytes(&host);
+            node.port = port;
+            node
+        })
+        .collect();
     response
 }
+
+/// DescribeLogDirs: the one log directory of this node and the partitions it holds
+/// (`kafka-reassign-partitions` reads it to show the current assignment).
+pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+    use kafka_protocol::messages::describe_log_dirs_response::{
+        DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+    };
+    let wanted = |topic: &str, partition: i32| match &request.topics {
+        None => true,
+        Some(topics) => topics.iter().any(|t| t.topic.as_str() == topic && t.partitions.contains(&partition)),
+    };
+    let mut by_topic: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
+    for (tp, log) in broker.logs.partitions() {
+        if tp.topic == crate::group::OFFSETS_TOPIC || !wanted(&tp.topic, tp.partition) {
+            continue;
+        }
+        let mut partition = DescribeLogDirsPartition::default();
+        partition.partition_index = tp.partition;
+        partition.partition_size = log.size_bytes() as i64;
+        by_topic.entry(tp.topic.clone()).or_default().push(partition);
+    }
+    let mut result = DescribeLogDirsResult::default();
+    result.log_dir = str_bytes(&broker.config().data_dir.join("logs").display().to_string());
+    result.total_bytes = -1;
+    result.usable_bytes = -1;
+    result.topics = by_topic
+        .into_iter()
+        .map(|(name, mut partitions)| {
+            partitions.sort_by_key(|p| p.partition_index);
+            let mut topic = DescribeLogDirsTopic::default();
+            topic.name = TopicName(str_bytes(&name));
+            topic.partitions = partitions;
+            topic
+        })
+        .collect();
+    let mut response = DescribeLogDirsResponse::default();
+    response.results.push(result);
+    response
+}
+
+/// An admin request's refusal: the Kafka error and a message for the client.
+pub(super) type Failure = (ResponseError, String);
+
+/// This node's controller, for an admin request in cluster mode.
+pub(super) fn controller(broker: &Broker) -> Result<Arc<sluice_cluster::Controller>, Failure> {
+    let cluster = broker.cluster.as_ref().expect("cluster mode");
+    cluster.controller().cloned().ok_or((ResponseError::NotController, "controller not started".into()))
+}
+
+/// Runs one controller write of an admin request (bounded by `ADMIN_TIMEOUT`), maps a
+/// refusal to its Kafka error, and returns once this broker applied the change, so that
+/// the client's next request here already sees it.
+pub(super) async fn controller_write<T>(
+    broker: &Broker,
+    write: impl std::future::Future<Output = Result<T, sluice_cluster::ControllerError>>,
+) -> Result<T, Failure> {
+    let cluster = broker.cluster.as_ref().expect("cluster mode");
+    let written = tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write)
+        .await
+        .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
+        .map_err(|e| {
+            let error = ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError);
+            (error, e.to_string())
+        })?;
+    if !cluster.wait_applied(cluster.controller_version(), APPLY_WAIT).await {
+        tracing::warn!("admin change committed but not yet applied on this broker");
+    }
+    Ok(written)
+}
+
+/// How long an admin request waits for its committed change to be applied on this broker.
+const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequest) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();

@@ -13,7 +13,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::admin::{SOURCE_DEFAULT, SOURCE_TOPIC};
+use super::admin::{self, Failure, SOURCE_DEFAULT, SOURCE_TOPIC};
 use super::{message, str_bytes};
 use crate::topic_config::{self, ConfigType};
 use crate::Broker;
@@ -28,8 +28,6 @@ const OP_SET: i8 = 0;
 const OP_DELETE: i8 = 1;
 const OP_APPEND: i8 = 2;
 const OP_SUBTRACT: i8 = 3;
-
-type Failure = (ResponseError, String);
 
 pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
     let mut response = DescribeConfigsResponse::default();
@@ -132,7 +130,7 @@ fn broker_configs(broker: &Broker) -> Vec<(&'static str, String, ConfigType)> {
 }
 
 /// AlterConfigs replaces a topic's whole set of overrides.
-pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> AlterConfigsResponse {
+pub(super) async fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut response = AlterConfigsResponse::default();
     for resource in request.resources {
         let changes: Vec<Change> = resource
@@ -142,7 +140,8 @@ pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> Alter
             .collect();
         let mut result = AlterConfigsResourceResponse::default();
         (result.error_code, result.error_message) =
-            outcome(broker, resource.resource_type, &resource.resource_name, &changes, true, request.validate_only);
+            outcome(broker, resource.resource_type, &resource.resource_name, &changes, true, request.validate_only)
+                .await;
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
         response.responses.push(result);
@@ -150,7 +149,7 @@ pub(super) fn alter(broker: &Arc<Broker>, request: AlterConfigsRequest) -> Alter
     response
 }
 
-pub(super) fn incremental_alter(
+pub(super) async fn incremental_alter(
     broker: &Arc<Broker>,
     request: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
@@ -163,7 +162,8 @@ pub(super) fn incremental_alter(
             .collect();
         let mut result = IncrementalResult::default();
         (result.error_code, result.error_message) =
-            outcome(broker, resource.resource_type, &resource.resource_name, &changes, false, request.validate_only);
+            outcome(broker, resource.resource_type, &resource.resource_name, &changes, false, request.validate_only)
+                .await;
         result.resource_type = resource.resource_type;
         result.resource_name = resource.resource_name;
         response.responses.push(result);
@@ -175,7 +175,7 @@ pub(super) fn incremental_alter(
 type Change = (String, i8, Option<String>);
 
 /// Applies one resource's changes and returns its error code and message.
-fn outcome(
+async fn outcome(
     broker: &Broker,
     resource_type: i8,
     name: &StrBytes,
@@ -183,21 +183,36 @@ fn outcome(
     replace_all: bool,
     validate_only: bool,
 ) -> (i16, Option<StrBytes>) {
-    match apply(broker, resource_type, name.as_str(), changes, replace_all, validate_only) {
+    let name = name.as_str();
+    let applied = match new_overrides(broker, resource_type, name, changes, replace_all) {
+        Err(failure) => Err(failure),
+        Ok(_) if validate_only => Ok(()),
+        Ok(configs) if broker.cluster.is_some() => apply_in_cluster(broker, name, configs).await,
+        Ok(configs) => apply(broker, name, configs),
+    };
+    match applied {
         Ok(()) => (0, None),
         Err((error, text)) => (error.code(), message(text)),
     }
 }
 
-/// Validates all changes, then applies them at once (to the registry and the live logs).
-fn apply(
+/// In a cluster the controller stores the overrides; every node applies them to its
+/// replicas' logs when it applies the metadata (`cluster_link`).
+async fn apply_in_cluster(broker: &Broker, name: &str, configs: BTreeMap<String, String>) -> Result<(), Failure> {
+    let controller = admin::controller(broker)?;
+    admin::controller_write(broker, controller.alter_topic_configs(name, configs.clone())).await?;
+    tracing::info!(topic = name, ?configs, "altered topic configs in cluster");
+    Ok(())
+}
+
+/// Validates all changes and returns the topic's overrides once they are applied.
+fn new_overrides(
     broker: &Broker,
     resource_type: i8,
     name: &str,
     changes: &[Change],
     replace_all: bool,
-    validate_only: bool,
-) -> Result<(), Failure> {
+) -> Result<BTreeMap<String, String>, Failure> {
     if resource_type != RESOURCE_TOPIC {
         return Err((
             ResponseError::InvalidRequest,
@@ -212,12 +227,11 @@ fn apply(
     for (key, operation, value) in changes {
         apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
     }
-    if validate_only {
-        return Ok(());
-    }
-    if broker.cluster.is_some() {
-        return Err((ResponseError::InvalidRequest, crate::cluster_link::NOT_YET_IN_CLUSTER.into()));
-    }
+    Ok(configs)
+}
+
+/// Single node: stores the overrides and applies them to the live logs at once.
+fn apply(broker: &Broker, name: &str, configs: BTreeMap<String, String>) -> Result<(), Failure> {
     let updated = broker
         .topics
         .update(name, |t| t.configs = configs)

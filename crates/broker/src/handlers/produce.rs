@@ -12,7 +12,7 @@ use kafka_protocol::ResponseError;
 use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
 
-use crate::replication::NotServed;
+use crate::replication::{NotServed, Replica};
 use crate::{Broker, LEADER_EPOCH};
 
 /// A partition whose append succeeded and whose answer waits until it is durable enough.
@@ -21,6 +21,11 @@ struct PendingAck {
     partition_index: usize,
     until: AckWhen,
     visible_at: i64,
+    /// In a cluster: the replica and the leader epoch the batch was appended under. The
+    /// answer is a success only if this node still leads at that epoch once the offset is
+    /// visible: a leader that lost its leadership meanwhile may have truncated the batch, and
+    /// its high watermark, now moved by the new leader, says nothing about it.
+    appended_as: Option<(Arc<Replica>, i32)>,
 }
 
 /// What a produce waits for: the high watermark (replicated or fsynced, per the topic),
@@ -53,7 +58,7 @@ pub(super) fn append(
                 _ if invalid_acks => Err(ResponseError::InvalidRequiredAcks),
                 (Err(error), _) => Err(*error),
                 (Ok(_), None) => Err(ResponseError::CorruptMessage),
-                (Ok((log, epoch, _)), Some(records)) => {
+                (Ok((log, epoch, _, _)), Some(records)) => {
                     append_one(broker, log, *epoch, &records, now_ms, &topic.name, data.index)
                 }
             };
@@ -61,13 +66,15 @@ pub(super) fn append(
                 Ok((outcome_base, log_start, visible_at)) => {
                     partition_response.base_offset = outcome_base;
                     partition_response.log_start_offset = log_start;
-                    let (log, _, waits_for_replicas) = target.expect("append succeeded on an existing log");
+                    let (log, epoch, waits_for_replicas, replica) =
+                        target.expect("append succeeded on an existing log");
                     let until = if waits_for_replicas {
                         AckWhen::Visible(log.subscribe())
                     } else {
                         AckWhen::LocallyDurable(log.progress())
                     };
-                    pending.push(PendingAck { topic_index, partition_index, until, visible_at });
+                    let appended_as = replica.map(|replica| (replica, epoch));
+                    pending.push(PendingAck { topic_index, partition_index, until, visible_at, appended_as });
                 }
                 Err(error) => partition_response.error_code = error.code(),
             }
@@ -91,7 +98,11 @@ pub(super) fn append(
                     tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok())
                 }
             };
+            let still_leading = |(replica, epoch): &(Arc<Replica>, i32)| replica.leader_epoch() == Some(*epoch);
             let error = match reached {
+                Ok(true) if !ack.appended_as.as_ref().is_none_or(still_leading) => {
+                    Some(ResponseError::NotLeaderOrFollower)
+                }
                 Ok(true) => None,
                 Ok(false) => Some(ResponseError::KafkaStorageError),
                 Err(_) => Some(ResponseError::RequestTimedOut),
@@ -106,14 +117,10 @@ pub(super) fn append(
     }
 }
 
-/// The log to append to, the leader epoch to stamp and whether acknowledgement waits for
-/// the high watermark. On a single node every partition is led here at epoch 0.
-fn leader_log(
-    broker: &Broker,
-    topic: &str,
-    partition: i32,
-    acks: i16,
-) -> Result<(Arc<Partition>, i32, bool), ResponseError> {
+/// The log to append to, the leader epoch to stamp, whether acknowledgement waits for
+/// the high watermark, and (in a cluster) the replica. On a single node every partition is
+/// led here at epoch 0.
+fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result<LeaderLog, ResponseError> {
     if topic == crate::group::OFFSETS_TOPIC {
         // Only the group coordinator writes committed offsets (Kafka: "Cannot append to
         // internal topic").
@@ -121,12 +128,14 @@ fn leader_log(
     }
     if broker.replicas.is_none() {
         let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
-        return Ok((log, LEADER_EPOCH, true));
+        return Ok((log, LEADER_EPOCH, true, None));
     }
     let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
     let write = replica.begin_write(acks).map_err(NotServed::error)?;
-    Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1))
+    Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1, Some(replica)))
 }
+
+type LeaderLog = (Arc<Partition>, i32, bool, Option<Arc<Replica>>);
 
 /// Appends one batch; returns (base offset, log start offset, offset to wait for).
 fn append_one(

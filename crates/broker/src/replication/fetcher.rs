@@ -62,7 +62,8 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
             continue;
         };
         if connection.is_none() {
-            match PeerConnection::connect(&address, format!("sluice-replica-{}", replicas.node_id())).await {
+            let source = strong.config().cluster.as_ref().and_then(|cluster| cluster.source_address);
+            match PeerConnection::connect(&address, source, format!("sluice-replica-{}", replicas.node_id())).await {
                 Ok(c) => connection = Some(c),
                 Err(error) => {
                     tracing::debug!(leader, %address, %error, "cannot reach leader");
@@ -151,19 +152,8 @@ fn apply_partition(
     replica: &Replica,
     data: &kafka_protocol::messages::fetch_response::PartitionData,
 ) -> Result<Option<i64>, ()> {
-    let behind_log_start = data.log_start_offset > replica.log.offsets().log_end_offset;
-    if data.error_code == ResponseError::OffsetOutOfRange.code() && behind_log_start {
-        // The leader no longer has what we would fetch next (DeleteRecords, retention,
-        // offsets-log compaction): start over at its log start, as Kafka's followers do.
-        let start = data.log_start_offset;
-        tracing::warn!(topic = %replica.topic, partition = replica.partition, start, "behind the leader's log start");
-        return match replica.log.truncate_fully_and_start_at(start) {
-            Ok(()) => Ok(None),
-            Err(error) => {
-                tracing::error!(%error, "full truncation failed");
-                Err(())
-            }
-        };
+    if data.error_code == ResponseError::OffsetOutOfRange.code() {
+        return restart_at_leader_start(replica, data.log_start_offset);
     }
     if data.error_code != 0 {
         let error = ResponseError::try_from_code(data.error_code);
@@ -210,4 +200,30 @@ fn apply_partition(
         }
     }
     Ok(wait_for)
+}
+
+/// OFFSET_OUT_OF_RANGE: when our log ends before the leader's log start (a new replica of
+/// a partition whose head was deleted), nothing we lack can be fetched any more: drop our
+/// log and start at the leader's log start, as Kafka's follower does. Any other case backs
+/// off (the leader's log is shorter than ours: divergence handling cuts our tail).
+fn restart_at_leader_start(replica: &Replica, leader_log_start: i64) -> Result<Option<i64>, ()> {
+    let ours = replica.log.offsets().log_end_offset;
+    if leader_log_start <= ours {
+        tracing::debug!(topic = %replica.topic, partition = replica.partition, ours, leader_log_start, "offset out of range");
+        return Err(());
+    }
+    tracing::warn!(
+        topic = %replica.topic,
+        partition = replica.partition,
+        ours,
+        leader_log_start,
+        "log ends before the leader's log start; restarting there"
+    );
+    match replica.log.reset_to(leader_log_start) {
+        Ok(()) => Ok(None),
+        Err(error) => {
+            tracing::error!(%error, "log reset failed");
+            Err(())
+        }
+    }
 }

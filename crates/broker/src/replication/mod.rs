@@ -341,6 +341,11 @@ impl Replica {
     }
 }
 
+/// Whether the leader's high watermark waits for followers (else it follows local durability).
+fn leader_replicates(assignment: &Assignment, config: &ReplicationConfig) -> bool {
+    assignment.replicas.len() > 1 && config.level.waits_for_replicas()
+}
+
 fn check_epoch(ours: i32, client: i32) -> Result<(), NotServed> {
     match client {
         -1 => Ok(()),
@@ -446,6 +451,9 @@ impl ReplicaManager {
                 leader.assignment = assignment.clone();
                 leader.level = config.level;
                 leader.min_insync = config.min_insync_replicas;
+                // The replica set (a reassignment) or the durability level may have changed
+                // within the epoch: a joining replica must hold back the high watermark.
+                replica.log.set_replicated(leader_replicates(assignment, config));
                 replica.advance_high_watermark(leader);
                 false
             }
@@ -464,7 +472,7 @@ impl ReplicaManager {
                     isr_change_pending: false,
                     followers: HashMap::new(),
                 };
-                replica.log.set_replicated(assignment.replicas.len() > 1 && config.level.waits_for_replicas());
+                replica.log.set_replicated(leader_replicates(assignment, config));
                 replica.advance_high_watermark(&leader);
                 *current = Role::Leader(leader);
                 true

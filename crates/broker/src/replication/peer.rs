@@ -1,6 +1,7 @@
 //! A Kafka-protocol connection from this broker to another one (a follower to its
 //! leader): one request at a time, every step bounded by a timeout.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -21,9 +22,14 @@ pub struct PeerConnection {
 }
 
 impl PeerConnection {
-    pub async fn connect(address: &str, client_id: String) -> anyhow::Result<PeerConnection> {
-        let stream =
-            tokio::time::timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS), TcpStream::connect(address)).await??;
+    /// Connects to `address`, from `source_address` when set (`[cluster] source_address`).
+    pub async fn connect(
+        address: &str,
+        source_address: Option<IpAddr>,
+        client_id: String,
+    ) -> anyhow::Result<PeerConnection> {
+        let connect = sluice_cluster::net::connect_from(address, source_address);
+        let stream = tokio::time::timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS), connect).await??;
         stream.set_nodelay(true)?;
         Ok(PeerConnection { stream, buffer: BytesMut::with_capacity(64 * 1024), next_correlation_id: 1, client_id })
     }

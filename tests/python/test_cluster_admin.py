@@ -1,0 +1,313 @@
+"""Topic administration and partition reassignment in a 3-node cluster of real `sluice
+serve` processes: DeleteTopics, CreatePartitions and config changes go through the
+controller and take effect on every node; a reassignment copies a partition to its new
+replica while an idempotent producer writes with acks=all, then drops the old replica.
+"""
+
+import signal
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
+                                   ResourceType)
+
+import kafka_wire as kw
+from java_support import tools_cp  # noqa: F401  (a fixture)
+from test_cluster import cluster, consume_all, create_topic  # noqa: F401  (cluster is a fixture)
+
+
+def partition_dirs(cluster, topic):
+    """{node id: [partition dir names of `topic`]} from every node's data dir."""
+    out = {}
+    for node_id, node in cluster.nodes.items():
+        logs = node.data_dir / "logs"
+        names = [p.name for p in logs.iterdir()] if logs.exists() else []
+        out[node_id] = sorted(n for n in names if n.rsplit("-", 1)[0] == topic)
+    return out
+
+
+def topics_seen_by(node):
+    return set(AdminClient({"bootstrap.servers": node.bootstrap}).list_topics(timeout=10).topics)
+
+
+def test_delete_topic_everywhere_then_recreate(cluster):
+    create_topic(cluster, "doomed", 3)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(30):
+        producer.produce("doomed", key=f"k{i}", value=b"v", partition=i % 3)
+    assert producer.flush(30) == 0
+    assert all(len(dirs) == 3 for dirs in partition_dirs(cluster, "doomed").values())
+
+    admin = cluster.admin()
+    admin.delete_topics(["doomed"])["doomed"].result(timeout=30)
+    for node in cluster.nodes.values():
+        assert "doomed" not in topics_seen_by(node)
+    cluster.wait_for(
+        "logs deleted on every node", lambda: all(not d for d in partition_dirs(cluster, "doomed").values())
+    )
+    # Unknown and internal topics are refused with Kafka's errors.
+    try:
+        admin.delete_topics(["doomed"])["doomed"].result(timeout=30)
+        raise AssertionError("deleting a deleted topic succeeded")
+    except KafkaException as error:
+        assert error.args[0].code() == 3, error  # UNKNOWN_TOPIC_OR_PARTITION
+    try:
+        admin.delete_topics(["__consumer_offsets"])["__consumer_offsets"].result(timeout=30)
+        raise AssertionError("deleting __consumer_offsets succeeded")
+    except KafkaException as error:
+        assert error.args[0].code() == 17, error  # INVALID_TOPIC_EXCEPTION
+
+    create_topic(cluster, "doomed", 2)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
+    for p in range(2):
+        low, high = consumer.get_watermark_offsets(TopicPartition("doomed", p), timeout=10)
+        assert (low, high) == (0, 0), "the recreated topic starts empty"
+    consumer.close()
+    assert all(len(dirs) == 2 for dirs in partition_dirs(cluster, "doomed").values())
+
+
+def test_add_partitions_and_alter_configs_on_every_node(cluster):
+    create_topic(cluster, "growing", 2)
+    admin = cluster.admin()
+    admin.create_partitions([NewPartitions("growing", 4)], validate_only=True)["growing"].result(timeout=30)
+    assert len(admin.list_topics(topic="growing", timeout=10).topics["growing"].partitions) == 2
+    admin.create_partitions([NewPartitions("growing", 4)])["growing"].result(timeout=30)
+    cluster.wait_for(
+        "4 partitions with leaders",
+        lambda: all(cluster.partition_state("growing", p)[0] > 0 for p in range(4)),
+    )
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(40):
+        producer.produce("growing", key=f"k{i}", value=b"v", partition=i % 4)
+    assert producer.flush(30) == 0
+    seen = consume_all(cluster.bootstrap, "growing", 4, 40)
+    assert sorted(k for _, _, k in seen) == sorted(f"k{i}" for i in range(40))
+    assert {p for p, _, _ in seen} == {0, 1, 2, 3}
+    try:
+        admin.create_partitions([NewPartitions("growing", 3)])["growing"].result(timeout=30)
+        raise AssertionError("shrinking succeeded")
+    except KafkaException as error:
+        assert error.args[0].code() == 37, error  # INVALID_PARTITIONS
+
+    resource = ConfigResource(ResourceType.TOPIC, "growing", incremental_configs=[
+        ConfigEntry("retention.ms", "123456", incremental_operation=AlterConfigOpType.SET),
+    ])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    for node in cluster.nodes.values():
+        node_admin = AdminClient({"bootstrap.servers": node.bootstrap})  # kept alive until the result
+        described = node_admin.describe_configs([ConfigResource(ResourceType.TOPIC, "growing")])
+        configs = list(described.values())[0].result(timeout=30)
+        assert configs["retention.ms"].value == "123456", f"node {node.port}"
+        assert configs["min.insync.replicas"].value == "2"
+    bad = ConfigResource(ResourceType.TOPIC, "growing", incremental_configs=[
+        ConfigEntry("retention.ms", "soon", incremental_operation=AlterConfigOpType.SET),
+    ])
+    try:
+        admin.incremental_alter_configs([bad])[bad].result(timeout=30)
+        raise AssertionError("an invalid value was accepted")
+    except KafkaException as error:
+        assert error.args[0].code() == 40, error  # INVALID_CONFIG
+
+
+def alter_reassignment(bootstrap, topic, partition, replicas):
+    """AlterPartitionReassignments v0; returns (top-level error, partition error, message)."""
+    w = kw.Writer(True).i32(30000)
+
+    def part(w, _):
+        w.i32(partition)
+        w.array(replicas, lambda w, r: w.i32(r))
+        w.tags()
+
+    w.array([topic], lambda w, t: (w.string(t), w.array([partition], part), w.tags()))
+    w.tags()
+    with kw.Conn.to(bootstrap) as conn:
+        r = conn.request(kw.ALTER_PARTITION_REASSIGNMENTS, 0, w.getvalue())
+    r.i32()
+    top, _ = r.i16(), r.string()
+
+    def parse_partition(r):
+        out = (r.i32(), r.i16(), r.string())
+        r.tags()
+        return out
+
+    def parse_topic(r):
+        out = (r.string(), r.array(parse_partition))
+        r.tags()
+        return out
+
+    (_, [(_, error, message)]), = r.array(parse_topic)
+    return top, error, message
+
+
+def list_reassignments(bootstrap):
+    """ListPartitionReassignments v0 for all topics: {(topic, partition): (replicas, adding, removing)}."""
+    w = kw.Writer(True).i32(30000).array(None, None).tags()
+    with kw.Conn.to(bootstrap) as conn:
+        r = conn.request(kw.LIST_PARTITION_REASSIGNMENTS, 0, w.getvalue())
+    r.i32()
+    assert r.i16() == 0
+    r.string()
+    ids = lambda r: r.array(lambda r: r.i32())  # noqa: E731
+    out = {}
+
+    def parse_partition(r, topic):
+        index, replicas, adding, removing = r.i32(), ids(r), ids(r), ids(r)
+        r.tags()
+        out[(topic, index)] = (replicas, adding, removing)
+
+    def parse_topic(r):
+        topic = r.string()
+        r.array(lambda r: parse_partition(r, topic))
+        r.tags()
+
+    r.array(parse_topic)
+    return out
+
+
+def test_reassignment_moves_a_partition_under_load(cluster):
+    topic = "moving"
+    create_topic(cluster, topic, 1, {"min.insync.replicas": "1"})
+    leader, replicas, _ = cluster.partition_state(topic, 0)
+    # Shrink to RF=2 first (a reassignment that only drops a replica finishes at once).
+    source = sorted(replicas)[:2]
+    assert alter_reassignment(cluster.nodes[1].bootstrap, topic, 0, source)[:2] == (0, 0)
+    cluster.wait_for("rf=2", lambda: sorted(cluster.partition_state(topic, 0)[1]) == source)
+    (spare,) = set(cluster.nodes) - set(source)
+    removed = source[0]
+    target = [source[1], spare]
+
+    producer = Producer({
+        "bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
+        "message.timeout.ms": 60000, "retry.backoff.ms": 50, "topic.metadata.refresh.interval.ms": 500,
+    })
+    acked, failed = {}, []
+    stop = threading.Event()
+
+    def on_delivery(err, msg):
+        if err:
+            failed.append(str(err))
+        else:
+            acked[msg.key().decode()] = (msg.partition(), msg.offset())
+
+    def produce_loop():
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.produce(topic, key=f"k{i}", value=b"v" * 100, on_delivery=on_delivery)
+                i += 1
+            except BufferError:
+                pass
+            producer.poll(0.001)
+        producer.flush(60)
+
+    thread = threading.Thread(target=produce_loop)
+    thread.start()
+    live = cluster.nodes[source[1]].bootstrap  # stays a replica, never paused
+    spare_proc = cluster.nodes[spare].proc
+    try:
+        cluster.wait_for("first acks", lambda: len(acked) > 200)
+        # The new replica is paused, so the move is observably in progress until it resumes.
+        spare_proc.send_signal(signal.SIGSTOP)
+        assert alter_reassignment(live, topic, 0, target)[:2] == (0, 0)
+        ongoing = list_reassignments(live)
+        assert set(ongoing) == {(topic, 0)}, ongoing
+        replicas_now, adding, removing = ongoing[(topic, 0)]
+        assert sorted(replicas_now) == [1, 2, 3] and adding == [spare] and removing == [removed], ongoing
+        before = len(acked)
+        cluster.wait_for("acks during the move", lambda: len(acked) > before + 200)
+        spare_proc.send_signal(signal.SIGCONT)
+        cluster.wait_for("the move finished", lambda: not list_reassignments(live), timeout=30)
+        before = len(acked)
+        cluster.wait_for("acks after the move", lambda: len(acked) > before + 200)
+    finally:
+        spare_proc.send_signal(signal.SIGCONT)
+        stop.set()
+        thread.join(90)
+    leader, replicas, isr = cluster.partition_state(topic, 0)
+    assert sorted(replicas) == sorted(target) and leader in target, (leader, replicas, isr)
+    cluster.wait_for("old replica's log deleted", lambda: not partition_dirs(cluster, topic)[removed])
+    assert partition_dirs(cluster, topic)[spare] == [f"{topic}-0"]
+    assert not failed, failed[:5]
+    seen = consume_all(cluster.bootstrap, topic, 1, len(acked))
+    keys = [k for _, _, k in seen]
+    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} duplicated records"
+    lost = set(acked) - set(keys)
+    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {sorted(lost)[:5]}"
+    by_key = {k: o for _, o, k in seen}
+    assert all(by_key[k] == acked[k][1] for k in acked), "a record moved from its acknowledged offset"
+    # Cancelling when nothing moves is refused as Kafka does.
+    assert alter_reassignment(live, topic, 0, None)[1] == 85  # NO_REASSIGNMENT_IN_PROGRESS
+
+
+REASSIGN_COMMAND = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
+
+
+def test_kafka_reassign_partitions_tool_moves_a_replica(cluster, tools_cp, tmp_path):
+    """kafka-reassign-partitions --execute / --verify / --list move an RF=1 partition to another node."""
+    import json
+
+    from java_support import run_java
+
+    admin = cluster.admin()
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic("tooled", num_partitions=1, replication_factor=1)])["tooled"].result(timeout=30)
+    cluster.wait_for("a leader", lambda: cluster.partition_state("tooled", 0)[0] > 0)
+    (source,) = cluster.partition_state("tooled", 0)[1]
+    destination = min(set(cluster.nodes) - {source})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(500):
+        producer.produce("tooled", key=f"k{i}", value=b"v" * 100)
+    assert producer.flush(30) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "tooled", "partition": 0, "replicas": [destination], "log_dirs": ["any"]}]}))
+
+    def tool(*args):
+        res = run_java(tools_cp, REASSIGN_COMMAND, ["--bootstrap-server", cluster.bootstrap, *args], timeout=120)
+        assert res.returncode == 0, res.report()
+        return res.stdout
+
+    out = tool("--reassignment-json-file", plan, "--execute")
+    assert "Successfully started partition reassignment" in out, out
+    cluster.wait_for(
+        "--verify reports completion",
+        lambda: "Reassignment of partition tooled-0 is completed" in tool(
+            "--reassignment-json-file", plan, "--verify", "--preserve-throttles"),
+        timeout=60,
+    )
+    assert "No partition reassignments found" in tool("--list")
+    assert cluster.partition_state("tooled", 0)[1] == [destination]
+    cluster.wait_for("old replica's log deleted", lambda: not partition_dirs(cluster, "tooled")[source])
+    seen = consume_all(cluster.bootstrap, "tooled", 1, 500)
+    assert sorted(k for _, _, k in seen) == sorted(f"k{i}" for i in range(500))
+
+
+def test_new_replica_starts_at_the_leaders_log_start(cluster):
+    """A partition whose head was deleted (DeleteRecords) moves to a new node: its follower's
+    first fetch (offset 0) is out of range, so it restarts at the leader's log start."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = cluster.admin()
+    admin.create_topics([NewTopic("trimmed", num_partitions=1, replication_factor=1)])["trimmed"].result(timeout=30)
+    cluster.wait_for("a leader", lambda: cluster.partition_state("trimmed", 0)[0] > 0)
+    (source,) = cluster.partition_state("trimmed", 0)[1]
+    destination = min(set(cluster.nodes) - {source})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(100):
+        producer.produce("trimmed", key=f"k{i}", value=b"v")
+    assert producer.flush(30) == 0
+    admin.delete_records([TopicPartition("trimmed", 0, 60)])[TopicPartition("trimmed", 0, 60)].result(timeout=30)
+    live = cluster.nodes[destination].bootstrap
+    assert alter_reassignment(live, "trimmed", 0, [destination])[:2] == (0, 0)
+    cluster.wait_for("the move finished", lambda: cluster.partition_state("trimmed", 0)[1] == [destination])
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
+    assert consumer.get_watermark_offsets(TopicPartition("trimmed", 0), timeout=10) == (60, 100)
+    consumer.assign([TopicPartition("trimmed", 0, 60)])
+    keys, deadline = [], time.monotonic() + 30
+    while len(keys) < 40 and time.monotonic() < deadline:
+        keys += [m.key().decode() for m in consumer.consume(100, 1.0) if not m.error()]
+    consumer.close()
+    assert keys == [f"k{i}" for i in range(60, 100)]
+    assert "restarting there" in cluster.nodes[destination].log()

@@ -1,0 +1,84 @@
+"""Short runs of the fault-injection harness (`tests/python/faults`), one per fault type:
+a 3-node cluster behind the fault-injecting proxy, idempotent acks=all producers and a
+consumer on an RF=3, min.insync.replicas=2 topic, checked with Jepsen's queue semantics.
+Long runs: `python -m faults` (README, "Fault injection").
+"""
+
+import pytest
+
+from faults.checker import check
+from faults.runner import RunConfig, run
+from faults.workload import Ack, History, Read
+
+
+def test_checker_finds_every_kind_of_violation():
+    history = History()
+    history.attempted = {"0-0", "0-1", "0-2", "0-3", "1-0"}
+    history.acks = [Ack(1.0, 0, 0, "0-0"), Ack(2.0, 0, 1, "0-1"), Ack(6.0, 0, 2, "0-2"), Ack(7.0, 1, 0, "1-0")]
+    history.reads = [Read(0, 0, 0, "0-0"), Read(0, 0, 1, "0-9")]
+    history.backwards = [(0, 0, 1, 0)]
+    final = {0: [(0, "0-0"), (1, "0-1"), (2, "0-3"), (3, "0-3"), (4, "x")], 1: [(0, "1-0")]}
+    result = check(history, final)
+    assert result.lost == ["0-2"]
+    assert [value for value, _ in result.duplicated] == ["0-3"]
+    assert result.conflicts == [((0, 1), {"0-1", "0-9"})]
+    assert result.unexpected == ["x"]
+    assert result.backwards == [(0, 0, 1, 0)]
+    assert result.longest_unavailability_s == 4.0
+    assert not result.valid
+    clean = {0: [(0, "0-0"), (1, "0-1"), (2, "0-2")], 1: [(0, "1-0")]}
+    history.reads, history.backwards = [], []
+    assert check(history, clean).valid
+    # Offsets out of a producer's order within a partition are reordering.
+    assert check(history, {0: [(0, "0-1"), (1, "0-0"), (2, "0-2")], 1: [(0, "1-0")]}).reordered
+
+
+def short_run(tmp_path, faults, level=1, count=1, hold_s=4.0, partitions=3):
+    config = RunConfig(work_dir=tmp_path / "cluster", faults=faults, level=level, faults_max=count,
+                       duration_s=60.0, hold_s=hold_s, settle_s=1.5, recover_s=30.0, partitions=partitions,
+                       rate_per_s=150.0)
+    report = run(config, log=print)
+    print(report.table())
+    result = report.result
+    assert not report.unrecovered, report.table()
+    assert len(report.events) == count, report.table()
+    assert result.acknowledged > 0
+    assert result.lost == [] and result.misplaced == [], report.table()
+    assert result.duplicated == [], report.table()
+    assert result.valid, report.table()
+    return report
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_leader_kill_9_under_load_loses_and_duplicates_nothing(tmp_path, level):
+    report = short_run(tmp_path, ("kill",), level=level, count=3, hold_s=1.0)
+    assert all(event.led for event in report.events), "every victim led a partition"
+    assert len(report.failover_times()) == 3, report.table()
+
+
+def test_isolated_leader_is_replaced_and_rejoins_after_healing(tmp_path):
+    report = short_run(tmp_path, ("partition",), hold_s=6.0)
+    event = report.events[0]
+    # The majority elects a leader for the partitions the isolated node led ...
+    assert event.observations["majority_leader_s"] is not None, report.table()
+    # ... acknowledged records go on on the majority side, none is lost from the minority
+    # side (checked above), and the old leader comes back into the ISR after healing.
+    assert event.observations["acks_during"] > 0, report.table()
+    assert event.observations["minority_acks"] == 0, report.table()
+    assert event.observations["rejoined_isr"], report.table()
+
+
+def test_paused_follower_leaves_the_isr_and_rejoins(tmp_path):
+    report = short_run(tmp_path, ("pause",), hold_s=5.0, partitions=1)
+    event = report.events[0]
+    assert event.led == [], "the victim is a follower"
+    assert event.observations["left_isr_s"] is not None, report.table()
+    assert event.observations["acks_during"] > 0, "writes go on without the paused follower"
+    assert event.observations["rejoined_isr"], report.table()
+
+
+def test_killed_active_controller_is_replaced_and_topics_can_be_created(tmp_path):
+    report = short_run(tmp_path, ("controller",), hold_s=4.0)
+    event = report.events[0]
+    assert event.observations["new_controller_s"] is not None, report.table()
+    assert event.observations["topic_created"], report.table()
