@@ -186,6 +186,7 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             hosted.insert(TopicPartition::new(name.clone(), index as i32));
         }
     }
+    follow_offsets_leadership(broker, replicas, metadata);
     for (tp, _) in replicas.hosted() {
         if !hosted.contains(&tp) {
             tracing::info!(topic = %tp.topic, partition = tp.partition, "partition no longer hosted here; deleting");
@@ -193,6 +194,17 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
         }
     }
     Ok(())
+}
+
+/// The hook of the group coordinator: which `__consumer_offsets` partitions this node
+/// leads now, and at which epoch (it loads those and drops the others).
+fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, metadata: &ClusterMetadata) {
+    let count = metadata.topics.get(crate::group::OFFSETS_TOPIC).map_or(0, |topic| topic.partitions.len() as i32);
+    let leaders = (0..count)
+        .map(|p| replicas.get(crate::group::OFFSETS_TOPIC, p).and_then(|r| r.leader_epoch().map(|e| (r, e))))
+        .collect();
+    broker.groups.start_ticker(broker);
+    broker.groups.follow_leadership(leaders);
 }
 
 /// Deletes the logs of a topic whose id changed since the last apply (deleted and created

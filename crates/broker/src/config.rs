@@ -29,6 +29,19 @@ pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 5_000;
 /// Kafka's default `group.consumer.session.timeout.ms`: a consumer-protocol member that
 /// does not heartbeat for this long is removed and its partitions move.
 pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 45_000;
+/// Kafka's `offsets.topic.num.partitions`.
+pub const OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT: i32 = 50;
+/// Kafka's `offsets.topic.segment.bytes` (100 MiB).
+pub const OFFSETS_TOPIC_SEGMENT_BYTES_DEFAULT: u64 = 100 * 1024 * 1024;
+pub const OFFSETS_TOPIC_SEGMENT_BYTES_MIN: u64 = 64 * 1024;
+/// Kafka's `offsets.retention.minutes` (7 days).
+pub const OFFSETS_RETENTION_MINUTES_DEFAULT: u64 = 7 * 24 * 60;
+/// Kafka's `offsets.retention.check.interval.ms` (10 minutes).
+pub const OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT: u64 = 600_000;
+/// Compaction snapshot interval: a partition's log holds at most about this much plus one
+/// snapshot and one segment of superseded records.
+pub const OFFSETS_SNAPSHOT_INTERVAL_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+pub const OFFSETS_SNAPSHOT_INTERVAL_BYTES_MIN: u64 = 4 * 1024;
 /// Lower bounds well below Kafka's (which are 5 s and 45 s) so tests can run fast.
 pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN: u64 = 100;
 pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN: u64 = 1_000;
@@ -57,6 +70,24 @@ pub struct BrokerConfig {
     pub group_consumer_heartbeat_interval_ms: u64,
     /// Kafka's `group.consumer.session.timeout.ms` (consumer-protocol groups).
     pub group_consumer_session_timeout_ms: u64,
+    /// Kafka's `offsets.topic.num.partitions` (cluster mode; a single node keeps one local
+    /// partition). Fixed once the topic exists.
+    pub offsets_topic_num_partitions: i32,
+    /// Kafka's `offsets.topic.replication.factor`; 0 = min(3, voters).
+    pub offsets_topic_replication_factor: i16,
+    /// Kafka's `offsets.topic.segment.bytes`.
+    pub offsets_topic_segment_bytes: u64,
+    /// Kafka's `offsets.retention.minutes`: offsets of a group without members expire
+    /// once this long has passed since their commit and since the group had members.
+    pub offsets_retention_minutes: u64,
+    /// Overrides `offsets_retention_minutes` when set (as `log.retention.ms` overrides
+    /// `log.retention.minutes` in Kafka).
+    pub offsets_retention_ms: Option<u64>,
+    /// Kafka's `offsets.retention.check.interval.ms`.
+    pub offsets_retention_check_interval_ms: u64,
+    /// An offsets partition writes a compaction snapshot (and drops what it supersedes)
+    /// once this many bytes were appended since its last one.
+    pub offsets_snapshot_interval_bytes: u64,
     pub topic_defaults: TopicDefaults,
     /// Set to run as a node of a replicated cluster; absent = a single node.
     pub cluster: Option<ClusterConfig>,
@@ -159,6 +190,13 @@ impl Default for BrokerConfig {
             group_initial_rebalance_delay_ms: GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT,
             group_consumer_heartbeat_interval_ms: GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT,
             group_consumer_session_timeout_ms: GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT,
+            offsets_topic_num_partitions: OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT,
+            offsets_topic_replication_factor: 0,
+            offsets_topic_segment_bytes: OFFSETS_TOPIC_SEGMENT_BYTES_DEFAULT,
+            offsets_retention_minutes: OFFSETS_RETENTION_MINUTES_DEFAULT,
+            offsets_retention_ms: None,
+            offsets_retention_check_interval_ms: OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+            offsets_snapshot_interval_bytes: OFFSETS_SNAPSHOT_INTERVAL_BYTES_DEFAULT,
             topic_defaults: TopicDefaults::default(),
             cluster: None,
         }
@@ -190,11 +228,39 @@ impl BrokerConfig {
             ));
         }
         self.validate_consumer_group_timing()?;
+        self.validate_offsets()?;
         self.advertised_address()?;
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }
         self.topic_defaults.validate()
+    }
+
+    fn validate_offsets(&self) -> Result<(), String> {
+        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.offsets_topic_num_partitions) {
+            return Err(format!("offsets_topic_num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        if self.offsets_topic_replication_factor < 0 {
+            return Err("offsets_topic_replication_factor must be 0 (automatic) or more".into());
+        }
+        if self.offsets_topic_segment_bytes < OFFSETS_TOPIC_SEGMENT_BYTES_MIN {
+            return Err(format!("offsets_topic_segment_bytes must be at least {OFFSETS_TOPIC_SEGMENT_BYTES_MIN}"));
+        }
+        if self.offsets_retention_ms() < 1 || self.offsets_retention_check_interval_ms < 1 {
+            return Err("offsets_retention_minutes/_ms and offsets_retention_check_interval_ms must be positive".into());
+        }
+        if self.offsets_snapshot_interval_bytes < OFFSETS_SNAPSHOT_INTERVAL_BYTES_MIN {
+            return Err(format!(
+                "offsets_snapshot_interval_bytes must be at least {OFFSETS_SNAPSHOT_INTERVAL_BYTES_MIN}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The effective offsets retention.
+    pub fn offsets_retention_ms(&self) -> i64 {
+        let ms = self.offsets_retention_ms.unwrap_or(self.offsets_retention_minutes.saturating_mul(60_000));
+        i64::try_from(ms).unwrap_or(i64::MAX)
     }
 
     fn validate_consumer_group_timing(&self) -> Result<(), String> {

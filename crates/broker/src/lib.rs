@@ -91,7 +91,19 @@ impl Broker {
             consumer_heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms as i32,
             consumer_session_timeout_ms: config.group_consumer_session_timeout_ms as i64,
         };
-        let groups = GroupCoordinator::open(&config.data_dir, timing)?;
+        let settings = group::shards::OffsetsSettings {
+            retention_ms: config.offsets_retention_ms(),
+            retention_check_interval_ms: config.offsets_retention_check_interval_ms as i64,
+            snapshot_interval_bytes: config.offsets_snapshot_interval_bytes,
+        };
+        // One local offsets partition on a single node; in a cluster the replicated
+        // `__consumer_offsets` partitions this node leads, as the metadata says.
+        let groups = match &config.cluster {
+            None => {
+                GroupCoordinator::open_local(&config.data_dir, timing, settings, config.offsets_topic_segment_bytes)?
+            }
+            Some(_) => GroupCoordinator::replicated(timing, settings),
+        };
         Ok(Arc::new(Broker {
             config,
             advertised,

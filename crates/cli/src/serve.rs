@@ -76,6 +76,27 @@ pub struct ServeArgs {
     /// Session timeout of consumer-protocol groups (Kafka's group.consumer.session.timeout.ms).
     #[arg(long, env = "SLUICE_GROUP_CONSUMER_SESSION_TIMEOUT_MS")]
     group_consumer_session_timeout_ms: Option<u64>,
+    /// Partitions of the replicated offsets topic (Kafka's offsets.topic.num.partitions, cluster mode).
+    #[arg(long, env = "SLUICE_OFFSETS_TOPIC_NUM_PARTITIONS")]
+    offsets_topic_num_partitions: Option<i32>,
+    /// Replicas of the offsets topic (Kafka's offsets.topic.replication.factor; 0 = min(3, voters)).
+    #[arg(long, env = "SLUICE_OFFSETS_TOPIC_REPLICATION_FACTOR")]
+    offsets_topic_replication_factor: Option<i16>,
+    /// Segment size of the offsets log (Kafka's offsets.topic.segment.bytes).
+    #[arg(long, env = "SLUICE_OFFSETS_TOPIC_SEGMENT_BYTES")]
+    offsets_topic_segment_bytes: Option<u64>,
+    /// Kafka's offsets.retention.minutes.
+    #[arg(long, env = "SLUICE_OFFSETS_RETENTION_MINUTES")]
+    offsets_retention_minutes: Option<u64>,
+    /// Offsets retention in ms; overrides --offsets-retention-minutes.
+    #[arg(long, env = "SLUICE_OFFSETS_RETENTION_MS")]
+    offsets_retention_ms: Option<u64>,
+    /// Kafka's offsets.retention.check.interval.ms.
+    #[arg(long, env = "SLUICE_OFFSETS_RETENTION_CHECK_INTERVAL_MS")]
+    offsets_retention_check_interval_ms: Option<u64>,
+    /// Bytes appended to an offsets partition between two compaction snapshots.
+    #[arg(long, env = "SLUICE_OFFSETS_SNAPSHOT_INTERVAL_BYTES")]
+    offsets_snapshot_interval_bytes: Option<u64>,
     /// Log format: text or json.
     #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -96,6 +117,11 @@ impl ServeArgs {
         set!(listen, data_dir, node_id, max_request_bytes, max_connections, max_inflight_requests_per_connection);
         set!(produce_memory_bytes, auto_create_topics, num_partitions, log_retention_check_interval_ms);
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
+        set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
+        set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);
+        if self.offsets_retention_ms.is_some() {
+            config.offsets_retention_ms = self.offsets_retention_ms;
+        }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
         }

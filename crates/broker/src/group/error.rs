@@ -34,6 +34,10 @@ pub(crate) enum GroupError {
     GroupSubscribedToTopic,
     #[error("coordinator not available")]
     CoordinatorNotAvailable,
+    #[error("this node is not the group's coordinator")]
+    NotCoordinator,
+    #[error("the group's coordinator is loading its offsets partition")]
+    CoordinatorLoadInProgress,
     #[error("too many groups on this broker")]
     TooManyGroups,
     #[error("commit too large for one offsets log batch")]
@@ -75,6 +79,8 @@ impl GroupError {
             GroupError::GroupSubscribedToTopic => ResponseError::GroupSubscribedToTopic,
             // Kafka's answer when a coordinator cannot take more state is to be unavailable.
             GroupError::CoordinatorNotAvailable | GroupError::TooManyGroups => ResponseError::CoordinatorNotAvailable,
+            GroupError::NotCoordinator => ResponseError::NotCoordinator,
+            GroupError::CoordinatorLoadInProgress => ResponseError::CoordinatorLoadInProgress,
             GroupError::CommitTooLarge => ResponseError::InvalidCommitOffsetSize,
             GroupError::Storage => ResponseError::KafkaStorageError,
             GroupError::Timeout => ResponseError::RequestTimedOut,

@@ -1,11 +1,15 @@
 //! The `__consumer_offsets` log: where committed offsets become durable, and what a
 //! restart replays to rebuild them.
 //!
-//! It is one partition of the storage crate's ordinary log, kept in `<data>/groups/`
-//! rather than with the topics so that clients can neither produce to nor fetch from it.
+//! On a single node it is one partition of the storage crate's ordinary log, kept in
+//! `<data>/groups/` rather than with the topics so that clients can neither produce to
+//! nor fetch from it. In a cluster it is the replicated internal topic `__consumer_offsets`
+//! (N partitions, created through the controller); a group's records live in partition
+//! `placement::partition_for(group)` and only that partition's leader writes them.
 //! Each OffsetCommit becomes one record batch (built by `RecordBatchEncoder`); deletions
-//! are tombstones (no value). A write is acknowledged only once the group-commit syncer
-//! has fsynced it, as a produce with the default durability is.
+//! are tombstones (no value); a compaction snapshot is a run of ordinary commit records.
+//! A write is acknowledged only once it is durable: fsynced by the group-commit syncer,
+//! and in a cluster also past the high watermark (every ISR member has it, acks=all).
 //!
 //! Record layout (big endian), versioned so it can evolve:
 //! key   = u8 version (1), u8 kind (1 = offset), str16 group, str16 topic, i32 partition
@@ -21,12 +25,12 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use sluice_storage::{LogConfig, Partition, Syncer, Visible};
-use tokio::sync::watch;
+use sluice_storage::{LogConfig, Partition, Syncer};
 
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
 use crate::group::OFFSETS_BATCH_BYTES_MAX;
+use crate::replication::{NotServed, Replica};
 
 /// The internal topic's name, as in Kafka.
 pub(crate) const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -34,7 +38,6 @@ const RECORD_VERSION: u8 = 1;
 const KIND_OFFSET: u8 = 1;
 /// Bytes read per step while replaying at startup.
 const REPLAY_READ_BYTES: usize = 4 * 1024 * 1024;
-const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// One change to the committed offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,38 +46,52 @@ pub(crate) enum OffsetRecord {
     Delete { group: String, topic: String, partition: i32 },
 }
 
-/// The durable offsets log.
-pub(crate) struct OffsetsLog {
-    partition: Arc<Partition>,
+/// Who may write to an offsets partition, and at which leader epoch.
+enum Writer {
+    /// Single node: the partition is this node's alone, at `crate::LEADER_EPOCH`.
+    Local,
+    /// Cluster mode: this node leads `replica` at `leader_epoch`; a write counts once the
+    /// partition's high watermark (its ISR, acks=all) passes it, while still leading.
+    Leader { replica: Arc<Replica>, leader_epoch: i32 },
 }
 
-/// A write appended to the page cache, waiting for its fsync.
+/// One partition of the offsets log, as the coordinator writes and replays it.
+pub(crate) struct OffsetsLog {
+    partition: Arc<Partition>,
+    writer: Writer,
+}
+
+/// A write appended to the log, waiting until it is durable (fsynced, and in a cluster
+/// replicated to the ISR).
 pub(crate) struct PendingWrite {
     base_offset: i64,
     visible_at: i64,
-    visible: watch::Receiver<Visible>,
+    bytes: usize,
 }
 
 impl PendingWrite {
-    /// Waits until the write is durable; returns the log offset of its first record.
-    pub(crate) async fn durable(mut self, timeout: Duration) -> Result<i64, GroupError> {
-        let visible_at = self.visible_at;
-        let reached =
-            tokio::time::timeout(timeout, self.visible.wait_for(|v| v.high_watermark >= visible_at || v.failed)).await;
-        match reached {
-            Ok(Ok(visible)) if visible.high_watermark >= visible_at => Ok(self.base_offset),
-            Ok(_) => Err(GroupError::Storage),
-            Err(_) => Err(GroupError::Timeout),
-        }
+    pub(crate) fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
+
+    /// The log offset after this write: it is durable once the high watermark reaches it.
+    pub(crate) fn visible_at(&self) -> i64 {
+        self.visible_at
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
+/// How often a wait for durability checks that this node still leads the partition.
+const LEADERSHIP_CHECK_INTERVAL_MS: u64 = 200;
+
 impl OffsetsLog {
-    /// Opens (recovering) the log under `dir` and returns every record in it, in order,
-    /// with its log offset.
-    pub(crate) fn open(dir: &Path) -> io::Result<(OffsetsLog, Vec<(i64, OffsetRecord)>)> {
+    /// Single node: opens (recovering) the one partition under `dir`.
+    pub(crate) fn open_local(dir: &Path, segment_bytes: u64) -> io::Result<OffsetsLog> {
         let config = LogConfig {
-            segment_bytes: SEGMENT_BYTES,
+            segment_bytes,
             retention_ms: -1,
             retention_bytes: -1,
             max_message_bytes: OFFSETS_BATCH_BYTES_MAX,
@@ -82,8 +99,31 @@ impl OffsetsLog {
             ..LogConfig::default()
         };
         let partition = Arc::new(Partition::open(&dir.join(format!("{OFFSETS_TOPIC}-0")), config)?);
-        let records = replay(&partition)?;
-        Ok((OffsetsLog { partition }, records))
+        Ok(OffsetsLog { partition, writer: Writer::Local })
+    }
+
+    /// Cluster mode: a partition of the replicated offsets topic this node leads.
+    pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> OffsetsLog {
+        OffsetsLog { partition: replica.log.clone(), writer: Writer::Leader { replica, leader_epoch } }
+    }
+
+    pub(crate) fn partition(&self) -> &Arc<Partition> {
+        &self.partition
+    }
+
+    /// False once this node no longer leads the partition at the epoch it loaded it at.
+    pub(crate) fn is_current(&self) -> bool {
+        match &self.writer {
+            Writer::Local => true,
+            Writer::Leader { replica, leader_epoch } => replica.leader_epoch() == Some(*leader_epoch),
+        }
+    }
+
+    /// Every record from the log start to the log end, in order, with its log offset. A
+    /// new leader reads past its high watermark: everything it holds was either
+    /// acknowledged or will be once its followers catch up, as Kafka's loader does.
+    pub(crate) fn replay(&self) -> io::Result<Vec<(i64, OffsetRecord)>> {
+        replay(&self.partition)
     }
 
     /// Appends `records` as one batch and asks the syncer for an fsync.
@@ -93,22 +133,64 @@ impl OffsetsLog {
         if batch.len() > OFFSETS_BATCH_BYTES_MAX {
             return Err(GroupError::CommitTooLarge);
         }
-        let visible = self.partition.subscribe();
-        let outcome =
-            self.partition.append(&batch, crate::LEADER_EPOCH, sluice_storage::now_ms()).map_err(|error| {
-                tracing::error!(%error, "offsets log append failed");
-                GroupError::Storage
-            })?;
+        let leader_epoch = match &self.writer {
+            Writer::Local => crate::LEADER_EPOCH,
+            Writer::Leader { replica, leader_epoch } => {
+                let write = replica.begin_write(-1).map_err(|refused| match refused {
+                    NotServed::NotEnoughReplicas => GroupError::CoordinatorNotAvailable,
+                    _ => GroupError::NotCoordinator,
+                })?;
+                if write.leader_epoch != *leader_epoch {
+                    return Err(GroupError::NotCoordinator);
+                }
+                write.leader_epoch
+            }
+        };
+        let outcome = self.partition.append(&batch, leader_epoch, sluice_storage::now_ms()).map_err(|error| {
+            tracing::error!(%error, "offsets log append failed");
+            GroupError::Storage
+        })?;
         assert!(!outcome.duplicate, "offsets batches carry no producer id");
+        assert!(outcome.visible_at > outcome.base_offset);
         if outcome.needs_sync {
             syncer.schedule(&self.partition);
         }
-        Ok(PendingWrite { base_offset: outcome.base_offset, visible_at: outcome.visible_at, visible })
+        Ok(PendingWrite { base_offset: outcome.base_offset, visible_at: outcome.visible_at, bytes: batch.len() })
     }
 
-    /// Clean shutdown: fsync and seal.
+    /// Waits until the high watermark reaches `visible_at` while this node still leads:
+    /// NOT_COORDINATOR once it does not (the write may be lost; the client retries at the
+    /// new coordinator).
+    pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), GroupError> {
+        let mut visible = self.partition.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let slice = Duration::from_millis(LEADERSHIP_CHECK_INTERVAL_MS);
+            let reached = tokio::time::timeout(slice, visible.wait_for(|v| v.high_watermark >= visible_at || v.failed));
+            let outcome = match reached.await {
+                Ok(Ok(v)) if v.high_watermark >= visible_at => Some(Ok(())),
+                Ok(_) => Some(Err(GroupError::Storage)),
+                Err(_) => None,
+            };
+            if !self.is_current() {
+                return Err(GroupError::NotCoordinator);
+            }
+            if let Some(outcome) = outcome {
+                return outcome;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(GroupError::Timeout);
+            }
+        }
+    }
+
+    /// Single node, clean shutdown: fsync and seal (a replicated partition belongs to the
+    /// `LogManager`, which closes it).
     pub(crate) fn close(&self) -> io::Result<()> {
-        self.partition.close()
+        match self.writer {
+            Writer::Local => self.partition.close(),
+            Writer::Leader { .. } => Ok(()),
+        }
     }
 }
 
@@ -248,13 +330,14 @@ fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecor
     Ok(OffsetRecord::Commit { group, topic, partition, value })
 }
 
-/// Reads the whole log, from its start to its high watermark.
+/// Reads the whole log, from its start to its end.
 fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
     let offsets = partition.offsets();
     let mut next = offsets.log_start_offset;
     let mut records = Vec::new();
-    while next < offsets.high_watermark {
-        let mut chunk = partition.read(next, REPLAY_READ_BYTES, true).map_err(|e| io::Error::other(e.to_string()))?;
+    while next < offsets.log_end_offset {
+        let mut chunk =
+            partition.read_for_replica(next, REPLAY_READ_BYTES).map_err(|e| io::Error::other(e.to_string()))?;
         if chunk.is_empty() {
             break;
         }
@@ -314,17 +397,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let syncer = Syncer::start();
         {
-            let (log, replayed) = OffsetsLog::open(dir.path()).unwrap();
-            assert!(replayed.is_empty());
+            let log = OffsetsLog::open_local(dir.path(), 1 << 20).unwrap();
+            assert!(log.replay().unwrap().is_empty());
             let first = log.append(&[commit("g", 0, 10, None), commit("g", 1, 11, Some("m"))], &syncer).unwrap();
-            assert_eq!(first.durable(Duration::from_secs(5)).await.unwrap(), 0);
+            assert_eq!(first.base_offset(), 0);
+            log.wait_durable(first.visible_at(), Duration::from_secs(5)).await.unwrap();
             let second = log
                 .append(&[OffsetRecord::Delete { group: "g".into(), topic: "orders".into(), partition: 0 }], &syncer)
                 .unwrap();
-            assert_eq!(second.durable(Duration::from_secs(5)).await.unwrap(), 2);
+            assert_eq!(second.base_offset(), 2);
+            log.wait_durable(second.visible_at(), Duration::from_secs(5)).await.unwrap();
             log.close().unwrap();
         }
-        let (_log, replayed) = OffsetsLog::open(dir.path()).unwrap();
+        let replayed = OffsetsLog::open_local(dir.path(), 1 << 20).unwrap().replay().unwrap();
         let offsets: Vec<i64> = replayed.iter().map(|(offset, _)| *offset).collect();
         assert_eq!(offsets, vec![0, 1, 2]);
         assert_eq!(replayed[1].1, commit("g", 1, 11, Some("m")));

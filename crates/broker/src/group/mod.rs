@@ -1,17 +1,21 @@
-//! The group coordinator of a single node: it owns every group's membership state
-//! machine, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
+//! The group coordinator: it owns the membership state machine of every group it
+//! coordinates, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
 //! server-side assignors of [`assignor`]), the committed offsets ([`offsets`]) and their
-//! durable log ([`journal`]). A group id names one group of one protocol at a time.
+//! durable log ([`journal`]). A group id names one group of one protocol at a time. A node
+//! coordinates the groups whose `__consumer_offsets` partition ([`placement`]) it leads:
+//! on a single node its one local partition, in a cluster the replicated partitions the
+//! controller made it leader of ([`shards`]: loading, dropping, compaction, retention).
 //!
 //! Why it looks like this: group traffic must never slow the data path, so the
-//! coordinator keeps its state behind its own two locks (groups, then offsets; always
-//! taken in that order, never held across an `.await`) and long-polls (JoinGroup,
+//! coordinator keeps its state behind its own locks (shards, then groups, then offsets;
+//! always taken in that order, never held across an `.await`) and long-polls (JoinGroup,
 //! SyncGroup) wait on `oneshot` channels that the state machine completes. One tokio task
-//! ticks every [`TICK_INTERVAL_MS`] to expire sessions and end join or sync phases.
+//! ticks every [`TICK_INTERVAL_MS`] to expire sessions, end join or sync phases, and run
+//! the offsets upkeep.
 //!
 //! ```text
-//! let coordinator = GroupCoordinator::open(data_dir, initial_delay_ms)?;
-//! coordinator.start_ticker();
+//! let coordinator = GroupCoordinator::open_local(data_dir, timing, settings, segment_bytes)?;
+//! coordinator.start_ticker(&broker);
 //! match coordinator.join("g", request)? { Reply::Ready(r) => .., Reply::Wait(rx) => rx.await }
 //! ```
 
@@ -20,6 +24,8 @@ pub(crate) mod consumer;
 pub(crate) mod error;
 pub(crate) mod journal;
 pub(crate) mod offsets;
+pub(crate) mod placement;
+pub(crate) mod shards;
 pub(crate) mod state;
 
 use std::collections::{BTreeMap, HashMap};
@@ -30,17 +36,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use sluice_storage::Syncer;
 
 use crate::group::consumer::{ConsumerGroup, Heartbeat, HeartbeatAnswer, JOIN_GROUP_MEMBER_EPOCH};
 use crate::group::error::{GroupError, Refusal};
 use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
+use crate::group::shards::{OffsetsSettings, ShardMap};
 use crate::group::state::{
     Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
 };
 use crate::topics::TopicCatalog;
+use crate::Broker;
 
 pub(crate) use crate::group::journal::OFFSETS_TOPIC;
 
@@ -125,13 +133,20 @@ impl Groups {
     }
 }
 
-/// The coordinator of every group on this node.
+/// The coordinator of every group whose offsets partition this node leads.
 pub(crate) struct GroupCoordinator {
     timing: Timing,
+    settings: OffsetsSettings,
+    /// Lock order: shards, then groups, then offsets.
+    shards: RwLock<ShardMap>,
     groups: Mutex<Groups>,
     offsets: Mutex<OffsetTable>,
-    log: OffsetsLog,
+    /// When each group with offsets was last seen with members (for retention).
+    idle_since_ms: Mutex<HashMap<String, i64>>,
+    last_retention_check_ms: Mutex<i64>,
     ticker_started: AtomicBool,
+    /// Cluster mode: a creation of the offsets topic is under way.
+    pub(crate) creating_offsets_topic: AtomicBool,
 }
 
 /// Group ids must be non-empty and bounded.
@@ -143,51 +158,66 @@ pub(crate) fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
 }
 
 impl GroupCoordinator {
-    /// Opens the offsets log under `data_dir/groups` and replays it into memory.
-    pub(crate) fn open(data_dir: &Path, timing: Timing) -> io::Result<Arc<GroupCoordinator>> {
+    /// Single node: opens the one local offsets partition under `data_dir/groups` and
+    /// replays it into memory; this node coordinates every group.
+    pub(crate) fn open_local(
+        data_dir: &Path,
+        timing: Timing,
+        settings: OffsetsSettings,
+        segment_bytes: u64,
+    ) -> io::Result<Arc<GroupCoordinator>> {
         let started = std::time::Instant::now();
-        let (log, records) = OffsetsLog::open(&data_dir.join("groups"))?;
-        let mut table = OffsetTable::default();
+        let log = OffsetsLog::open_local(&data_dir.join("groups"), segment_bytes)?;
+        let records = log.replay()?;
         let replayed = records.len();
-        for (log_offset, record) in records {
-            match record {
-                OffsetRecord::Commit { group, topic, partition, value } => {
-                    table.apply_commit(&group, &topic, partition, value, log_offset)
-                }
-                OffsetRecord::Delete { group, topic, partition } => {
-                    table.apply_delete(&group, &topic, partition, log_offset)
-                }
-            }
-        }
-        table.forget_tombstones();
+        let table = shards::table_from(records);
         tracing::info!(
             records = replayed,
             groups = table.group_count(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "replayed committed offsets"
         );
-        Ok(Arc::new(GroupCoordinator {
-            timing,
-            groups: Mutex::new(Groups::default()),
-            offsets: Mutex::new(table),
-            log,
-            ticker_started: AtomicBool::new(false),
-        }))
+        Ok(Arc::new(GroupCoordinator::new(timing, settings, ShardMap::local(log), table)))
     }
 
-    /// Starts the tick task once (from the first group request, inside the runtime).
-    pub(crate) fn start_ticker(self: &Arc<Self>) {
+    /// Cluster mode: coordinates nothing until [`GroupCoordinator::follow_leadership`]
+    /// says which offsets partitions this node leads.
+    pub(crate) fn replicated(timing: Timing, settings: OffsetsSettings) -> Arc<GroupCoordinator> {
+        Arc::new(GroupCoordinator::new(timing, settings, ShardMap::default(), OffsetTable::default()))
+    }
+
+    fn new(timing: Timing, settings: OffsetsSettings, shards: ShardMap, table: OffsetTable) -> GroupCoordinator {
+        GroupCoordinator {
+            timing,
+            settings,
+            shards: RwLock::new(shards),
+            groups: Mutex::new(Groups::default()),
+            offsets: Mutex::new(table),
+            idle_since_ms: Mutex::new(HashMap::new()),
+            last_retention_check_ms: Mutex::new(sluice_storage::now_ms()),
+            ticker_started: AtomicBool::new(false),
+            creating_offsets_topic: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the tick task once (inside the runtime): group timers, and the offsets
+    /// upkeep (compaction, retention), which needs the broker's syncer.
+    pub(crate) fn start_ticker(self: &Arc<Self>, broker: &Arc<Broker>) {
         if self.ticker_started.swap(true, Ordering::AcqRel) {
             return;
         }
         let coordinator: Weak<GroupCoordinator> = Arc::downgrade(self);
+        let broker: Weak<Broker> = Arc::downgrade(broker);
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(Duration::from_millis(TICK_INTERVAL_MS));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
                 let Some(coordinator) = coordinator.upgrade() else { return };
-                coordinator.tick(sluice_storage::now_ms());
+                let Some(broker) = broker.upgrade() else { return };
+                let now_ms = sluice_storage::now_ms();
+                coordinator.tick(now_ms);
+                coordinator.upkeep(now_ms, broker.logs.syncer());
             }
         });
     }
@@ -207,8 +237,19 @@ impl GroupCoordinator {
         groups.consumer.retain(|group_id, group| !group.is_empty() || offsets.has_group(group_id));
     }
 
+    /// A request that passed the coordinator check just before its partition moved away
+    /// may have created a group here; nothing can reach it, so it is forgotten (from the
+    /// periodic upkeep: it costs a hash per group).
+    fn forget_unserved_groups(&self) {
+        let shards = self.shards.read();
+        let mut groups = self.groups.lock();
+        groups.classic.retain(|group_id, _| shards.serves(group_id));
+        groups.consumer.retain(|group_id, _| shards.serves(group_id));
+    }
+
     pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
         validate_group_id(group_id)?;
+        self.serving(group_id)?;
         let mut groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {
             // An empty consumer-protocol group becomes a classic group (its offsets stay);
@@ -233,6 +274,9 @@ impl GroupCoordinator {
     }
 
     pub(crate) fn sync(&self, group_id: &str, request: SyncRequest) -> Reply<SyncResponse> {
+        if let Err(error) = self.serving(group_id) {
+            return Reply::Ready(SyncResponse::failed(error));
+        }
         let mut groups = self.groups.lock();
         match groups.classic.get_mut(group_id) {
             Some(group) => group.sync(request, sluice_storage::now_ms()),
@@ -247,6 +291,7 @@ impl GroupCoordinator {
         group_instance_id: Option<&str>,
         generation_id: i32,
     ) -> Result<(), GroupError> {
+        self.serving(group_id)?;
         let mut groups = self.groups.lock();
         let group = groups.classic.get_mut(group_id).ok_or(GroupError::UnknownMemberId)?;
         group.heartbeat(member_id, group_instance_id, generation_id, sluice_storage::now_ms())
@@ -258,6 +303,7 @@ impl GroupCoordinator {
         group_id: &str,
         members: &[(String, Option<String>)],
     ) -> Result<Vec<Result<(), GroupError>>, GroupError> {
+        self.serving(group_id)?;
         let mut groups = self.groups.lock();
         let Some(group) = groups.classic.get_mut(group_id) else {
             return Ok(members.iter().map(|_| Err(GroupError::UnknownMemberId)).collect());
@@ -280,6 +326,7 @@ impl GroupCoordinator {
         syncer: &Syncer,
     ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         validate_group_id(group_id)?;
+        let shard = self.serving(group_id)?;
         let Committer { member_id, group_instance_id, generation_id, version } = committer;
         {
             let mut groups = self.groups.lock();
@@ -303,26 +350,15 @@ impl GroupCoordinator {
             }
         }
         let records: Vec<OffsetRecord> = commits
-            .iter()
+            .into_iter()
             .map(|(topic, partition, value)| OffsetRecord::Commit {
                 group: group_id.to_string(),
-                topic: topic.clone(),
-                partition: *partition,
-                value: value.clone(),
+                topic,
+                partition,
+                value,
             })
             .collect();
-        let pending = (!records.is_empty()).then(|| self.log.append(&records, syncer)).transpose()?;
-        let coordinator = self.clone();
-        let group_id = group_id.to_string();
-        Ok(async move {
-            let Some(pending) = pending else { return Ok(()) };
-            let base_offset = pending.durable(Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS)).await?;
-            let mut offsets = coordinator.offsets.lock();
-            for (index, (topic, partition, value)) in commits.into_iter().enumerate() {
-                offsets.apply_commit(&group_id, &topic, partition, value, base_offset + index as i64);
-            }
-            Ok(())
-        })
+        self.write(&shard, group_id, records, syncer)
     }
 
     /// OffsetFetch v9 from a member of a consumer-protocol group must carry its current
@@ -334,6 +370,7 @@ impl GroupCoordinator {
         member_id: Option<&str>,
         member_epoch: i32,
     ) -> Result<(), GroupError> {
+        self.serving(group_id)?;
         let groups = self.groups.lock();
         match groups.consumer.get(group_id) {
             Some(group) => group.validate_fetch(member_id, member_epoch),
@@ -342,9 +379,10 @@ impl GroupCoordinator {
     }
 
     /// Committed offsets of `group_id` for the asked partitions (or all of them).
-    pub(crate) fn fetch_offsets(&self, group_id: &str, query: OffsetQuery) -> FetchedOffsets {
+    pub(crate) fn fetch_offsets(&self, group_id: &str, query: OffsetQuery) -> Result<FetchedOffsets, GroupError> {
+        self.serving(group_id)?;
         let offsets = self.offsets.lock();
-        match query {
+        Ok(match query {
             Some(topics) => topics
                 .into_iter()
                 .map(|(topic, partitions)| {
@@ -360,7 +398,7 @@ impl GroupCoordinator {
                 }
                 by_topic.into_iter().collect()
             }
-        }
+        })
     }
 
     /// Topics the live members of a consumer-protocol group subscribe to, or `None` when
@@ -387,6 +425,7 @@ impl GroupCoordinator {
         topics: Vec<(String, Vec<i32>)>,
         syncer: &Syncer,
     ) -> Result<(DeleteResults, impl Future<Output = Result<(), GroupError>> + Send), GroupError> {
+        self.serving(group_id)?;
         let subscribed = {
             let groups = self.groups.lock();
             let offsets = self.offsets.lock();
@@ -427,26 +466,12 @@ impl GroupCoordinator {
         deletions: Vec<(String, i32)>,
         syncer: &Syncer,
     ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        let shard = self.serving(group_id)?;
         let records: Vec<OffsetRecord> = deletions
-            .iter()
-            .map(|(topic, partition)| OffsetRecord::Delete {
-                group: group_id.to_string(),
-                topic: topic.clone(),
-                partition: *partition,
-            })
+            .into_iter()
+            .map(|(topic, partition)| OffsetRecord::Delete { group: group_id.to_string(), topic, partition })
             .collect();
-        let pending = (!records.is_empty()).then(|| self.log.append(&records, syncer)).transpose()?;
-        let coordinator = self.clone();
-        let group_id = group_id.to_string();
-        Ok(async move {
-            let Some(pending) = pending else { return Ok(()) };
-            let base_offset = pending.durable(Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS)).await?;
-            let mut offsets = coordinator.offsets.lock();
-            for (index, (topic, partition)) in deletions.into_iter().enumerate() {
-                offsets.apply_delete(&group_id, &topic, partition, base_offset + index as i64);
-            }
-            Ok(())
-        })
+        self.write(&shard, group_id, records, syncer)
     }
 
     /// DeleteGroups for one group: refused while it has members; otherwise the group is
@@ -457,6 +482,7 @@ impl GroupCoordinator {
         syncer: &Syncer,
     ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         validate_group_id(group_id)?;
+        self.serving(group_id)?;
         let deletions: Vec<(String, i32)> = {
             let mut groups = self.groups.lock();
             let offsets = self.offsets.lock();
@@ -557,6 +583,7 @@ impl GroupCoordinator {
         if validate_group_id(group_id).is_err() {
             return Err(GroupError::InvalidRequest.because("GroupId can't be empty."));
         }
+        self.serving(group_id)?;
         let mut groups = self.groups.lock();
         if let Some(classic) = groups.classic.get(group_id) {
             if request.member_epoch != JOIN_GROUP_MEMBER_EPOCH || !classic.is_idle() {
@@ -582,6 +609,7 @@ impl GroupCoordinator {
     /// ConsumerGroupDescribe for one group: GROUP_ID_NOT_FOUND for unknown and classic
     /// groups (the admin client then falls back to DescribeGroups), as in Kafka.
     pub(crate) fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, Refusal> {
+        self.serving(group_id)?;
         let groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {
             return Ok(group.describe());
@@ -594,10 +622,10 @@ impl GroupCoordinator {
         Err(GroupError::GroupIdNotFound.because(message))
     }
 
-    /// Clean shutdown: fsync and seal the offsets log (after the syncer has stopped).
+    /// Clean shutdown: fsync and seal the local offsets log (after the syncer has stopped).
     pub(crate) fn close(&self) {
-        if let Err(error) = self.log.close() {
-            tracing::error!(%error, "failed to close the offsets log");
+        for shard in self.shards.read().active() {
+            shard.close();
         }
     }
 }
@@ -700,6 +728,13 @@ mod tests {
         consumer_session_timeout_ms: 45_000,
     };
 
+    const SETTINGS: OffsetsSettings =
+        OffsetsSettings { retention_ms: 60_000, retention_check_interval_ms: 1_000, snapshot_interval_bytes: 4_096 };
+
+    fn open(dir: &Path) -> Arc<GroupCoordinator> {
+        GroupCoordinator::open_local(dir, TIMING, SETTINGS, 64 * 1024).unwrap()
+    }
+
     fn offset(value: i64, metadata: &str) -> CommittedOffset {
         CommittedOffset { offset: value, leader_epoch: 3, metadata: Some(metadata.into()), commit_timestamp_ms: 1 }
     }
@@ -709,7 +744,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let syncer = Syncer::start();
         {
-            let coordinator = GroupCoordinator::open(dir.path(), TIMING).unwrap();
+            let coordinator = open(dir.path());
             let commits = vec![("t".to_string(), 0, offset(10, "a")), ("t".to_string(), 1, offset(20, "b"))];
             coordinator.commit_offsets("simple", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
             let again = vec![("t".to_string(), 0, offset(11, "c"))];
@@ -726,13 +761,82 @@ mod tests {
             assert_eq!(stale.err(), Some(GroupError::IllegalGeneration));
             coordinator.close();
         }
-        let coordinator = GroupCoordinator::open(dir.path(), TIMING).unwrap();
-        let fetched = coordinator.fetch_offsets("simple", Some(vec![("t".into(), vec![0, 1])]));
+        let coordinator = open(dir.path());
+        let fetched = coordinator.fetch_offsets("simple", Some(vec![("t".into(), vec![0, 1])])).unwrap();
         assert_eq!(fetched, vec![("t".to_string(), vec![(0, Some(offset(11, "c"))), (1, None)])]);
-        assert!(coordinator.fetch_offsets("doomed", None).is_empty());
+        assert!(coordinator.fetch_offsets("doomed", None).unwrap().is_empty());
         let listed: Vec<String> = coordinator.list_groups().into_iter().map(|g| g.group_id).collect();
         assert_eq!(listed, vec!["simple".to_string()]);
         assert_eq!(coordinator.delete_group("doomed", &syncer).err(), Some(GroupError::GroupIdNotFound));
+        syncer.shutdown();
+    }
+
+    async fn eventually(mut done: impl FnMut() -> bool) {
+        for _ in 0..200 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached in 2 s");
+    }
+
+    #[tokio::test]
+    async fn compaction_snapshot_bounds_the_log_and_keeps_the_latest_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        {
+            let coordinator = open(dir.path());
+            for round in 0..100 {
+                let commits = (0..50).map(|p| ("t".to_string(), p, offset(round, "m"))).collect();
+                coordinator.commit_offsets("g", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
+                coordinator.upkeep(sluice_storage::now_ms(), &syncer);
+            }
+            let shard = coordinator.serving("g").unwrap();
+            let partition = shard.log_partition().clone();
+            eventually(|| !shard.snapshot_in_flight()).await;
+            let offsets = partition.offsets();
+            assert!(offsets.log_start_offset > 4_000, "log start {}", offsets.log_start_offset);
+            assert!(partition.size_bytes() < 4 * 64 * 1024, "offsets log is {} bytes", partition.size_bytes());
+            coordinator.close();
+        }
+        let coordinator = open(dir.path());
+        let fetched = coordinator.fetch_offsets("g", None).unwrap();
+        assert_eq!(fetched[0].1.len(), 50);
+        assert!(fetched[0].1.iter().all(|(_, value)| value.as_ref().map(|v| v.offset) == Some(99)));
+        syncer.shutdown();
+    }
+
+    #[tokio::test]
+    async fn retention_expires_offsets_of_groups_without_members() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        let coordinator = open(dir.path());
+        let old = CommittedOffset { commit_timestamp_ms: 1, ..offset(3, "old") };
+        let fresh = CommittedOffset { commit_timestamp_ms: sluice_storage::now_ms(), ..offset(4, "fresh") };
+        let commits = vec![("t".to_string(), 0, old), ("t".to_string(), 1, fresh)];
+        coordinator.commit_offsets("idle", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
+        // Before the check interval nothing happens; after it the old offset expires.
+        coordinator.upkeep(sluice_storage::now_ms(), &syncer);
+        assert_eq!(coordinator.fetch_offsets("idle", None).unwrap()[0].1.len(), 2);
+        coordinator.upkeep(sluice_storage::now_ms() + SETTINGS.retention_check_interval_ms, &syncer);
+        eventually(|| coordinator.fetch_offsets("idle", None).unwrap()[0].1.len() == 1).await;
+        coordinator.close();
+        drop(coordinator);
+        let fetched = open(dir.path()).fetch_offsets("idle", None).unwrap();
+        assert_eq!(
+            fetched,
+            vec![(
+                "t".to_string(),
+                vec![(
+                    1,
+                    Some(CommittedOffset {
+                        commit_timestamp_ms: fetched[0].1[0].1.as_ref().unwrap().commit_timestamp_ms,
+                        ..offset(4, "fresh")
+                    })
+                )]
+            )]
+        );
         syncer.shutdown();
     }
 }

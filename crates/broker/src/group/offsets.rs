@@ -103,4 +103,109 @@ impl OffsetTable {
     pub(crate) fn group_count(&self) -> usize {
         self.groups.len()
     }
+
+    /// Forgets every group for which `doomed` holds (its offsets partition moved away).
+    pub(crate) fn remove_groups(&mut self, mut doomed: impl FnMut(&str) -> bool) {
+        self.groups.retain(|group, _| !doomed(group));
+        self.deleted_at.retain(|(group, _, _), _| !doomed(group));
+    }
+
+    /// Takes over the groups of `loaded` (a freshly replayed partition), replacing any
+    /// entries of the same groups.
+    pub(crate) fn absorb(&mut self, loaded: OffsetTable) {
+        for (group, offsets) in loaded.groups {
+            self.groups.insert(group, offsets);
+        }
+    }
+
+    /// Every committed offset of the groups for which `wanted` holds.
+    pub(crate) fn live_offsets(&self, mut wanted: impl FnMut(&str) -> bool) -> Vec<OffsetKeyValue> {
+        let mut live = Vec::new();
+        for (group, offsets) in self.groups.iter().filter(|(group, _)| wanted(group)) {
+            for ((topic, partition), entry) in offsets {
+                live.push(((group.clone(), topic.clone(), *partition), entry.value.clone(), entry.log_offset));
+            }
+        }
+        live
+    }
+
+    /// Offsets to expire (Kafka's `offsets.retention.minutes`): of each group for which
+    /// `idle_since` gives a time (no members since then; `i64::MIN` = never seen with
+    /// members), those committed, and idle, for at least `retention_ms` at `now_ms`.
+    /// Groups with members (`idle_since` is `None`) keep every offset.
+    pub(crate) fn expired(
+        &self,
+        now_ms: i64,
+        retention_ms: i64,
+        mut idle_since: impl FnMut(&str) -> Option<i64>,
+    ) -> Vec<(String, Vec<(String, i32)>)> {
+        let mut expired = Vec::new();
+        for (group, offsets) in &self.groups {
+            let Some(idle_since_ms) = idle_since(group) else { continue };
+            let doomed: Vec<(String, i32)> = offsets
+                .iter()
+                .filter(|(_, entry)| {
+                    let since = entry.value.commit_timestamp_ms.max(idle_since_ms);
+                    since.saturating_add(retention_ms) <= now_ms
+                })
+                .map(|(key, _)| key.clone())
+                .collect();
+            if !doomed.is_empty() {
+                expired.push((group.clone(), doomed));
+            }
+        }
+        expired
+    }
+}
+
+/// (group, topic, partition), its committed offset and the log offset of that record.
+pub(crate) type OffsetKeyValue = ((String, String, i32), CommittedOffset, i64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed(offset: i64, at_ms: i64) -> CommittedOffset {
+        CommittedOffset { offset, leader_epoch: -1, metadata: None, commit_timestamp_ms: at_ms }
+    }
+
+    fn check_expired(table: &OffsetTable, now_ms: i64, live: &[&str], expected: &[(&str, &[(&str, i32)])]) {
+        let mut got = table.expired(now_ms, 1_000, |group| (!live.contains(&group)).then_some(i64::MIN));
+        got.sort();
+        let expected: Vec<(String, Vec<(String, i32)>)> = expected
+            .iter()
+            .map(|(g, keys)| (g.to_string(), keys.iter().map(|(t, p)| (t.to_string(), *p)).collect()))
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn retention_expires_old_offsets_of_groups_without_members() {
+        let mut table = OffsetTable::default();
+        table.apply_commit("idle", "t", 0, committed(5, 100), 0);
+        table.apply_commit("idle", "t", 1, committed(6, 900), 1);
+        table.apply_commit("busy", "t", 0, committed(7, 100), 2);
+        check_expired(&table, 1_099, &["busy"], &[]);
+        check_expired(&table, 1_100, &["busy"], &[("idle", &[("t", 0)])]);
+        check_expired(&table, 5_000, &["busy"], &[("idle", &[("t", 0), ("t", 1)])]);
+        check_expired(&table, 5_000, &[], &[("busy", &[("t", 0)]), ("idle", &[("t", 0), ("t", 1)])]);
+        // A group that had members until recently keeps its offsets for a full retention.
+        assert!(table.expired(5_000, 1_000, |g| (g == "idle").then_some(4_500)).is_empty());
+    }
+
+    #[test]
+    fn a_loaded_partition_replaces_its_groups_only() {
+        let mut table = OffsetTable::default();
+        table.apply_commit("a", "t", 0, committed(1, 0), 0);
+        table.apply_commit("b", "t", 0, committed(2, 0), 1);
+        table.remove_groups(|g| g == "a");
+        let mut loaded = OffsetTable::default();
+        loaded.apply_commit("a", "t", 0, committed(9, 0), 7);
+        table.absorb(loaded);
+        assert_eq!(table.get("a", "t", 0).map(|v| v.offset), Some(9));
+        assert_eq!(table.get("b", "t", 0).map(|v| v.offset), Some(2));
+        let mut live = table.live_offsets(|g| g == "b");
+        live.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(live, vec![(("b".to_string(), "t".to_string(), 0), committed(2, 0), 1)]);
+    }
 }

@@ -99,7 +99,8 @@ fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: boo
     if validate_topic_name(name).is_err() {
         return failed(ResponseError::InvalidTopicException);
     }
-    if !auto_create {
+    // `__consumer_offsets` is created only by the group coordinator, with its own configs.
+    if !auto_create || name == crate::group::OFFSETS_TOPIC {
         return failed(ResponseError::UnknownTopicOrPartition);
     }
     if broker.cluster.is_some() {

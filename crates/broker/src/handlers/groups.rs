@@ -29,13 +29,16 @@ use kafka_protocol::ResponseError;
 
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
+use crate::group::placement::partition_for;
 use crate::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
 use crate::group::{
-    validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSET_METADATA_BYTES_MAX,
-    REBALANCE_TIMEOUT_MS_MAX,
+    validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
+    OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
 use crate::Broker;
 
+/// Kafka's default `offsets.topic.replication.factor` (3), capped by the voter count.
+const OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX: usize = 3;
 /// FindCoordinator key types.
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
@@ -57,8 +60,67 @@ pub(super) fn text(value: &str) -> StrBytes {
 }
 
 pub(super) fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
-    broker.groups.start_ticker();
+    broker.groups.start_ticker(broker);
     &broker.groups
+}
+
+/// Where a group's coordinator is: this node on a single node; in a cluster the leader of
+/// the group's `__consumer_offsets` partition (created on first use, as Kafka does).
+fn group_coordinator(broker: &Arc<Broker>, group_id: &str) -> Result<(i32, String, i32), (ResponseError, String)> {
+    let Some(cluster) = &broker.cluster else {
+        let (host, port) = &broker.advertised;
+        return Ok((broker.node_id(), host.clone(), *port));
+    };
+    let metadata = cluster.metadata();
+    let not_available = |message: &str| (ResponseError::CoordinatorNotAvailable, message.to_string());
+    let Some(topic) = metadata.topics.get(OFFSETS_TOPIC) else {
+        create_offsets_topic(broker);
+        return Err(not_available("the offsets topic is being created"));
+    };
+    let count = i32::try_from(topic.partitions.len()).unwrap_or(0);
+    if count == 0 {
+        return Err(not_available("the offsets topic has no partitions"));
+    }
+    let leader = topic.partitions[partition_for(group_id, count) as usize].leader;
+    match metadata.brokers.get(&leader) {
+        Some(node) if !node.fenced => Ok((leader, node.host.clone(), i32::from(node.port))),
+        _ => Err(not_available("the group's offsets partition has no leader")),
+    }
+}
+
+/// Creates `__consumer_offsets` through the controller once (a concurrent or repeated
+/// creation is refused there as TOPIC_ALREADY_EXISTS): `offsets_topic_num_partitions`
+/// partitions, `offsets_topic_replication_factor` replicas (default min(3, voters)),
+/// `min.insync.replicas` 2 from three replicas on, durability level 1, no time retention.
+fn create_offsets_topic(broker: &Arc<Broker>) {
+    use std::sync::atomic::Ordering;
+    if broker.groups.creating_offsets_topic.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let broker = broker.clone();
+    tokio::spawn(async move {
+        let config = broker.config();
+        let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
+        let replication_factor = match config.offsets_topic_replication_factor {
+            factor if factor > 0 => factor,
+            _ => voters.min(OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX) as i16,
+        };
+        let min_insync = if replication_factor >= 3 { 2 } else { 1 };
+        let configs = std::collections::BTreeMap::from([
+            ("min.insync.replicas".to_string(), min_insync.to_string()),
+            ("sluice.durability.level".to_string(), "1".to_string()),
+            ("retention.ms".to_string(), "-1".to_string()),
+            ("retention.bytes".to_string(), "-1".to_string()),
+            ("segment.bytes".to_string(), config.offsets_topic_segment_bytes.to_string()),
+            ("max.message.bytes".to_string(), OFFSETS_BATCH_BYTES_MAX.to_string()),
+        ]);
+        let partitions = config.offsets_topic_num_partitions;
+        match super::admin::create_in_cluster(&broker, OFFSETS_TOPIC, partitions, replication_factor, configs).await {
+            Ok(_) => tracing::info!(partitions, replication_factor, "created the offsets topic"),
+            Err((error, message)) => tracing::info!(?error, %message, "offsets topic not created (yet)"),
+        }
+        broker.groups.creating_offsets_topic.store(false, Ordering::Release);
+    });
 }
 
 pub(super) fn find_coordinator(
@@ -67,27 +129,28 @@ pub(super) fn find_coordinator(
     version: i16,
 ) -> FindCoordinatorResponse {
     coordinator(broker);
-    let (host, port) = &broker.advertised;
     let answer = |key: &StrBytes, key_type: i8| -> Coordinator {
         let mut coordinator = Coordinator::default();
         coordinator.key = key.clone();
-        let error = match key_type {
-            KEY_TYPE_GROUP => None,
+        let found = match key_type {
+            KEY_TYPE_GROUP => group_coordinator(broker, key.as_str()),
             // There is no transaction coordinator yet: clients retry and report this.
-            KEY_TYPE_TRANSACTION => Some((ResponseError::CoordinatorNotAvailable, "transactions are not supported")),
-            _ => Some((ResponseError::InvalidRequest, "unknown coordinator key type")),
-        };
-        match error {
-            None => {
-                coordinator.node_id = BrokerId(broker.node_id());
-                coordinator.host = text(host);
-                coordinator.port = *port;
+            KEY_TYPE_TRANSACTION => {
+                Err((ResponseError::CoordinatorNotAvailable, "transactions are not supported".to_string()))
             }
-            Some((error, message)) => {
+            _ => Err((ResponseError::InvalidRequest, "unknown coordinator key type".to_string())),
+        };
+        match found {
+            Ok((node_id, host, port)) => {
+                coordinator.node_id = BrokerId(node_id);
+                coordinator.host = text(&host);
+                coordinator.port = port;
+            }
+            Err((error, message)) => {
                 coordinator.node_id = BrokerId(-1);
                 coordinator.port = -1;
                 coordinator.error_code = error.code();
-                coordinator.error_message = Some(text(message));
+                coordinator.error_message = Some(text(&message));
             }
         }
         coordinator
@@ -341,11 +404,16 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
     if version < OFFSET_FETCH_GROUPS_VERSION {
         let query: OffsetQuery =
             request.topics.map(|ts| ts.into_iter().map(|t| (t.name.to_string(), t.partition_indexes)).collect());
-        if let Err(error) = validate_group_id(request.group_id.as_str()) {
-            response.error_code = error.code();
-            return response;
-        }
-        for (topic, partitions) in coordinator.fetch_offsets(request.group_id.as_str(), query) {
+        let fetched = validate_group_id(request.group_id.as_str())
+            .and_then(|()| coordinator.fetch_offsets(request.group_id.as_str(), query));
+        let fetched = match fetched {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                response.error_code = error.code();
+                return response;
+            }
+        };
+        for (topic, partitions) in fetched {
             let mut topic_response = OffsetFetchResponseTopic::default();
             topic_response.name = TopicName(text(&topic));
             for (partition, value) in partitions {
@@ -365,16 +433,20 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
         let mut group_response = OffsetFetchResponseGroup::default();
         group_response.group_id = group.group_id.clone();
         let member_id = group.member_id.as_deref();
-        let checked = validate_group_id(group.group_id.as_str())
-            .and_then(|()| coordinator.validate_offset_fetch(group.group_id.as_str(), member_id, group.member_epoch));
-        if let Err(error) = checked {
-            group_response.error_code = error.code();
-            response.groups.push(group_response);
-            continue;
-        }
         let query: OffsetQuery =
             group.topics.map(|ts| ts.into_iter().map(|t| (t.name.to_string(), t.partition_indexes)).collect());
-        for (topic, partitions) in coordinator.fetch_offsets(group.group_id.as_str(), query) {
+        let fetched = validate_group_id(group.group_id.as_str())
+            .and_then(|()| coordinator.validate_offset_fetch(group.group_id.as_str(), member_id, group.member_epoch))
+            .and_then(|()| coordinator.fetch_offsets(group.group_id.as_str(), query));
+        let fetched = match fetched {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                group_response.error_code = error.code();
+                response.groups.push(group_response);
+                continue;
+            }
+        };
+        for (topic, partitions) in fetched {
             let mut topic_response = OffsetFetchResponseTopics::default();
             topic_response.name = TopicName(text(&topic));
             for (partition, value) in partitions {
@@ -462,7 +534,7 @@ pub(super) fn describe_groups(broker: &Arc<Broker>, request: DescribeGroupsReque
     let mut response = DescribeGroupsResponse::default();
     for group_id in request.groups {
         let mut described = DescribedGroup::default();
-        if let Err(error) = validate_group_id(group_id.as_str()) {
+        if let Err(error) = validate_group_id(group_id.as_str()).and_then(|()| coordinator.serving(group_id.as_str())) {
             described.group_id = group_id;
             described.error_code = error.code();
             response.groups.push(described);

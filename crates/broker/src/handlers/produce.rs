@@ -121,6 +121,11 @@ pub(super) fn append(
 /// the high watermark, and (in a cluster) the replica. On a single node every partition is
 /// led here at epoch 0.
 fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result<LeaderLog, ResponseError> {
+    if topic == crate::group::OFFSETS_TOPIC {
+        // Only the group coordinator writes committed offsets (Kafka: "Cannot append to
+        // internal topic").
+        return Err(ResponseError::InvalidTopicException);
+    }
     if broker.replicas.is_none() {
         let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
         return Ok((log, LEADER_EPOCH, true, None));

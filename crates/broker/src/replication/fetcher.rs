@@ -189,7 +189,15 @@ fn apply_partition(
         }
     }
     if replica.leader_epoch().is_none() {
-        replica.log.advance_high_watermark(data.high_watermark);
+        let high_watermark = replica.log.advance_high_watermark(data.high_watermark);
+        // Follow the leader's log start offset (DeleteRecords, offsets-log compaction), as
+        // Kafka's followers do, never past what this follower knows to be committed.
+        let leader_start = data.log_start_offset.min(high_watermark);
+        if leader_start > replica.log.offsets().log_start_offset {
+            if let Err(error) = replica.log.delete_records_before(leader_start) {
+                tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "log start not moved");
+            }
+        }
     }
     Ok(wait_for)
 }

@@ -1,0 +1,433 @@
+//! Where the coordinator's state lives: one *shard* per `__consumer_offsets` partition
+//! this node leads (the single node leads its one local partition). A group is served
+//! only by the leader of its partition ([`placement::partition_for`]); every other node
+//! answers NOT_COORDINATOR, and a new leader answers COORDINATOR_LOAD_IN_PROGRESS until it
+//! has replayed the partition. Losing leadership drops the partition's groups from memory.
+//!
+//! Why a shard and not a coordinator per partition: groups, offsets and the ticker stay
+//! one structure with one lock order (shards, then groups, then offsets), and the
+//! single-node path is the same code with one always-led shard.
+//!
+//! Compaction (a snapshot, not a key-based cleaner): once a shard has appended
+//! `offsets_snapshot_interval_bytes` since its last snapshot, the ticker appends every live
+//! offset of the partition as ordinary commit records (the *snapshot*), waits until they
+//! are durable, and moves the log start offset to the snapshot's first record; storage
+//! then deletes the whole segments before it, and followers follow the leader's log
+//! start offset (`replication/fetcher.rs`). Replaying from the new log start rebuilds the
+//! same state: every key's newest value before the snapshot is in the snapshot, and
+//! anything after it overrides it. Writes still waiting for durability when the snapshot
+//! is taken are folded in from `ShardWrites::pending` (the log is a prefix: if the
+//! snapshot is durable, so are they).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use sluice_storage::Syncer;
+
+use crate::group::error::GroupError;
+use crate::group::journal::{OffsetRecord, OffsetsLog};
+use crate::group::offsets::{CommittedOffset, OffsetTable};
+use crate::group::placement::partition_for;
+use crate::group::{GroupCoordinator, OFFSETS_WRITE_TIMEOUT_MS};
+use crate::replication::Replica;
+
+/// Records per snapshot batch: far below `OFFSETS_BATCH_BYTES_MAX` even with the largest
+/// group ids, topic names and metadata (about 8 KiB a record).
+const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
+const _: () = assert!(SNAPSHOT_RECORDS_PER_BATCH * 9 * 1024 < crate::group::OFFSETS_BATCH_BYTES_MAX);
+
+/// The offsets log's settings (Kafka's `offsets.*` broker configs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OffsetsSettings {
+    /// Kafka's `offsets.retention.minutes`, in ms.
+    pub(crate) retention_ms: i64,
+    /// Kafka's `offsets.retention.check.interval.ms`.
+    pub(crate) retention_check_interval_ms: i64,
+    /// Bytes appended to a partition after which a compaction snapshot is written.
+    pub(crate) snapshot_interval_bytes: u64,
+}
+
+/// The shards of this node by offsets partition.
+#[derive(Default)]
+pub(crate) struct ShardMap {
+    /// Partitions of the offsets topic (0 until a cluster node learns it).
+    partition_count: i32,
+    shards: HashMap<i32, Shard>,
+    next_generation: u64,
+}
+
+enum Shard {
+    Loading { leader_epoch: i32, generation: u64 },
+    Active(Arc<ShardLog>),
+}
+
+/// One offsets partition this node serves.
+pub(crate) struct ShardLog {
+    partition: i32,
+    leader_epoch: i32,
+    log: OffsetsLog,
+    /// Cleared (under the offsets lock) when the shard is dropped: late write answers
+    /// must not bring its groups back into memory.
+    live: AtomicBool,
+    writes: Mutex<ShardWrites>,
+}
+
+#[derive(Default)]
+struct ShardWrites {
+    /// Appended, not yet applied to the offsets table, by base offset.
+    pending: BTreeMap<i64, (String, Vec<OffsetRecord>)>,
+    bytes_since_snapshot: u64,
+    snapshot_in_flight: bool,
+}
+
+impl ShardMap {
+    pub(crate) fn local(log: OffsetsLog) -> ShardMap {
+        let bytes_since_snapshot = log.partition().size_bytes();
+        let shard = ShardLog::new(0, crate::LEADER_EPOCH, log, bytes_since_snapshot);
+        ShardMap {
+            partition_count: 1,
+            shards: HashMap::from([(0, Shard::Active(Arc::new(shard)))]),
+            next_generation: 1,
+        }
+    }
+
+    /// True when `group_id`'s partition is loaded and served here.
+    pub(crate) fn serves(&self, group_id: &str) -> bool {
+        self.partition_count > 0
+            && matches!(self.shards.get(&partition_for(group_id, self.partition_count)), Some(Shard::Active(_)))
+    }
+
+    pub(crate) fn active(&self) -> Vec<Arc<ShardLog>> {
+        self.shards
+            .values()
+            .filter_map(|shard| match shard {
+                Shard::Active(log) => Some(log.clone()),
+                Shard::Loading { .. } => None,
+            })
+            .collect()
+    }
+}
+
+impl ShardLog {
+    fn new(partition: i32, leader_epoch: i32, log: OffsetsLog, bytes_since_snapshot: u64) -> ShardLog {
+        let writes = ShardWrites { bytes_since_snapshot, ..ShardWrites::default() };
+        ShardLog { partition, leader_epoch, log, live: AtomicBool::new(true), writes: Mutex::new(writes) }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn log_partition(&self) -> &Arc<sluice_storage::Partition> {
+        self.log.partition()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn snapshot_in_flight(&self) -> bool {
+        self.writes.lock().snapshot_in_flight
+    }
+
+    pub(crate) fn close(&self) {
+        if let Err(error) = self.log.close() {
+            tracing::error!(%error, "failed to close the offsets log");
+        }
+    }
+}
+
+impl GroupCoordinator {
+    /// The shard serving `group_id` here, or why this node cannot serve it.
+    pub(crate) fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
+        let shards = self.shards.read();
+        if shards.partition_count == 0 {
+            return Err(GroupError::NotCoordinator);
+        }
+        match shards.shards.get(&partition_for(group_id, shards.partition_count)) {
+            Some(Shard::Active(shard)) => Ok(shard.clone()),
+            Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
+            None => Err(GroupError::NotCoordinator),
+        }
+    }
+
+    /// Cluster mode: follows the leadership of the offsets partitions (`leaders[p]` is the
+    /// replica and leader epoch when this node leads partition p). Starts loading newly
+    /// led partitions and drops those led no longer (or led at another epoch).
+    pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
+        let count = i32::try_from(leaders.len()).expect("partition count fits i32");
+        let mut shards = self.shards.write();
+        if shards.partition_count != count {
+            // The topic appeared (or was deleted and recreated): every placement changes.
+            let loaded: Vec<i32> = shards.shards.keys().copied().collect();
+            for partition in loaded {
+                self.unload(&mut shards, partition);
+            }
+            tracing::info!(partitions = count, "offsets topic partition count");
+            shards.partition_count = count;
+        }
+        for (partition, leader) in leaders.into_iter().enumerate() {
+            let partition = partition as i32;
+            let current_epoch = shards.shards.get(&partition).map(|shard| match shard {
+                Shard::Loading { leader_epoch, .. } => *leader_epoch,
+                Shard::Active(log) => log.leader_epoch,
+            });
+            let wanted_epoch = leader.as_ref().map(|(_, epoch)| *epoch);
+            if current_epoch == wanted_epoch {
+                continue;
+            }
+            if current_epoch.is_some() {
+                self.unload(&mut shards, partition);
+            }
+            if let Some((replica, leader_epoch)) = leader {
+                let generation = shards.next_generation;
+                shards.next_generation += 1;
+                shards.shards.insert(partition, Shard::Loading { leader_epoch, generation });
+                let coordinator = self.clone();
+                tracing::info!(partition, leader_epoch, "loading offsets partition");
+                tokio::task::spawn_blocking(move || coordinator.load(partition, replica, leader_epoch, generation));
+            }
+        }
+    }
+
+    fn unload(&self, shards: &mut ShardMap, partition: i32) {
+        let count = shards.partition_count;
+        if let Some(Shard::Active(shard)) = shards.shards.remove(&partition) {
+            let mut groups = self.groups.lock();
+            let mut offsets = self.offsets.lock();
+            shard.live.store(false, Ordering::Release);
+            groups.classic.retain(|group_id, _| partition_for(group_id, count) != partition);
+            groups.consumer.retain(|group_id, _| partition_for(group_id, count) != partition);
+            offsets.remove_groups(|group_id| partition_for(group_id, count) == partition);
+            tracing::info!(partition, "no longer coordinator of offsets partition; groups dropped");
+        }
+        shards.shards.remove(&partition);
+    }
+
+    /// Replays partition `partition` (outside any lock), then serves it if this node still
+    /// leads it at the same epoch.
+    fn load(&self, partition: i32, replica: Arc<Replica>, leader_epoch: i32, generation: u64) {
+        let started = std::time::Instant::now();
+        let log = OffsetsLog::replicated(replica, leader_epoch);
+        let records = match log.replay() {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::error!(partition, %error, "cannot load offsets partition");
+                return;
+            }
+        };
+        let replayed = records.len();
+        let table = table_from(records);
+        let bytes_since_snapshot = log.partition().size_bytes();
+        let mut shards = self.shards.write();
+        let count = shards.partition_count;
+        match shards.shards.get(&partition) {
+            Some(Shard::Loading { generation: current, .. }) if *current == generation => {}
+            _ => return,
+        }
+        {
+            let mut groups = self.groups.lock();
+            let mut offsets = self.offsets.lock();
+            groups.classic.retain(|group_id, _| partition_for(group_id, count) != partition);
+            groups.consumer.retain(|group_id, _| partition_for(group_id, count) != partition);
+            offsets.remove_groups(|group_id| partition_for(group_id, count) == partition);
+            offsets.absorb(table);
+        }
+        let shard = ShardLog::new(partition, leader_epoch, log, bytes_since_snapshot);
+        shards.shards.insert(partition, Shard::Active(Arc::new(shard)));
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(partition, leader_epoch, records = replayed, elapsed_ms, "offsets partition loaded");
+    }
+
+    /// Appends `records` of `group_id` to its shard; the future resolves once they are
+    /// durable and applied to the offsets table.
+    pub(crate) fn write(
+        self: &Arc<Self>,
+        shard: &Arc<ShardLog>,
+        group_id: &str,
+        records: Vec<OffsetRecord>,
+        syncer: &Syncer,
+    ) -> Result<impl std::future::Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        let pending = if records.is_empty() {
+            None
+        } else {
+            let mut writes = shard.writes.lock();
+            let pending = shard.log.append(&records, syncer)?;
+            writes.bytes_since_snapshot += pending.bytes() as u64;
+            writes.pending.insert(pending.base_offset(), (group_id.to_string(), records));
+            Some(pending)
+        };
+        let coordinator = self.clone();
+        let shard = shard.clone();
+        Ok(async move {
+            let Some(pending) = pending else { return Ok(()) };
+            let timeout = Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS);
+            let result = shard.log.wait_durable(pending.visible_at(), timeout).await;
+            let base_offset = pending.base_offset();
+            // Applied before it leaves `pending`, so a snapshot always sees it in one.
+            let written = shard.writes.lock().pending.get(&base_offset).cloned();
+            let (group_id, records) = written.expect("a pending write is removed only here");
+            if result.is_ok() {
+                let mut offsets = coordinator.offsets.lock();
+                if shard.live.load(Ordering::Acquire) {
+                    apply(&mut offsets, &group_id, records, base_offset);
+                }
+            }
+            shard.writes.lock().pending.remove(&base_offset);
+            result
+        })
+    }
+
+    /// Periodic offsets upkeep (from the ticker): compaction snapshots, and every
+    /// `retention_check_interval_ms` the expiry of old offsets of groups without members.
+    pub(crate) fn upkeep(self: &Arc<Self>, now_ms: i64, syncer: &Syncer) {
+        let active = self.shards.read().active();
+        for shard in &active {
+            self.maybe_snapshot(shard, syncer);
+        }
+        let mut last = self.last_retention_check_ms.lock();
+        if now_ms - *last < self.settings.retention_check_interval_ms {
+            return;
+        }
+        *last = now_ms;
+        drop(last);
+        self.forget_unserved_groups();
+        self.expire_offsets(&active, now_ms, syncer);
+    }
+
+    fn expire_offsets(self: &Arc<Self>, active: &[Arc<ShardLog>], now_ms: i64, syncer: &Syncer) {
+        let expired = {
+            let groups = self.groups.lock();
+            let offsets = self.offsets.lock();
+            let mut idle_since = self.idle_since_ms.lock();
+            let expired = offsets.expired(now_ms, self.settings.retention_ms, |group_id| {
+                let has_members = groups.classic.get(group_id).is_some_and(|g| !g.is_idle())
+                    || groups.consumer.get(group_id).is_some_and(|g| !g.is_empty());
+                if has_members {
+                    idle_since.insert(group_id.to_string(), now_ms);
+                    return None;
+                }
+                Some(idle_since.get(group_id).copied().unwrap_or(i64::MIN))
+            });
+            idle_since.retain(|group_id, _| offsets.has_group(group_id));
+            expired
+        };
+        for (group_id, keys) in expired {
+            let Ok(shard) = self.serving(&group_id) else { continue };
+            if !active.iter().any(|s| Arc::ptr_eq(s, &shard)) {
+                continue;
+            }
+            tracing::info!(group = %group_id, offsets = keys.len(), "expiring committed offsets (retention)");
+            let records = keys
+                .into_iter()
+                .map(|(topic, partition)| OffsetRecord::Delete { group: group_id.clone(), topic, partition })
+                .collect();
+            match self.write(&shard, &group_id, records, syncer) {
+                Ok(write) => {
+                    tokio::spawn(async move {
+                        if let Err(error) = write.await {
+                            tracing::warn!(%error, "offsets expiry write failed");
+                        }
+                    });
+                }
+                Err(error) => tracing::warn!(%error, "offsets expiry write refused"),
+            }
+        }
+    }
+
+    /// Writes a compaction snapshot of `shard` when enough was appended since the last.
+    fn maybe_snapshot(self: &Arc<Self>, shard: &Arc<ShardLog>, syncer: &Syncer) {
+        let count = self.shards.read().partition_count;
+        let mut writes = shard.writes.lock();
+        if writes.snapshot_in_flight || writes.bytes_since_snapshot < self.settings.snapshot_interval_bytes {
+            return;
+        }
+        // Newest value per key: the durable table, overridden by newer pending writes.
+        let mut live: BTreeMap<(String, String, i32), (Option<CommittedOffset>, i64)> = self
+            .offsets
+            .lock()
+            .live_offsets(|group_id| partition_for(group_id, count) == shard.partition)
+            .into_iter()
+            .map(|(key, value, log_offset)| (key, (Some(value), log_offset)))
+            .collect();
+        for (base_offset, (_, records)) in &writes.pending {
+            for (index, record) in records.iter().enumerate() {
+                let log_offset = base_offset + index as i64;
+                let (key, value) = match record.clone() {
+                    OffsetRecord::Commit { group, topic, partition, value } => ((group, topic, partition), Some(value)),
+                    OffsetRecord::Delete { group, topic, partition } => ((group, topic, partition), None),
+                };
+                if live.get(&key).is_none_or(|(_, known)| *known < log_offset) {
+                    live.insert(key, (value, log_offset));
+                }
+            }
+        }
+        let records: Vec<OffsetRecord> = live
+            .into_iter()
+            .filter_map(|((group, topic, partition), (value, _))| {
+                value.map(|value| OffsetRecord::Commit { group, topic, partition, value })
+            })
+            .collect();
+        let mut start = shard.log.partition().offsets().log_end_offset;
+        let mut end = start;
+        for (index, batch) in records.chunks(SNAPSHOT_RECORDS_PER_BATCH).enumerate() {
+            match shard.log.append(batch, syncer) {
+                Ok(pending) => {
+                    if index == 0 {
+                        start = pending.base_offset();
+                    }
+                    end = pending.visible_at();
+                }
+                Err(error) => {
+                    tracing::warn!(partition = shard.partition, %error, "offsets snapshot append failed");
+                    return;
+                }
+            }
+        }
+        writes.bytes_since_snapshot = 0;
+        writes.snapshot_in_flight = true;
+        drop(writes);
+        tracing::info!(partition = shard.partition, records = records.len(), start, "offsets snapshot written");
+        let shard = shard.clone();
+        tokio::spawn(async move {
+            let timeout = Duration::from_millis(OFFSETS_WRITE_TIMEOUT_MS);
+            if shard.log.wait_durable(end, timeout).await.is_ok() {
+                match shard.log.partition().delete_records_before(start) {
+                    Ok(log_start) => tracing::info!(partition = shard.partition, log_start, "offsets log compacted"),
+                    Err(error) => tracing::warn!(partition = shard.partition, %error, "offsets log start not moved"),
+                }
+            }
+            shard.writes.lock().snapshot_in_flight = false;
+        });
+    }
+}
+
+/// Applies durable `records` (the first at `base_offset`) of `group_id` to the table.
+fn apply(offsets: &mut OffsetTable, group_id: &str, records: Vec<OffsetRecord>, base_offset: i64) {
+    for (index, record) in records.into_iter().enumerate() {
+        let log_offset = base_offset + index as i64;
+        match record {
+            OffsetRecord::Commit { group, topic, partition, value } => {
+                debug_assert_eq!(group, group_id);
+                offsets.apply_commit(&group, &topic, partition, value, log_offset)
+            }
+            OffsetRecord::Delete { group, topic, partition } => {
+                offsets.apply_delete(&group, &topic, partition, log_offset)
+            }
+        }
+    }
+}
+
+/// The offsets table a replay of `records` gives.
+pub(crate) fn table_from(records: Vec<(i64, OffsetRecord)>) -> OffsetTable {
+    let mut table = OffsetTable::default();
+    for (log_offset, record) in records {
+        match record {
+            OffsetRecord::Commit { group, topic, partition, value } => {
+                table.apply_commit(&group, &topic, partition, value, log_offset)
+            }
+            OffsetRecord::Delete { group, topic, partition } => {
+                table.apply_delete(&group, &topic, partition, log_offset)
+            }
+        }
+    }
+    table.forget_tombstones();
+    table
+}
