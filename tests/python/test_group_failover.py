@@ -268,7 +268,7 @@ def test_compacted_offsets_partition_replicates_and_fails_over(tmp_path):
             lambda: all(log_start(n) > 0 for n in cluster.nodes.values())
             and len(cluster.partition_state("__consumer_offsets", partition)[2]) == 3,
         )
-        assert "behind the leader's log start" in cluster.nodes[lagging].log_path.read_text(errors="replace")
+        assert "before the leader's log start" in cluster.nodes[lagging].log_path.read_text(errors="replace")
 
         cluster.nodes[leader].kill()
         survivors = AdminClient({"bootstrap.servers": ",".join(
