@@ -23,6 +23,7 @@ API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+FIND_COORDINATOR = 10
 
 # Error codes
 NONE = 0
@@ -543,8 +544,22 @@ class Conn:
         r.i32()
         return r.i16(), r.i64(), r.i16()
 
+    def find_coordinator(self, group: str) -> tuple[int, int]:
+        """FindCoordinator v1 for a group: (error_code, node id)."""
+        r = self.request(FIND_COORDINATOR, 1, Writer(False).string(group).i8(0).getvalue())
+        r.i32()
+        error = r.i16()
+        r.string()
+        return error, r.i32()
+
     def metadata(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
         """Returns {topic: (error_code, [partition ids])}."""
+        detail = self.metadata_detail(topics, allow_auto_create, version)
+        return {name: (err, sorted(parts)) for name, (err, parts, _) in detail.items()}
+
+    def metadata_detail(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
+        """Returns {topic: (error_code, {partition: (leader, replicas, isr)}, is_internal)} as this
+        one broker sees it."""
         v = version if version is not None else self.pick(METADATA, [4, 5, 6, 7, 8, 1])
         r = self.request(METADATA, v, metadata_body(v, topics, allow_auto_create))
         return parse_metadata_response(r, v)
@@ -778,29 +793,27 @@ def parse_metadata_response(r: Reader, v: int):
         r.i32()
 
     def part(rr: Reader):
-        _err, idx = rr.i16(), rr.i32()
-        rr.i32()
+        _err, idx, leader = rr.i16(), rr.i32(), rr.i32()
         if v >= 7:
             rr.i32()
-        rr.array(lambda x: x.i32())
-        rr.array(lambda x: x.i32())
+        replicas = rr.array(lambda x: x.i32())
+        isr = rr.array(lambda x: x.i32())
         if v >= 5:
             rr.array(lambda x: x.i32())
         rr.tags()
-        return idx
+        return idx, (leader, replicas, isr)
 
     def topic(rr: Reader):
         err = rr.i16()
         name = rr.string()
         if v >= 10:
             rr._take(16)
-        if v >= 1:
-            rr.boolean()
-        parts = rr.array(part)
+        internal = rr.boolean() if v >= 1 else False
+        parts = dict(rr.array(part))
         if v >= 8:
             rr.i32()
         rr.tags()
-        return name, (err, sorted(parts))
+        return name, (err, parts, internal)
 
     return dict(r.array(topic))
 

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import kafka_wire as kw
 from conftest import Broker, free_port
 
 NODES = 3
@@ -58,6 +59,13 @@ class Cluster:
         p = md.topics[topic].partitions[partition]
         return p.leader, list(p.replicas), list(p.isrs)
 
+    def partition_states_at(self, node_id, topic):
+        """{partition: (leader, replicas, isr)} as node `node_id` itself answers Metadata
+        (librdkafka would ask whichever broker it likes)."""
+        with kw.Conn.to(self.nodes[node_id].bootstrap) as conn:
+            error, partitions, _ = conn.metadata_detail([topic])[topic]
+        return partitions if error == 0 else {}
+
     def wait_for(self, what, predicate, timeout=30.0):
         deadline = time.monotonic() + timeout
         last = None
@@ -93,12 +101,13 @@ def create_topic(cluster, name, partitions, config=None):
         return True
 
     cluster.wait_for("topic creation", created, timeout=60)
-    cluster.wait_for(
-        "all leaders and full ISRs",
-        lambda: all(
-            (s := cluster.partition_state(name, p))[0] > 0 and len(s[2]) == 3 for p in range(partitions)
-        ),
-    )
+
+    def settled_at(node_id):
+        states = cluster.partition_states_at(node_id, name)
+        return len(states) == partitions and all(leader > 0 and len(isr) == 3 for leader, _, isr in states.values())
+
+    # Every node, not just one: each applies the controller's metadata on its own.
+    cluster.wait_for("all leaders and full ISRs on every node", lambda: all(settled_at(n) for n in cluster.nodes))
 
 
 def test_replicas_spread_and_metadata_lists_every_node(cluster):

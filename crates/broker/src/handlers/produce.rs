@@ -86,34 +86,49 @@ pub(super) fn append(
         if acks == 0 {
             return None;
         }
+        // One deadline for the whole request, as Kafka's `timeout_ms` means.
+        let deadline = tokio::time::Instant::now() + timeout;
         for ack in pending {
-            let at = ack.visible_at;
-            let reached = match ack.until {
-                AckWhen::Visible(mut visible) => {
-                    let wait = visible.wait_for(|v| v.high_watermark >= at || v.failed);
-                    tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok_and(|v| v.high_watermark >= at))
-                }
-                AckWhen::LocallyDurable(mut progress) => {
-                    let wait = progress.wait_for(|p| p.local_end >= at);
-                    tokio::time::timeout(timeout, wait).await.map(|r| r.is_ok())
-                }
-            };
-            let still_leading = |(replica, epoch): &(Arc<Replica>, i32)| replica.leader_epoch() == Some(*epoch);
-            let error = match reached {
-                Ok(true) if !ack.appended_as.as_ref().is_none_or(still_leading) => {
-                    Some(ResponseError::NotLeaderOrFollower)
-                }
-                Ok(true) => None,
-                Ok(false) => Some(ResponseError::KafkaStorageError),
+            let (topic_index, partition_index) = (ack.topic_index, ack.partition_index);
+            let error = match tokio::time::timeout_at(deadline, ack.settle()).await {
+                Ok(outcome) => outcome.err(),
                 Err(_) => Some(ResponseError::RequestTimedOut),
             };
             if let Some(error) = error {
-                let partition = &mut response.responses[ack.topic_index].partition_responses[ack.partition_index];
+                let partition = &mut response.responses[topic_index].partition_responses[partition_index];
                 partition.error_code = error.code();
                 partition.base_offset = -1;
             }
         }
         Some(response)
+    }
+}
+
+impl PendingAck {
+    /// Waits until the batch is as durable as promised; the error to answer if it cannot be.
+    async fn settle(self) -> Result<(), ResponseError> {
+        let at = self.visible_at;
+        let reached = match self.until {
+            AckWhen::Visible(mut visible) => {
+                let visible = visible.wait_for(|v| v.high_watermark >= at || v.failed);
+                match &self.appended_as {
+                    None => visible.await.is_ok_and(|v| v.high_watermark >= at),
+                    Some((replica, epoch)) => tokio::select! {
+                        biased;
+                        v = visible => v.is_ok_and(|v| v.high_watermark >= at),
+                        () = replica.leadership_lost(*epoch) => return Err(ResponseError::NotLeaderOrFollower),
+                    },
+                }
+            }
+            AckWhen::LocallyDurable(mut progress) => progress.wait_for(|p| p.local_end >= at).await.is_ok(),
+        };
+        if !reached {
+            return Err(ResponseError::KafkaStorageError);
+        }
+        match &self.appended_as {
+            Some((replica, epoch)) if replica.leader_epoch() != Some(*epoch) => Err(ResponseError::NotLeaderOrFollower),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -196,6 +196,22 @@ impl Replica {
         }
     }
 
+    /// Resolves once this node no longer leads at `epoch`: a new epoch, a follower, or the
+    /// partition moved away. Writes waiting for their acknowledgement race this, so a
+    /// deposed leader answers NOT_LEADER_OR_FOLLOWER at once instead of at the timeout.
+    pub async fn leadership_lost(&self, epoch: i32) {
+        loop {
+            let changed = self.role_changed.notified();
+            tokio::pin!(changed);
+            // Registered before the check, so a change in between still wakes us.
+            changed.as_mut().enable();
+            if self.leader_epoch() != Some(epoch) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Checks that a client request may be served by this node as leader.
     pub fn check_leader(&self, client_epoch: i32) -> Result<i32, NotServed> {
         let Some(epoch) = self.leader_epoch() else { return Err(NotServed::NotLeader) };
