@@ -50,6 +50,9 @@ pub const SESSION_TIMEOUT_MS_DEFAULT: u64 = 1_500;
 pub const ELECTION_TIMEOUT_MIN_MS_DEFAULT: u64 = 300;
 /// Default raft election timeout range.
 pub const ELECTION_TIMEOUT_MAX_MS_DEFAULT: u64 = 600;
+/// How many maximal election timeouts a voter waits per lower-ranked voter before it
+/// bootstraps an empty cluster itself.
+const BOOTSTRAP_STAGGER_ELECTION_TIMEOUTS: u64 = 2;
 /// Default period of the automatic preferred leader election.
 pub const LEADER_REBALANCE_INTERVAL_MS_DEFAULT: u64 = 30_000;
 /// Default deadline of a write, forwarding and retries included.
@@ -229,8 +232,7 @@ impl Liveness {
 
 impl Controller {
     /// Opens `<data_dir>/controller/`, starts raft and the RPC server, and bootstraps the
-    /// cluster with all voters when the log is empty (safe on all nodes at once: they all
-    /// write the same initial membership).
+    /// cluster with all voters when the log is empty (see [`Controller::bootstrap`]).
     pub async fn start(config: ControllerConfig) -> Result<Arc<Controller>, ControllerError> {
         config.validate()?;
         let dir = config.data_dir.join("controller");
@@ -263,24 +265,11 @@ impl Controller {
             tokio::spawn(rpc::serve(listener, handler)),
             tokio::spawn(shared.clone().send_heartbeats()),
             tokio::spawn(shared.clone().lead()),
+            tokio::spawn(shared.clone().bootstrap()),
         ];
         let controller = Arc::new(Controller { shared, tasks: Mutex::new(tasks) });
-        controller.bootstrap().await?;
         tracing::info!(node_id = controller.shared.config.node_id, "controller started");
         Ok(controller)
-    }
-
-    async fn bootstrap(&self) -> Result<(), ControllerError> {
-        let raft = &self.shared.raft;
-        if raft.is_initialized().await.map_err(|error| ControllerError::Raft(error.to_string()))? {
-            return Ok(());
-        }
-        let members: BTreeMap<u64, BasicNode> =
-            self.shared.config.voters.iter().map(|(&id, address)| (raft_id(id), BasicNode::new(address))).collect();
-        match raft.initialize(members).await {
-            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
-            Err(error) => Err(ControllerError::Raft(error.to_string())),
-        }
     }
 
     /// This node's applied metadata; a new value is published after every applied batch.
@@ -479,6 +468,34 @@ fn unexpected(output: CommandOutput) -> ControllerError {
 }
 
 impl Shared {
+    /// Writes the initial membership when the log is empty. Any voter may (they all write
+    /// the same one), but voters initializing at once each start an election in term 1 and
+    /// the higher node id deposes a leader already elected, costing a second. So the voter
+    /// of rank r waits r x [`BOOTSTRAP_STAGGER_ELECTION_TIMEOUTS`] election timeouts and
+    /// skips it if a lower voter's leader has reached it meanwhile.
+    async fn bootstrap(self: Arc<Self>) {
+        if let Err(error) = self.try_bootstrap().await {
+            tracing::error!(%error, "controller bootstrap failed");
+        }
+    }
+
+    async fn try_bootstrap(&self) -> Result<(), ControllerError> {
+        let raft = &self.raft;
+        let config = &self.config;
+        let rank = config.voters.keys().filter(|&&id| id < config.node_id).count() as u64;
+        let stagger = Duration::from_millis(config.election_timeout_max_ms * BOOTSTRAP_STAGGER_ELECTION_TIMEOUTS);
+        tokio::time::sleep(stagger * rank as u32).await;
+        if raft.is_initialized().await.map_err(|error| ControllerError::Raft(error.to_string()))? {
+            return Ok(());
+        }
+        let members: BTreeMap<u64, BasicNode> =
+            self.config.voters.iter().map(|(&id, address)| (raft_id(id), BasicNode::new(address))).collect();
+        match raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(error) => Err(ControllerError::Raft(error.to_string())),
+        }
+    }
+
     fn active_controller(&self) -> Option<i32> {
         self.raft.metrics().borrow().current_leader.map(node_id)
     }

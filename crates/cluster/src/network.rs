@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
@@ -19,6 +20,12 @@ use crate::rpc::{PeerClient, Request, Response, RpcError};
 use crate::types::TypeConfig;
 
 type NodeId = u64;
+
+/// Pause between replication attempts to an unreachable voter (openraft's default is
+/// 500 ms). A restarted voter must hear the leader before its first election timeout
+/// (300 ms at least); one that does not starts an election with a higher term and
+/// deposes the leader, which costs the cluster another election.
+const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(100);
 type RaftRpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 /// The clients of all peers, by address.
@@ -85,6 +92,10 @@ fn mismatched<E: std::error::Error>(response: &Response) -> RaftRpcError<E> {
 }
 
 impl RaftNetwork<TypeConfig> for PeerNetwork {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

@@ -142,6 +142,8 @@ fn topic_metadata(broker: &Broker, topic: &TopicMeta) -> MetadataResponseTopic {
     let mut response = MetadataResponseTopic::default();
     response.name = Some(TopicName(str_bytes(&topic.name)));
     response.topic_id = topic.id;
+    // Clients skip internal topics in pattern subscriptions and listings (Kafka's rule).
+    response.is_internal = topic.name == crate::group::OFFSETS_TOPIC;
     if let Some(cluster) = &broker.cluster {
         let metadata = cluster.metadata();
         let Some(info) = metadata.topics.get(&topic.name) else {

@@ -575,3 +575,61 @@ impl ReplicaManager {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    struct NoIsrChanges;
+
+    impl IsrChanges for NoIsrChanges {
+        fn alter_isr(
+            &self,
+            _topic: String,
+            _partition: i32,
+            _leader_epoch: i32,
+            _partition_epoch: i32,
+            _isr: Vec<i32>,
+        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+            Box::pin(async { Err("not in this test".to_string()) })
+        }
+    }
+
+    fn assignment(leader: i32, leader_epoch: i32) -> Assignment {
+        Assignment { replicas: vec![1, 2], leader, leader_epoch, isr: vec![1, 2], partition_epoch: leader_epoch }
+    }
+
+    /// A write waiting under epoch 1 learns at once that the leadership is gone: when the
+    /// partition gets a new leader, and when it moves away from this node altogether.
+    #[tokio::test]
+    async fn leadership_lost_fires_on_a_new_leader_and_on_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let manager = ReplicaManager::new(1, Arc::new(NoIsrChanges), 10_000);
+        let config = ReplicationConfig {
+            level: DurabilityLevel::ReplicatedFsynced,
+            min_insync_replicas: 1,
+            log: LogConfig::default(),
+        };
+        let within = Duration::from_secs(5);
+        for moved_away in [false, true] {
+            manager.apply(&logs, "t", 0, &assignment(1, 1), &config).unwrap();
+            let replica = manager.get("t", 0).unwrap();
+            let lost = tokio::spawn({
+                let replica = replica.clone();
+                async move { replica.leadership_lost(1).await }
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!lost.is_finished(), "still leading at epoch 1");
+            if moved_away {
+                manager.remove(&logs, "t", 0).unwrap();
+            } else {
+                manager.apply(&logs, "t", 0, &assignment(2, 2), &config).unwrap();
+            }
+            tokio::time::timeout(within, lost).await.expect("woken at once").unwrap();
+            manager.remove(&logs, "t", 0).unwrap();
+        }
+    }
+}
