@@ -24,6 +24,7 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 FIND_COORDINATOR = 10
+INCREMENTAL_ALTER_CONFIGS = 44
 
 # Error codes
 NONE = 0
@@ -551,6 +552,19 @@ class Conn:
         error = r.i16()
         r.string()
         return error, r.i32()
+
+    def set_topic_configs(self, topic: str, configs: dict[str, str]) -> tuple[int, str | None]:
+        """IncrementalAlterConfigs v0, SET of every entry on one topic: (error_code, message)."""
+        TOPIC_RESOURCE, SET = 2, 0
+
+        def entry(w, item):
+            w.string(item[0]).i8(SET).string(item[1])
+
+        w = Writer(False).array([topic], lambda w, t: w.i8(TOPIC_RESOURCE).string(t).array(list(configs.items()), entry))
+        r = self.request(INCREMENTAL_ALTER_CONFIGS, 0, w.boolean(False).getvalue())
+        r.i32()
+        ((error, message),) = r.array(lambda rr: (rr.i16(), rr.string(), rr.i8(), rr.string())[:2])
+        return error, message
 
     def metadata(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
         """Returns {topic: (error_code, [partition ids])}."""

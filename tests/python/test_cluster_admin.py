@@ -4,13 +4,14 @@ controller and take effect on every node; a reassignment copies a partition to i
 replica while an idempotent producer writes with acks=all, then drops the old replica.
 """
 
+import shutil
 import signal
 import threading
 import time
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
-                                   ResourceType)
+                                   NewTopic, ResourceType)
 
 import kafka_wire as kw
 from java_support import tools_cp  # noqa: F401  (a fixture)
@@ -67,6 +68,58 @@ def test_delete_topic_everywhere_then_recreate(cluster):
     assert all(len(dirs) == 2 for dirs in partition_dirs(cluster, "doomed").values())
 
 
+def test_logs_of_topics_deleted_while_a_node_was_down_are_not_kept_or_reused(cluster):
+    """A node down while its topics are deleted (one of them created again under the same
+    name) deletes their logs when it returns, and a replica of the new topic placed on it
+    starts from the new topic's data, not the old log of the same name."""
+    create_topic(cluster, "gone", 2)
+    create_topic(cluster, "reborn", 1)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(20):
+        producer.produce("gone", key=f"old{i}", value=b"v", partition=i % 2)
+        producer.produce("reborn", key=f"old{i}", value=b"v")
+    assert producer.flush(30) == 0
+    down = 3
+    others = [i for i in cluster.nodes if i != down]
+    cluster.nodes[down].kill()
+    survivors = AdminClient({"bootstrap.servers": ",".join(cluster.nodes[i].bootstrap for i in others)})
+    cluster.wait_for(f"node {down} fenced", lambda: down not in survivors.list_topics(timeout=5).brokers)
+    for future in survivors.delete_topics(["gone", "reborn"]).values():
+        future.result(timeout=30)
+    created = survivors.create_topics([NewTopic("reborn", num_partitions=1, replication_factor=2)])
+    created["reborn"].result(timeout=30)
+    producer = Producer({"bootstrap.servers": cluster.nodes[others[0]].bootstrap, "acks": "all"})
+    for i in range(5):
+        producer.produce("reborn", key=f"new{i}", value=b"v")
+    assert producer.flush(30) == 0
+    assert partition_dirs(cluster, "gone")[down] == ["gone-0", "gone-1"]
+    assert partition_dirs(cluster, "reborn")[down] == ["reborn-0"]
+    # A replica log of a partition the metadata no longer mentions at all (as one created
+    # just before the crash, whose creation the node's replayed metadata does not reach),
+    # and a directory no replica ever marked (a single-node data dir): only the first goes.
+    logs = cluster.nodes[down].data_dir / "logs"
+    shutil.copytree(logs / "gone-0", logs / "phantom-0")
+    (logs / "legacy-0").mkdir()
+    (logs / "legacy-0" / "00000000000000000000.log").write_bytes(b"")
+
+    cluster.nodes[down].start()
+    cluster.wait_for(
+        "the returned node deleted the old logs",
+        lambda: not partition_dirs(cluster, "gone")[down] and not partition_dirs(cluster, "reborn")[down]
+        and not partition_dirs(cluster, "phantom")[down],
+    )
+    assert partition_dirs(cluster, "legacy")[down] == ["legacy-0"]
+    # Move the new topic's only replica onto the returned node: it then serves exactly the
+    # new topic's records.
+    bootstrap = cluster.nodes[others[0]].bootstrap
+    cluster.wait_for("all brokers back", lambda: len(cluster.admin().list_topics(timeout=5).brokers) == 3)
+    assert alter_reassignment(bootstrap, "reborn", 0, [down])[:2] == (0, 0)
+    cluster.wait_for("moved", lambda: not list_reassignments(bootstrap)
+                     and cluster.partition_state("reborn", 0)[:2] == (down, [down]))
+    seen = consume_all(cluster.bootstrap, "reborn", 1, 5, timeout=30)
+    assert [k for _, _, k in seen] == [f"new{i}" for i in range(5)]
+
+
 def test_add_partitions_and_alter_configs_on_every_node(cluster):
     create_topic(cluster, "growing", 2)
     admin = cluster.admin()
@@ -108,6 +161,44 @@ def test_add_partitions_and_alter_configs_on_every_node(cluster):
         raise AssertionError("an invalid value was accepted")
     except KafkaException as error:
         assert error.args[0].code() == 40, error  # INVALID_CONFIG
+
+
+def test_concurrent_config_changes_on_different_nodes_all_apply(cluster):
+    """IncrementalAlterConfigs of different keys sent to different nodes at the same moment:
+    none is lost (each node computes the new overrides from its own metadata, so the
+    controller applies them as compare-and-set)."""
+    create_topic(cluster, "configured", 1)
+    keys = ["retention.ms", "retention.bytes", "segment.ms", "segment.bytes", "flush.ms", "flush.messages",
+            "max.message.bytes"]
+    node_ids = sorted(cluster.nodes)
+    for round_ in range(3):
+        values = {key: str(2_000_000 + 1000 * round_ + i) for i, key in enumerate(keys)}
+        start = threading.Barrier(len(keys))
+        answers = {}
+
+        def alter(i, key):
+            node = cluster.nodes[node_ids[i % len(node_ids)]]
+            with kw.Conn.to(node.bootstrap, timeout=40) as conn:
+                start.wait()
+                answers[key] = conn.set_topic_configs("configured", {key: values[key]})
+
+        threads = [threading.Thread(target=alter, args=(i, key)) for i, key in enumerate(keys)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert answers == {key: (0, None) for key in keys}, answers
+
+        def described_by(node):
+            node_admin = AdminClient({"bootstrap.servers": node.bootstrap})  # kept alive until the result
+            described = node_admin.describe_configs([ConfigResource(ResourceType.TOPIC, "configured")])
+            configs = list(described.values())[0].result(timeout=30)
+            return {key: configs[key].value for key in keys + ["min.insync.replicas"]}
+
+        expected = {**values, "min.insync.replicas": "2"}
+        for node in cluster.nodes.values():
+            cluster.wait_for(f"round {round_} configs at node {node.port}", lambda: described_by(node) == expected,
+                             timeout=10)
 
 
 def alter_reassignment(bootstrap, topic, partition, replicas):
@@ -250,8 +341,6 @@ def test_kafka_reassign_partitions_tool_moves_a_replica(cluster, tools_cp, tmp_p
     from java_support import run_java
 
     admin = cluster.admin()
-    from confluent_kafka.admin import NewTopic
-
     admin.create_topics([NewTopic("tooled", num_partitions=1, replication_factor=1)])["tooled"].result(timeout=30)
     cluster.wait_for("a leader", lambda: cluster.partition_state("tooled", 0)[0] > 0)
     (source,) = cluster.partition_state("tooled", 0)[1]
@@ -287,8 +376,6 @@ def test_kafka_reassign_partitions_tool_moves_a_replica(cluster, tools_cp, tmp_p
 def test_new_replica_starts_at_the_leaders_log_start(cluster):
     """A partition whose head was deleted (DeleteRecords) moves to a new node: its follower's
     first fetch (offset 0) is out of range, so it restarts at the leader's log start."""
-    from confluent_kafka.admin import NewTopic
-
     admin = cluster.admin()
     admin.create_topics([NewTopic("trimmed", num_partitions=1, replication_factor=1)])["trimmed"].result(timeout=30)
     cluster.wait_for("a leader", lambda: cluster.partition_state("trimmed", 0)[0] > 0)

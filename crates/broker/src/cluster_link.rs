@@ -9,12 +9,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, NO_LEADER};
-use sluice_storage::TopicPartition;
+use sluice_cluster::{BrokerInfo, ClusterMetadata, Controller, ControllerConfig, NO_LEADER};
+use sluice_storage::{LogManager, TopicPartition};
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -31,6 +32,9 @@ pub struct ClusterLink {
     /// The topic id each hosted topic had when last applied: a topic deleted and created
     /// again under the same name between two applies gets fresh, empty logs.
     applied_topic_ids: Mutex<HashMap<String, Uuid>>,
+    /// Set once the logs left on disk by partitions deleted or moved away while this node
+    /// was down are removed (at the first apply that includes this process's registration).
+    strays_removed: AtomicBool,
 }
 
 impl Default for ClusterLink {
@@ -39,6 +43,7 @@ impl Default for ClusterLink {
             controller: OnceLock::new(),
             applied_version: watch::channel(0).0,
             applied_topic_ids: Mutex::new(HashMap::new()),
+            strays_removed: AtomicBool::new(false),
         }
     }
 }
@@ -160,8 +165,13 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             .collect(),
     );
     remove_recreated_topics(broker, metadata)?;
+    // Partition roles wait for this process's own registration: only metadata that
+    // includes it is known to be current (what is replayed from disk at start may lag what
+    // the node applied before it stopped), so only then does "not assigned here" mean
+    // deleted or moved away rather than "not applied yet".
+    let Some(registration) = own_registration(broker, metadata) else { return Ok(()) };
+    let registered = !registration.fenced;
     let defaults = &broker.config().topic_defaults;
-    let registered = registered_incarnation(broker, metadata);
     let mut hosted = HashSet::new();
     for (name, topic) in &metadata.topics {
         let config = defaults.replication_config(&topic.configs);
@@ -169,11 +179,12 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             if !partition.replicas.contains(&me) {
                 continue;
             }
-            // Until this process's own registration is applied, a leadership naming this
-            // node belongs to the previous incarnation (metadata replayed from disk at start).
-            // Registering fences that incarnation, so its leaderships move on with a new
-            // epoch; leading at the old epoch meanwhile would serve the previous process's
-            // unreplicated tail as committed (its high watermark after recovery is its log end).
+            let tp = TopicPartition::new(name.clone(), index as i32);
+            let unmarked = replicas.get(name, tp.partition).is_none() && claim_dir(&broker.logs, &tp, topic.topic_id)?;
+            // A leadership naming this node while it is fenced belongs to a previous
+            // incarnation or is being taken away; leading at that epoch would serve the
+            // previous process's unreplicated tail as committed (its high watermark after
+            // recovery is its log end).
             let leader = if partition.leader == me && !registered { NO_LEADER } else { partition.leader };
             let assignment = Assignment {
                 replicas: partition.replicas.clone(),
@@ -182,8 +193,11 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
                 isr: partition.isr.clone(),
                 partition_epoch: partition.partition_epoch,
             };
-            replicas.apply(&broker.logs, name, index as i32, &assignment, &config)?;
-            hosted.insert(TopicPartition::new(name.clone(), index as i32));
+            replicas.apply(&broker.logs, name, tp.partition, &assignment, &config)?;
+            if unmarked {
+                mark_dir(&broker.logs, &tp, topic.topic_id)?;
+            }
+            hosted.insert(tp);
         }
     }
     follow_offsets_leadership(broker, replicas, metadata);
@@ -193,7 +207,52 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
             replicas.remove(&broker.logs, &tp.topic, tp.partition)?;
         }
     }
+    let link = broker.cluster.as_ref().expect("cluster mode");
+    if !link.strays_removed.swap(true, Ordering::AcqRel) {
+        // Only directories a replica marked: anything else (a single-node data dir started
+        // in cluster mode) is not known to be garbage.
+        for dir in broker.logs.unopened_dirs()? {
+            if dir.join(TOPIC_ID_FILE).exists() {
+                tracing::info!(dir = %dir.display(), "deleting the log of a partition deleted or moved away while down");
+                std::fs::remove_dir_all(&dir)?;
+            } else {
+                tracing::warn!(dir = %dir.display(), "keeping a directory no replica claims (not created in cluster mode)");
+            }
+        }
+    }
     Ok(())
+}
+
+/// The file in a partition's directory naming the topic id its log belongs to (Kafka's
+/// `partition.metadata`).
+const TOPIC_ID_FILE: &str = "topic-id";
+
+/// Before a replica's log is opened: a directory left by another topic of the same name
+/// (deleted and created again while this node was down) is deleted, never read as this one.
+/// Returns whether the directory still needs its marker. A marker that does not parse (a
+/// crash right after it was created) proves nothing and is written again.
+fn claim_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io::Result<bool> {
+    let dir = logs.dir_of(tp);
+    let owner = match std::fs::read_to_string(dir.join(TOPIC_ID_FILE)) {
+        Ok(text) => Uuid::parse_str(text.trim()).ok(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => return Err(error),
+    };
+    match owner {
+        Some(owner) if owner == topic_id => Ok(false),
+        Some(_) => {
+            tracing::info!(topic = %tp.topic, partition = tp.partition, "log belongs to a deleted topic of the same name; deleting");
+            std::fs::remove_dir_all(&dir)?;
+            Ok(true)
+        }
+        None => Ok(true),
+    }
+}
+
+/// After a replica's log is opened: records which topic it belongs to. Not fsynced (one
+/// per partition at creation adds up); the next sync round or clean shutdown persists it.
+fn mark_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io::Result<()> {
+    sluice_storage::write_file_unsynced(&logs.dir_of(tp).join(TOPIC_ID_FILE), topic_id.to_string().as_bytes())
 }
 
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node
@@ -224,11 +283,10 @@ fn remove_recreated_topics(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> 
     Ok(())
 }
 
-/// Whether the metadata holds this process's own registration, unfenced.
-fn registered_incarnation(broker: &Broker, metadata: &ClusterMetadata) -> bool {
-    let Some(controller) = broker.cluster.as_ref().and_then(|link| link.controller()) else { return false };
-    let me = metadata.brokers.get(&broker.node_id());
-    me.is_some_and(|info| !info.fenced && info.incarnation == controller.incarnation())
+/// This process's own registration (its incarnation), fenced or not, once applied.
+fn own_registration<'a>(broker: &Broker, metadata: &'a ClusterMetadata) -> Option<&'a BrokerInfo> {
+    let controller = broker.cluster.as_ref()?.controller()?;
+    metadata.brokers.get(&broker.node_id()).filter(|info| info.incarnation == controller.incarnation())
 }
 
 /// How often the active controller moves leadership back to preferred replicas.

@@ -343,13 +343,15 @@ impl Controller {
         self.write(command).await.map(drop)
     }
 
-    /// Replaces a topic's config overrides with `configs`.
+    /// Replaces a topic's config overrides with `configs`; with `expected`, only if they
+    /// still are `expected` (else [`crate::MetadataError::ConfigsChanged`]).
     pub async fn alter_topic_configs(
         &self,
         name: &str,
         configs: BTreeMap<String, String>,
+        expected: Option<BTreeMap<String, String>>,
     ) -> Result<(), ControllerError> {
-        self.write(Command::AlterTopicConfigs { name: name.to_string(), configs }).await.map(drop)
+        self.write(Command::AlterTopicConfigs { name: name.to_string(), configs, expected }).await.map(drop)
     }
 
     /// Kafka's AlterPartition, sent by this node as the partition's leader.

@@ -55,7 +55,7 @@ impl MetadataError {
             Self::InvalidReplicationFactor(_) => 38,
             Self::InvalidReplicaAssignment(_) | Self::UnknownBroker(_) => 39,
             Self::StaleEpoch { .. } => 74,
-            Self::InvalidUpdateVersion { .. } => 95,
+            Self::InvalidUpdateVersion { .. } | Self::ConfigsChanged(_) => 95,
             Self::NotLeader { .. } => 6,
             Self::IneligibleReplica(_) => 107,
             Self::NoReassignmentInProgress { .. } => 85,

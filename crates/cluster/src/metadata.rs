@@ -171,6 +171,11 @@ pub enum Command {
         name: String,
         /// The new overrides (all of them).
         configs: BTreeMap<String, String>,
+        /// Compare-and-set: the overrides the change was computed from. An incremental
+        /// change computed on a node whose metadata was behind is refused, not applied
+        /// over a concurrent one.
+        #[serde(default)]
+        expected: Option<BTreeMap<String, String>>,
     },
     /// Kafka's AlterPartition: the partition leader changes the ISR.
     AlterPartition {
@@ -290,6 +295,9 @@ pub enum MetadataError {
         /// Partition.
         partition: i32,
     },
+    /// A compare-and-set config change computed from overrides that changed meanwhile.
+    #[error("the configs of topic {0} changed concurrently")]
+    ConfigsChanged(String),
     /// A named limit would be exceeded.
     #[error("limit exceeded: {0}")]
     LimitExceeded(String),
@@ -326,7 +334,9 @@ impl ClusterMetadata {
             Command::CreatePartitions { name, total, placement_seed } => {
                 self.create_partitions(&name, total, placement_seed)
             }
-            Command::AlterTopicConfigs { name, configs } => self.alter_topic_configs(&name, configs),
+            Command::AlterTopicConfigs { name, configs, expected } => {
+                self.alter_topic_configs(&name, configs, expected)
+            }
             Command::AlterPartition { topic, partition, leader_id, leader_epoch, partition_epoch, new_isr } => {
                 self.alter_partition(&topic, partition, leader_id, leader_epoch, partition_epoch, new_isr)
             }
@@ -507,9 +517,17 @@ impl ClusterMetadata {
         Ok(CommandOutput::Topic(topic.clone()))
     }
 
-    fn alter_topic_configs(&mut self, name: &str, configs: BTreeMap<String, String>) -> CommandResult {
+    fn alter_topic_configs(
+        &mut self,
+        name: &str,
+        configs: BTreeMap<String, String>,
+        expected: Option<BTreeMap<String, String>>,
+    ) -> CommandResult {
         validate_configs(&configs)?;
         let topic = self.topics.get_mut(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))?;
+        if expected.is_some_and(|expected| expected != topic.configs) {
+            return Err(MetadataError::ConfigsChanged(name.to_string()));
+        }
         topic.configs = configs;
         Ok(CommandOutput::Topic(topic.clone()))
     }
@@ -894,11 +912,31 @@ mod tests {
     }
 
     #[test]
+    fn config_compare_and_set_refuses_a_change_computed_from_stale_overrides() {
+        let mut metadata = cluster(&[1, 2]);
+        with_partition(&mut metadata, &[1, 2], 1, &[1, 2]);
+        let set = |key: &str| BTreeMap::from([(key.to_string(), "1000".to_string())]);
+        let alter = |configs, expected| Command::AlterTopicConfigs { name: "t".into(), configs, expected };
+        // Two nodes both computed their change from the empty overrides: the second loses.
+        metadata.apply(alter(set("retention.ms"), Some(BTreeMap::new()))).unwrap();
+        let refused = metadata.apply(alter(set("segment.ms"), Some(BTreeMap::new()))).unwrap_err();
+        assert!(matches!(refused, MetadataError::ConfigsChanged(_)), "{refused:?}");
+        assert_eq!(metadata.topics["t"].configs, set("retention.ms"));
+        // Recomputed from the current overrides, it applies; a full replacement needs none.
+        let mut both = set("retention.ms");
+        both.extend(set("segment.ms"));
+        metadata.apply(alter(both.clone(), Some(set("retention.ms")))).unwrap();
+        assert_eq!(metadata.topics["t"].configs, both);
+        metadata.apply(alter(set("segment.ms"), None)).unwrap();
+        assert_eq!(metadata.topics["t"].configs, set("segment.ms"));
+    }
+
+    #[test]
     fn unclean_election_takes_any_unfenced_replica_when_allowed() {
         let mut metadata = cluster(&[1, 2]);
         with_partition(&mut metadata, &[1, 2], 1, &[1]);
         let configs = BTreeMap::from([(UNCLEAN_LEADER_ELECTION_CONFIG.to_string(), "true".to_string())]);
-        metadata.apply(Command::AlterTopicConfigs { name: "t".into(), configs }).unwrap();
+        metadata.apply(Command::AlterTopicConfigs { name: "t".into(), configs, expected: None }).unwrap();
         metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
         let partition = metadata.partition("t", 0).unwrap();
         assert_eq!((partition.leader, partition.isr.as_slice()), (2, &[2][..]));

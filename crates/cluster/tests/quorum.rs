@@ -174,7 +174,7 @@ async fn bootstrap_create_topic_and_forward_writes() {
 
     node.create_partitions("orders", 9).await.unwrap();
     let configs = BTreeMap::from([("retention.ms".to_string(), "1000".to_string())]);
-    node.alter_topic_configs("orders", configs.clone()).await.unwrap();
+    node.alter_topic_configs("orders", configs.clone(), None).await.unwrap();
     let orders = &cluster.metadata(follower).topics["orders"];
     assert_eq!((orders.partitions.len(), &orders.configs), (9, &configs));
     node.delete_topic("orders").await.unwrap();

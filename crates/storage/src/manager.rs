@@ -1,7 +1,7 @@
 //! The node's set of partition logs, keyed by topic and partition, and their upkeep
 //! (retention, page-cache flushes, clean shutdown).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,6 +96,26 @@ impl LogManager {
             std::fs::remove_dir_all(partition.dir())?;
         }
         Ok(())
+    }
+
+    /// Where a partition's directory is (or would be).
+    pub fn dir_of(&self, tp: &TopicPartition) -> PathBuf {
+        self.root.join(tp.dir_name())
+    }
+
+    /// Directories under the root that no open partition uses: once a cluster node has
+    /// opened every partition it hosts, the logs of partitions deleted or moved away while
+    /// it was down.
+    pub fn unopened_dirs(&self) -> io::Result<Vec<PathBuf>> {
+        let open: HashSet<std::ffi::OsString> = self.partitions.read().keys().map(|tp| tp.dir_name().into()).collect();
+        let mut unopened = Vec::new();
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() && !open.contains(&entry.file_name()) {
+                unopened.push(entry.path());
+            }
+        }
+        Ok(unopened)
     }
 
     pub fn partitions(&self) -> Vec<(TopicPartition, Arc<Partition>)> {

@@ -184,11 +184,14 @@ async fn outcome(
     validate_only: bool,
 ) -> (i16, Option<StrBytes>) {
     let name = name.as_str();
-    let applied = match new_overrides(broker, resource_type, name, changes, replace_all) {
-        Err(failure) => Err(failure),
-        Ok(_) if validate_only => Ok(()),
-        Ok(configs) if broker.cluster.is_some() => apply_in_cluster(broker, name, configs).await,
-        Ok(configs) => apply(broker, name, configs),
+    let applied = if broker.cluster.is_some() && !validate_only {
+        alter_in_cluster(broker, resource_type, name, changes, replace_all).await
+    } else {
+        match new_overrides(broker, resource_type, name, changes, replace_all) {
+            Err(failure) => Err(failure),
+            Ok(_) if validate_only => Ok(()),
+            Ok((_, configs)) => apply(broker, name, configs),
+        }
     };
     match applied {
         Ok(()) => (0, None),
@@ -197,22 +200,50 @@ async fn outcome(
 }
 
 /// In a cluster the controller stores the overrides; every node applies them to its
-/// replicas' logs when it applies the metadata (`cluster_link`).
-async fn apply_in_cluster(broker: &Broker, name: &str, configs: BTreeMap<String, String>) -> Result<(), Failure> {
+/// replicas' logs when it applies the metadata (`cluster_link`). An incremental change is a
+/// compare-and-set on the overrides it was computed from: if another node changed them
+/// meanwhile (or this node's metadata was behind), it is computed again from newer ones.
+async fn alter_in_cluster(
+    broker: &Broker,
+    resource_type: i8,
+    name: &str,
+    changes: &[Change],
+    replace_all: bool,
+) -> Result<(), Failure> {
     let controller = admin::controller(broker)?;
-    admin::controller_write(broker, controller.alter_topic_configs(name, configs.clone())).await?;
-    tracing::info!(topic = name, ?configs, "altered topic configs in cluster");
-    Ok(())
+    let deadline = tokio::time::Instant::now() + crate::cluster_link::ADMIN_TIMEOUT;
+    loop {
+        let (previous, configs) = new_overrides(broker, resource_type, name, changes, replace_all)?;
+        let expected = (!replace_all).then_some(previous);
+        let write = controller.alter_topic_configs(name, configs.clone(), expected);
+        match admin::controller_write(broker, write).await {
+            Ok(()) => {
+                tracing::info!(topic = name, ?configs, "altered topic configs in cluster");
+                return Ok(());
+            }
+            Err((ResponseError::InvalidUpdateVersion, _)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(CONFIG_CONFLICT_BACKOFF).await;
+            }
+            Err(failure) => return Err(failure),
+        }
+    }
 }
 
-/// Validates all changes and returns the topic's overrides once they are applied.
+/// Pause before recomputing a config change refused as concurrent: time for this node to
+/// apply the metadata that changed the overrides.
+const CONFIG_CONFLICT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A topic's config overrides, by name.
+type Overrides = BTreeMap<String, String>;
+
+/// Validates all changes and returns the topic's overrides now and once they are applied.
 fn new_overrides(
     broker: &Broker,
     resource_type: i8,
     name: &str,
     changes: &[Change],
     replace_all: bool,
-) -> Result<BTreeMap<String, String>, Failure> {
+) -> Result<(Overrides, Overrides), Failure> {
     if resource_type != RESOURCE_TOPIC {
         return Err((
             ResponseError::InvalidRequest,
@@ -227,7 +258,7 @@ fn new_overrides(
     for (key, operation, value) in changes {
         apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
     }
-    Ok(configs)
+    Ok((topic.configs.clone(), configs))
 }
 
 /// Single node: stores the overrides and applies them to the live logs at once.
