@@ -293,10 +293,13 @@ class TcpProxy:
     drop_all(): abort every open connection now (RST, or FIN with rst=False).
     drop_after_next_request(delay): abort every connection `delay` seconds after the last byte of
     the next complete client->broker request with the given API key (0 = Produce) has been
-    forwarded, i.e. while that request is in flight on the broker and before its response can
-    reach the client. The proxy follows Kafka's request framing (4-byte size, then the 2-byte API
-    key) on the client->broker direction to know where requests end.
-    call_after_next_request(fn, delay): the same trigger running any action (e.g. SIGKILL the broker).
+    forwarded, i.e. while that request is in flight on the broker. From that moment until the
+    action has run, nothing goes back to the client, so its response (if the broker sent it
+    already) never reaches the client and the request is in flight from the client's view too.
+    The proxy follows Kafka's request framing (4-byte size, then the 2-byte API key) on the
+    client->broker direction to know where requests end.
+    call_after_next_request(fn, delay, cut): the same trigger running any action (e.g. SIGKILL the
+    broker), then, with cut, aborting every connection (discarding the held responses).
     """
 
     BUF_LIMIT = 4 << 20
@@ -345,13 +348,26 @@ class TcpProxy:
     def drop_after_next_request(self, delay: float = 0.0, rst: bool = True, api_key: int = 0) -> None:
         self.call_after_next_request(lambda: self._drop(rst), delay, api_key)
 
-    def call_after_next_request(self, action, delay: float = 0.0, api_key: int = 0) -> None:
+    def call_after_next_request(self, action, delay: float = 0.0, api_key: int = 0, cut: bool = False) -> None:
         """Runs `action()` on the proxy thread `delay` s after the next complete request with this
-        API key has been forwarded to the broker (e.g. to SIGKILL the broker while it handles it)."""
+        API key has been forwarded to the broker (e.g. to SIGKILL the broker while it handles it);
+        responses are held back until then. With `cut`, every connection is then aborted, so the
+        client never sees an answer to that request and must retry it."""
+        if cut:
+            inner = action
+
+            def action():
+                try:
+                    inner()
+                finally:
+                    self._drop(True)
         done = threading.Event()
         self._cmds.put(("arm", (delay, api_key, action), done))
         self._wake_w.send(b"x")
         done.wait(5)
+
+    def _holding_responses(self) -> bool:
+        return self._action_at is not None
 
     def armed(self) -> bool:
         return self._armed is not None or self._action_at is not None
@@ -445,6 +461,8 @@ class TcpProxy:
         src = pair.client if side == "client" else pair.server
         out = pair.to_server if side == "client" else pair.to_client
         dst = pair.server if side == "client" else pair.client
+        if side == "server" and self._holding_responses():
+            mask &= ~selectors.EVENT_READ
         if mask & selectors.EVENT_READ:
             try:
                 data = src.recv(256 * 1024)

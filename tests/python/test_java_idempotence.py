@@ -96,7 +96,8 @@ def test_idempotent_producer_connection_cuts(broker_factory, java_cp):
 def test_idempotent_producer_broker_restarts(broker_factory, java_cp):
     """The broker is SIGKILLed and restarted (same port, same data dir) 4 times while the producer
     is sending: twice 0-3 ms after a Produce request reached it (so the kill lands while the
-    broker is reading, syncing or answering it), twice at random moments. The client talks to the
+    broker is reading, syncing or answering it; the proxy holds back its answer and cuts the
+    connection, so the client must retry it), twice at random moments. The client talks to the
     broker through a transparent TCP proxy (advertised in metadata) that only watches the request
     framing to time those kills; it cuts nothing itself. Afterwards: every record acked once, no
     duplicates, no gaps, per-partition order = send order, each record at its acknowledged offset
@@ -124,7 +125,7 @@ def test_idempotent_producer_broker_restarts(broker_factory, java_cp):
                     f"no Produce request within 15 s of the last restart\n{proc.result().report()}")
                 assert not proc.seen("PRODUCED"), "producer finished before the broker restarts were done"
                 if kind == "after-request":
-                    proxy.call_after_next_request(broker.kill, delay=rng.uniform(0.0, 0.003))
+                    proxy.call_after_next_request(broker.kill, delay=rng.uniform(0.0, 0.003), cut=True)
                     deadline = time.monotonic() + 15
                     while proxy.armed() and time.monotonic() < deadline:
                         time.sleep(0.002)
