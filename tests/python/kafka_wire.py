@@ -569,11 +569,11 @@ class Conn:
     def metadata(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
         """Returns {topic: (error_code, [partition ids])}."""
         detail = self.metadata_detail(topics, allow_auto_create, version)
-        return {name: (err, sorted(parts)) for name, (err, parts, _) in detail.items()}
+        return {name: (t.error, sorted(t.partitions)) for name, t in detail.topics.items()}
 
-    def metadata_detail(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
-        """Returns {topic: (error_code, {partition: (leader, replicas, isr)}, is_internal)} as this
-        one broker sees it."""
+    def metadata_detail(self, topics: list[str] | None, allow_auto_create: bool = False,
+                        version: int | None = None) -> "MetadataResponse":
+        """The whole Metadata answer as this one broker gives it."""
         v = version if version is not None else self.pick(METADATA, [4, 5, 6, 7, 8, 1])
         r = self.request(METADATA, v, metadata_body(v, topics, allow_auto_create))
         return parse_metadata_response(r, v)
@@ -788,26 +788,48 @@ def metadata_body(v: int, topics: list[str] | None, allow_auto_create: bool) -> 
     return w.getvalue()
 
 
-def parse_metadata_response(r: Reader, v: int):
+@dataclass
+class PartitionMetadata:
+    leader: int
+    replicas: list[int]
+    isr: list[int]
+
+
+@dataclass
+class TopicMetadata:
+    error: int
+    partitions: dict[int, PartitionMetadata]
+    internal: bool
+
+
+@dataclass
+class MetadataResponse:
+    brokers: list[int]
+    controller_id: int
+    topics: dict[str, TopicMetadata]
+
+
+def parse_metadata_response(r: Reader, v: int) -> MetadataResponse:
     if v >= 3:
         r.i32()
 
     def broker(rr: Reader):
-        rr.i32()
+        node_id = rr.i32()
         rr.string()
         rr.i32()
         if v >= 1:
             rr.string()
         rr.tags()
+        return node_id
 
-    r.array(broker)
+    brokers = r.array(broker)
     if v >= 2:
         r.string()
-    if v >= 1:
-        r.i32()
+    controller_id = r.i32() if v >= 1 else -1
 
     def part(rr: Reader):
-        _err, idx, leader = rr.i16(), rr.i32(), rr.i32()
+        rr.i16()
+        idx, leader = rr.i32(), rr.i32()
         if v >= 7:
             rr.i32()
         replicas = rr.array(lambda x: x.i32())
@@ -815,7 +837,7 @@ def parse_metadata_response(r: Reader, v: int):
         if v >= 5:
             rr.array(lambda x: x.i32())
         rr.tags()
-        return idx, (leader, replicas, isr)
+        return idx, PartitionMetadata(leader, replicas, isr)
 
     def topic(rr: Reader):
         err = rr.i16()
@@ -827,9 +849,9 @@ def parse_metadata_response(r: Reader, v: int):
         if v >= 8:
             rr.i32()
         rr.tags()
-        return name, (err, parts, internal)
+        return name, TopicMetadata(err, parts, internal)
 
-    return dict(r.array(topic))
+    return MetadataResponse(sorted(brokers), controller_id, dict(r.array(topic)))
 
 
 # ---------------------------------------------------------------- confluent-kafka (librdkafka) helpers

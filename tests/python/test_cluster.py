@@ -60,11 +60,11 @@ class Cluster:
         return p.leader, list(p.replicas), list(p.isrs)
 
     def partition_states_at(self, node_id, topic):
-        """{partition: (leader, replicas, isr)} as node `node_id` itself answers Metadata
+        """{partition: kw.PartitionMetadata} as node `node_id` itself answers Metadata
         (librdkafka would ask whichever broker it likes)."""
         with kw.Conn.to(self.nodes[node_id].bootstrap) as conn:
-            error, partitions, _ = conn.metadata_detail([topic])[topic]
-        return partitions if error == 0 else {}
+            answer = conn.metadata_detail([topic]).topics[topic]
+        return answer.partitions if answer.error == 0 else {}
 
     def wait_for(self, what, predicate, timeout=30.0):
         deadline = time.monotonic() + timeout
@@ -104,7 +104,7 @@ def create_topic(cluster, name, partitions, config=None):
 
     def settled_at(node_id):
         states = cluster.partition_states_at(node_id, name)
-        return len(states) == partitions and all(leader > 0 and len(isr) == 3 for leader, _, isr in states.values())
+        return len(states) == partitions and all(p.leader > 0 and len(p.isr) == 3 for p in states.values())
 
     # Every node, not just one: each applies the controller's metadata on its own.
     cluster.wait_for("all leaders and full ISRs on every node", lambda: all(settled_at(n) for n in cluster.nodes))

@@ -107,7 +107,7 @@ def test_coordinator_kill_9_keeps_the_group_and_its_offsets(tmp_path):
         old = cluster.wait_for("a coordinator", lambda: (c := coordinator_of(cluster.nodes.values(), GROUP)) > 0 and c)
         with kw.Conn.to(cluster.nodes[old].bootstrap) as conn:
             listed = conn.metadata_detail(None)
-        assert listed["__consumer_offsets"][2] and not listed[TOPIC][2], "only the offsets topic is internal"
+        assert listed.topics["__consumer_offsets"].internal and not listed.topics[TOPIC].internal
         assert committed(admin, GROUP, TOPIC, PARTITIONS) == acked
         cluster.nodes[old].kill()
         killed_at = time.monotonic()

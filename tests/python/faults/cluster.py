@@ -36,19 +36,12 @@ def free_port() -> int:
 
 
 @dataclass
-class PartitionState:
-    leader: int
-    replicas: list[int]
-    isr: list[int]
-
-
-@dataclass
 class Metadata:
-    """One node's answer to a Metadata request."""
+    """One node's answer to a Metadata request (the partitions of the one topic asked for)."""
 
     controller_id: int
     brokers: list[int]
-    partitions: dict[int, PartitionState]
+    partitions: dict[int, kw.PartitionMetadata]
 
 
 class Node:
@@ -124,44 +117,15 @@ class Node:
     def metadata(self, topic: str | None) -> Metadata:
         """Metadata v1 straight from this node (its private port: no proxy, no other node)."""
         with kw.Conn("127.0.0.1", self.kafka_private, timeout=METADATA_TIMEOUT_S) as conn:
-            reader = conn.request(kw.METADATA, 1, kw.metadata_body(1, [topic] if topic else [], False))
-            return parse_metadata_v1(reader)
+            answer = conn.metadata_detail([topic] if topic else [], version=1)
+        partitions = {index: p for t in answer.topics.values() for index, p in t.partitions.items()}
+        return Metadata(answer.controller_id, answer.brokers, partitions)
 
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-20000:]
         except FileNotFoundError:
             return ""
-
-
-def parse_metadata_v1(r: kw.Reader) -> Metadata:
-    def broker(rr):
-        node_id = rr.i32()
-        rr.string()
-        rr.i32()
-        rr.string()
-        return node_id
-
-    brokers = r.array(broker)
-    controller_id = r.i32()
-
-    def partition(rr):
-        rr.i16()
-        index, leader = rr.i32(), rr.i32()
-        replicas = rr.array(lambda x: x.i32())
-        isr = rr.array(lambda x: x.i32())
-        return index, PartitionState(leader, replicas, isr)
-
-    partitions: dict[int, PartitionState] = {}
-
-    def topic(rr):
-        rr.i16()
-        rr.string()
-        rr.boolean()
-        partitions.update(dict(rr.array(partition)))
-
-    r.array(topic)
-    return Metadata(controller_id, sorted(brokers), partitions)
 
 
 class FaultCluster:
