@@ -84,9 +84,6 @@ impl PendingWrite {
     }
 }
 
-/// How often a wait for durability checks that this node still leads the partition.
-const LEADERSHIP_CHECK_INTERVAL_MS: u64 = 200;
-
 impl OffsetsLog {
     /// Single node: opens (recovering) the one partition under `dir`.
     pub(crate) fn open_local(dir: &Path, segment_bytes: u64) -> io::Result<OffsetsLog> {
@@ -163,24 +160,25 @@ impl OffsetsLog {
     /// new coordinator).
     pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), GroupError> {
         let mut visible = self.partition.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let slice = Duration::from_millis(LEADERSHIP_CHECK_INTERVAL_MS);
-            let reached = tokio::time::timeout(slice, visible.wait_for(|v| v.high_watermark >= visible_at || v.failed));
-            let outcome = match reached.await {
-                Ok(Ok(v)) if v.high_watermark >= visible_at => Some(Ok(())),
-                Ok(_) => Some(Err(GroupError::Storage)),
-                Err(_) => None,
-            };
-            if !self.is_current() {
-                return Err(GroupError::NotCoordinator);
+        let reached = visible.wait_for(|v| v.high_watermark >= visible_at || v.failed);
+        // Some(whether it reached `visible_at` rather than failing), None once leadership is lost.
+        let outcome = tokio::time::timeout(timeout, async {
+            match &self.writer {
+                Writer::Local => Some(reached.await.is_ok_and(|v| v.high_watermark >= visible_at)),
+                Writer::Leader { replica, leader_epoch } => tokio::select! {
+                    biased;
+                    v = reached => Some(v.is_ok_and(|v| v.high_watermark >= visible_at)),
+                    () = replica.leadership_lost(*leader_epoch) => None,
+                },
             }
-            if let Some(outcome) = outcome {
-                return outcome;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(GroupError::Timeout);
-            }
+        })
+        .await;
+        match outcome {
+            Err(_) => Err(GroupError::Timeout),
+            Ok(None) => Err(GroupError::NotCoordinator),
+            Ok(Some(_)) if !self.is_current() => Err(GroupError::NotCoordinator),
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false)) => Err(GroupError::Storage),
         }
     }
 
