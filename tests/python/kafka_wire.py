@@ -522,7 +522,8 @@ class Conn:
         return parse_fetch_response(r, v)
 
     def create_topics(self, topics: list[tuple[str, int, int, dict[str, str]]], timeout_ms: int = 10000, version: int | None = None):
-        """topics: [(name, num_partitions, replication_factor, configs)] -> {name: (error_code, message)}."""
+        """topics: [(name, num_partitions, replication_factor, configs[, [(partition, [broker ids])]])]
+        -> {name: (error_code, message)}; the optional last item is a manual replica assignment."""
         v = version if version is not None else self.pick(CREATE_TOPICS, [4, 3, 2, 5, 6, 7])
         r = self.request(CREATE_TOPICS, v, create_topics_body(v, topics, timeout_ms))
         return parse_create_topics_response(r, v)
@@ -699,10 +700,14 @@ def create_topics_body(v: int, topics, timeout_ms: int = 10000, validate_only: b
     def cfg(w, kv):
         w.string(kv[0]).string(kv[1]).tags()
 
+    def assignment(w, a):
+        index, broker_ids = a
+        w.i32(index).array(broker_ids, lambda w, b: w.i32(b)).tags()
+
     def topic(w, t):
-        name, parts, rf, configs = t
+        name, parts, rf, configs, *assigned = t
         w.string(name).i32(parts).i16(rf)
-        w.array([], lambda w, a: None)  # assignments
+        w.array(assigned[0] if assigned else [], assignment)
         w.array(list(configs.items()), cfg)
         w.tags()
 

@@ -398,3 +398,94 @@ def test_new_replica_starts_at_the_leaders_log_start(cluster):
     consumer.close()
     assert keys == [f"k{i}" for i in range(60, 100)]
     assert "restarting there" in cluster.nodes[destination].log()
+
+
+def refused_code(future):
+    """The Kafka error code an admin future fails with; fails the test if it succeeds."""
+    try:
+        future.result(timeout=30)
+    except KafkaException as error:
+        return error.args[0].code()
+    raise AssertionError("the request succeeded")
+
+
+def test_manual_replica_assignment_places_replicas_where_asked(cluster):
+    """CreateTopics and CreatePartitions with a manual replica assignment (what `kafka-topics
+    --replica-assignment` sends): every node shows exactly those replicas, each partition led
+    by its first replica, only the named nodes hold the logs, and records flow. Assignments
+    Kafka refuses are refused with Kafka's error codes, validate_only included."""
+    admin = cluster.admin()
+    admin.create_topics([NewTopic("placed", 2, replica_assignment=[[2, 3], [3, 1]])])["placed"].result(timeout=30)
+    expected = {0: (2, [2, 3], [2, 3]), 1: (3, [3, 1], [3, 1])}
+    for node_id in cluster.nodes:
+        cluster.wait_for(f"the assignment at node {node_id}",
+                         lambda: cluster.partition_states_at(node_id, "placed") == expected)
+    cluster.wait_for("logs only on the assigned nodes", lambda: partition_dirs(cluster, "placed") == {
+        1: ["placed-1"], 2: ["placed-0"], 3: ["placed-0", "placed-1"]})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(20):
+        producer.produce("placed", key=f"k{i}", value=b"v", partition=i % 2)
+    assert producer.flush(30) == 0
+
+    admin.create_partitions([NewPartitions("placed", 3, replica_assignment=[[1, 2]])])["placed"].result(timeout=30)
+    expected[2] = (1, [1, 2], [1, 2])
+    for node_id in cluster.nodes:
+        cluster.wait_for(f"the new partition at node {node_id}",
+                         lambda: cluster.partition_states_at(node_id, "placed") == expected)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})  # knows the new partition
+    for i in range(20, 30):
+        producer.produce("placed", key=f"k{i}", value=b"v", partition=2)
+    assert producer.flush(30) == 0
+    seen = consume_all(cluster.bootstrap, "placed", 3, 30)
+    assert sorted((p, k) for p, _, k in seen) == sorted((i % 2 if i < 20 else 2, f"k{i}") for i in range(30))
+
+    # INVALID_REPLICA_ASSIGNMENT (39): a broker twice, an unknown broker, mixed replication
+    # factors, a new partition unlike the topic's; with validate_only as well.
+    for assignment in ([[1, 1]], [[1, 9]], [[1, 2], [3]]):
+        for validate_only in (False, True):
+            new_topic = NewTopic("refused", len(assignment), replica_assignment=assignment)
+            futures = admin.create_topics([new_topic],
+                                          validate_only=validate_only)
+            assert refused_code(futures["refused"]) == 39, (assignment, validate_only)
+    for validate_only in (False, True):
+        futures = admin.create_partitions([NewPartitions("placed", 4, replica_assignment=[[1, 2, 3]])],
+                                          validate_only=validate_only)
+        assert refused_code(futures["placed"]) == 39, validate_only
+    # A valid assignment passes validate_only without creating anything.
+    admin.create_topics([NewTopic("checked", 1, replica_assignment=[[3, 2]])], validate_only=True)["checked"].result(30)
+    admin.create_partitions([NewPartitions("placed", 4, replica_assignment=[[3, 2]])],
+                            validate_only=True)["placed"].result(timeout=30)
+    # What confluent-kafka cannot send (it sends -1 for both counts): counts next to an assignment (INVALID_REQUEST, 42), and
+    # partition indexes other than 0..n-1 (39).
+    with kw.Conn.to(cluster.nodes[1].bootstrap) as conn:
+        answers = conn.create_topics([
+            ("refused-counts", 1, -1, {}, [(0, [1])]),
+            ("refused-factor", -1, 1, {}, [(0, [1])]),
+            ("refused-gap", -1, -1, {}, [(0, [1]), (2, [2])]),
+            ("refused-twice", -1, -1, {}, [(0, [1]), (0, [2])]),
+        ])
+    assert {name: code for name, (code, _) in answers.items()} == {
+        "refused-counts": 42, "refused-factor": 42, "refused-gap": 39, "refused-twice": 39}, answers
+    for node in cluster.nodes.values():
+        assert not topics_seen_by(node) & {"refused", "checked", "refused-counts", "refused-factor", "refused-gap",
+                                           "refused-twice"}
+    assert len(admin.list_topics(topic="placed", timeout=10).topics["placed"].partitions) == 3
+
+
+def test_kafka_topics_tool_creates_with_replica_assignment(cluster, tools_cp):
+    """kafka-topics --create --replica-assignment, then --alter --partitions with an
+    assignment for the new partition: --describe shows the replicas asked for, led by the
+    first of each list."""
+    from test_kafka_tools import describe, topics
+
+    node = cluster.nodes[1]
+    topics(tools_cp, node, "--create", "--topic", "tool-placed", "--replica-assignment", "3:1,1:2")
+    topics(tools_cp, node, "--alter", "--topic", "tool-placed", "--partitions", "3",
+           "--replica-assignment", "3:1,1:2,2:3")
+
+    def described():
+        _, parts, _ = describe(tools_cp, node, "tool-placed")
+        return [(p["Partition"], p["Leader"], p["Replicas"], p["Isr"]) for p in parts]
+
+    cluster.wait_for("--describe shows the assignment", lambda: described() == [
+        ("0", "3", "3,1", "3,1"), ("1", "1", "1,2", "1,2"), ("2", "2", "2,3", "2,3")], timeout=60)

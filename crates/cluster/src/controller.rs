@@ -317,15 +317,39 @@ impl Controller {
         replication_factor: i16,
         configs: BTreeMap<String, String>,
     ) -> Result<TopicInfo, ControllerError> {
-        let topic_id = Uuid::new_v4();
         let command = Command::CreateTopic {
             name: name.to_string(),
-            topic_id,
+            topic_id: Uuid::new_v4(),
             partitions,
             replication_factor,
             configs,
             placement_seed: rand::random(),
+            assignment: None,
         };
+        self.write_topic(command).await
+    }
+
+    /// Creates a topic whose partition `i` has the replicas `assignment[i]`, the first being
+    /// its preferred leader (Kafka's manual replica assignment).
+    pub async fn create_topic_with_assignment(
+        &self,
+        name: &str,
+        assignment: Vec<Vec<i32>>,
+        configs: BTreeMap<String, String>,
+    ) -> Result<TopicInfo, ControllerError> {
+        let command = Command::CreateTopic {
+            name: name.to_string(),
+            topic_id: Uuid::new_v4(),
+            partitions: -1,
+            replication_factor: -1,
+            configs,
+            placement_seed: 0,
+            assignment: Some(assignment),
+        };
+        self.write_topic(command).await
+    }
+
+    async fn write_topic(&self, command: Command) -> Result<TopicInfo, ControllerError> {
         match self.write(command).await? {
             CommandOutput::Topic(topic) => Ok(topic),
             other => Err(unexpected(other)),
@@ -337,9 +361,16 @@ impl Controller {
         self.write(Command::DeleteTopic { name: name.to_string() }).await.map(drop)
     }
 
-    /// Grows a topic to `total` partitions.
-    pub async fn create_partitions(&self, name: &str, total: i32) -> Result<(), ControllerError> {
-        let command = Command::CreatePartitions { name: name.to_string(), total, placement_seed: rand::random() };
+    /// Grows a topic to `total` partitions, placed over the unfenced brokers or, with an
+    /// `assignment`, on its replica lists (one per new partition).
+    pub async fn create_partitions(
+        &self,
+        name: &str,
+        total: i32,
+        assignment: Option<Vec<Vec<i32>>>,
+    ) -> Result<(), ControllerError> {
+        let name = name.to_string();
+        let command = Command::CreatePartitions { name, total, placement_seed: rand::random(), assignment };
         self.write(command).await.map(drop)
     }
 

@@ -18,7 +18,9 @@
 //!   topic sets `unclean.leader.election.enable=true`);
 //! - a fenced broker also leaves the ISR of the partitions it follows (unless it is the last
 //!   member), with `partition_epoch + 1`;
-//! - an unfenced broker becomes the leader of every leaderless partition whose ISR holds it.
+//! - an unfenced broker becomes the leader of every leaderless partition whose ISR holds it;
+//! - a new partition is led by its first unfenced replica and its ISR is its unfenced replicas
+//!   (only a manual replica assignment names fenced brokers; placement uses unfenced ones).
 //!
 //! ```
 //! use sluice_cluster::{BrokerInfo, ClusterMetadata, Command};
@@ -136,20 +138,26 @@ pub enum Command {
         /// The broker.
         node_id: i32,
     },
-    /// Create a topic; replicas are placed at apply time from `placement_seed`.
+    /// Create a topic; replicas are placed at apply time from `placement_seed`, or where
+    /// `assignment` puts them.
     CreateTopic {
         /// Topic name.
         name: String,
         /// Chosen by the proposer.
         topic_id: Uuid,
-        /// Partition count.
+        /// Partition count; -1 with an `assignment` (as in Kafka's CreateTopics).
         partitions: i32,
-        /// Replicas per partition.
+        /// Replicas per partition; -1 with an `assignment`.
         replication_factor: i16,
         /// Config overrides.
         configs: BTreeMap<String, String>,
         /// Random, chosen by the proposer: where the round-robin placement starts.
         placement_seed: u64,
+        /// Kafka's manual replica assignment: the replicas of partition `i` are
+        /// `assignment[i]`, the first being the preferred leader. Absent from entries written
+        /// before manual assignment existed.
+        #[serde(default)]
+        assignment: Option<Vec<Vec<i32>>>,
     },
     /// Delete a topic.
     DeleteTopic {
@@ -164,6 +172,9 @@ pub enum Command {
         total: i32,
         /// Random, chosen by the proposer.
         placement_seed: u64,
+        /// Kafka's manual replica assignment of the new partitions, in partition order.
+        #[serde(default)]
+        assignment: Option<Vec<Vec<i32>>>,
     },
     /// Replace a topic's config overrides.
     AlterTopicConfigs {
@@ -327,12 +338,28 @@ impl ClusterMetadata {
             Command::RegisterBroker(info) => self.register_broker(info),
             Command::FenceBroker { node_id } => self.fence_broker(node_id),
             Command::UnfenceBroker { node_id } => self.unfence_broker(node_id),
-            Command::CreateTopic { name, topic_id, partitions, replication_factor, configs, placement_seed } => {
-                self.create_topic(name, topic_id, partitions, replication_factor, configs, placement_seed)
+            Command::CreateTopic {
+                name,
+                topic_id,
+                partitions,
+                replication_factor,
+                configs,
+                placement_seed,
+                assignment,
+            } => {
+                let replicas = self.new_topic_replicas(
+                    &name,
+                    partitions,
+                    replication_factor,
+                    &configs,
+                    placement_seed,
+                    assignment,
+                )?;
+                self.create_topic(name, topic_id, configs, replicas)
             }
             Command::DeleteTopic { name } => self.delete_topic(&name),
-            Command::CreatePartitions { name, total, placement_seed } => {
-                self.create_partitions(&name, total, placement_seed)
+            Command::CreatePartitions { name, total, placement_seed, assignment } => {
+                self.create_partitions(&name, total, placement_seed, assignment)
             }
             Command::AlterTopicConfigs { name, configs, expected } => {
                 self.alter_topic_configs(&name, configs, expected)
@@ -420,61 +447,137 @@ impl ClusterMetadata {
         }
     }
 
-    fn create_topic(
-        &mut self,
-        name: String,
-        topic_id: Uuid,
+    /// Checks a CreateTopic as [`ClusterMetadata::apply`] does (all but the proposer's topic
+    /// id) without changing anything: CreateTopics with `validate_only` asks this. With an
+    /// `assignment`, `partitions` and `replication_factor` must be -1, as in Kafka's request.
+    pub fn check_create_topic(
+        &self,
+        name: &str,
         partitions: i32,
         replication_factor: i16,
-        configs: BTreeMap<String, String>,
-        placement_seed: u64,
-    ) -> CommandResult {
-        validate_topic_name(&name)?;
-        if self.topics.contains_key(&name) {
-            return Err(MetadataError::TopicAlreadyExists(name));
+        configs: &BTreeMap<String, String>,
+        assignment: Option<&[Vec<i32>]>,
+    ) -> Result<(), MetadataError> {
+        validate_topic_name(name)?;
+        if self.topics.contains_key(name) {
+            return Err(MetadataError::TopicAlreadyExists(name.to_string()));
         }
         if self.topics.len() >= TOPICS_MAX {
             return Err(MetadataError::LimitExceeded(format!("more than {TOPICS_MAX} topics")));
         }
+        validate_configs(configs)?;
+        let Some(assignment) = assignment else {
+            check_partition_count(partitions)?;
+            return self.check_replication_factor(replication_factor).map(drop);
+        };
+        if partitions != -1 || replication_factor != -1 {
+            return Err(MetadataError::InvalidRequest(format!(
+                "with a manual replica assignment, partitions and replication factor must be -1, not {partitions} \
+                 and {replication_factor}"
+            )));
+        }
+        check_partition_count(i32::try_from(assignment.len()).unwrap_or(i32::MAX))?;
+        self.check_assignment(0, assignment, None)
+    }
+
+    /// The replica lists of a new topic: `assignment` once checked, else placed over the
+    /// unfenced brokers from `placement_seed`.
+    fn new_topic_replicas(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication_factor: i16,
+        configs: &BTreeMap<String, String>,
+        placement_seed: u64,
+        assignment: Option<Vec<Vec<i32>>>,
+    ) -> Result<Vec<Vec<i32>>, MetadataError> {
+        self.check_create_topic(name, partitions, replication_factor, configs, assignment.as_deref())?;
+        if let Some(assignment) = assignment {
+            return Ok(assignment);
+        }
+        let factor = usize::try_from(replication_factor).expect("checked positive");
+        Ok(self.place_replicas(0, partitions, factor, placement_seed))
+    }
+
+    /// Adds a topic whose replica lists `new_topic_replicas` checked or placed.
+    fn create_topic(
+        &mut self,
+        name: String,
+        topic_id: Uuid,
+        configs: BTreeMap<String, String>,
+        replicas: Vec<Vec<i32>>,
+    ) -> CommandResult {
+        assert!(!self.topics.contains_key(&name), "checked by check_create_topic");
         if self.topics.values().any(|topic| topic.topic_id == topic_id) || topic_id.is_nil() {
             return Err(MetadataError::InvalidRequest(format!("topic id {topic_id} is taken or nil")));
         }
-        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
-            return Err(MetadataError::InvalidPartitions(format!(
-                "{partitions} partitions, must be 1..={PARTITIONS_PER_TOPIC_MAX}"
-            )));
-        }
-        validate_configs(&configs)?;
-        let replicas = self.place_replicas(0, partitions, replication_factor, placement_seed)?;
-        let partitions = replicas.into_iter().map(new_partition).collect();
+        let partitions = replicas.into_iter().map(|replicas| new_partition(replicas, &self.brokers)).collect();
         let topic = TopicInfo { topic_id, configs, partitions };
         self.topics.insert(name, topic.clone());
         Ok(CommandOutput::Topic(topic))
     }
 
-    /// Kafka's rack-unaware placement over the unfenced brokers: partition `p`'s first replica
-    /// is broker `(start + p) mod n` (so leaders go round-robin), the followers follow at a
-    /// shift that grows after every `n` partitions (so followers spread too).
-    fn place_replicas(
-        &self,
-        first_partition: i32,
-        count: i32,
-        replication_factor: i16,
-        placement_seed: u64,
-    ) -> Result<Vec<Vec<i32>>, MetadataError> {
-        let brokers = self.unfenced_brokers();
+    /// The replication factor as a count, if it is in range and that many brokers are unfenced
+    /// to place the replicas on.
+    fn check_replication_factor(&self, replication_factor: i16) -> Result<usize, MetadataError> {
         if !(1..=REPLICATION_FACTOR_MAX).contains(&replication_factor) {
             return Err(MetadataError::InvalidReplicationFactor(format!(
                 "{replication_factor}, must be 1..={REPLICATION_FACTOR_MAX}"
             )));
         }
         let factor = usize::try_from(replication_factor).expect("checked positive");
-        if brokers.len() < factor {
+        let unfenced = self.brokers.values().filter(|broker| !broker.fenced).count();
+        if unfenced < factor {
             return Err(MetadataError::InvalidReplicationFactor(format!(
-                "replication factor {factor} is larger than the {} unfenced brokers",
-                brokers.len()
+                "replication factor {factor} is larger than the {unfenced} unfenced brokers"
             )));
         }
+        Ok(factor)
+    }
+
+    /// Kafka's checks of a manual replica assignment whose first list is partition
+    /// `first_partition`'s. Every list is non-empty, at most [`REPLICATION_FACTOR_MAX`] long,
+    /// names each broker once and only registered brokers, is as long as the others (and as
+    /// `replication_factor` when given), and holds an unfenced broker to lead. A fenced broker
+    /// may be named, as in Kafka: it starts as a replica outside the ISR and joins it once it
+    /// is back and has caught up.
+    fn check_assignment(
+        &self,
+        first_partition: i32,
+        assignment: &[Vec<i32>],
+        replication_factor: Option<usize>,
+    ) -> Result<(), MetadataError> {
+        let factor_max = usize::try_from(REPLICATION_FACTOR_MAX).expect("positive");
+        let factor = replication_factor.or_else(|| assignment.first().map(Vec::len));
+        for (partition, replicas) in (first_partition..).zip(assignment) {
+            let refuse =
+                |why: String| Err(MetadataError::InvalidReplicaAssignment(format!("partition {partition}: {why}")));
+            if replicas.is_empty() || replicas.len() > factor_max {
+                return refuse(format!("{} replicas, must be 1..={factor_max}", replicas.len()));
+            }
+            if let Some(unknown) = replicas.iter().find(|replica| !self.brokers.contains_key(replica)) {
+                return refuse(format!("broker {unknown} is not registered"));
+            }
+            if replicas.iter().collect::<BTreeSet<_>>().len() != replicas.len() {
+                return refuse(format!("replicas {replicas:?} name a broker twice"));
+            }
+            let factor = factor.expect("the assignment is not empty");
+            if replicas.len() != factor {
+                return refuse(format!("{} replicas, but the topic's partitions have {factor}", replicas.len()));
+            }
+            if !replicas.iter().any(|&replica| eligible(&self.brokers, replica)) {
+                return refuse(format!("every replica of {replicas:?} is fenced"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Kafka's rack-unaware placement over the unfenced brokers: partition `p`'s first replica
+    /// is broker `(start + p) mod n` (so leaders go round-robin), the followers follow at a
+    /// shift that grows after every `n` partitions (so followers spread too).
+    fn place_replicas(&self, first_partition: i32, count: i32, factor: usize, placement_seed: u64) -> Vec<Vec<i32>> {
+        let brokers = self.unfenced_brokers();
+        assert!(factor >= 1 && brokers.len() >= factor, "checked by check_replication_factor");
         let n = brokers.len();
         let start = usize::try_from(placement_seed % n as u64).expect("below n");
         let shift_base = usize::try_from((placement_seed >> 32) % n as u64).expect("below n");
@@ -491,7 +594,7 @@ impl ClusterMetadata {
             debug_assert_eq!(replicas.iter().collect::<BTreeSet<_>>().len(), factor);
             assignment.push(replicas);
         }
-        Ok(assignment)
+        assignment
     }
 
     fn delete_topic(&mut self, name: &str) -> CommandResult {
@@ -502,7 +605,15 @@ impl ClusterMetadata {
         Ok(CommandOutput::Done)
     }
 
-    fn create_partitions(&mut self, name: &str, total: i32, placement_seed: u64) -> CommandResult {
+    /// Checks a CreatePartitions as [`ClusterMetadata::apply`] does, without changing anything:
+    /// CreatePartitions with `validate_only` asks this. An `assignment` holds one replica list
+    /// per new partition, each as long as the topic's replication factor.
+    pub fn check_create_partitions(
+        &self,
+        name: &str,
+        total: i32,
+        assignment: Option<&[Vec<i32>]>,
+    ) -> Result<(), MetadataError> {
         let topic = self.topics.get(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))?;
         let current = i32::try_from(topic.partitions.len()).expect("bounded by PARTITIONS_PER_TOPIC_MAX");
         if total <= current || total > PARTITIONS_PER_TOPIC_MAX {
@@ -510,10 +621,37 @@ impl ClusterMetadata {
                 "topic {name} has {current} partitions, asked for {total} (max {PARTITIONS_PER_TOPIC_MAX})"
             )));
         }
-        let factor = i16::try_from(topic.partitions[0].replicas.len()).expect("bounded by REPLICATION_FACTOR_MAX");
-        let replicas = self.place_replicas(current, total - current, factor, placement_seed)?;
+        let factor = topic.partitions[0].replicas.len();
+        let Some(assignment) = assignment else {
+            let factor = i16::try_from(factor).expect("bounded by twice REPLICATION_FACTOR_MAX");
+            return self.check_replication_factor(factor).map(drop);
+        };
+        let added = usize::try_from(total - current).expect("checked positive");
+        if assignment.len() != added {
+            return Err(MetadataError::InvalidReplicaAssignment(format!(
+                "{added} partitions are added but {} replica lists were given",
+                assignment.len()
+            )));
+        }
+        self.check_assignment(current, assignment, Some(factor))
+    }
+
+    fn create_partitions(
+        &mut self,
+        name: &str,
+        total: i32,
+        placement_seed: u64,
+        assignment: Option<Vec<Vec<i32>>>,
+    ) -> CommandResult {
+        self.check_create_partitions(name, total, assignment.as_deref())?;
+        let topic = &self.topics[name];
+        let current = i32::try_from(topic.partitions.len()).expect("bounded by PARTITIONS_PER_TOPIC_MAX");
+        let factor = topic.partitions[0].replicas.len();
+        let replicas =
+            assignment.unwrap_or_else(|| self.place_replicas(current, total - current, factor, placement_seed));
+        let brokers = &self.brokers;
         let topic = self.topics.get_mut(name).expect("checked above");
-        topic.partitions.extend(replicas.into_iter().map(new_partition));
+        topic.partitions.extend(replicas.into_iter().map(|replicas| new_partition(replicas, brokers)));
         Ok(CommandOutput::Topic(topic.clone()))
     }
 
@@ -677,9 +815,22 @@ impl ClusterMetadata {
     }
 }
 
-fn new_partition(replicas: Vec<i32>) -> PartitionInfo {
-    assert!(!replicas.is_empty());
-    PartitionInfo { leader: replicas[0], leader_epoch: 0, isr: replicas.clone(), replicas, partition_epoch: 0 }
+/// A new partition, led by its first unfenced replica, with its unfenced replicas (in replica
+/// order) as the ISR: Kafka's rule for a manual assignment naming a fenced broker. Placed
+/// replicas are all unfenced, so there the first replica leads and all are in the ISR.
+fn new_partition(replicas: Vec<i32>, brokers: &BTreeMap<i32, BrokerInfo>) -> PartitionInfo {
+    let isr: Vec<i32> = replicas.iter().copied().filter(|&replica| eligible(brokers, replica)).collect();
+    assert!(!isr.is_empty(), "checked by the caller: a new partition needs an unfenced replica");
+    PartitionInfo { leader: isr[0], leader_epoch: 0, isr, replicas, partition_epoch: 0 }
+}
+
+fn check_partition_count(partitions: i32) -> Result<(), MetadataError> {
+    if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&partitions) {
+        return Err(MetadataError::InvalidPartitions(format!(
+            "{partitions} partitions, must be 1..={PARTITIONS_PER_TOPIC_MAX}"
+        )));
+    }
+    Ok(())
 }
 
 fn eligible(brokers: &BTreeMap<i32, BrokerInfo>, node_id: i32) -> bool {
@@ -813,7 +964,33 @@ mod tests {
             replication_factor: factor,
             configs: BTreeMap::new(),
             placement_seed: seed,
+            assignment: None,
         })
+    }
+
+    /// CreateTopic with a manual replica assignment, as the controller proposes it.
+    fn create_assigned(metadata: &mut ClusterMetadata, name: &str, assignment: &[&[i32]]) -> CommandResult {
+        metadata.apply(Command::CreateTopic {
+            name: name.into(),
+            topic_id: Uuid::new_v4(),
+            partitions: -1,
+            replication_factor: -1,
+            configs: BTreeMap::new(),
+            placement_seed: 0,
+            assignment: Some(assignment.iter().map(|replicas| replicas.to_vec()).collect()),
+        })
+    }
+
+    /// (replicas, leader, isr, leader epoch, partition epoch) of one partition.
+    type Layout = (Vec<i32>, i32, Vec<i32>, i32, i32);
+
+    /// The [`Layout`] of every partition of `topic`.
+    fn layout(metadata: &ClusterMetadata, topic: &str) -> Vec<Layout> {
+        let partitions = &metadata.topics[topic].partitions;
+        partitions
+            .iter()
+            .map(|p| (p.replicas.clone(), p.leader, p.isr.clone(), p.leader_epoch, p.partition_epoch))
+            .collect()
     }
 
     /// Sets one partition's state directly (tests only).
@@ -1060,11 +1237,113 @@ mod tests {
     fn create_partitions_grows_only() {
         let mut metadata = cluster(&[1, 2, 3]);
         create(&mut metadata, "t", 2, 2, 0).unwrap();
-        let grow = |total| Command::CreatePartitions { name: "t".into(), total, placement_seed: 1 };
+        let grow = |total| Command::CreatePartitions { name: "t".into(), total, placement_seed: 1, assignment: None };
         assert!(matches!(metadata.apply(grow(2)), Err(MetadataError::InvalidPartitions(_))));
         metadata.apply(grow(5)).unwrap();
         assert!(metadata.topics["t"].partitions.iter().all(|partition| partition.replicas.len() == 2));
         assert_eq!(metadata.topics["t"].partitions.len(), 5);
+    }
+
+    #[test]
+    fn manual_assignment_places_replicas_as_given() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        let CommandOutput::Topic(topic) = create_assigned(&mut metadata, "t", &[&[2, 3], &[3, 1]]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(topic, metadata.topics["t"]);
+        assert_eq!(layout(&metadata, "t"), vec![(vec![2, 3], 2, vec![2, 3], 0, 0), (vec![3, 1], 3, vec![3, 1], 0, 0)]);
+        // A fenced broker may be named: the first unfenced replica leads, the ISR is the
+        // unfenced replicas, and the fenced one joins when its leader adds it back.
+        metadata.apply(Command::FenceBroker { node_id: 3 }).unwrap();
+        create_assigned(&mut metadata, "u", &[&[3, 1], &[1, 3]]).unwrap();
+        assert_eq!(layout(&metadata, "u"), vec![(vec![3, 1], 1, vec![1], 0, 0), (vec![1, 3], 1, vec![1], 0, 0)]);
+        metadata.apply(Command::UnfenceBroker { node_id: 3 }).unwrap();
+        assert_eq!(metadata.partition("u", 0).unwrap().leader, 1, "an unfenced broker outside the ISR does not lead");
+    }
+
+    #[test]
+    fn manual_assignment_refusals() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        metadata.apply(Command::FenceBroker { node_id: 3 }).unwrap();
+        let before = metadata.clone();
+        let refused = |metadata: &mut ClusterMetadata, assignment: &[&[i32]]| {
+            let error = create_assigned(metadata, "t", assignment).unwrap_err();
+            assert!(matches!(error, MetadataError::InvalidReplicaAssignment(_)), "{assignment:?}: {error:?}");
+            error.to_string()
+        };
+        assert!(refused(&mut metadata, &[&[1, 2], &[]]).starts_with("invalid replica assignment: partition 1:"));
+        assert!(refused(&mut metadata, &[&[1, 2, 1]]).contains("twice"));
+        assert!(refused(&mut metadata, &[&[1, 9]]).contains("broker 9 is not registered"));
+        assert!(refused(&mut metadata, &[&[1, 2], &[2]]).contains("1 replicas, but the topic's partitions have 2"));
+        assert!(refused(&mut metadata, &[&[1], &[3]]).contains("fenced"));
+        assert!(refused(&mut metadata, &[&[1; 17]]).contains("17 replicas"));
+        let mut manual_with_counts = |partitions, replication_factor| {
+            metadata.apply(Command::CreateTopic {
+                name: "t".into(),
+                topic_id: Uuid::new_v4(),
+                partitions,
+                replication_factor,
+                configs: BTreeMap::new(),
+                placement_seed: 0,
+                assignment: Some(vec![vec![1]]),
+            })
+        };
+        assert!(matches!(manual_with_counts(1, -1), Err(MetadataError::InvalidRequest(_))));
+        assert!(matches!(manual_with_counts(-1, 1), Err(MetadataError::InvalidRequest(_))));
+        assert!(matches!(create_assigned(&mut metadata, "t", &[]), Err(MetadataError::InvalidPartitions(_))));
+        assert_eq!(metadata, before, "a refused command changes nothing");
+        // The same checks answer a validate-only request, and accept what apply accepts.
+        let assignment = [vec![2, 3]];
+        assert!(metadata.check_create_topic("t", -1, -1, &BTreeMap::new(), Some(&assignment)).is_ok());
+        assert!(metadata.check_create_topic("t", -1, -1, &BTreeMap::new(), Some(&[vec![3, 9]])).is_err());
+        assert!(metadata.check_create_topic("t", 1, 3, &BTreeMap::new(), None).is_err(), "two unfenced brokers");
+    }
+
+    #[test]
+    fn create_partitions_with_manual_assignment() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        create_assigned(&mut metadata, "t", &[&[1, 2]]).unwrap();
+        let grow = |total, assignment: &[&[i32]]| Command::CreatePartitions {
+            name: "t".into(),
+            total,
+            placement_seed: 1,
+            assignment: Some(assignment.iter().map(|replicas| replicas.to_vec()).collect()),
+        };
+        let before = metadata.clone();
+        for (command, expected) in [
+            (grow(3, &[&[2, 3]]), "2 partitions are added but 1 replica lists were given"),
+            (grow(2, &[&[2, 3, 1]]), "partition 1: 3 replicas, but the topic's partitions have 2"),
+            (grow(3, &[&[2, 3], &[3, 3]]), "partition 2: replicas [3, 3] name a broker twice"),
+            (grow(2, &[&[4, 1]]), "partition 1: broker 4 is not registered"),
+        ] {
+            let error = metadata.apply(command).unwrap_err();
+            assert!(matches!(&error, MetadataError::InvalidReplicaAssignment(why) if why == expected), "{error}");
+        }
+        assert!(matches!(metadata.apply(grow(1, &[])), Err(MetadataError::InvalidPartitions(_))));
+        assert_eq!(metadata, before, "a refused command changes nothing");
+        assert!(metadata.check_create_partitions("t", 3, Some(&[vec![3, 1], vec![2, 1]])).is_ok());
+        metadata.apply(grow(3, &[&[3, 1], &[2, 1]])).unwrap();
+        assert_eq!(
+            layout(&metadata, "t"),
+            vec![
+                (vec![1, 2], 1, vec![1, 2], 0, 0),
+                (vec![3, 1], 3, vec![3, 1], 0, 0),
+                (vec![2, 1], 2, vec![2, 1], 0, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn commands_written_before_manual_assignment_still_decode() {
+        let create = r#"{"CreateTopic":{"name":"t","topic_id":"5f0c7e4e-1b7a-4f0e-9d7c-3a2b1c0d9e8f","partitions":2,
+            "replication_factor":1,"configs":{},"placement_seed":7}}"#;
+        let Command::CreateTopic { partitions, assignment, .. } = serde_json::from_str(create).unwrap() else {
+            panic!()
+        };
+        assert_eq!((partitions, assignment), (2, None));
+        let grow = r#"{"CreatePartitions":{"name":"t","total":4,"placement_seed":7}}"#;
+        let Command::CreatePartitions { total, assignment, .. } = serde_json::from_str(grow).unwrap() else { panic!() };
+        assert_eq!((total, assignment), (4, None));
     }
 
     #[test]

@@ -340,6 +340,7 @@ mod tests {
             replication_factor: 1,
             configs: BTreeMap::new(),
             placement_seed: 0,
+            assignment: None,
         })
     }
 

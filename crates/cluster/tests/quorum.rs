@@ -172,7 +172,7 @@ async fn bootstrap_create_topic_and_forward_writes() {
     firsts.sort_unstable();
     assert!(firsts.windows(2).all(|pair| pair[1] - pair[0] >= 1000), "{firsts:?}");
 
-    node.create_partitions("orders", 9).await.unwrap();
+    node.create_partitions("orders", 9, None).await.unwrap();
     let configs = BTreeMap::from([("retention.ms".to_string(), "1000".to_string())]);
     node.alter_topic_configs("orders", configs.clone(), None).await.unwrap();
     let orders = &cluster.metadata(follower).topics["orders"];

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
@@ -14,6 +15,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
+use sluice_cluster::TopicInfo;
 use uuid::Uuid;
 
 use super::{message, str_bytes};
@@ -226,15 +228,20 @@ pub(super) fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, 
     response
 }
 
-/// Checks a CreatableTopic (name, partitions, configs) and resolves its partition count.
-fn validate_creatable(broker: &Broker, topic: &CreatableTopic) -> Result<TopicMeta, (ResponseError, String)> {
+/// A manual replica assignment: the replicas of partition `i` are `assignment[i]`.
+type Assignment = Vec<Vec<i32>>;
+
+/// Checks a CreatableTopic (name, partitions, configs, the shape of a manual assignment) and
+/// resolves its partition count; returns the manual assignment if there is one.
+fn validate_creatable(broker: &Broker, topic: &CreatableTopic) -> Result<(TopicMeta, Option<Assignment>), Failure> {
     let name = topic.name.as_str();
     validate_topic_name(name).map_err(|e| (ResponseError::InvalidTopicException, e))?;
     if broker.topics.get(name).is_some() {
         return Err((ResponseError::TopicAlreadyExists, format!("topic {name:?} already exists")));
     }
-    let partitions = if !topic.assignments.is_empty() {
-        topic.assignments.len() as i32
+    let assignment = requested_assignment(topic)?;
+    let partitions = if let Some(assignment) = &assignment {
+        i32::try_from(assignment.len()).expect("bounded by PARTITIONS_PER_TOPIC_MAX")
     } else if topic.num_partitions == -1 {
         broker.config().num_partitions
     } else {
@@ -254,10 +261,45 @@ fn validate_creatable(broker: &Broker, topic: &CreatableTopic) -> Result<TopicMe
             configs.insert(config.name.to_string(), value.to_string());
         }
     }
-    if broker.cluster.is_some() && !topic.assignments.is_empty() {
-        return Err((ResponseError::InvalidReplicaAssignment, "manual replica assignment is not supported yet".into()));
+    Ok((TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions, configs }, assignment))
+}
+
+/// The manual replica assignment of a CreatableTopic, checked as Kafka checks the request:
+/// partition count and replication factor both -1 (the assignment decides them), and the
+/// partition indexes exactly `0..n`. `None` when the request has no assignment.
+fn requested_assignment(topic: &CreatableTopic) -> Result<Option<Assignment>, Failure> {
+    if topic.assignments.is_empty() {
+        return Ok(None);
     }
-    Ok(TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions, configs })
+    if topic.num_partitions != -1 || topic.replication_factor != -1 {
+        return Err((
+            ResponseError::InvalidRequest,
+            "both numPartitions or replicationFactor and replicasAssignments were set; both cannot be used at the \
+             same time"
+                .into(),
+        ));
+    }
+    let count = topic.assignments.len();
+    if count > PARTITIONS_PER_TOPIC_MAX as usize {
+        return Err((
+            ResponseError::InvalidPartitions,
+            format!("{count} partitions, at most {PARTITIONS_PER_TOPIC_MAX}"),
+        ));
+    }
+    let mut by_index: Vec<Option<Vec<i32>>> = vec![None; count];
+    for assignment in &topic.assignments {
+        let index = assignment.partition_index;
+        match usize::try_from(index).ok().and_then(|index| by_index.get_mut(index)) {
+            Some(slot @ None) => *slot = Some(assignment.broker_ids.iter().map(|id| id.0).collect()),
+            _ => {
+                return Err((
+                    ResponseError::InvalidReplicaAssignment,
+                    format!("partition {index}: the assigned partitions must be 0..{count}, each once"),
+                ))
+            }
+        }
+    }
+    Ok(Some(by_index.into_iter().map(|replicas| replicas.expect("n distinct indexes below n")).collect()))
 }
 
 fn create_one(
@@ -265,15 +307,9 @@ fn create_one(
     topic: &CreatableTopic,
     validate_only: bool,
 ) -> Result<TopicMeta, (ResponseError, String)> {
-    let meta = validate_creatable(broker, topic)?;
+    let (meta, assignment) = validate_creatable(broker, topic)?;
     let (name, partitions) = (meta.name.as_str(), meta.partitions);
-    let node = broker.node_id();
-    if topic.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node) || a.broker_ids.len() != 1) {
-        return Err((
-            ResponseError::InvalidReplicaAssignment,
-            "this single-node cluster only has node ".to_string() + &node.to_string(),
-        ));
-    }
+    check_single_node_assignment(broker, assignment.as_deref())?;
     if !(topic.replication_factor == -1 || topic.replication_factor == 1) {
         return Err((
             ResponseError::InvalidReplicationFactor,
@@ -293,6 +329,18 @@ fn create_one(
         }
         Err(error) => Err((ResponseError::KafkaStorageError, format!("could not create topic: {error}"))),
     }
+}
+
+/// On a single node, a manual assignment may only name this node, once per partition.
+fn check_single_node_assignment(broker: &Broker, assignment: Option<&[Vec<i32>]>) -> Result<(), Failure> {
+    let node = broker.node_id();
+    if assignment.unwrap_or_default().iter().any(|replicas| replicas[..] != [node]) {
+        return Err((
+            ResponseError::InvalidReplicaAssignment,
+            format!("this single-node cluster only has node {node}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The topics a DeleteTopics names: (name if given, id), by name (v0-5) or by id (v6).
@@ -388,7 +436,11 @@ pub(super) fn create_partitions(broker: &Arc<Broker>, request: CreatePartitionsR
     for topic in request.topics {
         let mut result = CreatePartitionsTopicResult::default();
         result.name = topic.name.clone();
-        if let Err((error, text)) = grow_topic(broker, topic.name.as_str(), topic.count, request.validate_only) {
+        let assignment = new_partitions_assignment(&topic);
+        let outcome = check_single_node_assignment(broker, assignment.as_deref()).and_then(|()| {
+            grow_topic(broker, topic.name.as_str(), topic.count, assignment.as_deref(), request.validate_only)
+        });
+        if let Err((error, text)) = outcome {
             result.error_code = error.code();
             result.error_message = message(text);
         }
@@ -397,8 +449,15 @@ pub(super) fn create_partitions(broker: &Arc<Broker>, request: CreatePartitionsR
     response
 }
 
-/// CreatePartitions in a cluster: the controller places the new partitions' replicas and
-/// every node opens the ones it hosts (`cluster_link`).
+/// The replica lists a CreatePartitions names for its new partitions, in partition order.
+fn new_partitions_assignment(topic: &CreatePartitionsTopic) -> Option<Assignment> {
+    let lists = topic.assignments.as_ref()?;
+    Some(lists.iter().map(|list| list.broker_ids.iter().map(|id| id.0).collect()).collect())
+}
+
+/// CreatePartitions in a cluster: the controller places the new partitions' replicas (or
+/// checks the request's assignment) and every node opens the ones it hosts (`cluster_link`).
+/// `validate_only` runs the controller's checks on this node's copy of the metadata.
 pub(super) async fn create_partitions_in_cluster(
     broker: Arc<Broker>,
     request: CreatePartitionsRequest,
@@ -408,17 +467,19 @@ pub(super) async fn create_partitions_in_cluster(
         let mut result = CreatePartitionsTopicResult::default();
         result.name = topic.name.clone();
         let name = topic.name.as_str();
-        let mut outcome = check_growth(&broker, name, topic.count).map(drop);
-        if outcome.is_ok() && topic.assignments.is_some() {
-            outcome =
-                Err((ResponseError::InvalidReplicaAssignment, "manual replica assignment is not supported".into()));
-        }
-        if outcome.is_ok() && !request.validate_only {
-            outcome = match controller(&broker) {
-                Ok(controller) => controller_write(&broker, controller.create_partitions(name, topic.count)).await,
+        let assignment = new_partitions_assignment(&topic);
+        let outcome = match check_growth(&broker, name, topic.count) {
+            Err(failure) => Err(failure),
+            Ok(_) if request.validate_only => cluster_metadata(&broker)
+                .check_create_partitions(name, topic.count, assignment.as_deref())
+                .map_err(|e| refused(e.kafka_error_code(), e.to_string())),
+            Ok(_) => match controller(&broker) {
+                Ok(controller) => {
+                    controller_write(&broker, controller.create_partitions(name, topic.count, assignment)).await
+                }
                 Err(failure) => Err(failure),
-            };
-        }
+            },
+        };
         match outcome {
             Ok(()) if !request.validate_only => {
                 tracing::info!(topic = name, partitions = topic.count, "added partitions in cluster")
@@ -448,8 +509,21 @@ fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Fa
     Ok(topic)
 }
 
-fn grow_topic(broker: &Broker, name: &str, count: i32, validate_only: bool) -> Result<(), (ResponseError, String)> {
+fn grow_topic(
+    broker: &Broker,
+    name: &str,
+    count: i32,
+    assignment: Option<&[Vec<i32>]>,
+    validate_only: bool,
+) -> Result<(), Failure> {
     let topic = check_growth(broker, name, count)?;
+    let added = count - topic.partitions;
+    if let Some(lists) = assignment.filter(|lists| lists.len() != added as usize) {
+        return Err((
+            ResponseError::InvalidReplicaAssignment,
+            format!("{added} partitions are added but {} replica lists were given", lists.len()),
+        ));
+    }
     if validate_only {
         return Ok(());
     }
@@ -546,14 +620,21 @@ pub(super) async fn controller_write<T>(
     let written = tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write)
         .await
         .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
-        .map_err(|e| {
-            let error = ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError);
-            (error, e.to_string())
-        })?;
+        .map_err(|e| refused(e.kafka_error_code(), e.to_string()))?;
     if !cluster.wait_applied(cluster.controller_version(), APPLY_WAIT).await {
         tracing::warn!("admin change committed but not yet applied on this broker");
     }
     Ok(written)
+}
+
+/// A refusal of the controller (or of its state machine's checks), as the client sees it.
+fn refused(kafka_error_code: i16, text: String) -> Failure {
+    (ResponseError::try_from_code(kafka_error_code).unwrap_or(ResponseError::UnknownServerError), text)
+}
+
+/// The cluster metadata this node has applied, for admin checks that write nothing.
+fn cluster_metadata(broker: &Broker) -> Arc<sluice_cluster::ClusterMetadata> {
+    broker.cluster.as_ref().expect("cluster mode").metadata()
 }
 
 /// How long an admin request waits for its committed change to be applied on this broker.
@@ -587,41 +668,90 @@ pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequ
     response
 }
 
-/// Creates a topic through the controller and waits until this node has applied it.
+/// Creates a topic through the controller, placed over the unfenced brokers, and waits until
+/// this node has applied it. A `replication_factor` of -1 is the configured default.
 pub(super) async fn create_in_cluster(
     broker: &Arc<Broker>,
     name: &str,
     partitions: i32,
     replication_factor: i16,
     configs: BTreeMap<String, String>,
-) -> Result<TopicMeta, (ResponseError, String)> {
-    let cluster = broker.cluster.as_ref().expect("cluster mode");
-    let controller = cluster.controller().ok_or((ResponseError::NotController, "controller not started".into()))?;
+) -> Result<TopicInfo, Failure> {
+    let replication_factor = resolved_replication_factor(broker, replication_factor);
+    let controller = controller(broker)?;
+    let created =
+        controller_write(broker, controller.create_topic(name, partitions, replication_factor, configs)).await?;
+    wait_until_listed(broker, name).await;
+    tracing::info!(topic = name, partitions, replication_factor, "created topic in cluster");
+    Ok(created)
+}
+
+/// Creates a topic through the controller with a manual replica assignment, and waits until
+/// this node has applied it.
+async fn create_assigned_in_cluster(
+    broker: &Arc<Broker>,
+    name: &str,
+    assignment: Assignment,
+    configs: BTreeMap<String, String>,
+) -> Result<TopicInfo, Failure> {
+    let controller = controller(broker)?;
+    let created = controller_write(broker, controller.create_topic_with_assignment(name, assignment, configs)).await?;
+    wait_until_listed(broker, name).await;
+    let replicas: Vec<&[i32]> = created.partitions.iter().map(|p| p.replicas.as_slice()).collect();
+    tracing::info!(topic = name, ?replicas, "created topic in cluster with a manual assignment");
+    Ok(created)
+}
+
+/// A requested replication factor, with -1 resolved to the configured default (at most the
+/// number of unfenced brokers).
+fn resolved_replication_factor(broker: &Broker, requested: i16) -> i16 {
+    if requested != -1 {
+        return requested;
+    }
     let default_rf = broker.config().cluster.as_ref().map_or(1, |c| c.default_replication_factor);
-    let replication_factor = if replication_factor == -1 {
-        let brokers = cluster.metadata().brokers.values().filter(|b| !b.fenced).count().max(1);
-        default_rf.min(brokers as i16)
-    } else {
-        replication_factor
-    };
-    let created = tokio::time::timeout(
-        crate::cluster_link::ADMIN_TIMEOUT,
-        controller.create_topic(name, partitions, replication_factor, configs.clone()),
-    )
-    .await
-    .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
-    .map_err(|e| {
-        (ResponseError::try_from_code(e.kafka_error_code()).unwrap_or(ResponseError::UnknownServerError), e.to_string())
-    })?;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let unfenced = cluster_metadata(broker).brokers.values().filter(|b| !b.fenced).count().max(1);
+    default_rf.min(i16::try_from(unfenced).unwrap_or(i16::MAX))
+}
+
+/// Waits (a bounded time) until this node's topic registry lists a topic the controller created.
+async fn wait_until_listed(broker: &Broker, name: &str) {
+    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
     while broker.topics.get(name).is_none() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    tracing::info!(topic = name, partitions, replication_factor, "created topic in cluster");
-    Ok(TopicMeta { name: name.to_string(), id: created.topic_id, partitions, configs })
 }
 
-/// CreateTopics in a cluster: the same checks as on a single node, then the controller.
+/// One topic of a CreateTopics in a cluster: the request's checks, then the controller's:
+/// a write, or for `validate_only` the same checks on this node's copy of the metadata.
+/// Returns the topic and its replication factor.
+async fn create_one_in_cluster(
+    broker: &Arc<Broker>,
+    topic: &CreatableTopic,
+    validate_only: bool,
+) -> Result<(TopicMeta, i16), Failure> {
+    let (mut meta, assignment) = validate_creatable(broker, topic)?;
+    if validate_only {
+        let (partitions, replication_factor) = match &assignment {
+            Some(_) => (-1, -1),
+            None => (meta.partitions, resolved_replication_factor(broker, topic.replication_factor)),
+        };
+        cluster_metadata(broker)
+            .check_create_topic(&meta.name, partitions, replication_factor, &meta.configs, assignment.as_deref())
+            .map_err(|e| refused(e.kafka_error_code(), e.to_string()))?;
+        let factor = assignment.map_or(replication_factor, |lists| lists[0].len() as i16);
+        return Ok((meta, factor));
+    }
+    let configs = meta.configs.clone();
+    let created = match assignment {
+        Some(assignment) => create_assigned_in_cluster(broker, &meta.name, assignment, configs).await?,
+        None => create_in_cluster(broker, &meta.name, meta.partitions, topic.replication_factor, configs).await?,
+    };
+    meta.id = created.topic_id;
+    let factor = i16::try_from(created.partitions[0].replicas.len()).expect("bounded by REPLICATION_FACTOR_MAX");
+    Ok((meta, factor))
+}
+
+/// CreateTopics in a cluster: the same request checks as on a single node, then the controller.
 pub(super) async fn create_topics_in_cluster(
     broker: Arc<Broker>,
     request: CreateTopicsRequest,
@@ -632,18 +762,11 @@ pub(super) async fn create_topics_in_cluster(
         result.name = topic.name.clone();
         result.num_partitions = -1;
         result.replication_factor = -1;
-        let outcome = match validate_creatable(&broker, &topic) {
-            Err(refused) => Err(refused),
-            Ok(meta) if request.validate_only => Ok(meta),
-            Ok(meta) => {
-                create_in_cluster(&broker, &meta.name, meta.partitions, topic.replication_factor, meta.configs).await
-            }
-        };
-        match outcome {
-            Ok(created) => {
+        match create_one_in_cluster(&broker, &topic, request.validate_only).await {
+            Ok((created, replication_factor)) => {
                 result.topic_id = created.id;
                 result.num_partitions = created.partitions;
-                result.replication_factor = topic.replication_factor;
+                result.replication_factor = replication_factor;
             }
             Err((error, text)) => {
                 tracing::info!(topic = %topic.name.as_str(), %text, "create topic refused");
