@@ -416,7 +416,7 @@ def test_manual_replica_assignment_places_replicas_where_asked(cluster):
     Kafka refuses are refused with Kafka's error codes, validate_only included."""
     admin = cluster.admin()
     admin.create_topics([NewTopic("placed", 2, replica_assignment=[[2, 3], [3, 1]])])["placed"].result(timeout=30)
-    expected = {0: (2, [2, 3], [2, 3]), 1: (3, [3, 1], [3, 1])}
+    expected = {0: kw.PartitionMetadata(2, [2, 3], [2, 3]), 1: kw.PartitionMetadata(3, [3, 1], [3, 1])}
     for node_id in cluster.nodes:
         cluster.wait_for(f"the assignment at node {node_id}",
                          lambda: cluster.partition_states_at(node_id, "placed") == expected)
@@ -428,7 +428,7 @@ def test_manual_replica_assignment_places_replicas_where_asked(cluster):
     assert producer.flush(30) == 0
 
     admin.create_partitions([NewPartitions("placed", 3, replica_assignment=[[1, 2]])])["placed"].result(timeout=30)
-    expected[2] = (1, [1, 2], [1, 2])
+    expected[2] = kw.PartitionMetadata(1, [1, 2], [1, 2])
     for node_id in cluster.nodes:
         cluster.wait_for(f"the new partition at node {node_id}",
                          lambda: cluster.partition_states_at(node_id, "placed") == expected)
