@@ -12,8 +12,13 @@ use serde::{Deserialize, Serialize};
 use crate::batch::BatchHeader;
 
 /// How many recent batches per producer are remembered for duplicate detection. Kafka
-/// clients keep at most 5 requests in flight per connection with idempotence on.
-pub const PRODUCER_BATCHES_REMEMBERED: usize = 5;
+/// remembers 5 (clients keep at most 5 requests in flight per connection), but across a
+/// leader change a client can have 5 batches in flight to the old leader and already send
+/// the next one to the new leader, which holds the 5 (replicated) and appends it. The
+/// retried 5 then arrive behind it: with 5 remembered the oldest is "out of order" and the
+/// Java client retries it until `delivery.timeout.ms` (seen in test_java_cluster.py). Twice
+/// that window and more answers them as the duplicates they are, at 16 bytes a batch.
+pub const PRODUCER_BATCHES_REMEMBERED: usize = 16;
 
 /// Verdict of a sequence check for an incoming batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,11 +154,32 @@ mod tests {
     #[test]
     fn only_recent_batches_are_remembered() {
         let mut table = ProducerStateTable::default();
-        for i in 0..10 {
+        let batches = 2 * PRODUCER_BATCHES_REMEMBERED as i32;
+        for i in 0..batches {
             table.record(&header(9, 0, i, 1, i64::from(i)));
         }
-        assert_eq!(table.check(&header(9, 0, 9, 1, -1)), SequenceCheck::Duplicate { base_offset: 9 });
-        assert_eq!(table.check(&header(9, 0, 1, 1, -1)), SequenceCheck::OutOfOrder);
-        assert_eq!(table.check(&header(9, 0, 10, 1, -1)), SequenceCheck::Append);
+        let oldest_remembered = batches - PRODUCER_BATCHES_REMEMBERED as i32;
+        let duplicate = |seq: i32| SequenceCheck::Duplicate { base_offset: i64::from(seq) };
+        assert_eq!(table.check(&header(9, 0, batches - 1, 1, -1)), duplicate(batches - 1));
+        assert_eq!(table.check(&header(9, 0, oldest_remembered, 1, -1)), duplicate(oldest_remembered));
+        assert_eq!(table.check(&header(9, 0, oldest_remembered - 1, 1, -1)), SequenceCheck::OutOfOrder);
+        assert_eq!(table.check(&header(9, 0, batches, 1, -1)), SequenceCheck::Append);
+    }
+
+    /// Across a leader change a client may send its next batch to the new leader while its 5
+    /// previous ones, already replicated there, are still in flight to the old one: their
+    /// retries, arriving after it, are duplicates (not out of order).
+    #[test]
+    fn retries_of_five_in_flight_batches_after_a_newer_one_are_duplicates() {
+        let mut table = ProducerStateTable::default();
+        for i in 0..6 {
+            table.record(&header(7, 0, i * 4, 4, i64::from(i * 4)));
+        }
+        for i in 0..5 {
+            assert_eq!(
+                table.check(&header(7, 0, i * 4, 4, -1)),
+                SequenceCheck::Duplicate { base_offset: i64::from(i * 4) }
+            );
+        }
     }
 }
