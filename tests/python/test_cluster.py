@@ -120,6 +120,49 @@ def test_replicas_spread_and_metadata_lists_every_node(cluster):
         assert sorted(md.topics["spread"].partitions[p].replicas) == [1, 2, 3]
 
 
+class LoadProducer:
+    """An idempotent acks=all librdkafka producer writing keyed records (`k0`, `k1`, ...) from
+    a thread until stopped: `acked` maps each acknowledged key to (partition, offset),
+    `failed` holds delivery errors. With `partitions`, record i goes to partition i % n."""
+
+    def __init__(self, bootstrap, topic, partitions=None, message_timeout_ms=120000):
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
+            "message.timeout.ms": message_timeout_ms, "retry.backoff.ms": 50,
+            "topic.metadata.refresh.interval.ms": 500,
+        })
+        self.topic, self.partitions = topic, partitions
+        self.acked, self.failed = {}, []
+        self._flush_s = message_timeout_ms / 1000
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _on_delivery(self, err, msg):
+        if err:
+            self.failed.append(str(err))
+        else:
+            self.acked[msg.key().decode()] = (msg.partition(), msg.offset())
+
+    def _run(self):
+        i = 0
+        while not self._stop.is_set():
+            placement = {} if self.partitions is None else {"partition": i % self.partitions}
+            try:
+                self.producer.produce(self.topic, key=f"k{i}", value=b"v" * 100, on_delivery=self._on_delivery,
+                                      **placement)
+                i += 1
+            except BufferError:
+                pass
+            self.producer.poll(0.001)
+        self.producer.flush(self._flush_s)
+
+    def stop(self):
+        """Stops sending and waits until everything sent is acknowledged or failed."""
+        self._stop.set()
+        self._thread.join(self._flush_s + 60)
+
+
 def consume_all(bootstrap, topic, partitions, expected_total, timeout=60):
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.time()}", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
@@ -139,37 +182,8 @@ def test_leader_kill_9_under_load_loses_and_duplicates_nothing(cluster, level):
     topic = f"failover-{level}"
     partitions = 3
     create_topic(cluster, topic, partitions, {"sluice.durability.level": level})
-    producer = Producer({
-        "bootstrap.servers": cluster.bootstrap,
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": 2,
-        "message.timeout.ms": 120000,
-        "retry.backoff.ms": 50,
-        "topic.metadata.refresh.interval.ms": 500,
-    })
-    acked, failed = {}, []
-    stop = threading.Event()
-
-    def on_delivery(err, msg):
-        if err:
-            failed.append(str(err))
-        else:
-            acked[msg.key().decode()] = (msg.partition(), msg.offset())
-
-    def produce_loop():
-        i = 0
-        while not stop.is_set():
-            try:
-                producer.produce(topic, key=f"k{i}", value=b"v" * 100, partition=i % partitions, on_delivery=on_delivery)
-                i += 1
-            except BufferError:
-                pass
-            producer.poll(0.001)
-        producer.flush(120)
-
-    thread = threading.Thread(target=produce_loop)
-    thread.start()
+    load = LoadProducer(cluster.bootstrap, topic, partitions)
+    acked, failed = load.acked, load.failed
     failovers = []
     try:
         kills = 3
@@ -192,8 +206,7 @@ def test_leader_kill_9_under_load_loses_and_duplicates_nothing(cluster, level):
                 timeout=30,
             )
     finally:
-        stop.set()
-        thread.join(180)
+        load.stop()
     print(f"level {level}: failover seconds {[round(f, 2) for f in failovers]}, acked {len(acked)}")
     assert not failed, failed[:5]
     assert len(acked) > 1000

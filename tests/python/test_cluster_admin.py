@@ -15,7 +15,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
 
 import kafka_wire as kw
 from java_support import tools_cp  # noqa: F401  (a fixture)
-from test_cluster import cluster, consume_all, create_topic  # noqa: F401  (cluster is a fixture)
+from test_cluster import LoadProducer, cluster, consume_all, create_topic  # noqa: F401  (cluster is a fixture)
 
 
 def partition_dirs(cluster, topic):
@@ -268,32 +268,8 @@ def test_reassignment_moves_a_partition_under_load(cluster):
     removed = source[0]
     target = [source[1], spare]
 
-    producer = Producer({
-        "bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
-        "message.timeout.ms": 60000, "retry.backoff.ms": 50, "topic.metadata.refresh.interval.ms": 500,
-    })
-    acked, failed = {}, []
-    stop = threading.Event()
-
-    def on_delivery(err, msg):
-        if err:
-            failed.append(str(err))
-        else:
-            acked[msg.key().decode()] = (msg.partition(), msg.offset())
-
-    def produce_loop():
-        i = 0
-        while not stop.is_set():
-            try:
-                producer.produce(topic, key=f"k{i}", value=b"v" * 100, on_delivery=on_delivery)
-                i += 1
-            except BufferError:
-                pass
-            producer.poll(0.001)
-        producer.flush(60)
-
-    thread = threading.Thread(target=produce_loop)
-    thread.start()
+    load = LoadProducer(cluster.bootstrap, topic, message_timeout_ms=60000)
+    acked, failed = load.acked, load.failed
     live = cluster.nodes[source[1]].bootstrap  # stays a replica, never paused
     spare_proc = cluster.nodes[spare].proc
     try:
@@ -313,8 +289,7 @@ def test_reassignment_moves_a_partition_under_load(cluster):
         cluster.wait_for("acks after the move", lambda: len(acked) > before + 200)
     finally:
         spare_proc.send_signal(signal.SIGCONT)
-        stop.set()
-        thread.join(90)
+        load.stop()
     leader, replicas, isr = cluster.partition_state(topic, 0)
     assert sorted(replicas) == sorted(target) and leader in target, (leader, replicas, isr)
     cluster.wait_for("old replica's log deleted", lambda: not partition_dirs(cluster, topic)[removed])
