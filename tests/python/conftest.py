@@ -27,14 +27,14 @@ def free_port() -> int:
 class Broker:
     """A `sluice serve` child process bound to 127.0.0.1:<port> with its own data dir."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, extra_args=(), env=None):
+    def __init__(self, data_dir: Path, port: int | None = None, extra_args=(), env=None, log_dir: Path | None = None):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.extra_args = list(extra_args)
         self.env = dict(os.environ, **(env or {}))
         self.env.setdefault("RUST_LOG", "info")
         self.proc: subprocess.Popen | None = None
-        self.log_path = self.data_dir.parent / f"broker-{self.port}.log"
+        self.log_path = Path(log_dir or self.data_dir.parent) / f"broker-{self.port}.log"
 
     @property
     def bootstrap(self) -> str:

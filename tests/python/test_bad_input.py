@@ -323,6 +323,22 @@ def test_message_too_large(broker, traffic):
     assert_healthy(broker, traffic)
 
 
+def test_timestamps_outside_the_topic_limits_are_invalid_timestamp(broker, traffic):
+    """Kafka's message.timestamp.after.max.ms (default one hour) and before.max.ms: a batch
+    from a client clock far off is refused (a far-future timestamp would otherwise pin its
+    segment against retention)."""
+    topic = unique("ts")
+    create_topic(broker.bootstrap, topic, 1, {"message.timestamp.before.max.ms": "86400000"})
+    now_ms = int(time.time() * 1000)
+    with Conn.to(broker.bootstrap) as c:
+        for ts in (now_ms + 2 * 3600_000, now_ms - 2 * 86400_000):
+            err, _, _, _ = c.produce(topic, 0, record_batch([Record(b"t")], base_timestamp=ts))
+            assert err == kw.INVALID_TIMESTAMP, f"timestamp {ts - now_ms:+} ms: error {err}"
+        assert watermarks(broker.bootstrap, topic, 0) == (0, 0)
+        assert c.produce(topic, 0, record_batch([Record(b"t")], base_timestamp=now_ms + 60_000))[:2] == (0, 0)
+    assert_healthy(broker, traffic)
+
+
 def test_produce_unknown_partition(broker, traffic):
     topic = unique("onepart")
     create_topic(broker.bootstrap, topic, 1)

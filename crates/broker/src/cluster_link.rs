@@ -249,10 +249,10 @@ fn claim_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io:
     }
 }
 
-/// After a replica's log is opened: records which topic it belongs to. Not fsynced (one
-/// per partition at creation adds up); the next sync round or clean shutdown persists it.
+/// After a replica's log is opened: records which topic it belongs to, durably (a marker
+/// lost to a power loss would let a recreated topic reuse the old log).
 fn mark_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io::Result<()> {
-    sluice_storage::write_file_unsynced(&logs.dir_of(tp).join(TOPIC_ID_FILE), topic_id.to_string().as_bytes())
+    sluice_storage::write_file_atomically(&logs.dir_of(tp).join(TOPIC_ID_FILE), topic_id.to_string().as_bytes())
 }
 
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node

@@ -49,6 +49,12 @@ impl Broker {
     pub fn open(config: BrokerConfig) -> io::Result<Arc<Broker>> {
         config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let started = std::time::Instant::now();
+        if sluice_storage::durable::fsync_skipped() {
+            tracing::warn!(
+                env = sluice_storage::durable::SKIP_FSYNC_ENV,
+                "TEST MODE: fsync is switched off; acknowledged writes are NOT durable"
+            );
+        }
         let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs = LogManager::new(&config.data_dir.join("logs"))?;

@@ -38,6 +38,10 @@ pub struct TopicDefaults {
     /// acknowledging, 2 = replicated, fsync async, 3 = leader fsynced, replication async,
     /// 4 = neither (see ARCHITECTURE.md).
     pub durability_level: i64,
+    /// `message.timestamp.before.max.ms`
+    pub message_timestamp_before_max_ms: i64,
+    /// `message.timestamp.after.max.ms`
+    pub message_timestamp_after_max_ms: i64,
 }
 
 impl Default for TopicDefaults {
@@ -53,6 +57,8 @@ impl Default for TopicDefaults {
             flush_ms: log.flush_ms,
             min_insync_replicas: 1,
             durability_level: DURABILITY_LEVEL_CONFIG_DEFAULT,
+            message_timestamp_before_max_ms: log.timestamp_before_max_ms,
+            message_timestamp_after_max_ms: log.timestamp_after_max_ms,
         }
     }
 }
@@ -104,6 +110,18 @@ const DEFS: &[ConfigDef] = &[
         config_type: ConfigType::Int,
         check: Check::Range(0, i32::MAX as i64),
         default: |d| d.max_message_bytes.to_string(),
+    },
+    ConfigDef {
+        name: "message.timestamp.after.max.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(0, i64::MAX),
+        default: |d| d.message_timestamp_after_max_ms.to_string(),
+    },
+    ConfigDef {
+        name: "message.timestamp.before.max.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(0, i64::MAX),
+        default: |d| d.message_timestamp_before_max_ms.to_string(),
     },
     ConfigDef {
         name: "message.timestamp.type",
@@ -213,6 +231,8 @@ impl TopicDefaults {
             retention_bytes: number("retention.bytes", self.retention_bytes),
             max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,
             flush_ms: number("flush.ms", self.flush_ms),
+            timestamp_before_max_ms: number("message.timestamp.before.max.ms", self.message_timestamp_before_max_ms),
+            timestamp_after_max_ms: number("message.timestamp.after.max.ms", self.message_timestamp_after_max_ms),
         }
     }
 

@@ -13,6 +13,7 @@
 //! Storage knows nothing of the Kafka wire protocol beyond the batch header.
 
 pub mod batch;
+pub mod durable;
 mod log;
 mod manager;
 pub mod producer_state;
@@ -35,39 +36,23 @@ pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
     {
         let mut file = File::create(&tmp)?;
         file.write_all(data)?;
-        file.sync_all()?;
+        durable::sync_all(&file)?;
     }
     std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
+    match path.parent() {
+        Some(dir) => durable::sync_dir(dir),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Writes a file by rename without fsync: for files that are validated when read (a
 /// checksum or parse check) and merely speed up recovery, so a crash may lose them but
 /// never leaves them half-written under their final name with wrong content unnoticed.
-/// A later fsync round (`syncfs`) or clean shutdown makes them durable.
+/// Clean shutdown makes them durable ([`durable::sync_path`]).
 pub fn write_file_unsynced(path: &Path, data: &[u8]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, data)?;
     std::fs::rename(&tmp, path)
-}
-
-/// Flushes every dirty page and the journal of the filesystem holding `path`, and waits.
-pub fn sync_filesystem(path: &Path) -> io::Result<()> {
-    let file = File::open(path)?;
-    syncfs(&file)
-}
-
-pub(crate) fn syncfs(file: &File) -> io::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: syncfs takes any open descriptor on the filesystem.
-    if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// An exclusive `flock` on `<dir>/.lock`, held for the life of the process, so two brokers

@@ -58,7 +58,15 @@ pub struct LogConfig {
     pub flush_messages: u64,
     /// `flush.ms`: in page-cache mode, flush data older than this
     pub flush_ms: i64,
+    /// `message.timestamp.before.max.ms`: how far in the past a batch's first timestamp may be
+    pub timestamp_before_max_ms: i64,
+    /// `message.timestamp.after.max.ms`: how far in the future a batch's max timestamp may be
+    /// (retention goes by it: a far-future timestamp would pin its segment)
+    pub timestamp_after_max_ms: i64,
 }
+
+/// Kafka 4's default `message.timestamp.after.max.ms`: one hour.
+pub const TIMESTAMP_AFTER_MAX_MS_DEFAULT: i64 = 3_600_000;
 
 impl Default for LogConfig {
     fn default() -> Self {
@@ -70,6 +78,8 @@ impl Default for LogConfig {
             max_message_bytes: 1_048_588,
             flush_messages: 1,
             flush_ms: i64::MAX,
+            timestamp_before_max_ms: i64::MAX,
+            timestamp_after_max_ms: TIMESTAMP_AFTER_MAX_MS_DEFAULT,
         }
     }
 }
@@ -138,6 +148,8 @@ pub enum AppendError {
     OutOfOrderSequence,
     #[error("stale producer epoch")]
     StaleProducerEpoch,
+    #[error("timestamp {timestamp} is out of range for this topic (broker time {now_ms})")]
+    InvalidTimestamp { timestamp: i64, now_ms: i64 },
     #[error("storage error: {0}")]
     Storage(#[from] io::Error),
     #[error("partition log is offline after an I/O error")]
@@ -190,7 +202,7 @@ pub(crate) struct SyncTarget {
 impl Partition {
     /// Opens (recovering) or creates the partition log in `dir`.
     pub fn open(dir: &Path, config: LogConfig) -> io::Result<Partition> {
-        std::fs::create_dir_all(dir)?;
+        crate::durable::create_dir_all(dir)?;
         let state = load_state(dir, config)?;
         let end = state.log_end_offset;
         let (visible, _) = watch::channel(Visible { high_watermark: end, failed: false });
@@ -246,6 +258,7 @@ impl Partition {
         if header.record_count == 0 {
             return Err(AppendError::InvalidRecord("empty batch"));
         }
+        check_timestamps(&header, &state.config, now_ms)?;
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate { base_offset } => {
@@ -373,7 +386,7 @@ impl Partition {
         // Create the new file first: if that fails (disk full) the old segment stays active.
         let segment = Segment::create(&self.dir, new_base)?;
         let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal(true)?;
+        active.seal(false)?;
         // Everything in the sealed segment is now durable.
         if state.local_end < new_base {
             state.local_end = new_base;
@@ -505,13 +518,13 @@ impl Partition {
                 true
             })?;
             segment.file().set_len(cut)?;
-            segment.file().sync_all()?;
+            crate::durable::sync_all(segment.file())?;
             let _ = std::fs::remove_file(self.dir.join(index_file_name(base)));
             break;
         }
         for snapshot in list_snapshots(&self.dir) {
             if snapshot > offset {
-                let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
+                let _ = std::fs::remove_file(self.dir.join(snapshot_file_name(snapshot)));
             }
         }
         let config = state.config.clone();
@@ -546,7 +559,7 @@ impl Partition {
         }
         state.segments.clear();
         for snapshot in list_snapshots(&self.dir) {
-            let _ = std::fs::remove_file(self.dir.join(format!("{snapshot:020}{SNAPSHOT_SUFFIX}")));
+            let _ = std::fs::remove_file(self.dir.join(snapshot_file_name(snapshot)));
         }
         write_leader_epochs(&self.dir, &[])?;
         let config = state.config.clone();
@@ -683,6 +696,18 @@ impl Partition {
 
     /// Applies `retention.ms` and `retention.bytes`. Returns the number of segments deleted.
     pub fn apply_retention(&self, now_ms: i64) -> usize {
+        let deleted = self.delete_expired_segments(now_ms);
+        if deleted > 0 {
+            // Deleted segments must stay deleted: a power loss that brought them back would
+            // move the log start offset back.
+            if let Err(error) = crate::durable::sync_dir(&self.dir) {
+                tracing::warn!(dir = %self.dir.display(), %error, "fsync of the log directory after retention failed");
+            }
+        }
+        deleted
+    }
+
+    fn delete_expired_segments(&self, now_ms: i64) -> usize {
         let mut state = self.state.lock();
         let retention_ms = state.config.retention_ms;
         let mut deleted = 0;
@@ -703,14 +728,17 @@ impl Partition {
         deleted
     }
 
-    /// Clean shutdown: cut preallocation, persist indexes and producer state. The caller
-    /// makes it durable with one `syncfs` for all partitions (`LogManager::close`).
+    /// Clean shutdown: fsync the data, cut preallocation, persist the index and producer
+    /// state, and make all of it durable, so the next start trusts the index and loads
+    /// producer state without a scan.
     pub fn close(&self) -> io::Result<()> {
         let mut state = self.state.lock();
         let log_end_offset = state.log_end_offset;
-        write_snapshot(&self.dir, log_end_offset, &state.producers)?;
         let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal(false)
+        active.seal(true)?;
+        write_snapshot(&self.dir, log_end_offset, &state.producers)?;
+        crate::durable::sync_path(&self.dir.join(snapshot_file_name(log_end_offset)))?;
+        crate::durable::sync_dir(&self.dir)
     }
 
     pub fn producer_count(&self) -> usize {
@@ -722,8 +750,39 @@ impl Partition {
     }
 }
 
+/// Kafka's `message.timestamp.{before,after}.max.ms` checks (CreateTime), on the batch
+/// header (records are not decoded): its first timestamp must not be too old, its max
+/// timestamp not too far in the future.
+fn check_timestamps(header: &BatchHeader, config: &LogConfig, now_ms: i64) -> Result<(), AppendError> {
+    if header.max_timestamp > now_ms.saturating_add(config.timestamp_after_max_ms) {
+        return Err(AppendError::InvalidTimestamp { timestamp: header.max_timestamp, now_ms });
+    }
+    if header.base_timestamp < now_ms.saturating_sub(config.timestamp_before_max_ms) {
+        return Err(AppendError::InvalidTimestamp { timestamp: header.base_timestamp, now_ms });
+    }
+    Ok(())
+}
+
 /// Recovers a partition's state from its directory (see [`Partition::open`]).
 fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
+    loop {
+        let state = load_state_once(dir, config.clone())?;
+        // A producer snapshot describes the log up to its offset; one beyond the recovered
+        // log end (its data was lost) would answer a retry of a lost batch as a duplicate
+        // at an offset that does not exist. Drop it and replay from an older one.
+        let stale: Vec<i64> = list_snapshots(dir).into_iter().filter(|&o| o > state.log_end_offset).collect();
+        if stale.is_empty() {
+            return Ok(state);
+        }
+        for offset in stale {
+            tracing::warn!(dir = %dir.display(), offset, log_end_offset = state.log_end_offset, "dropping producer snapshot beyond the log end");
+            std::fs::remove_file(dir.join(snapshot_file_name(offset)))?;
+        }
+        crate::durable::sync_dir(dir)?;
+    }
+}
+
+fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     let (snapshot_offset, producers) = load_latest_snapshot(dir);
     let mut replay = ProducerReplay { from: snapshot_offset, producers };
     let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
@@ -755,7 +814,7 @@ fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     let active = segments.values().next_back().expect("at least one segment");
     // The active segment will be appended to: its index file would go stale.
     let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
-    active.file().sync_data()?;
+    crate::durable::sync_data(active.file())?;
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_end_offset = active.next_offset();
     let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
@@ -793,11 +852,13 @@ impl ProducerReplay {
 }
 
 /// Deletes oldest sealed segments while `expired` says so, then moves the log start offset.
+/// Only segments wholly below the high watermark go: what is not yet committed is not
+/// history to expire (a follower still has to fetch it, a failover may still need it).
 fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) -> bool) -> usize {
     let mut deleted = 0;
     while state.segments.len() > 1 {
         let (base, segment) = state.segments.iter().next().expect("non-empty");
-        if !expired(segment, state.log_start_offset) {
+        if segment.next_offset() > state.high_watermark || !expired(segment, state.log_start_offset) {
             break;
         }
         if let Err(error) = segment.delete_files() {
@@ -916,13 +977,17 @@ fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io
     let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
     let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
     // Unsynced: a lost snapshot only means a longer replay from an older one.
-    crate::write_file_unsynced(&dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}")), &body)?;
+    crate::write_file_unsynced(&dir.join(snapshot_file_name(offset)), &body)?;
     let mut snapshots = list_snapshots(dir);
     while snapshots.len() > SNAPSHOTS_KEPT {
         let oldest = snapshots.remove(0);
-        let _ = std::fs::remove_file(dir.join(format!("{oldest:020}{SNAPSHOT_SUFFIX}")));
+        let _ = std::fs::remove_file(dir.join(snapshot_file_name(oldest)));
     }
     Ok(())
+}
+
+fn snapshot_file_name(offset: i64) -> String {
+    format!("{offset:020}{SNAPSHOT_SUFFIX}")
 }
 
 fn list_snapshots(dir: &Path) -> Vec<i64> {
@@ -939,7 +1004,7 @@ fn list_snapshots(dir: &Path) -> Vec<i64> {
 /// The newest readable producer snapshot, or an empty table replayed from offset 0.
 fn load_latest_snapshot(dir: &Path) -> (i64, ProducerStateTable) {
     for offset in list_snapshots(dir).into_iter().rev() {
-        let path = dir.join(format!("{offset:020}{SNAPSHOT_SUFFIX}"));
+        let path = dir.join(snapshot_file_name(offset));
         let parsed = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<ProducerSnapshot>(&b).ok());
         match parsed {
             Some(snapshot) if snapshot.version == 1 && snapshot.offset == offset => {

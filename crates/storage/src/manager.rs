@@ -13,6 +13,8 @@ use crate::syncer::Syncer;
 
 /// Threads used to recover partitions in parallel at startup.
 const RECOVERY_THREADS: usize = 4;
+/// Threads sealing and fsyncing partitions in parallel at clean shutdown (fsync-bound).
+const CLOSE_THREADS: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicPartition {
@@ -40,7 +42,7 @@ pub struct LogManager {
 impl LogManager {
     /// `root` holds one directory per partition.
     pub fn new(root: &Path) -> io::Result<LogManager> {
-        std::fs::create_dir_all(root)?;
+        crate::durable::create_dir_all(root)?;
         Ok(LogManager { root: root.to_path_buf(), partitions: RwLock::new(HashMap::new()), syncer: Syncer::start() })
     }
 
@@ -135,12 +137,12 @@ impl LogManager {
         }
     }
 
-    /// Clean shutdown: stop syncing, seal every partition (in parallel), then one
-    /// `syncfs` makes all of it durable.
+    /// Clean shutdown: stop syncing, then seal every partition and make it durable (in
+    /// parallel, file by file).
     pub fn close(&self) {
         self.syncer.shutdown();
         let partitions = self.partitions();
-        let chunk = partitions.len().div_ceil(RECOVERY_THREADS).max(1);
+        let chunk = partitions.len().div_ceil(CLOSE_THREADS).max(1);
         std::thread::scope(|scope| {
             for part in partitions.chunks(chunk) {
                 scope.spawn(move || {
@@ -152,8 +154,5 @@ impl LogManager {
                 });
             }
         });
-        if let Err(error) = crate::sync_filesystem(&self.root) {
-            tracing::error!(%error, "final syncfs failed");
-        }
     }
 }

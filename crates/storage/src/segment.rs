@@ -84,6 +84,8 @@ impl Segment {
         assert!(base_offset >= 0);
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
+        // The file's name must be durable before any data fsynced into it is acknowledged.
+        crate::durable::sync_dir(dir)?;
         Ok(Segment::empty(dir, base_offset, log_path, file))
     }
 
@@ -139,7 +141,7 @@ impl Segment {
         assert_eq!(valid_end, self.size_bytes);
         if valid_end != file_len {
             self.file.set_len(valid_end)?;
-            self.file.sync_all()?;
+            crate::durable::sync_all(&self.file)?;
         }
         self.allocated_bytes = valid_end;
         Ok(file_len - valid_end)
@@ -294,18 +296,22 @@ impl Segment {
     }
 
     /// Makes the segment immutable: fsync its data, cut the preallocation, write the index
-    /// file. The size change and the index reach the disk with the next `syncfs` (a
-    /// crash before that only means this segment is scanned at recovery).
-    /// `sync_data` = false leaves the data fsync to a `syncfs` the caller runs next.
-    pub fn seal(&mut self, sync_data: bool) -> io::Result<()> {
-        if sync_data {
-            self.file.sync_data()?;
-        }
+    /// file. The data is durable before the index is written, so an index can never
+    /// vouch for bytes a crash took back; the size change and the index themselves are not
+    /// synced (a crash before they reach the disk only means this segment is scanned at
+    /// recovery) unless `sync_index`, for a clean shutdown.
+    pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
+        crate::durable::sync_data(&self.file)?;
         if self.allocated_bytes != self.size_bytes {
             self.file.set_len(self.size_bytes)?;
             self.allocated_bytes = self.size_bytes;
         }
-        self.write_index_file()
+        self.write_index_file()?;
+        if sync_index {
+            crate::durable::sync_all(&self.file)?;
+            crate::durable::sync_path(&self.index_path)?;
+        }
+        Ok(())
     }
 
     /// Deletes the segment's files.

@@ -1,12 +1,13 @@
-//! Group commit: one fsync covers every batch, on every partition, that arrived meanwhile.
+//! Group commit: one `fdatasync` of a partition covers every batch that arrived on it
+//! since the previous one.
 //!
 //! A produce handler appends to the page cache, queues its partition here (at most once
-//! however many batches arrive) and waits for the high watermark. A worker takes the
-//! whole queue, captures each partition's log end, and makes it durable with one call:
-//! `fdatasync` when a single partition is dirty, `syncfs` when several are, so the cost of
-//! a round does not grow with the number of partitions (one journal commit and one device
-//! cache flush for all of them). Then it advances every high watermark in the round.
-//! Two workers let the next round gather while the previous one is on the device.
+//! however many batches arrive) and waits for the high watermark. A worker takes its share
+//! of the queue, captures each partition's log end, `fdatasync`s each partition's active
+//! segment and advances that partition's high watermark as soon as its own fsync is done.
+//! Data is made durable file by file, never with `syncfs` (see [`crate::durable`]).
+//! [`SYNC_THREADS`] workers keep that many fsyncs in flight, which the filesystem's
+//! journal batches into shared commits, while the next round gathers.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -17,8 +18,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::log::Partition;
 
-/// Concurrent group-commit workers.
-pub const SYNC_THREADS: usize = 2;
+/// Concurrent group-commit workers (fsyncs in flight at once).
+pub const SYNC_THREADS: usize = 8;
 /// Partitions made durable by one round at most (bounds the work done between wake-ups).
 pub const SYNC_ROUND_PARTITIONS_MAX: usize = 16_384;
 
@@ -85,8 +86,13 @@ fn worker(shared: &Shared) {
                 }
                 shared.ready.wait(&mut queue);
             }
-            let take = queue.partitions.len().min(SYNC_ROUND_PARTITIONS_MAX);
-            queue.partitions.drain(..take).collect()
+            // An even share, so idle workers take the rest and the fsyncs run in parallel.
+            let take = queue.partitions.len().div_ceil(SYNC_THREADS).min(SYNC_ROUND_PARTITIONS_MAX);
+            let round: Vec<_> = queue.partitions.drain(..take).collect();
+            if !queue.partitions.is_empty() {
+                shared.ready.notify_one();
+            }
+            round
         };
         // Clear the flags before capturing targets: an append after this point queues its
         // partition again, so no write is left without a covering fsync.
@@ -94,12 +100,8 @@ fn worker(shared: &Shared) {
             partition.sync_queued.store(false, Ordering::Release);
         }
         let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
-        let result = match targets.as_slice() {
-            [single] => single.file.sync_data(),
-            [first, ..] => crate::syncfs(&first.file),
-            [] => unreachable!("a round has at least one partition"),
-        };
         for (partition, target) in round.iter().zip(targets) {
+            let result = crate::durable::sync_data(&target.file);
             partition.finish_sync(target, &result);
         }
     }

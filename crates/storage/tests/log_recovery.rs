@@ -343,3 +343,69 @@ fn a_follower_behind_the_leaders_log_start_restarts_there() {
     assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 12));
     assert_eq!(all_offsets(&reopened), vec![(10, 11)]);
 }
+
+// ---- holes found in review: each test failed before its fix
+
+#[test]
+fn a_producer_snapshot_beyond_the_recovered_log_end_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    {
+        let partition = Partition::open(&path, page_cache_config()).unwrap();
+        partition.append(&batch(2, 1, Some((42, 0, 0))), 0, 0).unwrap();
+        partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap();
+        // Clean shutdown writes a producer snapshot at offset 4.
+        partition.close().unwrap();
+    }
+    // The last batch's bytes are lost (a power loss took back data the snapshot describes).
+    let segment = path.join(format!("{:020}.log", 0));
+    let first_batch_len = batch(2, 1, Some((42, 0, 0))).len() as u64;
+    std::fs::OpenOptions::new().write(true).open(&segment).unwrap().set_len(first_batch_len).unwrap();
+    let partition = Partition::open(&path, page_cache_config()).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 2);
+    // The producer's retry of the lost batch is appended, not answered as a duplicate at
+    // offset 2, which the log no longer holds.
+    let retry = partition.append(&batch(2, 1, Some((42, 0, 2))), 0, 0).unwrap();
+    assert!(!retry.duplicate, "retry of a lost batch answered as a duplicate at {}", retry.base_offset);
+    assert_eq!(retry.base_offset, 2);
+    assert_eq!(partition.offsets().log_end_offset, 4);
+}
+
+#[test]
+fn retention_never_deletes_what_is_above_the_high_watermark() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = LogConfig { segment_bytes: 200, retention_bytes: 0, retention_ms: 0, ..page_cache_config() };
+    let partition = Partition::open(&dir.path().join("t-0"), config).unwrap();
+    // A leader whose followers have not fetched anything yet: nothing is committed.
+    partition.set_replicated(true);
+    for i in 0..20 {
+        partition.append(&batch(3, i, None), 0, i).unwrap();
+    }
+    assert_eq!(partition.offsets().high_watermark, 0);
+    assert_eq!(partition.apply_retention(1_000_000), 0, "retention deleted uncommitted segments");
+    assert_eq!(partition.offsets().log_start_offset, 0);
+    // Once committed, the same segments expire.
+    partition.advance_high_watermark(60);
+    assert!(partition.apply_retention(1_000_000) > 0);
+    assert!(partition.offsets().log_start_offset > 0);
+    assert!(partition.offsets().log_start_offset <= partition.offsets().high_watermark);
+}
+
+#[test]
+fn timestamps_beyond_the_topic_limits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = 1_800_000_000_000;
+    let config = LogConfig { timestamp_before_max_ms: 86_400_000, ..page_cache_config() };
+    let partition = Partition::open(&dir.path().join("t-0"), config).unwrap();
+    // Kafka 4's default message.timestamp.after.max.ms is one hour.
+    let far_future = now + 2 * 3_600_000;
+    assert!(matches!(
+        partition.append(&batch(1, far_future, None), 0, now),
+        Err(AppendError::InvalidTimestamp { timestamp, .. }) if timestamp == far_future
+    ));
+    let too_old = now - 2 * 86_400_000;
+    assert!(matches!(partition.append(&batch(1, too_old, None), 0, now), Err(AppendError::InvalidTimestamp { .. })));
+    assert_eq!(partition.offsets().log_end_offset, 0);
+    assert_eq!(partition.append(&batch(1, now + 60_000, None), 0, now).unwrap().base_offset, 0);
+    assert_eq!(partition.append(&batch(1, now - 3_600_000, None), 0, now).unwrap().base_offset, 1);
+}

@@ -176,6 +176,7 @@ fn append_one(
                 AppendError::InvalidRecord(_) => ResponseError::InvalidRecord,
                 AppendError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
                 AppendError::StaleProducerEpoch => ResponseError::InvalidProducerEpoch,
+                AppendError::InvalidTimestamp { .. } => ResponseError::InvalidTimestamp,
                 AppendError::Storage(_) | AppendError::Offline => ResponseError::KafkaStorageError,
             };
             tracing::warn!(topic, partition, %error, "produce rejected");
