@@ -56,6 +56,7 @@ impl Broker {
             );
         }
         let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
+        sluice_storage::durable::check_data_dir(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs = LogManager::new(&config.data_dir.join("logs"))?;
         let (replicas, cluster) = match &config.cluster {

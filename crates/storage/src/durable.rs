@@ -77,6 +77,62 @@ pub fn create_dir_all(dir: &Path) -> io::Result<()> {
     }
 }
 
+/// Filesystems by `statfs` magic number, for the startup check's log line.
+const FILESYSTEMS: &[(i64, &str)] = &[
+    (0xEF53, "ext2/3/4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683E, "btrfs"),
+    (0x2FC1_2FC1, "zfs"),
+    (0x6573_5546, "fuse"),
+    (0x794C_7630, "overlayfs"),
+    (0x6969, "nfs"),
+    (0x0102_1994, "tmpfs"),
+    (0x8584_58F6, "ramfs"),
+];
+/// Filesystems that keep nothing across a reboot: fsync succeeds and means nothing.
+const VOLATILE_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs"];
+const PROBE_FILE: &str = ".fsync-probe";
+
+/// The name of the filesystem holding `path` (or its `statfs` magic number in hex).
+pub fn filesystem_name(path: &Path) -> io::Result<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: statfs writes into a zeroed struct we own; the path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let magic = stat.f_type as i64;
+    Ok(FILESYSTEMS.iter().find(|(m, _)| *m == magic).map_or_else(|| format!("{magic:#x}"), |(_, n)| n.to_string()))
+}
+
+/// Startup check of a data directory (created if missing): a file can be created, written,
+/// fsynced and deleted, and the directory fsynced, or the broker refuses to start with the
+/// error; the filesystem is logged, with a warning where it does not survive a reboot.
+pub fn check_data_dir(dir: &Path) -> io::Result<()> {
+    create_dir_all(dir)?;
+    let fail = |what: &str, error: io::Error| {
+        io::Error::new(error.kind(), format!("data directory {}: {what} failed: {error}", dir.display()))
+    };
+    let probe = dir.join(PROBE_FILE);
+    {
+        use std::io::Write;
+        let mut file = File::create(&probe).map_err(|e| fail("creating a file", e))?;
+        file.write_all(b"sluice").map_err(|e| fail("writing a file", e))?;
+        sync_data(&file).map_err(|e| fail("fdatasync", e))?;
+    }
+    sync_dir(dir).map_err(|e| fail("fsync of the directory", e))?;
+    std::fs::remove_file(&probe).map_err(|e| fail("deleting a file", e))?;
+    let filesystem = filesystem_name(dir)?;
+    if VOLATILE_FILESYSTEMS.contains(&filesystem.as_str()) {
+        tracing::warn!(dir = %dir.display(), filesystem, "data directory is on a memory filesystem: nothing survives a reboot");
+    } else {
+        tracing::info!(dir = %dir.display(), filesystem, "data directory checked: fsync works");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +148,24 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         sync_path(&file).unwrap();
         sync_dir(&nested).unwrap();
+    }
+
+    #[test]
+    fn data_dir_check_passes_on_a_real_filesystem_and_names_it() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        check_data_dir(&dir).unwrap();
+        assert!(dir.is_dir());
+        assert!(!dir.join(PROBE_FILE).exists());
+        assert!(!filesystem_name(&dir).unwrap().is_empty());
+    }
+
+    #[test]
+    fn data_dir_check_refuses_a_directory_it_cannot_write() {
+        let root = tempfile::tempdir().unwrap();
+        // A regular file where the directory should be.
+        let not_a_dir = root.path().join("file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        assert!(check_data_dir(&not_a_dir.join("data")).is_err());
     }
 }

@@ -360,6 +360,7 @@ impl Partition {
         let segment = state.segments.values_mut().next_back().expect("active segment");
         segment.append(prefix, rest, header, now_ms, segment_bytes)?;
         state.producers.record(header);
+        assert!(header.last_offset() >= state.log_end_offset, "an append moves the log end forward");
         state.log_end_offset = header.last_offset() + 1;
         let fsync = state.config.fsync_before_ack();
         if !fsync {
@@ -401,6 +402,7 @@ impl Partition {
     }
 
     fn publish(&self, state: &LogState) {
+        assert_invariants(&self.dir, state);
         let visible = Visible { high_watermark: state.high_watermark, failed: state.failed };
         self.visible.send_if_modified(|current| std::mem::replace(current, visible) != visible);
         let progress = Progress { log_end_offset: state.log_end_offset, local_end: state.local_end };
@@ -748,6 +750,31 @@ impl Partition {
     pub fn size_bytes(&self) -> u64 {
         self.state.lock().segments.values().map(|s| s.size_bytes()).sum()
     }
+}
+
+/// The offsets' order, checked whenever a change is published (after every append that
+/// moves the high watermark, every fsync round, truncation and reset):
+/// log start <= high watermark <= log end, and locally durable end <= log end. A partition
+/// whose high watermark follows local durability has it exactly at the durable end.
+fn assert_invariants(dir: &Path, state: &LogState) {
+    assert!(
+        state.log_start_offset <= state.high_watermark
+            && state.high_watermark <= state.log_end_offset
+            && state.local_end <= state.log_end_offset,
+        "{}: log start {} <= high watermark {} <= log end {} and durable end {} <= log end",
+        dir.display(),
+        state.log_start_offset,
+        state.high_watermark,
+        state.log_end_offset,
+        state.local_end,
+    );
+    debug_assert!(state.replicated || state.high_watermark == state.local_end, "{}: unreplicated hw", dir.display());
+    debug_assert!(
+        state.epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+        "{}: leader epochs not monotonic: {:?}",
+        dir.display(),
+        state.epochs
+    );
 }
 
 /// Kafka's `message.timestamp.{before,after}.max.ms` checks (CreateTime), on the batch
