@@ -176,6 +176,10 @@ struct LogState {
     local_end: i64,
     /// The high watermark is moved by the replication layer, not by local durability.
     replicated: bool,
+    /// Where the high watermark starts when replication first takes the partition over
+    /// after it was opened: the checkpointed one (`LogManager`), as the recovered log may
+    /// hold records that were never committed. `None` once applied.
+    recovered_high_watermark: Option<i64>,
     /// (leader epoch, first offset written in it), ascending in both.
     epochs: Vec<(i32, i64)>,
     producers: ProducerStateTable,
@@ -448,10 +452,22 @@ impl Partition {
         self.progress.subscribe()
     }
 
+    /// The high watermark that replication starts from after this log was opened (the
+    /// checkpointed one; the log start when none was checkpointed): a restarted replica must
+    /// not expose the tail it recovered past what was committed, even once it leads.
+    pub fn set_recovered_high_watermark(&self, offset: i64) {
+        self.state.lock().recovered_high_watermark = Some(offset);
+    }
+
     /// Hands the high watermark to the replication layer (`true`) or back to local
     /// durability (`false`, which moves it to the locally durable end at once).
     pub fn set_replicated(&self, replicated: bool) {
         let mut state = self.state.lock();
+        if let Some(recovered) = state.recovered_high_watermark.take() {
+            if replicated {
+                state.high_watermark = recovered.clamp(state.log_start_offset, state.high_watermark);
+            }
+        }
         state.replicated = replicated;
         if !replicated && state.high_watermark < state.local_end {
             state.high_watermark = state.local_end;
@@ -855,6 +871,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         high_watermark: log_end_offset,
         local_end: log_end_offset,
         replicated: false,
+        recovered_high_watermark: None,
         epochs,
         producers,
         unflushed_messages: 0,

@@ -1,12 +1,13 @@
 //! The node's set of partition logs, keyed by topic and partition, and their upkeep
 //! (retention, page-cache flushes, clean shutdown).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
 
 use crate::log::{LogConfig, Partition};
 use crate::syncer::Syncer;
@@ -15,6 +16,17 @@ use crate::syncer::Syncer;
 const RECOVERY_THREADS: usize = 4;
 /// Threads sealing and fsyncing partitions in parallel at clean shutdown (fsync-bound).
 const CLOSE_THREADS: usize = 16;
+/// Every partition's high watermark, as of the last checkpoint (Kafka's file name).
+const HIGH_WATERMARK_CHECKPOINT_FILE: &str = "replication-offset-checkpoint";
+/// How often the high watermarks are checkpointed (Kafka's default, 5 s).
+pub const HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS: i64 = 5_000;
+
+#[derive(Serialize, Deserialize, Default)]
+struct HighWatermarkCheckpoint {
+    version: u32,
+    /// Partition directory name -> high watermark.
+    high_watermarks: BTreeMap<String, i64>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicPartition {
@@ -37,13 +49,47 @@ pub struct LogManager {
     root: PathBuf,
     partitions: RwLock<HashMap<TopicPartition, Arc<Partition>>>,
     syncer: Syncer,
+    /// The high watermarks read at startup: where a replicated partition's starts again.
+    recovered_high_watermarks: BTreeMap<String, i64>,
+    /// (time of the last checkpoint, what it wrote)
+    last_checkpoint: Mutex<(i64, BTreeMap<String, i64>)>,
 }
 
 impl LogManager {
     /// `root` holds one directory per partition.
     pub fn new(root: &Path) -> io::Result<LogManager> {
         crate::durable::create_dir_all(root)?;
-        Ok(LogManager { root: root.to_path_buf(), partitions: RwLock::new(HashMap::new()), syncer: Syncer::start() })
+        let recovered = read_high_watermark_checkpoint(root);
+        Ok(LogManager {
+            root: root.to_path_buf(),
+            partitions: RwLock::new(HashMap::new()),
+            syncer: Syncer::start(),
+            last_checkpoint: Mutex::new((0, recovered.clone())),
+            recovered_high_watermarks: recovered,
+        })
+    }
+
+    /// Opens one partition log and tells it where its replicated high watermark restarts.
+    fn open_partition(&self, tp: &TopicPartition, config: LogConfig) -> io::Result<Partition> {
+        let partition = Partition::open(&self.root.join(tp.dir_name()), config)?;
+        let recovered = self.recovered_high_watermarks.get(&tp.dir_name()).copied();
+        partition.set_recovered_high_watermark(recovered.unwrap_or(0));
+        Ok(partition)
+    }
+
+    /// Writes every partition's high watermark if they changed since the last checkpoint.
+    pub fn checkpoint_high_watermarks(&self, now_ms: i64) -> io::Result<()> {
+        let current: BTreeMap<String, i64> =
+            self.partitions().iter().map(|(tp, p)| (tp.dir_name(), p.offsets().high_watermark)).collect();
+        let mut last = self.last_checkpoint.lock();
+        if last.1 == current {
+            return Ok(());
+        }
+        let checkpoint = HighWatermarkCheckpoint { version: 1, high_watermarks: current };
+        let body = serde_json::to_vec(&checkpoint).map_err(io::Error::other)?;
+        crate::write_file_atomically(&self.root.join(HIGH_WATERMARK_CHECKPOINT_FILE), &body)?;
+        *last = (now_ms, checkpoint.high_watermarks);
+        Ok(())
     }
 
     pub fn syncer(&self) -> &Syncer {
@@ -63,9 +109,7 @@ impl LogManager {
                 .map(|part| {
                     scope.spawn(move || {
                         part.iter()
-                            .map(|(tp, config)| {
-                                Ok((tp.clone(), Partition::open(&self.root.join(tp.dir_name()), config.clone())?))
-                            })
+                            .map(|(tp, config)| Ok((tp.clone(), self.open_partition(tp, config.clone())?)))
                             .collect()
                     })
                 })
@@ -86,7 +130,7 @@ impl LogManager {
         if let Some(existing) = self.get(tp) {
             return Ok(existing);
         }
-        let partition = Arc::new(Partition::open(&self.root.join(tp.dir_name()), config)?);
+        let partition = Arc::new(self.open_partition(tp, config)?);
         self.partitions.write().insert(tp.clone(), partition.clone());
         Ok(partition)
     }
@@ -124,8 +168,14 @@ impl LogManager {
         self.partitions.read().iter().map(|(tp, p)| (tp.clone(), p.clone())).collect()
     }
 
-    /// Periodic upkeep: retention, and flushes due in page-cache mode.
+    /// Periodic upkeep: retention, flushes due in page-cache mode, the high-watermark checkpoint.
     pub fn tick(&self, now_ms: i64) {
+        let checkpoint_due = now_ms - self.last_checkpoint.lock().0 >= HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS;
+        if checkpoint_due {
+            if let Err(error) = self.checkpoint_high_watermarks(now_ms) {
+                tracing::warn!(%error, "high-watermark checkpoint failed");
+            }
+        }
         for (tp, partition) in self.partitions() {
             let deleted = partition.apply_retention(now_ms);
             if deleted > 0 {
@@ -154,5 +204,22 @@ impl LogManager {
                 });
             }
         });
+        if let Err(error) = self.checkpoint_high_watermarks(i64::MAX) {
+            tracing::error!(%error, "final high-watermark checkpoint failed");
+        }
+    }
+}
+
+/// The last checkpointed high watermarks; empty when there is none or it is unreadable (then
+/// replicated partitions restart from their log start and learn the rest from the leader).
+fn read_high_watermark_checkpoint(root: &Path) -> BTreeMap<String, i64> {
+    let path = root.join(HIGH_WATERMARK_CHECKPOINT_FILE);
+    let Ok(body) = std::fs::read(&path) else { return BTreeMap::new() };
+    match serde_json::from_slice::<HighWatermarkCheckpoint>(&body) {
+        Ok(checkpoint) if checkpoint.version == 1 => checkpoint.high_watermarks,
+        _ => {
+            tracing::warn!(path = %path.display(), "ignoring unreadable high-watermark checkpoint");
+            BTreeMap::new()
+        }
     }
 }

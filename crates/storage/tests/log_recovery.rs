@@ -409,3 +409,41 @@ fn timestamps_beyond_the_topic_limits_are_refused() {
     assert_eq!(partition.append(&batch(1, now + 60_000, None), 0, now).unwrap().base_offset, 0);
     assert_eq!(partition.append(&batch(1, now - 3_600_000, None), 0, now).unwrap().base_offset, 1);
 }
+
+#[test]
+fn a_restarted_replica_restarts_from_its_checkpointed_high_watermark() {
+    let dir = tempfile::tempdir().unwrap();
+    let tp = TopicPartition::new("t", 0);
+    {
+        let manager = LogManager::new(dir.path()).unwrap();
+        let partition = manager.open(&tp, small_segments_config()).unwrap();
+        partition.set_replicated(true);
+        for i in 0..10 {
+            partition.append(&batch(3, i, None), 0, i).unwrap();
+        }
+        // Replication committed 6 of the 30 records; the rest is an uncommitted tail.
+        partition.advance_high_watermark(6);
+        manager.checkpoint_high_watermarks(1).unwrap();
+        // crash: no close
+    }
+    let manager = LogManager::new(dir.path()).unwrap();
+    let partition = manager.open(&tp, small_segments_config()).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 30);
+    partition.set_replicated(true);
+    assert_eq!(partition.offsets().high_watermark, 6, "the recovered tail must not become visible");
+    assert!(partition.read(6, 1 << 20, true).unwrap().is_empty());
+    // Replication moves it on from there.
+    assert_eq!(partition.advance_high_watermark(30), 30);
+
+    // Without a checkpoint a replica restarts from its log start and learns the rest.
+    let other = TopicPartition::new("u", 0);
+    {
+        let manager = LogManager::new(dir.path()).unwrap();
+        let partition = manager.open(&other, small_segments_config()).unwrap();
+        partition.append(&batch(3, 1, None), 0, 1).unwrap();
+    }
+    let manager = LogManager::new(dir.path()).unwrap();
+    let partition = manager.open(&other, small_segments_config()).unwrap();
+    partition.set_replicated(true);
+    assert_eq!(partition.offsets().high_watermark, 0);
+}
