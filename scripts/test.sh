@@ -10,8 +10,10 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== build"
-cargo build --release -p sluice-cli
+cargo build --release -p sluice-cli -p sluice-lossyfs
 export SLUICE_BIN="$PWD/target/release/sluice"
+# The power-loss tests mount the broker's data dir on this FUSE filesystem (crates/lossyfs).
+export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"
 # The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
 export SLUICE_BENCH_KAFKA_TEST=1
 

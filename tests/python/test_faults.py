@@ -82,3 +82,17 @@ def test_killed_active_controller_is_replaced_and_topics_can_be_created(tmp_path
     event = report.events[0]
     assert event.observations["new_controller_s"] is not None, report.table()
     assert event.observations["topic_created"], report.table()
+
+
+def test_leader_power_losses_at_level_1_lose_nothing(tmp_path):
+    """Each node's data dir is on its own lossy mount: a leader killed with everything it had
+    not fsynced dropped comes back with less than it had, and still nothing acknowledged at
+    level 1 is lost (every ISR member fsynced it before the acknowledgement)."""
+    report = short_run(tmp_path, ("power",), level=1, count=3, hold_s=1.0)
+    assert all(event.led for event in report.events), "every victim led a partition"
+
+
+def test_all_nodes_losing_power_at_once_lose_nothing_at_level_1(tmp_path):
+    """Every node loses power together (controllers included), twice: level 1 still loses
+    nothing acknowledged, and the cluster comes back by itself."""
+    short_run(tmp_path, ("power-all",), level=1, count=2, hold_s=1.0)

@@ -6,14 +6,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from faults.runner import FAULTS, RunConfig, run
+from faults.runner import ALL_FAULTS, FAULTS, RunConfig, run
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m faults", description=__doc__)
     parser.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of fault injection")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated, of {','.join(ALL_FAULTS)} (power faults need sluice-lossyfs)")
     parser.add_argument("--level", type=int, default=1, choices=(1, 2, 3, 4), help="sluice.durability.level")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--producers", type=int, default=2)
@@ -24,9 +25,9 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, help="data dirs and node logs (default: a temporary dir)")
     args = parser.parse_args()
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
-    unknown = [f for f in faults if f not in FAULTS]
+    unknown = [f for f in faults if f not in ALL_FAULTS]
     if unknown or not faults:
-        parser.error(f"unknown faults {unknown}; choose from {FAULTS}")
+        parser.error(f"unknown faults {unknown}; choose from {ALL_FAULTS}")
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="sluice-faults-"))
     print(f"[faults] work dir {work_dir}")
     config = RunConfig(work_dir=work_dir, nodes=args.nodes, duration_s=args.duration, faults=faults,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kafka_wire as kw
+from lossyfs import LossyMount
 
 from faults.proxy import FaultProxy, Route, source_address
 
@@ -129,18 +130,21 @@ class Node:
 
 
 class FaultCluster:
-    """The nodes, the proxy, and the faults: kill -9/restart, pause/resume, isolate/heal."""
+    """The nodes, the proxy, and the faults: kill -9/restart, pause/resume, isolate/heal, and
+    with `lossy` (each node's data dir on its own `sluice-lossyfs` mount) power loss."""
 
-    def __init__(self, work_dir: Path, nodes: int = 3, extra_args=()):
+    def __init__(self, work_dir: Path, nodes: int = 3, extra_args=(), lossy: bool = False):
         assert nodes in (3, 5), "the controller quorum has 3 or 5 voters"
         work_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir = work_dir
         ids = range(1, nodes + 1)
         controller_ports = {i: free_port() for i in ids}
         voters = ",".join(f"{i}@127.0.0.1:{controller_ports[i]}" for i in ids)
+        self.mounts: dict[int, LossyMount] = {i: LossyMount(work_dir / f"fs-{i}") for i in ids} if lossy else {}
         self.nodes: dict[int, Node] = {}
         for i in ids:
-            node = Node(i, work_dir / f"node-{i}", voters, work_dir, extra_args)
+            data_dir = self.mounts[i].mount / "data" if lossy else work_dir / f"node-{i}"
+            node = Node(i, data_dir, voters, work_dir, extra_args)
             node.controller_public = controller_ports[i]
             self.nodes[i] = node
         routes = []
@@ -154,6 +158,8 @@ class FaultCluster:
         return ",".join(node.bootstrap for node in self.nodes.values())
 
     def start(self) -> "FaultCluster":
+        for mount in self.mounts.values():
+            mount.start()
         self.proxy.start()
         for node in self.nodes.values():
             node.start()
@@ -165,6 +171,8 @@ class FaultCluster:
         for node in self.nodes.values():
             node.kill()
         self.proxy.stop()
+        for mount in self.mounts.values():
+            mount.stop()
 
     # ------------------------------------------------------------------ faults
 
@@ -172,6 +180,11 @@ class FaultCluster:
         """SIGKILL; the node's public ports close with it."""
         self.nodes[node_id].kill()
         self.proxy.set_listening(node_id, False)
+
+    def power_loss(self, node_id: int) -> None:
+        """SIGKILL, then every byte the node had not fsynced is gone (its disk loses power)."""
+        self.kill(node_id)
+        self.mounts[node_id].power_loss()
 
     def restart(self, node_id: int) -> None:
         self.proxy.set_listening(node_id, True)

@@ -9,7 +9,10 @@ every node registered, every partition led, every ISR complete — within `recov
 - `partition`: the leader of partition 0 is cut off from every other node (clients still
   reach it), then the network heals;
 - `controller`: the active controller is killed with SIGKILL; while it is down a topic is
-  created through a surviving node; then it is restarted.
+  created through a surviving node; then it is restarted;
+- `power`: the leader of a partition loses power: SIGKILL and every byte it had not fsynced
+  vanishes (its data dir is on a `sluice-lossyfs` mount), then it restarts;
+- `power-all`: every node loses power at once, then all restart.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from faults.cluster import STABLE_S, FaultCluster
 from faults.workload import ConsumerThread, History, ProducerThread, final_read
 
 FAULTS = ("kill", "pause", "partition", "controller")
+POWER_FAULTS = ("power", "power-all")
+"""Faults that need every node's data dir on a lossy mount."""
+ALL_FAULTS = FAULTS + POWER_FAULTS
+ALL_NODES = 0
+"""The victim of a fault that strikes every node."""
 TOPIC = "queue"
 IN_FLIGHT_S = 0.3
 """Answers already on their way when a fault begins (and the metadata poll that notices a
@@ -135,8 +143,10 @@ class Nemesis:
     def inject(self, kind: str) -> FaultEvent:
         leaders = self.leaders()
         md = self.cluster.any_metadata(TOPIC)
-        if kind == "kill":
+        if kind in ("kill", "power"):
             victim = leaders[self.rng.randrange(len(leaders))]
+        elif kind == "power-all":
+            victim = ALL_NODES
         elif kind == "pause":
             victim = self.rng.choice([r for r in md.partitions[0].replicas if r != leaders[0]])
         elif kind == "partition":
@@ -145,10 +155,17 @@ class Nemesis:
             victim = md.controller_id
         else:
             raise ValueError(f"unknown fault {kind!r}")
-        assert victim > 0, f"no victim for {kind}: {md}"
+        assert victim > 0 or kind == "power-all", f"no victim for {kind}: {md}"
+        event = FaultEvent(kind, victim, time.monotonic(),
+                           sorted(p for p, l in leaders.items() if l == victim or victim == ALL_NODES))
+        if kind == "power-all":
+            for node_id in self.cluster.nodes:
+                self.cluster.power_loss(node_id)
+            return event
         node = self.cluster.nodes[victim]
-        event = FaultEvent(kind, victim, time.monotonic(), sorted(p for p, l in leaders.items() if l == victim))
-        if kind in ("kill", "controller"):
+        if kind == "power":
+            self.cluster.power_loss(victim)
+        elif kind in ("kill", "controller"):
             self.cluster.kill(victim)
         elif kind == "pause":
             node.pause()
@@ -203,8 +220,13 @@ class Nemesis:
             event.observations["acks_during"] = self.acks_on(0, event.start + 0.5)
 
     def undo(self, event: FaultEvent) -> None:
+        if event.kind == "power-all":
+            for node_id in self.cluster.nodes:
+                self.cluster.restart(node_id)
+            event.undone = time.monotonic()
+            return
         node = self.cluster.nodes[event.victim]
-        if event.kind in ("kill", "controller"):
+        if event.kind in ("kill", "controller", "power"):
             self.cluster.restart(event.victim)
         elif event.kind == "pause":
             node.resume()
@@ -260,7 +282,8 @@ def save_history(path: Path, history: History, final: dict, events: list) -> Non
 def run(config: RunConfig, log=print) -> Report:
     """One bounded run; always stops every process it started."""
     rng = random.Random(config.seed)
-    cluster = FaultCluster(config.work_dir, config.nodes)
+    lossy = any(kind in POWER_FAULTS for kind in config.faults)
+    cluster = FaultCluster(config.work_dir, config.nodes, lossy=lossy)
     history = History()
     events: list[FaultEvent] = []
     unrecovered: list[str] = []

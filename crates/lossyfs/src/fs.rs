@@ -1,0 +1,893 @@
+//! The lossy filesystem: a view of a backing directory in which file data written but not
+//! fsynced lives in memory only, so [`LossyState::crash`] makes it vanish as a power cut
+//! would. This is what makes a power-loss test able to fail: `kill -9` alone keeps the page
+//! cache, so a broker that never fsyncs would pass it.
+//!
+//! Model (LazyFS's default): data writes and size changes (write, truncate, fallocate) go to
+//! a per-inode overlay of 4 KiB pages plus a logical size; `fsync`/`fdatasync` of a file
+//! writes its overlay to the backing file and fsyncs it; closing a file persists nothing.
+//! Metadata operations (create, mkdir, unlink, rename, chmod) pass straight through and
+//! are durable at once: a file created and never fsynced survives a crash empty. Every open
+//! file bypasses the kernel page cache (`FOPEN_DIRECT_IO`) and attributes are never cached,
+//! so after a crash readers see exactly what survived.
+//!
+//! Control: the file `/.lossyfs-control` at the mount root (not in the backing directory)
+//! takes `crash` (drop every unsynced byte) and `sync` (persist everything) written to it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::consts::FOPEN_DIRECT_IO;
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, FUSE_ROOT_ID,
+};
+
+/// The overlay's unit: a write touching part of a page loads the rest from the backing file.
+pub const PAGE_BYTES: u64 = 4096;
+/// The control file's name at the mount root.
+pub const CONTROL_FILE: &str = ".lossyfs-control";
+/// Largest write the kernel may send in one request.
+const MAX_WRITE_BYTES: u32 = 1 << 20;
+const CONTROL_INO: u64 = 2;
+const FIRST_INO: u64 = 16;
+/// Nothing is cached by the kernel: every lookup and attribute comes from here.
+const TTL: Duration = Duration::ZERO;
+
+/// Unsynced data of one file.
+#[derive(Default)]
+struct Overlay {
+    /// Page index -> page content (always `PAGE_BYTES` long).
+    pages: BTreeMap<u64, Vec<u8>>,
+    /// The file's size as readers see it.
+    size: u64,
+    /// Backing bytes at or past this offset are stale (cut by a truncation since the last
+    /// sync): they read as zeros unless a page covers them.
+    backing_valid: u64,
+}
+
+struct Node {
+    /// Backing path; `None` once unlinked (the node lives on while handles are open).
+    path: Option<PathBuf>,
+    overlay: Option<Overlay>,
+    open_handles: u32,
+}
+
+/// Counters reported on crash.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Dropped {
+    pub files: u64,
+    pub pages: u64,
+}
+
+/// Everything the filesystem knows, shared with the signal handler thread.
+pub struct LossyState {
+    backing: PathBuf,
+    nodes: HashMap<u64, Node>,
+    by_path: HashMap<PathBuf, u64>,
+    /// fh -> (ino, backing file)
+    handles: HashMap<u64, (u64, File)>,
+    next_ino: u64,
+    next_fh: u64,
+}
+
+fn errno(error: &io::Error) -> i32 {
+    error.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn kind_of(file_type: std::fs::FileType) -> FileType {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_dir() {
+        FileType::Directory
+    } else if file_type.is_symlink() {
+        FileType::Symlink
+    } else if file_type.is_fifo() {
+        FileType::NamedPipe
+    } else if file_type.is_socket() {
+        FileType::Socket
+    } else if file_type.is_block_device() {
+        FileType::BlockDevice
+    } else if file_type.is_char_device() {
+        FileType::CharDevice
+    } else {
+        FileType::RegularFile
+    }
+}
+
+fn time(seconds: i64, nanos: i64) -> SystemTime {
+    if seconds >= 0 {
+        UNIX_EPOCH + Duration::new(seconds as u64, nanos as u32)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+fn attr_of(ino: u64, meta: &std::fs::Metadata, size: Option<u64>) -> FileAttr {
+    let size = size.unwrap_or(meta.len());
+    FileAttr {
+        ino,
+        size,
+        blocks: size.div_ceil(512),
+        atime: time(meta.atime(), meta.atime_nsec()),
+        mtime: time(meta.mtime(), meta.mtime_nsec()),
+        ctime: time(meta.ctime(), meta.ctime_nsec()),
+        crtime: UNIX_EPOCH,
+        kind: kind_of(meta.file_type()),
+        perm: (meta.mode() & 0o7777) as u16,
+        nlink: meta.nlink() as u32,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        rdev: meta.rdev() as u32,
+        blksize: PAGE_BYTES as u32,
+        flags: 0,
+    }
+}
+
+fn control_attr() -> FileAttr {
+    FileAttr {
+        ino: CONTROL_INO,
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0o600,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: PAGE_BYTES as u32,
+        flags: 0,
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset` from `file`, zeros past its end or past `valid`.
+fn read_backing(file: &File, offset: u64, buf: &mut [u8], valid: u64) -> io::Result<()> {
+    buf.fill(0);
+    if offset >= valid {
+        return Ok(());
+    }
+    let want = ((valid - offset) as usize).min(buf.len());
+    let mut done = 0;
+    while done < want {
+        match file.read_at(&mut buf[done..want], offset + done as u64)? {
+            0 => break,
+            n => done += n,
+        }
+    }
+    Ok(())
+}
+
+impl Overlay {
+    fn new(backing_size: u64) -> Overlay {
+        Overlay { pages: BTreeMap::new(), size: backing_size, backing_valid: backing_size }
+    }
+
+    fn page_mut(&mut self, index: u64, backing: &File) -> io::Result<&mut Vec<u8>> {
+        if !self.pages.contains_key(&index) {
+            let mut page = vec![0; PAGE_BYTES as usize];
+            read_backing(backing, index * PAGE_BYTES, &mut page, self.backing_valid)?;
+            self.pages.insert(index, page);
+        }
+        Ok(self.pages.get_mut(&index).expect("just inserted"))
+    }
+
+    fn write(&mut self, backing: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / PAGE_BYTES;
+            let within = (at % PAGE_BYTES) as usize;
+            let n = (PAGE_BYTES as usize - within).min(data.len() - done);
+            self.page_mut(index, backing)?[within..within + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+        self.size = self.size.max(offset + data.len() as u64);
+        Ok(())
+    }
+
+    fn set_size(&mut self, backing: &File, size: u64) -> io::Result<()> {
+        if size < self.size {
+            // Bytes past the new end must read as zeros if the file grows again.
+            if size % PAGE_BYTES != 0 {
+                let page = self.page_mut(size / PAGE_BYTES, backing)?;
+                page[(size % PAGE_BYTES) as usize..].fill(0);
+            }
+            let first_gone = size.div_ceil(PAGE_BYTES);
+            self.pages.retain(|&index, _| index < first_gone);
+            self.backing_valid = self.backing_valid.min(size);
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    fn read(&self, backing: &File, offset: u64, length: usize) -> io::Result<Vec<u8>> {
+        if offset >= self.size {
+            return Ok(Vec::new());
+        }
+        let length = ((self.size - offset) as usize).min(length);
+        let mut out = vec![0; length];
+        read_backing(backing, offset, &mut out, self.backing_valid)?;
+        let first = offset / PAGE_BYTES;
+        let last = (offset + length as u64 - 1) / PAGE_BYTES;
+        for (&index, page) in self.pages.range(first..=last) {
+            let page_start = index * PAGE_BYTES;
+            let from = offset.max(page_start);
+            let to = (offset + length as u64).min(page_start + PAGE_BYTES);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+        Ok(out)
+    }
+
+    /// Writes everything to the backing file and fsyncs it.
+    fn persist(&self, backing: &File) -> io::Result<()> {
+        if self.backing_valid < backing.metadata()?.len() {
+            backing.set_len(self.backing_valid)?;
+        }
+        for (&index, page) in &self.pages {
+            let start = index * PAGE_BYTES;
+            if start >= self.size {
+                continue;
+            }
+            let end = (start + PAGE_BYTES).min(self.size);
+            backing.write_all_at(&page[..(end - start) as usize], start)?;
+        }
+        backing.set_len(self.size)?;
+        backing.sync_all()
+    }
+}
+
+impl LossyState {
+    pub fn new(backing: &Path) -> io::Result<LossyState> {
+        let backing = backing.canonicalize()?;
+        let mut nodes = HashMap::new();
+        nodes.insert(FUSE_ROOT_ID, Node { path: Some(backing.clone()), overlay: None, open_handles: 0 });
+        let mut by_path = HashMap::new();
+        by_path.insert(backing.clone(), FUSE_ROOT_ID);
+        Ok(LossyState { backing, nodes, by_path, handles: HashMap::new(), next_ino: FIRST_INO, next_fh: 1 })
+    }
+
+    /// Drops every unsynced byte of every file (a power cut).
+    pub fn crash(&mut self) -> Dropped {
+        let mut dropped = Dropped::default();
+        for node in self.nodes.values_mut() {
+            if let Some(overlay) = node.overlay.take() {
+                dropped.files += 1;
+                dropped.pages += overlay.pages.len() as u64;
+            }
+        }
+        dropped
+    }
+
+    /// Persists every file's unsynced data (a global `sync`).
+    pub fn sync_all(&mut self) -> io::Result<()> {
+        let inos: Vec<u64> = self.nodes.keys().copied().collect();
+        for ino in inos {
+            self.persist(ino, None)?;
+        }
+        Ok(())
+    }
+
+    fn path(&self, ino: u64) -> Result<PathBuf, i32> {
+        self.nodes.get(&ino).and_then(|n| n.path.clone()).ok_or(libc::ENOENT)
+    }
+
+    fn ino_for(&mut self, path: &Path) -> u64 {
+        if let Some(&ino) = self.by_path.get(path) {
+            return ino;
+        }
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        self.nodes.insert(ino, Node { path: Some(path.to_path_buf()), overlay: None, open_handles: 0 });
+        self.by_path.insert(path.to_path_buf(), ino);
+        ino
+    }
+
+    /// A backing file for `ino`: the handle's when given, else any open handle's, else the path.
+    fn backing_file(&self, ino: u64, fh: Option<u64>) -> io::Result<File> {
+        if let Some((_, file)) = fh.and_then(|fh| self.handles.get(&fh)) {
+            return file.try_clone();
+        }
+        if let Some((_, file)) = self.handles.values().find(|(i, _)| *i == ino) {
+            return file.try_clone();
+        }
+        let path = self.path(ino).map_err(io::Error::from_raw_os_error)?;
+        OpenOptions::new().read(true).write(true).open(path)
+    }
+
+    fn attr(&self, ino: u64, fh: Option<u64>) -> io::Result<FileAttr> {
+        if ino == CONTROL_INO {
+            return Ok(control_attr());
+        }
+        let node = self.nodes.get(&ino).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let meta = match &node.path {
+            Some(path) => std::fs::symlink_metadata(path)?,
+            None => self.backing_file(ino, fh)?.metadata()?,
+        };
+        Ok(attr_of(ino, &meta, node.overlay.as_ref().map(|o| o.size)))
+    }
+
+    /// Runs `change` on `ino`'s overlay, creating it from the backing file's size first.
+    fn with_overlay<T>(
+        &mut self,
+        ino: u64,
+        fh: Option<u64>,
+        change: impl FnOnce(&mut Overlay, &File) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let file = self.backing_file(ino, fh)?;
+        let backing_size = file.metadata()?.len();
+        let node = self.nodes.get_mut(&ino).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let overlay = node.overlay.get_or_insert_with(|| Overlay::new(backing_size));
+        change(overlay, &file)
+    }
+
+    fn persist(&mut self, ino: u64, fh: Option<u64>) -> io::Result<()> {
+        let Some(node) = self.nodes.get(&ino) else { return Ok(()) };
+        if node.overlay.is_none() {
+            return Ok(());
+        }
+        if node.path.is_none() && node.open_handles == 0 {
+            // Unlinked and closed: nothing can read it again.
+            self.nodes.get_mut(&ino).expect("present").overlay = None;
+            return Ok(());
+        }
+        let file = self.backing_file(ino, fh)?;
+        let node = self.nodes.get_mut(&ino).expect("present");
+        node.overlay.as_ref().expect("checked").persist(&file)?;
+        node.overlay = None;
+        Ok(())
+    }
+
+    fn read(&self, ino: u64, fh: u64, offset: u64, length: usize) -> io::Result<Vec<u8>> {
+        let file = self.backing_file(ino, Some(fh))?;
+        match self.nodes.get(&ino).and_then(|n| n.overlay.as_ref()) {
+            Some(overlay) => overlay.read(&file, offset, length),
+            None => {
+                let size = file.metadata()?.len();
+                if offset >= size {
+                    return Ok(Vec::new());
+                }
+                let mut out = vec![0; ((size - offset) as usize).min(length)];
+                read_backing(&file, offset, &mut out, size)?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Forgets `path` (unlinked or replaced); its node lives on while it has open handles.
+    fn unlinked(&mut self, path: &Path) {
+        if let Some(ino) = self.by_path.remove(path) {
+            let node = self.nodes.get_mut(&ino).expect("indexed nodes exist");
+            node.path = None;
+            if node.open_handles == 0 {
+                self.nodes.remove(&ino);
+            }
+        }
+    }
+
+    fn renamed(&mut self, from: &Path, to: &Path) {
+        self.unlinked(to);
+        let moved: Vec<(PathBuf, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(path, _)| path.starts_with(from))
+            .map(|(path, &ino)| (path.clone(), ino))
+            .collect();
+        for (old, ino) in moved {
+            let below = old.strip_prefix(from).expect("filtered by prefix");
+            // `join("")` would add a trailing separator.
+            let new = if below.as_os_str().is_empty() { to.to_path_buf() } else { to.join(below) };
+            self.by_path.remove(&old);
+            self.by_path.insert(new.clone(), ino);
+            self.nodes.get_mut(&ino).expect("indexed nodes exist").path = Some(new);
+        }
+    }
+
+    fn add_handle(&mut self, ino: u64, file: File) -> u64 {
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        self.handles.insert(fh, (ino, file));
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.open_handles += 1;
+        }
+        fh
+    }
+
+    fn control(&mut self, command: &str) -> io::Result<()> {
+        match command.trim() {
+            "crash" => {
+                let dropped = self.crash();
+                eprintln!("lossyfs: crash: dropped unsynced data of {} files ({} pages)", dropped.files, dropped.pages);
+                Ok(())
+            }
+            "sync" => self.sync_all(),
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+}
+
+/// The FUSE front end over a shared [`LossyState`].
+pub struct LossyFs {
+    state: Arc<Mutex<LossyState>>,
+}
+
+impl LossyFs {
+    pub fn new(state: Arc<Mutex<LossyState>>) -> LossyFs {
+        LossyFs { state }
+    }
+
+    fn state(&self) -> MutexGuard<'_, LossyState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn entry_reply(&self, path: &Path, reply: ReplyEntry) {
+        let mut state = self.state();
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => {
+                let ino = state.ino_for(path);
+                match state.attr(ino, None) {
+                    Ok(attr) => reply.entry(&TTL, &attr, 0),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Result<PathBuf, i32> {
+        Ok(self.state().path(parent)?.join(name))
+    }
+}
+
+impl Filesystem for LossyFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        // An unmount is not a power cut: unsynced data is kept, as a clean shutdown would.
+        if let Err(error) = self.state().sync_all() {
+            eprintln!("lossyfs: sync at unmount failed: {error}");
+        }
+    }
+
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        if parent == FUSE_ROOT_ID && name == CONTROL_FILE {
+            return reply.entry(&TTL, &control_attr(), 0);
+        }
+        match self.child(parent, name) {
+            Ok(path) => self.entry_reply(&path, reply),
+            Err(code) => reply.error(code),
+        }
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
+        match self.state().attr(ino, fh) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn setattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        if ino == CONTROL_INO {
+            return reply.attr(&TTL, &control_attr());
+        }
+        let mut state = self.state();
+        let result = (|| -> io::Result<()> {
+            let path = state.path(ino).ok();
+            if let (Some(mode), Some(path)) = (mode, &path) {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777))?;
+            }
+            if let (true, Some(path)) = (uid.is_some() || gid.is_some(), &path) {
+                std::os::unix::fs::lchown(path, uid, gid)?;
+            }
+            if let (true, Some(path)) = (atime.is_some() || mtime.is_some(), &path) {
+                let to_time = |t: Option<TimeOrNow>| match t {
+                    None => None,
+                    Some(TimeOrNow::Now) => Some(SystemTime::now()),
+                    Some(TimeOrNow::SpecificTime(t)) => Some(t),
+                };
+                let file = File::options().write(true).open(path).or_else(|_| File::open(path))?;
+                let mut times = std::fs::FileTimes::new();
+                if let Some(t) = to_time(atime) {
+                    times = times.set_accessed(t);
+                }
+                if let Some(t) = to_time(mtime) {
+                    times = times.set_modified(t);
+                }
+                file.set_times(times)?;
+            }
+            if let Some(size) = size {
+                state.with_overlay(ino, fh, |overlay, file| overlay.set_size(file, size))?;
+            }
+            Ok(())
+        })();
+        match result.and_then(|()| state.attr(ino, fh)) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
+        match self.state().path(ino).map(std::fs::read_link) {
+            Ok(Ok(target)) => reply.data(target.as_os_str().as_bytes()),
+            Ok(Err(error)) => reply.error(errno(&error)),
+            Err(code) => reply.error(code),
+        }
+    }
+
+    fn mkdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let path = match self.child(parent, name) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        let created = std::fs::DirBuilder::new().mode(mode & !umask).create(&path);
+        match created {
+            Ok(()) => self.entry_reply(&path, reply),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.child(parent, name) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                self.state().unlinked(&path);
+                reply.ok()
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let path = match self.child(parent, name) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        match std::fs::remove_dir(&path) {
+            Ok(()) => {
+                self.state().unlinked(&path);
+                reply.ok()
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn symlink(&mut self, _req: &Request<'_>, parent: u64, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let path = match self.child(parent, link_name) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        match std::os::unix::fs::symlink(target, &path) {
+            Ok(()) => self.entry_reply(&path, reply),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn rename(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        if flags != 0 {
+            return reply.error(libc::EINVAL);
+        }
+        let (from, to) = match (self.child(parent, name), self.child(newparent, newname)) {
+            (Ok(from), Ok(to)) => (from, to),
+            (Err(code), _) | (_, Err(code)) => return reply.error(code),
+        };
+        match std::fs::rename(&from, &to) {
+            Ok(()) => {
+                self.state().renamed(&from, &to);
+                reply.ok()
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        if ino == CONTROL_INO {
+            return reply.opened(0, FOPEN_DIRECT_IO);
+        }
+        let mut state = self.state();
+        let opened = state.path(ino).map(|path| OpenOptions::new().read(true).write(true).open(path));
+        match opened {
+            Ok(Ok(file)) => {
+                let fh = state.add_handle(ino, file);
+                reply.opened(fh, FOPEN_DIRECT_IO)
+            }
+            Ok(Err(error)) => reply.error(errno(&error)),
+            Err(code) => reply.error(code),
+        }
+    }
+
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        if ino == CONTROL_INO {
+            return reply.data(&[]);
+        }
+        match self.state().read(ino, fh, offset.max(0) as u64, size as usize) {
+            Ok(data) => reply.data(&data),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn write(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        let mut state = self.state();
+        let result = if ino == CONTROL_INO {
+            state.control(&String::from_utf8_lossy(data))
+        } else {
+            state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, offset.max(0) as u64, data))
+        };
+        match result {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        // close() makes nothing durable.
+        reply.ok();
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut state = self.state();
+        if state.handles.remove(&fh).is_some() {
+            let gone = match state.nodes.get_mut(&ino) {
+                Some(node) => {
+                    node.open_handles -= 1;
+                    node.path.is_none() && node.open_handles == 0
+                }
+                None => false,
+            };
+            if gone {
+                state.nodes.remove(&ino);
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        if ino == CONTROL_INO {
+            return reply.ok();
+        }
+        match self.state().persist(ino, Some(fh)) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        match self.state().path(ino) {
+            Ok(_) => reply.opened(0, 0),
+            Err(code) => reply.error(code),
+        }
+    }
+
+    fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        let mut state = self.state();
+        let path = match state.path(ino) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        let entries = match std::fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(error) => return reply.error(errno(&error)),
+        };
+        let mut listing = vec![(ino, FileType::Directory, ".".into()), (ino, FileType::Directory, "..".into())];
+        for entry in entries.flatten() {
+            let Ok(file_type) = entry.file_type() else { continue };
+            let child = state.ino_for(&entry.path());
+            listing.push((child, kind_of(file_type), entry.file_name()));
+        }
+        for (index, (child, kind, name)) in listing.into_iter().enumerate().skip(offset.max(0) as usize) {
+            if reply.add(child, index as i64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        let synced = self.state().path(ino).map(|path| File::open(path).and_then(|dir| dir.sync_all()));
+        match synced {
+            Ok(Ok(())) => reply.ok(),
+            Ok(Err(error)) => reply.error(errno(&error)),
+            Err(code) => reply.error(code),
+        }
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        let backing = self.state().backing.clone();
+        let Ok(c_path) = std::ffi::CString::new(backing.as_os_str().as_bytes()) else {
+            return reply.error(libc::EINVAL);
+        };
+        // SAFETY: statvfs writes into a zeroed struct we own; the path is NUL-terminated.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+            return reply.error(errno(&io::Error::last_os_error()));
+        }
+        reply.statfs(
+            stat.f_blocks,
+            stat.f_bfree,
+            stat.f_bavail,
+            stat.f_files,
+            stat.f_ffree,
+            stat.f_bsize as u32,
+            stat.f_namemax as u32,
+            stat.f_frsize as u32,
+        );
+    }
+
+    fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn create(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let path = match self.child(parent, name) {
+            Ok(path) => path,
+            Err(code) => return reply.error(code),
+        };
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).mode(mode & !umask);
+        if flags & libc::O_EXCL != 0 {
+            options.create_new(true);
+        } else {
+            options.create(true);
+        }
+        let file = match options.open(&path) {
+            Ok(file) => file,
+            Err(error) => return reply.error(errno(&error)),
+        };
+        let mut state = self.state();
+        let ino = state.ino_for(&path);
+        let fh = state.add_handle(ino, file);
+        match state.attr(ino, Some(fh)) {
+            Ok(attr) => reply.created(&TTL, &attr, 0, fh, FOPEN_DIRECT_IO),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn fallocate(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        length: i64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let end = (offset.max(0) + length.max(0)) as u64;
+        let result = match mode {
+            0 => self.state().with_overlay(ino, Some(fh), |overlay, file| {
+                if end > overlay.size {
+                    overlay.set_size(file, end)?;
+                }
+                Ok(())
+            }),
+            libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+            _ => Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backing_file(dir: &Path, content: &[u8]) -> File {
+        let path = dir.join("f");
+        std::fs::write(&path, content).unwrap();
+        OpenOptions::new().read(true).write(true).open(path).unwrap()
+    }
+
+    #[test]
+    fn overlay_reads_merge_pages_over_the_backing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = backing_file(dir.path(), &[1u8; 10_000]);
+        let mut overlay = Overlay::new(10_000);
+        overlay.write(&file, 4090, &[2u8; 20]).unwrap();
+        let read = overlay.read(&file, 4080, 40).unwrap();
+        assert_eq!(&read[..10], &[1u8; 10]);
+        assert_eq!(&read[10..30], &[2u8; 20]);
+        assert_eq!(&read[30..], &[1u8; 10]);
+        // Nothing reached the backing file.
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), vec![1u8; 10_000]);
+    }
+
+    #[test]
+    fn truncate_then_grow_reads_zeros_and_persist_writes_exactly_that() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = backing_file(dir.path(), &[7u8; 9000]);
+        let mut overlay = Overlay::new(9000);
+        overlay.set_size(&file, 100).unwrap();
+        overlay.set_size(&file, 20_000).unwrap();
+        overlay.write(&file, 12_000, b"end").unwrap();
+        let read = overlay.read(&file, 0, 20_000).unwrap();
+        assert_eq!(read.len(), 20_000);
+        assert_eq!(&read[..100], &[7u8; 100]);
+        assert!(read[100..12_000].iter().all(|&b| b == 0));
+        assert_eq!(&read[12_000..12_003], b"end");
+        overlay.persist(&file).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), read);
+    }
+}

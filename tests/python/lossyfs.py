@@ -1,0 +1,67 @@
+"""A lossy mount for power-loss tests: `sluice-lossyfs` (crates/lossyfs), a FUSE filesystem
+that keeps every byte written but not fsynced in memory only, so `power_loss()` makes
+unsynced data vanish as a power cut would (metadata operations are durable at once, as in
+LazyFS's default). The binary is taken from $SLUICE_LOSSYFS_BIN (scripts/test.sh builds it).
+"""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LOSSYFS_BIN = os.environ.get("SLUICE_LOSSYFS_BIN", str(REPO / "target" / "release" / "sluice-lossyfs"))
+CONTROL_FILE = ".lossyfs-control"
+MOUNT_TIMEOUT_S = 15.0
+
+
+class LossyMount:
+    """`root/backing` (what survives) seen through `root/mnt` (what the broker uses)."""
+
+    def __init__(self, root: Path):
+        self.backing = Path(root) / "backing"
+        self.mount = Path(root) / "mnt"
+        self.log_path = Path(root) / "lossyfs.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "LossyMount":
+        self.backing.mkdir(parents=True, exist_ok=True)
+        self.mount.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([LOSSYFS_BIN, "--backing", str(self.backing), "--mount", str(self.mount)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not (self.mount / CONTROL_FILE).exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lossyfs exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"lossyfs did not mount within {MOUNT_TIMEOUT_S}s:\n{self.log()}")
+            time.sleep(0.05)
+        return self
+
+    def power_loss(self) -> None:
+        """Drops every unsynced byte (the caller has already killed the processes using it)."""
+        with open(self.mount / CONTROL_FILE, "w") as control:
+            control.write("crash\n")
+
+    def sync(self) -> None:
+        """Makes everything written so far durable (a global `sync`)."""
+        with open(self.mount / CONTROL_FILE, "w") as control:
+            control.write("sync\n")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if os.path.ismount(self.mount):
+            subprocess.run(["umount", "-l", str(self.mount)], check=False)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-5000:]
+        except FileNotFoundError:
+            return ""
