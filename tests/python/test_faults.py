@@ -6,7 +6,9 @@ Long runs: `python -m faults` (README, "Fault injection").
 
 import pytest
 
+import kafka_wire as kw
 from faults.checker import check
+from faults.cluster import FaultCluster
 from faults.runner import RunConfig, run
 from faults.workload import Ack, History, Read
 
@@ -96,3 +98,28 @@ def test_all_nodes_losing_power_at_once_lose_nothing_at_level_1(tmp_path):
     """Every node loses power together (controllers included), twice: level 1 still loses
     nothing acknowledged, and the cluster comes back by itself."""
     short_run(tmp_path, ("power-all",), level=1, count=2, hold_s=1.0)
+
+
+def test_acks_all_write_whose_isr_shrank_below_min_insync_is_not_enough_replicas_after_append(tmp_path):
+    """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: an acks=all write accepted with a full ISR,
+    whose ISR then shrank below min.insync.replicas while it waited (a follower paused and
+    fenced), is not answered with success once the high watermark passes it."""
+    cluster = FaultCluster(tmp_path / "cluster").start()
+    paused = None
+    try:
+        cluster.create_topic("shrink", 1, 3, {"min.insync.replicas": "3"})
+        cluster.wait_stably_healthy("shrink", 1, 30)
+        partition = cluster.any_metadata("shrink").partitions[0]
+        follower = next(r for r in partition.replicas if r != partition.leader)
+        with kw.Conn("127.0.0.1", cluster.nodes[partition.leader].kafka_private, timeout=60) as conn:
+            assert conn.produce("shrink", 0, kw.record_batch([kw.Record(b"in sync")]))[0] == kw.NONE
+            cluster.nodes[follower].pause()
+            paused = follower
+            error, _, _, _ = conn.produce("shrink", 0, kw.record_batch([kw.Record(b"shrunk")]), timeout_ms=40_000)
+        assert error == kw.NOT_ENOUGH_REPLICAS_AFTER_APPEND, f"error {error}"
+        isr = cluster.any_metadata("shrink", avoid={follower}).partitions[0].isr
+        assert follower not in isr and len(isr) == 2, isr
+    finally:
+        if paused is not None:
+            cluster.nodes[paused].resume()
+        cluster.stop()

@@ -493,6 +493,14 @@ impl Partition {
         self.state.lock().epochs.last().map(|&(epoch, _)| epoch)
     }
 
+    /// The leader epoch of the batch holding `offset` (the latest epoch starting at or
+    /// before it), if the log knows one.
+    pub fn epoch_at(&self, offset: i64) -> Option<i32> {
+        let state = self.state.lock();
+        let index = state.epochs.partition_point(|&(_, start)| start <= offset);
+        index.checked_sub(1).map(|i| state.epochs[i].0)
+    }
+
     /// Kafka's OffsetForLeaderEpoch: the largest epoch <= `epoch` this log knows and the
     /// offset where it ended (the start of the next epoch, or the log end). `None` when
     /// the log knows no epoch that old.

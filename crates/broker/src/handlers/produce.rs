@@ -26,6 +26,10 @@ struct PendingAck {
     /// visible: a leader that lost its leadership meanwhile may have truncated the batch, and
     /// its high watermark, now moved by the new leader, says nothing about it.
     appended_as: Option<(Arc<Replica>, i32)>,
+    /// acks=all on a topic whose level waits for replicas: once visible, the ISR must still
+    /// have `min.insync.replicas` members, else NOT_ENOUGH_REPLICAS_AFTER_APPEND (Kafka's rule:
+    /// the ISR may have shrunk while the write waited).
+    checks_min_insync: bool,
 }
 
 /// What a produce waits for: the high watermark (replicated or fsynced, per the topic),
@@ -58,23 +62,30 @@ pub(super) fn append(
                 _ if invalid_acks => Err(ResponseError::InvalidRequiredAcks),
                 (Err(error), _) => Err(*error),
                 (Ok(_), None) => Err(ResponseError::CorruptMessage),
-                (Ok((log, epoch, _, _)), Some(records)) => {
-                    append_one(broker, log, *epoch, &records, now_ms, &topic.name, data.index)
+                (Ok(leader), Some(records)) => {
+                    append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index)
                 }
             };
             match result {
                 Ok((outcome_base, log_start, visible_at)) => {
                     partition_response.base_offset = outcome_base;
                     partition_response.log_start_offset = log_start;
-                    let (log, epoch, waits_for_replicas, replica) =
-                        target.expect("append succeeded on an existing log");
-                    let until = if waits_for_replicas {
-                        AckWhen::Visible(log.subscribe())
+                    let leader = target.expect("append succeeded on an existing log");
+                    let until = if leader.waits_for_high_watermark {
+                        AckWhen::Visible(leader.log.subscribe())
                     } else {
-                        AckWhen::LocallyDurable(log.progress())
+                        AckWhen::LocallyDurable(leader.log.progress())
                     };
-                    let appended_as = replica.map(|replica| (replica, epoch));
-                    pending.push(PendingAck { topic_index, partition_index, until, visible_at, appended_as });
+                    let appended_as = leader.replica.map(|replica| (replica, leader.epoch));
+                    let checks_min_insync = leader.waits_for_replicas;
+                    pending.push(PendingAck {
+                        topic_index,
+                        partition_index,
+                        until,
+                        visible_at,
+                        appended_as,
+                        checks_min_insync,
+                    });
                 }
                 Err(error) => partition_response.error_code = error.code(),
             }
@@ -127,14 +138,28 @@ impl PendingAck {
         }
         match &self.appended_as {
             Some((replica, epoch)) if replica.leader_epoch() != Some(*epoch) => Err(ResponseError::NotLeaderOrFollower),
+            Some((replica, _)) if self.checks_min_insync && replica.isr_below_min_insync() => {
+                Err(ResponseError::NotEnoughReplicasAfterAppend)
+            }
             _ => Ok(()),
         }
     }
 }
 
-/// The log to append to, the leader epoch to stamp, whether acknowledgement waits for
-/// the high watermark, and (in a cluster) the replica. On a single node every partition is
-/// led here at epoch 0.
+/// Where a produce appends and what its answer waits for.
+struct LeaderLog {
+    log: Arc<Partition>,
+    /// The leader epoch to stamp (0 on a single node).
+    epoch: i32,
+    /// The answer waits for the high watermark (else for the locally durable end).
+    waits_for_high_watermark: bool,
+    /// acks=all on a topic whose level waits for the ISR.
+    waits_for_replicas: bool,
+    /// In a cluster, the replica.
+    replica: Option<Arc<Replica>>,
+}
+
+/// The log to append to; on a single node every partition is led here at epoch 0.
 fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result<LeaderLog, ResponseError> {
     if topic == crate::group::OFFSETS_TOPIC {
         // Only the group coordinator writes committed offsets (Kafka: "Cannot append to
@@ -143,14 +168,24 @@ fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result
     }
     if broker.replicas.is_none() {
         let log = broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
-        return Ok((log, LEADER_EPOCH, true, None));
+        return Ok(LeaderLog {
+            log,
+            epoch: LEADER_EPOCH,
+            waits_for_high_watermark: true,
+            waits_for_replicas: false,
+            replica: None,
+        });
     }
     let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
     let write = replica.begin_write(acks).map_err(NotServed::error)?;
-    Ok((replica.log.clone(), write.leader_epoch, write.waits_for_replicas || acks != 1, Some(replica)))
+    Ok(LeaderLog {
+        log: replica.log.clone(),
+        epoch: write.leader_epoch,
+        waits_for_high_watermark: write.waits_for_replicas || acks != 1,
+        waits_for_replicas: write.waits_for_replicas,
+        replica: Some(replica),
+    })
 }
-
-type LeaderLog = (Arc<Partition>, i32, bool, Option<Arc<Replica>>);
 
 /// Appends one batch; returns (base offset, log start offset, offset to wait for).
 fn append_one(

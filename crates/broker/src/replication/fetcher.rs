@@ -1,8 +1,11 @@
 //! Followers' side of replication: one fetch loop per leader node, carrying every
 //! partition this node follows from that leader in one long-polling Fetch (so
 //! replication batches per node pair). Each round appends what came back, fsyncs it
-//! (one group commit for the whole round) when the topic's level asks, and only then
-//! fetches on: the next fetch offset is the follower's promise of durability.
+//! when the topic's level asks, and waits for that before fetching on. The fetch offset is
+//! the follower's promise of durability, so it is the locally durable end, never the log
+//! end: a round that gave up waiting for its fsync (or whose fsync failed) re-fetches what
+//! is not durable yet instead of reporting it to the leader as held, and a follower whose
+//! log went offline stops advancing and leaves the ISR after `replica_lag_time_max_ms`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -25,7 +28,7 @@ pub const REPLICA_FETCH_BYTES_MAX: i32 = 32 * 1024 * 1024;
 pub const REPLICA_FETCH_PARTITION_BYTES_MAX: i32 = 4 * 1024 * 1024;
 /// Pause after a failed round (connection refused, leader moved) before the next.
 pub const REPLICA_FETCH_BACKOFF_MS: u64 = 100;
-/// Longest a round waits for its own fsync before fetching on regardless.
+/// Longest a round waits for its own fsync before fetching on (from its durable end).
 pub const REPLICA_SYNC_WAIT_MS: u64 = 30_000;
 
 /// Keeps one fetch loop running per leader this node follows something from.
@@ -117,11 +120,13 @@ fn fetch_request(node_id: i32, partitions: &[(Arc<Replica>, i32)]) -> RequestKin
     let mut topics: Vec<FetchTopic> = Vec::new();
     for (replica, leader_epoch) in partitions {
         let offsets = replica.log.offsets();
+        // What this follower holds at the topic's durability (all of it at levels 2 and 4).
+        let fetch_offset = offsets.log_end_offset.min(replica.log.progress().borrow().local_end);
         let mut partition = FetchPartition::default();
         partition.partition = replica.partition;
         partition.current_leader_epoch = *leader_epoch;
-        partition.fetch_offset = offsets.log_end_offset;
-        partition.last_fetched_epoch = replica.log.latest_epoch().unwrap_or(-1);
+        partition.fetch_offset = fetch_offset;
+        partition.last_fetched_epoch = replica.log.epoch_at(fetch_offset - 1).unwrap_or(-1);
         partition.log_start_offset = offsets.log_start_offset;
         partition.partition_max_bytes = REPLICA_FETCH_PARTITION_BYTES_MAX;
         match topics.iter_mut().find(|t| t.topic.as_str() == replica.topic) {
@@ -225,5 +230,72 @@ fn restart_at_leader_start(replica: &Replica, leader_log_start: i64) -> Result<O
             tracing::error!(%error, "log reset failed");
             Err(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::{Bytes, BytesMut};
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    use sluice_storage::{LogConfig, LogManager, TopicPartition};
+
+    use super::*;
+
+    /// One batch of `count` records at `base_offset`, as a leader would send it.
+    fn leader_batch(base_offset: i64, count: i64, leader_epoch: i32) -> Bytes {
+        let records: Vec<Record> = (0..count)
+            .map(|i| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: leader_epoch,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: base_offset + i,
+                sequence: (base_offset + i) as i32,
+                timestamp: sluice_storage::now_ms(),
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut buffer = BytesMut::new();
+        let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+        RecordBatchEncoder::encode(&mut buffer, &records, &options).unwrap();
+        buffer.freeze()
+    }
+
+    fn fetched_offset_and_epoch(request: &RequestKind) -> (i64, i32) {
+        let RequestKind::Fetch(fetch) = request else { panic!("a fetch") };
+        let partition = &fetch.topics[0].partitions[0];
+        (partition.fetch_offset, partition.last_fetched_epoch)
+    }
+
+    /// A follower reports as held only what is durable at the topic's level: appended but
+    /// not yet fsynced data (its fsync slow, timed out or failed) is fetched again rather
+    /// than counted by the leader toward an acks=all acknowledgement.
+    #[test]
+    fn the_fetch_offset_is_the_durable_end_not_the_log_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let log = logs.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+        log.set_replicated(true);
+        log.append_replica(&leader_batch(0, 3, 1), 0).unwrap();
+        let replica = Arc::new(Replica::new("t".into(), 0, log.clone()));
+        let partitions = [(replica, 2)];
+        assert_eq!(log.offsets().log_end_offset, 3);
+        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, &partitions)), (0, -1), "nothing is fsynced yet");
+
+        logs.syncer().schedule(&log);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while log.progress().borrow().local_end < 3 {
+            assert!(std::time::Instant::now() < deadline, "fsync did not finish");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A later epoch's batch, not yet durable: the fetch names the epoch of offset 2.
+        log.append_replica(&leader_batch(3, 2, 2), 0).unwrap();
+        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, &partitions)), (3, 1));
+        logs.close();
     }
 }

@@ -230,6 +230,15 @@ impl Replica {
         Ok(LeaderWrite { leader_epoch: leader.assignment.leader_epoch, waits_for_replicas: waits })
     }
 
+    /// True when this node leads with fewer in-sync replicas than `min.insync.replicas`
+    /// (the ISR shrank after a write was accepted).
+    pub fn isr_below_min_insync(&self) -> bool {
+        match &*self.role.lock() {
+            Role::Leader(leader) => leader.assignment.isr.len() < leader.min_insync,
+            _ => false,
+        }
+    }
+
     /// Records a follower's fetch at `fetch_offset` (it holds everything before it) and
     /// checks its log against ours: `Some((epoch, end offset))` when it diverges and must
     /// truncate. Moves the high watermark; may ask to expand the ISR.
