@@ -117,10 +117,16 @@ struct LeaderRole {
     assignment: Assignment,
     level: DurabilityLevel,
     min_insync: usize,
-    /// Followers being added to the ISR, counted for the high watermark already.
+    /// Followers being added to the ISR, counted for the high watermark already. A refused
+    /// expansion keeps them here: "refused" may mean the controller committed it and the
+    /// answer was lost, so until metadata newer than the proposal arrives (which either lists
+    /// them in the ISR or proves the proposal stale) the high watermark must not pass them.
     joining: HashSet<i32>,
     /// An ISR change is in flight with the controller.
     isr_change_pending: bool,
+    /// The last proposed expansion was refused: retried by the ISR check, dropped once the
+    /// partition epoch moves past the one it was proposed at.
+    expansion_refused_at: Option<i32>,
     followers: HashMap<i32, FollowerProgress>,
 }
 
@@ -307,6 +313,7 @@ impl Replica {
             isr.clone(),
         );
         tracing::info!(topic = %self.topic, partition = self.partition, ?isr, "proposing ISR change");
+        let proposed_at = leader.assignment.partition_epoch;
         tokio::spawn(async move {
             let result = change.await;
             let mut role = replica.role.lock();
@@ -314,7 +321,9 @@ impl Replica {
                 leader.isr_change_pending = false;
                 if let Err(error) = result {
                     tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "ISR change refused");
-                    leader.joining.clear();
+                    if !leader.joining.is_empty() && leader.assignment.partition_epoch == proposed_at {
+                        leader.expansion_refused_at = Some(proposed_at);
+                    }
                 }
             }
         });
@@ -341,7 +350,24 @@ impl Replica {
     fn check_isr(self: &Arc<Self>, now_ms: i64, lag_ms: u64, isr_changes: &Arc<dyn IsrChanges>) {
         let mut role = self.role.lock();
         let Role::Leader(leader) = &mut *role else { return };
-        if leader.isr_change_pending || leader.assignment.isr.len() <= 1 {
+        if leader.isr_change_pending {
+            return;
+        }
+        if leader.expansion_refused_at.is_some() {
+            // Retry the refused expansion (a stale-epoch refusal brings newer metadata, which
+            // settles it), without followers that stopped fetching meanwhile.
+            let followers = &leader.followers;
+            leader.joining.retain(|j| followers.get(j).is_some_and(|f| now_ms - f.last_fetch_ms <= lag_ms as i64));
+            leader.expansion_refused_at = None;
+            if !leader.joining.is_empty() {
+                let mut isr = leader.assignment.isr.clone();
+                isr.extend(leader.joining.iter().copied());
+                isr.sort_unstable();
+                self.request_isr_change(leader, isr, isr_changes);
+            }
+            return;
+        }
+        if leader.assignment.isr.len() <= 1 {
             return;
         }
         let log_end = self.log.offsets().log_end_offset;
@@ -473,6 +499,12 @@ impl ReplicaManager {
         let changed = match &mut *role {
             Role::Leader(leader) if leads && leader.assignment.leader_epoch == assignment.leader_epoch => {
                 leader.joining.retain(|j| !assignment.isr.contains(j));
+                if leader.expansion_refused_at.is_some_and(|epoch| assignment.partition_epoch > epoch) {
+                    // The refused proposal can no longer commit: whoever it added is in the
+                    // ISR now or was never added.
+                    leader.joining.clear();
+                    leader.expansion_refused_at = None;
+                }
                 leader.assignment = assignment.clone();
                 leader.level = config.level;
                 leader.min_insync = config.min_insync_replicas;
@@ -495,6 +527,7 @@ impl ReplicaManager {
                     min_insync: config.min_insync_replicas,
                     joining: HashSet::new(),
                     isr_change_pending: false,
+                    expansion_refused_at: None,
                     followers: HashMap::new(),
                 };
                 replica.log.set_replicated(leader_replicates(assignment, config));
@@ -604,6 +637,88 @@ mod tests {
         ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
             Box::pin(async { Err("not in this test".to_string()) })
         }
+    }
+
+    /// An ISR change whose answer never arrives intact: the controller may or may not have
+    /// committed it.
+    struct RefusedIsrChanges;
+
+    impl IsrChanges for RefusedIsrChanges {
+        fn alter_isr(
+            &self,
+            _topic: String,
+            _partition: i32,
+            _leader_epoch: i32,
+            _partition_epoch: i32,
+            _isr: Vec<i32>,
+        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+            Box::pin(async { Err("request timed out".to_string()) })
+        }
+    }
+
+    fn one_batch(count: i32) -> bytes::Bytes {
+        use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+        let records: Vec<Record> = (0..count)
+            .map(|i| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i64::from(i),
+                sequence: i,
+                timestamp: sluice_storage::now_ms(),
+                key: None,
+                value: Some(bytes::Bytes::from_static(b"v")),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut buffer = bytes::BytesMut::new();
+        let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+        RecordBatchEncoder::encode(&mut buffer, &records, &options).unwrap();
+        buffer.freeze()
+    }
+
+    /// A refused ISR expansion may have been committed all the same (only the answer was
+    /// lost): until newer metadata says otherwise, the joining follower still holds back the
+    /// high watermark, so no acknowledged write can be missing from an ISR member.
+    #[tokio::test]
+    async fn a_refused_isr_expansion_still_holds_back_the_high_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let isr_changes: Arc<dyn IsrChanges> = Arc::new(RefusedIsrChanges);
+        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
+        let config = ReplicationConfig {
+            level: DurabilityLevel::ReplicatedFsynced,
+            min_insync_replicas: 1,
+            log: LogConfig { flush_messages: u64::MAX, ..LogConfig::default() },
+        };
+        let alone = Assignment { replicas: vec![1, 2], leader: 1, leader_epoch: 1, isr: vec![1], partition_epoch: 1 };
+        manager.apply(&logs, "t", 0, &alone, &config).unwrap();
+        let replica = manager.get("t", 0).unwrap();
+        let now = sluice_storage::now_ms();
+        replica.log.append(&one_batch(3), 1, now).unwrap();
+        // The follower catches up: its expansion is proposed, then "refused".
+        replica.follower_fetched(2, 1, 3, 1, now, &isr_changes).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The leader's own progress moves the high watermark before the follower fetches again.
+        replica.log.append(&one_batch(3), 1, now).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            replica.log.offsets().high_watermark,
+            3,
+            "the high watermark passed a follower that may be in the ISR"
+        );
+
+        // Metadata newer than the proposal without the follower in the ISR settles it.
+        let moved_on = Assignment { partition_epoch: 2, ..alone.clone() };
+        manager.apply(&logs, "t", 0, &moved_on, &config).unwrap();
+        replica.log.append(&one_batch(1), 1, now).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(replica.log.offsets().high_watermark, 7);
+        manager.remove(&logs, "t", 0).unwrap();
     }
 
     fn assignment(leader: i32, leader_epoch: i32) -> Assignment {
