@@ -221,3 +221,42 @@ def test_leader_kill_9_under_load_loses_and_duplicates_nothing(cluster, level):
     for p in range(partitions):
         offsets = [o for part, o, _ in seen if part == p]
         assert offsets == sorted(offsets) and len(offsets) == len(set(offsets))
+
+
+def test_a_node_of_another_cluster_on_an_old_voter_address_never_joins_it(cluster, tmp_path):
+    """Cluster identity (Kafka's meta.properties / INCONSISTENT_CLUSTER_ID): a fresh
+    single-node cluster started on the controller address of a killed node of a 3-node
+    cluster is contacted by the old cluster's controllers, refuses them, and serves only its
+    own topics; the old node's data dir is refused by a node configured for another cluster."""
+    create_topic(cluster, "old-cluster-topic", 1)
+    victim = cluster.nodes[3]
+    victim_controller = victim.extra_args[victim.extra_args.index("--controller-listen") + 1]
+    victim.kill()
+
+    newcomer = Broker(tmp_path / "newcomer", extra_args=[
+        "--node-id", "1", "--controller-listen", victim_controller, "--cluster-voters", f"1@{victim_controller}",
+    ]).start()
+    try:
+        with kw.Conn.to(newcomer.bootstrap) as conn:
+            def own_cluster_ready():
+                error = conn.create_topics([("new-cluster-topic", 1, 1, {})])["new-cluster-topic"][0]
+                return error in (kw.NONE, kw.TOPIC_ALREADY_EXISTS)
+
+            cluster.wait_for("the newcomer's own quorum", own_cluster_ready, timeout=60)
+            # The old cluster's leader keeps calling this address; give it time to try.
+            time.sleep(3)
+            topics = set(conn.metadata(None))
+        assert "new-cluster-topic" in topics, topics
+        assert "old-cluster-topic" not in topics, f"the newcomer received the old cluster's topics: {topics}"
+        assert "refusing controller RPC from another cluster" in newcomer.log(), newcomer.log()[-3000:]
+        # The old cluster goes on without its third node.
+        assert cluster.partition_state("old-cluster-topic", 0)[0] in (1, 2)
+    finally:
+        newcomer.kill()
+
+    # The old node's data dir, started with another cluster's voters, is refused at startup.
+    stray = Broker(victim.data_dir, port=victim.port, extra_args=[
+        "--node-id", "3", "--controller-listen", victim_controller, "--cluster-voters", f"3@{victim_controller}",
+    ])
+    with pytest.raises(RuntimeError, match="belongs to cluster"):
+        stray.start()

@@ -117,6 +117,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         write_timeout_ms: ADMIN_TIMEOUT.as_millis() as u64,
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
         source_address: cluster.source_address,
+        cluster_id: broker.topics.cluster_id(),
     };
     let controller = Controller::start(config).await?;
     let _ = link.controller.set(controller.clone());

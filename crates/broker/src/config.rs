@@ -114,6 +114,10 @@ pub struct ClusterConfig {
     /// Local IP every outgoing connection to another node (controller RPC, replica fetch)
     /// binds to; absent = chosen by the system. Lets a proxy tell nodes apart by peer IP.
     pub source_address: Option<IpAddr>,
+    /// The cluster's id (Kafka's `cluster.id`); absent = derived from `voters`. Kept in
+    /// `<data_dir>/meta.properties`: a data dir of another cluster is refused at startup,
+    /// and so are controller RPCs and replica fetches from nodes of another cluster.
+    pub cluster_id: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -127,6 +131,7 @@ impl Default for ClusterConfig {
             replica_lag_time_max_ms: crate::replication::REPLICA_LAG_TIME_MS_DEFAULT,
             default_replication_factor: 3,
             source_address: None,
+            cluster_id: None,
         }
     }
 }

@@ -8,9 +8,10 @@ pub mod config;
 mod connection;
 mod group;
 mod handlers;
+mod meta_properties;
 pub mod replication;
 pub mod server;
-pub mod topic_config;
+mod topic_config;
 pub mod topics;
 
 use std::io;
@@ -65,7 +66,10 @@ impl Broker {
                 // The controller's metadata decides which logs this node hosts; they are
                 // opened as it arrives (cluster_link), not from the local registry.
                 topics.replace_all(Vec::new());
-                topics.set_cluster_id(cluster_id_for(&cluster_config.voters));
+                let cluster_id =
+                    cluster_config.cluster_id.clone().unwrap_or_else(|| cluster_id_for(&cluster_config.voters));
+                meta_properties::check_or_write(&config.data_dir, config.node_id, &cluster_id)?;
+                topics.set_cluster_id(cluster_id);
                 topics.use_node_producer_ids(config.node_id);
                 let link = Arc::new(cluster_link::ClusterLink::default());
                 let replicas = replication::ReplicaManager::new(

@@ -70,6 +70,9 @@ pub struct ServeArgs {
     /// fault-injecting proxy can tell nodes apart) [default: chosen by the system].
     #[arg(long, env = "SLUICE_CLUSTER_SOURCE_ADDRESS")]
     cluster_source_address: Option<IpAddr>,
+    /// The cluster's id (cluster mode; Kafka's cluster.id) [default: derived from the voters].
+    #[arg(long, env = "SLUICE_CLUSTER_ID")]
+    cluster_id: Option<String>,
     /// Heartbeat interval of consumer-protocol groups (Kafka's group.consumer.heartbeat.interval.ms).
     #[arg(long, env = "SLUICE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS")]
     group_consumer_heartbeat_interval_ms: Option<u64>,
@@ -138,7 +141,11 @@ impl ServeArgs {
         if let Some(value) = self.durability_level {
             defaults.durability_level = value;
         }
-        if self.cluster_voters.is_some() || self.controller_listen.is_some() || self.cluster_source_address.is_some() {
+        if self.cluster_voters.is_some()
+            || self.controller_listen.is_some()
+            || self.cluster_source_address.is_some()
+            || self.cluster_id.is_some()
+        {
             let cluster = config.cluster.get_or_insert_with(Default::default);
             if let Some(voters) = self.cluster_voters {
                 cluster.voters = voters;
@@ -148,6 +155,9 @@ impl ServeArgs {
             }
             if let Some(source) = self.cluster_source_address {
                 cluster.source_address = Some(source);
+            }
+            if let Some(cluster_id) = self.cluster_id {
+                cluster.cluster_id = Some(cluster_id);
             }
         }
         config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;

@@ -110,7 +110,14 @@ pub struct ControllerConfig {
     /// Local address every outgoing controller RPC connection binds to (any port), so the
     /// other side can tell nodes apart by peer IP; `None` = chosen by the system.
     pub source_address: Option<IpAddr>,
+    /// The cluster this node belongs to (`meta.properties`): every RPC carries it and one
+    /// from another cluster is refused, so a node started on an address that an old cluster
+    /// still lists as a voter never joins that cluster.
+    pub cluster_id: String,
 }
+
+/// The cluster id of a config made by [`ControllerConfig::new`] (tests).
+pub(crate) const DEV_CLUSTER_ID: &str = "sluice-dev-cluster";
 
 impl ControllerConfig {
     /// A config with the default timings.
@@ -139,6 +146,7 @@ impl ControllerConfig {
             write_timeout_ms: WRITE_TIMEOUT_MS_DEFAULT,
             snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
             source_address: None,
+            cluster_id: DEV_CLUSTER_ID.to_string(),
         }
     }
 
@@ -240,7 +248,7 @@ impl Controller {
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
-        let peers = Peers::new(config.source_address);
+        let peers = Peers::new(config.source_address, config.cluster_id.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let raft_config = Arc::new(config.raft_config()?);
         let raft = Raft::new(raft_id(config.node_id), raft_config, network, log_store, state_machine)
@@ -262,7 +270,7 @@ impl Controller {
             Box::pin(async move { shared.handle(request).await })
         });
         let tasks = vec![
-            tokio::spawn(rpc::serve(listener, handler)),
+            tokio::spawn(rpc::serve(listener, handler, shared.config.cluster_id.clone())),
             tokio::spawn(shared.clone().send_heartbeats()),
             tokio::spawn(shared.clone().lead()),
             tokio::spawn(shared.clone().bootstrap()),

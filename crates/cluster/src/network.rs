@@ -34,18 +34,22 @@ pub(crate) struct Peers {
     clients: Arc<Mutex<HashMap<String, Arc<PeerClient>>>>,
     /// Local address of every outgoing connection (`ControllerConfig::source_address`).
     source_address: Option<IpAddr>,
+    /// Sent with every request (`ControllerConfig::cluster_id`).
+    cluster_id: Arc<str>,
 }
 
 impl Peers {
-    pub(crate) fn new(source_address: Option<IpAddr>) -> Peers {
-        Peers { clients: Arc::default(), source_address }
+    pub(crate) fn new(source_address: Option<IpAddr>, cluster_id: String) -> Peers {
+        Peers { clients: Arc::default(), source_address, cluster_id: cluster_id.into() }
     }
 
     pub(crate) fn client(&self, address: &str) -> Arc<PeerClient> {
         let mut clients = self.clients.lock().expect("peers lock poisoned");
         clients
             .entry(address.to_string())
-            .or_insert_with(|| Arc::new(PeerClient::new(address.to_string(), self.source_address)))
+            .or_insert_with(|| {
+                Arc::new(PeerClient::new(address.to_string(), self.source_address, self.cluster_id.clone()))
+            })
             .clone()
     }
 }

@@ -2,7 +2,10 @@
 //! over plain TCP on each node's controller address.
 //!
 //! Framing: `[length u32 BE][JSON body]`, one request then one response per exchange on a
-//! connection; a connection carries one exchange at a time and is returned to a small
+//! connection. A request travels in an [`Envelope`] with the sender's cluster id; a server
+//! closes the connection, unanswered, on a request from another cluster (Kafka's
+//! INCONSISTENT_CLUSTER_ID), so nodes of two clusters never vote for or replicate to each
+//! other whatever addresses they share; a connection carries one exchange at a time and is returned to a small
 //! per-peer pool afterwards (reuse without multiplexing). A length above
 //! [`FRAME_BYTES_MAX`] closes the connection before anything is buffered.
 //!
@@ -47,6 +50,9 @@ pub(crate) const SERVER_CONNECTIONS_MAX: usize = 256;
 pub(crate) const IDLE_CONNECTIONS_PER_PEER_MAX: usize = 4;
 /// Bound on establishing a TCP connection to a peer.
 pub(crate) const CONNECT_TIMEOUT_MS: u64 = 500;
+/// Requests from another cluster are logged at most once per this period (they repeat
+/// every few milliseconds while the other cluster retries).
+const FOREIGN_CLUSTER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// Bound on writing a response back.
 const RESPONSE_WRITE_TIMEOUT_MS: u64 = 5_000;
 
@@ -71,6 +77,19 @@ pub(crate) enum Request {
     Heartbeat(Heartbeat),
     /// A write made on a follower, for the raft leader to propose.
     Write(Proposal),
+}
+
+/// A request with the cluster id of its sender.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    cluster_id: &'a str,
+    request: &'a Request,
+}
+
+#[derive(Deserialize)]
+struct ReceivedEnvelope {
+    cluster_id: String,
+    request: Request,
 }
 
 /// The answers, one variant per request kind.
@@ -150,17 +169,18 @@ pub(crate) struct PeerClient {
     address: String,
     /// Local address every connection is bound to (`ControllerConfig::source_address`).
     source_address: Option<IpAddr>,
+    cluster_id: Arc<str>,
     idle: Mutex<Vec<TcpStream>>,
 }
 
 impl PeerClient {
-    pub(crate) fn new(address: String, source_address: Option<IpAddr>) -> PeerClient {
-        PeerClient { address, source_address, idle: Mutex::new(Vec::new()) }
+    pub(crate) fn new(address: String, source_address: Option<IpAddr>, cluster_id: Arc<str>) -> PeerClient {
+        PeerClient { address, source_address, cluster_id, idle: Mutex::new(Vec::new()) }
     }
 
     /// Sends `request` and waits for the answer, within `timeout` overall.
     pub(crate) async fn call(&self, request: &Request, timeout: Duration) -> Result<Response, RpcError> {
-        let frame = encode(request)?;
+        let frame = encode(&Envelope { cluster_id: &self.cluster_id, request })?;
         tokio::time::timeout(timeout, self.exchange(&frame)).await.map_err(|_| RpcError::Timeout)?
     }
 
@@ -221,8 +241,10 @@ async fn exchange_on(stream: &mut TcpStream, frame: &[u8]) -> io::Result<Option<
 /// What the server calls for each request.
 pub(crate) type Handler = Arc<dyn Fn(Request) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
 
-/// Serves requests until the task is aborted; aborting it closes every connection.
-pub(crate) async fn serve(listener: TcpListener, handler: Handler) {
+/// Serves requests from nodes of `cluster_id` until the task is aborted; aborting it closes
+/// every connection.
+pub(crate) async fn serve(listener: TcpListener, handler: Handler, cluster_id: String) {
+    let cluster_id: Arc<str> = cluster_id.into();
     let permits = Arc::new(Semaphore::new(SERVER_CONNECTIONS_MAX));
     let mut connections = JoinSet::new();
     loop {
@@ -240,20 +262,46 @@ pub(crate) async fn serve(listener: TcpListener, handler: Handler) {
             continue;
         };
         let handler = handler.clone();
+        let cluster_id = cluster_id.clone();
         connections.spawn(async move {
             let _permit = permit;
-            if let Err(error) = serve_connection(stream, handler).await {
+            if let Err(error) = serve_connection(stream, handler, &cluster_id).await {
                 tracing::debug!(%peer, %error, "controller rpc connection closed");
             }
         });
     }
 }
 
-async fn serve_connection(mut stream: TcpStream, handler: Handler) -> io::Result<()> {
+/// True (and remembers now) when no foreign-cluster warning was logged within the interval.
+fn foreign_cluster_warning_due() -> bool {
+    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().expect("warning lock poisoned");
+    let now = std::time::Instant::now();
+    if last.is_some_and(|at| now - at < FOREIGN_CLUSTER_WARNING_INTERVAL) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
+async fn serve_connection(mut stream: TcpStream, handler: Handler, cluster_id: &str) -> io::Result<()> {
     stream.set_nodelay(true)?;
     while let Some(body) = read_frame(&mut stream).await? {
-        let request: Request = decode(&body)?;
-        let response = handler(request).await;
+        let envelope: ReceivedEnvelope = decode(&body)?;
+        if envelope.cluster_id != cluster_id {
+            if !foreign_cluster_warning_due() {
+                return Ok(());
+            }
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::warn!(
+                %peer,
+                theirs = envelope.cluster_id,
+                ours = cluster_id,
+                "refusing controller RPC from another cluster (INCONSISTENT_CLUSTER_ID)"
+            );
+            return Ok(());
+        }
+        let response = handler(envelope.request).await;
         let frame = encode(&response)?;
         tokio::time::timeout(Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS), stream.write_all(&frame))
             .await

@@ -45,6 +45,12 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
     let replica_id =
         if version <= LAST_REPLICA_ID_VERSION { request.replica_id.0 } else { request.replica_state.replica_id.0 };
     let follower = (replica_id >= 0).then_some(replica_id);
+    if follower.is_some() && request.cluster_id.as_ref().is_some_and(|id| id.as_str() != broker.topics.cluster_id()) {
+        tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
+        let mut response = FetchResponse::default();
+        response.error_code = ResponseError::InconsistentClusterId.code();
+        return response;
+    }
     let now_ms = sluice_storage::now_ms();
     let mut topics = Vec::new();
     let mut targets = Vec::new();

@@ -76,7 +76,7 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
                 }
             }
         }
-        let request = fetch_request(replicas.node_id(), &partitions);
+        let request = fetch_request(replicas.node_id(), &strong.topics.cluster_id(), &partitions);
         let timeout = Duration::from_millis(REPLICA_FETCH_WAIT_MS as u64 + 10_000);
         let call =
             connection.as_mut().expect("connected").call(ApiKey::Fetch, REPLICA_FETCH_VERSION, &request, timeout);
@@ -116,7 +116,7 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
     }
 }
 
-fn fetch_request(node_id: i32, partitions: &[(Arc<Replica>, i32)]) -> RequestKind {
+fn fetch_request(node_id: i32, cluster_id: &str, partitions: &[(Arc<Replica>, i32)]) -> RequestKind {
     let mut topics: Vec<FetchTopic> = Vec::new();
     for (replica, leader_epoch) in partitions {
         let offsets = replica.log.offsets();
@@ -141,6 +141,8 @@ fn fetch_request(node_id: i32, partitions: &[(Arc<Replica>, i32)]) -> RequestKin
     }
     let mut request = FetchRequest::default();
     request.replica_id = BrokerId(node_id);
+    // The leader refuses a follower of another cluster (INCONSISTENT_CLUSTER_ID).
+    request.cluster_id = Some(str_bytes(cluster_id));
     request.max_wait_ms = REPLICA_FETCH_WAIT_MS;
     request.min_bytes = 1;
     request.max_bytes = REPLICA_FETCH_BYTES_MAX;
@@ -285,7 +287,7 @@ mod tests {
         let replica = Arc::new(Replica::new("t".into(), 0, log.clone()));
         let partitions = [(replica, 2)];
         assert_eq!(log.offsets().log_end_offset, 3);
-        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, &partitions)), (0, -1), "nothing is fsynced yet");
+        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, "c", &partitions)), (0, -1), "nothing is fsynced yet");
 
         logs.syncer().schedule(&log);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -295,7 +297,7 @@ mod tests {
         }
         // A later epoch's batch, not yet durable: the fetch names the epoch of offset 2.
         log.append_replica(&leader_batch(3, 2, 2), 0).unwrap();
-        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, &partitions)), (3, 1));
+        assert_eq!(fetched_offset_and_epoch(&fetch_request(2, "c", &partitions)), (3, 1));
         logs.close();
     }
 }
