@@ -39,15 +39,25 @@ class LossyMount:
             time.sleep(0.05)
         return self
 
+    def _control(self, command: str) -> None:
+        with open(self.mount / CONTROL_FILE, "w") as control:
+            control.write(command + "\n")
+
     def power_loss(self) -> None:
         """Drops every unsynced byte (the caller has already killed the processes using it)."""
-        with open(self.mount / CONTROL_FILE, "w") as control:
-            control.write("crash\n")
+        self._control("crash")
 
     def sync(self) -> None:
         """Makes everything written so far durable (a global `sync`)."""
-        with open(self.mount / CONTROL_FILE, "w") as control:
-            control.write("sync\n")
+        self._control("sync")
+
+    def fail_fsync(self) -> None:
+        """A failing disk: every fsync answers EIO until `heal()`, and data whose fsync failed
+        is never persisted, even by a later fsync that succeeds (Linux's behaviour)."""
+        self._control("fail-fsync")
+
+    def heal(self) -> None:
+        self._control("heal")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

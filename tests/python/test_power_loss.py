@@ -11,6 +11,9 @@ switched off; these tests do not.
 - Levels 2 and 4 (acknowledged from the page cache) lose only what was acknowledged within
   `flush.ms` (plus one upkeep tick) of the power loss; the test measures how much.
 - Committed consumer offsets survive a power loss.
+- A failed fsync is never acknowledged: the partition goes offline (KAFKA_STORAGE_ERROR)
+  and stays so after the disk heals (a retried fsync may report success without writing
+  the data), until a restart recovers what is durable.
 """
 
 import os
@@ -23,6 +26,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from conftest import Broker
+import kafka_wire as kw
 from kafka_wire import consume_until, create_topic, watermarks
 from lossyfs import LossyMount
 from numbered import PARTITIONS, run_kill_rounds
@@ -185,3 +189,22 @@ def test_committed_offsets_survive_power_loss(lossy):
         finally:
             consumer.close()
         assert {tp.partition: tp.offset for tp in got} == {p: 10 * (round_ + 1) + p for p in range(PARTITIONS)}
+
+
+def test_failed_fsync_is_never_acknowledged_and_takes_the_partition_offline(lossy):
+    broker = lossy.start_broker()
+    topic = f"eio-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, 1)
+    with kw.Conn.to(broker.bootstrap, timeout=30) as conn:
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"before")]))[0] == kw.NONE
+        lossy.fail_fsync()
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"during")]))[0] == kw.KAFKA_STORAGE_ERROR
+        lossy.heal()
+        # No second fsync of the same pages is trusted: the partition stays offline.
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"healed")]))[0] == kw.KAFKA_STORAGE_ERROR
+    assert "fdatasync failed; partition offline" in broker.log()
+    power_loss(broker, lossy)
+    with kw.Conn.to(broker.bootstrap, timeout=30) as conn:
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"after restart")]))[0] == kw.NONE
+    read = consume_until(broker.bootstrap, topic, {0: watermarks(broker.bootstrap, topic, 0)[1]})
+    assert [m.value() for m in read[0]] == [b"before", b"after restart"]

@@ -12,7 +12,13 @@
 //! so after a crash readers see exactly what survived.
 //!
 //! Control: the file `/.lossyfs-control` at the mount root (not in the backing directory)
-//! takes `crash` (drop every unsynced byte) and `sync` (persist everything) written to it.
+//! takes `crash` (drop every unsynced byte) and `sync` (persist everything) written to it,
+//! and `fail-fsync` / `heal` to start and stop a failing disk: while it fails, every
+//! `fsync` of a file or directory answers EIO, and the unsynced data of a file whose fsync
+//! failed is never persisted afterwards (Linux marks such pages clean: a retried fsync
+//! reports success without writing them, PostgreSQL's "fsyncgate"); it stays readable until
+//! the next crash drops it. A program that retries a failed fsync and trusts its success is
+//! caught by the next crash.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -51,6 +57,8 @@ struct Overlay {
     /// Backing bytes at or past this offset are stale (cut by a truncation since the last
     /// sync): they read as zeros unless a page covers them.
     backing_valid: u64,
+    /// An fsync of this data failed: it is never persisted (see the module doc).
+    lost: bool,
 }
 
 struct Node {
@@ -76,6 +84,8 @@ pub struct LossyState {
     handles: HashMap<u64, (u64, File)>,
     next_ino: u64,
     next_fh: u64,
+    /// `fail-fsync` was written and `heal` not yet: every fsync answers EIO.
+    failing_fsync: bool,
 }
 
 fn errno(error: &io::Error) -> i32 {
@@ -169,7 +179,7 @@ fn read_backing(file: &File, offset: u64, buf: &mut [u8], valid: u64) -> io::Res
 
 impl Overlay {
     fn new(backing_size: u64) -> Overlay {
-        Overlay { pages: BTreeMap::new(), size: backing_size, backing_valid: backing_size }
+        Overlay { pages: BTreeMap::new(), size: backing_size, backing_valid: backing_size, lost: false }
     }
 
     fn page_mut(&mut self, index: u64, backing: &File) -> io::Result<&mut Vec<u8>> {
@@ -254,7 +264,15 @@ impl LossyState {
         nodes.insert(FUSE_ROOT_ID, Node { path: Some(backing.clone()), overlay: None, open_handles: 0 });
         let mut by_path = HashMap::new();
         by_path.insert(backing.clone(), FUSE_ROOT_ID);
-        Ok(LossyState { backing, nodes, by_path, handles: HashMap::new(), next_ino: FIRST_INO, next_fh: 1 })
+        Ok(LossyState {
+            backing,
+            nodes,
+            by_path,
+            handles: HashMap::new(),
+            next_ino: FIRST_INO,
+            next_fh: 1,
+            failing_fsync: false,
+        })
     }
 
     /// Drops every unsynced byte of every file (a power cut).
@@ -341,11 +359,25 @@ impl LossyState {
             self.nodes.get_mut(&ino).expect("present").overlay = None;
             return Ok(());
         }
+        if node.overlay.as_ref().is_some_and(|overlay| overlay.lost) {
+            return Ok(());
+        }
         let file = self.backing_file(ino, fh)?;
         let node = self.nodes.get_mut(&ino).expect("present");
         node.overlay.as_ref().expect("checked").persist(&file)?;
         node.overlay = None;
         Ok(())
+    }
+
+    /// An application's `fsync`/`fdatasync` of a file.
+    fn fsync(&mut self, ino: u64, fh: u64) -> io::Result<()> {
+        if self.failing_fsync {
+            if let Some(overlay) = self.nodes.get_mut(&ino).and_then(|node| node.overlay.as_mut()) {
+                overlay.lost = true;
+            }
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.persist(ino, Some(fh))
     }
 
     fn read(&self, ino: u64, fh: u64, offset: u64, length: usize) -> io::Result<Vec<u8>> {
@@ -411,6 +443,16 @@ impl LossyState {
                 Ok(())
             }
             "sync" => self.sync_all(),
+            "fail-fsync" => {
+                eprintln!("lossyfs: fsync fails with EIO from now on");
+                self.failing_fsync = true;
+                Ok(())
+            }
+            "heal" => {
+                eprintln!("lossyfs: fsync works again");
+                self.failing_fsync = false;
+                Ok(())
+            }
             _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
         }
     }
@@ -716,7 +758,7 @@ impl Filesystem for LossyFs {
         if ino == CONTROL_INO {
             return reply.ok();
         }
-        match self.state().persist(ino, Some(fh)) {
+        match self.state().fsync(ino, fh) {
             Ok(()) => reply.ok(),
             Err(error) => reply.error(errno(&error)),
         }
@@ -754,7 +796,11 @@ impl Filesystem for LossyFs {
     }
 
     fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        let synced = self.state().path(ino).map(|path| File::open(path).and_then(|dir| dir.sync_all()));
+        let state = self.state();
+        if state.failing_fsync {
+            return reply.error(libc::EIO);
+        }
+        let synced = state.path(ino).map(|path| File::open(path).and_then(|dir| dir.sync_all()));
         match synced {
             Ok(Ok(())) => reply.ok(),
             Ok(Err(error)) => reply.error(errno(&error)),
@@ -872,6 +918,25 @@ mod tests {
         assert_eq!(&read[30..], &[1u8; 10]);
         // Nothing reached the backing file.
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), vec![1u8; 10_000]);
+    }
+
+    #[test]
+    fn data_whose_fsync_failed_is_never_persisted_even_by_a_later_successful_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = backing_file(dir.path(), b"old");
+        let mut state = LossyState::new(dir.path()).unwrap();
+        let ino = state.ino_for(&path.canonicalize().unwrap());
+        let fh = state.add_handle(ino, file);
+        state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, 3, b"-new")).unwrap();
+        state.control("fail-fsync").unwrap();
+        assert_eq!(state.fsync(ino, fh).unwrap_err().raw_os_error(), Some(libc::EIO));
+        state.control("heal").unwrap();
+        state.fsync(ino, fh).unwrap();
+        assert_eq!(state.read(ino, fh, 0, 100).unwrap(), b"old-new", "still readable until a crash");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old", "the retried fsync wrote nothing");
+        state.crash();
+        assert_eq!(state.read(ino, fh, 0, 100).unwrap(), b"old");
     }
 
     #[test]
