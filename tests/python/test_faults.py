@@ -12,6 +12,9 @@ from faults.cluster import FaultCluster
 from faults.runner import RunConfig, run
 from faults.workload import Ack, History, Read
 
+FSYNC_FAILURE_EXIT_CODE = 3
+"""`sluice serve`'s exit status when an fsync failed in cluster mode (cluster_link.rs)."""
+
 
 def test_checker_finds_every_kind_of_violation():
     history = History()
@@ -98,6 +101,19 @@ def test_all_nodes_losing_power_at_once_lose_nothing_at_level_1(tmp_path):
     """Every node loses power together (controllers included), twice: level 1 still loses
     nothing acknowledged, and the cluster comes back by itself."""
     short_run(tmp_path, ("power-all",), level=1, count=2, hold_s=1.0)
+
+
+def test_leader_whose_fsync_fails_stops_and_its_partitions_fail_over_losing_nothing(tmp_path):
+    """A failing disk (every fsync answers EIO, and what it failed to write is never
+    persisted): the leader stops by itself instead of acknowledging or holding partitions
+    it cannot serve; the others take over; after a power loss and restart nothing
+    acknowledged is lost or duplicated."""
+    report = short_run(tmp_path, ("eio",), level=1, count=2, hold_s=1.0)
+    for event in report.events:
+        assert event.led, "every victim led a partition"
+        assert event.observations["stopped_s"] is not None, report.table()
+        assert event.observations["exit_code"] == FSYNC_FAILURE_EXIT_CODE, report.table()
+    assert len(report.failover_times()) == 2, report.table()
 
 
 def test_acks_all_write_whose_isr_shrank_below_min_insync_is_not_enough_replicas_after_append(tmp_path):

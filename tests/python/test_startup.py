@@ -28,6 +28,8 @@ def test_bad_configs_fail_with_the_setting_named(tmp_path):
         (["--max-request-bytes", "10"], "max_request_bytes"),
         (["--advertised-listener", "no-port"], "advertised_listener"),
         (["--flush-messages", "0"], "flush.messages"),
+        (["--node-id", "1", "--cluster-voters", f"1@127.0.0.1:{free_port()}", "--cluster-id", "a\nb"],
+         "cluster_id"),
     ]
     for args, named in cases:
         result = run_serve("--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "d"), *args)

@@ -143,7 +143,27 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     });
     crate::replication::fetcher::spawn_supervisor(broker);
     broker.replicas.as_ref().expect("cluster mode").spawn_isr_checker();
+    tokio::spawn(stop_on_fsync_failure(broker.logs.syncer().fsync_failures()));
     Ok(())
+}
+
+/// The exit status of a node that stopped because an fsync failed.
+pub const FSYNC_FAILURE_EXIT_CODE: i32 = 3;
+
+/// A failed fsync leaves data of unknown durability in the page cache (a retry may report
+/// success without writing it), so the partition went offline; in a cluster the whole node
+/// stops, as Kafka halts a broker whose (last) log directory failed: its leaderships move to
+/// in-sync replicas and it leaves the ISRs, instead of holding partitions it cannot serve.
+/// A restart recovers from what is on disk and catches up from the leaders.
+async fn stop_on_fsync_failure(mut failures: tokio::sync::watch::Receiver<u64>) {
+    if failures.wait_for(|&failed| failed > 0).await.is_ok() {
+        tracing::error!(
+            exit_code = FSYNC_FAILURE_EXIT_CODE,
+            "an fsync failed: stopping this node so its partitions fail over to in-sync replicas; \
+             restart it once the disk is healthy"
+        );
+        std::process::exit(FSYNC_FAILURE_EXIT_CODE);
+    }
 }
 
 /// Applies one metadata version: topic registry, broker addresses, partition roles.

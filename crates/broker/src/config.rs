@@ -93,6 +93,9 @@ pub struct BrokerConfig {
     pub cluster: Option<ClusterConfig>,
 }
 
+/// Longest accepted `cluster.cluster_id` (Kafka's are 22 characters of base64).
+pub const CLUSTER_ID_BYTES_MAX: usize = 64;
+
 /// `[cluster]`: this node's part in a replicated cluster.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -173,6 +176,14 @@ impl ClusterConfig {
         }
         if let Some(ip) = self.source_address.filter(|ip| ip.is_unspecified() || ip.is_multicast()) {
             return Err(format!("cluster.source_address must be a concrete unicast address, got {ip}"));
+        }
+        if let Some(id) = &self.cluster_id {
+            let valid_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+            if id.is_empty() || id.len() > CLUSTER_ID_BYTES_MAX || !id.chars().all(valid_char) {
+                return Err(format!(
+                    "cluster.cluster_id must be 1-{CLUSTER_ID_BYTES_MAX} characters of A-Z a-z 0-9 - _ ., got {id:?}"
+                ));
+            }
         }
         Ok(())
     }

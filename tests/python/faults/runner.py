@@ -12,7 +12,10 @@ every node registered, every partition led, every ISR complete — within `recov
   created through a surviving node; then it is restarted;
 - `power`: the leader of a partition loses power: SIGKILL and every byte it had not fsynced
   vanishes (its data dir is on a `sluice-lossyfs` mount), then it restarts;
-- `power-all`: every node loses power at once, then all restart.
+- `power-all`: every node loses power at once, then all restart;
+- `eio`: the disk of a partition's leader starts failing every fsync (EIO; data whose fsync
+  failed is never persisted): the node must stop by itself (its partitions fail over); then
+  the disk heals, the node loses power (its unsynced data vanishes) and restarts.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from faults.cluster import STABLE_S, FaultCluster
 from faults.workload import ConsumerThread, History, ProducerThread, final_read
 
 FAULTS = ("kill", "pause", "partition", "controller")
-POWER_FAULTS = ("power", "power-all")
+POWER_FAULTS = ("power", "power-all", "eio")
 """Faults that need every node's data dir on a lossy mount."""
 ALL_FAULTS = FAULTS + POWER_FAULTS
 ALL_NODES = 0
@@ -143,7 +146,7 @@ class Nemesis:
     def inject(self, kind: str) -> FaultEvent:
         leaders = self.leaders()
         md = self.cluster.any_metadata(TOPIC)
-        if kind in ("kill", "power"):
+        if kind in ("kill", "power", "eio"):
             victim = leaders[self.rng.randrange(len(leaders))]
         elif kind == "power-all":
             victim = ALL_NODES
@@ -165,6 +168,8 @@ class Nemesis:
         node = self.cluster.nodes[victim]
         if kind == "power":
             self.cluster.power_loss(victim)
+        elif kind == "eio":
+            self.cluster.mounts[victim].fail_fsync()
         elif kind in ("kill", "controller"):
             self.cluster.kill(victim)
         elif kind == "pause":
@@ -189,6 +194,14 @@ class Nemesis:
             except AssertionError as error:
                 event.observations["topic_created"] = False
                 event.observations["error"] = str(error)[:200]
+        if event.kind == "eio":
+            try:
+                self.cluster.wait_for("the node with the failing disk to stop",
+                                      lambda: not self.cluster.nodes[event.victim].is_running(), self.config.hold_s + 10)
+                event.observations["stopped_s"] = round(time.monotonic() - event.start, 2)
+                event.observations["exit_code"] = self.cluster.nodes[event.victim].proc.returncode
+            except AssertionError:
+                event.observations["stopped_s"] = None
         if event.kind == "pause":
             def left():
                 return event.victim not in self.cluster.any_metadata(TOPIC, avoid=others).partitions[0].isr
@@ -226,7 +239,10 @@ class Nemesis:
             event.undone = time.monotonic()
             return
         node = self.cluster.nodes[event.victim]
-        if event.kind in ("kill", "controller", "power"):
+        if event.kind == "eio":
+            self.cluster.mounts[event.victim].heal()
+            self.cluster.power_loss(event.victim)
+        if event.kind in ("kill", "controller", "power", "eio"):
             self.cluster.restart(event.victim)
         elif event.kind == "pause":
             node.resume()
