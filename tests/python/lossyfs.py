@@ -18,7 +18,10 @@ MOUNT_TIMEOUT_S = 15.0
 class LossyMount:
     """`root/backing` (what survives) seen through `root/mnt` (what the broker uses)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, page_cache: bool = False):
+        """`page_cache`: files go through the kernel's page cache so they can be mmapped
+        (`sluice-lossyfs --page-cache`; needed by Kafka)."""
+        self.page_cache = page_cache
         self.backing = Path(root) / "backing"
         self.mount = Path(root) / "mnt"
         self.log_path = Path(root) / "lossyfs.log"
@@ -28,7 +31,8 @@ class LossyMount:
         self.backing.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([LOSSYFS_BIN, "--backing", str(self.backing), "--mount", str(self.mount)],
+        self.proc = subprocess.Popen([LOSSYFS_BIN, "--backing", str(self.backing), "--mount", str(self.mount),
+                                      *(["--page-cache"] if self.page_cache else [])],
                                      stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not (self.mount / CONTROL_FILE).exists():

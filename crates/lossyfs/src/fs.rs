@@ -9,7 +9,11 @@
 //! Metadata operations (create, mkdir, unlink, rename, chmod) pass straight through and
 //! are durable at once: a file created and never fsynced survives a crash empty. Every open
 //! file bypasses the kernel page cache (`FOPEN_DIRECT_IO`) and attributes are never cached,
-//! so after a crash readers see exactly what survived.
+//! so after a crash readers see exactly what survived. With [`OpenMode::PageCache`]
+//! (`--page-cache`) files go through the kernel's page cache instead, which programs that
+//! `mmap` their files need (Kafka's indexes; FUSE refuses shared mmap of direct-I/O files):
+//! each open drops the file's cached pages, so a restarted program still reads what
+//! survived, but dirty mmapped pages reach this filesystem only by the kernel's writeback.
 //!
 //! Control: the file `/.lossyfs-control` at the mount root (not in the backing directory)
 //! takes `crash` (drop every unsynced byte) and `sync` (persist everything) written to it,
@@ -458,14 +462,27 @@ impl LossyState {
     }
 }
 
+/// How files are opened (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    DirectIo,
+    PageCache,
+}
+
 /// The FUSE front end over a shared [`LossyState`].
 pub struct LossyFs {
     state: Arc<Mutex<LossyState>>,
+    /// `FOPEN_*` flags of every opened file.
+    open_flags: u32,
 }
 
 impl LossyFs {
-    pub fn new(state: Arc<Mutex<LossyState>>) -> LossyFs {
-        LossyFs { state }
+    pub fn new(state: Arc<Mutex<LossyState>>, mode: OpenMode) -> LossyFs {
+        let open_flags = match mode {
+            OpenMode::DirectIo => FOPEN_DIRECT_IO,
+            OpenMode::PageCache => 0,
+        };
+        LossyFs { state, open_flags }
     }
 
     fn state(&self) -> MutexGuard<'_, LossyState> {
@@ -672,7 +689,7 @@ impl Filesystem for LossyFs {
         match opened {
             Ok(Ok(file)) => {
                 let fh = state.add_handle(ino, file);
-                reply.opened(fh, FOPEN_DIRECT_IO)
+                reply.opened(fh, self.open_flags)
             }
             Ok(Err(error)) => reply.error(errno(&error)),
             Err(code) => reply.error(code),
@@ -863,7 +880,7 @@ impl Filesystem for LossyFs {
         let ino = state.ino_for(&path);
         let fh = state.add_handle(ino, file);
         match state.attr(ino, Some(fh)) {
-            Ok(attr) => reply.created(&TTL, &attr, 0, fh, FOPEN_DIRECT_IO),
+            Ok(attr) => reply.created(&TTL, &attr, 0, fh, self.open_flags),
             Err(error) => reply.error(errno(&error)),
         }
     }

@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use fuser::MountOption;
 
-use crate::fs::{LossyFs, LossyState};
+use crate::fs::{LossyFs, LossyState, OpenMode};
 
 #[derive(Parser)]
 #[command(name = "sluice-lossyfs", about = "A FUSE filesystem that drops unsynced writes on command")]
@@ -24,6 +24,10 @@ struct Args {
     /// Where to mount the lossy view.
     #[arg(long)]
     mount: PathBuf,
+    /// Files go through the kernel page cache, so programs can mmap them (Kafka's indexes);
+    /// default: direct I/O, exact after a crash (see fs.rs).
+    #[arg(long)]
+    page_cache: bool,
 }
 
 /// Blocks `signals` in this thread (and threads spawned after) so `sigwait` receives them.
@@ -47,8 +51,12 @@ fn main() -> anyhow::Result<()> {
     ));
     let signals = block_signals(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1]);
     let options = [MountOption::FSName("sluice-lossyfs".into()), MountOption::RW, MountOption::NoAtime];
-    let session = fuser::spawn_mount2(LossyFs::new(state.clone()), &args.mount, &options)
-        .with_context(|| format!("mounting {}", args.mount.display()))?;
+    let session = fuser::spawn_mount2(
+        LossyFs::new(state.clone(), if args.page_cache { OpenMode::PageCache } else { OpenMode::DirectIo }),
+        &args.mount,
+        &options,
+    )
+    .with_context(|| format!("mounting {}", args.mount.display()))?;
     println!("lossyfs: mounted {} on {}", args.backing.display(), args.mount.display());
     std::io::stdout().flush()?;
     loop {
