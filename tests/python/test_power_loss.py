@@ -208,3 +208,11 @@ def test_failed_fsync_is_never_acknowledged_and_takes_the_partition_offline(loss
         assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"after restart")]))[0] == kw.NONE
     read = consume_until(broker.bootstrap, topic, {0: watermarks(broker.bootstrap, topic, 0)[1]})
     assert [m.value() for m in read[0]] == [b"before", b"after restart"]
+
+
+def test_broker_refuses_to_start_on_a_disk_whose_fsync_fails(lossy):
+    lossy.fail_fsync()
+    with pytest.raises(RuntimeError, match="fdatasync failed"):
+        lossy.start_broker()
+    lossy.heal()
+    lossy.start_broker()
