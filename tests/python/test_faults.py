@@ -1,15 +1,18 @@
 """Short runs of the fault-injection harness (`tests/python/faults`), one per fault type:
 a 3-node cluster behind the fault-injecting proxy, idempotent acks=all producers and a
 consumer on an RF=3, min.insync.replicas=2 topic, checked with Jepsen's queue semantics.
-Long runs: `python -m faults` (README, "Fault injection").
+Long runs: `python -m faults` (README, "Fault injection"); the slow tier's 10-minute mixed
+run is the last test here, run when SLUICE_SLOW_TESTS=1.
 """
+
+import os
 
 import pytest
 
 import kafka_wire as kw
 from faults.checker import check
 from faults.cluster import FaultCluster
-from faults.runner import RunConfig, run
+from faults.runner import ALL_FAULTS, RunConfig, run
 from faults.workload import Ack, History, Read
 
 FSYNC_FAILURE_EXIT_CODE = 3
@@ -141,3 +144,18 @@ def test_acks_all_write_whose_isr_shrank_below_min_insync_is_not_enough_replicas
         if paused is not None:
             cluster.nodes[paused].resume()
         cluster.stop()
+
+
+@pytest.mark.skipif(os.environ.get("SLUICE_SLOW_TESTS") != "1", reason="slow tier: SLUICE_SLOW_TESTS=1")
+def test_ten_minutes_of_mixed_faults_at_level_1_lose_and_duplicate_nothing(tmp_path):
+    """The slow tier: 10 minutes of every fault in turn (kill, pause, partition, controller
+    kill, a leader's power loss, every node's power loss, a failing disk) at level 1."""
+    config = RunConfig(work_dir=tmp_path / "cluster", faults=ALL_FAULTS, level=1, duration_s=600.0)
+    report = run(config, log=print)
+    print(report.table())
+    assert not report.unrecovered, report.table()
+    assert set(event.kind for event in report.events) == set(ALL_FAULTS), report.table()
+    result = report.result
+    assert result.acknowledged > 10_000, report.table()
+    assert result.lost == [] and result.misplaced == [] and result.duplicated == [], report.table()
+    assert result.valid, report.table()

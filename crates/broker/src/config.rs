@@ -19,6 +19,9 @@ pub const PRODUCE_MEMORY_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
 pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
+/// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
+/// wide); the others wait. Each holds at most one fetch response's bytes.
+pub const FETCH_DISK_READS_MAX: usize = 8;
 /// Kafka's default `group.initial.rebalance.delay.ms`.
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
 /// Longest initial rebalance delay accepted (it holds up every new group's first join).

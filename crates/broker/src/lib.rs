@@ -35,6 +35,8 @@ pub struct Broker {
     logs: LogManager,
     /// Bytes of produce requests being processed; bounds buffered produce data.
     produce_memory: Arc<Semaphore>,
+    /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
+    fetch_disk_reads: Arc<Semaphore>,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
@@ -121,6 +123,7 @@ impl Broker {
             topics,
             logs,
             produce_memory,
+            fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
             groups,
             replicas,
             cluster,

@@ -28,6 +28,7 @@ pub use crate::log::{
     AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReplicaAppend, Visible,
 };
 pub use crate::manager::{LogManager, TopicPartition};
+pub use crate::segment::ReadMode;
 pub use crate::syncer::Syncer;
 
 /// Writes a small file so that a crash leaves either the old or the new content.

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use crate::batch::{self, BatchError, BatchHeader, BatchIter};
 use crate::producer_state::{ProducerStateTable, SequenceCheck};
-use crate::segment::{index_file_name, Segment, INDEX_INTERVAL_BYTES};
+use crate::segment::{index_file_name, ReadMode, Segment, INDEX_INTERVAL_BYTES};
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
 /// The leader-epoch cache: which epoch started at which offset (JSON, fsynced on change).
@@ -164,6 +164,9 @@ pub enum ReadError {
     Storage(#[from] io::Error),
     #[error("partition log is offline after an I/O error")]
     Offline,
+    /// A [`ReadMode::CachedOnly`] read of data that is not in the page cache.
+    #[error("the data is not in the page cache")]
+    WouldBlock,
 }
 
 struct LogState {
@@ -610,17 +613,25 @@ impl Partition {
     }
 
     /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
-    /// (at least one batch when `min_one_batch`) and never past the high watermark.
-    pub fn read(&self, offset: i64, max_bytes: usize, min_one_batch: bool) -> Result<Bytes, ReadError> {
-        self.read_until(offset, max_bytes, min_one_batch, false)
+    /// (at least one batch when `min_one_batch`) and never past the high watermark. With
+    /// [`ReadMode::CachedOnly`], data not in the page cache is [`ReadError::WouldBlock`].
+    pub fn read(&self, offset: i64, max_bytes: usize, min_one_batch: bool, mode: ReadMode) -> Result<Bytes, ReadError> {
+        self.read_until(offset, max_bytes, min_one_batch, false, mode)
     }
 
     /// Like [`Partition::read`] but up to the log end: what a follower fetches.
-    pub fn read_for_replica(&self, offset: i64, max_bytes: usize) -> Result<Bytes, ReadError> {
-        self.read_until(offset, max_bytes, true, true)
+    pub fn read_for_replica(&self, offset: i64, max_bytes: usize, mode: ReadMode) -> Result<Bytes, ReadError> {
+        self.read_until(offset, max_bytes, true, true, mode)
     }
 
-    fn read_until(&self, offset: i64, max_bytes: usize, min_one_batch: bool, to_end: bool) -> Result<Bytes, ReadError> {
+    fn read_until(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        min_one_batch: bool,
+        to_end: bool,
+        mode: ReadMode,
+    ) -> Result<Bytes, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let located = {
             let state = self.state.lock();
@@ -642,7 +653,13 @@ impl Partition {
             (segment.file().clone(), segment.position_at_or_before(offset), segment.size_bytes(), limit)
         };
         let (file, start, end, limit) = located;
-        Ok(read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch)?)
+        read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
+            if error.kind() == io::ErrorKind::WouldBlock {
+                ReadError::WouldBlock
+            } else {
+                ReadError::Storage(error)
+            }
+        })
     }
 
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
@@ -676,7 +693,7 @@ impl Partition {
         };
         match located {
             None => Ok(None),
-            Some((file, position, length)) => Ok(Some(Segment::read_at(&file, position, length)?)),
+            Some((file, position, length)) => Ok(Some(Segment::read_at(&file, position, length, ReadMode::MayBlock)?)),
         }
     }
 
@@ -696,7 +713,7 @@ impl Partition {
                 _ => return Ok(None),
             }
         };
-        let batches = self.read(offset, 1, true)?;
+        let batches = self.read(offset, 1, true, ReadMode::MayBlock)?;
         let Some(Ok((header, range))) = BatchIter::new(&batches).next() else { return Ok(None) };
         assert!(header.base_offset <= offset && offset <= header.last_offset());
         Ok(Some(batches.slice(range)))
@@ -935,12 +952,13 @@ fn read_batches(
     offsets: std::ops::Range<i64>,
     max_bytes: usize,
     min_one_batch: bool,
+    mode: ReadMode,
 ) -> io::Result<Bytes> {
     let offset = offsets.start;
     while start < end {
         let length =
             ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
-        let chunk = Segment::read_at(file, start, length)?;
+        let chunk = Segment::read_at(file, start, length, mode)?;
         let mut taken: Option<(usize, usize)> = None;
         let mut iter = BatchIter::new(&chunk);
         for item in iter.by_ref() {
@@ -973,7 +991,7 @@ fn read_batches(
                     if !min_one_batch && header.total_bytes() > max_bytes {
                         return Ok(Bytes::new());
                     }
-                    return Segment::read_at(file, start, header.total_bytes());
+                    return Segment::read_at(file, start, header.total_bytes(), mode);
                 }
                 start += header.total_bytes() as u64;
             }

@@ -34,6 +34,45 @@ pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
 const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
 const INDEX_FILE_VERSION: u32 = 1;
 
+/// Whether a read may wait for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// From the page cache only (`preadv2` with `RWF_NOWAIT`): what an async runtime thread
+    /// may do, since it never waits for a disk. A read of anything not cached fails with
+    /// [`io::ErrorKind::WouldBlock`], and the caller retries it with [`ReadMode::MayBlock`]
+    /// on a blocking thread; so do filesystems without `RWF_NOWAIT` support.
+    CachedOnly,
+    /// Waits for the disk if it must.
+    MayBlock,
+}
+
+/// `read_exact_at` from the page cache only (see [`ReadMode::CachedOnly`]).
+fn read_exact_cached(file: &File, buffer: &mut [u8], position: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buffer.len() {
+        let rest = &mut buffer[done..];
+        let iov = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
+        let at =
+            libc::off_t::try_from(position + done as u64).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `iov` describes `rest`, valid for writes of its length for the whole call.
+        let read = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        match read {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => done += n as usize,
+            _ => {
+                let error = io::Error::last_os_error();
+                match error.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    // Not (all) cached, or RWF_NOWAIT unsupported here: the caller blocks elsewhere.
+                    Some(libc::EAGAIN | libc::EOPNOTSUPP) => return Err(io::ErrorKind::WouldBlock.into()),
+                    _ => return Err(error),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct OffsetEntry {
     relative_offset: u32,
@@ -282,9 +321,14 @@ impl Segment {
     }
 
     /// Reads `length` bytes at `position` into a fresh buffer (one copy, from the page cache).
-    pub fn read_at(file: &File, position: u64, length: usize) -> io::Result<Bytes> {
+    /// With [`ReadMode::CachedOnly`] a read that would wait for the disk fails with
+    /// [`io::ErrorKind::WouldBlock`] instead.
+    pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode) -> io::Result<Bytes> {
         let mut buffer = BytesMut::zeroed(length);
-        file.read_exact_at(&mut buffer, position)?;
+        match mode {
+            ReadMode::MayBlock => file.read_exact_at(&mut buffer, position)?,
+            ReadMode::CachedOnly => read_exact_cached(file, &mut buffer, position)?,
+        }
         Ok(buffer.freeze())
     }
 
@@ -478,4 +522,29 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io:
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_only_reads_refuse_what_is_not_in_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cold");
+        let content: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        // Clean pages can be dropped from the cache: the data is now only on the disk.
+        // SAFETY: advice on a file descriptor we own.
+        assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        let cold = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap_err();
+        assert_eq!(cold.kind(), io::ErrorKind::WouldBlock);
+        let read = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::MayBlock).unwrap();
+        assert_eq!(&read[..], &content[1 << 20..(1 << 20) + 64 * 1024]);
+        // What the blocking read brought into the cache is served without waiting.
+        let cached = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap();
+        assert_eq!(cached, read);
+    }
 }

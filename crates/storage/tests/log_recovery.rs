@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use sluice_storage::batch::{validate_batch, BatchIter};
-use sluice_storage::{AppendError, LogConfig, LogManager, Partition, TopicPartition};
+use sluice_storage::{AppendError, LogConfig, LogManager, Partition, ReadMode, TopicPartition};
 
 /// An uncompressed batch of `count` one-byte records (CRC computed as a client would).
 fn batch(count: i32, timestamp: i64, producer: Option<(i64, i16, i32)>) -> Bytes {
@@ -42,7 +42,7 @@ fn page_cache_config() -> LogConfig {
 }
 
 fn read_offsets(partition: &Partition, from: i64) -> Vec<(i64, i64)> {
-    let bytes = partition.read(from, 1 << 20, true).unwrap();
+    let bytes = partition.read(from, 1 << 20, true, ReadMode::MayBlock).unwrap();
     BatchIter::new(&bytes)
         .map(|item| {
             let (header, range) = item.unwrap();
@@ -61,7 +61,7 @@ fn fsync_mode_hides_data_until_synced() {
     assert!(outcome.needs_sync);
     assert_eq!(outcome.visible_at, 3);
     assert_eq!(partition.offsets().high_watermark, 0);
-    assert!(partition.read(0, 1 << 20, true).unwrap().is_empty());
+    assert!(partition.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap().is_empty());
     manager.syncer().schedule(&partition);
     let mut visible = partition.subscribe();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -155,7 +155,10 @@ fn retention_by_size_and_delete_records_move_log_start() {
     assert!(partition.size_bytes() <= 4000);
     let start = partition.offsets().log_start_offset;
     assert!(start > 0);
-    assert!(matches!(partition.read(0, 100, true), Err(sluice_storage::ReadError::OffsetOutOfRange { .. })));
+    assert!(matches!(
+        partition.read(0, 100, true, ReadMode::MayBlock),
+        Err(sluice_storage::ReadError::OffsetOutOfRange { .. })
+    ));
     assert_eq!(partition.delete_records_before(290).unwrap(), 290);
     assert_eq!(partition.offsets().log_start_offset, 290);
 }
@@ -205,7 +208,7 @@ fn small_segments_config() -> LogConfig {
 fn replica_bytes(leader: &Partition, mut from: i64) -> Vec<Bytes> {
     let mut chunks = Vec::new();
     while from < leader.offsets().log_end_offset {
-        let chunk = leader.read_for_replica(from, 1 << 20).unwrap();
+        let chunk = leader.read_for_replica(from, 1 << 20, ReadMode::MayBlock).unwrap();
         let last = BatchIter::new(&chunk).last().unwrap().unwrap().0;
         from = last.last_offset() + 1;
         chunks.push(chunk);
@@ -308,7 +311,7 @@ fn replicated_partition_shows_only_what_replication_committed() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(progress.wait_for(|p| p.local_end >= 6)).unwrap();
     assert_eq!(partition.offsets().high_watermark, 0, "fsync alone does not commit a replicated write");
-    assert!(partition.read(0, 1 << 20, true).unwrap().is_empty());
+    assert!(partition.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap().is_empty());
     assert_eq!(partition.advance_high_watermark(4), 4);
     assert_eq!(read_offsets(&partition, 0), vec![(0, 1), (2, 3)]);
     assert_eq!(partition.advance_high_watermark(2), 4, "the high watermark never goes back");
@@ -327,13 +330,13 @@ fn a_follower_behind_the_leaders_log_start_restarts_there() {
     }
     let path = dir.path().join("follower");
     let follower = Partition::open(&path, small_segments_config()).unwrap();
-    follower.append_replica(&leader.read_for_replica(0, 1 << 20).unwrap(), 0).unwrap();
+    follower.append_replica(&leader.read_for_replica(0, 1 << 20, ReadMode::MayBlock).unwrap(), 0).unwrap();
     assert!(follower.offsets().log_end_offset >= 2);
     follower.reset_to(10).unwrap();
     let offsets = follower.offsets();
     assert_eq!((offsets.log_start_offset, offsets.log_end_offset), (10, 10));
     assert_eq!(follower.latest_epoch(), None, "the epochs of the dropped log are forgotten");
-    follower.append_replica(&leader.read_for_replica(10, 1 << 20).unwrap(), 0).unwrap();
+    follower.append_replica(&leader.read_for_replica(10, 1 << 20, ReadMode::MayBlock).unwrap(), 0).unwrap();
     assert_eq!(all_offsets(&follower), vec![(10, 11)]);
     assert_eq!(follower.epoch_end_offset(3), Some((3, 12)));
     follower.close().unwrap();
@@ -431,7 +434,7 @@ fn a_restarted_replica_restarts_from_its_checkpointed_high_watermark() {
     assert_eq!(partition.offsets().log_end_offset, 30);
     partition.set_replicated(true);
     assert_eq!(partition.offsets().high_watermark, 6, "the recovered tail must not become visible");
-    assert!(partition.read(6, 1 << 20, true).unwrap().is_empty());
+    assert!(partition.read(6, 1 << 20, true, ReadMode::MayBlock).unwrap().is_empty());
     // Replication moves it on from there.
     assert_eq!(partition.advance_high_watermark(30), 30);
 

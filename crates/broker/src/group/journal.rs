@@ -334,8 +334,9 @@ fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
     let mut next = offsets.log_start_offset;
     let mut records = Vec::new();
     while next < offsets.log_end_offset {
-        let mut chunk =
-            partition.read_for_replica(next, REPLAY_READ_BYTES).map_err(|e| io::Error::other(e.to_string()))?;
+        let mut chunk = partition
+            .read_for_replica(next, REPLAY_READ_BYTES, sluice_storage::ReadMode::MayBlock)
+            .map_err(|e| io::Error::other(e.to_string()))?;
         if chunk.is_empty() {
             break;
         }

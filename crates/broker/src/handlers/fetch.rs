@@ -6,6 +6,12 @@
 //! the high watermark, waits on the log's progress, and its fetch offset tells the leader
 //! how far the follower got (see `crate::replication`).
 //!
+//! Reads never wait for the disk on an async runtime thread: a fetch first reads from the
+//! page cache only (`ReadMode::CachedOnly`); if anything it needs is not cached (a consumer
+//! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
+//! `FETCH_DISK_READS_MAX` at once, so producers' requests on the runtime threads never queue
+//! behind a disk read.
+//!
 //! Fetch sessions (KIP-227) are declined by answering session id 0, which the protocol
 //! defines as "no session": clients then send full fetch requests.
 
@@ -16,7 +22,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::ResponseError;
-use sluice_storage::{Partition, ReadError};
+use sluice_storage::{Partition, ReadError, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -96,9 +102,24 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
                     }
                 })
                 .collect();
-        let (partitions, bytes, has_error) = read_all(&targets, max_bytes, follower.is_some());
-        if bytes >= min_bytes || has_error || receivers.is_empty() || Instant::now() >= deadline {
-            return build_response(topics, partitions, version);
+        let pass = match read_all(&targets, max_bytes, follower.is_some(), ReadMode::CachedOnly) {
+            Some(read) => read,
+            None => {
+                tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
+                let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
+                let for_replica = follower.is_some();
+                let (returned, read) = tokio::task::spawn_blocking(move || {
+                    let read = read_all(&targets, max_bytes, for_replica, ReadMode::MayBlock);
+                    (targets, read)
+                })
+                .await
+                .expect("fetch read panicked");
+                targets = returned;
+                read.expect("a blocking read never would block")
+            }
+        };
+        if pass.bytes >= min_bytes || pass.has_error || receivers.is_empty() || Instant::now() >= deadline {
+            return build_response(topics, pass.partitions, version);
         }
         let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()));
         tokio::select! {
@@ -164,8 +185,17 @@ fn serving_log(
     }
 }
 
-/// One pass over all partitions: returns their data, the bytes read and whether any failed.
-fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool) -> (Vec<(usize, PartitionData)>, usize, bool) {
+/// What one pass over a fetch's partitions read.
+struct ReadPass {
+    /// (topic index, data) per partition, in request order.
+    partitions: Vec<(usize, PartitionData)>,
+    bytes: usize,
+    has_error: bool,
+}
+
+/// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
+/// is not in the page cache.
+fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool, mode: ReadMode) -> Option<ReadPass> {
     let mut used = 0usize;
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
@@ -193,9 +223,9 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool) -> (Vec<(us
                 let read = if limit == 0 && used > 0 {
                     Ok(Bytes::new())
                 } else if for_replica {
-                    log.read_for_replica(target.fetch_offset, limit.max(1))
+                    log.read_for_replica(target.fetch_offset, limit.max(1), mode)
                 } else {
-                    log.read(target.fetch_offset, limit, used == 0)
+                    log.read(target.fetch_offset, limit, used == 0, mode)
                 };
                 match read {
                     Ok(records) => {
@@ -203,6 +233,7 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool) -> (Vec<(us
                         data.records = Some(records);
                     }
                     Err(ReadError::OffsetOutOfRange { .. }) => data.error_code = ResponseError::OffsetOutOfRange.code(),
+                    Err(ReadError::WouldBlock) => return None,
                     Err(error) => {
                         tracing::warn!(%error, partition = target.partition, "fetch read failed");
                         data.error_code = ResponseError::KafkaStorageError.code();
@@ -213,7 +244,7 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool) -> (Vec<(us
         has_error |= data.error_code != 0;
         partitions.push((target.topic_index, data));
     }
-    (partitions, used, has_error)
+    Some(ReadPass { partitions, bytes: used, has_error })
 }
 
 fn build_response(
