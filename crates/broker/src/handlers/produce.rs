@@ -181,7 +181,9 @@ fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result
     Ok(LeaderLog {
         log: replica.log.clone(),
         epoch: write.leader_epoch,
-        waits_for_high_watermark: write.waits_for_replicas || acks != 1,
+        // Levels 3 and 4 (and acks=1) answer once the leader holds the batch at the topic's
+        // local durability; the high watermark, what consumers see, still waits for the ISR.
+        waits_for_high_watermark: write.waits_for_replicas,
         waits_for_replicas: write.waits_for_replicas,
         replica: Some(replica),
     })

@@ -76,7 +76,8 @@ impl DurabilityLevel {
         }
     }
 
-    /// Acknowledgement (and the high watermark) waits for the ISR.
+    /// Acknowledgement waits for the ISR. (The high watermark always does, whatever the
+    /// level: consumers only see what every ISR member holds, as in Kafka.)
     pub fn waits_for_replicas(self) -> bool {
         matches!(self, DurabilityLevel::ReplicatedFsynced | DurabilityLevel::Replicated)
     }
@@ -330,8 +331,10 @@ impl Replica {
     }
 
     /// Recomputes the high watermark from the leader's durable end and the ISR's fetches.
+    /// At every level: levels 3 and 4 acknowledge before replication, but consumers still
+    /// see only what the ISR holds, so a failover never takes back a record a consumer read.
     fn advance_high_watermark(&self, leader: &LeaderRole) {
-        if !leader.level.waits_for_replicas() || leader.assignment.replicas.len() == 1 {
+        if leader.assignment.replicas.len() == 1 {
             return;
         }
         let mut high_watermark = self.log.progress().borrow().local_end;
@@ -392,9 +395,10 @@ impl Replica {
     }
 }
 
-/// Whether the leader's high watermark waits for followers (else it follows local durability).
-fn leader_replicates(assignment: &Assignment, config: &ReplicationConfig) -> bool {
-    assignment.replicas.len() > 1 && config.level.waits_for_replicas()
+/// Whether the leader's high watermark waits for followers (else it follows local
+/// durability): whenever there are followers, at every durability level.
+fn leader_replicates(assignment: &Assignment) -> bool {
+    assignment.replicas.len() > 1
 }
 
 fn check_epoch(ours: i32, client: i32) -> Result<(), NotServed> {
@@ -510,7 +514,7 @@ impl ReplicaManager {
                 leader.min_insync = config.min_insync_replicas;
                 // The replica set (a reassignment) or the durability level may have changed
                 // within the epoch: a joining replica must hold back the high watermark.
-                replica.log.set_replicated(leader_replicates(assignment, config));
+                replica.log.set_replicated(leader_replicates(assignment));
                 replica.advance_high_watermark(leader);
                 false
             }
@@ -530,7 +534,7 @@ impl ReplicaManager {
                     expansion_refused_at: None,
                     followers: HashMap::new(),
                 };
-                replica.log.set_replicated(leader_replicates(assignment, config));
+                replica.log.set_replicated(leader_replicates(assignment));
                 replica.advance_high_watermark(&leader);
                 *current = Role::Leader(leader);
                 true
@@ -719,6 +723,34 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(replica.log.offsets().high_watermark, 7);
         manager.remove(&logs, "t", 0).unwrap();
+    }
+
+    /// Levels 3 and 4 acknowledge before the followers have a write, but consumers must not
+    /// see it before they do: a failover would take back a record a consumer already read.
+    #[tokio::test]
+    async fn the_high_watermark_waits_for_the_isr_at_every_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let isr_changes: Arc<dyn IsrChanges> = Arc::new(NoIsrChanges);
+        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
+        for (partition, level) in [DurabilityLevel::LeaderFsynced, DurabilityLevel::LeaderOnly].into_iter().enumerate()
+        {
+            let partition = partition as i32;
+            let config = ReplicationConfig {
+                level,
+                min_insync_replicas: 1,
+                log: LogConfig { flush_messages: u64::MAX, ..LogConfig::default() },
+            };
+            manager.apply(&logs, "t", partition, &assignment(1, 1), &config).unwrap();
+            let replica = manager.get("t", partition).unwrap();
+            let now = sluice_storage::now_ms();
+            replica.log.append(&one_batch(3), 1, now).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(replica.log.offsets().high_watermark, 0, "{level:?}: visible before the follower has it");
+            replica.follower_fetched(2, 1, 3, 1, now, &isr_changes).unwrap();
+            assert_eq!(replica.log.offsets().high_watermark, 3, "{level:?}");
+            manager.remove(&logs, "t", partition).unwrap();
+        }
     }
 
     fn assignment(leader: i32, leader_epoch: i32) -> Assignment {
