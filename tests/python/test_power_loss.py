@@ -216,3 +216,25 @@ def test_broker_refuses_to_start_on_a_disk_whose_fsync_fails(lossy):
         lossy.start_broker()
     lossy.heal()
     lossy.start_broker()
+
+
+def test_failed_fsync_of_a_rolled_segment_takes_the_partition_offline(lossy):
+    """The fsync that seals a full segment fails: that batch is refused, and the partition
+    goes offline rather than retrying (a retried fsync may report success without writing)."""
+    broker = lossy.start_broker()
+    topic = f"eio-roll-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, 1, config={"segment.bytes": "2048"})
+    with kw.Conn.to(broker.bootstrap, timeout=30) as conn:
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"first")]))[0] == kw.NONE
+        lossy.fail_fsync()
+        # Too big for what is left of the 2 KiB segment: the append rolls first.
+        big = kw.record_batch([kw.Record(b"x" * 3000)])
+        assert conn.produce(topic, 0, big)[0] == kw.KAFKA_STORAGE_ERROR
+        assert "fsync while rolling a segment failed; partition offline" in broker.log()
+        lossy.heal()
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"healed")]))[0] == kw.KAFKA_STORAGE_ERROR
+    power_loss(broker, lossy)
+    with kw.Conn.to(broker.bootstrap, timeout=30) as conn:
+        assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"after restart")]))[0] == kw.NONE
+    read = consume_until(broker.bootstrap, topic, {0: watermarks(broker.bootstrap, topic, 0)[1]})
+    assert [m.value() for m in read[0]] == [b"first", b"after restart"]

@@ -143,7 +143,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     });
     crate::replication::fetcher::spawn_supervisor(broker);
     broker.replicas.as_ref().expect("cluster mode").spawn_isr_checker();
-    tokio::spawn(stop_on_fsync_failure(broker.logs.syncer().fsync_failures()));
+    tokio::spawn(stop_on_fsync_failure(broker.logs.fsync_failures()));
     Ok(())
 }
 

@@ -10,6 +10,11 @@
 //! The power-loss tests must be able to fail: with the environment variable
 //! [`SKIP_FSYNC_ENV`] set to `1`, every call here returns success without syncing, and
 //! the broker logs a warning at startup. Nothing but those tests may set it.
+//!
+//! A failed fsync is marked ([`FsyncFailed`], [`is_fsync_failure`]) wherever its error
+//! surfaces, so the log can tell it from a retryable error (a full disk) and go offline:
+//! after a failed fsync the data it covered is of unknown durability, and a retry may
+//! report success without writing it.
 
 use std::fs::File;
 use std::io;
@@ -25,12 +30,26 @@ pub fn fsync_skipped() -> bool {
     *SKIPPED.get_or_init(|| std::env::var(SKIP_FSYNC_ENV).is_ok_and(|v| v == "1"))
 }
 
+/// The error of an fsync that failed (its source is the OS error).
+#[derive(Debug, thiserror::Error)]
+#[error("fsync failed: {0}")]
+pub struct FsyncFailed(#[source] io::Error);
+
+fn fsync_failed(error: io::Error) -> io::Error {
+    io::Error::new(error.kind(), FsyncFailed(error))
+}
+
+/// True when `error` comes from a failed fsync of this module.
+pub fn is_fsync_failure(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<FsyncFailed>())
+}
+
 /// `fdatasync`: the file's data and the metadata needed to read it back (its size).
 pub fn sync_data(file: &File) -> io::Result<()> {
     if fsync_skipped() {
         return Ok(());
     }
-    file.sync_data()
+    file.sync_data().map_err(fsync_failed)
 }
 
 /// `fsync`: the file's data and all of its metadata.
@@ -38,7 +57,7 @@ pub fn sync_all(file: &File) -> io::Result<()> {
     if fsync_skipped() {
         return Ok(());
     }
-    file.sync_all()
+    file.sync_all().map_err(fsync_failed)
 }
 
 /// Makes the directory entries of `dir` durable (files created, renamed or deleted in it).
@@ -46,7 +65,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     if fsync_skipped() {
         return Ok(());
     }
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all().map_err(fsync_failed)
 }
 
 /// Makes an existing file at `path` durable (data and metadata).
@@ -54,7 +73,7 @@ pub fn sync_path(path: &Path) -> io::Result<()> {
     if fsync_skipped() {
         return Ok(());
     }
-    File::open(path)?.sync_all()
+    File::open(path)?.sync_all().map_err(fsync_failed)
 }
 
 /// `create_dir_all` that also makes every directory it created durable in its parent.

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -198,6 +198,8 @@ pub struct Partition {
     visible: watch::Sender<Visible>,
     progress: watch::Sender<Progress>,
     pub(crate) sync_queued: AtomicBool,
+    /// Where fsync failures are counted (`LogManager::fsync_failures`), when set.
+    failures: OnceLock<Arc<watch::Sender<u64>>>,
 }
 
 /// What one fsync must cover and what it makes visible.
@@ -220,7 +222,34 @@ impl Partition {
             visible,
             progress,
             sync_queued: AtomicBool::new(false),
+            failures: OnceLock::new(),
         })
+    }
+
+    /// Takes the log offline if `error` is a failed fsync (see [`Partition::fail`]); other
+    /// errors (a full disk) leave it to be retried. Returns the error.
+    fn fail_if_fsync(&self, state: &mut LogState, error: io::Error) -> io::Error {
+        if crate::durable::is_fsync_failure(&error) {
+            self.fail(state, "fsync while rolling a segment", &error);
+            self.publish(state);
+        }
+        error
+    }
+
+    /// Counts this log's fsync failures in `counter` from now on.
+    pub(crate) fn count_failures_in(&self, counter: Arc<watch::Sender<u64>>) {
+        let _ = self.failures.set(counter);
+    }
+
+    /// After a failed fsync the page cache may have dropped the data, and a retried fsync
+    /// may report success without writing it: nothing unsynced can be trusted, so the log
+    /// goes offline until a restart recovers what is on disk. The caller publishes.
+    fn fail(&self, state: &mut LogState, what: &str, error: &io::Error) {
+        tracing::error!(dir = %self.dir.display(), %error, "{what} failed; partition offline");
+        state.failed = true;
+        if let Some(counter) = self.failures.get() {
+            counter.send_modify(|failures| *failures += 1);
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -392,9 +421,9 @@ impl Partition {
         }
         let new_base = state.log_end_offset;
         // Create the new file first: if that fails (disk full) the old segment stays active.
-        let segment = Segment::create(&self.dir, new_base)?;
+        let segment = Segment::create(&self.dir, new_base).map_err(|e| self.fail_if_fsync(state, e))?;
         let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal(false)?;
+        active.seal(false).map_err(|e| self.fail_if_fsync(state, e))?;
         // Everything in the sealed segment is now durable.
         if state.local_end < new_base {
             state.local_end = new_base;
@@ -404,7 +433,7 @@ impl Partition {
             self.publish(state);
         }
         state.segments.insert(new_base, segment);
-        write_snapshot(&self.dir, new_base, &state.producers)?;
+        write_snapshot(&self.dir, new_base, &state.producers).map_err(|e| self.fail_if_fsync(state, e))?;
         Ok(())
     }
 
@@ -440,12 +469,7 @@ impl Partition {
                     state.oldest_unflushed_ms = None;
                 }
             }
-            Err(error) => {
-                // After a failed fsync the page cache may have dropped the data: nothing
-                // unsynced can be trusted, so the log goes offline until a restart recovers it.
-                tracing::error!(dir = %self.dir.display(), %error, "fdatasync failed; partition offline");
-                state.failed = true;
-            }
+            Err(error) => self.fail(&mut state, "fdatasync", error),
         }
         self.publish(&state);
     }

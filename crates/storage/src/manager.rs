@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use crate::log::{LogConfig, Partition};
 use crate::syncer::Syncer;
@@ -49,6 +50,8 @@ pub struct LogManager {
     root: PathBuf,
     partitions: RwLock<HashMap<TopicPartition, Arc<Partition>>>,
     syncer: Syncer,
+    /// fsyncs of any partition that failed since the start (see [`LogManager::fsync_failures`]).
+    fsync_failures: Arc<watch::Sender<u64>>,
     /// The high watermarks read at startup: where a replicated partition's starts again.
     recovered_high_watermarks: BTreeMap<String, i64>,
     /// (time of the last checkpoint, what it wrote)
@@ -64,6 +67,7 @@ impl LogManager {
             root: root.to_path_buf(),
             partitions: RwLock::new(HashMap::new()),
             syncer: Syncer::start(),
+            fsync_failures: Arc::new(watch::Sender::new(0)),
             last_checkpoint: Mutex::new((0, recovered.clone())),
             recovered_high_watermarks: recovered,
         })
@@ -72,6 +76,7 @@ impl LogManager {
     /// Opens one partition log and tells it where its replicated high watermark restarts.
     fn open_partition(&self, tp: &TopicPartition, config: LogConfig) -> io::Result<Partition> {
         let partition = Partition::open(&self.root.join(tp.dir_name()), config)?;
+        partition.count_failures_in(self.fsync_failures.clone());
         let recovered = self.recovered_high_watermarks.get(&tp.dir_name()).copied();
         partition.set_recovered_high_watermark(recovered.unwrap_or(0));
         Ok(partition)
@@ -90,6 +95,13 @@ impl LogManager {
         crate::write_file_atomically(&self.root.join(HIGH_WATERMARK_CHECKPOINT_FILE), &body)?;
         *last = (now_ms, checkpoint.high_watermarks);
         Ok(())
+    }
+
+    /// The number of fsyncs of this manager's partitions that failed so far (each failure
+    /// took its partition offline), so a node in a cluster can stop and let its leaderships
+    /// move, as Kafka halts a broker whose log directory failed.
+    pub fn fsync_failures(&self) -> watch::Receiver<u64> {
+        self.fsync_failures.subscribe()
     }
 
     pub fn syncer(&self) -> &Syncer {

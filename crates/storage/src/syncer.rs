@@ -9,9 +9,8 @@
 //! [`SYNC_THREADS`] workers keep that many fsyncs in flight, which the filesystem's
 //! journal batches into shared commits, while the next round gathers.
 //!
-//! A failed fsync takes its partition offline ([`Partition::finish_sync`]) and is counted
-//! in [`Syncer::fsync_failures`], so a node in a cluster can stop and let its leaderships
-//! move (as Kafka halts a broker whose log directory failed).
+//! A failed fsync takes its partition offline ([`Partition::finish_sync`]; counted in
+//! [`crate::LogManager::fsync_failures`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -19,7 +18,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
-use tokio::sync::watch;
 
 use crate::log::Partition;
 
@@ -36,8 +34,6 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
-    /// fsyncs that failed since the start.
-    failures: watch::Sender<u64>,
 }
 
 /// The group-commit worker pool.
@@ -51,7 +47,6 @@ impl Syncer {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue { partitions: VecDeque::new(), shutdown: false }),
             ready: Condvar::new(),
-            failures: watch::Sender::new(0),
         });
         let workers = (0..SYNC_THREADS)
             .map(|i| {
@@ -72,11 +67,6 @@ impl Syncer {
         }
         self.shared.queue.lock().partitions.push_back(partition.clone());
         self.shared.ready.notify_one();
-    }
-
-    /// The number of fsyncs that failed so far (changes on every failure).
-    pub fn fsync_failures(&self) -> watch::Receiver<u64> {
-        self.shared.failures.subscribe()
     }
 
     /// Finishes queued work and stops the workers.
@@ -116,9 +106,6 @@ fn worker(shared: &Shared) {
         for (partition, target) in round.iter().zip(targets) {
             let result = crate::durable::sync_data(&target.file);
             partition.finish_sync(target, &result);
-            if result.is_err() {
-                shared.failures.send_modify(|failures| *failures += 1);
-            }
         }
     }
 }
