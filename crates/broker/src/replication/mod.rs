@@ -628,23 +628,8 @@ mod tests {
 
     use super::*;
 
-    struct NoIsrChanges;
-
-    impl IsrChanges for NoIsrChanges {
-        fn alter_isr(
-            &self,
-            _topic: String,
-            _partition: i32,
-            _leader_epoch: i32,
-            _partition_epoch: i32,
-            _isr: Vec<i32>,
-        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
-            Box::pin(async { Err("not in this test".to_string()) })
-        }
-    }
-
     /// An ISR change whose answer never arrives intact: the controller may or may not have
-    /// committed it.
+    /// committed it. (Tests that change no ISR use it too.)
     struct RefusedIsrChanges;
 
     impl IsrChanges for RefusedIsrChanges {
@@ -731,7 +716,7 @@ mod tests {
     async fn the_high_watermark_waits_for_the_isr_at_every_level() {
         let dir = tempfile::tempdir().unwrap();
         let logs = LogManager::new(dir.path()).unwrap();
-        let isr_changes: Arc<dyn IsrChanges> = Arc::new(NoIsrChanges);
+        let isr_changes: Arc<dyn IsrChanges> = Arc::new(RefusedIsrChanges);
         let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
         for (partition, level) in [DurabilityLevel::LeaderFsynced, DurabilityLevel::LeaderOnly].into_iter().enumerate()
         {
@@ -763,7 +748,7 @@ mod tests {
     async fn leadership_lost_fires_on_a_new_leader_and_on_removal() {
         let dir = tempfile::tempdir().unwrap();
         let logs = LogManager::new(dir.path()).unwrap();
-        let manager = ReplicaManager::new(1, Arc::new(NoIsrChanges), 10_000);
+        let manager = ReplicaManager::new(1, Arc::new(RefusedIsrChanges), 10_000);
         let config = ReplicationConfig {
             level: DurabilityLevel::ReplicatedFsynced,
             min_insync_replicas: 1,
