@@ -260,3 +260,33 @@ def test_a_node_of_another_cluster_on_an_old_voter_address_never_joins_it(cluste
     ])
     with pytest.raises(RuntimeError, match="belongs to cluster"):
         stray.start()
+
+
+def test_a_down_controller_peer_is_reported_once_not_on_every_retry(cluster):
+    """While a node is down the leader retries it every ~100 ms; each survivor's log says so
+    once ("controller peer unreachable"), and once more when it answers again."""
+    victim = cluster.nodes[3]
+    victim_controller = victim.extra_args[victim.extra_args.index("--controller-listen") + 1]
+    survivors = [cluster.nodes[1], cluster.nodes[2]]
+    since = {node.port: node.log_path.stat().st_size for node in survivors}
+
+    def new_lines(node):
+        with open(node.log_path, "rb") as log:
+            log.seek(since[node.port])
+            return log.read().decode(errors="replace").splitlines()
+
+    victim.kill()
+    time.sleep(5)
+    for node in survivors:
+        lines = new_lines(node)
+        assert not [line for line in lines if "RPCError" in line or "error replication to" in line], lines[-20:]
+        unreachable = [line for line in lines if "controller peer unreachable" in line and victim_controller in line]
+        assert len(unreachable) <= 1, unreachable
+        # The rest: an election's failed vote request, if the victim led the quorum.
+        noisy = [line for line in lines if (" WARN " in line or " ERROR " in line) and victim_controller in line]
+        assert len(noisy) <= 4, "\n".join(noisy[:20])
+    assert any("controller peer unreachable" in line for node in survivors for line in new_lines(node))
+    victim.start()
+    cluster.wait_for("the restarted peer reported reachable again",
+                     lambda: any("controller peer reachable again" in line
+                                 for node in survivors for line in new_lines(node)), timeout=30)

@@ -166,15 +166,39 @@ impl ServeArgs {
 }
 
 fn init_logging(format: &str) -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // A RUST_LOG that names openraft asks for all of its events.
+    let quiet_raft = !std::env::var("RUST_LOG").is_ok_and(|directives| directives.contains("openraft"));
+    let not_noise =
+        move || tracing_subscriber::filter::filter_fn(move |meta| !(quiet_raft && is_raft_retry_noise(meta)));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi);
+    let layer = tracing_subscriber::fmt::layer().with_target(false).with_ansi(ansi);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        "text" => builder.init(),
-        "json" => builder.json().init(),
+        "text" => registry.with(layer.with_filter(not_noise())).init(),
+        "json" => registry.with(layer.json().with_filter(not_noise())).init(),
         other => anyhow::bail!("unknown log format {other:?} (text or json)"),
     }
     Ok(())
+}
+
+/// openraft's report of each failed replication attempt: while a controller peer is down
+/// the leader logs several lines every 100 ms. The controller's RPC client logs the peer's
+/// state changes instead, once each ("controller peer unreachable" / "reachable again").
+/// openraft's storage errors (ERROR with an `error` field) are kept.
+fn is_raft_retry_noise(meta: &tracing::Metadata<'_>) -> bool {
+    let target = meta.target();
+    let replication = target == "openraft::replication" || target.starts_with("openraft::replication::");
+    let progress = target.starts_with("openraft::engine::handler::replication_handler");
+    match *meta.level() {
+        tracing::Level::WARN => replication || progress,
+        tracing::Level::ERROR => replication && meta.fields().field("err").is_some(),
+        _ => false,
+    }
 }
 
 /// Every segment holds a file descriptor: raise the soft limit to the hard one so a broker

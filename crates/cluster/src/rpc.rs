@@ -24,6 +24,7 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,17 +172,35 @@ pub(crate) struct PeerClient {
     source_address: Option<IpAddr>,
     cluster_id: Arc<str>,
     idle: Mutex<Vec<TcpStream>>,
+    /// The last call got an answer: a change is logged once, not every retry.
+    reachable: AtomicBool,
 }
 
 impl PeerClient {
     pub(crate) fn new(address: String, source_address: Option<IpAddr>, cluster_id: Arc<str>) -> PeerClient {
-        PeerClient { address, source_address, cluster_id, idle: Mutex::new(Vec::new()) }
+        PeerClient {
+            address,
+            source_address,
+            cluster_id,
+            idle: Mutex::new(Vec::new()),
+            reachable: AtomicBool::new(true),
+        }
     }
 
     /// Sends `request` and waits for the answer, within `timeout` overall.
     pub(crate) async fn call(&self, request: &Request, timeout: Duration) -> Result<Response, RpcError> {
         let frame = encode(&Envelope { cluster_id: &self.cluster_id, request })?;
-        tokio::time::timeout(timeout, self.exchange(&frame)).await.map_err(|_| RpcError::Timeout)?
+        let result = tokio::time::timeout(timeout, self.exchange(&frame)).await.map_err(|_| RpcError::Timeout)?;
+        match &result {
+            Ok(_) if !self.reachable.swap(true, Ordering::Relaxed) => {
+                tracing::info!(peer = %self.address, "controller peer reachable again");
+            }
+            Err(error) if self.reachable.swap(false, Ordering::Relaxed) => {
+                tracing::warn!(peer = %self.address, %error, "controller peer unreachable; retrying quietly until it answers");
+            }
+            _ => {}
+        }
+        result
     }
 
     async fn exchange(&self, frame: &[u8]) -> Result<Response, RpcError> {
