@@ -5,6 +5,7 @@ The binary is taken from $SLUICE_BIN (scripts/test.sh builds it in release mode)
 """
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,10 +19,29 @@ SLUICE_BIN = os.environ.get("SLUICE_BIN", str(REPO / "target" / "release" / "slu
 START_TIMEOUT_S = 30.0
 
 
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
+LISTEN_PORTS_SPAN = 12000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: a port the kernel handed out (bind 0)
+    can be taken by any outgoing connection (clients, the fault proxy) before the broker
+    binds it, and the broker then fails with "Address already in use"."""
+    try:
+        with open(EPHEMERAL_PORTS) as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low = max(1024, ephemeral_low - LISTEN_PORTS_SPAN)
+    for _ in range(1000):
+        port = random.randrange(low, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in [{low}, {ephemeral_low})")
 
 
 class Broker:

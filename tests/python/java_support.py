@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 JAVA_DIR = REPO / "tests" / "java"
 TOOLS_DIR = REPO / "tests" / "kafka-tools"
@@ -266,12 +268,6 @@ class JavaProcess:
 
 
 # ----------------------------------------------------------------------------- TCP proxy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kafka_wire as kw
+from conftest import free_port
 from lossyfs import LossyMount
 
 from faults.proxy import FaultProxy, Route, source_address
@@ -28,12 +29,6 @@ METADATA_TIMEOUT_S = 2.0
 STABLE_S = 2.0
 """How long the cluster must look healthy before a fault counts as recovered: above the
 session timeout (1.5 s), so a restarted node fenced meanwhile shows."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
