@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
@@ -230,6 +230,9 @@ impl ProducerContext for BenchContext {
 
 impl ConsumerContext for BenchContext {}
 
+/// Partitions created or added by one admin request at most.
+pub const PARTITIONS_PER_ADMIN_REQUEST: u32 = 5_000;
+
 /// Admin operations the bench needs.
 pub struct Admin {
     client: AdminClient<DefaultClientContext>,
@@ -250,7 +253,9 @@ impl Admin {
         Ok((metadata.brokers().len(), topics))
     }
 
-    /// Creates `names`, each with `partitions` and `config`.
+    /// Creates `names`, each with `partitions` and `config`. A topic of more than
+    /// [`PARTITIONS_PER_ADMIN_REQUEST`] partitions is created with that many and grown in
+    /// steps of that size (Kafka's controller refuses one request of 10,000 partitions).
     pub fn create_topics(
         &self,
         names: &[(String, u32)],
@@ -260,7 +265,8 @@ impl Admin {
         let topics: Vec<NewTopic<'_>> = names
             .iter()
             .map(|(name, partitions)| {
-                let mut topic = NewTopic::new(name, *partitions as i32, TopicReplication::Fixed(replication_factor));
+                let first = (*partitions).min(PARTITIONS_PER_ADMIN_REQUEST);
+                let mut topic = NewTopic::new(name, first as i32, TopicReplication::Fixed(replication_factor));
                 for (key, value) in config {
                     topic = topic.set(key, value);
                 }
@@ -273,6 +279,20 @@ impl Admin {
             if let Err((name, code)) = result {
                 if code != RDKafkaErrorCode::TopicAlreadyExists {
                     bail!("creating topic {name}: {code}");
+                }
+            }
+        }
+        for (name, partitions) in names {
+            let mut count = (*partitions).min(PARTITIONS_PER_ADMIN_REQUEST);
+            while count < *partitions {
+                count = (count + PARTITIONS_PER_ADMIN_REQUEST).min(*partitions);
+                let growth = NewPartitions::new(name, count as usize);
+                let results = block_on(self.client.create_partitions([&growth], &options))?
+                    .with_context(|| format!("growing topic {name} to {count} partitions"))?;
+                for result in results {
+                    if let Err((name, code)) = result {
+                        bail!("growing topic {name} to {count} partitions: {code}");
+                    }
                 }
             }
         }
