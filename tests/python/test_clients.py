@@ -10,6 +10,7 @@ import warnings
 import pytest
 from confluent_kafka import (
     TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
     KafkaError,
     KafkaException,
     Producer,
@@ -214,6 +215,53 @@ def test_offsets_for_times_and_watermarks(broker):
     produce_sync(broker.bootstrap, topic, [(0, b"k", b"late-max", base + 500_000), (0, b"k", b"after", base + 200_000)])
     assert list_offset(OffsetSpec.max_timestamp()) == (100, base + 500_000)
     assert list_offset(OffsetSpec.for_timestamp(base + 150_000))[0] == 100
+
+
+def test_log_append_time_topic_stamps_the_brokers_time(broker):
+    """message.timestamp.type=LogAppendTime: whatever timestamp the producer sets, the producer's
+    delivery report and every consumer see the broker's append time, and ListOffsets by
+    timestamp goes by it; a CreateTime topic keeps the producer's."""
+    topic = unique("logappend")
+    create_topic(broker.bootstrap, topic, 1, {"message.timestamp.type": "LogAppendTime"})
+    a = admin_client(broker.bootstrap)
+    assert describe(a, topic)["message.timestamp.type"].value == "LogAppendTime"
+    old = 1_000_000  # 1970: far outside any timestamp bound, ignored on this topic
+    before = int(time.time() * 1000)
+    p = producer(broker.bootstrap, **{"linger.ms": 0})
+    reports: list = []
+    for i in range(3):
+        p.produce(topic, partition=0, value=b"%d" % i, timestamp=old + i, on_delivery=lambda err, msg: reports.append((err, msg.timestamp())))
+    flush_all(p, 30)
+    after = int(time.time() * 1000)
+    for err, (ts_type, ts) in reports:
+        assert err is None, err
+        assert ts_type == TIMESTAMP_LOG_APPEND_TIME and before <= ts <= after, (ts_type, ts, before, after)
+
+    got = consume_until(broker.bootstrap, topic, {0: 3})[0]
+    stamps = [m.timestamp() for m in got]
+    for ts_type, ts in stamps:
+        assert ts_type == TIMESTAMP_LOG_APPEND_TIME and before <= ts <= after, (stamps, before, after)
+    assert [m.value() for m in got] == [b"0", b"1", b"2"], "records are delivered as sent"
+
+    c = consumer(broker.bootstrap)
+    try:
+        (tp,) = c.offsets_for_times([TopicPartition(topic, 0, before)], timeout=10)
+        assert tp.error is None and tp.offset == 0, tp
+        (tp,) = c.offsets_for_times([TopicPartition(topic, 0, old)], timeout=10)
+        assert tp.offset == 0, "the producer's timestamps are not what the index holds"
+        (tp,) = c.offsets_for_times([TopicPartition(topic, 0, after + 60_000)], timeout=10)
+        assert tp.offset == -1, tp
+    finally:
+        c.close()
+
+    # Switched back to CreateTime, new batches keep the producer's timestamp.
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("message.timestamp.type", "CreateTime", incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([res], request_timeout=10)[res].result(10)
+    recent = int(time.time() * 1000) - 5_000
+    produce_sync(broker.bootstrap, topic, [(0, None, b"create-time", recent)])
+    (last,) = consume_until(broker.bootstrap, topic, {0: 4}, start_offsets={0: 3})[0]
+    assert last.timestamp() == (TIMESTAMP_CREATE_TIME, recent)
 
 
 def test_delete_records_moves_log_start(broker):

@@ -42,6 +42,8 @@ pub struct TopicDefaults {
     pub message_timestamp_before_max_ms: i64,
     /// `message.timestamp.after.max.ms`
     pub message_timestamp_after_max_ms: i64,
+    /// `message.timestamp.type`: `CreateTime` (the producer's) or `LogAppendTime` (the broker's)
+    pub message_timestamp_type: String,
 }
 
 impl Default for TopicDefaults {
@@ -59,6 +61,7 @@ impl Default for TopicDefaults {
             durability_level: DURABILITY_LEVEL_CONFIG_DEFAULT,
             message_timestamp_before_max_ms: log.timestamp_before_max_ms,
             message_timestamp_after_max_ms: log.timestamp_after_max_ms,
+            message_timestamp_type: MESSAGE_TIMESTAMP_TYPES[0].to_string(),
         }
     }
 }
@@ -77,6 +80,8 @@ enum Check {
 }
 
 const SEGMENT_BYTES_MIN: i64 = 1024;
+/// `message.timestamp.type` values (the first is the default).
+const MESSAGE_TIMESTAMP_TYPES: &[&str] = &["CreateTime", "LogAppendTime"];
 pub const DURABILITY_LEVEL_CONFIG: &str = "sluice.durability.level";
 const DURABILITY_LEVEL_CONFIG_DEFAULT: i64 = 1;
 
@@ -126,8 +131,8 @@ const DEFS: &[ConfigDef] = &[
     ConfigDef {
         name: "message.timestamp.type",
         config_type: ConfigType::String,
-        check: Check::OneOf(&["CreateTime"]),
-        default: |_| "CreateTime".into(),
+        check: Check::OneOf(MESSAGE_TIMESTAMP_TYPES),
+        default: |d| d.message_timestamp_type.clone(),
     },
     ConfigDef {
         name: "min.insync.replicas",
@@ -233,6 +238,8 @@ impl TopicDefaults {
             flush_ms: number("flush.ms", self.flush_ms),
             timestamp_before_max_ms: number("message.timestamp.before.max.ms", self.message_timestamp_before_max_ms),
             timestamp_after_max_ms: number("message.timestamp.after.max.ms", self.message_timestamp_after_max_ms),
+            log_append_time: overrides.get("message.timestamp.type").unwrap_or(&self.message_timestamp_type).trim()
+                == "LogAppendTime",
         }
     }
 
@@ -296,6 +303,11 @@ mod tests {
         assert_eq!(log.flush_messages, 100);
         assert!(!log.fsync_before_ack());
         assert!(defaults.log_config(&BTreeMap::new()).fsync_before_ack());
+        assert!(!defaults.log_config(&BTreeMap::new()).log_append_time);
+        let log_append_time = BTreeMap::from([("message.timestamp.type".to_string(), "LogAppendTime".to_string())]);
+        assert!(validate("message.timestamp.type", Some("LogAppendTime")).is_ok());
+        assert!(validate("message.timestamp.type", Some("AppendTime")).is_err());
+        assert!(defaults.log_config(&log_append_time).log_append_time);
     }
 
     #[test]

@@ -20,6 +20,8 @@ const CRC_FIELD: Range<usize> = 17..21;
 const BASE_OFFSET_FIELD: Range<usize> = 0..8;
 const LENGTH_FIELD: Range<usize> = 8..12;
 const LEADER_EPOCH_FIELD: Range<usize> = 12..16;
+const ATTRIBUTES_AT: usize = 21;
+const MAX_TIMESTAMP_FIELD: Range<usize> = 35..43;
 
 const ATTRIBUTE_COMPRESSION_MASK: i16 = 0x07;
 const ATTRIBUTE_TIMESTAMP_TYPE: i16 = 0x08;
@@ -92,10 +94,10 @@ impl BatchHeader {
             partition_leader_epoch: read_i32(buf, LEADER_EPOCH_FIELD.start),
             magic,
             crc: u32::from_be_bytes(buf[CRC_FIELD].try_into().expect("4 bytes")),
-            attributes: read_i16(buf, 21),
+            attributes: read_i16(buf, ATTRIBUTES_AT),
             last_offset_delta: read_i32(buf, 23),
             base_timestamp: read_i64(buf, 27),
-            max_timestamp: read_i64(buf, 35),
+            max_timestamp: read_i64(buf, MAX_TIMESTAMP_FIELD.start),
             producer_id: read_i64(buf, 43),
             producer_epoch: read_i16(buf, 51),
             base_sequence: read_i32(buf, 53),
@@ -184,6 +186,29 @@ pub fn patched_prefix(batch: &[u8], base_offset: i64, leader_epoch: i32) -> [u8;
     prefix[LENGTH_FIELD].copy_from_slice(&batch[LENGTH_FIELD]);
     prefix[LEADER_EPOCH_FIELD].copy_from_slice(&leader_epoch.to_be_bytes());
     prefix
+}
+
+/// The header (bytes `0..BATCH_HEADER_BYTES`) of a batch appended to a
+/// `message.timestamp.type=LogAppendTime` topic: base offset and leader epoch as in
+/// [`patched_prefix`], the timestamp-type attribute set, the max timestamp replaced by the
+/// append time and the CRC32C computed again over the changed header and the unchanged
+/// records, as Kafka does (the client's CRC was checked by [`validate_batch`] first).
+/// Written in front of the client's bytes `BATCH_HEADER_BYTES..`.
+pub fn log_append_time_header(
+    batch: &[u8],
+    base_offset: i64,
+    leader_epoch: i32,
+    append_time_ms: i64,
+) -> [u8; BATCH_HEADER_BYTES] {
+    let mut header = [0u8; BATCH_HEADER_BYTES];
+    header[..16].copy_from_slice(&patched_prefix(batch, base_offset, leader_epoch));
+    header[16..].copy_from_slice(&batch[16..BATCH_HEADER_BYTES]);
+    let attributes = read_i16(&header, ATTRIBUTES_AT) | ATTRIBUTE_TIMESTAMP_TYPE;
+    header[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
+    header[MAX_TIMESTAMP_FIELD].copy_from_slice(&append_time_ms.to_be_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[CRC_START..]), &batch[BATCH_HEADER_BYTES..]);
+    header[CRC_FIELD].copy_from_slice(&crc.to_be_bytes());
+    header
 }
 
 /// Walks consecutive batches in `buf`, yielding each header and its byte range. Stops

@@ -63,6 +63,9 @@ pub struct LogConfig {
     /// `message.timestamp.after.max.ms`: how far in the future a batch's max timestamp may be
     /// (retention goes by it: a far-future timestamp would pin its segment)
     pub timestamp_after_max_ms: i64,
+    /// `message.timestamp.type=LogAppendTime`: the broker stamps each batch with its append
+    /// time (and the timestamp bounds above do not apply)
+    pub log_append_time: bool,
 }
 
 /// Kafka 4's default `message.timestamp.after.max.ms`: one hour.
@@ -80,6 +83,7 @@ impl Default for LogConfig {
             flush_ms: i64::MAX,
             timestamp_before_max_ms: i64::MAX,
             timestamp_after_max_ms: TIMESTAMP_AFTER_MAX_MS_DEFAULT,
+            log_append_time: false,
         }
     }
 }
@@ -134,6 +138,9 @@ pub struct AppendOutcome {
     /// The caller must ask the syncer for an fsync.
     pub needs_sync: bool,
     pub duplicate: bool,
+    /// The append time stamped on the batch, on a LogAppendTime topic (Kafka's
+    /// `log_append_time_ms` in the produce answer).
+    pub log_append_time_ms: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -294,7 +301,9 @@ impl Partition {
         if header.record_count == 0 {
             return Err(AppendError::InvalidRecord("empty batch"));
         }
-        check_timestamps(&header, &state.config, now_ms)?;
+        if !state.config.log_append_time {
+            check_timestamps(&header, &state.config, now_ms)?;
+        }
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate { base_offset } => {
@@ -306,6 +315,7 @@ impl Partition {
                     visible_at: base_offset + i64::from(header.last_offset_delta) + 1,
                     needs_sync: false,
                     duplicate: true,
+                    log_append_time_ms: None,
                 });
             }
             SequenceCheck::OutOfOrder => return Err(AppendError::OutOfOrderSequence),
@@ -315,8 +325,18 @@ impl Partition {
         let mut header = header;
         header.base_offset = base_offset;
         header.partition_leader_epoch = leader_epoch;
-        let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
-        let fsync = self.append_at_end(&mut state, &prefix, &batch[16..], &header, now_ms)?;
+        let log_append_time_ms = state.config.log_append_time.then_some(now_ms);
+        let fsync = match log_append_time_ms {
+            None => {
+                let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
+                self.append_at_end(&mut state, &prefix, &batch[16..], &header, now_ms)?
+            }
+            Some(append_time) => {
+                let stamped = batch::log_append_time_header(batch, base_offset, leader_epoch, append_time);
+                let header = BatchHeader::parse(&stamped).expect("a stamped header parses");
+                self.append_at_end(&mut state, &stamped, &batch[batch::BATCH_HEADER_BYTES..], &header, now_ms)?
+            }
+        };
         let end_offset = state.log_end_offset;
         Ok(AppendOutcome {
             base_offset,
@@ -324,6 +344,7 @@ impl Partition {
             visible_at: end_offset,
             needs_sync: fsync,
             duplicate: false,
+            log_append_time_ms,
         })
     }
 

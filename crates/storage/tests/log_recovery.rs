@@ -450,3 +450,27 @@ fn a_restarted_replica_restarts_from_its_checkpointed_high_watermark() {
     partition.set_replicated(true);
     assert_eq!(partition.offsets().high_watermark, 0);
 }
+
+#[test]
+fn a_log_append_time_topic_stamps_the_append_time_and_a_valid_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = 1_800_000_000_000;
+    let config = LogConfig { log_append_time: true, timestamp_before_max_ms: 1_000, ..page_cache_config() };
+    let partition = Partition::open(&dir.path().join("t-0"), config).unwrap();
+    // A producer timestamp far outside the bounds: on a LogAppendTime topic it is not checked.
+    let sent = batch(3, 5, None);
+    let outcome = partition.append(&sent, 0, now).unwrap();
+    assert_eq!(outcome.log_append_time_ms, Some(now));
+    let stored = partition.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    let header = validate_batch(&stored).expect("the stored batch's CRC covers the stamped header");
+    assert!(header.is_log_append_time());
+    assert_eq!(header.max_timestamp, now);
+    assert_eq!(header.base_timestamp, 5, "only the max timestamp and the attributes change");
+    assert_eq!(stored[61..], sent[61..], "the records are stored as the client sent them");
+
+    // A CreateTime topic stores the client's header bytes unchanged after the offset fields.
+    let create_time = Partition::open(&dir.path().join("u-0"), page_cache_config()).unwrap();
+    assert_eq!(create_time.append(&sent, 0, now).unwrap().log_append_time_ms, None);
+    let stored = create_time.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    assert_eq!(stored[16..], sent[16..]);
+}

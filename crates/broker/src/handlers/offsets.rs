@@ -76,11 +76,16 @@ fn lookup(log: &Partition, query: i64) -> Result<(i64, i64), ReadError> {
 
 /// Decodes one stored batch (decompressing if needed) and picks a record from its
 /// (offset, timestamp) pairs. Records sit inside the batch, so this is the one place the
-/// broker looks inside a batch.
+/// broker looks inside a batch. In a LogAppendTime batch every record's timestamp is the batch's max timestamp (the
+/// append time), whatever the producer wrote in the records.
 fn record_matching(mut batch: Bytes, pick: impl FnOnce(&[(i64, i64)]) -> Option<(i64, i64)>) -> (i64, i64) {
+    let append_time = sluice_storage::batch::BatchHeader::parse(&batch)
+        .ok()
+        .and_then(|header| header.is_log_append_time().then_some(header.max_timestamp));
     match RecordBatchDecoder::decode(&mut batch) {
         Ok(set) => {
-            let pairs: Vec<(i64, i64)> = set.records.iter().map(|r| (r.offset, r.timestamp)).collect();
+            let pairs: Vec<(i64, i64)> =
+                set.records.iter().map(|r| (r.offset, append_time.unwrap_or(r.timestamp))).collect();
             pick(&pairs).unwrap_or((-1, -1))
         }
         Err(error) => {

@@ -67,9 +67,11 @@ pub(super) fn append(
                 }
             };
             match result {
-                Ok((outcome_base, log_start, visible_at)) => {
-                    partition_response.base_offset = outcome_base;
-                    partition_response.log_start_offset = log_start;
+                Ok(outcome) => {
+                    partition_response.base_offset = outcome.base_offset;
+                    partition_response.log_start_offset = outcome.log_start_offset;
+                    partition_response.log_append_time_ms = outcome.log_append_time_ms.unwrap_or(-1);
+                    let visible_at = outcome.visible_at;
                     let leader = target.expect("append succeeded on an existing log");
                     let until = if leader.waits_for_high_watermark {
                         AckWhen::Visible(leader.log.subscribe())
@@ -109,6 +111,7 @@ pub(super) fn append(
                 let partition = &mut response.responses[topic_index].partition_responses[partition_index];
                 partition.error_code = error.code();
                 partition.base_offset = -1;
+                partition.log_append_time_ms = -1;
             }
         }
         Some(response)
@@ -189,7 +192,7 @@ fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result
     })
 }
 
-/// Appends one batch; returns (base offset, log start offset, offset to wait for).
+/// Appends one batch and asks for its fsync if the topic fsyncs before acknowledging.
 fn append_one(
     broker: &Broker,
     log: &Arc<Partition>,
@@ -198,13 +201,13 @@ fn append_one(
     now_ms: i64,
     topic: &str,
     partition: i32,
-) -> Result<(i64, i64, i64), ResponseError> {
+) -> Result<sluice_storage::AppendOutcome, ResponseError> {
     match log.append(records, leader_epoch, now_ms) {
         Ok(outcome) => {
             if outcome.needs_sync {
                 broker.logs.syncer().schedule(log);
             }
-            Ok((outcome.base_offset, outcome.log_start_offset, outcome.visible_at))
+            Ok(outcome)
         }
         Err(error) => {
             let code = match &error {
