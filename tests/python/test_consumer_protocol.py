@@ -40,6 +40,7 @@ FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
 UNSUPPORTED_ASSIGNOR = 112
 STALE_MEMBER_EPOCH = 113
+INVALID_REGULAR_EXPRESSION = 128
 # First flexible versions of the APIs encoded here.
 kw.FLEXIBLE_FROM.update({CONSUMER_GROUP_HEARTBEAT: 0, CONSUMER_GROUP_DESCRIBE: 0, OFFSET_COMMIT: 8})
 
@@ -315,6 +316,44 @@ def test_librdkafka_consumer_protocol_shares_and_fails_over(cbroker):
         a.c.close()
 
 
+def test_librdkafka_consumer_protocol_subscribes_by_pattern(cbroker):
+    """librdkafka with group.protocol=consumer and a regex subscription (sent to the broker as
+    subscribed_topic_regex, resolved there): it gets every partition of the matching topics,
+    none of the others, and a matching topic created later joins its assignment."""
+    create_topic(cbroker.bootstrap, "rx-orders", 2)
+    create_topic(cbroker.bootstrap, "rx-payments", 1)
+    create_topic(cbroker.bootstrap, "other-rx-orders", 1)
+    c = Consumer({"bootstrap.servers": cbroker.bootstrap, "group.id": "cp-pattern", "group.protocol": "consumer",
+                  "auto.offset.reset": "earliest", "broker.address.family": "v4",
+                  "topic.metadata.refresh.interval.ms": 1000})
+
+    def owned():
+        return sorted((tp.topic, tp.partition) for tp in c.assignment())
+
+    def wait_for(expected):
+        deadline = time.monotonic() + 45
+        while owned() != expected:
+            assert time.monotonic() < deadline, f"assignment {owned()} != {expected}\n{cbroker.log()[-4000:]}"
+            c.poll(0.05)
+
+    try:
+        c.subscribe(["^rx-.*"])
+        wait_for([("rx-orders", 0), ("rx-orders", 1), ("rx-payments", 0)])
+        create_topic(cbroker.bootstrap, "rx-refunds", 2)
+        wait_for([("rx-orders", 0), ("rx-orders", 1), ("rx-payments", 0), ("rx-refunds", 0), ("rx-refunds", 1)])
+        produce(cbroker.bootstrap, "rx-refunds", 1, 2)
+        got = set()
+        deadline = time.monotonic() + 30
+        while len(got) < 2:
+            assert time.monotonic() < deadline, f"records of the new topic not consumed: {got}"
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                got.add((m.topic(), m.partition()))
+        assert got == {("rx-refunds", 0), ("rx-refunds", 1)}
+    finally:
+        c.close()
+
+
 # ----------------------------------------------------------------------------- raw wire
 
 
@@ -375,13 +414,13 @@ def test_consumer_group_heartbeat_refuses_bad_input(cbroker):
         error, message = consumer_heartbeat(conn, "cp-g", member, epoch + 1, owned=owned)[:2]
         assert error == FENCED_MEMBER_EPOCH and "epoch" in message
         assert consumer_heartbeat(conn, "cp-g", "someone-else", 1)[0] == UNKNOWN_MEMBER_ID
-        # Joining with an assignor the broker lacks, a regex, or without a subscription.
+        # Joining with an assignor the broker lacks, an invalid regex, or without a subscription.
         error, message = consumer_heartbeat(conn, "cp-g", str(uuid.uuid4()), 0, topics=[topic], assignor="sticky",
                                             owned=[], rebalance_timeout_ms=30000)[:2]
         assert error == UNSUPPORTED_ASSIGNOR and "uniform" in message
-        error, message = consumer_heartbeat(conn, "cp-g", str(uuid.uuid4()), 0, regex="cp-.*", owned=[],
+        error, message = consumer_heartbeat(conn, "cp-g", str(uuid.uuid4()), 0, regex="cp-(", owned=[],
                                             rebalance_timeout_ms=30000)[:2]
-        assert error == INVALID_REQUEST and "Regex" in message
+        assert error == INVALID_REGULAR_EXPRESSION and "Regex" in message
         assert consumer_heartbeat(conn, "cp-g", str(uuid.uuid4()), 0, owned=[], rebalance_timeout_ms=30000)[0] \
             == INVALID_REQUEST
         assert consumer_heartbeat(conn, "cp-g", "", 0, topics=[topic], owned=[], rebalance_timeout_ms=30000)[0] \

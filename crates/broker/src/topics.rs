@@ -59,6 +59,15 @@ pub struct TopicRegistry {
 pub struct TopicCatalog {
     by_name: HashMap<String, (Uuid, i32)>,
     names_by_id: HashMap<Uuid, String>,
+    /// Tells catalogs apart: every catalog built gets a new one (never 0).
+    generation: u64,
+}
+
+/// The last catalog generation handed out.
+static CATALOG_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn next_catalog_generation() -> u64 {
+    CATALOG_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 impl TopicCatalog {
@@ -66,12 +75,13 @@ impl TopicCatalog {
         TopicCatalog {
             by_name: topics.values().map(|t| (t.name.clone(), (t.id, t.partitions))).collect(),
             names_by_id: topics.values().map(|t| (t.id, t.name.clone())).collect(),
+            generation: next_catalog_generation(),
         }
     }
 
     /// A catalog from (name, id, partitions) triples, for tests.
     pub fn from_topics(topics: impl IntoIterator<Item = (String, Uuid, i32)>) -> TopicCatalog {
-        let mut catalog = TopicCatalog::default();
+        let mut catalog = TopicCatalog { generation: next_catalog_generation(), ..TopicCatalog::default() };
         for (name, id, partitions) in topics {
             catalog.names_by_id.insert(id, name.clone());
             catalog.by_name.insert(name, (id, partitions));
@@ -86,6 +96,16 @@ impl TopicCatalog {
 
     pub fn name_for_id(&self, id: &Uuid) -> Option<&str> {
         self.names_by_id.get(id).map(String::as_str)
+    }
+
+    /// Every topic's name, in no order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// Differs between any two catalogs built (the topics may have changed).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 }
 

@@ -21,6 +21,11 @@
 //! partition is ever owned by two members: [`ConsumerGroup::owners`] maps each owned
 //! partition to its single owner, and nothing is granted while another owner exists.
 //!
+//! Regular-expression subscriptions (`subscribed_topic_regex`, KIP-848's broker-side
+//! patterns): a member's topics are its names plus every non-internal topic whose whole name
+//! the pattern matches (RE2 syntax, as Kafka's RE2/J), resolved again whenever the topic
+//! catalog changes, so a topic created later joins the assignment at the next heartbeat.
+//!
 //! I/O-free and clock-free like `state.rs`: time comes in as `now_ms`, topic metadata as a
 //! [`TopicCatalog`] snapshot.
 //!
@@ -51,6 +56,43 @@ pub(crate) const OFFSETS_MEMBER_EPOCH_VERSION: i16 = 9;
 pub(crate) const MEMBER_ID_BYTES_MAX: usize = 256;
 /// Topic names one member may subscribe to.
 pub(crate) const SUBSCRIBED_TOPICS_MAX: usize = 10_000;
+/// Longest subscription pattern accepted (bytes of its source).
+pub(crate) const SUBSCRIBED_TOPIC_REGEX_BYTES_MAX: usize = 4096;
+/// Memory one compiled subscription pattern may take (the `regex` crate's size limit).
+const SUBSCRIBED_TOPIC_REGEX_COMPILED_BYTES_MAX: usize = 1 << 20;
+
+/// A subscription pattern: its source as the client sent it and its compiled form, which
+/// matches whole topic names only (Kafka's `Pattern.matcher(topic).matches()`).
+#[derive(Debug, Clone)]
+struct TopicRegex {
+    source: String,
+    compiled: regex::Regex,
+}
+
+impl TopicRegex {
+    fn compile(source: &str) -> Result<TopicRegex, Refusal> {
+        let invalid = |why: String| GroupError::InvalidRegularExpression.because(why);
+        if source.len() > SUBSCRIBED_TOPIC_REGEX_BYTES_MAX {
+            return Err(invalid(format!(
+                "SubscribedTopicRegex is longer than {SUBSCRIBED_TOPIC_REGEX_BYTES_MAX} bytes."
+            )));
+        }
+        let compiled = regex::RegexBuilder::new(&format!("^(?:{source})$"))
+            .size_limit(SUBSCRIBED_TOPIC_REGEX_COMPILED_BYTES_MAX)
+            .build()
+            .map_err(|e| invalid(format!("SubscribedTopicRegex {source:?} is invalid: {e}")))?;
+        Ok(TopicRegex { source: source.to_string(), compiled })
+    }
+
+    /// Topics of `catalog` the pattern matches, internal topics excepted (Kafka's rule).
+    fn resolve(&self, catalog: &TopicCatalog) -> BTreeSet<String> {
+        catalog
+            .names()
+            .filter(|name| *name != crate::group::OFFSETS_TOPIC && self.compiled.is_match(name))
+            .map(str::to_string)
+            .collect()
+    }
+}
 
 /// Kafka's consumer-group states (ListGroups and ConsumerGroupDescribe show the names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +162,7 @@ pub(crate) struct MemberDescription {
     pub(crate) client_id: String,
     pub(crate) client_host: String,
     pub(crate) subscribed_topic_names: Vec<String>,
+    pub(crate) subscribed_topic_regex: Option<String>,
     pub(crate) assignment: Assignment,
     pub(crate) target_assignment: Assignment,
 }
@@ -142,7 +185,12 @@ struct Member {
     client_id: String,
     client_host: String,
     rebalance_timeout_ms: i32,
+    /// Topics subscribed by name.
     subscribed_topic_names: BTreeSet<String>,
+    /// The subscription pattern, if any, and the topics it matched at `regex_catalog`.
+    subscribed_topic_regex: Option<TopicRegex>,
+    regex_topics: BTreeSet<String>,
+    regex_catalog: Option<u64>,
     server_assignor: Option<Assignor>,
     member_epoch: i32,
     previous_member_epoch: i32,
@@ -158,6 +206,26 @@ struct Member {
     /// A static member that left with epoch -2: it keeps its partitions for a session
     /// timeout so that its replacement (same instance id) gets them back.
     left_static: bool,
+}
+
+impl Member {
+    /// Every topic the member subscribes to: by name or through its pattern.
+    fn topics(&self) -> BTreeSet<String> {
+        self.subscribed_topic_names.union(&self.regex_topics).cloned().collect()
+    }
+
+    /// Matches the pattern against `catalog` unless it already did; true if its topics changed.
+    fn resolve_regex(&mut self, catalog: &TopicCatalog) -> bool {
+        let Some(regex) = &self.subscribed_topic_regex else { return false };
+        if self.regex_catalog == Some(catalog.generation()) {
+            return false;
+        }
+        self.regex_catalog = Some(catalog.generation());
+        let matched = regex.resolve(catalog);
+        let changed = matched != self.regex_topics;
+        self.regex_topics = matched;
+        changed
+    }
 }
 
 /// One consumer-protocol group.
@@ -223,8 +291,8 @@ pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<()
         return invalid("SubscribedTopicNames has too many topics.");
     }
     // An empty regex subscribes to nothing (librdkafka sends one along with topic names).
-    if request.subscribed_topic_regex.as_deref().is_some_and(|regex| !regex.is_empty()) {
-        return invalid("SubscribedTopicRegex is not supported by this broker: subscribe to topic names.");
+    if let Some(regex) = request.subscribed_topic_regex.as_deref().filter(|regex| !regex.is_empty()) {
+        TopicRegex::compile(regex)?;
     }
     if epoch == JOIN_GROUP_MEMBER_EPOCH {
         if request.rebalance_timeout_ms == -1 {
@@ -233,10 +301,8 @@ pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<()
         if request.owned.as_ref().is_none_or(|owned| !owned.is_empty()) {
             return invalid("TopicPartitions must be empty when (re-)joining.");
         }
-        if request.subscribed_topic_names.is_none() {
-            return invalid(
-                "SubscribedTopicNames must be set in first request (regular expressions are not supported).",
-            );
+        if request.subscribed_topic_names.is_none() && request.subscribed_topic_regex.is_none() {
+            return invalid("SubscribedTopicNames or SubscribedTopicRegex must be set in first request.");
         }
     } else if epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH && request.instance_id.is_none() {
         return invalid("InstanceId can't be null.");
@@ -405,6 +471,9 @@ impl ConsumerGroup {
             client_host: String::new(),
             rebalance_timeout_ms: request.rebalance_timeout_ms,
             subscribed_topic_names: BTreeSet::new(),
+            subscribed_topic_regex: None,
+            regex_topics: BTreeSet::new(),
+            regex_catalog: None,
             server_assignor: None,
             member_epoch: JOIN_GROUP_MEMBER_EPOCH,
             previous_member_epoch: JOIN_GROUP_MEMBER_EPOCH,
@@ -453,6 +522,14 @@ impl ConsumerGroup {
         timing: &Timing,
     ) -> Result<HeartbeatAnswer, Refusal> {
         let mut inputs_changed = joined;
+        // A new pattern is compiled before anything changes, so a refusal leaves no trace.
+        let current_regex = self.members[member_id].subscribed_topic_regex.as_ref().map(|r| r.source.as_str());
+        let new_regex = match request.subscribed_topic_regex.as_deref() {
+            Some(source) if source != current_regex.unwrap_or("") => {
+                Some(if source.is_empty() { None } else { Some(TopicRegex::compile(source)?) })
+            }
+            _ => None,
+        };
         let member = self.members.get_mut(member_id).expect("joined or checked by the caller");
         member.last_heartbeat_ms = now_ms;
         member.client_id = request.client_id;
@@ -468,16 +545,22 @@ impl ConsumerGroup {
             inputs_changed |= assignor != member.server_assignor;
             member.server_assignor = assignor;
         }
-        let mut removed_names = BTreeSet::new();
-        let mut added_names = BTreeSet::new();
+        let before = member.topics();
         if let Some(names) = request.subscribed_topic_names {
-            let names: BTreeSet<String> = names.into_iter().collect();
-            removed_names = member.subscribed_topic_names.difference(&names).cloned().collect();
-            added_names = names.difference(&member.subscribed_topic_names).cloned().collect();
-            member.subscribed_topic_names = names;
+            member.subscribed_topic_names = names.into_iter().collect();
         }
+        if let Some(regex) = new_regex {
+            member.subscribed_topic_regex = regex;
+            member.regex_topics.clear();
+            member.regex_catalog = None;
+        }
+        member.resolve_regex(catalog);
+        let after = member.topics();
+        let removed_names: BTreeSet<String> = before.difference(&after).cloned().collect();
+        let added_names: BTreeSet<String> = after.difference(&before).cloned().collect();
         inputs_changed |= !removed_names.is_empty() || !added_names.is_empty();
         self.count_subscriptions(&removed_names, &added_names);
+        inputs_changed |= self.resolve_regexes(catalog);
         inputs_changed |= self.refresh_metadata(catalog);
         if inputs_changed {
             self.group_epoch += 1;
@@ -510,6 +593,24 @@ impl ConsumerGroup {
         }
         let counts = &self.subscription_counts;
         self.subscribed_metadata.retain(|name, _| counts.contains_key(name));
+    }
+
+    /// Matches every member's pattern against a changed catalog; true if any member's topics
+    /// changed (a created or deleted topic the pattern matches).
+    fn resolve_regexes(&mut self, catalog: &TopicCatalog) -> bool {
+        let mut changes = Vec::new();
+        for member in self.members.values_mut() {
+            let before = member.topics();
+            if member.resolve_regex(catalog) {
+                changes.push((before, member.topics()));
+            }
+        }
+        for (before, after) in &changes {
+            let removed = before.difference(after).cloned().collect();
+            let added = after.difference(before).cloned().collect();
+            self.count_subscriptions(&removed, &added);
+        }
+        !changes.is_empty()
     }
 
     /// Compares the subscribed topics with the catalog; true if ids or counts changed.
@@ -549,12 +650,7 @@ impl ConsumerGroup {
             .values()
             .map(|m| Subscriber {
                 member_id: &m.member_id,
-                topics: m
-                    .subscribed_topic_names
-                    .iter()
-                    .filter_map(|n| self.subscribed_metadata.get(n))
-                    .map(|(id, _)| *id)
-                    .collect(),
+                topics: m.topics().iter().filter_map(|n| self.subscribed_metadata.get(n)).map(|(id, _)| *id).collect(),
                 previous: self.target.get(&m.member_id),
             })
             .collect();
@@ -679,7 +775,7 @@ impl ConsumerGroup {
             }
         }
         self.target.remove(member_id);
-        self.count_subscriptions(&member.subscribed_topic_names, &BTreeSet::new());
+        self.count_subscriptions(&member.topics(), &BTreeSet::new());
         self.group_epoch += 1;
         self.compute_target_if_needed();
     }
@@ -745,6 +841,7 @@ impl ConsumerGroup {
                 client_id: m.client_id.clone(),
                 client_host: m.client_host.clone(),
                 subscribed_topic_names: m.subscribed_topic_names.iter().cloned().collect(),
+                subscribed_topic_regex: m.subscribed_topic_regex.as_ref().map(|r| r.source.clone()),
                 assignment: m.assigned.clone(),
                 target_assignment: self.target.get(&m.member_id).cloned().unwrap_or_default(),
             })

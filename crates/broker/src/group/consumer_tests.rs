@@ -341,8 +341,16 @@ fn invalid_heartbeats_are_refused_with_kafka_errors() {
     };
     check(|r| r.server_assignor = Some("sticky".into()), 1, GroupError::UnsupportedAssignor);
     check(|r| r.member_id.clear(), 1, GroupError::InvalidRequest);
-    check(|r| r.subscribed_topic_names = None, 1, GroupError::InvalidRequest);
-    check(|r| r.subscribed_topic_regex = Some("t.*".into()), 1, GroupError::InvalidRequest);
+    check(|r| r.subscribed_topic_regex = Some("t(".into()), 1, GroupError::InvalidRegularExpression);
+    check(|r| r.subscribed_topic_regex = Some("x".repeat(5000)), 1, GroupError::InvalidRegularExpression);
+    check(
+        |r| {
+            r.subscribed_topic_names = None;
+            r.subscribed_topic_regex = None;
+        },
+        1,
+        GroupError::InvalidRequest,
+    );
     check(|r| r.rebalance_timeout_ms = -1, 1, GroupError::InvalidRequest);
     check(|r| r.owned = Some(parts(&[1])), 1, GroupError::InvalidRequest);
     check(|r| r.member_epoch = -2, 1, GroupError::InvalidRequest);
@@ -354,6 +362,70 @@ fn invalid_heartbeats_are_refused_with_kafka_errors() {
     )
     .is_ok());
     assert!(validate_heartbeat(&Heartbeat { member_id: String::new(), ..Client::new("m").request() }, 0).is_ok());
+    let by_pattern = Heartbeat {
+        subscribed_topic_names: None,
+        subscribed_topic_regex: Some("t.*".into()),
+        ..Client::new("m").request()
+    };
+    assert!(validate_heartbeat(&by_pattern, 1).is_ok());
+}
+
+#[test]
+fn a_pattern_subscribes_to_every_matching_topic_including_ones_created_later() {
+    let (orders_eu, orders_us, payments, later) =
+        (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
+    let before = TopicCatalog::from_topics([
+        ("orders.eu".to_string(), orders_eu, 2),
+        ("orders.us".to_string(), orders_us, 1),
+        ("payments".to_string(), payments, 2),
+        ("x.orders.eu".to_string(), Uuid::from_u128(5), 1),
+        (crate::group::OFFSETS_TOPIC.to_string(), Uuid::from_u128(6), 3),
+    ]);
+    let mut group = ConsumerGroup::new("g");
+    let join = |member: &str| Heartbeat {
+        subscribed_topic_names: None,
+        subscribed_topic_regex: Some("orders\\..*|__.*".into()),
+        ..Client::new(member).request()
+    };
+    let answer = group.heartbeat(join("m"), &before, T0, &TIMING).unwrap();
+    let topics = |answer: &HeartbeatAnswer| -> BTreeMap<Uuid, usize> {
+        answer.assignment.as_ref().unwrap().iter().map(|(id, p)| (*id, p.len())).collect()
+    };
+    // Whole names only ("x.orders.eu" does not match), internal topics never.
+    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1)]));
+    assert_eq!(group.describe().members[0].subscribed_topic_regex.as_deref(), Some("orders\\..*|__.*"));
+    let epoch = group.group_epoch();
+
+    // A topic created later joins at the next heartbeat, and the group epoch moves.
+    let after = TopicCatalog::from_topics([
+        ("orders.eu".to_string(), orders_eu, 2),
+        ("orders.us".to_string(), orders_us, 1),
+        ("orders.apac".to_string(), later, 4),
+        ("payments".to_string(), payments, 2),
+    ]);
+    let next = Heartbeat {
+        member_epoch: answer.member_epoch,
+        owned: answer.assignment.clone(),
+        subscribed_topic_regex: None,
+        ..Client::new("m").request()
+    };
+    let next = Heartbeat { subscribed_topic_names: None, rebalance_timeout_ms: -1, ..next };
+    let answer = group.heartbeat(next, &after, T0 + 1, &TIMING).unwrap();
+    assert!(group.group_epoch() > epoch);
+    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1), (later, 4)]));
+    assert_eq!(group.subscribed_topic_names(), vec!["orders.apac", "orders.eu", "orders.us"]);
+
+    // Clearing the pattern (an empty one) unsubscribes from all of them.
+    let clear = Heartbeat {
+        member_epoch: answer.member_epoch,
+        owned: answer.assignment.clone(),
+        subscribed_topic_names: None,
+        subscribed_topic_regex: Some(String::new()),
+        rebalance_timeout_ms: -1,
+        ..Client::new("m").request()
+    };
+    group.heartbeat(clear, &after, T0 + 2, &TIMING).unwrap();
+    assert!(group.subscribed_topic_names().is_empty());
 }
 
 #[test]

@@ -56,6 +56,8 @@ pub(crate) enum GroupError {
     UnreleasedInstanceId,
     #[error("invalid request")]
     InvalidRequest,
+    #[error("invalid regular expression")]
+    InvalidRegularExpression,
     #[error("api version not supported by this group")]
     UnsupportedVersion,
 }
@@ -89,6 +91,7 @@ impl GroupError {
             GroupError::UnsupportedAssignor => ResponseError::UnsupportedAssignor,
             GroupError::UnreleasedInstanceId => ResponseError::UnreleasedInstanceId,
             GroupError::InvalidRequest => ResponseError::InvalidRequest,
+            GroupError::InvalidRegularExpression => ResponseError::InvalidRegularExpression,
             GroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
         }
     }

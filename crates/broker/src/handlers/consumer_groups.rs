@@ -129,6 +129,7 @@ fn described_member(member: MemberDescription, catalog: &TopicCatalog, version: 
     out.client_id = text(&member.client_id);
     out.client_host = text(&member.client_host);
     out.subscribed_topic_names = member.subscribed_topic_names.iter().map(|n| TopicName(text(n))).collect();
+    out.subscribed_topic_regex = member.subscribed_topic_regex.as_deref().map(text);
     out.assignment = described_assignment(&member.assignment, catalog);
     out.target_assignment = described_assignment(&member.target_assignment, catalog);
     if version >= 1 {
