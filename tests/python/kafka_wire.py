@@ -516,7 +516,13 @@ class Conn:
         r = self.request(PRODUCE, v, produce_body(v, topic, partition, records, acks, timeout_ms))
         if acks == 0:
             raise AssertionError("acks=0 has no response")
-        return parse_produce_response(r, v)
+        return parse_produce_response(r, v)[:4]
+
+    def produce_record_errors(self, topic: str, partition: int, records: bytes, version: int = 8):
+        """Produce v8+ (KIP-467): returns (error_code, error_message, [(batch_index, message)])."""
+        r = self.request(PRODUCE, version, produce_body(version, topic, partition, records))
+        err, _, _, msg, record_errors = parse_produce_response(r, version)
+        return err, msg, record_errors
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20, max_wait_ms: int = 0, version: int | None = None):
         """Returns (error_code, high_watermark, log_start_offset, records bytes)."""
@@ -628,11 +634,12 @@ def parse_produce_response(r: Reader, v: int):
             rr.i64()  # log_append_time
         lso = rr.i64() if v >= 5 else -1
         msg = None
+        record_errors = []
         if v >= 8:
-            rr.array(lambda x: (x.i32(), x.string(), x.tags()))
+            record_errors = rr.array(lambda x: (x.i32(), x.string(), x.tags())[:2])
             msg = rr.string()
         rr.tags()
-        return idx, err, base, lso, msg
+        return idx, err, base, lso, msg, record_errors
 
     def top(rr: Reader):
         name = rr.string()
@@ -642,8 +649,8 @@ def parse_produce_response(r: Reader, v: int):
 
     topics = r.array(top)
     for _, parts in topics:
-        for idx, err, base, lso, msg in parts:
-            result = (err, base, lso, msg)
+        for idx, err, base, lso, msg, record_errors in parts:
+            result = (err, base, lso, msg, record_errors)
     assert result is not None, "produce response had no partition"
     return result
 

@@ -335,6 +335,14 @@ def test_timestamps_outside_the_topic_limits_are_invalid_timestamp(broker, traff
             err, _, _, _ = c.produce(topic, 0, record_batch([Record(b"t")], base_timestamp=ts))
             assert err == kw.INVALID_TIMESTAMP, f"timestamp {ts - now_ms:+} ms: error {err}"
         assert watermarks(broker.bootstrap, topic, 0) == (0, 0)
+        # KIP-467: the answer names the record at fault by its index in the batch.
+        late = record_batch([Record(b"ok"), Record(b"ok", timestamp_delta=1000), Record(b"far", timestamp_delta=3 * 3600_000)],
+                            base_timestamp=now_ms)
+        err, message, record_errors = c.produce_record_errors(topic, 0, late)
+        assert err == kw.INVALID_TIMESTAMP and "out of range" in message, (err, message)
+        assert [index for index, _ in record_errors] == [2], record_errors
+        assert str(now_ms + 3 * 3600_000) in record_errors[0][1], record_errors
+        assert watermarks(broker.bootstrap, topic, 0) == (0, 0), "the whole batch is refused"
         assert c.produce(topic, 0, record_batch([Record(b"t")], base_timestamp=now_ms + 60_000))[:2] == (0, 0)
     assert_healthy(broker, traffic)
 

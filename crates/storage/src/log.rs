@@ -155,8 +155,10 @@ pub enum AppendError {
     OutOfOrderSequence,
     #[error("stale producer epoch")]
     StaleProducerEpoch,
-    #[error("timestamp {timestamp} is out of range for this topic (broker time {now_ms})")]
-    InvalidTimestamp { timestamp: i64, now_ms: i64 },
+    /// A record's timestamp is outside `[earliest_ms, latest_ms]` (the topic's
+    /// `message.timestamp.before/after.max.ms` around the broker's clock).
+    #[error("timestamp {timestamp} is out of range for this topic: must be within [{earliest_ms}, {latest_ms}]")]
+    InvalidTimestamp { timestamp: i64, earliest_ms: i64, latest_ms: i64 },
     #[error("storage error: {0}")]
     Storage(#[from] io::Error),
     #[error("partition log is offline after an I/O error")]
@@ -867,11 +869,12 @@ fn assert_invariants(dir: &Path, state: &LogState) {
 /// header (records are not decoded): its first timestamp must not be too old, its max
 /// timestamp not too far in the future.
 fn check_timestamps(header: &BatchHeader, config: &LogConfig, now_ms: i64) -> Result<(), AppendError> {
-    if header.max_timestamp > now_ms.saturating_add(config.timestamp_after_max_ms) {
-        return Err(AppendError::InvalidTimestamp { timestamp: header.max_timestamp, now_ms });
-    }
-    if header.base_timestamp < now_ms.saturating_sub(config.timestamp_before_max_ms) {
-        return Err(AppendError::InvalidTimestamp { timestamp: header.base_timestamp, now_ms });
+    let earliest_ms = now_ms.saturating_sub(config.timestamp_before_max_ms);
+    let latest_ms = now_ms.saturating_add(config.timestamp_after_max_ms);
+    for timestamp in [header.max_timestamp, header.base_timestamp] {
+        if timestamp < earliest_ms || timestamp > latest_ms {
+            return Err(AppendError::InvalidTimestamp { timestamp, earliest_ms, latest_ms });
+        }
     }
     Ok(())
 }

@@ -6,8 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
@@ -59,9 +62,9 @@ pub(super) fn append(
             partition_response.log_append_time_ms = -1;
             let target = leader_log(broker, &topic.name, data.index, acks);
             let result = match (&target, data.records) {
-                _ if invalid_acks => Err(ResponseError::InvalidRequiredAcks),
-                (Err(error), _) => Err(*error),
-                (Ok(_), None) => Err(ResponseError::CorruptMessage),
+                _ if invalid_acks => Err(Refusal::from(ResponseError::InvalidRequiredAcks)),
+                (Err(error), _) => Err(Refusal::from(*error)),
+                (Ok(_), None) => Err(Refusal::from(ResponseError::CorruptMessage)),
                 (Ok(leader), Some(records)) => {
                     append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index)
                 }
@@ -89,7 +92,20 @@ pub(super) fn append(
                         checks_min_insync,
                     });
                 }
-                Err(error) => partition_response.error_code = error.code(),
+                Err(refusal) => {
+                    partition_response.error_code = refusal.error.code();
+                    partition_response.error_message = refusal.message.map(StrBytes::from_string);
+                    partition_response.record_errors = refusal
+                        .record_errors
+                        .into_iter()
+                        .map(|(index, message)| {
+                            let mut record_error = BatchIndexAndErrorMessage::default();
+                            record_error.batch_index = index;
+                            record_error.batch_index_error_message = Some(StrBytes::from_string(message));
+                            record_error
+                        })
+                        .collect();
+                }
             }
             topic_response.partition_responses.push(partition_response);
         }
@@ -192,6 +208,40 @@ fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result
     })
 }
 
+/// Why a partition's batch was refused: the error code, and for errors about the batch's
+/// content a message and the records at fault (KIP-467: `record_errors` name records by
+/// their index in the batch, so clients fail only what was wrong).
+struct Refusal {
+    error: ResponseError,
+    message: Option<String>,
+    record_errors: Vec<(i32, String)>,
+}
+
+impl From<ResponseError> for Refusal {
+    fn from(error: ResponseError) -> Refusal {
+        Refusal { error, message: None, record_errors: Vec::new() }
+    }
+}
+
+/// Indexes (within the batch) and messages of the records whose timestamp is outside
+/// `[earliest_ms, latest_ms]`. Only a refused batch is decoded, never an accepted one; one
+/// that cannot be decoded is named as a whole.
+fn records_out_of_time(batch: &bytes::Bytes, earliest_ms: i64, latest_ms: i64) -> Vec<(i32, String)> {
+    let out_of_range =
+        |timestamp: i64| format!("timestamp {timestamp} is out of range: must be within [{earliest_ms}, {latest_ms}]");
+    let mut bytes = batch.clone();
+    match kafka_protocol::records::RecordBatchDecoder::decode(&mut bytes) {
+        Ok(set) => set
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, record)| record.timestamp < earliest_ms || record.timestamp > latest_ms)
+            .map(|(index, record)| (index as i32, out_of_range(record.timestamp)))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Appends one batch and asks for its fsync if the topic fsyncs before acknowledging.
 fn append_one(
     broker: &Broker,
@@ -201,7 +251,7 @@ fn append_one(
     now_ms: i64,
     topic: &str,
     partition: i32,
-) -> Result<sluice_storage::AppendOutcome, ResponseError> {
+) -> Result<sluice_storage::AppendOutcome, Refusal> {
     match log.append(records, leader_epoch, now_ms) {
         Ok(outcome) => {
             if outcome.needs_sync {
@@ -220,7 +270,17 @@ fn append_one(
                 AppendError::Storage(_) | AppendError::Offline => ResponseError::KafkaStorageError,
             };
             tracing::warn!(topic, partition, %error, "produce rejected");
-            Err(code)
+            let record_errors = match error {
+                AppendError::InvalidTimestamp { earliest_ms, latest_ms, .. } => {
+                    records_out_of_time(records, earliest_ms, latest_ms)
+                }
+                _ => Vec::new(),
+            };
+            let message = match error {
+                AppendError::Storage(_) | AppendError::Offline => None,
+                _ => Some(error.to_string()),
+            };
+            Err(Refusal { error: code, message, record_errors })
         }
     }
 }
