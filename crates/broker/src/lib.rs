@@ -6,6 +6,7 @@
 pub mod cluster_link;
 pub mod config;
 mod connection;
+mod fetch_session;
 mod group;
 mod handlers;
 mod meta_properties;
@@ -37,6 +38,8 @@ pub struct Broker {
     produce_memory: Arc<Semaphore>,
     /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
     fetch_disk_reads: Arc<Semaphore>,
+    /// Fetch sessions (KIP-227) of this broker's clients.
+    fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
@@ -124,6 +127,7 @@ impl Broker {
             logs,
             produce_memory,
             fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
+            fetch_sessions: fetch_session::FetchSessions::default(),
             groups,
             replicas,
             cluster,

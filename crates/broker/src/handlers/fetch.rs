@@ -12,9 +12,10 @@
 //! `FETCH_DISK_READS_MAX` at once, so producers' requests on the runtime threads never queue
 //! behind a disk read.
 //!
-//! Fetch sessions (KIP-227) are declined by answering session id 0, which the protocol
-//! defines as "no session": clients then send full fetch requests.
+//! Fetch sessions (KIP-227, `crate::fetch_session`): a fetch reads the partitions its
+//! session holds, and an incremental one answers only those with news.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
+use crate::fetch_session::FetchItem;
 use crate::Broker;
 
 /// First Fetch version that names topics by id.
@@ -35,7 +37,6 @@ const TOPIC_ID_VERSION: i16 = 13;
 const LAST_REPLICA_ID_VERSION: i16 = 14;
 
 struct Target {
-    topic_index: usize,
     partition: i32,
     fetch_offset: i64,
     partition_max_bytes: usize,
@@ -57,35 +58,47 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         response.error_code = ResponseError::InconsistentClusterId.code();
         return response;
     }
-    let now_ms = sluice_storage::now_ms();
-    let mut topics = Vec::new();
-    let mut targets = Vec::new();
-    for (topic_index, topic) in request.topics.iter().enumerate() {
-        let name = if version >= TOPIC_ID_VERSION {
-            broker.topics.name_for_id(&topic.topic_id)
-        } else {
-            Some(topic.topic.to_string())
-        };
-        let unknown_error = if version >= TOPIC_ID_VERSION {
-            ResponseError::UnknownTopicId
-        } else {
-            ResponseError::UnknownTopicOrPartition
-        };
-        topics.push((topic.topic.clone(), topic.topic_id));
-        for partition in &topic.partitions {
-            let (log, diverging) = match name.as_deref() {
-                None => (Err(unknown_error), None),
-                Some(name) => serving_log(broker, name, partition, follower, now_ms, unknown_error),
-            };
-            targets.push(Target {
-                topic_index,
-                partition: partition.partition,
-                fetch_offset: partition.fetch_offset,
-                partition_max_bytes: partition.partition_max_bytes.max(0) as usize,
-                log,
-                diverging,
-            });
+    let (session, items) = match broker.fetch_sessions.begin(&request) {
+        Ok(begun) => begun,
+        Err(error) => {
+            let mut response = FetchResponse::default();
+            response.error_code = error.code();
+            return response;
         }
+    };
+    let now_ms = sluice_storage::now_ms();
+    let unknown_error = if version >= TOPIC_ID_VERSION {
+        ResponseError::UnknownTopicId
+    } else {
+        ResponseError::UnknownTopicOrPartition
+    };
+    let mut targets = Vec::with_capacity(items.len());
+    let mut resolved: Option<(&FetchItem, Option<String>)> = None;
+    for item in &items {
+        // Consecutive partitions of one topic resolve its name once.
+        let same_topic =
+            resolved.as_ref().is_some_and(|(last, _)| last.topic_id == item.topic_id && last.topic == item.topic);
+        if !same_topic {
+            let name = if version >= TOPIC_ID_VERSION {
+                broker.topics.name_for_id(&item.topic_id)
+            } else {
+                Some(item.topic.to_string())
+            };
+            resolved = Some((item, name));
+        }
+        let name = resolved.as_ref().and_then(|(_, name)| name.as_deref());
+        let partition = &item.partition;
+        let (log, diverging) = match name {
+            None => (Err(unknown_error), None),
+            Some(name) => serving_log(broker, name, partition, follower, now_ms, unknown_error),
+        };
+        targets.push(Target {
+            partition: partition.partition,
+            fetch_offset: partition.fetch_offset,
+            partition_max_bytes: partition.partition_max_bytes.max(0) as usize,
+            log,
+            diverging,
+        });
     }
     loop {
         // Subscribe before reading so a produce landing in between still wakes us. A
@@ -119,7 +132,10 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
             }
         };
         if pass.bytes >= min_bytes || pass.has_error || receivers.is_empty() || Instant::now() >= deadline {
-            return build_response(topics, pass.partitions, version);
+            let answered = broker.fetch_sessions.finish(session, &items, pass.partitions);
+            let mut response = build_response(answered, version);
+            response.session_id = session.id();
+            return response;
         }
         let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()));
         tokio::select! {
@@ -187,8 +203,8 @@ fn serving_log(
 
 /// What one pass over a fetch's partitions read.
 struct ReadPass {
-    /// (topic index, data) per partition, in request order.
-    partitions: Vec<(usize, PartitionData)>,
+    /// Data per partition, in the order the fetch reads them.
+    partitions: Vec<PartitionData>,
     bytes: usize,
     has_error: bool,
 }
@@ -242,30 +258,27 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool, mode: ReadM
             }
         }
         has_error |= data.error_code != 0;
-        partitions.push((target.topic_index, data));
+        partitions.push(data);
     }
     Some(ReadPass { partitions, bytes: used, has_error })
 }
 
-fn build_response(
-    topics: Vec<(TopicName, Uuid)>,
-    partitions: Vec<(usize, PartitionData)>,
-    version: i16,
-) -> FetchResponse {
-    let mut responses: Vec<FetchableTopicResponse> = topics
-        .into_iter()
-        .map(|(name, id)| {
+/// The response: partitions grouped by topic, topics in order of first appearance.
+fn build_response(answered: Vec<(FetchItem, PartitionData)>, version: i16) -> FetchResponse {
+    let mut responses: Vec<FetchableTopicResponse> = Vec::new();
+    let mut index_of: HashMap<(Uuid, TopicName), usize> = HashMap::new();
+    for (item, data) in answered {
+        let index = *index_of.entry((item.topic_id, item.topic.clone())).or_insert_with(|| {
             let mut topic = FetchableTopicResponse::default();
             if version >= TOPIC_ID_VERSION {
-                topic.topic_id = id;
+                topic.topic_id = item.topic_id;
             } else {
-                topic.topic = name;
+                topic.topic = item.topic.clone();
             }
-            topic
-        })
-        .collect();
-    for (topic_index, data) in partitions {
-        responses[topic_index].partitions.push(data);
+            responses.push(topic);
+            responses.len() - 1
+        });
+        responses[index].partitions.push(data);
     }
     let mut response = FetchResponse::default();
     response.responses = responses;

@@ -1,0 +1,354 @@
+//! Fetch sessions (KIP-227): a client that fetches many partitions sends the whole list once;
+//! later fetches carry only the partitions whose fetch position changed (and those to
+//! forget), and the answer only the partitions with news: records, an error, or a moved
+//! high watermark, log start or last stable offset. A consumer of thousands of partitions
+//! then costs per fetch what its traffic costs, not what its assignment costs.
+//!
+//! The protocol, as the broker sees it (`session_id`, `session_epoch` in the request):
+//! - epoch -1: a full fetch outside any session (librdkafka, our own replica fetcher); a
+//!   session id given with it is closed;
+//! - epoch 0: a full fetch that opens a new session (closing the one named, if any); the
+//!   answer carries the new id, or 0 when the cache has no room (the client goes on with
+//!   full fetches);
+//! - epoch n > 0: an incremental fetch on session `session_id`, which must expect exactly
+//!   epoch n (FETCH_SESSION_ID_NOT_FOUND / INVALID_FETCH_SESSION_EPOCH otherwise; the client
+//!   then opens a new session).
+//!
+//! Sessions live in the broker, not the connection (a client may reconnect and go on), at
+//! most [`FETCH_SESSIONS_MAX`] at once (Kafka's `max.incremental.fetch.session.cache.slots`).
+//! When full, a new session takes the place of the least recently used one if that one has
+//! been idle for [`FETCH_SESSION_EVICTION_MS`] or has fewer partitions, else it is not
+//! created. Partitions that returned records move to the end of their session's order, so a
+//! response limit cannot starve the partitions behind them.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use indexmap::IndexMap;
+use kafka_protocol::messages::fetch_request::FetchPartition;
+use kafka_protocol::messages::fetch_response::PartitionData;
+use kafka_protocol::messages::{FetchRequest, TopicName};
+use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
+use uuid::Uuid;
+
+/// Sessions cached at once (Kafka's `max.incremental.fetch.session.cache.slots` default).
+pub const FETCH_SESSIONS_MAX: usize = 1_000;
+/// A session idle this long may be evicted for a new one (Kafka's
+/// `min.incremental.fetch.session.eviction.ms` default).
+pub const FETCH_SESSION_EVICTION_MS: u64 = 120_000;
+/// Partitions one session may hold (a full fetch of more is served without a session).
+pub const FETCH_SESSION_PARTITIONS_MAX: usize = 100_000;
+
+const FINAL_EPOCH: i32 = -1;
+const INITIAL_EPOCH: i32 = 0;
+
+/// A partition as a fetch names it: topic id (v13+) or name (earlier), and index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PartitionKey {
+    topic_id: Uuid,
+    topic: TopicName,
+    partition: i32,
+}
+
+/// One partition a fetch reads: where its topic is named and what the client asked.
+#[derive(Debug, Clone)]
+pub(crate) struct FetchItem {
+    pub(crate) topic: TopicName,
+    pub(crate) topic_id: Uuid,
+    pub(crate) partition: FetchPartition,
+}
+
+impl FetchItem {
+    fn key(&self) -> PartitionKey {
+        PartitionKey { topic_id: self.topic_id, topic: self.topic.clone(), partition: self.partition.partition }
+    }
+}
+
+/// What the session remembers of a partition: the client's last request for it and what
+/// the last answer told the client.
+#[derive(Debug)]
+struct CachedPartition {
+    item: FetchItem,
+    /// (high watermark, last stable offset, log start) last sent; `None` before any answer.
+    last_sent: Option<(i64, i64, i64)>,
+}
+
+#[derive(Debug)]
+struct Session {
+    partitions: IndexMap<PartitionKey, CachedPartition>,
+    /// The epoch the next incremental fetch must carry.
+    next_epoch: i32,
+    last_used: Instant,
+}
+
+/// How a fetch relates to a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionUse {
+    /// A full fetch with no session (answer session id 0, every partition).
+    None,
+    /// A full fetch that opened session `id` (answer every partition).
+    Opened { id: i32 },
+    /// An incremental fetch on session `id` (answer only partitions with news).
+    Incremental { id: i32 },
+}
+
+impl SessionUse {
+    /// The session id to answer with.
+    pub(crate) fn id(self) -> i32 {
+        match self {
+            SessionUse::None => 0,
+            SessionUse::Opened { id } | SessionUse::Incremental { id } => id,
+        }
+    }
+}
+
+/// The broker's fetch-session cache.
+#[derive(Default)]
+pub(crate) struct FetchSessions {
+    sessions: Mutex<HashMap<i32, Session>>,
+}
+
+impl FetchSessions {
+    /// Applies a fetch request to the cache: returns how the fetch uses a session and every
+    /// partition it reads, in order, or the session error to answer with.
+    pub(crate) fn begin(&self, request: &FetchRequest) -> Result<(SessionUse, Vec<FetchItem>), ResponseError> {
+        let requested = || -> Vec<FetchItem> {
+            request
+                .topics
+                .iter()
+                .flat_map(|topic| {
+                    topic.partitions.iter().map(|partition| FetchItem {
+                        topic: topic.topic.clone(),
+                        topic_id: topic.topic_id,
+                        partition: partition.clone(),
+                    })
+                })
+                .collect()
+        };
+        let mut sessions = self.sessions.lock();
+        match request.session_epoch {
+            FINAL_EPOCH | INITIAL_EPOCH => {
+                if request.session_id != 0 {
+                    sessions.remove(&request.session_id);
+                }
+                let items = requested();
+                if request.session_epoch == FINAL_EPOCH {
+                    return Ok((SessionUse::None, items));
+                }
+                let id = open(&mut sessions, &items);
+                Ok((id.map_or(SessionUse::None, |id| SessionUse::Opened { id }), items))
+            }
+            epoch if epoch > 0 => {
+                let session = sessions.get_mut(&request.session_id).ok_or(ResponseError::FetchSessionIdNotFound)?;
+                if epoch != session.next_epoch {
+                    return Err(ResponseError::InvalidFetchSessionEpoch);
+                }
+                let requested = requested();
+                let added = requested.iter().filter(|item| !session.partitions.contains_key(&item.key())).count();
+                if session.partitions.len() + added > FETCH_SESSION_PARTITIONS_MAX {
+                    return Err(ResponseError::InvalidRequest);
+                }
+                for item in requested {
+                    match session.partitions.get_mut(&item.key()) {
+                        Some(cached) => cached.item = item,
+                        None => {
+                            session.partitions.insert(item.key(), CachedPartition { item, last_sent: None });
+                        }
+                    }
+                }
+                for forgotten in &request.forgotten_topics_data {
+                    for &partition in &forgotten.partitions {
+                        let key =
+                            PartitionKey { topic_id: forgotten.topic_id, topic: forgotten.topic.clone(), partition };
+                        session.partitions.shift_remove(&key);
+                    }
+                }
+                session.next_epoch = if epoch == i32::MAX { 1 } else { epoch + 1 };
+                session.last_used = Instant::now();
+                let items = session.partitions.values().map(|cached| cached.item.clone()).collect();
+                Ok((SessionUse::Incremental { id: request.session_id }, items))
+            }
+            _ => Err(ResponseError::InvalidFetchSessionEpoch),
+        }
+    }
+
+    /// Records what the answer tells the client and picks what it must carry: every
+    /// partition of a full fetch, only those with news on an incremental one. `answered`
+    /// holds each read partition's data, in the order `begin` returned them.
+    pub(crate) fn finish(
+        &self,
+        session: SessionUse,
+        items: &[FetchItem],
+        answered: Vec<PartitionData>,
+    ) -> Vec<(FetchItem, PartitionData)> {
+        assert_eq!(items.len(), answered.len(), "one answer per partition read");
+        let id = match session {
+            SessionUse::None => return items.iter().cloned().zip(answered).collect(),
+            SessionUse::Opened { id } | SessionUse::Incremental { id } => id,
+        };
+        let incremental = matches!(session, SessionUse::Incremental { .. });
+        let mut sessions = self.sessions.lock();
+        let Some(cached) = sessions.get_mut(&id) else {
+            // Evicted or closed meanwhile: the client learns it at its next fetch.
+            return items.iter().cloned().zip(answered).collect();
+        };
+        let mut out = Vec::new();
+        let mut had_records = Vec::new();
+        for (item, data) in items.iter().zip(answered) {
+            let key = item.key();
+            let has_records = data.records.as_ref().is_some_and(|records| !records.is_empty());
+            let now = (data.high_watermark, data.last_stable_offset, data.log_start_offset);
+            let news = match cached.partitions.get_mut(&key) {
+                None => true,
+                Some(partition) => {
+                    let changed = partition.last_sent != Some(now);
+                    partition.last_sent = Some(now);
+                    changed || has_records || data.error_code != 0 || data.diverging_epoch.epoch >= 0
+                }
+            };
+            if has_records {
+                had_records.push(key);
+            }
+            if news || !incremental {
+                out.push((item.clone(), data));
+            }
+        }
+        for key in had_records {
+            if let Some(partition) = cached.partitions.shift_remove(&key) {
+                cached.partitions.insert(key, partition);
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.sessions.lock().len()
+    }
+}
+
+/// Opens a session holding `items`; `None` when the cache has no room for it.
+fn open(sessions: &mut HashMap<i32, Session>, items: &[FetchItem]) -> Option<i32> {
+    if items.len() > FETCH_SESSION_PARTITIONS_MAX {
+        return None;
+    }
+    if sessions.len() >= FETCH_SESSIONS_MAX {
+        let idle_enough = Duration::from_millis(FETCH_SESSION_EVICTION_MS);
+        let (&victim, oldest) = sessions.iter().min_by_key(|(_, session)| session.last_used)?;
+        if oldest.last_used.elapsed() < idle_enough && oldest.partitions.len() >= items.len() {
+            return None;
+        }
+        sessions.remove(&victim);
+    }
+    assert!(sessions.len() < FETCH_SESSIONS_MAX, "the session cache is bounded");
+    let id = loop {
+        let candidate = (Uuid::new_v4().as_u128() as u32 & 0x7fff_ffff) as i32;
+        if candidate != 0 && !sessions.contains_key(&candidate) {
+            break candidate;
+        }
+    };
+    let partitions =
+        items.iter().map(|item| (item.key(), CachedPartition { item: item.clone(), last_sent: None })).collect();
+    sessions.insert(id, Session { partitions, next_epoch: 1, last_used: Instant::now() });
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::fetch_request::{FetchTopic, ForgottenTopic};
+    use kafka_protocol::protocol::StrBytes;
+
+    use super::*;
+
+    fn name(topic: &str) -> TopicName {
+        TopicName(StrBytes::from_string(topic.to_string()))
+    }
+
+    fn fetch(session_id: i32, epoch: i32, partitions: &[(i32, i64)], forget: &[i32]) -> FetchRequest {
+        let mut request = FetchRequest::default();
+        request.session_id = session_id;
+        request.session_epoch = epoch;
+        let mut topic = FetchTopic::default();
+        topic.topic = name("t");
+        topic.partitions = partitions
+            .iter()
+            .map(|&(index, offset)| {
+                let mut partition = FetchPartition::default();
+                partition.partition = index;
+                partition.fetch_offset = offset;
+                partition
+            })
+            .collect();
+        request.topics = vec![topic];
+        if !forget.is_empty() {
+            let mut forgotten = ForgottenTopic::default();
+            forgotten.topic = name("t");
+            forgotten.partitions = forget.to_vec();
+            request.forgotten_topics_data = vec![forgotten];
+        }
+        request
+    }
+
+    fn data(high_watermark: i64, records: bool) -> PartitionData {
+        let mut data = PartitionData::default();
+        data.high_watermark = high_watermark;
+        data.records = records.then(|| bytes::Bytes::from_static(b"batch"));
+        data
+    }
+
+    fn answered(out: &[(FetchItem, PartitionData)]) -> Vec<i32> {
+        out.iter().map(|(item, _)| item.partition.partition).collect()
+    }
+
+    #[test]
+    fn an_incremental_fetch_carries_only_changed_partitions_and_answers_only_news() {
+        let sessions = FetchSessions::default();
+        let (session, items) = sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
+        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        let out = sessions.finish(session, &items, vec![data(5, true), data(0, false), data(0, false)]);
+        assert_eq!(answered(&out), [0, 1, 2], "a full fetch answers every partition");
+
+        // Epoch 1 moves partition 0's offset; the session still reads all three, partition 0
+        // (which returned records) now last. Only partition 2's high watermark moved.
+        let (session, items) = sessions.begin(&fetch(id, 1, &[(0, 5)], &[])).unwrap();
+        assert_eq!(session, SessionUse::Incremental { id });
+        assert_eq!(
+            items.iter().map(|i| (i.partition.partition, i.partition.fetch_offset)).collect::<Vec<_>>(),
+            [(1, 0), (2, 0), (0, 5)]
+        );
+        let out = sessions.finish(session, &items, vec![data(0, false), data(3, false), data(5, false)]);
+        assert_eq!(answered(&out), [2]);
+
+        // Forgotten partitions are no longer read; a wrong or replayed epoch is refused.
+        let (session, items) = sessions.begin(&fetch(id, 2, &[], &[1])).unwrap();
+        assert_eq!(items.iter().map(|i| i.partition.partition).collect::<Vec<_>>(), [2, 0]);
+        sessions.finish(session, &items, vec![data(3, false), data(5, false)]);
+        assert_eq!(sessions.begin(&fetch(id, 2, &[], &[])).unwrap_err(), ResponseError::InvalidFetchSessionEpoch);
+        assert_eq!(sessions.begin(&fetch(id + 1, 3, &[], &[])).unwrap_err(), ResponseError::FetchSessionIdNotFound);
+
+        // Epoch -1 closes the session and fetches without one.
+        let (session, _) = sessions.begin(&fetch(id, -1, &[(0, 5)], &[])).unwrap();
+        assert_eq!(session, SessionUse::None);
+        assert_eq!(sessions.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_keeps_busy_larger_sessions() {
+        let sessions = FetchSessions::default();
+        for _ in 0..FETCH_SESSIONS_MAX {
+            assert!(matches!(
+                sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0)], &[])).unwrap().0,
+                SessionUse::Opened { .. }
+            ));
+        }
+        // A smaller session does not displace recently used larger ones: it goes sessionless.
+        assert_eq!(sessions.begin(&fetch(0, 0, &[(0, 0)], &[])).unwrap().0, SessionUse::None);
+        // A larger one takes the least recently used slot.
+        assert!(matches!(
+            sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap().0,
+            SessionUse::Opened { .. }
+        ));
+        assert_eq!(sessions.len(), FETCH_SESSIONS_MAX);
+    }
+}
