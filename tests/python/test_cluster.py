@@ -6,6 +6,7 @@ retries (no acknowledged record lost, none duplicated).
 
 import threading
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -13,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import kafka_wire as kw
 from conftest import Broker, free_port
+from test_metrics import scrape, value
 
 NODES = 3
 FAILOVER_LIMIT_S = 10.0
@@ -24,12 +26,15 @@ class Cluster:
         controller_ports = [free_port() for _ in range(NODES)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{controller_ports[i]}" for i in range(NODES))
         self.nodes = {}
+        self.metrics_ports = {}
         for i in range(NODES):
             node_id = i + 1
+            self.metrics_ports[node_id] = free_port()
             args = [
                 "--node-id", str(node_id),
                 "--controller-listen", f"127.0.0.1:{controller_ports[i]}",
                 "--cluster-voters", voters,
+                "--metrics-listen", f"127.0.0.1:{self.metrics_ports[node_id]}",
             ]
             self.nodes[node_id] = Broker(tmp_path / f"node-{node_id}", port=ports[i], extra_args=args)
         self.bootstrap = ",".join(n.bootstrap for n in self.nodes.values())
@@ -290,3 +295,30 @@ def test_a_down_controller_peer_is_reported_once_not_on_every_retry(cluster):
     cluster.wait_for("the restarted peer reported reachable again",
                      lambda: any("controller peer reachable again" in line
                                  for node in survivors for line in new_lines(node)), timeout=30)
+
+
+def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(cluster):
+    """Each node's /metrics: the partitions it leads, those of them whose ISR lacks a replica
+    (Kafka's UnderReplicatedPartitions) while a node is down, and one active controller."""
+    create_topic(cluster, "metered", 4)
+
+    def sums(node_ids, name):
+        return sum(value(scrape(cluster.metrics_ports[n]), name) for n in node_ids)
+
+    everyone = list(cluster.nodes)
+    cluster.wait_for("every partition led once", lambda: sums(everyone, "sluice_leader_partitions") == 4 or None)
+    assert sums(everyone, "sluice_under_replicated_partitions") == 0
+    assert sums(everyone, "sluice_partitions") == 4 * 3, "every node hosts a replica of each partition"
+    for port in cluster.metrics_ports.values():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as answer:
+            assert answer.status == 200
+    cluster.wait_for("one active controller", lambda: sums(everyone, "sluice_active_controller") == 1 or None)
+
+    cluster.nodes[3].kill()
+    survivors = [1, 2]
+    cluster.wait_for("every partition under-replicated on the survivors",
+                     lambda: (sums(survivors, "sluice_leader_partitions") == 4
+                              and sums(survivors, "sluice_under_replicated_partitions") == 4) or None, timeout=60)
+    cluster.nodes[3].start()
+    cluster.wait_for("the ISRs full again", lambda: sums(everyone, "sluice_under_replicated_partitions") == 0 or None,
+                     timeout=60)

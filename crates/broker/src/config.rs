@@ -63,6 +63,8 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     pub max_inflight_requests_per_connection: usize,
     pub produce_memory_bytes: usize,
+    /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` are served over HTTP; off when unset.
+    pub metrics_listen: Option<SocketAddr>,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
     pub log_retention_check_interval_ms: u64,
@@ -203,6 +205,7 @@ impl Default for BrokerConfig {
             max_connections: CONNECTIONS_MAX_DEFAULT,
             max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
             produce_memory_bytes: PRODUCE_MEMORY_BYTES_DEFAULT,
+            metrics_listen: None,
             auto_create_topics: true,
             num_partitions: 1,
             log_retention_check_interval_ms: 60_000,

@@ -222,8 +222,8 @@ impl FetchSessions {
         out
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Sessions cached now.
+    pub(crate) fn len(&self) -> usize {
         self.sessions.lock().len()
     }
 }

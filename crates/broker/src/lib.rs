@@ -10,6 +10,7 @@ mod fetch_session;
 mod group;
 mod handlers;
 mod meta_properties;
+pub mod metrics;
 pub mod replication;
 pub mod server;
 mod topic_config;
@@ -38,6 +39,8 @@ pub struct Broker {
     produce_memory: Arc<Semaphore>,
     /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
     fetch_disk_reads: Arc<Semaphore>,
+    /// Prometheus metrics (`metrics.rs`).
+    metrics: metrics::Metrics,
     /// Fetch sessions (KIP-227) of this broker's clients.
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
@@ -65,6 +68,8 @@ impl Broker {
         sluice_storage::durable::check_data_dir(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs = LogManager::new(&config.data_dir.join("logs"))?;
+        let metrics = metrics::Metrics::new();
+        logs.syncer().observe(metrics.fsync_observer());
         let (replicas, cluster) = match &config.cluster {
             None => (None, None),
             Some(cluster_config) => {
@@ -128,6 +133,7 @@ impl Broker {
             produce_memory,
             fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
             fetch_sessions: fetch_session::FetchSessions::default(),
+            metrics,
             groups,
             replicas,
             cluster,
@@ -197,6 +203,22 @@ impl Broker {
             self.logs.delete(&TopicPartition::new(name, p))?;
         }
         Ok(Some(topic))
+    }
+
+    /// Why this node cannot take client traffic yet (`/readyz`); `None` when it can. A single
+    /// node is ready once it serves; a cluster node once a controller is active and this node
+    /// is registered and unfenced.
+    pub(crate) fn not_ready(&self) -> Option<&'static str> {
+        let cluster = self.cluster.as_ref()?;
+        let Some(controller) = cluster.controller() else { return Some("controller not started") };
+        if controller.active_controller().is_none() {
+            return Some("no active controller");
+        }
+        match cluster.metadata().brokers.get(&self.node_id()) {
+            None => Some("not registered with the controller"),
+            Some(registration) if registration.fenced => Some("fenced by the controller"),
+            Some(_) => None,
+        }
     }
 
     /// Periodic upkeep (retention, page-cache flushes); runs on a blocking thread.

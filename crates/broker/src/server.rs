@@ -15,8 +15,22 @@ use crate::Broker;
 const UPKEEP_INTERVAL_MS_MAX: u64 = 1000;
 
 /// Serves clients until `shutdown` resolves, then closes the logs.
-pub async fn serve(broker: Arc<Broker>, listener: TcpListener, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+/// `metrics` (if any) serves `/metrics`, `/healthz` and `/readyz` alongside.
+pub async fn serve(
+    broker: Arc<Broker>,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
     let connections = Arc::new(Semaphore::new(broker.config().max_connections));
+    let metrics_server = match metrics {
+        None => None,
+        Some(metrics_listener) => {
+            let address = metrics_listener.local_addr()?;
+            tracing::info!(%address, "metrics at http://{address}/metrics (and /healthz, /readyz)");
+            Some(tokio::spawn(crate::metrics::serve(broker.clone(), metrics_listener)))
+        }
+    };
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     tracing::info!(address = %listener.local_addr()?, node_id = broker.node_id(), "sluice broker listening");
     tokio::pin!(shutdown);
@@ -37,8 +51,11 @@ pub async fn serve(broker: Arc<Broker>, listener: TcpListener, shutdown: impl Fu
                     continue;
                 };
                 let broker = broker.clone();
+                broker.metrics.connection_opened();
+                let counted = crate::metrics::ConnectionGuard(broker.clone());
                 tokio::spawn(async move {
                     crate::connection::run(broker, stream, peer).await;
+                    drop(counted);
                     drop(permit);
                 });
             }
@@ -47,6 +64,9 @@ pub async fn serve(broker: Arc<Broker>, listener: TcpListener, shutdown: impl Fu
     }
     tracing::info!("shutting down: sealing logs");
     upkeep.abort();
+    if let Some(metrics_server) = metrics_server {
+        metrics_server.abort();
+    }
     drop(listener);
     let closing = broker.clone();
     tokio::task::spawn_blocking(move || closing.close()).await.map_err(io::Error::other)?;

@@ -100,6 +100,9 @@ pub struct ServeArgs {
     /// Bytes appended to an offsets partition between two compaction snapshots.
     #[arg(long, env = "SLUICE_OFFSETS_SNAPSHOT_INTERVAL_BYTES")]
     offsets_snapshot_interval_bytes: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (and /healthz, /readyz) [default: off].
+    #[arg(long, env = "SLUICE_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// Log format: text or json.
     #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -124,6 +127,9 @@ impl ServeArgs {
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);
         if self.offsets_retention_ms.is_some() {
             config.offsets_retention_ms = self.offsets_retention_ms;
+        }
+        if self.metrics_listen.is_some() {
+            config.metrics_listen = self.metrics_listen;
         }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
@@ -223,13 +229,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("sluice-io").build()?;
     runtime.block_on(async move {
         let listen = config.listen;
+        let metrics_listen = config.metrics_listen;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
             .with_context(|| format!("opening data dir {}", data_dir.display()))?;
+        // The metrics port first: a start that fails on it never accepted a client.
+        let metrics_listener = match metrics_listen {
+            None => None,
+            Some(address) => Some(
+                tokio::net::TcpListener::bind(address)
+                    .await
+                    .with_context(|| format!("metrics listener on {address}"))?,
+            ),
+        };
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
         broker.join_cluster().await.context("joining the cluster")?;
-        sluice_broker::server::serve(broker, listener, shutdown_signal()).await?;
+        sluice_broker::server::serve(broker, listener, metrics_listener, shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -29,7 +29,7 @@ pub use crate::log::{
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::ReadMode;
-pub use crate::syncer::Syncer;
+pub use crate::syncer::{FsyncObserver, Syncer};
 
 /// Writes a small file so that a crash leaves either the old or the new content.
 pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {

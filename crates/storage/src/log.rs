@@ -282,6 +282,11 @@ impl Partition {
         }
     }
 
+    /// True once a storage error took the log offline (until a restart).
+    pub fn is_offline(&self) -> bool {
+        self.state.lock().failed
+    }
+
     /// A receiver that changes whenever the high watermark moves or the log fails.
     pub fn subscribe(&self) -> watch::Receiver<Visible> {
         self.visible.subscribe()

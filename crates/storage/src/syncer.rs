@@ -14,8 +14,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -34,7 +35,11 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
+    observer: OnceLock<FsyncObserver>,
 }
+
+/// Told how long each group-commit fsync took (the broker's metrics).
+pub type FsyncObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
 /// The group-commit worker pool.
 pub struct Syncer {
@@ -47,6 +52,7 @@ impl Syncer {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue { partitions: VecDeque::new(), shutdown: false }),
             ready: Condvar::new(),
+            observer: OnceLock::new(),
         });
         let workers = (0..SYNC_THREADS)
             .map(|i| {
@@ -58,6 +64,11 @@ impl Syncer {
             })
             .collect();
         Syncer { shared, workers: Mutex::new(workers) }
+    }
+
+    /// Sets what is told each fsync's duration (once; later calls are ignored).
+    pub fn observe(&self, observer: FsyncObserver) {
+        let _ = self.shared.observer.set(observer);
     }
 
     /// Asks for an fsync of `partition` covering everything appended so far.
@@ -104,7 +115,11 @@ fn worker(shared: &Shared) {
         }
         let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
         for (partition, target) in round.iter().zip(targets) {
+            let started = Instant::now();
             let result = crate::durable::sync_data(&target.file);
+            if let Some(observe) = shared.observer.get() {
+                observe(started.elapsed());
+            }
             partition.finish_sync(target, &result);
         }
     }

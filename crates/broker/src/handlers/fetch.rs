@@ -134,6 +134,7 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         if pass.bytes >= min_bytes || pass.has_error || receivers.is_empty() || Instant::now() >= deadline {
             let answered = broker.fetch_sessions.finish(session, &items, pass.partitions);
             let mut response = build_response(answered, version);
+            count_fetched_bytes(broker, &response, version);
             response.session_id = session.id();
             return response;
         }
@@ -261,6 +262,23 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool, mode: ReadM
         partitions.push(data);
     }
     Some(ReadPass { partitions, bytes: used, has_error })
+}
+
+/// Adds each topic's record bytes in the answer to its fetch-bytes metric.
+fn count_fetched_bytes(broker: &Broker, response: &FetchResponse, version: i16) {
+    for topic in &response.responses {
+        let bytes: usize = topic.partitions.iter().map(|p| p.records.as_ref().map_or(0, |records| records.len())).sum();
+        if bytes == 0 {
+            continue;
+        }
+        if version >= TOPIC_ID_VERSION {
+            if let Some(name) = broker.topics.name_for_id(&topic.topic_id) {
+                broker.metrics.fetched(&name, bytes as u64);
+            }
+        } else {
+            broker.metrics.fetched(topic.topic.as_str(), bytes as u64);
+        }
+    }
 }
 
 /// The response: partitions grouped by topic, topics in order of first appearance.

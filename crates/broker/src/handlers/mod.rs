@@ -41,7 +41,9 @@ pub(crate) fn dispatch(
     peer: &SocketAddr,
 ) -> ResponseFuture {
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
+    let arrived = std::time::Instant::now();
     let broker = broker.clone();
+    let metered = broker.clone();
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> =
         match body {
             RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
@@ -152,7 +154,9 @@ pub(crate) fn dispatch(
             }
         };
     Box::pin(async move {
-        let body = response.await?;
+        let body = response.await;
+        metered.metrics.request_done(api_key as i16, arrived.elapsed());
+        let body = body?;
         match encode_response(api_key, api_version, correlation_id, &body) {
             Ok(bytes) => Some(bytes),
             Err(error) => {

@@ -55,6 +55,7 @@ pub(super) fn append(
     for (topic_index, topic) in request.topic_data.into_iter().enumerate() {
         let mut topic_response = TopicProduceResponse::default();
         topic_response.name = topic.name.clone();
+        let mut topic_bytes = 0u64;
         for (partition_index, data) in topic.partition_data.into_iter().enumerate() {
             let mut partition_response = PartitionProduceResponse::default();
             partition_response.index = data.index;
@@ -66,7 +67,12 @@ pub(super) fn append(
                 (Err(error), _) => Err(Refusal::from(*error)),
                 (Ok(_), None) => Err(Refusal::from(ResponseError::CorruptMessage)),
                 (Ok(leader), Some(records)) => {
-                    append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index)
+                    let appended =
+                        append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index);
+                    if appended.as_ref().is_ok_and(|outcome| !outcome.duplicate) {
+                        topic_bytes += records.len() as u64;
+                    }
+                    appended
                 }
             };
             match result {
@@ -109,6 +115,7 @@ pub(super) fn append(
             }
             topic_response.partition_responses.push(partition_response);
         }
+        broker.metrics.produced(&topic.name, topic_bytes);
         response.responses.push(topic_response);
     }
     async move {

@@ -237,6 +237,16 @@ impl Replica {
         Ok(LeaderWrite { leader_epoch: leader.assignment.leader_epoch, waits_for_replicas: waits })
     }
 
+    /// `Some(true)` when this node leads with an ISR smaller than the replica set (Kafka's
+    /// under-replicated partition), `Some(false)` when it leads with all in sync, `None`
+    /// when it does not lead.
+    pub fn under_replicated(&self) -> Option<bool> {
+        match &*self.role.lock() {
+            Role::Leader(leader) => Some(leader.assignment.isr.len() < leader.assignment.replicas.len()),
+            _ => None,
+        }
+    }
+
     /// True when this node leads with fewer in-sync replicas than `min.insync.replicas`
     /// (the ISR shrank after a write was accepted).
     pub fn isr_below_min_insync(&self) -> bool {

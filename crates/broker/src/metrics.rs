@@ -1,0 +1,280 @@
+//! Prometheus metrics and health checks: `GET /metrics` (Prometheus text format),
+//! `/healthz` (the process serves) and `/readyz` (it can take client traffic), on the
+//! address from `metrics_listen` (`--metrics-listen`; off when unset).
+//!
+//! Why this shape: the hot paths touch only pre-created handles (per API: a counter and a
+//! latency histogram, indexed by API key; per topic: byte counters found by `&str` without
+//! allocating), never a label lookup that allocates. Gauges that describe state (partitions,
+//! connections, fetch sessions, under-replicated partitions, controller role) are computed
+//! when scraped, so no code path has to keep them up to date.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use parking_lot::RwLock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::Broker;
+
+/// Request latency buckets: 100 us to ~52 s, doubling.
+const REQUEST_SECONDS_BUCKETS: (f64, f64, u16) = (0.000_1, 2.0, 20);
+/// Fsync latency buckets: 10 us to ~5 s, doubling.
+const FSYNC_SECONDS_BUCKETS: (f64, f64, u16) = (0.000_01, 2.0, 20);
+/// Highest API key with its own handles (Kafka's keys stay below this).
+const API_KEYS_MAX: usize = 128;
+/// Scrape and probe requests served at once.
+const METRICS_CONNECTIONS_MAX: usize = 16;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiLabels {
+    api: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicLabels {
+    topic: String,
+}
+
+/// The handles of one API.
+#[derive(Clone)]
+struct ApiMetrics {
+    requests: Counter,
+    seconds: Histogram,
+}
+
+/// Every metric of the broker.
+pub(crate) struct Metrics {
+    registry: Registry,
+    apis: Vec<Option<ApiMetrics>>,
+    produce_bytes: Family<TopicLabels, Counter>,
+    fetch_bytes: Family<TopicLabels, Counter>,
+    /// Per-topic (produce, fetch) handles, found without allocating.
+    topics: RwLock<HashMap<String, (Counter, Counter)>>,
+    fsync_seconds: Histogram,
+    connections: Gauge,
+    partitions: Gauge,
+    offline_partitions: Gauge,
+    leader_partitions: Gauge,
+    under_replicated_partitions: Gauge,
+    fetch_sessions: Gauge,
+    produce_memory_bytes: Gauge,
+    active_controller: Gauge,
+}
+
+fn histogram((start, factor, count): (f64, f64, u16)) -> Histogram {
+    Histogram::new(exponential_buckets(start, factor, count))
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sluice");
+        let requests = Family::<ApiLabels, Counter>::default();
+        let request_seconds =
+            Family::<ApiLabels, Histogram>::new_with_constructor(|| histogram(REQUEST_SECONDS_BUCKETS));
+        registry.register("requests", "Requests handled, by Kafka API", requests.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its answer, by Kafka API",
+            request_seconds.clone(),
+        );
+        let mut apis = vec![None; API_KEYS_MAX];
+        for (api, _, _) in sluice_protocol::ADVERTISED_APIS {
+            let labels = ApiLabels { api: format!("{api:?}").trim_end_matches("Key").to_string() };
+            let index = *api as i16 as usize;
+            assert!(index < API_KEYS_MAX, "API key {api:?} has no metrics slot");
+            apis[index] = Some(ApiMetrics {
+                requests: requests.get_or_create_owned(&labels),
+                seconds: request_seconds.get_or_create_owned(&labels),
+            });
+        }
+        let produce_bytes = Family::<TopicLabels, Counter>::default();
+        let fetch_bytes = Family::<TopicLabels, Counter>::default();
+        registry.register("produce_bytes", "Record batch bytes appended by producers, by topic", produce_bytes.clone());
+        registry.register(
+            "fetch_bytes",
+            "Record batch bytes sent to consumers and followers, by topic",
+            fetch_bytes.clone(),
+        );
+        let fsync_seconds = histogram(FSYNC_SECONDS_BUCKETS);
+        registry.register("fsync_duration_seconds", "Duration of each group-commit fdatasync", fsync_seconds.clone());
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let gauge = Gauge::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        let connections = gauge(&mut registry, "connections", "Open client connections");
+        let partitions = gauge(&mut registry, "partitions", "Partition logs hosted on this node");
+        let offline_partitions =
+            gauge(&mut registry, "offline_partitions", "Hosted partitions offline after a storage error");
+        let leader_partitions = gauge(&mut registry, "leader_partitions", "Partitions this node leads");
+        let under_replicated_partitions = gauge(
+            &mut registry,
+            "under_replicated_partitions",
+            "Partitions led here whose ISR is smaller than their replica set",
+        );
+        let fetch_sessions = gauge(&mut registry, "fetch_sessions", "Fetch sessions (KIP-227) cached");
+        let produce_memory_bytes =
+            gauge(&mut registry, "produce_memory_bytes", "Produce request bytes held while awaiting durability");
+        let active_controller =
+            gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
+        Metrics {
+            registry,
+            apis,
+            produce_bytes,
+            fetch_bytes,
+            topics: RwLock::new(HashMap::new()),
+            fsync_seconds,
+            connections,
+            partitions,
+            offline_partitions,
+            leader_partitions,
+            under_replicated_partitions,
+            fetch_sessions,
+            produce_memory_bytes,
+            active_controller,
+        }
+    }
+
+    /// Counts one answered request of API `api_key` that took `elapsed`.
+    pub(crate) fn request_done(&self, api_key: i16, elapsed: Duration) {
+        if let Some(Some(api)) = self.apis.get(api_key as usize) {
+            api.requests.inc();
+            api.seconds.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    fn topic(&self, topic: &str) -> (Counter, Counter) {
+        if let Some(handles) = self.topics.read().get(topic) {
+            return handles.clone();
+        }
+        let labels = TopicLabels { topic: topic.to_string() };
+        let handles = (self.produce_bytes.get_or_create_owned(&labels), self.fetch_bytes.get_or_create_owned(&labels));
+        self.topics.write().entry(topic.to_string()).or_insert(handles).clone()
+    }
+
+    pub(crate) fn produced(&self, topic: &str, bytes: u64) {
+        if bytes > 0 {
+            self.topic(topic).0.inc_by(bytes);
+        }
+    }
+
+    pub(crate) fn fetched(&self, topic: &str, bytes: u64) {
+        if bytes > 0 {
+            self.topic(topic).1.inc_by(bytes);
+        }
+    }
+
+    /// What the syncer reports after each fsync.
+    pub(crate) fn fsync_observer(&self) -> sluice_storage::FsyncObserver {
+        let fsync_seconds = self.fsync_seconds.clone();
+        Box::new(move |elapsed| fsync_seconds.observe(elapsed.as_secs_f64()))
+    }
+
+    pub(crate) fn connection_opened(&self) {
+        self.connections.inc();
+    }
+
+    pub(crate) fn connection_closed(&self) {
+        self.connections.dec();
+    }
+
+    /// The scrape: state gauges computed now, then everything in Prometheus' text format.
+    fn render(&self, broker: &Broker) -> String {
+        let hosted = broker.logs.partitions();
+        self.partitions.set(hosted.len() as i64);
+        self.offline_partitions.set(hosted.iter().filter(|(_, log)| log.is_offline()).count() as i64);
+        let (leading, under_replicated) = match &broker.replicas {
+            None => (hosted.len(), 0),
+            Some(replicas) => replicas.hosted().iter().fold((0, 0), |(leading, under), (_, replica)| {
+                match replica.under_replicated() {
+                    Some(short) => (leading + 1, under + usize::from(short)),
+                    None => (leading, under),
+                }
+            }),
+        };
+        self.leader_partitions.set(leading as i64);
+        self.under_replicated_partitions.set(under_replicated as i64);
+        self.fetch_sessions.set(broker.fetch_sessions.len() as i64);
+        let produce_memory =
+            broker.config.produce_memory_bytes.saturating_sub(broker.produce_memory.available_permits());
+        self.produce_memory_bytes.set(produce_memory as i64);
+        let active = match &broker.cluster {
+            None => true,
+            Some(cluster) => {
+                cluster.controller().and_then(|c| c.active_controller()).is_some_and(|id| id == broker.node_id())
+            }
+        };
+        self.active_controller.set(i64::from(active));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String");
+        text
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
+pub(crate) async fn serve(broker: Arc<Broker>, listener: TcpListener) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS_MAX));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let broker = broker.clone();
+                async move { Ok::<_, Infallible>(answer(&broker, &request)) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            drop(slot);
+        });
+    }
+}
+
+fn answer(broker: &Broker, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        Response::builder()
+            .status(status)
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid response")
+    };
+    if request.method() != Method::GET {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n".into());
+    }
+    match request.uri().path() {
+        "/metrics" => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            broker.metrics.render(broker),
+        ),
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" => match broker.not_ready() {
+            None => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+            Some(why) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n")),
+        },
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics, /healthz or /readyz\n".into()),
+    }
+}
+
+/// Counts live connections for the `connections` gauge without holding the metrics.
+pub(crate) struct ConnectionGuard(pub(crate) Arc<Broker>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.metrics.connection_closed();
+    }
+}

@@ -1,0 +1,109 @@
+"""The Prometheus endpoint (`--metrics-listen`), scraped over HTTP and parsed by the official
+Prometheus Python client's parser: the counters match the traffic a real client sent, and
+the health probes answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from prometheus_client.parser import text_string_to_metric_families
+
+import kafka_wire as kw
+from conftest import REPO, free_port
+from kafka_wire import Conn, Record, consume_until, create_topic, record_batch
+
+
+def scrape(port: int) -> dict:
+    """{(sample name, frozenset(labels)): value} of one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        assert answer.status == 200
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_count_what_clients_did_and_probes_answer(broker_factory):
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    topic = "metered"
+    create_topic(broker.bootstrap, topic, 2)
+    before = scrape(port)
+
+    batches = [record_batch([Record(b"v" * 100, key=b"k%d" % i) for i in range(10)]) for _ in range(5)]
+    with Conn.to(broker.bootstrap) as conn:
+        for i, batch in enumerate(batches):
+            assert conn.produce(topic, i % 2, batch)[0] == 0
+        produced_bytes = sum(len(b) for b in batches)
+        # A refused batch (CRC broken) is not counted as produced bytes.
+        corrupt = bytearray(batches[0])
+        corrupt[-1] ^= 0xFF
+        assert conn.produce(topic, 0, bytes(corrupt))[0] == kw.CORRUPT_MESSAGE
+    got = consume_until(broker.bootstrap, topic, {0: 30, 1: 20})
+    assert sum(len(v) for v in got.values()) == 50
+
+    after = scrape(port)
+    assert value(after, "sluice_produce_bytes_total", topic=topic) == produced_bytes
+    # The consumer read every stored batch at least once (a fetch may return a batch again).
+    assert value(after, "sluice_fetch_bytes_total", topic=topic) >= produced_bytes
+    produce_requests = value(after, "sluice_requests_total", api="Produce") - value(before, "sluice_requests_total", api="Produce")
+    assert produce_requests == 6, produce_requests
+    assert value(after, "sluice_request_duration_seconds_count", api="Produce") >= 6
+    assert value(after, "sluice_requests_total", api="Fetch") >= 1
+    # Every acknowledged produce waited for an fsync.
+    assert value(after, "sluice_fsync_duration_seconds_count") >= 1
+    assert value(after, "sluice_partitions") == 2
+    assert value(after, "sluice_leader_partitions") == 2
+    assert value(after, "sluice_offline_partitions") == 0
+    assert value(after, "sluice_under_replicated_partitions") == 0
+    assert value(after, "sluice_active_controller") == 1
+    assert value(after, "sluice_connections") >= 1
+
+    for path, status in (("/healthz", 200), ("/readyz", 200)):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            assert answer.status == status, path
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=10)
+        raise AssertionError("an unknown path must not answer 200")
+    except urllib.error.HTTPError as error:
+        assert error.code == 404
+
+
+def test_a_taken_metrics_port_fails_the_start(broker_factory):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="metrics listener"):
+            broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_broker_exports(broker_factory):
+    """ops/grafana/sluice-dashboard.json: valid JSON whose every PromQL expression names
+    series a real scrape contains (a renamed metric would leave a panel silently empty)."""
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    # Per-topic series appear with the first traffic.
+    create_topic(broker.bootstrap, "dashboard", 1)
+    with Conn.to(broker.bootstrap) as conn:
+        assert conn.produce("dashboard", 0, record_batch([Record(b"v")]))[0] == 0
+    consume_until(broker.bootstrap, "dashboard", {0: 1})
+    exported = {name for name, _ in scrape(port)}
+    dashboard = json.loads((REPO / "ops" / "grafana" / "sluice-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        names = set(re.findall(r"\b(sluice_[a-z_]+)", expr))
+        assert names and names <= exported, f"{expr}: {names - exported} not exported"
