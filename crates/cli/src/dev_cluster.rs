@@ -1,8 +1,14 @@
 //! `sluice dev-cluster`: N cluster nodes as separate `sluice serve` processes on
 //! 127.0.0.1, for development and tests. Node i (1-based) serves Kafka on
 //! `base_port + i - 1` and its controller on `base_port + CONTROLLER_PORT_OFFSET + i - 1`,
-//! with data in `<data_dir>/node-<i>`. A node that dies is reported and left dead (the
-//! others go on); Ctrl-C or SIGTERM stops them all cleanly.
+//! with data in `<data_dir>/node-<i>`.
+//!
+//! Start-up fails fast: if a node exits before its Kafka port accepts connections (a port in
+//! use, a bad flag), the others are stopped and dev-cluster exits with an error. Once all
+//! are up, a node that dies is reported and left dead (the others go on: this is a tool for
+//! trying failures). Ctrl-C or SIGTERM stops them all cleanly, and the nodes never outlive
+//! dev-cluster: each asks the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`),
+//! so even a SIGKILLed dev-cluster leaves no node behind.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -16,6 +22,8 @@ pub const CONTROLLER_PORT_OFFSET: u16 = 100;
 pub const DEV_CLUSTER_NODES_MAX: u16 = 9;
 /// How long nodes get to shut down cleanly before they are killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long every node gets to accept Kafka connections before start-up counts as failed.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, clap::Args)]
 pub struct DevClusterArgs {
@@ -51,11 +59,34 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
     let controller_port = |id: u16| args.base_port + CONTROLLER_PORT_OFFSET + id - 1;
     let voters: Vec<String> = ids.iter().map(|&id| format!("{id}@127.0.0.1:{}", controller_port(id))).collect();
     let voters = voters.join(",");
+    // A port taken by another process would let a node fail after its data dir is open,
+    // or make another program look like our node: refuse before starting anything.
+    for &id in &ids {
+        for port in [kafka_port(id), controller_port(id)] {
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .with_context(|| format!("port {port} (node {id}) is not free; pick another --base-port"))?;
+        }
+    }
     let mut children: Vec<(u16, Option<Child>)> = Vec::new();
     for &id in &ids {
         let data_dir = args.data_dir.join(format!("node-{id}"));
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-        let child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the prctl: then nobody would signal us.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .arg("serve")
             .args(["--node-id", &id.to_string()])
             .args(["--listen", &format!("127.0.0.1:{}", kafka_port(id))])
@@ -69,6 +100,10 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             .spawn()
             .with_context(|| format!("starting node {id}"))?;
         children.push((id, Some(child)));
+    }
+    if let Err(error) = wait_until_listening(&mut children, &kafka_port).await {
+        stop_all(&mut children).await?;
+        return Err(error);
     }
     let bootstrap: Vec<String> = ids.iter().map(|&id| format!("127.0.0.1:{}", kafka_port(id))).collect();
     println!("bootstrap: {}", bootstrap.join(","));
@@ -97,6 +132,38 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             }
         }
     }
+    stop_all(&mut children).await
+}
+
+/// Waits until every node accepts connections on its Kafka port; fails as soon as one exits.
+async fn wait_until_listening(
+    children: &mut [(u16, Option<Child>)],
+    kafka_port: &impl Fn(u16) -> u16,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    for (id, slot) in children.iter_mut() {
+        let child = slot.as_mut().expect("every node was started");
+        loop {
+            if let Some(status) = child.try_wait()? {
+                *slot = None;
+                anyhow::bail!("node {id} exited during start-up ({status}); stopping the others");
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", kafka_port(*id))).await.is_ok() {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "node {id} did not listen on port {} within {START_TIMEOUT:?}",
+                kafka_port(*id)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+/// SIGTERM to every live node, then waits for each (killing those that take too long).
+async fn stop_all(children: &mut [(u16, Option<Child>)]) -> anyhow::Result<()> {
     eprintln!("stopping {} nodes", children.iter().filter(|(_, c)| c.is_some()).count());
     for (_, child) in children.iter().filter_map(|(id, c)| c.as_ref().map(|c| (id, c))) {
         if let Some(pid) = child.id() {
