@@ -17,6 +17,7 @@ from conftest import Broker, free_port
 from test_metrics import scrape, value
 
 NODES = 3
+DELETE_RECORDS = 21
 FAILOVER_LIMIT_S = 10.0
 
 
@@ -301,14 +302,16 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
     """Each node's /metrics: the partitions it leads, those of them whose ISR lacks a replica
     (Kafka's UnderReplicatedPartitions) while a node is down, and one active controller."""
     create_topic(cluster, "metered", 4)
+    offsets = offsets_topic_partitions(cluster)
+    total = 4 + offsets
 
     def sums(node_ids, name):
         return sum(value(scrape(cluster.metrics_ports[n]), name) for n in node_ids)
 
     everyone = list(cluster.nodes)
-    cluster.wait_for("every partition led once", lambda: sums(everyone, "sluice_leader_partitions") == 4 or None)
-    assert sums(everyone, "sluice_under_replicated_partitions") == 0
-    assert sums(everyone, "sluice_partitions") == 4 * 3, "every node hosts a replica of each partition"
+    cluster.wait_for("every partition led once", lambda: sums(everyone, "sluice_leader_partitions") == total or None)
+    cluster.wait_for("full ISRs", lambda: sums(everyone, "sluice_under_replicated_partitions") == 0 or None)
+    assert sums(everyone, "sluice_partitions") == total * 3, "every node hosts a replica of each partition"
     for port in cluster.metrics_ports.values():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as answer:
             assert answer.status == 200
@@ -317,8 +320,63 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
     cluster.nodes[3].kill()
     survivors = [1, 2]
     cluster.wait_for("every partition under-replicated on the survivors",
-                     lambda: (sums(survivors, "sluice_leader_partitions") == 4
-                              and sums(survivors, "sluice_under_replicated_partitions") == 4) or None, timeout=60)
+                     lambda: (sums(survivors, "sluice_leader_partitions") == total
+                              and sums(survivors, "sluice_under_replicated_partitions") == total) or None, timeout=60)
     cluster.nodes[3].start()
     cluster.wait_for("the ISRs full again", lambda: sums(everyone, "sluice_under_replicated_partitions") == 0 or None,
                      timeout=60)
+
+
+def offsets_topic_partitions(cluster) -> int:
+    """Waits for `__consumer_offsets` (created once the cluster forms) and returns its size."""
+    def listed():
+        topics = cluster.admin().list_topics(timeout=5).topics
+        offsets = topics.get("__consumer_offsets")
+        return len(offsets.partitions) if offsets is not None and offsets.error is None else None
+    return cluster.wait_for("the offsets topic", listed, timeout=60)
+
+
+def test_the_offsets_topic_exists_once_the_cluster_forms_so_groups_survive_a_lost_node(cluster):
+    """A brand-new cluster creates `__consumer_offsets` (replication factor 3) as soon as its
+    three nodes registered, before any group asked: with one node then lost, a consumer group
+    still joins and commits. (Created on first use, as Kafka does, it could not get 3
+    replicas from 2 live nodes, and no group could work until the third came back.)"""
+    partitions = offsets_topic_partitions(cluster)
+    assert partitions == 50, "Kafka's default offsets.topic.num.partitions"
+    def settled():
+        states = cluster.partition_states_at(1, "__consumer_offsets")
+        return (len(states) == 50 and all(len(p.replicas) == 3 and len(p.isr) == 3 for p in states.values())) or None
+
+    cluster.wait_for("offsets partitions with 3 replicas in sync", settled)
+    # As in Kafka, clients cannot delete committed offsets with DeleteRecords.
+    leader = cluster.partition_states_at(1, "__consumer_offsets")[0].leader
+    with kw.Conn.to(cluster.nodes[leader].bootstrap) as conn:
+        w = kw.Writer(False)  # DeleteRecords v1: [topic [partition, offset]], timeout
+        w.array(["__consumer_offsets"], lambda w, t: (w.string(t), w.array([0], lambda w, p: w.i32(p).i64(-1))))
+        w.i32(10000)
+        r = conn.request(DELETE_RECORDS, 1, w.getvalue())
+        r.i32()  # throttle
+        answer = r.array(lambda r: (r.string(), r.array(lambda r: (r.i32(), r.i64(), r.i16()))))
+    assert answer == [("__consumer_offsets", [(0, -1, kw.INVALID_TOPIC_EXCEPTION)])], answer
+    create_topic(cluster, "after-loss", 2)
+    cluster.nodes[3].kill()
+    survivors = ",".join(cluster.nodes[n].bootstrap for n in (1, 2))
+    p = Producer({"bootstrap.servers": survivors, "acks": "all"})
+    for i in range(10):
+        p.produce("after-loss", value=b"%d" % i, partition=i % 2)
+    assert p.flush(60) == 0
+    c = Consumer({"bootstrap.servers": survivors, "group.id": "survives-a-lost-node", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "broker.address.family": "v4"})
+    try:
+        c.subscribe(["after-loss"])
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"the group consumed {len(got)} of 10 records"
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m)
+        committed = c.commit(asynchronous=False)
+        assert all(tp.error is None for tp in committed), committed
+    finally:
+        c.close()

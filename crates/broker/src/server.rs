@@ -80,6 +80,7 @@ async fn upkeep_loop(broker: Arc<Broker>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
+        crate::handlers::create_offsets_topic_once_formed(&broker);
         let broker = broker.clone();
         if tokio::task::spawn_blocking(move || broker.tick()).await.is_err() {
             tracing::error!("upkeep task panicked");

@@ -88,6 +88,36 @@ fn group_coordinator(broker: &Arc<Broker>, group_id: &str) -> Result<(i32, Strin
     }
 }
 
+/// Cluster mode, on the active controller's node: creates `__consumer_offsets` as soon as
+/// enough brokers registered to hold its replicas, so the topic exists before any group
+/// needs it and a node lost later does not stop groups (Kafka creates it on first use and
+/// then needs every one of its replication factor's brokers up at that moment).
+pub(crate) fn create_offsets_topic_once_formed(broker: &Arc<Broker>) {
+    let Some(cluster) = &broker.cluster else { return };
+    let active = cluster.controller().and_then(|c| c.active_controller());
+    if active != Some(broker.node_id()) {
+        return;
+    }
+    let metadata = cluster.metadata();
+    if metadata.topics.contains_key(OFFSETS_TOPIC) {
+        return;
+    }
+    let unfenced = metadata.brokers.values().filter(|b| !b.fenced).count();
+    if unfenced >= offsets_topic_replication_factor(broker) as usize {
+        create_offsets_topic(broker);
+    }
+}
+
+/// `offsets_topic_replication_factor`, or min(3, voters) when unset.
+fn offsets_topic_replication_factor(broker: &Broker) -> i16 {
+    let config = broker.config();
+    let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
+    match config.offsets_topic_replication_factor {
+        factor if factor > 0 => factor,
+        _ => voters.min(OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX) as i16,
+    }
+}
+
 /// Creates `__consumer_offsets` through the controller once (a concurrent or repeated
 /// creation is refused there as TOPIC_ALREADY_EXISTS): `offsets_topic_num_partitions`
 /// partitions, `offsets_topic_replication_factor` replicas (default min(3, voters)),
@@ -100,11 +130,7 @@ fn create_offsets_topic(broker: &Arc<Broker>) {
     let broker = broker.clone();
     tokio::spawn(async move {
         let config = broker.config();
-        let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
-        let replication_factor = match config.offsets_topic_replication_factor {
-            factor if factor > 0 => factor,
-            _ => voters.min(OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX) as i16,
-        };
+        let replication_factor = offsets_topic_replication_factor(&broker);
         let min_insync = if replication_factor >= 3 { 2 } else { 1 };
         let configs = std::collections::BTreeMap::from([
             ("min.insync.replicas".to_string(), min_insync.to_string()),

@@ -24,6 +24,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::Broker;
 
+pub(crate) use groups::create_offsets_topic_once_formed;
+
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
 pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
 

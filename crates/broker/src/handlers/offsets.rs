@@ -104,7 +104,10 @@ pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest
             let mut result = DeleteRecordsPartitionResult::default();
             result.partition_index = partition.partition_index;
             result.low_watermark = -1;
+            // Kafka's rule: the committed offsets are not for clients to delete.
+            let internal = topic.name.as_str() == crate::group::OFFSETS_TOPIC;
             match broker.partition(&topic.name, partition.partition_index) {
+                _ if internal => result.error_code = ResponseError::InvalidTopicException.code(),
                 None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
                 Some(log) => {
                     let target = if partition.offset == -1 { log.offsets().high_watermark } else { partition.offset };
