@@ -179,23 +179,23 @@ impl FetchSessions {
     pub(crate) fn finish(
         &self,
         session: SessionUse,
-        items: &[FetchItem],
+        items: Vec<FetchItem>,
         answered: Vec<PartitionData>,
     ) -> Vec<(FetchItem, PartitionData)> {
         assert_eq!(items.len(), answered.len(), "one answer per partition read");
         let id = match session {
-            SessionUse::None => return items.iter().cloned().zip(answered).collect(),
+            SessionUse::None => return items.into_iter().zip(answered).collect(),
             SessionUse::Opened { id } | SessionUse::Incremental { id } => id,
         };
         let incremental = matches!(session, SessionUse::Incremental { .. });
         let mut sessions = self.sessions.lock();
         let Some(cached) = sessions.get_mut(&id) else {
             // Evicted or closed meanwhile: the client learns it at its next fetch.
-            return items.iter().cloned().zip(answered).collect();
+            return items.into_iter().zip(answered).collect();
         };
         let mut out = Vec::new();
         let mut had_records = Vec::new();
-        for (item, data) in items.iter().zip(answered) {
+        for (item, data) in items.into_iter().zip(answered) {
             let key = item.key();
             let has_records = data.records.as_ref().is_some_and(|records| !records.is_empty());
             let now = (data.high_watermark, data.last_stable_offset, data.log_start_offset);
@@ -211,7 +211,7 @@ impl FetchSessions {
                 had_records.push(key);
             }
             if news || !incremental {
-                out.push((item.clone(), data));
+                out.push((item, data));
             }
         }
         for key in had_records {
@@ -306,7 +306,7 @@ mod tests {
         let sessions = FetchSessions::default();
         let (session, items) = sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
         let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
-        let out = sessions.finish(session, &items, vec![data(5, true), data(0, false), data(0, false)]);
+        let out = sessions.finish(session, items, vec![data(5, true), data(0, false), data(0, false)]);
         assert_eq!(answered(&out), [0, 1, 2], "a full fetch answers every partition");
 
         // Epoch 1 moves partition 0's offset; the session still reads all three, partition 0
@@ -317,13 +317,13 @@ mod tests {
             items.iter().map(|i| (i.partition.partition, i.partition.fetch_offset)).collect::<Vec<_>>(),
             [(1, 0), (2, 0), (0, 5)]
         );
-        let out = sessions.finish(session, &items, vec![data(0, false), data(3, false), data(5, false)]);
+        let out = sessions.finish(session, items, vec![data(0, false), data(3, false), data(5, false)]);
         assert_eq!(answered(&out), [2]);
 
         // Forgotten partitions are no longer read; a wrong or replayed epoch is refused.
         let (session, items) = sessions.begin(&fetch(id, 2, &[], &[1])).unwrap();
         assert_eq!(items.iter().map(|i| i.partition.partition).collect::<Vec<_>>(), [2, 0]);
-        sessions.finish(session, &items, vec![data(3, false), data(5, false)]);
+        sessions.finish(session, items, vec![data(3, false), data(5, false)]);
         assert_eq!(sessions.begin(&fetch(id, 2, &[], &[])).unwrap_err(), ResponseError::InvalidFetchSessionEpoch);
         assert_eq!(sessions.begin(&fetch(id + 1, 3, &[], &[])).unwrap_err(), ResponseError::FetchSessionIdNotFound);
 

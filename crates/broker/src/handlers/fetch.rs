@@ -132,7 +132,7 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
             }
         };
         if pass.bytes >= min_bytes || pass.has_error || receivers.is_empty() || Instant::now() >= deadline {
-            let answered = broker.fetch_sessions.finish(session, &items, pass.partitions);
+            let answered = broker.fetch_sessions.finish(session, items, pass.partitions);
             let mut response = build_response(answered, version);
             count_fetched_bytes(broker, &response, version);
             response.session_id = session.id();

@@ -685,15 +685,8 @@ mod tests {
     /// high watermark, so no acknowledged write can be missing from an ISR member.
     #[tokio::test]
     async fn a_refused_isr_expansion_still_holds_back_the_high_watermark() {
-        let dir = tempfile::tempdir().unwrap();
-        let logs = LogManager::new(dir.path()).unwrap();
-        let isr_changes: Arc<dyn IsrChanges> = Arc::new(RefusedIsrChanges);
-        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
-        let config = ReplicationConfig {
-            level: DurabilityLevel::ReplicatedFsynced,
-            min_insync_replicas: 1,
-            log: LogConfig { flush_messages: u64::MAX, ..LogConfig::default() },
-        };
+        let (_dir, logs, isr_changes, manager) = leader_with_refused_isr_changes();
+        let config = page_cache_config(DurabilityLevel::ReplicatedFsynced);
         let alone = Assignment { replicas: vec![1, 2], leader: 1, leader_epoch: 1, isr: vec![1], partition_epoch: 1 };
         manager.apply(&logs, "t", 0, &alone, &config).unwrap();
         let replica = manager.get("t", 0).unwrap();
@@ -724,18 +717,11 @@ mod tests {
     /// see it before they do: a failover would take back a record a consumer already read.
     #[tokio::test]
     async fn the_high_watermark_waits_for_the_isr_at_every_level() {
-        let dir = tempfile::tempdir().unwrap();
-        let logs = LogManager::new(dir.path()).unwrap();
-        let isr_changes: Arc<dyn IsrChanges> = Arc::new(RefusedIsrChanges);
-        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
+        let (_dir, logs, isr_changes, manager) = leader_with_refused_isr_changes();
         for (partition, level) in [DurabilityLevel::LeaderFsynced, DurabilityLevel::LeaderOnly].into_iter().enumerate()
         {
             let partition = partition as i32;
-            let config = ReplicationConfig {
-                level,
-                min_insync_replicas: 1,
-                log: LogConfig { flush_messages: u64::MAX, ..LogConfig::default() },
-            };
+            let config = page_cache_config(level);
             manager.apply(&logs, "t", partition, &assignment(1, 1), &config).unwrap();
             let replica = manager.get("t", partition).unwrap();
             let now = sluice_storage::now_ms();
@@ -745,6 +731,24 @@ mod tests {
             replica.follower_fetched(2, 1, 3, 1, now, &isr_changes).unwrap();
             assert_eq!(replica.log.offsets().high_watermark, 3, "{level:?}");
             manager.remove(&logs, "t", partition).unwrap();
+        }
+    }
+
+    /// Node 1's replica manager, whose ISR change requests the controller refuses.
+    fn leader_with_refused_isr_changes() -> (tempfile::TempDir, LogManager, Arc<dyn IsrChanges>, Arc<ReplicaManager>) {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let isr_changes: Arc<dyn IsrChanges> = Arc::new(RefusedIsrChanges);
+        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
+        (dir, logs, isr_changes, manager)
+    }
+
+    /// `level`, min.insync.replicas 1, local fsync asynchronous.
+    fn page_cache_config(level: DurabilityLevel) -> ReplicationConfig {
+        ReplicationConfig {
+            level,
+            min_insync_replicas: 1,
+            log: LogConfig { flush_messages: u64::MAX, ..LogConfig::default() },
         }
     }
 
