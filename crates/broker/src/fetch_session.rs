@@ -112,35 +112,36 @@ pub(crate) struct FetchSessions {
 impl FetchSessions {
     /// Applies a fetch request to the cache: returns how the fetch uses a session and every
     /// partition it reads, in order, or the session error to answer with.
-    pub(crate) fn begin(&self, request: &FetchRequest) -> Result<(SessionUse, Vec<FetchItem>), ResponseError> {
+    pub(crate) fn begin(&self, request: FetchRequest) -> Result<(SessionUse, Vec<FetchItem>), ResponseError> {
+        let FetchRequest { session_id, session_epoch, topics, forgotten_topics_data, .. } = request;
         let requested = || -> Vec<FetchItem> {
-            request
-                .topics
-                .iter()
+            topics
+                .into_iter()
                 .flat_map(|topic| {
-                    topic.partitions.iter().map(|partition| FetchItem {
-                        topic: topic.topic.clone(),
-                        topic_id: topic.topic_id,
-                        partition: partition.clone(),
+                    let (name, topic_id) = (topic.topic, topic.topic_id);
+                    topic.partitions.into_iter().map(move |partition| FetchItem {
+                        topic: name.clone(),
+                        topic_id,
+                        partition,
                     })
                 })
                 .collect()
         };
         let mut sessions = self.sessions.lock();
-        match request.session_epoch {
+        match session_epoch {
             FINAL_EPOCH | INITIAL_EPOCH => {
-                if request.session_id != 0 {
-                    sessions.remove(&request.session_id);
+                if session_id != 0 {
+                    sessions.remove(&session_id);
                 }
                 let items = requested();
-                if request.session_epoch == FINAL_EPOCH {
+                if session_epoch == FINAL_EPOCH {
                     return Ok((SessionUse::None, items));
                 }
                 let id = open(&mut sessions, &items);
                 Ok((id.map_or(SessionUse::None, |id| SessionUse::Opened { id }), items))
             }
             epoch if epoch > 0 => {
-                let session = sessions.get_mut(&request.session_id).ok_or(ResponseError::FetchSessionIdNotFound)?;
+                let session = sessions.get_mut(&session_id).ok_or(ResponseError::FetchSessionIdNotFound)?;
                 if epoch != session.next_epoch {
                     return Err(ResponseError::InvalidFetchSessionEpoch);
                 }
@@ -157,7 +158,7 @@ impl FetchSessions {
                         }
                     }
                 }
-                for forgotten in &request.forgotten_topics_data {
+                for forgotten in &forgotten_topics_data {
                     for &partition in &forgotten.partitions {
                         let key =
                             PartitionKey { topic_id: forgotten.topic_id, topic: forgotten.topic.clone(), partition };
@@ -167,7 +168,7 @@ impl FetchSessions {
                 session.next_epoch = if epoch == i32::MAX { 1 } else { epoch + 1 };
                 session.last_used = Instant::now();
                 let items = session.partitions.values().map(|cached| cached.item.clone()).collect();
-                Ok((SessionUse::Incremental { id: request.session_id }, items))
+                Ok((SessionUse::Incremental { id: session_id }, items))
             }
             _ => Err(ResponseError::InvalidFetchSessionEpoch),
         }
@@ -304,14 +305,14 @@ mod tests {
     #[test]
     fn an_incremental_fetch_carries_only_changed_partitions_and_answers_only_news() {
         let sessions = FetchSessions::default();
-        let (session, items) = sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
+        let (session, items) = sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
         let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
         let out = sessions.finish(session, items, vec![data(5, true), data(0, false), data(0, false)]);
         assert_eq!(answered(&out), [0, 1, 2], "a full fetch answers every partition");
 
         // Epoch 1 moves partition 0's offset; the session still reads all three, partition 0
         // (which returned records) now last. Only partition 2's high watermark moved.
-        let (session, items) = sessions.begin(&fetch(id, 1, &[(0, 5)], &[])).unwrap();
+        let (session, items) = sessions.begin(fetch(id, 1, &[(0, 5)], &[])).unwrap();
         assert_eq!(session, SessionUse::Incremental { id });
         assert_eq!(
             items.iter().map(|i| (i.partition.partition, i.partition.fetch_offset)).collect::<Vec<_>>(),
@@ -321,14 +322,14 @@ mod tests {
         assert_eq!(answered(&out), [2]);
 
         // Forgotten partitions are no longer read; a wrong or replayed epoch is refused.
-        let (session, items) = sessions.begin(&fetch(id, 2, &[], &[1])).unwrap();
+        let (session, items) = sessions.begin(fetch(id, 2, &[], &[1])).unwrap();
         assert_eq!(items.iter().map(|i| i.partition.partition).collect::<Vec<_>>(), [2, 0]);
         sessions.finish(session, items, vec![data(3, false), data(5, false)]);
-        assert_eq!(sessions.begin(&fetch(id, 2, &[], &[])).unwrap_err(), ResponseError::InvalidFetchSessionEpoch);
-        assert_eq!(sessions.begin(&fetch(id + 1, 3, &[], &[])).unwrap_err(), ResponseError::FetchSessionIdNotFound);
+        assert_eq!(sessions.begin(fetch(id, 2, &[], &[])).unwrap_err(), ResponseError::InvalidFetchSessionEpoch);
+        assert_eq!(sessions.begin(fetch(id + 1, 3, &[], &[])).unwrap_err(), ResponseError::FetchSessionIdNotFound);
 
         // Epoch -1 closes the session and fetches without one.
-        let (session, _) = sessions.begin(&fetch(id, -1, &[(0, 5)], &[])).unwrap();
+        let (session, _) = sessions.begin(fetch(id, -1, &[(0, 5)], &[])).unwrap();
         assert_eq!(session, SessionUse::None);
         assert_eq!(sessions.len(), 0);
     }
@@ -338,15 +339,15 @@ mod tests {
         let sessions = FetchSessions::default();
         for _ in 0..FETCH_SESSIONS_MAX {
             assert!(matches!(
-                sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0)], &[])).unwrap().0,
+                sessions.begin(fetch(0, 0, &[(0, 0), (1, 0)], &[])).unwrap().0,
                 SessionUse::Opened { .. }
             ));
         }
         // A smaller session does not displace recently used larger ones: it goes sessionless.
-        assert_eq!(sessions.begin(&fetch(0, 0, &[(0, 0)], &[])).unwrap().0, SessionUse::None);
+        assert_eq!(sessions.begin(fetch(0, 0, &[(0, 0)], &[])).unwrap().0, SessionUse::None);
         // A larger one takes the least recently used slot.
         assert!(matches!(
-            sessions.begin(&fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap().0,
+            sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap().0,
             SessionUse::Opened { .. }
         ));
         assert_eq!(sessions.len(), FETCH_SESSIONS_MAX);

@@ -58,7 +58,7 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         response.error_code = ResponseError::InconsistentClusterId.code();
         return response;
     }
-    let (session, items) = match broker.fetch_sessions.begin(&request) {
+    let (session, items) = match broker.fetch_sessions.begin(request) {
         Ok(begun) => begun,
         Err(error) => {
             let mut response = FetchResponse::default();
