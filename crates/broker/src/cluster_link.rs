@@ -99,7 +99,17 @@ impl IsrChanges for ClusterLink {
 /// and check ISRs. Returns once the controller runs (not once a leader is elected).
 pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Result<()> {
     let link = broker.cluster.clone().expect("cluster mode");
-    let (host, port) = broker.advertised.clone();
+    // Other nodes replicate from the inter-broker listener; clients get the endpoint of
+    // the listener they connected to.
+    let (host, port) = broker.advertised(broker.inter_broker_listener);
+    let endpoints = broker
+        .listeners()
+        .iter()
+        .map(|listener| {
+            let port = u16::try_from(listener.advertised.1).expect("advertised ports are validated u16");
+            sluice_cluster::Endpoint { name: listener.name.clone(), host: listener.advertised.0.clone(), port }
+        })
+        .collect();
     let config = ControllerConfig {
         node_id: broker.node_id(),
         listen: cluster.controller_listen,
@@ -107,6 +117,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         data_dir: broker.config().data_dir.clone(),
         kafka_host: host,
         kafka_port: u16::try_from(port)?,
+        kafka_endpoints: endpoints,
         rack: None,
         heartbeat_interval_ms: cluster.heartbeat_interval_ms,
         session_timeout_ms: cluster.session_timeout_ms,

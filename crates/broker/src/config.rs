@@ -65,6 +65,41 @@ pub struct BrokerConfig {
     pub produce_memory_bytes: usize,
     /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` are served over HTTP; off when unset.
     pub metrics_listen: Option<SocketAddr>,
+    /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
+    pub listeners: Option<String>,
+    /// Kafka's `advertised.listeners`; a listener not named here advertises its own address.
+    #[serde(rename = "advertised.listeners")]
+    pub advertised_listeners: Option<String>,
+    /// Kafka's `listener.security.protocol.map` (`NAME:PROTOCOL,...`).
+    #[serde(rename = "listener.security.protocol.map")]
+    pub listener_security_protocol_map: Option<String>,
+    /// Kafka's `inter.broker.listener.name`: the listener other nodes replicate from
+    /// (default: the first PLAINTEXT listener).
+    #[serde(rename = "inter.broker.listener.name")]
+    pub inter_broker_listener_name: Option<String>,
+    /// Kafka's `ssl.*` settings of TLS listeners (security/tls.rs); PEM only.
+    #[serde(rename = "ssl.keystore.type")]
+    pub ssl_keystore_type: String,
+    #[serde(rename = "ssl.keystore.location")]
+    pub ssl_keystore_location: Option<PathBuf>,
+    #[serde(rename = "ssl.keystore.certificate.chain")]
+    pub ssl_keystore_certificate_chain: Option<String>,
+    #[serde(rename = "ssl.keystore.key")]
+    pub ssl_keystore_key: Option<String>,
+    #[serde(rename = "ssl.key.password", alias = "ssl.keystore.password")]
+    pub ssl_key_password: Option<String>,
+    #[serde(rename = "ssl.truststore.type")]
+    pub ssl_truststore_type: String,
+    #[serde(rename = "ssl.truststore.location")]
+    pub ssl_truststore_location: Option<PathBuf>,
+    #[serde(rename = "ssl.truststore.certificates")]
+    pub ssl_truststore_certificates: Option<String>,
+    /// none | requested | required.
+    #[serde(rename = "ssl.client.auth")]
+    pub ssl_client_auth: String,
+    /// Kafka's `sasl.enabled.mechanisms` for SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.
+    #[serde(rename = "sasl.enabled.mechanisms")]
+    pub sasl_enabled_mechanisms: String,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
     pub log_retention_check_interval_ms: u64,
@@ -206,6 +241,20 @@ impl Default for BrokerConfig {
             max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
             produce_memory_bytes: PRODUCE_MEMORY_BYTES_DEFAULT,
             metrics_listen: None,
+            listeners: None,
+            advertised_listeners: None,
+            listener_security_protocol_map: None,
+            inter_broker_listener_name: None,
+            ssl_keystore_type: "PEM".into(),
+            ssl_keystore_location: None,
+            ssl_keystore_certificate_chain: None,
+            ssl_keystore_key: None,
+            ssl_key_password: None,
+            ssl_truststore_type: "PEM".into(),
+            ssl_truststore_location: None,
+            ssl_truststore_certificates: None,
+            ssl_client_auth: "none".into(),
+            sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             auto_create_topics: true,
             num_partitions: 1,
             log_retention_check_interval_ms: 60_000,
@@ -252,6 +301,8 @@ impl BrokerConfig {
         self.validate_consumer_group_timing()?;
         self.validate_offsets()?;
         self.advertised_address()?;
+        self.inter_broker_listener()?;
+        crate::security::validate(self)?;
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }

@@ -4,27 +4,39 @@
 //! Bad input closes only this connection (as Kafka does): oversized or negative frame
 //! sizes, undecodable headers or bodies, unknown APIs and unsupported versions. The one
 //! exception is ApiVersions at an unsupported version, answered with UNSUPPORTED_VERSION.
+//!
+//! The stream is a TCP socket or a TLS session over one. On a SASL listener only
+//! ApiVersions and the SASL exchange are served until the client authenticated
+//! (security/sasl.rs); any other request before that closes the connection, as in Kafka.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use futures::stream::{FuturesOrdered, StreamExt};
-use kafka_protocol::messages::{ApiKey, ResponseKind};
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
-use sluice_protocol::{api_versions_response, decode_frame, encode_response, parse_request, RequestError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use sluice_protocol::{api_versions_response, decode_frame, encode_response, parse_request, Request, RequestError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::handlers::{self, ResponseFuture};
+use crate::handlers::{self, ResponseFuture, Session};
+use crate::security::sasl::{Authenticator, Next};
 use crate::Broker;
 
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
-pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let (mut reader, mut writer) = stream.into_split();
+/// Serves one connection of listener `listener` (index in [`Broker::listeners`]) until
+/// the client closes it or sends something that closes it.
+pub(crate) async fn run(
+    broker: Arc<Broker>,
+    mut reader: impl AsyncRead + Unpin,
+    mut writer: impl AsyncWrite + Unpin,
+    peer: SocketAddr,
+    listener: usize,
+) {
+    let session = Session { peer, listener };
+    let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl());
     let frame_bytes_max = broker.config().max_request_bytes;
     let inflight_max = broker.config().max_inflight_requests_per_connection;
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
@@ -51,12 +63,29 @@ pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr
                     break;
                 }
             };
-            match parse_request(frame) {
-                Ok(request) => inflight.push_back(handlers::dispatch(&broker, request, permit, &peer)),
+            let request = match parse_request(frame) {
+                Ok(request) => request,
                 Err(error) => match reject(error, &peer) {
-                    Some(response) => inflight.push_back(response),
+                    Some(response) => {
+                        inflight.push_back(response);
+                        continue;
+                    }
                     None => return,
                 },
+            };
+            match authenticate(&broker, &mut authenticator, request, &peer) {
+                Authentication::Answer(response, Next::Continue) => inflight.push_back(response),
+                Authentication::Answer(response, Next::Close) => {
+                    // Answer, then close: nothing more is read from this client.
+                    inflight.push_back(response);
+                    read_closed = true;
+                    buffer.clear();
+                    break;
+                }
+                Authentication::Close => return,
+                Authentication::Pass(request) => {
+                    inflight.push_back(handlers::dispatch(&broker, request, permit, &session))
+                }
             }
         }
         let can_read = !read_closed && !blocked_on_memory && inflight.len() < inflight_max;
@@ -84,6 +113,46 @@ pub(crate) async fn run(broker: Arc<Broker>, stream: TcpStream, peer: SocketAddr
     }
 }
 
+enum Authentication {
+    /// A SASL request, answered here; then continue or close.
+    Answer(ResponseFuture, Next),
+    /// A request that needs authentication from a client that has none: close.
+    Close,
+    /// Authenticated (or ApiVersions): the handlers serve it.
+    Pass(Request),
+}
+
+/// Serves the SASL requests and keeps everything else (but ApiVersions) from a client
+/// that has not authenticated.
+fn authenticate(broker: &Broker, authenticator: &mut Authenticator, request: Request, peer: &SocketAddr) -> Authentication {
+    let Request { api_key, api_version, correlation_id, body, client_id } = request;
+    let (body, next) = match body {
+        RequestKind::SaslHandshake(request) => {
+            let (response, next) = authenticator.handshake(broker, request);
+            (ResponseKind::SaslHandshake(response), next)
+        }
+        RequestKind::SaslAuthenticate(request) => {
+            let (response, next) = authenticator.authenticate(broker, request);
+            (ResponseKind::SaslAuthenticate(response), next)
+        }
+        body if authenticator.user().is_some() || api_key == ApiKey::ApiVersions => {
+            return Authentication::Pass(Request { api_key, api_version, correlation_id, body, client_id });
+        }
+        _ => {
+            tracing::info!(%peer, ?api_key, "closing connection: request before SASL authentication");
+            return Authentication::Close;
+        }
+    };
+    let bytes = match encode_response(api_key, api_version, correlation_id, &body) {
+        Ok(bytes) => Some(bytes),
+        Err(error) => {
+            tracing::error!(?api_key, %error, "failed to encode a SASL response");
+            None
+        }
+    };
+    Authentication::Answer(Box::pin(async move { bytes }), next)
+}
+
 /// Produce frames take permits from the broker-wide produce memory budget for as long
 /// as the request is in flight. Waits only when this connection has nothing in flight
 /// (otherwise its own requests could hold what it waits for).
@@ -108,7 +177,7 @@ async fn reserve_produce_memory(
 /// Writes all chunks of a response with vectored writes (record batches of a fetch are
 /// separate chunks, sent without another copy).
 async fn write_chunks(
-    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    writer: &mut (impl AsyncWrite + Unpin),
     mut chunks: Vec<bytes::Bytes>,
 ) -> std::io::Result<()> {
     use bytes::Buf;

@@ -12,6 +12,7 @@ mod handlers;
 mod meta_properties;
 pub mod metrics;
 pub mod replication;
+pub mod security;
 pub mod server;
 mod topic_config;
 pub mod topics;
@@ -32,7 +33,12 @@ pub const LEADER_EPOCH: i32 = 0;
 /// Shared state of a running broker.
 pub struct Broker {
     config: BrokerConfig,
-    advertised: (String, i32),
+    /// The client listeners (config `listeners`), in configured order.
+    listeners: Vec<security::Listener>,
+    /// Index in `listeners` of the one other nodes connect to (replica fetches).
+    inter_broker_listener: usize,
+    /// SCRAM credentials (SASL), local or in the cluster metadata.
+    credentials: security::credentials::CredentialStore,
     topics: TopicRegistry,
     logs: LogManager,
     /// Bytes of produce requests being processed; bounds buffered produce data.
@@ -105,7 +111,13 @@ impl Broker {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "recovered partition logs"
         );
-        let advertised = config.advertised_address().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let listeners = config.listeners().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let inter_broker_listener =
+            config.inter_broker_listener().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let credentials = match &config.cluster {
+            None => security::credentials::CredentialStore::open_local(&config.data_dir)?,
+            Some(_) => security::credentials::CredentialStore::replicated(),
+        };
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let timing = group::state::Timing {
             initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
@@ -127,7 +139,9 @@ impl Broker {
         };
         Ok(Arc::new(Broker {
             config,
-            advertised,
+            listeners,
+            inter_broker_listener,
+            credentials,
             topics,
             logs,
             produce_memory,
@@ -151,6 +165,15 @@ impl Broker {
 
     pub fn config(&self) -> &BrokerConfig {
         &self.config
+    }
+
+    pub fn listeners(&self) -> &[security::Listener] {
+        &self.listeners
+    }
+
+    /// (host, port) that clients of listener `index` are given for this broker.
+    pub(crate) fn advertised(&self, listener: usize) -> (String, i32) {
+        self.listeners[listener].advertised.clone()
     }
 
     pub fn node_id(&self) -> i32 {

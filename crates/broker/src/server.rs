@@ -8,20 +8,24 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 
 use crate::Broker;
 
 /// Upkeep (flush.ms checks, retention) runs at least this often.
 const UPKEEP_INTERVAL_MS_MAX: u64 = 1000;
 
-/// Serves clients until `shutdown` resolves, then closes the logs.
-/// `metrics` (if any) serves `/metrics`, `/healthz` and `/readyz` alongside.
+/// Serves clients until `shutdown` resolves, then closes the logs. `listeners` are bound
+/// sockets for [`Broker::listeners`], in the same order. `metrics` (if any) serves
+/// `/metrics`, `/healthz` and `/readyz` alongside.
 pub async fn serve(
     broker: Arc<Broker>,
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     metrics: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    assert_eq!(listeners.len(), broker.listeners().len(), "one socket per configured listener");
+    let tls = crate::security::tls::acceptor(broker.config()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let connections = Arc::new(Semaphore::new(broker.config().max_connections));
     let metrics_server = match metrics {
         None => None,
@@ -32,46 +36,85 @@ pub async fn serve(
         }
     };
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
-    tracing::info!(address = %listener.local_addr()?, node_id = broker.node_id(), "sluice broker listening");
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = connections.clone().try_acquire_owned() else {
-                    tracing::warn!(%peer, limit = broker.config().max_connections, "connection limit reached; closing new connection");
-                    continue;
-                };
-                let broker = broker.clone();
-                broker.metrics.connection_opened();
-                let counted = crate::metrics::ConnectionGuard(broker.clone());
-                tokio::spawn(async move {
-                    crate::connection::run(broker, stream, peer).await;
-                    drop(counted);
-                    drop(permit);
-                });
-            }
-            () = &mut shutdown => break,
-        }
+    let mut accept_loops = Vec::with_capacity(listeners.len());
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let configured = &broker.listeners()[index];
+        let tls = if configured.protocol.uses_tls() { tls.clone() } else { None };
+        assert_eq!(tls.is_some(), configured.protocol.uses_tls());
+        tracing::info!(
+            address = %listener.local_addr()?,
+            listener = %configured.name,
+            protocol = ?configured.protocol,
+            node_id = broker.node_id(),
+            "sluice broker listening"
+        );
+        accept_loops.push(tokio::spawn(accept_loop(broker.clone(), listener, index, tls, connections.clone())));
     }
+    shutdown.await;
     tracing::info!("shutting down: sealing logs");
+    for accept_loop in accept_loops {
+        accept_loop.abort();
+    }
     upkeep.abort();
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }
-    drop(listener);
     let closing = broker.clone();
     tokio::task::spawn_blocking(move || closing.close()).await.map_err(io::Error::other)?;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Accepts the connections of one listener (TLS ones finish their handshake in their own
+/// task), up to the broker-wide `max_connections`.
+async fn accept_loop(
+    broker: Arc<Broker>,
+    listener: TcpListener,
+    index: usize,
+    tls: Option<TlsAcceptor>,
+    connections: Arc<Semaphore>,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(error) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, limit = broker.config().max_connections, "connection limit reached; closing new connection");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let broker = broker.clone();
+        broker.metrics.connection_opened();
+        let counted = crate::metrics::ConnectionGuard(broker.clone());
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            match tls {
+                None => {
+                    let (reader, writer) = stream.into_split();
+                    crate::connection::run(broker, reader, writer, peer, index).await;
+                }
+                Some(acceptor) => {
+                    let timeout = Duration::from_millis(crate::security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(session)) => {
+                            let (reader, writer) = tokio::io::split(session);
+                            crate::connection::run(broker, reader, writer, peer, index).await;
+                        }
+                        Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
+                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+            drop(counted);
+            drop(permit);
+        });
+    }
 }
 
 async fn upkeep_loop(broker: Arc<Broker>) {

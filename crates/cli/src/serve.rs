@@ -103,6 +103,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (and /healthz, /readyz) [default: off].
     #[arg(long, env = "SLUICE_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Any config key as KEY=VALUE, Kafka's names included (e.g. --override
+    /// listeners=PLAINTEXT://:9092,SSL://:9093); applied over the TOML file. Repeatable.
+    #[arg(long = "override", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
     /// Log format: text or json.
     #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -110,13 +114,17 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     fn into_config(self) -> anyhow::Result<(BrokerConfig, String)> {
-        let mut config = match &self.config {
+        let mut table = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+                toml::from_str::<toml::Table>(&text).with_context(|| format!("parsing {}", path.display()))?
             }
-            None => BrokerConfig::default(),
+            None => toml::Table::new(),
         };
+        for entry in &self.overrides {
+            apply_override(&mut table, entry)?;
+        }
+        let mut config: BrokerConfig = table.try_into().context("invalid configuration")?;
         macro_rules! set {
             ($($field:ident),*) => { $(if let Some(value) = self.$field { config.$field = value; })* };
         }
@@ -169,6 +177,36 @@ impl ServeArgs {
         config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         Ok((config, self.log_format))
     }
+}
+
+/// `KEY=VALUE` into the config table. A KEY that is not a top-level key but starts with
+/// `cluster.` or `topic_defaults.` sets a key of that table. VALUE is read as a TOML value
+/// (number, boolean, quoted string) or else taken as a string.
+fn apply_override(table: &mut toml::Table, entry: &str) -> anyhow::Result<()> {
+    let (key, value) =
+        entry.split_once('=').with_context(|| format!("--override {entry:?} is not KEY=VALUE"))?;
+    let key = key.trim();
+    let value = value.trim();
+    let parsed = toml::from_str::<toml::Table>(&format!("value = {value}"))
+        .ok()
+        .and_then(|mut parsed| parsed.remove("value"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let nested = ["cluster.", "topic_defaults."].iter().find_map(|prefix| {
+        key.strip_prefix(prefix).map(|inner| (prefix.trim_end_matches('.'), inner))
+    });
+    match nested {
+        Some((section, inner)) if !inner.is_empty() => {
+            let section = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(section) = section else {
+                anyhow::bail!("--override {key}: that section is not a table");
+            };
+            section.insert(inner.to_string(), parsed);
+        }
+        _ => {
+            table.insert(key.to_string(), parsed);
+        }
+    }
+    Ok(())
 }
 
 fn init_logging(format: &str) -> anyhow::Result<()> {
@@ -228,7 +266,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("sluice-io").build()?;
     runtime.block_on(async move {
-        let listen = config.listen;
+        let listeners = config.listeners().map_err(anyhow::Error::msg)?;
         let metrics_listen = config.metrics_listen;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
@@ -243,9 +281,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("metrics listener on {address}"))?,
             ),
         };
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+        let mut sockets = Vec::with_capacity(listeners.len());
+        for listener in &listeners {
+            let socket = tokio::net::TcpListener::bind(listener.bind)
+                .await
+                .with_context(|| format!("listener {} on {}", listener.name, listener.bind))?;
+            sockets.push(socket);
+        }
         broker.join_cluster().await.context("joining the cluster")?;
-        sluice_broker::server::serve(broker, listener, metrics_listener, shutdown_signal()).await?;
+        sluice_broker::server::serve(broker, sockets, metrics_listener, shutdown_signal()).await?;
         Ok(())
     })
 }

@@ -89,6 +89,8 @@ pub struct ControllerConfig {
     pub kafka_host: String,
     /// Port of this node's Kafka listener.
     pub kafka_port: u16,
+    /// Every client listener of this node (registered for clients; may be empty).
+    pub kafka_endpoints: Vec<crate::metadata::Endpoint>,
     /// Rack of this node.
     pub rack: Option<String>,
     /// How often this node heartbeats the active controller.
@@ -136,6 +138,7 @@ impl ControllerConfig {
             data_dir,
             kafka_host,
             kafka_port,
+            kafka_endpoints: Vec::new(),
             rack: None,
             heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
             session_timeout_ms: SESSION_TIMEOUT_MS_DEFAULT,
@@ -393,6 +396,15 @@ impl Controller {
         self.write(Command::AlterTopicConfigs { name: name.to_string(), configs, expected }).await.map(drop)
     }
 
+    /// Adds or replaces SCRAM credentials and deletes others, as one change.
+    pub async fn alter_scram_credentials(
+        &self,
+        upsertions: Vec<(String, String, crate::metadata::ScramCredential)>,
+        deletions: Vec<(String, String)>,
+    ) -> Result<(), ControllerError> {
+        self.write(Command::AlterScramCredentials { upsertions, deletions }).await.map(drop)
+    }
+
     /// Kafka's AlterPartition, sent by this node as the partition's leader.
     pub async fn alter_partition(
         &self,
@@ -619,6 +631,7 @@ impl Shared {
             host: self.config.kafka_host.clone(),
             port: self.config.kafka_port,
             rack: self.config.rack.clone(),
+            endpoints: self.config.kafka_endpoints.clone(),
         }
     }
 
@@ -705,6 +718,7 @@ impl Shared {
                     rack: heartbeat.rack.clone(),
                     incarnation: heartbeat.incarnation,
                     fenced: false,
+                    endpoints: heartbeat.endpoints.clone(),
                 })),
             }
         }
@@ -728,6 +742,7 @@ fn same_registration(broker: &BrokerInfo, heartbeat: &Heartbeat) -> bool {
         && broker.host == heartbeat.host
         && broker.port == heartbeat.port
         && broker.rack == heartbeat.rack
+        && broker.endpoints == heartbeat.endpoints
 }
 
 fn needs_preferred_election(metadata: &ClusterMetadata) -> bool {

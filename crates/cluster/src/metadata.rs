@@ -25,7 +25,7 @@
 //! ```
 //! use sluice_cluster::{BrokerInfo, ClusterMetadata, Command};
 //! let mut metadata = ClusterMetadata::default();
-//! let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 9092, rack: None, incarnation: 7, fenced: false };
+//! let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 9092, rack: None, incarnation: 7, fenced: false, endpoints: vec![] };
 //! metadata.apply(Command::RegisterBroker(broker)).unwrap();
 //! assert!(!metadata.brokers[&1].fenced);
 //! ```
@@ -63,12 +63,38 @@ pub struct BrokerInfo {
     pub host: String,
     /// Port of its Kafka listener.
     pub port: u16,
+    /// Every client listener by name (Metadata answers each client with the addresses
+    /// of the listener it connected to). Empty from nodes that predate named listeners.
+    #[serde(default)]
+    pub endpoints: Vec<Endpoint>,
     /// Rack, if configured.
     pub rack: Option<String>,
     /// Random per process start: a new value means the broker restarted.
     pub incarnation: u64,
     /// A fenced broker leads nothing and is in no ISR (except as the last member).
     pub fenced: bool,
+}
+
+/// One named listener of a broker, as clients reach it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Listener name, upper case (`PLAINTEXT`, `SASL_SSL`, ...).
+    pub name: String,
+    /// Advertised host.
+    pub host: String,
+    /// Advertised port.
+    pub port: u16,
+}
+
+impl BrokerInfo {
+    /// (host, port) of this broker on listener `name`; `None` when it has no such listener.
+    /// Brokers that registered no endpoints are reached at `host:port` on every listener.
+    pub fn endpoint(&self, name: &str) -> Option<(&str, u16)> {
+        if self.endpoints.is_empty() {
+            return Some((&self.host, self.port));
+        }
+        self.endpoints.iter().find(|e| e.name == name).map(|e| (e.host.as_str(), e.port))
+    }
 }
 
 /// One partition's replica set and leadership.
@@ -120,11 +146,39 @@ pub struct ClusterMetadata {
     pub version: u64,
     /// Reassignments in progress: topic -> partition -> reassignment.
     pub reassignments: BTreeMap<String, BTreeMap<i32, Reassignment>>,
+    /// SASL/SCRAM credentials: user -> mechanism name (`SCRAM-SHA-256`, ...) -> credential.
+    #[serde(default)]
+    pub scram_credentials: BTreeMap<String, BTreeMap<String, ScramCredential>>,
 }
+
+/// A user's SCRAM credential for one mechanism (RFC 5802): what the server keeps instead
+/// of the password. Computed by the broker from the salted password a client sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScramCredential {
+    /// The salt the password was hashed with.
+    pub salt: Vec<u8>,
+    /// H(HMAC(SaltedPassword, "Client Key")): checks the client's proof.
+    pub stored_key: Vec<u8>,
+    /// HMAC(SaltedPassword, "Server Key"): proves the server to the client.
+    pub server_key: Vec<u8>,
+    /// PBKDF2 iterations of the salted password.
+    pub iterations: i32,
+}
+
+/// Most SCRAM users the cluster holds.
+pub const SCRAM_USERS_MAX: usize = 100_000;
 
 /// A change to the cluster metadata: the application data of the raft log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
+    /// Add or replace SCRAM credentials (user, mechanism, credential) and delete others
+    /// (user, mechanism); validated by the broker, applied as one change.
+    AlterScramCredentials {
+        /// (user, mechanism, credential) to add or replace.
+        upsertions: Vec<(String, String, ScramCredential)>,
+        /// (user, mechanism) to remove.
+        deletions: Vec<(String, String)>,
+    },
     /// Add or update a broker. A new incarnation of a live broker first fences the old one
     /// (leaderships move, ISRs shrink); an unfenced arrival takes leaderless partitions.
     RegisterBroker(BrokerInfo),
@@ -370,7 +424,33 @@ impl ClusterMetadata {
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(count),
             Command::ElectLeaders { preferred } => Ok(CommandOutput::Elected(self.elect_leaders(preferred))),
             Command::Reassign { topic, partition, target } => self.reassign(&topic, partition, target),
+            Command::AlterScramCredentials { upsertions, deletions } => {
+                self.alter_scram_credentials(upsertions, deletions)
+            }
         }
+    }
+
+    fn alter_scram_credentials(
+        &mut self,
+        upsertions: Vec<(String, String, ScramCredential)>,
+        deletions: Vec<(String, String)>,
+    ) -> CommandResult {
+        let new_users = upsertions.iter().filter(|(user, _, _)| !self.scram_credentials.contains_key(user)).count();
+        if self.scram_credentials.len() + new_users > SCRAM_USERS_MAX {
+            return Err(MetadataError::LimitExceeded(format!("more than {SCRAM_USERS_MAX} SCRAM users")));
+        }
+        for (user, mechanism) in deletions {
+            if let Some(credentials) = self.scram_credentials.get_mut(&user) {
+                credentials.remove(&mechanism);
+                if credentials.is_empty() {
+                    self.scram_credentials.remove(&user);
+                }
+            }
+        }
+        for (user, mechanism, credential) in upsertions {
+            self.scram_credentials.entry(user).or_default().insert(mechanism, credential);
+        }
+        Ok(CommandOutput::Done)
     }
 
     fn register_broker(&mut self, info: BrokerInfo) -> CommandResult {
@@ -945,7 +1025,7 @@ mod tests {
     use super::*;
 
     fn broker(node_id: i32) -> BrokerInfo {
-        BrokerInfo { node_id, host: "127.0.0.1".into(), port: 9092, rack: None, incarnation: 1, fenced: false }
+        BrokerInfo { node_id, host: "127.0.0.1".into(), port: 9092, rack: None, incarnation: 1, fenced: false, endpoints: vec![] }
     }
 
     fn cluster(nodes: &[i32]) -> ClusterMetadata {

@@ -35,6 +35,8 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::metadata::Endpoint;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -67,6 +69,8 @@ pub(crate) struct Heartbeat {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) rack: Option<String>,
+    #[serde(default)]
+    pub(crate) endpoints: Vec<Endpoint>,
 }
 
 /// Everything one controller asks another.

@@ -29,9 +29,9 @@ const CREATE_TOPICS_CONFIGS_VERSION: i16 = 5;
 pub(super) const SOURCE_TOPIC: i8 = 1;
 pub(super) const SOURCE_DEFAULT: i8 = 5;
 
-pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest) -> MetadataResponse {
+pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest, listener: usize) -> MetadataResponse {
     let mut response = MetadataResponse::default();
-    response.brokers = live_brokers(broker)
+    response.brokers = live_brokers(broker, listener)
         .into_iter()
         .map(|(id, host, port)| {
             let mut node = MetadataResponseBroker::default();
@@ -59,22 +59,24 @@ pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest) -> Metada
     response
 }
 
-/// (node id, host, port) of every broker clients may use: this one on a single node, the
-/// unfenced ones in a cluster.
-fn live_brokers(broker: &Broker) -> Vec<(i32, String, i32)> {
+/// (node id, host, port) of every broker clients of `listener` may use: this one on a
+/// single node, the unfenced ones that have that listener in a cluster.
+fn live_brokers(broker: &Broker, listener: usize) -> Vec<(i32, String, i32)> {
     if let Some(cluster) = &broker.cluster {
         let metadata = cluster.metadata();
+        let name = &broker.listeners()[listener].name;
         let live: Vec<_> = metadata
             .brokers
             .values()
             .filter(|b| !b.fenced)
-            .map(|b| (b.node_id, b.host.clone(), i32::from(b.port)))
+            .filter_map(|b| b.endpoint(name).map(|(host, port)| (b.node_id, host.to_string(), i32::from(port))))
             .collect();
         if !live.is_empty() {
             return live;
         }
     }
-    vec![(broker.node_id(), broker.advertised.0.clone(), broker.advertised.1)]
+    let (host, port) = broker.advertised(listener);
+    vec![(broker.node_id(), host, port)]
 }
 
 fn controller_id(broker: &Broker) -> i32 {
@@ -542,13 +544,17 @@ fn grow_topic(
     Ok(())
 }
 
-pub(super) fn describe_cluster(broker: &Arc<Broker>, _request: DescribeClusterRequest) -> DescribeClusterResponse {
+pub(super) fn describe_cluster(
+    broker: &Arc<Broker>,
+    _request: DescribeClusterRequest,
+    listener: usize,
+) -> DescribeClusterResponse {
     let mut response = DescribeClusterResponse::default();
     response.cluster_id = str_bytes(&broker.topics.cluster_id());
     response.controller_id = BrokerId(controller_id(broker));
     // Every live broker, as Metadata lists them: Kafka's tools (kafka-reassign-partitions)
     // check the broker ids of a plan against this list.
-    response.brokers = live_brokers(broker)
+    response.brokers = live_brokers(broker, listener)
         .into_iter()
         .map(|(id, host, port)| {
             let mut node = DescribeClusterBroker::default();
@@ -601,10 +607,10 @@ pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRe
 }
 
 /// An admin request's refusal: the Kafka error and a message for the client.
-pub(super) type Failure = (ResponseError, String);
+pub(crate) type Failure = (ResponseError, String);
 
 /// This node's controller, for an admin request in cluster mode.
-pub(super) fn controller(broker: &Broker) -> Result<Arc<sluice_cluster::Controller>, Failure> {
+pub(crate) fn controller(broker: &Broker) -> Result<Arc<sluice_cluster::Controller>, Failure> {
     let cluster = broker.cluster.as_ref().expect("cluster mode");
     cluster.controller().cloned().ok_or((ResponseError::NotController, "controller not started".into()))
 }
@@ -612,7 +618,7 @@ pub(super) fn controller(broker: &Broker) -> Result<Arc<sluice_cluster::Controll
 /// Runs one controller write of an admin request (bounded by `ADMIN_TIMEOUT`), maps a
 /// refusal to its Kafka error, and returns once this broker applied the change, so that
 /// the client's next request here already sees it.
-pub(super) async fn controller_write<T>(
+pub(crate) async fn controller_write<T>(
     broker: &Broker,
     write: impl std::future::Future<Output = Result<T, sluice_cluster::ControllerError>>,
 ) -> Result<T, Failure> {

@@ -66,10 +66,14 @@ pub(super) fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
 
 /// Where a group's coordinator is: this node on a single node; in a cluster the leader of
 /// the group's `__consumer_offsets` partition (created on first use, as Kafka does).
-fn group_coordinator(broker: &Arc<Broker>, group_id: &str) -> Result<(i32, String, i32), (ResponseError, String)> {
+fn group_coordinator(
+    broker: &Arc<Broker>,
+    group_id: &str,
+    listener: usize,
+) -> Result<(i32, String, i32), (ResponseError, String)> {
     let Some(cluster) = &broker.cluster else {
-        let (host, port) = &broker.advertised;
-        return Ok((broker.node_id(), host.clone(), *port));
+        let (host, port) = broker.advertised(listener);
+        return Ok((broker.node_id(), host, port));
     };
     let metadata = cluster.metadata();
     let not_available = |message: &str| (ResponseError::CoordinatorNotAvailable, message.to_string());
@@ -83,7 +87,10 @@ fn group_coordinator(broker: &Arc<Broker>, group_id: &str) -> Result<(i32, Strin
     }
     let leader = topic.partitions[partition_for(group_id, count) as usize].leader;
     match metadata.brokers.get(&leader) {
-        Some(node) if !node.fenced => Ok((leader, node.host.clone(), i32::from(node.port))),
+        Some(node) if !node.fenced => match node.endpoint(&broker.listeners()[listener].name) {
+            Some((host, port)) => Ok((leader, host.to_string(), i32::from(port))),
+            None => Err(not_available("the group's coordinator has no endpoint on this listener")),
+        },
         _ => Err(not_available("the group's offsets partition has no leader")),
     }
 }
@@ -153,13 +160,14 @@ pub(super) fn find_coordinator(
     broker: &Arc<Broker>,
     request: FindCoordinatorRequest,
     version: i16,
+    listener: usize,
 ) -> FindCoordinatorResponse {
     coordinator(broker);
     let answer = |key: &StrBytes, key_type: i8| -> Coordinator {
         let mut coordinator = Coordinator::default();
         coordinator.key = key.clone();
         let found = match key_type {
-            KEY_TYPE_GROUP => group_coordinator(broker, key.as_str()),
+            KEY_TYPE_GROUP => group_coordinator(broker, key.as_str(), listener),
             // There is no transaction coordinator yet: clients retry and report this.
             KEY_TYPE_TRANSACTION => {
                 Err((ResponseError::CoordinatorNotAvailable, "transactions are not supported".to_string()))

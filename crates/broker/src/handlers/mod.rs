@@ -10,6 +10,7 @@ mod groups;
 mod offsets;
 mod produce;
 mod reassignments;
+mod users;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::Broker;
 
+pub(crate) use admin::{controller, controller_write, Failure};
 pub(crate) use groups::create_offsets_topic_once_formed;
 
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
@@ -35,13 +37,21 @@ fn client_host(peer: &SocketAddr) -> String {
     format!("/{}", peer.ip())
 }
 
-/// Runs one request from the client at `peer`.
+/// Who sent a request, from where, over which listener.
+pub(crate) struct Session {
+    pub(crate) peer: SocketAddr,
+    /// Index in [`Broker::listeners`].
+    pub(crate) listener: usize,
+}
+
+/// Runs one request of an authenticated client.
 pub(crate) fn dispatch(
     broker: &Arc<Broker>,
     request: Request,
     permit: Option<OwnedSemaphorePermit>,
-    peer: &SocketAddr,
+    session: &Session,
 ) -> ResponseFuture {
+    let peer = &session.peer;
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
     let arrived = std::time::Instant::now();
     let broker = broker.clone();
@@ -66,7 +76,7 @@ pub(crate) fn dispatch(
             RequestKind::DeleteRecords(request) => {
                 ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
             }
-            RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request))),
+            RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener))),
             RequestKind::CreateTopics(request) if broker.cluster.is_some() => Box::pin(async move {
                 Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await))
             }),
@@ -95,7 +105,7 @@ pub(crate) fn dispatch(
                 ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
             }
             RequestKind::DescribeCluster(request) => {
-                ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request)))
+                ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
             }
             RequestKind::InitProducerId(request) => {
                 ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
@@ -110,7 +120,7 @@ pub(crate) fn dispatch(
                 Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
             }),
             RequestKind::FindCoordinator(request) => {
-                ready(ResponseKind::FindCoordinator(groups::find_coordinator(&broker, request, api_version)))
+                ready(ResponseKind::FindCoordinator(groups::find_coordinator(&broker, request, api_version, session.listener)))
             }
             RequestKind::JoinGroup(request) => {
                 let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
@@ -149,6 +159,12 @@ pub(crate) fn dispatch(
                 let pending = groups::delete_groups(&broker, request);
                 Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
             }
+            RequestKind::DescribeUserScramCredentials(request) => {
+                ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
+            }
+            RequestKind::AlterUserScramCredentials(request) => Box::pin(async move {
+                Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await))
+            }),
             other => {
                 // parse_request only lets advertised APIs through; this is a bug, not bad input.
                 tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));

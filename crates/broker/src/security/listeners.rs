@@ -1,0 +1,241 @@
+//! Named listeners as Kafka configures them: `listeners`, `advertised.listeners` and
+//! `listener.security.protocol.map`, each listener with its own security protocol.
+//!
+//! Without `listeners`, the broker has one PLAINTEXT listener on `listen` (advertised as
+//! `advertised_listener`), as before named listeners existed.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use crate::config::BrokerConfig;
+
+/// Kafka's default `listener.security.protocol.map`: each protocol's name maps to itself.
+pub const SECURITY_PROTOCOL_MAP_DEFAULT: &str = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL";
+/// Listeners a broker may have (each is a socket and an accept loop).
+pub const LISTENERS_MAX: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    fn parse(name: &str) -> Result<SecurityProtocol, String> {
+        match name.to_ascii_uppercase().as_str() {
+            "PLAINTEXT" => Ok(SecurityProtocol::Plaintext),
+            "SSL" => Ok(SecurityProtocol::Ssl),
+            "SASL_PLAINTEXT" => Ok(SecurityProtocol::SaslPlaintext),
+            "SASL_SSL" => Ok(SecurityProtocol::SaslSsl),
+            other => Err(format!("unknown security protocol {other:?} (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)")),
+        }
+    }
+
+    pub fn uses_tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
+    }
+}
+
+/// One listener: where it binds, what it tells clients, how connections authenticate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Its name, upper case (`PLAINTEXT`, `SSL`, `CLIENT`, ...).
+    pub name: String,
+    pub protocol: SecurityProtocol,
+    pub bind: SocketAddr,
+    /// (host, port) given to clients that connected to this listener.
+    pub advertised: (String, i32),
+}
+
+/// `NAME://host:port` entries of `listeners` or `advertised.listeners`.
+fn parse_endpoints(key: &str, text: &str) -> Result<Vec<(String, String, u16)>, String> {
+    let mut endpoints: Vec<(String, String, u16)> = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, address) =
+            entry.split_once("://").ok_or_else(|| format!("{key} entry {entry:?} is not NAME://host:port"))?;
+        let name = name.trim().to_ascii_uppercase();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            return Err(format!("{key} entry {entry:?} has a bad listener name"));
+        }
+        let (host, port) =
+            address.rsplit_once(':').ok_or_else(|| format!("{key} entry {entry:?} has no port"))?;
+        let port: u16 = port.parse().map_err(|_| format!("{key} entry {entry:?} has a bad port"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        if endpoints.iter().any(|(other, _, _)| *other == name) {
+            return Err(format!("{key} names listener {name} twice"));
+        }
+        endpoints.push((name, host, port));
+    }
+    Ok(endpoints)
+}
+
+fn parse_protocol_map(text: &str) -> Result<Vec<(String, SecurityProtocol)>, String> {
+    let mut map = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, protocol) = entry
+            .split_once(':')
+            .ok_or_else(|| format!("listener.security.protocol.map entry {entry:?} is not NAME:PROTOCOL"))?;
+        map.push((name.trim().to_ascii_uppercase(), SecurityProtocol::parse(protocol.trim())?));
+    }
+    Ok(map)
+}
+
+fn bind_address(name: &str, host: &str, port: u16) -> Result<SocketAddr, String> {
+    if host.is_empty() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|error| format!("listener {name}: cannot resolve {host:?}: {error}"))?
+        .next()
+        .ok_or_else(|| format!("listener {name}: {host:?} resolves to no address"))
+}
+
+impl BrokerConfig {
+    /// The listeners, in the order `listeners` names them (the first is the one other
+    /// nodes use in a cluster unless `inter.broker.listener.name` says otherwise).
+    pub fn listeners(&self) -> Result<Vec<Listener>, String> {
+        let Some(listeners) = &self.listeners else {
+            return Ok(vec![Listener {
+                name: "PLAINTEXT".into(),
+                protocol: SecurityProtocol::Plaintext,
+                bind: self.listen,
+                advertised: self.advertised_address()?,
+            }]);
+        };
+        if self.listen != BrokerConfig::default().listen || self.advertised_listener.is_some() {
+            return Err("set either `listeners` (and `advertised.listeners`) or `listen`/`advertised_listener`, \
+                        not both"
+                .into());
+        }
+        let protocols =
+            parse_protocol_map(self.listener_security_protocol_map.as_deref().unwrap_or(SECURITY_PROTOCOL_MAP_DEFAULT))?;
+        let endpoints = parse_endpoints("listeners", listeners)?;
+        if endpoints.is_empty() || endpoints.len() > LISTENERS_MAX {
+            return Err(format!("listeners must name 1 to {LISTENERS_MAX} listeners"));
+        }
+        let advertised = parse_endpoints("advertised.listeners", self.advertised_listeners.as_deref().unwrap_or(""))?;
+        if let Some((name, _, _)) = advertised.iter().find(|(name, _, _)| !endpoints.iter().any(|(n, _, _)| n == name)) {
+            return Err(format!("advertised.listeners names {name}, which is not among listeners"));
+        }
+        let mut result = Vec::with_capacity(endpoints.len());
+        for (name, host, port) in endpoints {
+            let protocol = protocols
+                .iter()
+                .find(|(mapped, _)| *mapped == name)
+                .map(|(_, protocol)| *protocol)
+                .ok_or_else(|| format!("listener {name} has no entry in listener.security.protocol.map"))?;
+            let bind = bind_address(&name, &host, port)?;
+            if result.iter().any(|other: &Listener| other.bind == bind) {
+                return Err(format!("listener {name} binds {bind}, as another listener does"));
+            }
+            let advertised = match advertised.iter().find(|(n, _, _)| *n == name) {
+                Some((_, host, port)) if !host.is_empty() => (host.clone(), i32::from(*port)),
+                Some(_) => return Err(format!("advertised.listeners entry {name} needs a host")),
+                None if host.is_empty() || bind.ip().is_unspecified() => ("127.0.0.1".to_string(), i32::from(port)),
+                None => (host, i32::from(port)),
+            };
+            result.push(Listener { name, protocol, bind, advertised });
+        }
+        Ok(result)
+    }
+}
+
+impl BrokerConfig {
+    /// Index of the listener other nodes fetch from: `inter.broker.listener.name`, else the
+    /// first PLAINTEXT listener. Replication between nodes is not encrypted yet, so in a
+    /// cluster it must be a PLAINTEXT listener.
+    pub fn inter_broker_listener(&self) -> Result<usize, String> {
+        let listeners = self.listeners()?;
+        let index = match &self.inter_broker_listener_name {
+            Some(name) => listeners
+                .iter()
+                .position(|l| l.name.eq_ignore_ascii_case(name))
+                .ok_or_else(|| format!("inter.broker.listener.name {name} is not among listeners"))?,
+            None => listeners.iter().position(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(0),
+        };
+        if self.cluster.is_some() && listeners[index].protocol != SecurityProtocol::Plaintext {
+            return Err(format!(
+                "inter-broker listener {} must be PLAINTEXT: replication between nodes does not use TLS or SASL yet",
+                listeners[index].name
+            ));
+        }
+        Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listeners: &str, advertised: Option<&str>) -> BrokerConfig {
+        BrokerConfig {
+            listeners: Some(listeners.into()),
+            advertised_listeners: advertised.map(String::from),
+            ..BrokerConfig::default()
+        }
+    }
+
+    #[test]
+    fn without_listeners_one_plaintext_listener_on_listen() {
+        let listeners = BrokerConfig::default().listeners().unwrap();
+        assert_eq!(listeners.len(), 1);
+        assert_eq!(listeners[0].protocol, SecurityProtocol::Plaintext);
+        assert_eq!(listeners[0].advertised, ("127.0.0.1".to_string(), 9092));
+    }
+
+    #[test]
+    fn named_listeners_with_protocols_and_advertised_addresses() {
+        let listeners = config(
+            "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,sasl_ssl://:9094",
+            Some("SASL_SSL://broker.example:19094"),
+        )
+        .listeners()
+        .unwrap();
+        let found: Vec<_> = listeners.iter().map(|l| (l.name.as_str(), l.protocol, l.advertised.1)).collect();
+        assert_eq!(
+            found,
+            [
+                ("PLAINTEXT", SecurityProtocol::Plaintext, 9092),
+                ("SSL", SecurityProtocol::Ssl, 9093),
+                ("SASL_SSL", SecurityProtocol::SaslSsl, 19094)
+            ]
+        );
+        assert_eq!(listeners[2].bind, "0.0.0.0:9094".parse().unwrap());
+        assert_eq!(listeners[2].advertised.0, "broker.example");
+    }
+
+    #[test]
+    fn custom_names_need_the_protocol_map() {
+        let mut named = config("CLIENT://127.0.0.1:9092", None);
+        assert!(named.listeners().unwrap_err().contains("CLIENT has no entry"));
+        named.listener_security_protocol_map = Some("CLIENT:SASL_SSL".into());
+        assert_eq!(named.listeners().unwrap()[0].protocol, SecurityProtocol::SaslSsl);
+    }
+
+    #[test]
+    fn bad_listeners_are_refused_with_the_reason() {
+        for (listeners, advertised, expected) in [
+            ("PLAINTEXT://127.0.0.1", None, "no port"),
+            ("127.0.0.1:9092", None, "NAME://host:port"),
+            ("PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093", None, "twice"),
+            ("PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9092", None, "as another listener"),
+            ("PLAINTEXT://127.0.0.1:9092", Some("SSL://h:1"), "not among listeners"),
+            ("PLAINTEXT://127.0.0.1:99999", None, "bad port"),
+            ("", None, "1 to"),
+        ] {
+            let error = config(listeners, advertised).listeners().unwrap_err();
+            assert!(error.contains(expected), "{listeners}: {error}");
+        }
+        let both = BrokerConfig { listen: "127.0.0.1:1".parse().unwrap(), ..config("PLAINTEXT://:9092", None) };
+        assert!(both.listeners().unwrap_err().contains("not both"));
+        let mut bad_map = config("PLAINTEXT://:9092", None);
+        bad_map.listener_security_protocol_map = Some("PLAINTEXT:TLS".into());
+        assert!(bad_map.listeners().unwrap_err().contains("unknown security protocol"));
+    }
+}

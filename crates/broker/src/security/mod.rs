@@ -1,0 +1,49 @@
+//! Who may connect and as whom: named listeners with their security protocols, TLS
+//! (rustls), SASL authentication (PLAIN, SCRAM-SHA-256/512) and the SCRAM credentials
+//! that back both SASL mechanisms.
+
+pub(crate) mod credentials;
+pub mod listeners;
+pub(crate) mod sasl;
+pub(crate) mod scram;
+pub(crate) mod tls;
+
+pub use listeners::{Listener, SecurityProtocol};
+
+use crate::config::BrokerConfig;
+use crate::Broker;
+
+/// Mechanisms a SASL listener offers unless `sasl.enabled.mechanisms` says otherwise
+/// (Kafka's default is GSSAPI, which Sluice does not offer).
+pub const SASL_MECHANISMS_DEFAULT: &str = "SCRAM-SHA-256,SCRAM-SHA-512";
+
+fn sasl_mechanisms(config: &BrokerConfig) -> Result<Vec<sasl::Mechanism>, String> {
+    let mut mechanisms = Vec::new();
+    for name in config.sasl_enabled_mechanisms.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let mechanism = sasl::Mechanism::from_name(&name.to_ascii_uppercase()).ok_or_else(|| {
+            format!("sasl.enabled.mechanisms: {name:?} is not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+        })?;
+        if !mechanisms.contains(&mechanism) {
+            mechanisms.push(mechanism);
+        }
+    }
+    Ok(mechanisms)
+}
+
+/// Checks the security settings: listeners, TLS files (read now, so a bad certificate
+/// stops the start instead of the first client), SASL mechanisms.
+pub(crate) fn validate(config: &BrokerConfig) -> Result<(), String> {
+    let listeners = config.listeners()?;
+    let mechanisms = sasl_mechanisms(config)?;
+    if listeners.iter().any(|l| l.protocol.uses_sasl()) && mechanisms.is_empty() {
+        return Err("a SASL listener needs at least one of sasl.enabled.mechanisms".into());
+    }
+    tls::acceptor(config)?;
+    Ok(())
+}
+
+impl Broker {
+    pub(crate) fn sasl_mechanisms(&self) -> Vec<sasl::Mechanism> {
+        sasl_mechanisms(&self.config).expect("validated at startup")
+    }
+}

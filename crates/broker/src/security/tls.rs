@@ -1,0 +1,113 @@
+//! TLS for SSL and SASL_SSL listeners (rustls, ring provider), configured with Kafka's
+//! `ssl.*` names and PEM files: `ssl.keystore.location` holds the private key and the
+//! certificate chain, `ssl.truststore.location` the CAs that client certificates must
+//! chain to, `ssl.client.auth` = none | requested | required (mutual TLS).
+//!
+//! Only PEM stores are read; JKS and PKCS12 stores and encrypted keys are refused at
+//! startup with a message that says so, never ignored.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::BrokerConfig;
+
+/// A client that has not finished the TLS handshake by then is disconnected.
+pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientAuth {
+    None,
+    Requested,
+    Required,
+}
+
+fn pem_source(
+    config_key: &str,
+    location: &Option<std::path::PathBuf>,
+    inline: &Option<String>,
+) -> Result<Option<Vec<u8>>, String> {
+    match (location, inline) {
+        (Some(_), Some(_)) => Err(format!("set either {config_key}.location or its inline PEM, not both")),
+        (Some(path), None) => {
+            std::fs::read(path).map(Some).map_err(|error| format!("{config_key}.location {}: {error}", path.display()))
+        }
+        (None, Some(text)) => Ok(Some(text.as_bytes().to_vec())),
+        (None, None) => Ok(None),
+    }
+}
+
+fn certificates(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certificates: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|error| format!("{what}: bad PEM certificate: {error}"))?;
+    if certificates.is_empty() {
+        return Err(format!("{what} holds no certificate (-----BEGIN CERTIFICATE-----)"));
+    }
+    Ok(certificates)
+}
+
+/// The acceptor for TLS listeners, or `None` when no listener uses TLS.
+pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, String> {
+    let tls = config;
+    if !config.listeners()?.iter().any(|listener| listener.protocol.uses_tls()) {
+        return Ok(None);
+    }
+    for (key, value) in [("ssl.keystore.type", &tls.ssl_keystore_type), ("ssl.truststore.type", &tls.ssl_truststore_type)] {
+        if !value.eq_ignore_ascii_case("PEM") {
+            return Err(format!("{key} {value:?} is not supported; Sluice reads PEM files (set {key} = \"PEM\")"));
+        }
+    }
+    if tls.ssl_key_password.is_some() {
+        return Err("ssl.key.password: encrypted private keys are not supported; give an unencrypted PEM key".into());
+    }
+    let client_auth = match tls.ssl_client_auth.to_ascii_lowercase().as_str() {
+        "none" => ClientAuth::None,
+        "requested" => ClientAuth::Requested,
+        "required" => ClientAuth::Required,
+        other => return Err(format!("ssl.client.auth {other:?} must be none, requested or required")),
+    };
+    let (chain, key) = match (&tls.ssl_keystore_certificate_chain, &tls.ssl_keystore_key) {
+        (Some(chain), Some(key)) if tls.ssl_keystore_location.is_none() => (chain.as_bytes().to_vec(), key.as_bytes().to_vec()),
+        (None, None) => {
+            let pem = pem_source("ssl.keystore", &tls.ssl_keystore_location, &None)?
+                .ok_or("a listener uses TLS but ssl.keystore.location is not set")?;
+            (pem.clone(), pem)
+        }
+        _ => {
+            return Err("set ssl.keystore.location, or both ssl.keystore.certificate.chain and ssl.keystore.key".into())
+        }
+    };
+    let chain = certificates("ssl.keystore", &chain)?;
+    let key = PrivateKeyDer::from_pem_slice(&key)
+        .map_err(|error| format!("ssl.keystore: no usable private key (PKCS#8, PKCS#1 or SEC1 PEM): {error}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS setup: {error}"))?;
+    let builder = match client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Requested | ClientAuth::Required => {
+            let pem = pem_source("ssl.truststore", &tls.ssl_truststore_location, &tls.ssl_truststore_certificates)?
+                .ok_or("ssl.client.auth needs ssl.truststore.location (the CAs of client certificates)")?;
+            let mut roots = rustls::RootCertStore::empty();
+            for certificate in certificates("ssl.truststore", &pem)? {
+                roots.add(certificate).map_err(|error| format!("ssl.truststore: {error}"))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if client_auth == ClientAuth::Requested {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder.with_client_cert_verifier(verifier.build().map_err(|error| format!("ssl.truststore: {error}"))?)
+        }
+    };
+    let server = builder
+        .with_single_cert(chain, key)
+        .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
+    Ok(Some(TlsAcceptor::from(Arc::new(server))))
+}
