@@ -63,8 +63,11 @@ class Broker:
     def start(self) -> "Broker":
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         log = open(self.log_path, "ab")
+        # With named listeners (--override listeners=...) those name the port; else --listen.
+        named = any(str(arg).startswith("listeners=") for arg in self.extra_args)
+        listen = [] if named else ["--listen", self.bootstrap]
         self.proc = subprocess.Popen(
-            [SLUICE_BIN, "serve", "--listen", self.bootstrap, "--data-dir", str(self.data_dir), *self.extra_args],
+            [SLUICE_BIN, "serve", *listen, "--data-dir", str(self.data_dir), *self.extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,

@@ -73,18 +73,20 @@ pub(crate) async fn run(
                     None => return,
                 },
             };
+            let sasl_step = matches!(request.body, RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_));
+            if !sasl_step && (authenticator.user().is_some() || request.api_key == ApiKey::ApiVersions) {
+                inflight.push_back(handlers::dispatch(&broker, request, permit, &session));
+                continue;
+            }
             match authenticate(&broker, &mut authenticator, request, &peer) {
-                Authentication::Answer(response, Next::Continue) => inflight.push_back(response),
-                Authentication::Answer(response, Next::Close) => {
+                None => return,
+                Some((response, Next::Continue)) => inflight.push_back(response),
+                Some((response, Next::Close)) => {
                     // Answer, then close: nothing more is read from this client.
                     inflight.push_back(response);
                     read_closed = true;
                     buffer.clear();
                     break;
-                }
-                Authentication::Close => return,
-                Authentication::Pass(request) => {
-                    inflight.push_back(handlers::dispatch(&broker, request, permit, &session))
                 }
             }
         }
@@ -113,19 +115,15 @@ pub(crate) async fn run(
     }
 }
 
-enum Authentication {
-    /// A SASL request, answered here; then continue or close.
-    Answer(ResponseFuture, Next),
-    /// A request that needs authentication from a client that has none: close.
-    Close,
-    /// Authenticated (or ApiVersions): the handlers serve it.
-    Pass(Request),
-}
-
-/// Serves the SASL requests and keeps everything else (but ApiVersions) from a client
-/// that has not authenticated.
-fn authenticate(broker: &Broker, authenticator: &mut Authenticator, request: Request, peer: &SocketAddr) -> Authentication {
-    let Request { api_key, api_version, correlation_id, body, client_id } = request;
+/// Answers a SASL request, or refuses (`None`: close the connection) any other request
+/// of a client that has not authenticated.
+fn authenticate(
+    broker: &Broker,
+    authenticator: &mut Authenticator,
+    request: Request,
+    peer: &SocketAddr,
+) -> Option<(ResponseFuture, Next)> {
+    let Request { api_key, api_version, correlation_id, body, .. } = request;
     let (body, next) = match body {
         RequestKind::SaslHandshake(request) => {
             let (response, next) = authenticator.handshake(broker, request);
@@ -135,12 +133,9 @@ fn authenticate(broker: &Broker, authenticator: &mut Authenticator, request: Req
             let (response, next) = authenticator.authenticate(broker, request);
             (ResponseKind::SaslAuthenticate(response), next)
         }
-        body if authenticator.user().is_some() || api_key == ApiKey::ApiVersions => {
-            return Authentication::Pass(Request { api_key, api_version, correlation_id, body, client_id });
-        }
         _ => {
             tracing::info!(%peer, ?api_key, "closing connection: request before SASL authentication");
-            return Authentication::Close;
+            return None;
         }
     };
     let bytes = match encode_response(api_key, api_version, correlation_id, &body) {
@@ -150,7 +145,7 @@ fn authenticate(broker: &Broker, authenticator: &mut Authenticator, request: Req
             None
         }
     };
-    Authentication::Answer(Box::pin(async move { bytes }), next)
+    Some((Box::pin(async move { bytes }), next))
 }
 
 /// Produce frames take permits from the broker-wide produce memory budget for as long
@@ -176,10 +171,7 @@ async fn reserve_produce_memory(
 
 /// Writes all chunks of a response with vectored writes (record batches of a fetch are
 /// separate chunks, sent without another copy).
-async fn write_chunks(
-    writer: &mut (impl AsyncWrite + Unpin),
-    mut chunks: Vec<bytes::Bytes>,
-) -> std::io::Result<()> {
+async fn write_chunks(writer: &mut (impl AsyncWrite + Unpin), mut chunks: Vec<bytes::Bytes>) -> std::io::Result<()> {
     use bytes::Buf;
     let mut first = 0;
     while first < chunks.len() {

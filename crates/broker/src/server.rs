@@ -25,7 +25,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     assert_eq!(listeners.len(), broker.listeners().len(), "one socket per configured listener");
-    let tls = crate::security::tls::acceptor(broker.config()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let tls =
+        crate::security::tls::acceptor(broker.config()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let connections = Arc::new(Semaphore::new(broker.config().max_connections));
     let metrics_server = match metrics {
         None => None,

@@ -183,17 +183,16 @@ impl ServeArgs {
 /// `cluster.` or `topic_defaults.` sets a key of that table. VALUE is read as a TOML value
 /// (number, boolean, quoted string) or else taken as a string.
 fn apply_override(table: &mut toml::Table, entry: &str) -> anyhow::Result<()> {
-    let (key, value) =
-        entry.split_once('=').with_context(|| format!("--override {entry:?} is not KEY=VALUE"))?;
+    let (key, value) = entry.split_once('=').with_context(|| format!("--override {entry:?} is not KEY=VALUE"))?;
     let key = key.trim();
     let value = value.trim();
     let parsed = toml::from_str::<toml::Table>(&format!("value = {value}"))
         .ok()
         .and_then(|mut parsed| parsed.remove("value"))
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let nested = ["cluster.", "topic_defaults."].iter().find_map(|prefix| {
-        key.strip_prefix(prefix).map(|inner| (prefix.trim_end_matches('.'), inner))
-    });
+    let nested = ["cluster.", "topic_defaults."]
+        .iter()
+        .find_map(|prefix| key.strip_prefix(prefix).map(|inner| (prefix.trim_end_matches('.'), inner)));
     match nested {
         Some((section, inner)) if !inner.is_empty() => {
             let section = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));

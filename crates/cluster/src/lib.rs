@@ -48,9 +48,8 @@ pub use crate::controller::{
 };
 pub use crate::error::ControllerError;
 pub use crate::metadata::{
-    BrokerInfo, ClusterMetadata, Command, CommandOutput, Endpoint, MetadataError, PartitionInfo, Reassignment, ScramCredential,
-    TopicInfo,
-    NO_LEADER,
+    BrokerInfo, ClusterMetadata, Command, CommandOutput, Endpoint, MetadataError, PartitionInfo, Reassignment,
+    ScramCredential, TopicInfo, NO_LEADER,
 };
 pub use crate::rpc::FRAME_BYTES_MAX;
 pub use crate::types::{Proposal, TypeConfig};

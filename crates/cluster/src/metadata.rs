@@ -1025,7 +1025,15 @@ mod tests {
     use super::*;
 
     fn broker(node_id: i32) -> BrokerInfo {
-        BrokerInfo { node_id, host: "127.0.0.1".into(), port: 9092, rack: None, incarnation: 1, fenced: false, endpoints: vec![] }
+        BrokerInfo {
+            node_id,
+            host: "127.0.0.1".into(),
+            port: 9092,
+            rack: None,
+            incarnation: 1,
+            fenced: false,
+            endpoints: vec![],
+        }
     }
 
     fn cluster(nodes: &[i32]) -> ClusterMetadata {

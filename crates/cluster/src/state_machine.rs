@@ -348,7 +348,15 @@ mod tests {
     fn a_retried_proposal_returns_the_first_result_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (mut machine, _) = StateMachine::open(dir.path()).unwrap();
-        let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 1, rack: None, incarnation: 1, fenced: false, endpoints: vec![] };
+        let broker = BrokerInfo {
+            node_id: 1,
+            host: "h".into(),
+            port: 1,
+            rack: None,
+            incarnation: 1,
+            fenced: false,
+            endpoints: vec![],
+        };
         machine.apply_entry(entry(1, &Proposal::new(Command::RegisterBroker(broker)))).unwrap();
         let allocate = Proposal::new(Command::AllocateProducerIds { count: 10 });
         assert_eq!(machine.apply_entry(entry(2, &allocate)), Ok(CommandOutput::ProducerIds { first: 0 }));

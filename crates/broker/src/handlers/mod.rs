@@ -56,121 +56,127 @@ pub(crate) fn dispatch(
     let arrived = std::time::Instant::now();
     let broker = broker.clone();
     let metered = broker.clone();
-    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> =
-        match body {
-            RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
-            RequestKind::Produce(request) => {
-                let pending = produce::append(&broker, request);
-                Box::pin(async move {
-                    let response = pending.await;
-                    drop(permit);
-                    response.map(ResponseKind::Produce)
-                })
-            }
-            RequestKind::Fetch(request) => {
-                Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) })
-            }
-            RequestKind::ListOffsets(request) => {
-                ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
-            }
-            RequestKind::DeleteRecords(request) => {
-                ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
-            }
-            RequestKind::Metadata(request) => ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener))),
-            RequestKind::CreateTopics(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await))
-            }),
-            RequestKind::CreateTopics(request) => {
-                ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
-            }
-            RequestKind::DeleteTopics(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await))
-            }),
-            RequestKind::DeleteTopics(request) => {
-                ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request)))
-            }
-            RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
-            }),
-            RequestKind::CreatePartitions(request) => {
-                ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
-            }
-            RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
-                Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
-            }),
-            RequestKind::DescribeLogDirs(request) => {
-                ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
-            }
-            RequestKind::ListPartitionReassignments(request) => {
-                ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
-            }
-            RequestKind::DescribeCluster(request) => {
-                ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
-            }
-            RequestKind::InitProducerId(request) => {
-                ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
-            }
-            RequestKind::DescribeConfigs(request) => {
-                ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
-            }
-            RequestKind::AlterConfigs(request) => {
-                Box::pin(async move { Some(ResponseKind::AlterConfigs(configs::alter(&broker, request).await)) })
-            }
-            RequestKind::IncrementalAlterConfigs(request) => Box::pin(async move {
-                Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
-            }),
-            RequestKind::FindCoordinator(request) => {
-                ready(ResponseKind::FindCoordinator(groups::find_coordinator(&broker, request, api_version, session.listener)))
-            }
-            RequestKind::JoinGroup(request) => {
-                let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
-                Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
-            }
-            RequestKind::SyncGroup(request) => {
-                let pending = groups::sync_group(&broker, request);
-                Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
-            }
-            RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
-            RequestKind::LeaveGroup(request) => {
-                ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
-            }
-            RequestKind::OffsetCommit(request) => {
-                let pending = groups::offset_commit(&broker, request, api_version);
-                Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
-            }
-            RequestKind::OffsetFetch(request) => {
-                ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
-            }
-            RequestKind::OffsetDelete(request) => {
-                let pending = groups::offset_delete(&broker, request);
-                Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
-            }
-            RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
-            RequestKind::DescribeGroups(request) => {
-                ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
-            }
-            RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
-                consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
-            )),
-            RequestKind::ConsumerGroupDescribe(request) => {
-                ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
-            }
-            RequestKind::DeleteGroups(request) => {
-                let pending = groups::delete_groups(&broker, request);
-                Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
-            }
-            RequestKind::DescribeUserScramCredentials(request) => {
-                ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
-            }
-            RequestKind::AlterUserScramCredentials(request) => Box::pin(async move {
-                Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await))
-            }),
-            other => {
-                // parse_request only lets advertised APIs through; this is a bug, not bad input.
-                tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
-                Box::pin(async { None })
-            }
-        };
+    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
+        RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
+        RequestKind::Produce(request) => {
+            let pending = produce::append(&broker, request);
+            Box::pin(async move {
+                let response = pending.await;
+                drop(permit);
+                response.map(ResponseKind::Produce)
+            })
+        }
+        RequestKind::Fetch(request) => {
+            Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) })
+        }
+        RequestKind::ListOffsets(request) => {
+            ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
+        }
+        RequestKind::DeleteRecords(request) => {
+            ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
+        }
+        RequestKind::Metadata(request) => {
+            ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
+        }
+        RequestKind::CreateTopics(request) if broker.cluster.is_some() => {
+            Box::pin(
+                async move { Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await)) },
+            )
+        }
+        RequestKind::CreateTopics(request) => {
+            ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
+        }
+        RequestKind::DeleteTopics(request) if broker.cluster.is_some() => {
+            Box::pin(
+                async move { Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await)) },
+            )
+        }
+        RequestKind::DeleteTopics(request) => ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))),
+        RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
+            Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
+        }),
+        RequestKind::CreatePartitions(request) => {
+            ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
+        }
+        RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
+            Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
+        }),
+        RequestKind::DescribeLogDirs(request) => {
+            ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
+        }
+        RequestKind::ListPartitionReassignments(request) => {
+            ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
+        }
+        RequestKind::DescribeCluster(request) => {
+            ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
+        }
+        RequestKind::InitProducerId(request) => {
+            ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
+        }
+        RequestKind::DescribeConfigs(request) => {
+            ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
+        }
+        RequestKind::AlterConfigs(request) => {
+            Box::pin(async move { Some(ResponseKind::AlterConfigs(configs::alter(&broker, request).await)) })
+        }
+        RequestKind::IncrementalAlterConfigs(request) => Box::pin(async move {
+            Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
+        }),
+        RequestKind::FindCoordinator(request) => ready(ResponseKind::FindCoordinator(groups::find_coordinator(
+            &broker,
+            request,
+            api_version,
+            session.listener,
+        ))),
+        RequestKind::JoinGroup(request) => {
+            let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
+            Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
+        }
+        RequestKind::SyncGroup(request) => {
+            let pending = groups::sync_group(&broker, request);
+            Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
+        }
+        RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
+        RequestKind::LeaveGroup(request) => {
+            ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
+        }
+        RequestKind::OffsetCommit(request) => {
+            let pending = groups::offset_commit(&broker, request, api_version);
+            Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
+        }
+        RequestKind::OffsetFetch(request) => {
+            ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
+        }
+        RequestKind::OffsetDelete(request) => {
+            let pending = groups::offset_delete(&broker, request);
+            Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
+        }
+        RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
+        RequestKind::DescribeGroups(request) => {
+            ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
+        }
+        RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
+            consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
+        )),
+        RequestKind::ConsumerGroupDescribe(request) => {
+            ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
+        }
+        RequestKind::DeleteGroups(request) => {
+            let pending = groups::delete_groups(&broker, request);
+            Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
+        }
+        RequestKind::DescribeUserScramCredentials(request) => {
+            ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
+        }
+        RequestKind::AlterUserScramCredentials(request) => {
+            Box::pin(async move { Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await)) })
+        }
+        other => {
+            // parse_request only lets advertised APIs through; this is a bug, not bad input.
+            tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
+            Box::pin(async { None })
+        }
+    };
     Box::pin(async move {
         let body = response.await;
         metered.metrics.request_done(api_key as i16, arrived.elapsed());

@@ -47,7 +47,8 @@ pub(super) fn describe(
             result.user = StrBytes::from_string(user.clone());
             if duplicates.contains(user) {
                 result.error_code = ResponseError::DuplicateResource.code();
-                result.error_message = message("Cannot describe SCRAM credentials for the same user twice in a single request");
+                result.error_message =
+                    message("Cannot describe SCRAM credentials for the same user twice in a single request");
             } else if let Some(mechanisms) = all.get(user) {
                 for (name, credential) in mechanisms {
                     let Some(mechanism) = Mechanism::from_name(name) else { continue };
@@ -74,7 +75,10 @@ struct UserChanges {
     failure: Option<Failure>,
 }
 
-pub(super) async fn alter(broker: &Broker, request: AlterUserScramCredentialsRequest) -> AlterUserScramCredentialsResponse {
+pub(super) async fn alter(
+    broker: &Broker,
+    request: AlterUserScramCredentialsRequest,
+) -> AlterUserScramCredentialsResponse {
     let mut users: BTreeMap<String, UserChanges> = BTreeMap::new();
     let mut touched: BTreeSet<(String, i8)> = BTreeSet::new();
     let existing = |user: &str, mechanism: &str| broker.scram_credential(user, mechanism).is_some();
@@ -164,7 +168,10 @@ fn check(user: &str, mechanism: i8, touched: &mut BTreeSet<(String, i8)>) -> Res
         return Err((ResponseError::UnacceptableCredential, "Username must not be empty".into()));
     }
     if user.len() > USER_NAME_BYTES_MAX {
-        return Err((ResponseError::UnacceptableCredential, format!("Username longer than {USER_NAME_BYTES_MAX} bytes")));
+        return Err((
+            ResponseError::UnacceptableCredential,
+            format!("Username longer than {USER_NAME_BYTES_MAX} bytes"),
+        ));
     }
     let mechanism = Mechanism::from_code(mechanism)
         .ok_or_else(|| (ResponseError::UnsupportedSaslMechanism, "Unknown SCRAM mechanism".to_string()))?;

@@ -9,7 +9,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use crate::config::BrokerConfig;
 
 /// Kafka's default `listener.security.protocol.map`: each protocol's name maps to itself.
-pub const SECURITY_PROTOCOL_MAP_DEFAULT: &str = "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL";
+pub const SECURITY_PROTOCOL_MAP_DEFAULT: &str =
+    "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL";
 /// Listeners a broker may have (each is a socket and an accept loop).
 pub const LISTENERS_MAX: usize = 16;
 
@@ -62,8 +63,7 @@ fn parse_endpoints(key: &str, text: &str) -> Result<Vec<(String, String, u16)>, 
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
             return Err(format!("{key} entry {entry:?} has a bad listener name"));
         }
-        let (host, port) =
-            address.rsplit_once(':').ok_or_else(|| format!("{key} entry {entry:?} has no port"))?;
+        let (host, port) = address.rsplit_once(':').ok_or_else(|| format!("{key} entry {entry:?} has no port"))?;
         let port: u16 = port.parse().map_err(|_| format!("{key} entry {entry:?} has a bad port"))?;
         let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
         if endpoints.iter().any(|(other, _, _)| *other == name) {
@@ -113,14 +113,16 @@ impl BrokerConfig {
                         not both"
                 .into());
         }
-        let protocols =
-            parse_protocol_map(self.listener_security_protocol_map.as_deref().unwrap_or(SECURITY_PROTOCOL_MAP_DEFAULT))?;
+        let protocols = parse_protocol_map(
+            self.listener_security_protocol_map.as_deref().unwrap_or(SECURITY_PROTOCOL_MAP_DEFAULT),
+        )?;
         let endpoints = parse_endpoints("listeners", listeners)?;
         if endpoints.is_empty() || endpoints.len() > LISTENERS_MAX {
             return Err(format!("listeners must name 1 to {LISTENERS_MAX} listeners"));
         }
         let advertised = parse_endpoints("advertised.listeners", self.advertised_listeners.as_deref().unwrap_or(""))?;
-        if let Some((name, _, _)) = advertised.iter().find(|(name, _, _)| !endpoints.iter().any(|(n, _, _)| n == name)) {
+        if let Some((name, _, _)) = advertised.iter().find(|(name, _, _)| !endpoints.iter().any(|(n, _, _)| n == name))
+        {
             return Err(format!("advertised.listeners names {name}, which is not among listeners"));
         }
         let mut result = Vec::with_capacity(endpoints.len());

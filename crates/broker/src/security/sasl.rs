@@ -7,7 +7,9 @@
 //! against the user's stored SCRAM credential, so no listener needs plaintext passwords.
 
 use bytes::Bytes;
-use kafka_protocol::messages::{SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse};
+use kafka_protocol::messages::{
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
@@ -81,7 +83,11 @@ impl Authenticator {
         }
     }
 
-    pub(crate) fn handshake(&mut self, broker: &Broker, request: SaslHandshakeRequest) -> (SaslHandshakeResponse, Next) {
+    pub(crate) fn handshake(
+        &mut self,
+        broker: &Broker,
+        request: SaslHandshakeRequest,
+    ) -> (SaslHandshakeResponse, Next) {
         let mut response = SaslHandshakeResponse::default();
         let enabled = broker.sasl_mechanisms();
         response.mechanisms = enabled.iter().map(|m| StrBytes::from_static_str(m.name())).collect();
@@ -110,11 +116,15 @@ impl Authenticator {
         let mut response = SaslAuthenticateResponse::default();
         let state = std::mem::replace(&mut self.state, State::Failed);
         let outcome = match state {
-            State::Authenticate(Mechanism::Plain) => plain(broker, &request.auth_bytes).map(|user| (State::Done(user), Bytes::new())),
+            State::Authenticate(Mechanism::Plain) => {
+                plain(broker, &request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
+            }
             State::Authenticate(Mechanism::Scram(mechanism)) => {
-                ScramExchange::start(mechanism, &request.auth_bytes, |user| broker.scram_credential(user, mechanism.name()))
-                    .map(|(exchange, server_first)| (State::ScramFinal(Box::new(exchange)), Bytes::from(server_first)))
-                    .map_err(|error| scram_failure(mechanism, error))
+                ScramExchange::start(mechanism, &request.auth_bytes, |user| {
+                    broker.scram_credential(user, mechanism.name())
+                })
+                .map(|(exchange, server_first)| (State::ScramFinal(Box::new(exchange)), Bytes::from(server_first)))
+                .map_err(|error| scram_failure(mechanism, error))
             }
             State::ScramFinal(exchange) => {
                 let mechanism = exchange.mechanism();

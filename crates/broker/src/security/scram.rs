@@ -144,8 +144,10 @@ pub struct ScramExchange {
 }
 
 /// Reads the `a=b` attribute named `name` from a SCRAM message part.
-fn attribute<'a>(part: Option<&'a str>, name: char) -> Result<&'a str, ScramError> {
-    part.and_then(|p| p.strip_prefix(name)).and_then(|p| p.strip_prefix('=')).ok_or(ScramError::Malformed("missing attribute"))
+fn attribute(part: Option<&str>, name: char) -> Result<&str, ScramError> {
+    part.and_then(|p| p.strip_prefix(name))
+        .and_then(|p| p.strip_prefix('='))
+        .ok_or(ScramError::Malformed("missing attribute"))
 }
 
 /// RFC 5802 saslname: `=2C` is `,` and `=3D` is `=`; any other `=` is malformed.

@@ -56,7 +56,9 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
     if !config.listeners()?.iter().any(|listener| listener.protocol.uses_tls()) {
         return Ok(None);
     }
-    for (key, value) in [("ssl.keystore.type", &tls.ssl_keystore_type), ("ssl.truststore.type", &tls.ssl_truststore_type)] {
+    for (key, value) in
+        [("ssl.keystore.type", &tls.ssl_keystore_type), ("ssl.truststore.type", &tls.ssl_truststore_type)]
+    {
         if !value.eq_ignore_ascii_case("PEM") {
             return Err(format!("{key} {value:?} is not supported; Sluice reads PEM files (set {key} = \"PEM\")"));
         }
@@ -71,7 +73,9 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
         other => return Err(format!("ssl.client.auth {other:?} must be none, requested or required")),
     };
     let (chain, key) = match (&tls.ssl_keystore_certificate_chain, &tls.ssl_keystore_key) {
-        (Some(chain), Some(key)) if tls.ssl_keystore_location.is_none() => (chain.as_bytes().to_vec(), key.as_bytes().to_vec()),
+        (Some(chain), Some(key)) if tls.ssl_keystore_location.is_none() => {
+            (chain.as_bytes().to_vec(), key.as_bytes().to_vec())
+        }
         (None, None) => {
             let pem = pem_source("ssl.keystore", &tls.ssl_keystore_location, &None)?
                 .ok_or("a listener uses TLS but ssl.keystore.location is not set")?;
@@ -98,11 +102,8 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
                 roots.add(certificate).map_err(|error| format!("ssl.truststore: {error}"))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            let verifier = if client_auth == ClientAuth::Requested {
-                verifier.allow_unauthenticated()
-            } else {
-                verifier
-            };
+            let verifier =
+                if client_auth == ClientAuth::Requested { verifier.allow_unauthenticated() } else { verifier };
             builder.with_client_cert_verifier(verifier.build().map_err(|error| format!("ssl.truststore: {error}"))?)
         }
     };
