@@ -97,6 +97,16 @@ pub struct BrokerConfig {
     /// none | requested | required.
     #[serde(rename = "ssl.client.auth")]
     pub ssl_client_auth: String,
+    /// Kafka's `authorizer.class.name`: any value (e.g.
+    /// `org.apache.kafka.metadata.authorizer.StandardAuthorizer`) turns on ACL checks.
+    #[serde(rename = "authorizer.class.name")]
+    pub authorizer_class_name: Option<String>,
+    /// Kafka's `super.users`: `User:admin;User:ops`, allowed everything.
+    #[serde(rename = "super.users")]
+    pub super_users: String,
+    /// Kafka's `allow.everyone.if.no.acl.found`.
+    #[serde(rename = "allow.everyone.if.no.acl.found")]
+    pub allow_everyone_if_no_acl_found: bool,
     /// Kafka's `sasl.enabled.mechanisms` for SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.
     #[serde(rename = "sasl.enabled.mechanisms")]
     pub sasl_enabled_mechanisms: String,
@@ -255,6 +265,9 @@ impl Default for BrokerConfig {
             ssl_truststore_certificates: None,
             ssl_client_auth: "none".into(),
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
+            authorizer_class_name: None,
+            super_users: String::new(),
+            allow_everyone_if_no_acl_found: false,
             auto_create_topics: true,
             num_partitions: 1,
             log_retention_check_interval_ms: 60_000,

@@ -35,8 +35,8 @@ pub(crate) async fn run(
     peer: SocketAddr,
     listener: usize,
 ) {
-    let session = Session { peer, listener };
     let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl());
+    let mut session = Session { peer, listener, principal: Arc::from("") };
     let frame_bytes_max = broker.config().max_request_bytes;
     let inflight_max = broker.config().max_inflight_requests_per_connection;
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
@@ -75,6 +75,11 @@ pub(crate) async fn run(
             };
             let sasl_step = matches!(request.body, RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_));
             if !sasl_step && (authenticator.user().is_some() || request.api_key == ApiKey::ApiVersions) {
+                if session.principal.is_empty() {
+                    if let Some(user) = authenticator.user() {
+                        session.principal = Arc::from(format!("User:{user}"));
+                    }
+                }
                 inflight.push_back(handlers::dispatch(&broker, request, permit, &session));
                 continue;
             }

@@ -37,8 +37,10 @@ pub struct Broker {
     listeners: Vec<security::Listener>,
     /// Index in `listeners` of the one other nodes connect to (replica fetches).
     inter_broker_listener: usize,
-    /// SCRAM credentials (SASL), local or in the cluster metadata.
-    credentials: security::credentials::CredentialStore,
+    /// SCRAM credentials (SASL) and ACLs, local or in the cluster metadata.
+    security: security::store::SecurityStore,
+    /// ACL checks, when `authorizer.class.name` is set.
+    authorizer: Option<security::acl::Authorizer>,
     topics: TopicRegistry,
     logs: LogManager,
     /// Bytes of produce requests being processed; bounds buffered produce data.
@@ -114,9 +116,10 @@ impl Broker {
         let listeners = config.listeners().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let inter_broker_listener =
             config.inter_broker_listener().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let credentials = match &config.cluster {
-            None => security::credentials::CredentialStore::open_local(&config.data_dir)?,
-            Some(_) => security::credentials::CredentialStore::replicated(),
+        let authorizer = security::acl::Authorizer::from_config(&config);
+        let security = match &config.cluster {
+            None => security::store::SecurityStore::open_local(&config.data_dir)?,
+            Some(_) => security::store::SecurityStore::replicated(),
         };
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let timing = group::state::Timing {
@@ -141,7 +144,8 @@ impl Broker {
             config,
             listeners,
             inter_broker_listener,
-            credentials,
+            security,
+            authorizer,
             topics,
             logs,
             produce_memory,

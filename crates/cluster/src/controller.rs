@@ -405,6 +405,15 @@ impl Controller {
         self.write(Command::AlterScramCredentials { upsertions, deletions }).await.map(drop)
     }
 
+    /// Adds and removes ACLs, as one change.
+    pub async fn alter_acls(
+        &self,
+        create: Vec<crate::metadata::AclBinding>,
+        delete: Vec<crate::metadata::AclBinding>,
+    ) -> Result<(), ControllerError> {
+        self.write(Command::AlterAcls { create, delete }).await.map(drop)
+    }
+
     /// Kafka's AlterPartition, sent by this node as the partition's leader.
     pub async fn alter_partition(
         &self,

@@ -149,7 +149,34 @@ pub struct ClusterMetadata {
     /// SASL/SCRAM credentials: user -> mechanism name (`SCRAM-SHA-256`, ...) -> credential.
     #[serde(default)]
     pub scram_credentials: BTreeMap<String, BTreeMap<String, ScramCredential>>,
+    /// Access control entries (Kafka's ACLs), checked by every broker on every request.
+    #[serde(default)]
+    pub acls: BTreeSet<AclBinding>,
 }
+
+/// One ACL as Kafka's CreateAcls carries it, with Kafka's enum codes: which resources
+/// (type, name, LITERAL or PREFIXED pattern), whom (principal, host), what (operation),
+/// and whether it allows or denies.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AclBinding {
+    /// TOPIC 2, GROUP 3, CLUSTER 4, TRANSACTIONAL_ID 5, ...
+    pub resource_type: i8,
+    /// The resource name or prefix; `*` (literal) matches every name.
+    pub resource_name: String,
+    /// LITERAL 3 or PREFIXED 4.
+    pub pattern_type: i8,
+    /// `User:name`, or `User:*` for everyone.
+    pub principal: String,
+    /// Client IP, or `*`.
+    pub host: String,
+    /// ALL 2, READ 3, WRITE 4, ...
+    pub operation: i8,
+    /// DENY 2 or ALLOW 3.
+    pub permission_type: i8,
+}
+
+/// Most ACLs the cluster holds.
+pub const ACLS_MAX: usize = 100_000;
 
 /// A user's SCRAM credential for one mechanism (RFC 5802): what the server keeps instead
 /// of the password. Computed by the broker from the salted password a client sends.
@@ -178,6 +205,13 @@ pub enum Command {
         upsertions: Vec<(String, String, ScramCredential)>,
         /// (user, mechanism) to remove.
         deletions: Vec<(String, String)>,
+    },
+    /// Add ACLs (already present ones are kept once) and remove others, as one change.
+    AlterAcls {
+        /// ACLs to add.
+        create: Vec<AclBinding>,
+        /// ACLs to remove.
+        delete: Vec<AclBinding>,
     },
     /// Add or update a broker. A new incarnation of a live broker first fences the old one
     /// (leaderships move, ISRs shrink); an unfenced arrival takes leaderless partitions.
@@ -426,6 +460,17 @@ impl ClusterMetadata {
             Command::Reassign { topic, partition, target } => self.reassign(&topic, partition, target),
             Command::AlterScramCredentials { upsertions, deletions } => {
                 self.alter_scram_credentials(upsertions, deletions)
+            }
+            Command::AlterAcls { create, delete } => {
+                let added = create.iter().filter(|acl| !self.acls.contains(acl)).count();
+                if self.acls.len() + added > ACLS_MAX {
+                    return Err(MetadataError::LimitExceeded(format!("more than {ACLS_MAX} ACLs")));
+                }
+                for acl in &delete {
+                    self.acls.remove(acl);
+                }
+                self.acls.extend(create);
+                Ok(CommandOutput::Done)
             }
         }
     }

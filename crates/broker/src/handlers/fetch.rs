@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::fetch_session::FetchItem;
+use crate::security::acl;
 use crate::Broker;
 
 /// First Fetch version that names topics by id.
@@ -45,7 +46,12 @@ struct Target {
     diverging: Option<(i32, i64)>,
 }
 
-pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version: i16) -> FetchResponse {
+pub(super) async fn handle(
+    broker: &Arc<Broker>,
+    request: FetchRequest,
+    version: i16,
+    client: &super::Session,
+) -> FetchResponse {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let min_bytes = request.min_bytes.max(0) as usize;
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
@@ -56,6 +62,16 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::InconsistentClusterId.code();
+        return response;
+    }
+    // Replica fetches come from other nodes on the inter-broker listener (not
+    // authenticated yet: keep it on a private network); elsewhere they need CLUSTER_ACTION.
+    if follower.is_some()
+        && client.listener != broker.inter_broker_listener
+        && !broker.authorized_on_cluster(client, acl::OP_CLUSTER_ACTION)
+    {
+        let mut response = FetchResponse::default();
+        response.error_code = ResponseError::ClusterAuthorizationFailed.code();
         return response;
     }
     let (session, items) = match broker.fetch_sessions.begin(request) {
@@ -73,23 +89,32 @@ pub(super) async fn handle(broker: &Arc<Broker>, request: FetchRequest, version:
         ResponseError::UnknownTopicOrPartition
     };
     let mut targets = Vec::with_capacity(items.len());
-    let mut resolved: Option<(&FetchItem, Option<String>)> = None;
+    // (first item of the topic, its name, whether the client may read it)
+    let mut resolved: Option<(&FetchItem, Option<String>, bool)> = None;
     for item in &items {
         // Consecutive partitions of one topic resolve its name once.
         let same_topic =
-            resolved.as_ref().is_some_and(|(last, _)| last.topic_id == item.topic_id && last.topic == item.topic);
+            resolved.as_ref().is_some_and(|(last, _, _)| last.topic_id == item.topic_id && last.topic == item.topic);
         if !same_topic {
             let name = if version >= TOPIC_ID_VERSION {
                 broker.topics.name_for_id(&item.topic_id)
             } else {
                 Some(item.topic.to_string())
             };
-            resolved = Some((item, name));
+            let readable = follower.is_some()
+                || name
+                    .as_deref()
+                    .is_some_and(|name| broker.authorized(client, acl::OP_READ, acl::RESOURCE_TOPIC, name));
+            resolved = Some((item, name, readable));
         }
-        let name = resolved.as_ref().and_then(|(_, name)| name.as_deref());
+        let (name, readable) = match &resolved {
+            Some((_, name, readable)) => (name.as_deref(), *readable),
+            None => (None, false),
+        };
         let partition = &item.partition;
         let (log, diverging) = match name {
             None => (Err(unknown_error), None),
+            Some(_) if !readable => (Err(ResponseError::TopicAuthorizationFailed), None),
             Some(name) => serving_log(broker, name, partition, follower, now_ms, unknown_error),
         };
         targets.push(Target {

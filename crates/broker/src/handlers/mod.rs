@@ -2,7 +2,9 @@
 //! request (for Produce: validating and appending, in arrival order) before returning a
 //! future for the rest (waiting for durability or for data).
 
+mod acls;
 mod admin;
+mod authorize;
 mod configs;
 mod consumer_groups;
 mod fetch;
@@ -38,10 +40,13 @@ fn client_host(peer: &SocketAddr) -> String {
 }
 
 /// Who sent a request, from where, over which listener.
+#[derive(Clone)]
 pub(crate) struct Session {
     pub(crate) peer: SocketAddr,
     /// Index in [`Broker::listeners`].
     pub(crate) listener: usize,
+    /// Kafka principal: `User:<name>` once SASL authenticated, else `User:ANONYMOUS`.
+    pub(crate) principal: Arc<str>,
 }
 
 /// Runs one request of an authenticated client.
@@ -56,10 +61,25 @@ pub(crate) fn dispatch(
     let arrived = std::time::Instant::now();
     let broker = broker.clone();
     let metered = broker.clone();
+    let (body, denied) = match authorize::before(&broker, session, body) {
+        Ok(checked) => checked,
+        Err(refused) => {
+            return respond(
+                metered,
+                session.clone(),
+                api_key,
+                api_version,
+                correlation_id,
+                arrived,
+                ready(*refused),
+                authorize::Denied::default(),
+            )
+        }
+    };
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
         RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
         RequestKind::Produce(request) => {
-            let pending = produce::append(&broker, request);
+            let pending = produce::append(&broker, request, session);
             Box::pin(async move {
                 let response = pending.await;
                 drop(permit);
@@ -67,7 +87,10 @@ pub(crate) fn dispatch(
             })
         }
         RequestKind::Fetch(request) => {
-            Box::pin(async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version).await)) })
+            let session = session.clone();
+            Box::pin(
+                async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version, &session).await)) },
+            )
         }
         RequestKind::ListOffsets(request) => {
             ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
@@ -165,6 +188,17 @@ pub(crate) fn dispatch(
             let pending = groups::delete_groups(&broker, request);
             Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
         }
+        RequestKind::CreateAcls(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::CreateAcls(acls::create(&broker, &session, request).await)) })
+        }
+        RequestKind::DescribeAcls(request) => {
+            ready(ResponseKind::DescribeAcls(acls::describe(&broker, session, request)))
+        }
+        RequestKind::DeleteAcls(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::DeleteAcls(acls::delete(&broker, &session, request).await)) })
+        }
         RequestKind::DescribeUserScramCredentials(request) => {
             ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
         }
@@ -177,10 +211,26 @@ pub(crate) fn dispatch(
             Box::pin(async { None })
         }
     };
+    respond(metered, session.clone(), api_key, api_version, correlation_id, arrived, response, denied)
+}
+
+/// Awaits a handler's response, completes its authorization masks, meters and encodes it.
+#[allow(clippy::too_many_arguments)]
+fn respond(
+    broker: Arc<Broker>,
+    session: Session,
+    api_key: kafka_protocol::messages::ApiKey,
+    api_version: i16,
+    correlation_id: i32,
+    arrived: std::time::Instant,
+    response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
+    denied: authorize::Denied,
+) -> ResponseFuture {
     Box::pin(async move {
         let body = response.await;
-        metered.metrics.request_done(api_key as i16, arrived.elapsed());
-        let body = body?;
+        broker.metrics.request_done(api_key as i16, arrived.elapsed());
+        let mut body = body?;
+        authorize::after(&broker, &session, denied, &mut body);
         match encode_response(api_key, api_version, correlation_id, &body) {
             Ok(bytes) => Some(bytes),
             Err(error) => {

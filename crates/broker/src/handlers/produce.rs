@@ -16,6 +16,7 @@ use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
 
 use crate::replication::{NotServed, Replica};
+use crate::security::acl;
 use crate::{Broker, LEADER_EPOCH};
 
 /// A partition whose append succeeded and whose answer waits until it is durable enough.
@@ -45,6 +46,7 @@ enum AckWhen {
 pub(super) fn append(
     broker: &Arc<Broker>,
     request: ProduceRequest,
+    session: &super::Session,
 ) -> impl Future<Output = Option<ProduceResponse>> + Send + 'static {
     let now_ms = sluice_storage::now_ms();
     let acks = request.acks;
@@ -56,6 +58,7 @@ pub(super) fn append(
         let mut topic_response = TopicProduceResponse::default();
         topic_response.name = topic.name.clone();
         let mut topic_bytes = 0u64;
+        let writable = broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name);
         for (partition_index, data) in topic.partition_data.into_iter().enumerate() {
             let mut partition_response = PartitionProduceResponse::default();
             partition_response.index = data.index;
@@ -63,6 +66,7 @@ pub(super) fn append(
             partition_response.log_append_time_ms = -1;
             let target = leader_log(broker, &topic.name, data.index, acks);
             let result = match (&target, data.records) {
+                _ if !writable => Err(Refusal::from(ResponseError::TopicAuthorizationFailed)),
                 _ if invalid_acks => Err(Refusal::from(ResponseError::InvalidRequiredAcks)),
                 (Err(error), _) => Err(Refusal::from(*error)),
                 (Ok(_), None) => Err(Refusal::from(ResponseError::CorruptMessage)),

@@ -19,8 +19,8 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use super::{message, Failure};
-use crate::security::credentials::Upsertion;
 use crate::security::scram::{self, Mechanism};
+use crate::security::store::Upsertion;
 use crate::Broker;
 
 /// Longest SCRAM user name accepted.

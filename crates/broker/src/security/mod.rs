@@ -2,10 +2,11 @@
 //! (rustls), SASL authentication (PLAIN, SCRAM-SHA-256/512) and the SCRAM credentials
 //! that back both SASL mechanisms.
 
-pub(crate) mod credentials;
+pub mod acl;
 pub mod listeners;
 pub(crate) mod sasl;
 pub(crate) mod scram;
+pub(crate) mod store;
 pub(crate) mod tls;
 
 pub use listeners::{Listener, SecurityProtocol};
@@ -39,6 +40,11 @@ pub(crate) fn validate(config: &BrokerConfig) -> Result<(), String> {
         return Err("a SASL listener needs at least one of sasl.enabled.mechanisms".into());
     }
     tls::acceptor(config)?;
+    for user in config.super_users.split(';').map(str::trim).filter(|u| !u.is_empty()) {
+        if !user.contains(':') {
+            return Err(format!("super.users entry {user:?} is not a principal like User:admin"));
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,133 @@
+//! Where SCRAM credentials and ACLs live: in a cluster, in the controller's replicated
+//! metadata (every node authenticates and authorizes alike); on a single node, in
+//! `meta/security.json`, written atomically (tmp, fsync, rename) before the admin request
+//! that changed it is answered.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sluice_cluster::{AclBinding, ScramCredential};
+
+use crate::handlers::Failure;
+use crate::Broker;
+
+const SECURITY_FILE: &str = "security.json";
+
+/// user -> mechanism name -> credential.
+pub(crate) type UserCredentials = BTreeMap<String, BTreeMap<String, ScramCredential>>;
+
+/// (user, mechanism name, credential) to add or replace.
+pub(crate) type Upsertion = (String, String, ScramCredential);
+
+/// A single node's security state, as persisted.
+#[derive(Default, Clone, Serialize, Deserialize)]
+struct LocalSecurity {
+    #[serde(default)]
+    scram_credentials: UserCredentials,
+    #[serde(default)]
+    acls: BTreeSet<AclBinding>,
+}
+
+pub(crate) struct SecurityStore {
+    /// Single node: the persisted state. `None` in a cluster (the metadata has it).
+    local: Option<(PathBuf, Mutex<LocalSecurity>)>,
+}
+
+impl SecurityStore {
+    pub(crate) fn open_local(data_dir: &Path) -> io::Result<SecurityStore> {
+        let path = data_dir.join("meta").join(SECURITY_FILE);
+        let state = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => LocalSecurity::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(SecurityStore { local: Some((path, Mutex::new(state))) })
+    }
+
+    pub(crate) fn replicated() -> SecurityStore {
+        SecurityStore { local: None }
+    }
+}
+
+/// Persists a changed copy of the local state, then installs it.
+fn store_local(path: &Path, current: &mut LocalSecurity, changed: LocalSecurity) -> Result<(), Failure> {
+    use kafka_protocol::ResponseError;
+    let bytes = serde_json::to_vec(&changed).map_err(|e| (ResponseError::UnknownServerError, e.to_string()))?;
+    sluice_storage::write_file_atomically(path, &bytes)
+        .map_err(|e| (ResponseError::KafkaStorageError, format!("storing {}: {e}", path.display())))?;
+    *current = changed;
+    Ok(())
+}
+
+impl Broker {
+    /// A user's credential for one SCRAM mechanism, as this node knows it now.
+    pub(crate) fn scram_credential(&self, user: &str, mechanism: &str) -> Option<ScramCredential> {
+        self.with_scram_credentials(|all| all.get(user).and_then(|m| m.get(mechanism)).cloned())
+    }
+
+    pub(crate) fn with_scram_credentials<T>(&self, read: impl FnOnce(&UserCredentials) -> T) -> T {
+        match (&self.security.local, &self.cluster) {
+            (Some((_, local)), _) => read(&local.lock().scram_credentials),
+            (None, Some(cluster)) => read(&cluster.metadata().scram_credentials),
+            (None, None) => read(&UserCredentials::new()),
+        }
+    }
+
+    pub(crate) fn with_acls<T>(&self, read: impl FnOnce(&BTreeSet<AclBinding>) -> T) -> T {
+        match (&self.security.local, &self.cluster) {
+            (Some((_, local)), _) => read(&local.lock().acls),
+            (None, Some(cluster)) => read(&cluster.metadata().acls),
+            (None, None) => read(&BTreeSet::new()),
+        }
+    }
+
+    /// Applies validated credential changes: on a single node persisted before returning,
+    /// in a cluster committed by the controller and applied here.
+    pub(crate) async fn alter_scram_credentials(
+        &self,
+        upsertions: Vec<Upsertion>,
+        deletions: Vec<(String, String)>,
+    ) -> Result<(), Failure> {
+        if let Some((path, local)) = &self.security.local {
+            let mut current = local.lock();
+            let mut changed = current.clone();
+            for (user, mechanism) in &deletions {
+                if let Some(mechanisms) = changed.scram_credentials.get_mut(user) {
+                    mechanisms.remove(mechanism);
+                    if mechanisms.is_empty() {
+                        changed.scram_credentials.remove(user);
+                    }
+                }
+            }
+            for (user, mechanism, credential) in upsertions {
+                changed.scram_credentials.entry(user).or_default().insert(mechanism, credential);
+            }
+            return store_local(path, &mut current, changed);
+        }
+        let controller = crate::handlers::controller(self)?;
+        crate::handlers::controller_write(self, controller.alter_scram_credentials(upsertions, deletions)).await
+    }
+
+    /// Adds and removes validated ACLs, durably, as one change.
+    pub(crate) async fn alter_acls(&self, create: Vec<AclBinding>, delete: Vec<AclBinding>) -> Result<(), Failure> {
+        if let Some((path, local)) = &self.security.local {
+            let mut current = local.lock();
+            let mut changed = current.clone();
+            for acl in &delete {
+                changed.acls.remove(acl);
+            }
+            changed.acls.extend(create);
+            if changed.acls.len() > sluice_cluster::metadata::ACLS_MAX {
+                let text = format!("more than {} ACLs", sluice_cluster::metadata::ACLS_MAX);
+                return Err((kafka_protocol::ResponseError::PolicyViolation, text));
+            }
+            return store_local(path, &mut current, changed);
+        }
+        let controller = crate::handlers::controller(self)?;
+        crate::handlers::controller_write(self, controller.alter_acls(create, delete)).await
+    }
+}
