@@ -36,16 +36,18 @@ pub(crate) async fn run(
     listener: usize,
 ) {
     let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl());
-    let mut session = Session { peer, listener, principal: Arc::from("") };
+    let mut session = Session { peer, listener, principal: Arc::from(""), throttle: Default::default() };
     let frame_bytes_max = broker.config().max_request_bytes;
     let inflight_max = broker.config().max_inflight_requests_per_connection;
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
     let mut inflight: FuturesOrdered<ResponseFuture> = FuturesOrdered::new();
     let mut read_closed = false;
     loop {
+        // Over a quota: take no new request until the throttle time has passed (KIP-219).
+        let muted = session.throttle.remaining(broker.quotas.now_ms());
         // Turn buffered bytes into requests while there is room in flight.
         let mut blocked_on_memory = false;
-        while inflight.len() < inflight_max {
+        while muted.is_none() && inflight.len() < inflight_max {
             let frame = match decode_frame(&mut buffer, frame_bytes_max) {
                 Ok(Some(frame)) => frame,
                 Ok(None) => break,
@@ -95,11 +97,12 @@ pub(crate) async fn run(
                 }
             }
         }
-        let can_read = !read_closed && !blocked_on_memory && inflight.len() < inflight_max;
-        if inflight.is_empty() && !can_read {
+        let can_read = !read_closed && !blocked_on_memory && muted.is_none() && inflight.len() < inflight_max;
+        if inflight.is_empty() && !can_read && muted.is_none() {
             return;
         }
         tokio::select! {
+            () = tokio::time::sleep(muted.unwrap_or_default()), if muted.is_some() => {}
             Some(response) = inflight.next(), if !inflight.is_empty() => {
                 if let Some(chunks) = response {
                     if let Err(error) = write_chunks(&mut writer, chunks).await {

@@ -39,6 +39,8 @@ pub struct Broker {
     inter_broker_listener: usize,
     /// SCRAM credentials (SASL) and ACLs, local or in the cluster metadata.
     security: security::store::SecurityStore,
+    /// Client quota rates (security/quota.rs).
+    quotas: security::quota::QuotaManager,
     /// ACL checks, when `authorizer.class.name` is set.
     authorizer: Option<security::acl::Authorizer>,
     topics: TopicRegistry,
@@ -146,6 +148,7 @@ impl Broker {
             inter_broker_listener,
             security,
             authorizer,
+            quotas: security::quota::QuotaManager::default(),
             topics,
             logs,
             produce_memory,

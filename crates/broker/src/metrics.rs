@@ -63,6 +63,9 @@ pub(crate) struct Metrics {
     topics: RwLock<HashMap<String, (Counter, Counter)>>,
     fsync_seconds: Histogram,
     connections: Gauge,
+    /// Produce and fetch answers that carried a quota throttle.
+    throttled_produce: Counter,
+    throttled_fetch: Counter,
     partitions: Gauge,
     offline_partitions: Gauge,
     leader_partitions: Gauge,
@@ -114,6 +117,14 @@ impl Metrics {
             gauge
         };
         let connections = gauge(&mut registry, "connections", "Open client connections");
+        let throttled = Family::<ApiLabels, Counter>::default();
+        registry.register(
+            "quota_throttled_responses",
+            "Answers throttled for exceeding a client quota",
+            throttled.clone(),
+        );
+        let throttled_produce = throttled.get_or_create_owned(&ApiLabels { api: "Produce".into() });
+        let throttled_fetch = throttled.get_or_create_owned(&ApiLabels { api: "Fetch".into() });
         let partitions = gauge(&mut registry, "partitions", "Partition logs hosted on this node");
         let offline_partitions =
             gauge(&mut registry, "offline_partitions", "Hosted partitions offline after a storage error");
@@ -136,6 +147,8 @@ impl Metrics {
             topics: RwLock::new(HashMap::new()),
             fsync_seconds,
             connections,
+            throttled_produce,
+            throttled_fetch,
             partitions,
             offline_partitions,
             leader_partitions,
@@ -183,6 +196,13 @@ impl Metrics {
 
     pub(crate) fn connection_opened(&self) {
         self.connections.inc();
+    }
+
+    pub(crate) fn throttled(&self, kind: crate::security::quota::QuotaKind) {
+        match kind {
+            crate::security::quota::QuotaKind::Produce => self.throttled_produce.inc(),
+            crate::security::quota::QuotaKind::Fetch => self.throttled_fetch.inc(),
+        };
     }
 
     pub(crate) fn connection_closed(&self) {

@@ -405,6 +405,14 @@ impl Controller {
         self.write(Command::AlterScramCredentials { upsertions, deletions }).await.map(drop)
     }
 
+    /// Sets or removes client quota values, as one change.
+    pub async fn alter_client_quotas(
+        &self,
+        changes: Vec<(crate::metadata::QuotaEntity, String, Option<u64>)>,
+    ) -> Result<(), ControllerError> {
+        self.write(Command::AlterClientQuotas { changes }).await.map(drop)
+    }
+
     /// Adds and removes ACLs, as one change.
     pub async fn alter_acls(
         &self,

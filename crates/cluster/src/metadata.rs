@@ -152,7 +152,32 @@ pub struct ClusterMetadata {
     /// Access control entries (Kafka's ACLs), checked by every broker on every request.
     #[serde(default)]
     pub acls: BTreeSet<AclBinding>,
+    /// Client quotas (Kafka's `kafka-configs --entity-type users/clients`): entity ->
+    /// quota name (`producer_byte_rate`, ...) -> value.
+    #[serde(default)]
+    pub client_quotas: BTreeMap<QuotaEntity, BTreeMap<String, u64>>,
 }
+
+/// The name part of a quota entity: a specific user or client id, or the default.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum QuotaEntityName {
+    /// Kafka's `<default>`: applies to those without a quota of their own.
+    Default,
+    /// One user or client id.
+    Named(String),
+}
+
+/// Who a quota applies to: a user, a client id, or both (Kafka's quota entity).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct QuotaEntity {
+    /// The `user` component, if any.
+    pub user: Option<QuotaEntityName>,
+    /// The `client-id` component, if any.
+    pub client_id: Option<QuotaEntityName>,
+}
+
+/// Most quota entities the cluster holds.
+pub const QUOTA_ENTITIES_MAX: usize = 100_000;
 
 /// One ACL as Kafka's CreateAcls carries it, with Kafka's enum codes: which resources
 /// (type, name, LITERAL or PREFIXED pattern), whom (principal, host), what (operation),
@@ -205,6 +230,11 @@ pub enum Command {
         upsertions: Vec<(String, String, ScramCredential)>,
         /// (user, mechanism) to remove.
         deletions: Vec<(String, String)>,
+    },
+    /// Set (`Some`) or remove (`None`) quota values of entities, as one change.
+    AlterClientQuotas {
+        /// (entity, quota name, new value or removal).
+        changes: Vec<(QuotaEntity, String, Option<u64>)>,
     },
     /// Add ACLs (already present ones are kept once) and remove others, as one change.
     AlterAcls {
@@ -460,6 +490,28 @@ impl ClusterMetadata {
             Command::Reassign { topic, partition, target } => self.reassign(&topic, partition, target),
             Command::AlterScramCredentials { upsertions, deletions } => {
                 self.alter_scram_credentials(upsertions, deletions)
+            }
+            Command::AlterClientQuotas { changes } => {
+                let mut quotas = self.client_quotas.clone();
+                for (entity, key, value) in changes {
+                    let values = quotas.entry(entity.clone()).or_default();
+                    match value {
+                        Some(value) => {
+                            values.insert(key, value);
+                        }
+                        None => {
+                            values.remove(&key);
+                        }
+                    }
+                    if values.is_empty() {
+                        quotas.remove(&entity);
+                    }
+                }
+                if quotas.len() > QUOTA_ENTITIES_MAX {
+                    return Err(MetadataError::LimitExceeded(format!("more than {QUOTA_ENTITIES_MAX} quota entities")));
+                }
+                self.client_quotas = quotas;
+                Ok(CommandOutput::Done)
             }
             Command::AlterAcls { create, delete } => {
                 let added = create.iter().filter(|acl| !self.acls.contains(acl)).count();

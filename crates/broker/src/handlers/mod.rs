@@ -11,6 +11,7 @@ mod fetch;
 mod groups;
 mod offsets;
 mod produce;
+mod quotas;
 mod reassignments;
 mod users;
 
@@ -47,6 +48,21 @@ pub(crate) struct Session {
     pub(crate) listener: usize,
     /// Kafka principal: `User:<name>` once SASL authenticated, else `User:ANONYMOUS`.
     pub(crate) principal: Arc<str>,
+    /// Until when the connection is muted for exceeding a quota.
+    pub(crate) throttle: Arc<crate::security::quota::ConnectionThrottle>,
+}
+
+/// What [`respond`] needs besides the handler's answer.
+struct Exchange {
+    api_key: kafka_protocol::messages::ApiKey,
+    api_version: i16,
+    correlation_id: i32,
+    arrived: std::time::Instant,
+    client_id: Option<StrBytes>,
+    /// Produce: the record bytes the request carried (charged to the producer quota).
+    produce_bytes: u64,
+    /// Fetch from a client, not a replica (charged to the consumer quota).
+    consumer_fetch: bool,
 }
 
 /// Runs one request of an authenticated client.
@@ -61,19 +77,32 @@ pub(crate) fn dispatch(
     let arrived = std::time::Instant::now();
     let broker = broker.clone();
     let metered = broker.clone();
+    let produce_bytes = match &body {
+        RequestKind::Produce(request) => request
+            .topic_data
+            .iter()
+            .flat_map(|t| &t.partition_data)
+            .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
+            .sum(),
+        _ => 0,
+    };
+    let consumer_fetch = match &body {
+        RequestKind::Fetch(request) => request.replica_id.0 < 0 && request.replica_state.replica_id.0 < 0,
+        _ => false,
+    };
+    let exchange = Exchange {
+        api_key,
+        api_version,
+        correlation_id,
+        arrived,
+        client_id: client_id.clone(),
+        produce_bytes,
+        consumer_fetch,
+    };
     let (body, denied) = match authorize::before(&broker, session, body) {
         Ok(checked) => checked,
         Err(refused) => {
-            return respond(
-                metered,
-                session.clone(),
-                api_key,
-                api_version,
-                correlation_id,
-                arrived,
-                ready(*refused),
-                authorize::Denied::default(),
-            )
+            return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default());
         }
     };
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
@@ -199,6 +228,15 @@ pub(crate) fn dispatch(
             let session = session.clone();
             Box::pin(async move { Some(ResponseKind::DeleteAcls(acls::delete(&broker, &session, request).await)) })
         }
+        RequestKind::DescribeClientQuotas(request) => {
+            ready(ResponseKind::DescribeClientQuotas(quotas::describe(&broker, session, request)))
+        }
+        RequestKind::AlterClientQuotas(request) => {
+            let session = session.clone();
+            Box::pin(
+                async move { Some(ResponseKind::AlterClientQuotas(quotas::alter(&broker, &session, request).await)) },
+            )
+        }
         RequestKind::DescribeUserScramCredentials(request) => {
             ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
         }
@@ -211,26 +249,25 @@ pub(crate) fn dispatch(
             Box::pin(async { None })
         }
     };
-    respond(metered, session.clone(), api_key, api_version, correlation_id, arrived, response, denied)
+    respond(metered, session.clone(), exchange, response, denied)
 }
 
-/// Awaits a handler's response, completes its authorization masks, meters and encodes it.
-#[allow(clippy::too_many_arguments)]
+/// Awaits a handler's response, completes its authorization masks, charges quotas, meters
+/// and encodes it.
 fn respond(
     broker: Arc<Broker>,
     session: Session,
-    api_key: kafka_protocol::messages::ApiKey,
-    api_version: i16,
-    correlation_id: i32,
-    arrived: std::time::Instant,
+    exchange: Exchange,
     response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
     denied: authorize::Denied,
 ) -> ResponseFuture {
+    let Exchange { api_key, api_version, correlation_id, arrived, .. } = exchange;
     Box::pin(async move {
         let body = response.await;
         broker.metrics.request_done(api_key as i16, arrived.elapsed());
         let mut body = body?;
         authorize::after(&broker, &session, denied, &mut body);
+        charge_quota(&broker, &session, &exchange, &mut body);
         match encode_response(api_key, api_version, correlation_id, &body) {
             Ok(bytes) => Some(bytes),
             Err(error) => {
@@ -239,6 +276,33 @@ fn respond(
             }
         }
     })
+}
+
+/// Charges produce and consumer-fetch bytes to the client's quota; over it, the answer
+/// carries `throttle_time_ms` and the connection stops reading for that long.
+fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind) {
+    use crate::security::quota::QuotaKind;
+    let (kind, bytes, throttle_field) = match body {
+        ResponseKind::Produce(response) => (QuotaKind::Produce, exchange.produce_bytes, &mut response.throttle_time_ms),
+        ResponseKind::Fetch(response) if exchange.consumer_fetch => {
+            let bytes = response
+                .responses
+                .iter()
+                .flat_map(|t| &t.partitions)
+                .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
+                .sum();
+            (QuotaKind::Fetch, bytes, &mut response.throttle_time_ms)
+        }
+        _ => return,
+    };
+    let user = session.principal.strip_prefix("User:").unwrap_or(&session.principal);
+    let client_id = exchange.client_id.as_deref().unwrap_or("");
+    let throttle_ms = broker.with_client_quotas(|quotas| broker.quotas.record(quotas, kind, user, client_id, bytes));
+    if throttle_ms > 0 {
+        *throttle_field = i32::try_from(throttle_ms).unwrap_or(i32::MAX);
+        session.throttle.extend(broker.quotas.now_ms() + throttle_ms);
+        broker.metrics.throttled(kind);
+    }
 }
 
 fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {

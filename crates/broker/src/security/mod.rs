@@ -4,6 +4,7 @@
 
 pub mod acl;
 pub mod listeners;
+pub(crate) mod quota;
 pub(crate) mod sasl;
 pub(crate) mod scram;
 pub(crate) mod store;

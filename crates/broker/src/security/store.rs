@@ -1,4 +1,4 @@
-//! Where SCRAM credentials and ACLs live: in a cluster, in the controller's replicated
+//! Where SCRAM credentials, ACLs and client quotas live: in a cluster, in the controller's replicated
 //! metadata (every node authenticates and authorizes alike); on a single node, in
 //! `meta/security.json`, written atomically (tmp, fsync, rename) before the admin request
 //! that changed it is answered.
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use sluice_cluster::{AclBinding, ScramCredential};
+use sluice_cluster::{AclBinding, QuotaEntity, ScramCredential};
 
 use crate::handlers::Failure;
 use crate::Broker;
@@ -29,7 +29,27 @@ struct LocalSecurity {
     scram_credentials: UserCredentials,
     #[serde(default)]
     acls: BTreeSet<AclBinding>,
+    #[serde(default, with = "quotas_as_list")]
+    client_quotas: ClientQuotas,
 }
+
+/// Client quotas as a JSON list of pairs (JSON object keys must be strings).
+mod quotas_as_list {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::ClientQuotas;
+
+    pub(super) fn serialize<S: Serializer>(quotas: &ClientQuotas, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(quotas.iter())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ClientQuotas, D::Error> {
+        Ok(Vec::deserialize(deserializer)?.into_iter().collect())
+    }
+}
+
+/// entity -> quota name -> value.
+pub(crate) type ClientQuotas = BTreeMap<QuotaEntity, BTreeMap<String, u64>>;
 
 pub(crate) struct SecurityStore {
     /// Single node: the persisted state. `None` in a cluster (the metadata has it).
@@ -110,6 +130,39 @@ impl Broker {
         }
         let controller = crate::handlers::controller(self)?;
         crate::handlers::controller_write(self, controller.alter_scram_credentials(upsertions, deletions)).await
+    }
+
+    pub(crate) fn with_client_quotas<T>(&self, read: impl FnOnce(&ClientQuotas) -> T) -> T {
+        match (&self.security.local, &self.cluster) {
+            (Some((_, local)), _) => read(&local.lock().client_quotas),
+            (None, Some(cluster)) => read(&cluster.metadata().client_quotas),
+            (None, None) => read(&ClientQuotas::new()),
+        }
+    }
+
+    /// Sets (`Some`) or removes (`None`) validated quota values, durably, as one change.
+    pub(crate) async fn alter_client_quotas(
+        &self,
+        changes: Vec<(QuotaEntity, String, Option<u64>)>,
+    ) -> Result<(), Failure> {
+        if let Some((path, local)) = &self.security.local {
+            let mut current = local.lock();
+            let mut changed = current.clone();
+            let quotas = &mut changed.client_quotas;
+            for (entity, key, value) in changes {
+                let values = quotas.entry(entity.clone()).or_default();
+                match value {
+                    Some(value) => values.insert(key, value),
+                    None => values.remove(&key),
+                };
+                if values.is_empty() {
+                    quotas.remove(&entity);
+                }
+            }
+            return store_local(path, &mut current, changed);
+        }
+        let controller = crate::handlers::controller(self)?;
+        crate::handlers::controller_write(self, controller.alter_client_quotas(changes)).await
     }
 
     /// Adds and removes validated ACLs, durably, as one change.
