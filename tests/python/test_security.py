@@ -15,7 +15,12 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
+    ResourcePatternType,
+    ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
     UserScramCredentialDeletion,
@@ -279,11 +284,25 @@ def test_mutual_tls_requires_a_trusted_client_certificate(broker_factory, tmp_pa
     secure = start_secure_broker(
         broker_factory, tmp_path, "--override", "ssl.client.auth=required",
         "--override", f"ssl.truststore.location={tmp_path / 'pki' / 'ca.pem'}",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "super.users=User:ANONYMOUS",
     )
+    # The certificate's subject is the principal (Kafka's default principal mapping).
+    principal = "User:CN=sluice-test-client"
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "mtls", ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL,
+                   AclPermissionType.ALLOW),
+        AclBinding(ResourceType.GROUP, "reader-", ResourcePatternType.PREFIXED, principal, "*", AclOperation.READ,
+                   AclPermissionType.ALLOW),
+    ]
+    admin = secure.admin()
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=10)
     with_cert = secure.client("SSL", **{"ssl.certificate.location": str(secure.pki.client_cert),
                                         "ssl.key.location": str(secure.pki.client_key)})
     produce(with_cert, "mtls", [b"signed"])
     assert consume(with_cert, "mtls", 1) == [b"signed"]
+    assert first_error(with_cert, "not-granted") == "Broker: Topic authorization failed"
     error = first_error(secure.client("SSL"), "mtls")
     assert error is not None and error != "no answer", error
     # Python's own TLS stack, to see the broker's refusal rather than a client's guess.

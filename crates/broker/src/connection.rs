@@ -27,15 +27,17 @@ use crate::Broker;
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Serves one connection of listener `listener` (index in [`Broker::listeners`]) until
-/// the client closes it or sends something that closes it.
+/// the client closes it or sends something that closes it. `certificate_user`: the
+/// subject of the client's TLS certificate, its principal on an SSL listener.
 pub(crate) async fn run(
     broker: Arc<Broker>,
     mut reader: impl AsyncRead + Unpin,
     mut writer: impl AsyncWrite + Unpin,
     peer: SocketAddr,
     listener: usize,
+    certificate_user: Option<String>,
 ) {
-    let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl());
+    let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
     let mut session = Session { peer, listener, principal: Arc::from(""), throttle: Default::default() };
     let frame_bytes_max = broker.config().max_request_bytes;
     let inflight_max = broker.config().max_inflight_requests_per_connection;

@@ -98,14 +98,20 @@ async fn accept_loop(
             match tls {
                 None => {
                     let (reader, writer) = stream.into_split();
-                    crate::connection::run(broker, reader, writer, peer, index).await;
+                    crate::connection::run(broker, reader, writer, peer, index, None).await;
                 }
                 Some(acceptor) => {
                     let timeout = Duration::from_millis(crate::security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
                     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
                         Ok(Ok(session)) => {
+                            let certificate_user = session
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|chain| chain.first())
+                                .and_then(crate::security::tls::certificate_user);
                             let (reader, writer) = tokio::io::split(session);
-                            crate::connection::run(broker, reader, writer, peer, index).await;
+                            crate::connection::run(broker, reader, writer, peer, index, certificate_user).await;
                         }
                         Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
                         Err(_) => tracing::info!(%peer, "TLS handshake timed out"),

@@ -5,6 +5,7 @@
 //! served before authentication succeeds; a failure is answered with Kafka's error and
 //! the connection is closed after that answer, as Kafka does. PLAIN passwords are checked
 //! against the user's stored SCRAM credential, so no listener needs plaintext passwords.
+//! On SASL_SSL the SASL user is the principal, as in Kafka, whatever certificate was shown.
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
@@ -69,9 +70,14 @@ pub(crate) struct Authenticator {
 }
 
 impl Authenticator {
-    /// `sasl`: whether the listener requires SASL authentication.
-    pub(crate) fn new(sasl: bool) -> Authenticator {
-        let state = if sasl { State::Handshake } else { State::Done(ANONYMOUS.to_string()) };
+    /// `sasl`: whether the listener requires SASL authentication. Without SASL the user is
+    /// the client certificate's subject (mutual TLS), else [`ANONYMOUS`].
+    pub(crate) fn new(sasl: bool, certificate_user: Option<String>) -> Authenticator {
+        let state = if sasl {
+            State::Handshake
+        } else {
+            State::Done(certificate_user.unwrap_or_else(|| ANONYMOUS.to_string()))
+        };
         Authenticator { sasl, state }
     }
 

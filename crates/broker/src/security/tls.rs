@@ -50,6 +50,43 @@ fn certificates(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certificates)
 }
 
+/// The name of a client that presented a certificate, as Kafka's default
+/// `ssl.principal.mapping.rules` gives it: the subject's distinguished name in RFC 2253
+/// form (`CN=client,OU=team,O=org`), most specific part first.
+pub(crate) fn certificate_user(certificate: &CertificateDer<'_>) -> Option<String> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, parsed) = X509Certificate::from_der(certificate.as_ref()).ok()?;
+    let mut parts = Vec::new();
+    for rdn in parsed.subject().iter().collect::<Vec<_>>().into_iter().rev() {
+        let attributes: Vec<String> = rdn
+            .iter()
+            .map(|attribute| {
+                let oid = attribute.attr_type();
+                let name = x509_parser::objects::oid2abbrev(oid, x509_parser::objects::oid_registry())
+                    .map(str::to_string)
+                    .unwrap_or_else(|_| oid.to_id_string());
+                let value = attribute.as_str().map(rfc2253_escape).unwrap_or_default();
+                format!("{name}={value}")
+            })
+            .collect();
+        parts.push(attributes.join("+"));
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+fn rfc2253_escape(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for (index, c) in value.chars().enumerate() {
+        let leading = index == 0 && (c == ' ' || c == '#');
+        let trailing = index + 1 == value.chars().count() && c == ' ';
+        if leading || trailing || matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 /// The acceptor for TLS listeners, or `None` when no listener uses TLS.
 pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, String> {
     let tls = config;
