@@ -58,6 +58,9 @@ pub struct BrokerProcess {
     child: Option<Child>,
     name: &'static str,
     bootstrap: String,
+    /// The SSL listener clients use, when the run is over TLS (`bootstrap` stays the
+    /// PLAINTEXT listener the bench checks readiness on).
+    tls_bootstrap: Option<String>,
     data_dir: PathBuf,
     log_path: PathBuf,
     keep_data: bool,
@@ -161,6 +164,16 @@ pub struct BrokerSet {
 }
 
 impl BrokerSet {
+    /// Where the workload's clients connect: the SSL listeners in a TLS run, else
+    /// [`BrokerSet::bootstrap`].
+    pub fn client_bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| node.tls_bootstrap.clone().unwrap_or_else(|| node.bootstrap()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The bootstrap list (every node, comma-separated).
     pub fn bootstrap(&self) -> String {
         self.nodes.iter().map(BrokerProcess::bootstrap).collect::<Vec<_>>().join(",")
@@ -222,14 +235,20 @@ impl SluiceBroker {
     /// As [`SluiceBroker::start`], with extra `serve` arguments.
     pub fn start_with_args(bin: &Path, extra: &[String]) -> anyhow::Result<BrokerProcess> {
         let port = free_port()?;
-        Self::start_node(bin, port, "sluice-bench-sluice", extra)
+        Self::start_node(bin, port, "sluice-bench-sluice", extra, None)
     }
 
     /// `nodes` `sluice serve` processes forming one cluster (controller quorum of all of
     /// them, as `sluice dev-cluster`), each with `extra`; one node is a plain broker.
-    pub fn start_cluster(bin: &Path, nodes: usize, extra: &[String]) -> anyhow::Result<BrokerSet> {
+    /// With `tls`, each node also has an SSL listener, which the clients use.
+    pub fn start_cluster(
+        bin: &Path,
+        nodes: usize,
+        extra: &[String],
+        tls: Option<&crate::tls::BenchTls>,
+    ) -> anyhow::Result<BrokerSet> {
         if nodes <= 1 {
-            return Ok(Self::start_with_args(bin, extra)?.into());
+            return Ok(Self::start_node(bin, free_port()?, "sluice-bench-sluice", extra, tls)?.into());
         }
         let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
         let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
@@ -243,24 +262,43 @@ impl SluiceBroker {
                 format!("--cluster-voters={voters}"),
             ];
             args.extend(extra.iter().cloned());
-            started.push(Self::start_node(bin, ports[i], &format!("sluice-bench-sluice-node{}", i + 1), &args)?);
+            let prefix = format!("sluice-bench-sluice-node{}", i + 1);
+            started.push(Self::start_node(bin, ports[i], &prefix, &args, tls)?);
         }
         let set = BrokerSet { nodes: started };
         set.wait_registered()?;
         Ok(set)
     }
 
-    fn start_node(bin: &Path, port: u16, dir_prefix: &str, extra: &[String]) -> anyhow::Result<BrokerProcess> {
+    fn start_node(
+        bin: &Path,
+        port: u16,
+        dir_prefix: &str,
+        extra: &[String],
+        tls: Option<&crate::tls::BenchTls>,
+    ) -> anyhow::Result<BrokerProcess> {
         let dir = fresh_dir(dir_prefix)?;
         let data_dir = dir.join("data");
         std::fs::create_dir_all(&data_dir)?;
         let log_path = dir.join("sluice.log");
         let log = std::fs::File::create(&log_path)?;
         let listen = format!("127.0.0.1:{port}");
+        let (listen_args, tls_bootstrap) = match tls {
+            None => (vec!["--listen".to_string(), listen.clone()], None),
+            Some(tls) => {
+                let tls_listen = format!("127.0.0.1:{}", free_port()?);
+                let args = vec![
+                    "--override".to_string(),
+                    format!("listeners=PLAINTEXT://{listen},SSL://{tls_listen}"),
+                    "--override".to_string(),
+                    format!("ssl.keystore.location={}", tls.server_pem.display()),
+                ];
+                (args, Some(tls_listen))
+            }
+        };
         let child = die_with_parent(&mut Command::new(bin))
             .arg("serve")
-            .arg("--listen")
-            .arg(&listen)
+            .args(&listen_args)
             .arg("--data-dir")
             .arg(&data_dir)
             .args(extra)
@@ -273,6 +311,7 @@ impl SluiceBroker {
             child: Some(child),
             name: "sluice",
             bootstrap: listen,
+            tls_bootstrap,
             data_dir: dir,
             log_path,
             keep_data: false,
@@ -351,15 +390,25 @@ impl KafkaInstall {
 
     /// Starts a fresh single-node KRaft broker on loopback.
     pub fn start(&self, heap: &str) -> anyhow::Result<BrokerProcess> {
-        let mut set = self.start_cluster(heap, 1)?;
+        let mut set = self.start_cluster(heap, 1, None)?;
         Ok(set.nodes.remove(0))
     }
 
     /// Starts `nodes` fresh KRaft nodes on loopback, each broker and controller (combined
     /// mode), all voters of one quorum.
-    pub fn start_cluster(&self, heap: &str, nodes: usize) -> anyhow::Result<BrokerSet> {
+    /// With `tls`, each node also has an SSL listener (PEM keystore), which clients use.
+    pub fn start_cluster(
+        &self,
+        heap: &str,
+        nodes: usize,
+        tls: Option<&crate::tls::BenchTls>,
+    ) -> anyhow::Result<BrokerSet> {
         let nodes = nodes.max(1);
         let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        let tls_ports = match tls {
+            Some(_) => Some((0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?),
+            None => None,
+        };
         let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
         let cluster_id = self.storage_tool(&["random-uuid"])?.trim().to_string();
         let mut dirs = Vec::with_capacity(nodes);
@@ -368,7 +417,11 @@ impl KafkaInstall {
             let data_dir = dir.join("data");
             std::fs::create_dir_all(&data_dir)?;
             let properties = dir.join("server.properties");
-            std::fs::write(&properties, kafka_properties(i + 1, &ports, &controller_ports, &data_dir))?;
+            let mut text = kafka_properties(i + 1, &ports, &controller_ports, &data_dir);
+            if let (Some(tls), Some(tls_ports)) = (tls, &tls_ports) {
+                text = with_tls_listener(&text, ports[i], tls_ports[i], controller_ports[i], tls);
+            }
+            std::fs::write(&properties, text)?;
             std::fs::write(dir.join("log4j2.properties"), LOG4J2_PROPERTIES)?;
             self.storage_tool(&["format", "-t", &cluster_id, "-c", &properties.display().to_string()])?;
             dirs.push(dir);
@@ -395,6 +448,7 @@ impl KafkaInstall {
                 child: Some(child),
                 name: "kafka",
                 bootstrap: format!("127.0.0.1:{}", ports[i]),
+                tls_bootstrap: tls_ports.as_ref().map(|tls_ports| format!("127.0.0.1:{}", tls_ports[i])),
                 data_dir: dir,
                 log_path,
                 keep_data: false,
@@ -474,6 +528,33 @@ fn kafka_properties(node_id: usize, ports: &[u16], controller_ports: &[u16], dat
         voters.join(","),
         data_dir.display()
     )
+}
+
+/// Adds an SSL listener (PEM keystore) beside the PLAINTEXT one, which stays the
+/// inter-broker listener.
+fn with_tls_listener(
+    properties: &str,
+    port: u16,
+    tls_port: u16,
+    controller_port: u16,
+    tls: &crate::tls::BenchTls,
+) -> String {
+    let listeners = format!("listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}");
+    let advertised = format!("advertised.listeners=PLAINTEXT://127.0.0.1:{port}");
+    properties
+        .replace(
+            &listeners,
+            &format!(
+                "listeners=PLAINTEXT://127.0.0.1:{port},SSL://127.0.0.1:{tls_port},CONTROLLER://127.0.0.1:{controller_port}"
+            ),
+        )
+        .replace(&advertised, &format!("{advertised},SSL://127.0.0.1:{tls_port}"))
+        + &format!(
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT\n\
+             ssl.keystore.type=PEM\n\
+             ssl.keystore.location={}\n",
+            tls.server_pem.display()
+        )
 }
 
 const LOG4J2_PROPERTIES: &str = "status = warn\n\

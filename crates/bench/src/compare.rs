@@ -59,6 +59,10 @@ pub struct CompareArgs {
     /// Do not drop the page cache between runs (it needs root; skipped silently otherwise).
     #[arg(long)]
     pub no_drop_caches: bool,
+    /// Clients connect over TLS: both brokers get an SSL listener with the same generated
+    /// certificate (PEM, in OUTPUT_DIR/tls), clients trust its CA.
+    #[arg(long)]
+    pub tls: bool,
     /// Kafka settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -138,6 +142,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         "Kafka default (page cache, no fsync); Sluice at its own default"
     };
     println!("Durability: {durability}");
+    let tls = if args.tls { Some(crate::tls::BenchTls::generate(&args.output_dir.join("tls"))?) } else { None };
+    let transport = if tls.is_some() { "TLS (SSL listeners, both brokers)" } else { "plaintext" };
+    println!("Transport: {transport}");
 
     let mut runs: Vec<(String, u32, anyhow::Result<TestResult>)> = Vec::new();
     for round in 1..=args.rounds {
@@ -146,7 +153,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
             if !args.no_drop_caches && !brokers::drop_caches() && round == 1 && broker == "kafka" {
                 println!("warning: cannot drop the page cache (not root): runs share a warm cache");
             }
-            let outcome = run_one(&args, broker, &sluice_bin, &workload, &driver);
+            let outcome = run_one(&args, broker, &sluice_bin, &workload, &driver, tls.as_ref());
             match &outcome {
                 Ok(result) => {
                     let path = args.output_dir.join(format!("round-{round}-{broker}.json"));
@@ -159,7 +166,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
-    let table = summary_table(&runs, &workload.workload.name, &driver.driver.name, durability);
+    let table = summary_table(&runs, &workload.workload.name, &driver.driver.name, durability, transport);
     println!("\n{table}");
     std::fs::write(args.output_dir.join("summary.md"), &table)?;
     let charted: Vec<(String, TestResult)> = runs
@@ -179,14 +186,16 @@ fn run_one(
     sluice_bin: &std::path::Path,
     workload: &crate::workload::LoadedWorkload,
     driver: &crate::driver::LoadedDriver,
+    tls: Option<&crate::tls::BenchTls>,
 ) -> anyhow::Result<TestResult> {
     let nodes = usize::from(args.nodes);
     let process = match broker {
-        "kafka" => args.kafka.start(nodes)?,
-        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg)?,
+        "kafka" => args.kafka.start(nodes, tls)?,
+        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg, tls)?,
     };
     let mut options = args.overrides.run_options();
-    options.bootstrap = Some(process.bootstrap());
+    options.bootstrap = Some(process.client_bootstrap());
+    options.client_settings = tls.map(crate::tls::BenchTls::client_settings).unwrap_or_default();
     options.broker_pids = process.pids();
     options.broker_label = Some(broker.to_string());
     let outcome = if args.overrides.find_peak {
@@ -208,6 +217,7 @@ fn summary_table(
     workload: &str,
     driver: &str,
     durability: &str,
+    transport: &str,
 ) -> String {
     let figures_of = |broker: &str| -> Vec<Figures> {
         runs.iter()
@@ -221,6 +231,7 @@ fn summary_table(
     let mut table = String::new();
     let _ = writeln!(table, "Workload: {workload}; driver: {driver}");
     let _ = writeln!(table, "Durability: {durability}");
+    let _ = writeln!(table, "Transport: {transport}");
     let _ = writeln!(
         table,
         "Runs: kafka {} ok, sluice {} ok, {failed} failed; median (min .. max) across rounds\n",
@@ -275,7 +286,7 @@ mod tests {
             ("sluice".to_string(), 1, Ok(result(150.0))),
             ("kafka".to_string(), 2, Err(anyhow::anyhow!("x"))),
         ];
-        let table = summary_table(&runs, "w", "d", "default");
+        let table = summary_table(&runs, "w", "d", "default", "plaintext");
         assert!(table.contains("| publish rate (msg/s) | 100 (100 .. 100) | 150 (150 .. 150) | 1.50 |"), "{table}");
         assert!(table.contains("1 failed"));
     }

@@ -27,6 +27,7 @@ pub mod rate;
 pub mod result;
 pub mod runner;
 pub mod stats;
+pub mod tls;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -118,10 +119,10 @@ pub struct KafkaArgs {
 
 impl KafkaArgs {
     /// Installs (if needed) and starts a fresh Kafka of `nodes` nodes.
-    pub fn start(&self, nodes: usize) -> anyhow::Result<brokers::BrokerSet> {
+    pub fn start(&self, nodes: usize, tls: Option<&tls::BenchTls>) -> anyhow::Result<brokers::BrokerSet> {
         let cache = self.cache_dir.clone().unwrap_or_else(brokers::cache_dir_default);
         let install = brokers::KafkaInstall::ensure(&cache, &self.kafka_version)?;
-        install.start_cluster(&self.kafka_heap, nodes)
+        install.start_cluster(&self.kafka_heap, nodes, tls)
     }
 }
 
@@ -205,13 +206,13 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
                     Some(bin) => bin.clone(),
                     None => std::env::current_exe()?,
                 };
-                let started = brokers::SluiceBroker::start_cluster(&bin, usize::from(args.nodes), &[])?;
+                let started = brokers::SluiceBroker::start_cluster(&bin, usize::from(args.nodes), &[], None)?;
                 options.bootstrap = Some(started.bootstrap());
                 options.broker_pids = started.pids();
                 options.broker_label = Some("sluice".into());
                 broker = Some(started);
             } else if args.start_kafka {
-                let started = args.kafka.start(usize::from(args.nodes))?;
+                let started = args.kafka.start(usize::from(args.nodes), None)?;
                 options.bootstrap = Some(started.bootstrap());
                 options.broker_pids = started.pids();
                 options.broker_label = Some("kafka".into());

@@ -69,6 +69,8 @@ pub struct RunOptions {
     pub broker_label: Option<String>,
     /// Caps the replication factor (default: the broker count).
     pub replication_factor_max: Option<i32>,
+    /// Client settings added to the driver's common config (e.g. TLS).
+    pub client_settings: Vec<(String, String)>,
 }
 
 impl Default for RunOptions {
@@ -83,6 +85,7 @@ impl Default for RunOptions {
             broker_pids: Vec::new(),
             broker_label: None,
             replication_factor_max: None,
+            client_settings: Vec::new(),
         }
     }
 }
@@ -151,6 +154,10 @@ pub fn run_workload(
     let mut driver_settings = driver.driver.clone();
     if let Some(bootstrap) = &options.bootstrap {
         driver_settings.set_bootstrap(bootstrap);
+    }
+    for (key, value) in &options.client_settings {
+        driver_settings.common_config.retain(|(existing, _)| existing != key);
+        driver_settings.common_config.push((key.clone(), value.clone()));
     }
     let bootstrap = driver_settings.common_setting("bootstrap.servers").unwrap_or("127.0.0.1:9092").to_string();
     let mode = pick_consumer_mode(options.consumer_mode, &bootstrap);
