@@ -160,7 +160,15 @@ pub fn run_workload(
         driver_settings.common_config.push((key.clone(), value.clone()));
     }
     let bootstrap = driver_settings.common_setting("bootstrap.servers").unwrap_or("127.0.0.1:9092").to_string();
-    let mode = pick_consumer_mode(options.consumer_mode, &bootstrap);
+    // The probe speaks plaintext Kafka: over TLS or SASL it could not, so groups it is.
+    let secured =
+        driver_settings.common_setting("security.protocol").is_some_and(|p| !p.eq_ignore_ascii_case("PLAINTEXT"));
+    let choice = if secured && options.consumer_mode == ConsumerModeChoice::Auto {
+        ConsumerModeChoice::Subscribe
+    } else {
+        options.consumer_mode
+    };
+    let mode = pick_consumer_mode(choice, &bootstrap);
     println!(
         "Running workload `{}` with driver `{}` against {bootstrap} (consumers: {})",
         workload.name,

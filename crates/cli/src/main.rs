@@ -29,6 +29,8 @@ enum Command {
     Produce(tools::ProduceArgs),
     /// Print records of a topic.
     Consume(tools::ConsumeArgs),
+    /// List, describe (members, lag), reset the offsets of, or delete consumer groups.
+    Group(tools::GroupArgs),
     /// Show the cluster's brokers.
     Cluster(tools::ClusterArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
@@ -43,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Topic(args) => tools::topic(args),
         Command::Produce(args) => tools::produce(args),
+        Command::Group(args) => tools::group(args),
         Command::Consume(args) => tools::consume(args),
         Command::Cluster(args) => tools::cluster(args),
         Command::DevCluster(args) => dev_cluster::run(args),

@@ -21,13 +21,29 @@ pub struct Connection {
     /// Broker to bootstrap from.
     #[arg(long, short = 'b', env = "SLUICE_BOOTSTRAP", default_value = "127.0.0.1:9092")]
     bootstrap: String,
+    /// Client settings, repeatable, librdkafka names: -X security.protocol=SASL_SSL
+    /// -X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=alice ...
+    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    settings: Vec<String>,
 }
 
 impl Connection {
     fn config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap);
+        for setting in &self.settings {
+            if let Some((key, value)) = setting.split_once('=') {
+                config.set(key.trim(), value.trim());
+            }
+        }
         config
+    }
+
+    fn checked(&self) -> anyhow::Result<&Connection> {
+        if let Some(bad) = self.settings.iter().find(|s| !s.contains('=')) {
+            bail!("-X {bad:?} is not KEY=VALUE");
+        }
+        Ok(self)
     }
 }
 
@@ -266,5 +282,172 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         println!("  node {}  {}:{}", broker.id(), broker.host(), broker.port());
     }
     println!("{} topics", metadata.topics().len());
+    Ok(())
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum GroupCommand {
+    /// List consumer groups with their state.
+    List,
+    /// Show a group's members and, per partition, committed offset, log end and lag.
+    Describe { group: String },
+    /// Move a group's committed offsets (the group must have no members). Prints the plan;
+    /// commits it only with --execute, as kafka-consumer-groups does.
+    ResetOffsets {
+        group: String,
+        /// Topic whose partitions are reset (all of its partitions).
+        #[arg(long)]
+        topic: String,
+        #[arg(long, conflicts_with_all = ["to_latest", "to_offset"])]
+        to_earliest: bool,
+        #[arg(long, conflicts_with_all = ["to_earliest", "to_offset"])]
+        to_latest: bool,
+        #[arg(long, conflicts_with_all = ["to_earliest", "to_latest"])]
+        to_offset: Option<i64>,
+        #[arg(long)]
+        execute: bool,
+    },
+    /// Delete groups without members (and their committed offsets).
+    Delete { groups: Vec<String> },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GroupArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: GroupCommand,
+}
+
+pub fn group(args: GroupArgs) -> anyhow::Result<()> {
+    let connection = args.connection.checked()?;
+    match args.command {
+        GroupCommand::List => {
+            let consumer: BaseConsumer = connection.config().create()?;
+            let groups = consumer.fetch_group_list(None, METADATA_TIMEOUT)?;
+            let mut listed: Vec<_> =
+                groups.groups().iter().map(|g| (g.name().to_string(), g.state().to_string())).collect();
+            listed.sort();
+            for (name, state) in listed {
+                println!("{name}\t{state}");
+            }
+        }
+        GroupCommand::Describe { group } => describe_group(connection, &group)?,
+        GroupCommand::ResetOffsets { group, topic, to_earliest, to_latest, to_offset, execute } => {
+            let target = match (to_earliest, to_latest, to_offset) {
+                (true, _, _) => Offset::Beginning,
+                (_, true, _) => Offset::End,
+                (_, _, Some(offset)) if offset >= 0 => Offset::Offset(offset),
+                _ => bail!("say where to: --to-earliest, --to-latest or --to-offset N (N >= 0)"),
+            };
+            reset_offsets(connection, &group, &topic, target, execute)?;
+        }
+        GroupCommand::Delete { groups } => {
+            if groups.is_empty() {
+                bail!("name at least one group");
+            }
+            let admin: AdminClient<DefaultClientContext> = connection.config().create()?;
+            let names: Vec<&str> = groups.iter().map(String::as_str).collect();
+            let results = runtime()?.block_on(admin.delete_groups(&names, &AdminOptions::new()))?;
+            let mut failed = false;
+            for result in results {
+                match result {
+                    Ok(name) => println!("deleted group {name}"),
+                    Err((name, error)) => {
+                        failed = true;
+                        eprintln!("group {name}: {error}");
+                    }
+                }
+            }
+            if failed {
+                bail!("some groups were not deleted");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// (topic, partition, committed offset if any) of a group.
+fn committed_offsets(connection: &Connection, group: &str) -> anyhow::Result<Vec<(String, i32, Option<i64>)>> {
+    let consumer: BaseConsumer = connection.config().set("group.id", group).create()?;
+    let metadata = consumer.fetch_metadata(None, METADATA_TIMEOUT)?;
+    let mut all = TopicPartitionList::new();
+    for topic in metadata.topics().iter().filter(|t| !t.name().starts_with("__")) {
+        for partition in topic.partitions() {
+            all.add_partition(topic.name(), partition.id());
+        }
+    }
+    let committed = consumer.committed_offsets(all, METADATA_TIMEOUT)?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let offset = match e.offset() {
+                Offset::Offset(offset) => Some(offset),
+                _ => None,
+            };
+            (e.topic().to_string(), e.partition(), offset)
+        })
+        .collect())
+}
+
+fn describe_group(connection: &Connection, group: &str) -> anyhow::Result<()> {
+    let consumer: BaseConsumer = connection.config().create()?;
+    let groups = consumer.fetch_group_list(Some(group), METADATA_TIMEOUT)?;
+    let Some(info) = groups.groups().iter().find(|g| g.name() == group) else {
+        bail!("group {group} not found");
+    };
+    println!("group {group}  state {}  protocol {}", info.state(), info.protocol());
+    for member in info.members() {
+        println!("  member {}  client {}  host {}", member.id(), member.client_id(), member.client_host());
+    }
+    println!("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG");
+    for (topic, partition, committed) in committed_offsets(connection, group)? {
+        let Some(committed) = committed else { continue };
+        let (_, end) = consumer.fetch_watermarks(&topic, partition, METADATA_TIMEOUT)?;
+        println!("{topic}\t{partition}\t{committed}\t{end}\t{}", (end - committed).max(0));
+    }
+    Ok(())
+}
+
+fn reset_offsets(
+    connection: &Connection,
+    group: &str,
+    topic: &str,
+    target: Offset,
+    execute: bool,
+) -> anyhow::Result<()> {
+    let probe: BaseConsumer = connection.config().create()?;
+    let groups = probe.fetch_group_list(Some(group), METADATA_TIMEOUT)?;
+    if let Some(info) = groups.groups().iter().find(|g| g.name() == group) {
+        if !info.members().is_empty() {
+            bail!("group {group} has {} active members: stop them first", info.members().len());
+        }
+    }
+    let metadata = probe.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+    let Some(found) = metadata.topics().iter().find(|t| t.name() == topic && t.error().is_none()) else {
+        bail!("topic {topic} not found");
+    };
+    let mut plan = TopicPartitionList::new();
+    println!("TOPIC\tPARTITION\tNEW-OFFSET");
+    for partition in found.partitions() {
+        let (low, high) = probe.fetch_watermarks(topic, partition.id(), METADATA_TIMEOUT)?;
+        let offset = match target {
+            Offset::Beginning => low,
+            Offset::End => high,
+            Offset::Offset(offset) => offset.clamp(low, high),
+            _ => unreachable!("only the targets above are built"),
+        };
+        println!("{topic}\t{}\t{offset}", partition.id());
+        plan.add_partition_offset(topic, partition.id(), Offset::Offset(offset))?;
+    }
+    if !execute {
+        println!("(dry run: add --execute to commit these offsets)");
+        return Ok(());
+    }
+    let consumer: BaseConsumer =
+        connection.config().set("group.id", group).set("enable.auto.commit", "false").create()?;
+    consumer.commit(&plan, rdkafka::consumer::CommitMode::Sync)?;
+    println!("committed new offsets for group {group}");
     Ok(())
 }

@@ -1,0 +1,60 @@
+"""`sluice group`: list, describe (lag), reset-offsets (dry run, then --execute) and delete,
+against a real broker, with what a librdkafka consumer of the group committed."""
+
+import subprocess
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import SLUICE_BIN
+
+
+def sluice_group(broker, *args, ok=True) -> str:
+    res = subprocess.run([SLUICE_BIN, "group", "-b", broker.bootstrap, *args], capture_output=True, text=True,
+                         timeout=60)
+    if ok:
+        assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+    return res.stdout + res.stderr
+
+
+def lag_rows(text: str) -> list[tuple[str, int, int, int, int]]:
+    rows = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 5 and parts[1].isdigit():
+            rows.append((parts[0], int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4])))
+    return rows
+
+
+def test_group_list_describe_reset_delete(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("cli-t", 1)]).values():
+        future.result(timeout=10)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(10):
+        producer.produce("cli-t", f"v{i}".encode())
+    assert producer.flush(10) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "cli-g", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe(["cli-t"])
+    seen = 0
+    while seen < 4:
+        msg = consumer.poll(1.0)
+        if msg is not None and msg.error() is None:
+            seen += 1
+            if seen == 4:
+                consumer.commit(message=msg, asynchronous=False)
+    consumer.close()
+
+    assert "cli-g\tEmpty" in sluice_group(broker, "list")
+    assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 4, 10, 6)]
+
+    plan = sluice_group(broker, "reset-offsets", "cli-g", "--topic", "cli-t", "--to-earliest")
+    assert "cli-t\t0\t0" in plan and "dry run" in plan
+    assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 4, 10, 6)], "a dry run commits nothing"
+    sluice_group(broker, "reset-offsets", "cli-g", "--topic", "cli-t", "--to-offset", "7", "--execute")
+    assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 7, 10, 3)]
+
+    sluice_group(broker, "delete", "cli-g")
+    assert "cli-g" not in sluice_group(broker, "list")
+    assert "not found" in sluice_group(broker, "describe", "cli-g", ok=False)
