@@ -18,6 +18,20 @@ export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"
 # The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
 export SLUICE_BENCH_KAFKA_TEST=1
 
+echo "== previous version (rolling-upgrade test)"
+# The binary of the commit in tests/upgrade-base-rev (the version before this one), built
+# once into target/upgrade-base from the repository's own history.
+base_rev="$(cat tests/upgrade-base-rev)"
+base_dir="$PWD/target/upgrade-base"
+if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$base_rev" ]; then
+  rm -rf "$base_dir/src" && mkdir -p "$base_dir/src"
+  git archive "$base_rev" | tar -x -C "$base_dir/src"
+  cargo build --release -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" --target-dir "$base_dir/target"
+  cp "$base_dir/target/release/sluice" "$base_dir/sluice"
+  echo "$base_rev" > "$base_dir/rev"
+fi
+export SLUICE_UPGRADE_BASE_BIN="$base_dir/sluice"
+
 echo "== unit and property tests"
 cargo test --workspace
 

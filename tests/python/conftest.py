@@ -47,7 +47,9 @@ def free_port() -> int:
 class Broker:
     """A `sluice serve` child process bound to 127.0.0.1:<port> with its own data dir."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, extra_args=(), env=None, log_dir: Path | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, extra_args=(), env=None, log_dir: Path | None = None,
+                 bin: str | None = None):
+        self.bin = bin or SLUICE_BIN
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.extra_args = list(extra_args)
@@ -67,7 +69,7 @@ class Broker:
         named = any(str(arg).startswith("listeners=") for arg in self.extra_args)
         listen = [] if named else ["--listen", self.bootstrap]
         self.proc = subprocess.Popen(
-            [SLUICE_BIN, "serve", *listen, "--data-dir", str(self.data_dir), *self.extra_args],
+            [self.bin, "serve", *listen, "--data-dir", str(self.data_dir), *self.extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,

@@ -91,8 +91,13 @@ def test_users_and_acls_made_on_one_node_hold_on_every_node(secure_cluster):
     admin = c.admin(0)
     upsert = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
                                           b"alice-secret")
-    for future in admin.alter_user_scram_credentials([upsert]).values():
-        future.result(timeout=20)
+
+    def user_created():
+        # A new cluster finalizes its metadata.version once every voter registered.
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(timeout=20)
+        return True
+    wait_for("the SCRAM user (metadata.version finalized)", user_created)
     for future in admin.create_topics([NewTopic("secure-t", 3, replication_factor=3),
                                        NewTopic("other-t", 1, replication_factor=3)]).values():
         future.result(timeout=20)

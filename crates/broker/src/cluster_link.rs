@@ -177,8 +177,21 @@ async fn stop_on_fsync_failure(mut failures: tokio::sync::watch::Receiver<u64>) 
     }
 }
 
+/// Exit code of a node whose binary is older than the cluster's metadata.version.
+pub const METADATA_VERSION_EXIT_CODE: i32 = 78;
+
 /// Applies one metadata version: topic registry, broker addresses, partition roles.
 fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::Result<()> {
+    // A binary older than the cluster's finalized metadata.version would misread it.
+    if metadata.metadata_version() > sluice_cluster::METADATA_VERSION_LATEST {
+        tracing::error!(
+            cluster = metadata.metadata_version(),
+            supported = sluice_cluster::METADATA_VERSION_LATEST,
+            "the cluster's metadata.version is newer than this binary understands: run the newer binary \
+             (downgrades past a finalized metadata.version are not supported)"
+        );
+        std::process::exit(METADATA_VERSION_EXIT_CODE);
+    }
     let replicas: &Arc<ReplicaManager> = broker.replicas.as_ref().expect("cluster mode");
     let me = broker.node_id();
     replicas.set_brokers(

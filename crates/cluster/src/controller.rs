@@ -492,6 +492,16 @@ impl Controller {
     /// answer, leader change) returns the first application's result instead of applying twice.
     async fn write(&self, command: Command) -> Result<CommandOutput, ControllerError> {
         let shared = &self.shared;
+        // Refused here, not only when applied: the active controller may still run an
+        // older binary that cannot even read this command.
+        let finalized = self.metadata().borrow().metadata_version();
+        let required = command.required_metadata_version();
+        if required > finalized {
+            return Err(ControllerError::Refused(crate::MetadataError::UnsupportedMetadataVersion {
+                required,
+                finalized,
+            }));
+        }
         let proposal = Proposal::new(command);
         let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
         let mut hint: Option<i32> = None;
@@ -649,6 +659,7 @@ impl Shared {
             port: self.config.kafka_port,
             rack: self.config.rack.clone(),
             endpoints: self.config.kafka_endpoints.clone(),
+            metadata_version_max: crate::metadata::METADATA_VERSION_LATEST,
         }
     }
 
@@ -711,6 +722,17 @@ impl Shared {
         }
     }
 
+    /// The `metadata.version` to finalize now: the newest that every voter's binary (as
+    /// registered) and this one understand, when it is newer than the finalized one.
+    fn metadata_version_to_finalize(&self, metadata: &ClusterMetadata) -> Option<u16> {
+        let mut supported = crate::metadata::METADATA_VERSION_LATEST;
+        for voter in self.config.voters.keys() {
+            let broker = metadata.brokers.get(voter)?;
+            supported = supported.min(broker.metadata_version_max.max(crate::metadata::METADATA_VERSION_INITIAL));
+        }
+        (supported > metadata.metadata_version()).then_some(supported)
+    }
+
     /// What liveness requires now: register or unfence brokers that heartbeat, fence those
     /// silent for a session timeout (never within the grace period after becoming leader).
     fn liveness_commands(&self, term: u64, now: Instant, metadata: &ClusterMetadata) -> Vec<Command> {
@@ -736,8 +758,13 @@ impl Shared {
                     incarnation: heartbeat.incarnation,
                     fenced: false,
                     endpoints: heartbeat.endpoints.clone(),
+                    metadata_version_max: heartbeat.metadata_version_max,
                 })),
             }
+        }
+        if let Some(version) = self.metadata_version_to_finalize(metadata) {
+            tracing::info!(version, "every voter supports a newer metadata.version: finalizing it");
+            commands.push(Command::FinalizeMetadataVersion { version });
         }
         let grace =
             (Duration::from_millis(self.config.heartbeat_interval_ms) * FENCE_GRACE_HEARTBEATS).min(session_timeout);
@@ -760,6 +787,7 @@ fn same_registration(broker: &BrokerInfo, heartbeat: &Heartbeat) -> bool {
         && broker.port == heartbeat.port
         && broker.rack == heartbeat.rack
         && broker.endpoints == heartbeat.endpoints
+        && broker.metadata_version_max == heartbeat.metadata_version_max
 }
 
 fn needs_preferred_election(metadata: &ClusterMetadata) -> bool {

@@ -61,6 +61,7 @@ impl MetadataError {
             Self::NoReassignmentInProgress { .. } => 85,
             Self::LimitExceeded(_) => 44,
             Self::InvalidRequest(_) => 42,
+            Self::UnsupportedMetadataVersion { .. } => 35,
         }
     }
 }

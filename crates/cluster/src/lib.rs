@@ -49,7 +49,8 @@ pub use crate::controller::{
 pub use crate::error::ControllerError;
 pub use crate::metadata::{
     AclBinding, BrokerInfo, ClusterMetadata, Command, CommandOutput, Endpoint, MetadataError, PartitionInfo,
-    QuotaEntity, QuotaEntityName, Reassignment, ScramCredential, TopicInfo, NO_LEADER,
+    QuotaEntity, QuotaEntityName, Reassignment, ScramCredential, TopicInfo, METADATA_VERSION_INITIAL,
+    METADATA_VERSION_LATEST, NO_LEADER,
 };
 pub use crate::rpc::FRAME_BYTES_MAX;
 pub use crate::types::{Proposal, TypeConfig};

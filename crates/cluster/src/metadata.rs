@@ -25,7 +25,7 @@
 //! ```
 //! use sluice_cluster::{BrokerInfo, ClusterMetadata, Command};
 //! let mut metadata = ClusterMetadata::default();
-//! let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 9092, rack: None, incarnation: 7, fenced: false, endpoints: vec![] };
+//! let broker = BrokerInfo { node_id: 1, host: "h".into(), port: 9092, rack: None, incarnation: 7, fenced: false, endpoints: vec![], metadata_version_max: 2 };
 //! metadata.apply(Command::RegisterBroker(broker)).unwrap();
 //! assert!(!metadata.brokers[&1].fenced);
 //! ```
@@ -34,6 +34,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+/// `metadata.version` of clusters formed before versioning (and of old nodes, which
+/// report none): topics, partitions, brokers, producer ids, reassignments.
+pub const METADATA_VERSION_INITIAL: u16 = 1;
+/// The newest `metadata.version` this binary understands: adds SCRAM credentials, ACLs,
+/// client quotas and broker listener endpoints.
+pub const METADATA_VERSION_LATEST: u16 = 2;
 
 /// Most topics the cluster holds; CreateTopic beyond it is refused.
 pub const TOPICS_MAX: usize = 10_000;
@@ -67,6 +74,10 @@ pub struct BrokerInfo {
     /// of the listener it connected to). Empty from nodes that predate named listeners.
     #[serde(default)]
     pub endpoints: Vec<Endpoint>,
+    /// The newest `metadata.version` this broker's binary understands (0: a node from
+    /// before versioning, which understands [`METADATA_VERSION_INITIAL`]).
+    #[serde(default)]
+    pub metadata_version_max: u16,
     /// Rack, if configured.
     pub rack: Option<String>,
     /// Random per process start: a new value means the broker restarted.
@@ -156,6 +167,10 @@ pub struct ClusterMetadata {
     /// quota name (`producer_byte_rate`, ...) -> value.
     #[serde(default)]
     pub client_quotas: BTreeMap<QuotaEntity, BTreeMap<String, u64>>,
+    /// The finalized `metadata.version` (0 = [`METADATA_VERSION_INITIAL`]): commands that
+    /// need a newer one are refused, so a node that cannot understand them never sees them.
+    #[serde(default)]
+    pub metadata_version: u16,
 }
 
 /// The name part of a quota entity: a specific user or client id, or the default.
@@ -235,6 +250,12 @@ pub enum Command {
     AlterClientQuotas {
         /// (entity, quota name, new value or removal).
         changes: Vec<(QuotaEntity, String, Option<u64>)>,
+    },
+    /// Raise the finalized `metadata.version` (the active controller proposes it once
+    /// every voter runs a binary that understands it).
+    FinalizeMetadataVersion {
+        /// The new version.
+        version: u16,
     },
     /// Add ACLs (already present ones are kept once) and remove others, as one change.
     AlterAcls {
@@ -342,6 +363,17 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The `metadata.version` a command needs: a command added later is refused until
+    /// every node understands it.
+    pub fn required_metadata_version(&self) -> u16 {
+        match self {
+            Command::AlterScramCredentials { .. } | Command::AlterAcls { .. } | Command::AlterClientQuotas { .. } => 2,
+            _ => METADATA_VERSION_INITIAL,
+        }
+    }
+}
+
 /// What an applied command returns.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandOutput {
@@ -366,6 +398,17 @@ pub enum MetadataError {
     /// CreateTopic of an existing name.
     #[error("topic {0} already exists")]
     TopicAlreadyExists(String),
+    /// A command newer than the cluster's finalized `metadata.version`.
+    #[error(
+        "this needs metadata.version {required}, the cluster is at {finalized}: every node must run a binary \
+         that supports it first (rolling upgrade)"
+    )]
+    UnsupportedMetadataVersion {
+        /// What the command needs.
+        required: u16,
+        /// What the cluster is at.
+        finalized: u16,
+    },
     /// No such topic.
     #[error("unknown topic {0}")]
     UnknownTopic(String),
@@ -450,8 +493,17 @@ impl ClusterMetadata {
         self.brokers.values().filter(|broker| !broker.fenced).map(|broker| broker.node_id).collect()
     }
 
+    /// The finalized `metadata.version`.
+    pub fn metadata_version(&self) -> u16 {
+        self.metadata_version.max(METADATA_VERSION_INITIAL)
+    }
+
     /// Applies one command: all validation first, then the change, so an error changes nothing.
     pub fn apply(&mut self, command: Command) -> CommandResult {
+        let required = command.required_metadata_version();
+        if required > self.metadata_version() {
+            return Err(MetadataError::UnsupportedMetadataVersion { required, finalized: self.metadata_version() });
+        }
         match command {
             Command::RegisterBroker(info) => self.register_broker(info),
             Command::FenceBroker { node_id } => self.fence_broker(node_id),
@@ -490,6 +542,16 @@ impl ClusterMetadata {
             Command::Reassign { topic, partition, target } => self.reassign(&topic, partition, target),
             Command::AlterScramCredentials { upsertions, deletions } => {
                 self.alter_scram_credentials(upsertions, deletions)
+            }
+            Command::FinalizeMetadataVersion { version } => {
+                if version <= self.metadata_version() {
+                    return Err(MetadataError::InvalidRequest(format!(
+                        "metadata.version is already {}",
+                        self.metadata_version()
+                    )));
+                }
+                self.metadata_version = version;
+                Ok(CommandOutput::Done)
             }
             Command::AlterClientQuotas { changes } => {
                 let mut quotas = self.client_quotas.clone();
@@ -1130,6 +1192,7 @@ mod tests {
             incarnation: 1,
             fenced: false,
             endpoints: vec![],
+            metadata_version_max: 2,
         }
     }
 
@@ -1538,5 +1601,30 @@ mod tests {
         metadata.apply(Command::Reassign { topic: "t".into(), partition: 0, target: Some(vec![3]) }).ok();
         let json = serde_json::to_vec(&metadata).unwrap();
         assert_eq!(serde_json::from_slice::<ClusterMetadata>(&json).unwrap(), metadata);
+    }
+
+    #[test]
+    fn newer_commands_wait_for_the_finalized_metadata_version() {
+        let mut metadata = ClusterMetadata::default();
+        assert_eq!(metadata.metadata_version(), METADATA_VERSION_INITIAL);
+        let acl = AclBinding {
+            resource_type: 2,
+            resource_name: "t".into(),
+            pattern_type: 3,
+            principal: "User:a".into(),
+            host: "*".into(),
+            operation: 3,
+            permission_type: 3,
+        };
+        let alter = || Command::AlterAcls { create: vec![acl.clone()], delete: vec![] };
+        assert_eq!(
+            metadata.apply(alter()),
+            Err(MetadataError::UnsupportedMetadataVersion { required: 2, finalized: 1 })
+        );
+        assert!(metadata.acls.is_empty(), "a refused command changes nothing");
+        metadata.apply(Command::FinalizeMetadataVersion { version: 2 }).unwrap();
+        metadata.apply(alter()).unwrap();
+        assert_eq!(metadata.acls.len(), 1);
+        assert!(metadata.apply(Command::FinalizeMetadataVersion { version: 2 }).is_err(), "never goes back or repeats");
     }
 }

@@ -71,6 +71,9 @@ pub(crate) struct Heartbeat {
     pub(crate) rack: Option<String>,
     #[serde(default)]
     pub(crate) endpoints: Vec<Endpoint>,
+    /// The newest metadata.version the sender understands (0 from old nodes).
+    #[serde(default)]
+    pub(crate) metadata_version_max: u16,
 }
 
 /// Everything one controller asks another.

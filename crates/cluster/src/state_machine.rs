@@ -356,6 +356,7 @@ mod tests {
             incarnation: 1,
             fenced: false,
             endpoints: vec![],
+            metadata_version_max: 2,
         };
         machine.apply_entry(entry(1, &Proposal::new(Command::RegisterBroker(broker)))).unwrap();
         let allocate = Proposal::new(Command::AllocateProducerIds { count: 10 });
