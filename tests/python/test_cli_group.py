@@ -58,3 +58,54 @@ def test_group_list_describe_reset_delete(broker):
     sluice_group(broker, "delete", "cli-g")
     assert "cli-g" not in sluice_group(broker, "list")
     assert "not found" in sluice_group(broker, "describe", "cli-g", ok=False)
+
+
+def sluice(broker, *args, ok=True) -> str:
+    command, *rest = args
+    res = subprocess.run([SLUICE_BIN, command, "-b", broker.bootstrap, *rest], capture_output=True, text=True,
+                         timeout=60)
+    if ok:
+        assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+    return res.stdout + res.stderr
+
+
+def test_user_and_acl_commands_manage_what_clients_see(broker_factory):
+    from conftest import free_port
+
+    plaintext, sasl = free_port(), free_port()
+    broker = broker_factory(extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{plaintext},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "super.users=User:ANONYMOUS",
+    ], port=plaintext)
+    sluice(broker, "user", "add", "carol", "--password", "carol-secret")
+    assert "carol\tSCRAM-SHA-512 (iterations 8192)" in sluice(broker, "user", "list")
+    sluice(broker, "topic", "create", "cli-acl")
+    sluice(broker, "acl", "add", "--allow", "--principal", "User:carol", "--operation", "write",
+           "--operation", "describe", "--topic", "cli-acl")
+    listed = sluice(broker, "acl", "list", "--topic", "cli-acl")
+    assert "ALLOW User:carol WRITE from host *" in listed and "ALLOW User:carol DESCRIBE" in listed, listed
+
+    carol = {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT",
+             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "carol", "sasl.password": "carol-secret",
+             "message.timeout.ms": 8000}
+
+    def produce_outcome():
+        outcome = []
+        producer = Producer(carol)
+        producer.produce("cli-acl", b"x", on_delivery=lambda err, msg: outcome.append(err and err.str()))
+        producer.flush(12)
+        return outcome
+    assert produce_outcome() == [None]
+    sluice(broker, "acl", "remove", "--topic", "cli-acl", "--principal", "User:carol")
+    assert "carol" not in sluice(broker, "acl", "list")
+    assert produce_outcome() == ["Broker: Topic authorization failed"]
+
+    sluice(broker, "user", "delete", "carol")
+    assert "carol" not in sluice(broker, "user", "list")
+    # Kafka's error comes back as the command's failure, not a crash.
+    refused = sluice(broker, "acl", "add", "--allow", "--principal", "carol", "--operation", "read", "--topic", "t",
+                     ok=False)
+    assert "InvalidRequest" in refused and "principal" in refused, refused
+    health = sluice(broker, "cluster")
+    assert "under-replicated" in health and "0 offline" in health, health

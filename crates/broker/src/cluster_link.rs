@@ -130,7 +130,9 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         source_address: cluster.source_address,
         cluster_id: broker.topics.cluster_id(),
     };
-    let controller = Controller::start(config).await?;
+    // On its own runtime: a stalled data path (busy or blocked I/O threads) must not delay
+    // this node's controller heartbeats and get a healthy broker fenced.
+    let controller = controller_runtime().spawn(Controller::start(config)).await??;
     let _ = link.controller.set(controller.clone());
     let mut metadata = controller.metadata();
     let weak = Arc::downgrade(broker);
@@ -156,6 +158,23 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     broker.replicas.as_ref().expect("cluster mode").spawn_isr_checker();
     tokio::spawn(stop_on_fsync_failure(broker.logs.fsync_failures()));
     Ok(())
+}
+
+/// Worker threads of the controller's runtime (raft, heartbeats, liveness: light work).
+pub const CONTROLLER_THREADS: usize = 2;
+
+/// The runtime the controller runs on, apart from the one serving clients; it lives as
+/// long as the process.
+fn controller_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(CONTROLLER_THREADS)
+            .thread_name("sluice-controller")
+            .enable_all()
+            .build()
+            .expect("the controller runtime starts")
+    })
 }
 
 /// The exit status of a node that stopped because an fsync failed.

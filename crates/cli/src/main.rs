@@ -1,6 +1,7 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
 mod dev_cluster;
+mod security_tools;
 mod serve;
 mod tools;
 
@@ -31,6 +32,10 @@ enum Command {
     Consume(tools::ConsumeArgs),
     /// List, describe (members, lag), reset the offsets of, or delete consumer groups.
     Group(tools::GroupArgs),
+    /// List, add or remove ACLs (Kafka's kafka-acls), over a PLAINTEXT listener.
+    Acl(security_tools::AclArgs),
+    /// List, add or delete SCRAM users (kafka-configs --entity-type users), over a PLAINTEXT listener.
+    User(security_tools::UserArgs),
     /// Show the cluster's brokers.
     Cluster(tools::ClusterArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
@@ -46,6 +51,8 @@ fn main() -> anyhow::Result<()> {
         Command::Topic(args) => tools::topic(args),
         Command::Produce(args) => tools::produce(args),
         Command::Group(args) => tools::group(args),
+        Command::Acl(args) => security_tools::acl(args),
+        Command::User(args) => security_tools::user(args),
         Command::Consume(args) => tools::consume(args),
         Command::Cluster(args) => tools::cluster(args),
         Command::DevCluster(args) => dev_cluster::run(args),

@@ -15,6 +15,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unhealthy partitions `sluice cluster` names one by one (the rest are only counted).
+const CLUSTER_PARTITIONS_LISTED_MAX: usize = 50;
 
 #[derive(Debug, clap::Args)]
 pub struct Connection {
@@ -282,6 +284,23 @@ pub fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         println!("  node {}  {}:{}", broker.id(), broker.host(), broker.port());
     }
     println!("{} topics", metadata.topics().len());
+    // ISR health, as `kafka-topics --describe --under-replicated-partitions` reports it.
+    let (mut total, mut under_replicated, mut offline) = (0, Vec::new(), Vec::new());
+    for topic in metadata.topics() {
+        for partition in topic.partitions() {
+            total += 1;
+            let name = format!("{}-{}", topic.name(), partition.id());
+            if partition.leader() < 0 {
+                offline.push(name);
+            } else if partition.isr().len() < partition.replicas().len() {
+                under_replicated.push(format!("{name} (isr {:?} of {:?})", partition.isr(), partition.replicas()));
+            }
+        }
+    }
+    println!("{total} partitions: {} under-replicated, {} offline (no leader)", under_replicated.len(), offline.len());
+    for name in under_replicated.iter().chain(&offline).take(CLUSTER_PARTITIONS_LISTED_MAX) {
+        println!("  {name}");
+    }
     Ok(())
 }
 

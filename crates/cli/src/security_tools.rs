@@ -1,0 +1,402 @@
+//! `sluice acl` and `sluice user`: ACLs and SCRAM users over the Kafka protocol
+//! (CreateAcls/DescribeAcls/DeleteAcls, Describe/AlterUserScramCredentials), as
+//! `kafka-acls.sh` and `kafka-configs.sh --entity-type users` do. librdkafka has no API for
+//! these, so they speak the protocol directly, over a PLAINTEXT listener (the local admin
+//! listener of a secured broker, whose principal is then a super user).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use kafka_protocol::messages::alter_user_scram_credentials_request::{
+    ScramCredentialDeletion, ScramCredentialUpsertion,
+};
+use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+use kafka_protocol::messages::{
+    AlterUserScramCredentialsRequest, ApiKey, CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest,
+    DescribeUserScramCredentialsRequest, RequestKind, ResponseKind,
+};
+use kafka_protocol::protocol::StrBytes;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest answer read (a DescribeAcls of many ACLs stays far below).
+const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+const ACLS_VERSION: i16 = 3;
+const SCRAM_VERSION: i16 = 0;
+/// Iterations `sluice user add` uses unless told otherwise (Kafka's tools use 4096).
+pub const SCRAM_ITERATIONS_DEFAULT: i32 = 8192;
+
+/// One request and its answer on a fresh plaintext connection.
+fn call(bootstrap: &str, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<ResponseKind> {
+    let address = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
+    let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    let frame = sluice_protocol::encode_request(api_key, version, 1, "sluice-cli", &body)?;
+    stream.write_all(&frame)?;
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size).context("reading the answer (is this a PLAINTEXT listener?)")?;
+    let size = usize::try_from(i32::from_be_bytes(size)).context("negative answer size")?;
+    if size > RESPONSE_BYTES_MAX {
+        bail!("answer of {size} bytes is larger than {RESPONSE_BYTES_MAX} (is this a PLAINTEXT listener?)");
+    }
+    let mut answer = vec![0u8; size];
+    stream.read_exact(&mut answer)?;
+    let (_, response) = sluice_protocol::decode_response(api_key, version, Bytes::from(answer))?;
+    Ok(response)
+}
+
+fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> anyhow::Result<()> {
+    if error_code == 0 {
+        return Ok(());
+    }
+    let name = kafka_protocol::ResponseError::try_from_code(error_code)
+        .map_or("unknown error".to_string(), |e| format!("{e:?}"));
+    bail!("{what}: {name} ({error_code}){}", message.map(|m| format!(": {m}")).unwrap_or_default())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AdminConnection {
+    /// A PLAINTEXT listener of the broker.
+    #[arg(long, short = 'b', env = "SLUICE_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+}
+
+/// Which resources an ACL names.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Resource {
+    #[arg(long, group = "resource")]
+    topic: Option<String>,
+    #[arg(long, group = "resource")]
+    group: Option<String>,
+    #[arg(long, group = "resource")]
+    transactional_id: Option<String>,
+    /// The cluster itself (for ALTER, DESCRIBE, CLUSTER_ACTION, IDEMPOTENT_WRITE ...).
+    #[arg(long, group = "resource")]
+    cluster: bool,
+    /// The name is a prefix (PREFIXED pattern) instead of a literal name.
+    #[arg(long)]
+    prefixed: bool,
+}
+
+impl Resource {
+    /// (resource type, name) or `None` when none was named.
+    fn named(&self) -> Option<(i8, String)> {
+        match (&self.topic, &self.group, &self.transactional_id, self.cluster) {
+            (Some(t), _, _, _) => Some((2, t.clone())),
+            (_, Some(g), _, _) => Some((3, g.clone())),
+            (_, _, Some(t), _) => Some((5, t.clone())),
+            (_, _, _, true) => Some((4, "kafka-cluster".into())),
+            _ => None,
+        }
+    }
+
+    fn pattern(&self) -> i8 {
+        if self.prefixed {
+            4
+        } else {
+            3
+        }
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AclCommand {
+    /// List ACLs (all, or those of one resource and/or principal).
+    List {
+        #[command(flatten)]
+        resource: Resource,
+        #[arg(long)]
+        principal: Option<String>,
+    },
+    /// Add an ACL: --allow or --deny, a principal (User:alice), operations, a resource.
+    Add {
+        #[command(flatten)]
+        resource: Resource,
+        #[arg(long, conflicts_with = "deny")]
+        allow: bool,
+        #[arg(long)]
+        deny: bool,
+        #[arg(long)]
+        principal: String,
+        /// READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS,
+        /// ALTER_CONFIGS, IDEMPOTENT_WRITE or ALL; repeatable.
+        #[arg(long = "operation", required = true)]
+        operations: Vec<String>,
+        #[arg(long, default_value = "*")]
+        host: String,
+    },
+    /// Remove the ACLs of a resource (optionally only a principal's).
+    Remove {
+        #[command(flatten)]
+        resource: Resource,
+        #[arg(long)]
+        principal: Option<String>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AclArgs {
+    #[command(flatten)]
+    connection: AdminConnection,
+    #[command(subcommand)]
+    command: AclCommand,
+}
+
+const OPERATIONS: &[(&str, i8)] = &[
+    ("ALL", 2),
+    ("READ", 3),
+    ("WRITE", 4),
+    ("CREATE", 5),
+    ("DELETE", 6),
+    ("ALTER", 7),
+    ("DESCRIBE", 8),
+    ("CLUSTER_ACTION", 9),
+    ("DESCRIBE_CONFIGS", 10),
+    ("ALTER_CONFIGS", 11),
+    ("IDEMPOTENT_WRITE", 12),
+];
+
+fn operation_code(name: &str) -> anyhow::Result<i8> {
+    let wanted = name.trim().to_ascii_uppercase().replace('-', "_");
+    OPERATIONS
+        .iter()
+        .find(|(n, _)| *n == wanted)
+        .map(|(_, c)| *c)
+        .with_context(|| format!("unknown operation {name:?}"))
+}
+
+fn operation_name(code: i8) -> String {
+    OPERATIONS.iter().find(|(_, c)| *c == code).map_or(code.to_string(), |(n, _)| n.to_string())
+}
+
+fn resource_type_name(code: i8) -> &'static str {
+    match code {
+        2 => "TOPIC",
+        3 => "GROUP",
+        4 => "CLUSTER",
+        5 => "TRANSACTIONAL_ID",
+        6 => "DELEGATION_TOKEN",
+        7 => "USER",
+        _ => "UNKNOWN",
+    }
+}
+
+pub fn acl(args: AclArgs) -> anyhow::Result<()> {
+    let bootstrap = &args.connection.bootstrap;
+    match args.command {
+        AclCommand::List { resource, principal } => {
+            let mut request = DescribeAclsRequest::default();
+            let (resource_type, name) = resource.named().map_or((1, None), |(t, n)| (t, Some(n)));
+            request.resource_type_filter = resource_type;
+            request.resource_name_filter = name.map(StrBytes::from_string);
+            request.pattern_type_filter = if resource.named().is_some() { resource.pattern() } else { 1 };
+            request.principal_filter = principal.map(StrBytes::from_string);
+            request.host_filter = None;
+            request.operation = 1;
+            request.permission_type = 1;
+            let ResponseKind::DescribeAcls(response) =
+                call(bootstrap, ApiKey::DescribeAcls, ACLS_VERSION, RequestKind::DescribeAcls(request))?
+            else {
+                bail!("unexpected answer");
+            };
+            check(response.error_code, response.error_message.as_ref(), "listing ACLs")?;
+            for resource in response.resources {
+                let pattern = if resource.pattern_type == 4 { "PREFIXED" } else { "LITERAL" };
+                println!("{} {} ({pattern}):", resource_type_name(resource.resource_type), resource.resource_name);
+                for acl in resource.acls {
+                    let permission = if acl.permission_type == 2 { "DENY" } else { "ALLOW" };
+                    println!(
+                        "  {permission} {} {} from host {}",
+                        acl.principal,
+                        operation_name(acl.operation),
+                        acl.host
+                    );
+                }
+            }
+        }
+        AclCommand::Add { resource, allow, deny, principal, operations, host } => {
+            let Some((resource_type, name)) = resource.named() else {
+                bail!("name a resource: --topic, --group, --transactional-id or --cluster");
+            };
+            if allow == deny {
+                bail!("say --allow or --deny");
+            }
+            let mut request = CreateAclsRequest::default();
+            for operation in &operations {
+                let mut creation = AclCreation::default();
+                creation.resource_type = resource_type;
+                creation.resource_name = StrBytes::from_string(name.clone());
+                creation.resource_pattern_type = resource.pattern();
+                creation.principal = StrBytes::from_string(principal.clone());
+                creation.host = StrBytes::from_string(host.clone());
+                creation.operation = operation_code(operation)?;
+                creation.permission_type = if deny { 2 } else { 3 };
+                request.creations.push(creation);
+            }
+            let ResponseKind::CreateAcls(response) =
+                call(bootstrap, ApiKey::CreateAcls, ACLS_VERSION, RequestKind::CreateAcls(request))?
+            else {
+                bail!("unexpected answer");
+            };
+            for (result, operation) in response.results.iter().zip(&operations) {
+                check(result.error_code, result.error_message.as_ref(), &format!("adding {operation}"))?;
+            }
+            println!("added {} ACL(s) on {} {name}", operations.len(), resource_type_name(resource_type));
+        }
+        AclCommand::Remove { resource, principal } => {
+            let Some((resource_type, name)) = resource.named() else {
+                bail!("name a resource: --topic, --group, --transactional-id or --cluster");
+            };
+            let mut filter = DeleteAclsFilter::default();
+            filter.resource_type_filter = resource_type;
+            filter.resource_name_filter = Some(StrBytes::from_string(name.clone()));
+            filter.pattern_type_filter = resource.pattern();
+            filter.principal_filter = principal.map(StrBytes::from_string);
+            filter.host_filter = None;
+            filter.operation = 1;
+            filter.permission_type = 1;
+            let mut request = DeleteAclsRequest::default();
+            request.filters.push(filter);
+            let ResponseKind::DeleteAcls(response) =
+                call(bootstrap, ApiKey::DeleteAcls, ACLS_VERSION, RequestKind::DeleteAcls(request))?
+            else {
+                bail!("unexpected answer");
+            };
+            for result in &response.filter_results {
+                check(result.error_code, result.error_message.as_ref(), "removing ACLs")?;
+                println!(
+                    "removed {} ACL(s) on {} {name}",
+                    result.matching_acls.len(),
+                    resource_type_name(resource_type)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum UserCommand {
+    /// List SCRAM users with their mechanisms and iterations.
+    List,
+    /// Add a SCRAM user or change its password.
+    Add {
+        name: String,
+        #[arg(long)]
+        password: String,
+        /// SCRAM-SHA-256 or SCRAM-SHA-512.
+        #[arg(long, default_value = "SCRAM-SHA-512")]
+        mechanism: String,
+        #[arg(long, default_value_t = SCRAM_ITERATIONS_DEFAULT)]
+        iterations: i32,
+    },
+    /// Delete a SCRAM user's credential (one mechanism).
+    Delete {
+        name: String,
+        #[arg(long, default_value = "SCRAM-SHA-512")]
+        mechanism: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UserArgs {
+    #[command(flatten)]
+    connection: AdminConnection,
+    #[command(subcommand)]
+    command: UserCommand,
+}
+
+fn mechanism_code(name: &str) -> anyhow::Result<i8> {
+    match name.to_ascii_uppercase().as_str() {
+        "SCRAM-SHA-256" => Ok(1),
+        "SCRAM-SHA-512" => Ok(2),
+        other => bail!("unknown SCRAM mechanism {other:?} (SCRAM-SHA-256, SCRAM-SHA-512)"),
+    }
+}
+
+/// PBKDF2 of the password, as the client side of AlterUserScramCredentials sends it.
+fn salted_password(mechanism: i8, password: &str, salt: &[u8], iterations: i32) -> Vec<u8> {
+    let rounds = u32::try_from(iterations).unwrap_or(0);
+    if mechanism == 1 {
+        let mut out = vec![0u8; 32];
+        pbkdf2::pbkdf2_hmac::<sha2::Sha256>(password.as_bytes(), salt, rounds, &mut out);
+        out
+    } else {
+        let mut out = vec![0u8; 64];
+        pbkdf2::pbkdf2_hmac::<sha2::Sha512>(password.as_bytes(), salt, rounds, &mut out);
+        out
+    }
+}
+
+pub fn user(args: UserArgs) -> anyhow::Result<()> {
+    let bootstrap = &args.connection.bootstrap;
+    match args.command {
+        UserCommand::List => {
+            let request = DescribeUserScramCredentialsRequest::default();
+            let ResponseKind::DescribeUserScramCredentials(response) = call(
+                bootstrap,
+                ApiKey::DescribeUserScramCredentials,
+                SCRAM_VERSION,
+                RequestKind::DescribeUserScramCredentials(request),
+            )?
+            else {
+                bail!("unexpected answer");
+            };
+            check(response.error_code, response.error_message.as_ref(), "listing users")?;
+            for result in response.results {
+                let mechanisms: Vec<String> = result
+                    .credential_infos
+                    .iter()
+                    .map(|c| {
+                        let name = if c.mechanism == 1 { "SCRAM-SHA-256" } else { "SCRAM-SHA-512" };
+                        format!("{name} (iterations {})", c.iterations)
+                    })
+                    .collect();
+                println!("{}\t{}", result.user, mechanisms.join(", "));
+            }
+        }
+        UserCommand::Add { name, password, mechanism, iterations } => {
+            let code = mechanism_code(&mechanism)?;
+            let salt: [u8; 32] = rand::random();
+            let mut upsertion = ScramCredentialUpsertion::default();
+            upsertion.name = StrBytes::from_string(name.clone());
+            upsertion.mechanism = code;
+            upsertion.iterations = iterations;
+            upsertion.salt = Bytes::copy_from_slice(&salt);
+            upsertion.salted_password = Bytes::from(salted_password(code, &password, &salt, iterations));
+            let mut request = AlterUserScramCredentialsRequest::default();
+            request.upsertions.push(upsertion);
+            alter_users(bootstrap, request, &format!("added {mechanism} credential for {name}"))?;
+        }
+        UserCommand::Delete { name, mechanism } => {
+            let mut deletion = ScramCredentialDeletion::default();
+            deletion.name = StrBytes::from_string(name.clone());
+            deletion.mechanism = mechanism_code(&mechanism)?;
+            let mut request = AlterUserScramCredentialsRequest::default();
+            request.deletions.push(deletion);
+            alter_users(bootstrap, request, &format!("deleted {mechanism} credential of {name}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn alter_users(bootstrap: &str, request: AlterUserScramCredentialsRequest, done: &str) -> anyhow::Result<()> {
+    let ResponseKind::AlterUserScramCredentials(response) = call(
+        bootstrap,
+        ApiKey::AlterUserScramCredentials,
+        SCRAM_VERSION,
+        RequestKind::AlterUserScramCredentials(request),
+    )?
+    else {
+        bail!("unexpected answer");
+    };
+    for result in &response.results {
+        check(result.error_code, result.error_message.as_ref(), &format!("user {}", result.user))?;
+    }
+    println!("{done}");
+    Ok(())
+}
