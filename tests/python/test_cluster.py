@@ -325,6 +325,8 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
     cluster.nodes[3].start()
     cluster.wait_for("the ISRs full again", lambda: sums(everyone, "sluice_under_replicated_partitions") == 0 or None,
                      timeout=60)
+    # The leaders asked the controller to take node 3 back into each ISR.
+    assert sums(survivors, "sluice_isr_expands_total") >= total
 
 
 def offsets_topic_partitions(cluster) -> int:

@@ -107,3 +107,31 @@ def test_the_grafana_dashboard_queries_only_metrics_the_broker_exports(broker_fa
     for expr in exprs:
         names = set(re.findall(r"\b(sluice_[a-z_]+)", expr))
         assert names and names <= exported, f"{expr}: {names - exported} not exported"
+
+
+def test_consumer_group_lag_is_exported(broker_factory):
+    from confluent_kafka import Consumer, Producer
+
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    create_topic(broker.bootstrap, "lagging", 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(10):
+        producer.produce("lagging", b"v%d" % i)
+    assert producer.flush(10) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "laggard",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(["lagging"])
+    seen = 0
+    while seen < 3:
+        msg = consumer.poll(1.0)
+        if msg is not None and msg.error() is None:
+            seen += 1
+            if seen == 3:
+                consumer.commit(message=msg, asynchronous=False)
+    consumer.close()
+    samples = scrape(port)
+    assert value(samples, "sluice_consumer_group_lag", group="laggard", topic="lagging") == 7
+    # A single node has no ISR to change; the counters exist and read zero.
+    assert ("sluice_isr_shrinks_total", frozenset()) in samples
+    assert value(samples, "sluice_isr_expands_total") == 0

@@ -46,6 +46,15 @@ struct TopicLabels {
     topic: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupTopicLabels {
+    group: String,
+    topic: String,
+}
+
+/// Committed offsets looked at per scrape for the consumer-group lag gauges.
+pub const GROUP_LAG_OFFSETS_MAX: usize = 100_000;
+
 /// The handles of one API.
 #[derive(Clone)]
 struct ApiMetrics {
@@ -66,6 +75,11 @@ pub(crate) struct Metrics {
     /// Produce and fetch answers that carried a quota throttle.
     throttled_produce: Counter,
     throttled_fetch: Counter,
+    isr_shrinks: Counter,
+    isr_expands: Counter,
+    /// What `isr_shrinks`/`isr_expands` last took from the replication counters.
+    isr_seen: parking_lot::Mutex<(u64, u64)>,
+    group_lag: Family<GroupTopicLabels, Gauge>,
     partitions: Gauge,
     offline_partitions: Gauge,
     leader_partitions: Gauge,
@@ -125,6 +139,17 @@ impl Metrics {
         );
         let throttled_produce = throttled.get_or_create_owned(&ApiLabels { api: "Produce".into() });
         let throttled_fetch = throttled.get_or_create_owned(&ApiLabels { api: "Fetch".into() });
+        let isr_shrinks = Counter::default();
+        registry.register("isr_shrinks", "ISR shrinks committed for partitions led here", isr_shrinks.clone());
+        let isr_expands = Counter::default();
+        registry.register("isr_expands", "ISR expansions committed for partitions led here", isr_expands.clone());
+        let group_lag = Family::<GroupTopicLabels, Gauge>::default();
+        registry.register(
+            "consumer_group_lag",
+            "Messages between a group's committed offsets and the high watermark, summed over the topic's \
+             partitions hosted on this node (groups coordinated here)",
+            group_lag.clone(),
+        );
         let partitions = gauge(&mut registry, "partitions", "Partition logs hosted on this node");
         let offline_partitions =
             gauge(&mut registry, "offline_partitions", "Hosted partitions offline after a storage error");
@@ -149,6 +174,10 @@ impl Metrics {
             connections,
             throttled_produce,
             throttled_fetch,
+            isr_shrinks,
+            isr_expands,
+            isr_seen: parking_lot::Mutex::new((0, 0)),
+            group_lag,
             partitions,
             offline_partitions,
             leader_partitions,
@@ -236,6 +265,24 @@ impl Metrics {
             }
         };
         self.active_controller.set(i64::from(active));
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut seen = self.isr_seen.lock();
+            let now = (crate::replication::ISR_SHRINKS.load(Relaxed), crate::replication::ISR_EXPANDS.load(Relaxed));
+            self.isr_shrinks.inc_by(now.0 - seen.0);
+            self.isr_expands.inc_by(now.1 - seen.1);
+            *seen = now;
+        }
+        let mut lags: std::collections::HashMap<GroupTopicLabels, i64> = std::collections::HashMap::new();
+        for (group, topic, partition, committed) in broker.groups.committed_offsets(GROUP_LAG_OFFSETS_MAX) {
+            let Some(log) = broker.partition(&topic, partition) else { continue };
+            let lag = (log.offsets().high_watermark - committed).max(0);
+            *lags.entry(GroupTopicLabels { group, topic }).or_default() += lag;
+        }
+        self.group_lag.clear();
+        for (labels, lag) in lags {
+            self.group_lag.get_or_create(&labels).set(lag);
+        }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String");
         text

@@ -507,6 +507,22 @@ impl GroupCoordinator {
         self.write_tombstones(group_id, deletions, syncer)
     }
 
+    /// Every committed offset this coordinator holds: (group, topic, partition, offset), at
+    /// most `limit` of them (the metrics' lag series are bounded).
+    pub(crate) fn committed_offsets(&self, limit: usize) -> Vec<(String, String, i32, i64)> {
+        let offsets = self.offsets.lock();
+        let mut all = Vec::new();
+        for group in offsets.group_ids() {
+            for (topic, partition, committed) in offsets.all(group) {
+                if all.len() >= limit {
+                    return all;
+                }
+                all.push((group.to_string(), topic, partition, committed.offset));
+            }
+        }
+        all
+    }
+
     /// Every group: live ones and those known only by their committed offsets.
     pub(crate) fn list_groups(&self) -> Vec<GroupListing> {
         let groups = self.groups.lock();

@@ -315,6 +315,7 @@ impl Replica {
 
     fn request_isr_change(self: &Arc<Self>, leader: &mut LeaderRole, isr: Vec<i32>, isr_changes: &Arc<dyn IsrChanges>) {
         leader.isr_change_pending = true;
+        let counter = if isr.len() < leader.assignment.isr.len() { &ISR_SHRINKS } else { &ISR_EXPANDS };
         let replica = self.clone();
         let change = isr_changes.alter_isr(
             self.topic.clone(),
@@ -330,6 +331,9 @@ impl Replica {
             let mut role = replica.role.lock();
             if let Role::Leader(leader) = &mut *role {
                 leader.isr_change_pending = false;
+                if result.is_ok() {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if let Err(error) = result {
                     tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "ISR change refused");
                     if !leader.joining.is_empty() && leader.assignment.partition_epoch == proposed_at {
@@ -429,6 +433,11 @@ pub struct ReplicationConfig {
 }
 
 /// The replicas this node hosts and their roles.
+/// ISR changes this node's leaders got committed (Kafka's IsrShrinksPerSec and
+/// IsrExpandsPerSec, as totals), for the metrics.
+pub(crate) static ISR_SHRINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static ISR_EXPANDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub struct ReplicaManager {
     node_id: i32,
     replicas: RwLock<HashMap<TopicPartition, Arc<Replica>>>,
