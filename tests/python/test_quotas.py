@@ -121,6 +121,9 @@ def test_consumer_byte_rate_and_default_user_quota(broker, tools_cp):  # noqa: F
             "--entity-default")
     assert "consumer_byte_rate=300000" in configs(tools_cp, broker, "--describe", "--entity-type", "users",
                                                    "--entity-default")
+    # Quotas are durable: enforced after a crash and restart too.
+    broker.kill()
+    broker.start()
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "slow", "auto.offset.reset": "earliest",
                          "max.partition.fetch.bytes": 65536})
     consumer.subscribe(["fetch-quota"])

@@ -213,6 +213,7 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
     }
     let replicas: &Arc<ReplicaManager> = broker.replicas.as_ref().expect("cluster mode");
     let me = broker.node_id();
+    broker.quotas.set_configured(!metadata.client_quotas.is_empty());
     replicas.set_brokers(
         metadata.brokers.values().map(|b| (b.node_id, format!("{}:{}", b.host, b.port))).collect::<BTreeMap<_, _>>(),
     );

@@ -119,10 +119,12 @@ impl Broker {
         let inter_broker_listener =
             config.inter_broker_listener().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let authorizer = security::acl::Authorizer::from_config(&config);
+        let quotas = security::quota::QuotaManager::default();
         let security = match &config.cluster {
             None => security::store::SecurityStore::open_local(&config.data_dir)?,
             Some(_) => security::store::SecurityStore::replicated(),
         };
+        quotas.set_configured(security.has_local_quotas());
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let timing = group::state::Timing {
             initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
@@ -148,7 +150,7 @@ impl Broker {
             inter_broker_listener,
             security,
             authorizer,
-            quotas: security::quota::QuotaManager::default(),
+            quotas,
             topics,
             logs,
             produce_memory,

@@ -282,6 +282,9 @@ fn respond(
 /// carries `throttle_time_ms` and the connection stops reading for that long.
 fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind) {
     use crate::security::quota::QuotaKind;
+    if !broker.quotas.configured() {
+        return;
+    }
     let (kind, bytes, throttle_field) = match body {
         ResponseKind::Produce(response) => (QuotaKind::Produce, exchange.produce_bytes, &mut response.throttle_time_ms),
         ResponseKind::Fetch(response) if exchange.consumer_fetch => {

@@ -99,17 +99,32 @@ impl Sensor {
 }
 
 pub(crate) struct QuotaManager {
+    /// Whether any quota is configured: without one, produce and fetch skip quota work.
+    configured: std::sync::atomic::AtomicBool,
     epoch: Instant,
     sensors: Mutex<HashMap<(QuotaKind, String, String), Sensor>>,
 }
 
 impl Default for QuotaManager {
     fn default() -> QuotaManager {
-        QuotaManager { epoch: Instant::now(), sensors: Mutex::new(HashMap::new()) }
+        QuotaManager {
+            configured: std::sync::atomic::AtomicBool::new(false),
+            epoch: Instant::now(),
+            sensors: Mutex::new(HashMap::new()),
+        }
     }
 }
 
 impl QuotaManager {
+    /// Called whenever the quotas change (locally or in applied cluster metadata).
+    pub(crate) fn set_configured(&self, any: bool) {
+        self.configured.store(any, Ordering::Relaxed);
+    }
+
+    pub(crate) fn configured(&self) -> bool {
+        self.configured.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }

@@ -71,6 +71,11 @@ impl SecurityStore {
     pub(crate) fn replicated() -> SecurityStore {
         SecurityStore { local: None }
     }
+
+    /// Whether the local (single-node) state holds client quotas.
+    pub(crate) fn has_local_quotas(&self) -> bool {
+        self.local.as_ref().is_some_and(|(_, state)| !state.lock().client_quotas.is_empty())
+    }
 }
 
 /// Persists a changed copy of the local state, then installs it.
@@ -159,9 +164,13 @@ impl Broker {
                     quotas.remove(&entity);
                 }
             }
-            return store_local(path, &mut current, changed);
+            let any = !changed.client_quotas.is_empty();
+            store_local(path, &mut current, changed)?;
+            self.quotas.set_configured(any);
+            return Ok(());
         }
         let controller = crate::handlers::controller(self)?;
+        // Applying the metadata here (cluster_link) sets `quotas.configured`.
         crate::handlers::controller_write(self, controller.alter_client_quotas(changes)).await
     }
 
