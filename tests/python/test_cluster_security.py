@@ -143,3 +143,50 @@ def test_users_and_acls_made_on_one_node_hold_on_every_node(secure_cluster):
     producer.produce("other-t", b"x", on_delivery=lambda err, msg: refused.append(err and err.str()))
     producer.flush(12)
     assert refused == ["Broker: Topic authorization failed"], refused
+
+
+def test_controller_rpcs_need_the_shared_secret(tmp_path):
+    """With `cluster.rpc_secret_file`, a node with another secret never joins the quorum
+    and a raw connection cannot talk to a controller; with the right one it joins."""
+    import json
+    import socket
+    import struct
+
+    secret, wrong = tmp_path / "secret", tmp_path / "wrong"
+    secret.write_text("correct-horse-battery-staple-42\n")
+    wrong.write_text("another-secret-entirely-0000\n")
+    ports = [free_port() for _ in range(NODES)]
+    controllers = [free_port() for _ in range(NODES)]
+    voters = ",".join(f"{i + 1}@127.0.0.1:{controllers[i]}" for i in range(NODES))
+
+    def node(i, secret_file):
+        args = ["--node-id", str(i + 1), "--controller-listen", f"127.0.0.1:{controllers[i]}",
+                "--cluster-voters", voters, "--override", f"cluster.rpc_secret_file={secret_file}"]
+        return Broker(tmp_path / f"node-{i + 1}", port=ports[i], extra_args=args)
+
+    nodes = [node(0, secret), node(1, secret), node(2, wrong)]
+    try:
+        for n in nodes:
+            n.start()
+        admin = AdminClient({"bootstrap.servers": nodes[0].bootstrap})
+        wait_for("nodes 1 and 2 registered", lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60)
+        time.sleep(3)
+        assert len(admin.list_topics(timeout=5).brokers) == 2, "the node with the wrong secret joined"
+        assert "refusing an unauthenticated controller RPC" in nodes[0].log() + nodes[1].log()
+
+        # A raw client gets the nonce, sends an unauthenticated forwarded write: closed, no answer.
+        with socket.create_connection(("127.0.0.1", controllers[0]), timeout=5) as sock:
+            (length,) = struct.unpack(">I", sock.recv(4))
+            assert length == 16 and len(sock.recv(16)) == 16
+            body = json.dumps({"cluster_id": "x", "request": {"Heartbeat": {}}}).encode()
+            sock.sendall(struct.pack(">I", len(body)) + body)
+            assert sock.recv(4) == b"", "an unauthenticated request got an answer"
+
+        nodes[2].kill()
+        nodes[2].extra_args[-1] = f"cluster.rpc_secret_file={secret}"
+        nodes[2].start()
+        wait_for("node 3 registered with the right secret", lambda: len(admin.list_topics(timeout=5).brokers) == 3,
+                 60)
+    finally:
+        for n in nodes:
+            n.kill()

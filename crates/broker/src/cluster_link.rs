@@ -129,6 +129,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
         source_address: cluster.source_address,
         cluster_id: broker.topics.cluster_id(),
+        rpc_secret: cluster.rpc_secret().map_err(anyhow::Error::msg)?,
     };
     // On its own runtime: a stalled data path (busy or blocked I/O threads) must not delay
     // this node's controller heartbeats and get a healthy broker fenced.

@@ -167,6 +167,10 @@ pub struct ClusterConfig {
     /// Local IP every outgoing connection to another node (controller RPC, replica fetch)
     /// binds to; absent = chosen by the system. Lets a proxy tell nodes apart by peer IP.
     pub source_address: Option<IpAddr>,
+    /// A file holding a secret every node of the cluster shares (at least 16 bytes, e.g.
+    /// `head -c 32 /dev/urandom | base64`): controller RPCs between nodes are then
+    /// authenticated with it. Absent = not authenticated (keep controller ports private).
+    pub rpc_secret_file: Option<PathBuf>,
     /// The cluster's id (Kafka's `cluster.id`); absent = derived from `voters`. Kept in
     /// `<data_dir>/meta.properties`: a data dir of another cluster is refused at startup,
     /// and so are controller RPCs and replica fetches from nodes of another cluster.
@@ -184,12 +188,25 @@ impl Default for ClusterConfig {
             replica_lag_time_max_ms: crate::replication::REPLICA_LAG_TIME_MS_DEFAULT,
             default_replication_factor: 3,
             source_address: None,
+            rpc_secret_file: None,
             cluster_id: None,
         }
     }
 }
 
 impl ClusterConfig {
+    /// The shared controller-RPC secret read from `rpc_secret_file` (surrounding whitespace
+    /// removed), if one is configured.
+    pub fn rpc_secret(&self) -> Result<Option<Vec<u8>>, String> {
+        let Some(path) = &self.rpc_secret_file else { return Ok(None) };
+        let text = std::fs::read(path).map_err(|error| error.to_string())?;
+        let secret = text.trim_ascii().to_vec();
+        if secret.len() < sluice_cluster::RPC_SECRET_BYTES_MIN {
+            return Err(format!("the secret must be at least {} bytes", sluice_cluster::RPC_SECRET_BYTES_MIN));
+        }
+        Ok(Some(secret))
+    }
+
     /// The voters by node id.
     pub fn voters(&self) -> Result<BTreeMap<i32, String>, String> {
         let mut voters = BTreeMap::new();
@@ -226,6 +243,9 @@ impl ClusterConfig {
         }
         if let Some(ip) = self.source_address.filter(|ip| ip.is_unspecified() || ip.is_multicast()) {
             return Err(format!("cluster.source_address must be a concrete unicast address, got {ip}"));
+        }
+        if let Some(path) = &self.rpc_secret_file {
+            self.rpc_secret().map_err(|error| format!("cluster.rpc_secret_file {}: {error}", path.display()))?;
         }
         if let Some(id) = &self.cluster_id {
             let valid_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);

@@ -116,6 +116,9 @@ pub struct ControllerConfig {
     /// from another cluster is refused, so a node started on an address that an old cluster
     /// still lists as a voter never joins that cluster.
     pub cluster_id: String,
+    /// A secret every node shares: controller RPCs are authenticated with it (see rpc.rs).
+    /// `None`: not authenticated.
+    pub rpc_secret: Option<Vec<u8>>,
 }
 
 /// The cluster id of a config made by [`ControllerConfig::new`] (tests).
@@ -150,6 +153,7 @@ impl ControllerConfig {
             snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
             source_address: None,
             cluster_id: DEV_CLUSTER_ID.to_string(),
+            rpc_secret: None,
         }
     }
 
@@ -163,6 +167,9 @@ impl ControllerConfig {
         }
         if !self.voters.contains_key(&self.node_id) {
             return fail(format!("node {} is not a voter (learners are not supported yet)", self.node_id));
+        }
+        if self.rpc_secret.as_ref().is_some_and(|secret| secret.len() < crate::rpc::RPC_SECRET_BYTES_MIN) {
+            return fail(format!("the rpc secret must be at least {} bytes", crate::rpc::RPC_SECRET_BYTES_MIN));
         }
         if self.heartbeat_interval_ms == 0 || self.heartbeat_interval_ms >= self.session_timeout_ms {
             return fail("heartbeat_interval_ms must be positive and below session_timeout_ms".to_string());
@@ -251,7 +258,11 @@ impl Controller {
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
-        let peers = Peers::new(config.source_address, config.cluster_id.clone());
+        let identity = rpc::Identity {
+            cluster_id: config.cluster_id.clone().into(),
+            secret: config.rpc_secret.clone().map(Arc::from),
+        };
+        let peers = Peers::new(config.source_address, identity.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let raft_config = Arc::new(config.raft_config()?);
         let raft = Raft::new(raft_id(config.node_id), raft_config, network, log_store, state_machine)
@@ -273,7 +284,7 @@ impl Controller {
             Box::pin(async move { shared.handle(request).await })
         });
         let tasks = vec![
-            tokio::spawn(rpc::serve(listener, handler, shared.config.cluster_id.clone())),
+            tokio::spawn(rpc::serve(listener, handler, identity)),
             tokio::spawn(shared.clone().send_heartbeats()),
             tokio::spawn(shared.clone().lead()),
             tokio::spawn(shared.clone().bootstrap()),

@@ -16,7 +16,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 
-use crate::rpc::{PeerClient, Request, Response, RpcError};
+use crate::rpc::{Identity, PeerClient, Request, Response, RpcError};
 use crate::types::TypeConfig;
 
 type NodeId = u64;
@@ -34,13 +34,13 @@ pub(crate) struct Peers {
     clients: Arc<Mutex<HashMap<String, Arc<PeerClient>>>>,
     /// Local address of every outgoing connection (`ControllerConfig::source_address`).
     source_address: Option<IpAddr>,
-    /// Sent with every request (`ControllerConfig::cluster_id`).
-    cluster_id: Arc<str>,
+    /// The cluster id sent with every request and the rpc secret, if any.
+    identity: Identity,
 }
 
 impl Peers {
-    pub(crate) fn new(source_address: Option<IpAddr>, cluster_id: String) -> Peers {
-        Peers { clients: Arc::default(), source_address, cluster_id: cluster_id.into() }
+    pub(crate) fn new(source_address: Option<IpAddr>, identity: Identity) -> Peers {
+        Peers { clients: Arc::default(), source_address, identity }
     }
 
     pub(crate) fn client(&self, address: &str) -> Arc<PeerClient> {
@@ -48,7 +48,7 @@ impl Peers {
         clients
             .entry(address.to_string())
             .or_insert_with(|| {
-                Arc::new(PeerClient::new(address.to_string(), self.source_address, self.cluster_id.clone()))
+                Arc::new(PeerClient::new(address.to_string(), self.source_address, self.identity.clone()))
             })
             .clone()
     }

@@ -1,6 +1,14 @@
 //! The controller RPC: raft messages, heartbeats and forwarded writes between controllers,
 //! over plain TCP on each node's controller address.
 //!
+//! Authentication (optional, `ControllerConfig::rpc_secret`, a secret every node shares):
+//! on accept the server first sends a random nonce; every frame then carries
+//! HMAC-SHA256(secret, direction | nonce | sequence | body) before its body, the sequence
+//! counting the exchanges of the connection. A frame whose MAC does not verify closes the
+//! connection unanswered, so a process without the secret cannot vote, replicate, heartbeat
+//! or propose writes, and a recorded frame cannot be replayed (another connection has
+//! another nonce; the same one, another sequence). Frames are authenticated, not encrypted.
+//!
 //! Framing: `[length u32 BE][JSON body]`, one request then one response per exchange on a
 //! connection. A request travels in an [`Envelope`] with the sender's cluster id; a server
 //! closes the connection, unanswered, on a request from another cluster (Kafka's
@@ -60,6 +68,68 @@ const FOREIGN_CLUSTER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 const RESPONSE_WRITE_TIMEOUT_MS: u64 = 5_000;
 
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
+/// Bytes of the nonce a server sends first when RPCs are authenticated.
+const NONCE_BYTES: usize = 16;
+/// Bytes of a frame's MAC (HMAC-SHA256).
+const MAC_BYTES: usize = 32;
+/// Shortest accepted shared secret.
+pub const RPC_SECRET_BYTES_MIN: usize = 16;
+/// Frames that fail authentication are logged at most once per this period.
+const UNAUTHENTICATED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Who a node is to its peers: its cluster and, when set, the secret its frames are
+/// authenticated with.
+#[derive(Clone, Default)]
+pub(crate) struct Identity {
+    pub(crate) cluster_id: Arc<str>,
+    pub(crate) secret: Option<Arc<[u8]>>,
+}
+
+/// The authentication state of one connection: the server's nonce and the next exchange.
+struct Session {
+    nonce: [u8; NONCE_BYTES],
+    sequence: u64,
+}
+
+fn mac(secret: &[u8], direction: &[u8], session: &Session, body: &[u8]) -> [u8; MAC_BYTES] {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(direction);
+    mac.update(&session.nonce);
+    mac.update(&session.sequence.to_be_bytes());
+    mac.update(body);
+    mac.finalize().into_bytes().into()
+}
+
+/// `[length][MAC][body]` when authenticated, else `[length][body]`.
+fn seal(secret: Option<&[u8]>, direction: &[u8], session: Option<&Session>, frame: Vec<u8>) -> io::Result<Vec<u8>> {
+    let (Some(secret), Some(session)) = (secret, session) else { return Ok(frame) };
+    let body = &frame[4..];
+    let length = u32::try_from(body.len() + MAC_BYTES).map_err(io::Error::other)?;
+    let mut sealed = Vec::with_capacity(4 + MAC_BYTES + body.len());
+    sealed.extend_from_slice(&length.to_be_bytes());
+    sealed.extend_from_slice(&mac(secret, direction, session, body));
+    sealed.extend_from_slice(body);
+    Ok(sealed)
+}
+
+/// The body of a received frame, its MAC checked when authenticated.
+fn open(secret: Option<&[u8]>, direction: &[u8], session: Option<&Session>, frame: Vec<u8>) -> io::Result<Vec<u8>> {
+    let (Some(secret), Some(session)) = (secret, session) else { return Ok(frame) };
+    if frame.len() < MAC_BYTES {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "frame without a MAC"));
+    }
+    let (received, body) = frame.split_at(MAC_BYTES);
+    let expected = mac(secret, direction, session, body);
+    let same = received.iter().zip(expected.iter()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0;
+    if !same {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "frame MAC does not verify (wrong rpc secret?)"));
+    }
+    Ok(body.to_vec())
+}
+
+const REQUEST: &[u8] = b"sluice-rpc-request";
+const RESPONSE: &[u8] = b"sluice-rpc-response";
 
 /// A broker's liveness report to the active controller.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -177,26 +247,20 @@ pub(crate) struct PeerClient {
     address: String,
     /// Local address every connection is bound to (`ControllerConfig::source_address`).
     source_address: Option<IpAddr>,
-    cluster_id: Arc<str>,
-    idle: Mutex<Vec<TcpStream>>,
+    identity: Identity,
+    idle: Mutex<Vec<Connection>>,
     /// The last call got an answer: a change is logged once, not every retry.
     reachable: AtomicBool,
 }
 
 impl PeerClient {
-    pub(crate) fn new(address: String, source_address: Option<IpAddr>, cluster_id: Arc<str>) -> PeerClient {
-        PeerClient {
-            address,
-            source_address,
-            cluster_id,
-            idle: Mutex::new(Vec::new()),
-            reachable: AtomicBool::new(true),
-        }
+    pub(crate) fn new(address: String, source_address: Option<IpAddr>, identity: Identity) -> PeerClient {
+        PeerClient { address, source_address, identity, idle: Mutex::new(Vec::new()), reachable: AtomicBool::new(true) }
     }
 
     /// Sends `request` and waits for the answer, within `timeout` overall.
     pub(crate) async fn call(&self, request: &Request, timeout: Duration) -> Result<Response, RpcError> {
-        let frame = encode(&Envelope { cluster_id: &self.cluster_id, request })?;
+        let frame = encode(&Envelope { cluster_id: &self.identity.cluster_id, request })?;
         let result = tokio::time::timeout(timeout, self.exchange(&frame)).await.map_err(|_| RpcError::Timeout)?;
         match &result {
             Ok(_) if !self.reachable.swap(true, Ordering::Relaxed) => {
@@ -211,57 +275,76 @@ impl PeerClient {
     }
 
     async fn exchange(&self, frame: &[u8]) -> Result<Response, RpcError> {
-        let mut stream = match self.take_idle() {
-            Some(stream) => stream,
+        let mut connection = match self.take_idle() {
+            Some(connection) => connection,
             None => self.connect().await?,
         };
-        match exchange_on(&mut stream, frame).await? {
-            Some(response) => {
-                self.give_back(stream);
-                Ok(response)
-            }
-            None => Err(RpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"))),
+        let secret = self.identity.secret.as_deref();
+        let sealed = seal(secret, REQUEST, connection.session.as_ref(), frame.to_vec())?;
+        connection.stream.write_all(&sealed).await?;
+        let Some(body) = read_frame(&mut connection.stream).await? else {
+            return Err(RpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection")));
+        };
+        let body = open(secret, RESPONSE, connection.session.as_ref(), body)?;
+        let response = decode(&body)?;
+        if let Some(session) = &mut connection.session {
+            session.sequence += 1;
         }
+        self.give_back(connection);
+        Ok(response)
     }
 
     /// An idle connection that still looks open: the peer may have closed it (restart), which
     /// shows as a readable end of stream. Checking before use means a request is never sent on
     /// a dead connection and then retried, which could apply a forwarded write twice.
-    fn take_idle(&self) -> Option<TcpStream> {
+    fn take_idle(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("pool lock poisoned");
-        while let Some(stream) = idle.pop() {
+        while let Some(connection) = idle.pop() {
             let mut probe = [0u8; 1];
-            if matches!(stream.try_read(&mut probe), Err(error) if error.kind() == io::ErrorKind::WouldBlock) {
-                return Some(stream);
+            if matches!(connection.stream.try_read(&mut probe), Err(error) if error.kind() == io::ErrorKind::WouldBlock)
+            {
+                return Some(connection);
             }
         }
         None
     }
 
-    async fn connect(&self) -> Result<TcpStream, RpcError> {
-        let connect = crate::net::connect_from(&self.address, self.source_address);
-        let stream = tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
+    async fn connect(&self) -> Result<Connection, RpcError> {
+        let failed = |error: io::Error| RpcError::Connect(self.address.clone(), error);
+        let connect = async {
+            let mut stream = crate::net::connect_from(&self.address, self.source_address).await?;
+            stream.set_nodelay(true)?;
+            // Authenticated RPCs: the server speaks first, with this connection's nonce.
+            let session = match &self.identity.secret {
+                None => None,
+                Some(_) => {
+                    let nonce = read_frame(&mut stream).await?.ok_or(io::ErrorKind::UnexpectedEof)?;
+                    let nonce: [u8; NONCE_BYTES] = nonce.try_into().map_err(|_| {
+                        io::Error::new(io::ErrorKind::InvalidData, "no rpc nonce (is the peer's rpc secret set?)")
+                    })?;
+                    Some(Session { nonce, sequence: 0 })
+                }
+            };
+            Ok::<_, io::Error>(Connection { stream, session })
+        };
+        tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
             .await
-            .map_err(|_| RpcError::Connect(self.address.clone(), io::ErrorKind::TimedOut.into()))?
-            .map_err(|error| RpcError::Connect(self.address.clone(), error))?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
+            .map_err(|_| failed(io::ErrorKind::TimedOut.into()))?
+            .map_err(failed)
     }
 
-    fn give_back(&self, stream: TcpStream) {
+    fn give_back(&self, connection: Connection) {
         let mut idle = self.idle.lock().expect("pool lock poisoned");
         if idle.len() < IDLE_CONNECTIONS_PER_PEER_MAX {
-            idle.push(stream);
+            idle.push(connection);
         }
     }
 }
 
-async fn exchange_on(stream: &mut TcpStream, frame: &[u8]) -> io::Result<Option<Response>> {
-    stream.write_all(frame).await?;
-    match read_frame(stream).await? {
-        Some(body) => decode(&body).map(Some),
-        None => Ok(None),
-    }
+/// A pooled connection to a peer and its authentication state.
+struct Connection {
+    stream: TcpStream,
+    session: Option<Session>,
 }
 
 /// What the server calls for each request.
@@ -269,8 +352,7 @@ pub(crate) type Handler = Arc<dyn Fn(Request) -> Pin<Box<dyn Future<Output = Res
 
 /// Serves requests from nodes of `cluster_id` until the task is aborted; aborting it closes
 /// every connection.
-pub(crate) async fn serve(listener: TcpListener, handler: Handler, cluster_id: String) {
-    let cluster_id: Arc<str> = cluster_id.into();
+pub(crate) async fn serve(listener: TcpListener, handler: Handler, identity: Identity) {
     let permits = Arc::new(Semaphore::new(SERVER_CONNECTIONS_MAX));
     let mut connections = JoinSet::new();
     loop {
@@ -288,34 +370,54 @@ pub(crate) async fn serve(listener: TcpListener, handler: Handler, cluster_id: S
             continue;
         };
         let handler = handler.clone();
-        let cluster_id = cluster_id.clone();
+        let identity = identity.clone();
         connections.spawn(async move {
             let _permit = permit;
-            if let Err(error) = serve_connection(stream, handler, &cluster_id).await {
-                tracing::debug!(%peer, %error, "controller rpc connection closed");
+            match serve_connection(stream, handler, &identity).await {
+                Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+                    if warning_due(&UNAUTHENTICATED_WARNING_LAST, UNAUTHENTICATED_WARNING_INTERVAL) {
+                        tracing::warn!(%peer, %error, "refusing an unauthenticated controller RPC");
+                    }
+                }
+                Err(error) => tracing::debug!(%peer, %error, "controller rpc connection closed"),
+                Ok(()) => {}
             }
         });
     }
 }
 
-/// True (and remembers now) when no foreign-cluster warning was logged within the interval.
-fn foreign_cluster_warning_due() -> bool {
-    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
-    let mut last = LAST.lock().expect("warning lock poisoned");
+static FOREIGN_CLUSTER_WARNING_LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+static UNAUTHENTICATED_WARNING_LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+
+/// True (and remembers now) when no such warning was logged within `interval`.
+fn warning_due(last: &Mutex<Option<std::time::Instant>>, interval: Duration) -> bool {
+    let mut last = last.lock().expect("warning lock poisoned");
     let now = std::time::Instant::now();
-    if last.is_some_and(|at| now - at < FOREIGN_CLUSTER_WARNING_INTERVAL) {
+    if last.is_some_and(|at| now - at < interval) {
         return false;
     }
     *last = Some(now);
     true
 }
 
-async fn serve_connection(mut stream: TcpStream, handler: Handler, cluster_id: &str) -> io::Result<()> {
+async fn serve_connection(mut stream: TcpStream, handler: Handler, identity: &Identity) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    let cluster_id = &*identity.cluster_id;
+    let secret = identity.secret.as_deref();
+    let mut session = match secret {
+        None => None,
+        Some(_) => {
+            let nonce: [u8; NONCE_BYTES] = rand::random();
+            stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await?;
+            stream.write_all(&nonce).await?;
+            Some(Session { nonce, sequence: 0 })
+        }
+    };
     while let Some(body) = read_frame(&mut stream).await? {
+        let body = open(secret, REQUEST, session.as_ref(), body)?;
         let envelope: ReceivedEnvelope = decode(&body)?;
         if envelope.cluster_id != cluster_id {
-            if !foreign_cluster_warning_due() {
+            if !warning_due(&FOREIGN_CLUSTER_WARNING_LAST, FOREIGN_CLUSTER_WARNING_INTERVAL) {
                 return Ok(());
             }
             let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -328,7 +430,10 @@ async fn serve_connection(mut stream: TcpStream, handler: Handler, cluster_id: &
             return Ok(());
         }
         let response = handler(envelope.request).await;
-        let frame = encode(&response)?;
+        let frame = seal(secret, RESPONSE, session.as_ref(), encode(&response)?)?;
+        if let Some(session) = &mut session {
+            session.sequence += 1;
+        }
         tokio::time::timeout(Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS), stream.write_all(&frame))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
