@@ -23,10 +23,15 @@ EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 LISTEN_PORTS_SPAN = 12000
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A free port below the kernel's ephemeral range: a port the kernel handed out (bind 0)
     can be taken by any outgoing connection (clients, the fault proxy) before the broker
-    binds it, and the broker then fails with "Address already in use"."""
+    binds it, and the broker then fails with "Address already in use". Never the same port
+    twice in one run: ports picked together (a cluster's Kafka and controller ports) are
+    bound only later, so a repeat would collide."""
     try:
         with open(EPHEMERAL_PORTS) as f:
             ephemeral_low = int(f.read().split()[0])
@@ -35,11 +40,14 @@ def free_port() -> int:
     low = max(1024, ephemeral_low - LISTEN_PORTS_SPAN)
     for _ in range(1000):
         port = random.randrange(low, ephemeral_low)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free port in [{low}, {ephemeral_low})")
 
