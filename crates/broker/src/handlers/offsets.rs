@@ -30,8 +30,15 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
             result.partition_index = partition.partition_index;
             result.timestamp = -1;
             result.offset = -1;
+            let unsettled = partition.timestamp == LATEST_TIMESTAMP
+                && broker.replicas.as_ref().is_some_and(|replicas| {
+                    replicas.get(&topic.name, partition.partition_index).is_some_and(|r| !r.high_watermark_settled())
+                });
             match broker.partition(&topic.name, partition.partition_index) {
                 None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
+                // A new leader whose high watermark has not caught up with what the previous
+                // leader acknowledged: the client retries (KIP-207).
+                Some(_) if unsettled => result.error_code = ResponseError::OffsetNotAvailable.code(),
                 Some(log) => match lookup(&log, partition.timestamp) {
                     Ok((offset, timestamp)) => {
                         result.offset = offset;

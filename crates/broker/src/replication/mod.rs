@@ -116,6 +116,11 @@ struct FollowerProgress {
 #[derive(Debug)]
 struct LeaderRole {
     assignment: Assignment,
+    /// The log end when this node became leader at this epoch (Kafka's leader epoch start
+    /// offset): until the high watermark reaches it, the records below it may already have
+    /// been acknowledged by the previous leader, so the high watermark here is not yet the
+    /// end clients may rely on (ListOffsets answers OFFSET_NOT_AVAILABLE, as KIP-207).
+    epoch_start_offset: i64,
     level: DurabilityLevel,
     min_insync: usize,
     /// Followers being added to the ISR, counted for the high watermark already. A refused
@@ -192,6 +197,15 @@ impl Replica {
             log,
             role: Mutex::new(Role::Follower { leader: -1, leader_epoch: -1 }),
             role_changed: Notify::new(),
+        }
+    }
+
+    /// Whether this leader's high watermark is the end clients may rely on yet: false
+    /// while it is below the log end at which this node became leader (KIP-207).
+    pub fn high_watermark_settled(&self) -> bool {
+        match &*self.role.lock() {
+            Role::Leader(leader) => self.log.offsets().high_watermark >= leader.epoch_start_offset,
+            Role::Follower { .. } => false,
         }
     }
 
@@ -546,6 +560,7 @@ impl ReplicaManager {
                 tracing::info!(topic, partition, epoch = assignment.leader_epoch, "becoming leader");
                 let leader = LeaderRole {
                     assignment: assignment.clone(),
+                    epoch_start_offset: replica.log.progress().borrow().local_end,
                     level: config.level,
                     min_insync: config.min_insync_replicas,
                     joining: HashSet::new(),
