@@ -139,3 +139,13 @@ def broker_factory(tmp_path):
 def broker(broker_factory) -> Broker:
     """A fresh single-node broker with default settings."""
     return broker_factory()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A started 3-node cluster (cluster_support.Cluster); every node is killed at teardown."""
+    from cluster_support import Cluster  # cluster_support imports this module
+
+    started = Cluster(tmp_path).start()
+    yield started
+    started.kill_all()

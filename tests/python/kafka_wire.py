@@ -655,10 +655,12 @@ def parse_produce_response(r: Reader, v: int):
     return result
 
 
-def fetch_body(v: int, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int) -> bytes:
+def fetch_body(v: int, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int,
+               replica_id: int = -1) -> bytes:
+    """`replica_id` >= 0 makes it a follower's fetch (what brokers send each other)."""
     assert 4 <= v <= 11, "topic-name fetch versions only"
     w = Writer(False)
-    w.i32(-1).i32(max_wait_ms).i32(1).i32(max_bytes).i8(0)
+    w.i32(replica_id).i32(max_wait_ms).i32(1).i32(max_bytes).i8(0)
     if v >= 7:
         w.i32(0).i32(-1)  # no fetch session
 

@@ -15,7 +15,7 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
 
 import kafka_wire as kw
 from java_support import tools_cp  # noqa: F401  (a fixture)
-from test_cluster import LoadProducer, cluster, consume_all, create_topic  # noqa: F401  (cluster is a fixture)
+from cluster_support import LoadProducer, consume_all, create_topic
 
 
 def partition_dirs(cluster, topic):

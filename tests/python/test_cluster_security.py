@@ -20,42 +20,31 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from cluster_support import NODES, Cluster, wait_for
 from conftest import Broker, free_port
 
-NODES = 3
+class SecureCluster(Cluster):
+    """A PLAINTEXT listener (ANONYMOUS is a super user: the tests' admin) and a
+    SASL_PLAINTEXT one per node, with the standard authorizer."""
 
-
-class SecureCluster:
     def __init__(self, tmp_path):
-        self.plain = [free_port() for _ in range(NODES)]
-        self.sasl = [free_port() for _ in range(NODES)]
-        controllers = [free_port() for _ in range(NODES)]
-        voters = ",".join(f"{i + 1}@127.0.0.1:{controllers[i]}" for i in range(NODES))
-        self.nodes = []
-        for i in range(NODES):
-            args = [
-                "--node-id", str(i + 1),
-                "--controller-listen", f"127.0.0.1:{controllers[i]}",
-                "--cluster-voters", voters,
-                "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.plain[i]},SASL_PLAINTEXT://127.0.0.1:{self.sasl[i]}",
+        self.sasl = {node_id: free_port() for node_id in range(1, NODES + 1)}
+
+        def node_args(node_id, port):
+            return [
+                "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{self.sasl[node_id]}",
                 "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                 "--override", "super.users=User:ANONYMOUS",
             ]
-            self.nodes.append(Broker(tmp_path / f"node-{i + 1}", port=self.plain[i], extra_args=args))
 
-    def start(self):
-        for node in self.nodes:
-            node.start()
-        admin = self.admin(0)
-        wait_for("all brokers registered", lambda: len(admin.list_topics(timeout=5).brokers) == NODES, 60)
-        return self
+        super().__init__(tmp_path, node_args=node_args)
 
-    def admin(self, node: int) -> AdminClient:
-        return AdminClient({"bootstrap.servers": f"127.0.0.1:{self.plain[node]}"})
+    def admin_of(self, node: int) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.nodes[node + 1].bootstrap})
 
     def as_alice(self, node: int, **extra) -> dict:
         return {
-            "bootstrap.servers": f"127.0.0.1:{self.sasl[node]}",
+            "bootstrap.servers": f"127.0.0.1:{self.sasl[node + 1]}",
             "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": "alice",
@@ -64,31 +53,16 @@ class SecureCluster:
         }
 
 
-def wait_for(what, predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except Exception as error:  # metadata may not have reached this node yet
-            last = error
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last}")
-
-
 @pytest.fixture
 def secure_cluster(tmp_path):
     cluster = SecureCluster(tmp_path).start()
     yield cluster
-    for node in cluster.nodes:
-        node.kill()
+    cluster.kill_all()
 
 
 def test_users_and_acls_made_on_one_node_hold_on_every_node(secure_cluster):
     c = secure_cluster
-    admin = c.admin(0)
+    admin = c.admin_of(0)
     upsert = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
                                           b"alice-secret")
 
@@ -114,7 +88,7 @@ def test_users_and_acls_made_on_one_node_hold_on_every_node(secure_cluster):
     alice_admin = AdminClient(c.as_alice(2))
     def listed():
         brokers = alice_admin.list_topics(timeout=5).brokers
-        return sorted(b.port for b in brokers.values()) == sorted(c.sasl)
+        return sorted(b.port for b in brokers.values()) == sorted(c.sasl.values())
     wait_for("every broker listed on its SASL port", listed)
     assert set(alice_admin.list_topics(timeout=10).topics) == {"secure-t"}
 
@@ -190,3 +164,102 @@ def test_controller_rpcs_need_the_shared_secret(tmp_path):
     finally:
         for n in nodes:
             n.kill()
+
+
+def test_replication_and_controller_rpc_run_over_authenticated_tls(tmp_path):
+    """With a SASL_SSL inter-broker listener, followers reach their leaders over TLS and
+    authenticate as the brokers' own user (its credential derives from the shared rpc
+    secret): acks=all writes that need every replica succeed and survive a leader's
+    `kill -9`. Anyone else fetching as a replica there is refused, and the brokers' user
+    name cannot be taken by an operator-made credential. With `cluster.rpc_tls` the
+    controllers talk over TLS too: nothing is sent in the clear."""
+    import socket
+    import ssl
+
+    import kafka_wire as kw
+    from cluster_support import consume_all, create_topic
+    from tls_certs import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    secret = tmp_path / "secret"
+    secret.write_text("correct-horse-battery-staple-42\n")
+    internal = {node_id: free_port() for node_id in range(1, NODES + 1)}
+
+    def node_args(node_id, port):
+        return [
+            "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal[node_id]}",
+            "--override", "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:SASL_SSL",
+            "--override", "inter.broker.listener.name=INTERNAL",
+            "--override", f"ssl.keystore.location={pki.server}",
+            "--override", f"ssl.truststore.location={pki.ca}",
+            "--override", "sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN",
+            "--override", f"cluster.rpc_secret_file={secret}",
+            "--override", "cluster.rpc_tls=true",
+            "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "--override", "super.users=User:ANONYMOUS",
+        ]
+
+    cluster = Cluster(tmp_path, node_args=node_args).start()
+    try:
+        # The controller port speaks TLS: a plain connection gets no nonce (the first thing
+        # an authenticated controller sends), a TLS one does.
+        controller = ("127.0.0.1", cluster.controller_ports[1])
+        with socket.create_connection(controller, timeout=1) as sock:
+            with pytest.raises(socket.timeout):
+                sock.recv(4)
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        with context.wrap_socket(socket.create_connection(controller, timeout=5), server_hostname="127.0.0.1") as tls:
+            assert tls.recv(4) == (16).to_bytes(4, "big"), "no nonce frame over TLS"
+
+        topic = "internal-tls"
+        # min.insync.replicas=3: no write is acknowledged unless both followers fetched it.
+        create_topic(cluster, topic, 3, {"min.insync.replicas": "3"})
+        delivered = []
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+        for i in range(300):
+            producer.produce(topic, key=f"k{i}", value=b"v" * 200, partition=i % 3,
+                             on_delivery=lambda err, msg: delivered.append(err))
+        assert producer.flush(60) == 0
+        assert delivered == [None] * 300, [e for e in delivered if e][:3]
+        for node in cluster.nodes.values():
+            assert "cannot fetch from leader" not in node.log(), node.log()[-3000:]
+
+        # Another principal on the inter-broker listener may not fetch as a replica.
+        admin = cluster.admin()
+        upsert = UserScramCredentialUpsertion("mallory", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096),
+                                              b"mallory-secret")
+
+        def user_created():
+            # A new cluster finalizes its metadata.version once every voter registered.
+            for future in admin.alter_user_scram_credentials([upsert]).values():
+                future.result(timeout=20)
+            return True
+        wait_for("the SCRAM user (metadata.version finalized)", user_created)
+        leader = cluster.partition_state(topic, 0)[0]
+        conn = kw.Conn("127.0.0.1", internal[leader])
+        conn.sock = context.wrap_socket(conn.sock, server_hostname="127.0.0.1")
+        with conn:
+            assert conn.request(17, 1, kw.Writer().string("PLAIN").getvalue()).i16() == 0
+            answer = conn.request(36, 1, kw.Writer().bytes_(b"\0mallory\0mallory-secret").getvalue())
+            assert answer.i16() == 0, "mallory's PLAIN authentication failed"
+            fetch = conn.request(kw.FETCH, 11, kw.fetch_body(11, topic, 0, 0, 1 << 20, 0, replica_id=2))
+            fetch.i32()  # throttle
+            assert fetch.i16() == 31, "a replica fetch by a non-broker principal was not refused"  # CLUSTER_AUTHORIZATION_FAILED
+
+        # The brokers' user is reserved.
+        reserved = UserScramCredentialUpsertion("sluice-inter-broker",
+                                                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"guess")
+        with pytest.raises(Exception, match="reserved|UNACCEPTABLE"):
+            for future in admin.alter_user_scram_credentials([reserved]).values():
+                future.result(timeout=20)
+
+        # Every acknowledged record is on the followers: kill -9 the leader of partition 0
+        # and read everything back from the two others.
+        cluster.nodes[leader].kill()
+        survivors = ",".join(n.bootstrap for node_id, n in cluster.nodes.items() if node_id != leader)
+        cluster.wait_for("new leaders", lambda: all(
+            cluster.partition_state(topic, p)[0] not in (leader, -1) for p in range(3)), timeout=30)
+        seen = consume_all(survivors, topic, 3, 300)
+        assert sorted(key for _, _, key in seen) == sorted(f"k{i}" for i in range(300))
+    finally:
+        cluster.kill_all()

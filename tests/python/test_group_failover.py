@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import kafka_wire as kw
-from test_cluster import Cluster, create_topic
+from cluster_support import Cluster, create_topic
 
 GROUP = "failover-group"
 TOPIC = "orders"

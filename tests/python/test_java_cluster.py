@@ -8,7 +8,7 @@ reads everything back and checks).
 import time
 
 from java_support import JavaProcess, java_cp  # noqa: F401  (java_cp is a fixture)
-from test_cluster import Cluster, create_topic
+from cluster_support import Cluster, create_topic
 from test_java_idempotence import PARTITIONS, PRODUCE_S, RATE, RECORDS, _assert_exactly_once, _result
 
 TOPIC = "java-failover"

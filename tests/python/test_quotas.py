@@ -1,7 +1,8 @@
 """Client quotas as Kafka's operators set them (`kafka-configs.sh --entity-type clients|users
 --add-config producer_byte_rate=...`, ConfigCommand from kafka-tools 4.3.1), enforced on
 librdkafka clients: a throttled client's steady rate stays within 10% of its quota while
-another client on the same broker is not slowed.
+another client on the same broker is not slowed; `request_percentage` bounds the broker
+time a client's requests take.
 """
 
 import threading
@@ -10,7 +11,10 @@ import time
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import kafka_wire as kw
+from conftest import free_port
 from java_support import run_java, tools_cp  # noqa: F401  (tools_cp is a fixture)
+from test_metrics import scrape, value
 
 CONFIG_COMMAND = "kafka.admin.ConfigCommand"
 QUOTA_BYTES_PER_S = 200_000
@@ -139,3 +143,72 @@ def test_consumer_byte_rate_and_default_user_quota(broker, tools_cp):  # noqa: F
     # ~3 MB may burst (10 s of quota), the rest is held to the quota.
     assert elapsed >= 8, f"read {received} bytes in {elapsed:.1f}s: not throttled"
     assert received >= 6_000_000, f"read only {received} bytes in {elapsed:.1f}s: throttled below the quota"
+
+
+class MetadataLoop:
+    """Sends Metadata requests (all topics) back to back on one connection with its own
+    client id, counting answers and the throttle times they carry."""
+
+    def __init__(self, bootstrap: str, client_id: str):
+        self.conn = kw.Conn.to(bootstrap, timeout=60)
+        self.client_id = client_id
+        self.answers: list[float] = []  # arrival times
+        self.throttled = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        body = kw.metadata_body(METADATA_VERSION, None, False)
+        with self.conn:
+            while not self.stop.is_set():
+                self.conn.send_request(kw.METADATA, METADATA_VERSION, body, client_id=self.client_id)
+                answer = kw.Reader(self.conn.recv_frame())
+                answer.i32()  # correlation id
+                if answer.i32() > 0:  # throttle_time_ms
+                    self.throttled += 1
+                self.answers.append(time.monotonic())
+
+    def rate(self, start: float, end: float) -> float:
+        return sum(1 for t in self.answers if start <= t < end) / (end - start)
+
+
+METADATA_VERSION = 7  # not flexible: the throttle time follows the correlation id
+
+
+def test_request_percentage_bounds_the_time_spent_on_a_client(tools_cp, broker_factory):  # noqa: F811
+    """`request_percentage=1` (1% of one thread's time): a client sending costly Metadata
+    requests back to back is throttled to a fraction of the rate of an identical client
+    without a quota on the same broker, which is not throttled at all."""
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    # Many partitions make each all-topics Metadata answer cost real broker time.
+    for future in admin.create_topics([NewTopic(f"many-{i}", 20) for i in range(40)]).values():
+        future.result(timeout=30)
+    configs(tools_cp, broker, "--alter", "--add-config", "request_percentage=1", "--entity-type", "clients",
+            "--entity-name", "busy")
+    assert "request_percentage=1" in configs(tools_cp, broker, "--describe", "--entity-type", "clients",
+                                             "--entity-name", "busy")
+    busy, free = MetadataLoop(broker.bootstrap, "busy"), MetadataLoop(broker.bootstrap, "free")
+    threads = [threading.Thread(target=loop.run) for loop in (busy, free)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    time.sleep(20)
+    for loop in (busy, free):
+        loop.stop.set()
+    for thread in threads:
+        thread.join(120)
+    # After the first window's burst, the busy client is held down; the free one is not.
+    busy_rate, free_rate = busy.rate(started + 12, started + 20), free.rate(started + 12, started + 20)
+    print(f"request_percentage=1: busy client {busy_rate:.0f} requests/s, free client {free_rate:.0f} requests/s")
+    assert busy.throttled > 0, "no answer to the busy client carried a throttle time"
+    assert free.throttled == 0, f"the client without a quota was throttled {free.throttled} times"
+    assert free_rate > 50, f"the free client managed only {free_rate:.0f} requests/s"
+    assert busy_rate < free_rate / 3, f"busy {busy_rate:.0f}/s vs free {free_rate:.0f}/s: not throttled"
+    assert value(scrape(port), "sluice_quota_throttled_responses_total", api="any") > 0
+
+    # Fractions are refused with a message (the replicated metadata keeps whole numbers).
+    res = run_java(tools_cp, CONFIG_COMMAND, ["--bootstrap-server", broker.bootstrap, "--alter", "--add-config",
+                                              "request_percentage=0.5", "--entity-type", "clients", "--entity-name",
+                                              "busy"], timeout=120)
+    assert res.returncode != 0 and "whole number" in res.stdout + res.stderr, res.report()

@@ -10,54 +10,12 @@ import os
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 
-from conftest import Broker, SLUICE_BIN, free_port
-from test_cluster import LoadProducer, consume_all, create_topic
+from cluster_support import NODES, Cluster, LoadProducer, consume_all, create_topic
+from conftest import SLUICE_BIN
 
-NODES = 3
 BASE_BIN_ENV = "SLUICE_UPGRADE_BASE_BIN"
-
-
-class MixedCluster:
-    """The test_cluster.Cluster interface, with each node's binary chosen per start."""
-
-    def __init__(self, tmp_path, base_bin):
-        ports = [free_port() for _ in range(NODES)]
-        controllers = [free_port() for _ in range(NODES)]
-        voters = ",".join(f"{i + 1}@127.0.0.1:{controllers[i]}" for i in range(NODES))
-        self.nodes = {}
-        for i in range(NODES):
-            args = ["--node-id", str(i + 1), "--controller-listen", f"127.0.0.1:{controllers[i]}",
-                    "--cluster-voters", voters]
-            self.nodes[i + 1] = Broker(tmp_path / f"node-{i + 1}", port=ports[i], extra_args=args, bin=base_bin)
-        self.bootstrap = ",".join(n.bootstrap for n in self.nodes.values())
-
-    def admin(self):
-        return AdminClient({"bootstrap.servers": self.bootstrap})
-
-    def partition_state(self, topic, partition):
-        p = self.admin().list_topics(topic=topic, timeout=10).topics[topic].partitions[partition]
-        return p.leader, list(p.replicas), list(p.isrs)
-
-    def partition_states_at(self, node_id, topic):
-        import kafka_wire as kw
-        with kw.Conn.to(self.nodes[node_id].bootstrap) as conn:
-            answer = conn.metadata_detail([topic]).topics[topic]
-        return answer.partitions if answer.error == 0 else {}
-
-    def wait_for(self, what, predicate, timeout=30.0):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                last = predicate()
-                if last:
-                    return last
-            except Exception as error:  # leadership moves while nodes restart
-                last = error
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}; last: {last}")
 
 
 def add_user(cluster) -> str | None:
@@ -80,12 +38,8 @@ def test_rolling_upgrade_from_the_previous_version_under_load(tmp_path):
     base_bin = os.environ.get(BASE_BIN_ENV)
     if not base_bin or not os.access(base_bin, os.X_OK):
         pytest.fail(f"{BASE_BIN_ENV} must name the previous version's binary (scripts/test.sh builds it)")
-    cluster = MixedCluster(tmp_path, base_bin)
+    cluster = Cluster(tmp_path, bin=base_bin).start()
     try:
-        for node in cluster.nodes.values():
-            node.start()
-        cluster.wait_for("all brokers registered", lambda: len(cluster.admin().list_topics(timeout=5).brokers) == NODES,
-                         timeout=60)
         topic, partitions = "upgrade", 3
         create_topic(cluster, topic, partitions)
         load = LoadProducer(cluster.bootstrap, topic, partitions)

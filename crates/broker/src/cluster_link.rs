@@ -130,6 +130,10 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         source_address: cluster.source_address,
         cluster_id: broker.topics.cluster_id(),
         rpc_secret: cluster.rpc_secret().map_err(anyhow::Error::msg)?,
+        rpc_tls: match cluster.rpc_tls {
+            true => Some(crate::security::tls::rpc_tls(broker.config()).map_err(anyhow::Error::msg)?),
+            false => None,
+        },
     };
     // On its own runtime: a stalled data path (busy or blocked I/O threads) must not delay
     // this node's controller heartbeats and get a healthy broker fenced.
@@ -214,7 +218,7 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
     }
     let replicas: &Arc<ReplicaManager> = broker.replicas.as_ref().expect("cluster mode");
     let me = broker.node_id();
-    broker.quotas.set_configured(!metadata.client_quotas.is_empty());
+    broker.quotas.set_configured(&metadata.client_quotas);
     replicas.set_brokers(
         metadata.brokers.values().map(|b| (b.node_id, format!("{}:{}", b.host, b.port))).collect::<BTreeMap<_, _>>(),
     );

@@ -110,6 +110,10 @@ pub struct BrokerConfig {
     /// Kafka's `sasl.enabled.mechanisms` for SASL listeners: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.
     #[serde(rename = "sasl.enabled.mechanisms")]
     pub sasl_enabled_mechanisms: String,
+    /// Kafka's `sasl.mechanism.inter.broker.protocol`: what followers authenticate with on a
+    /// SASL inter-broker listener (default: the strongest enabled mechanism).
+    #[serde(rename = "sasl.mechanism.inter.broker.protocol")]
+    pub sasl_mechanism_inter_broker_protocol: Option<String>,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
     pub log_retention_check_interval_ms: u64,
@@ -171,6 +175,11 @@ pub struct ClusterConfig {
     /// `head -c 32 /dev/urandom | base64`): controller RPCs between nodes are then
     /// authenticated with it. Absent = not authenticated (keep controller ports private).
     pub rpc_secret_file: Option<PathBuf>,
+    /// Controller RPC over TLS, with the broker's `ssl.keystore.*` (this node's certificate,
+    /// which must name its controller address's host) and `ssl.truststore.*` (the CAs of
+    /// the other nodes' certificates). Needs `rpc_secret_file` (who may talk is still
+    /// decided by the secret).
+    pub rpc_tls: bool,
     /// The cluster's id (Kafka's `cluster.id`); absent = derived from `voters`. Kept in
     /// `<data_dir>/meta.properties`: a data dir of another cluster is refused at startup,
     /// and so are controller RPCs and replica fetches from nodes of another cluster.
@@ -189,6 +198,7 @@ impl Default for ClusterConfig {
             default_replication_factor: 3,
             source_address: None,
             rpc_secret_file: None,
+            rpc_tls: false,
             cluster_id: None,
         }
     }
@@ -247,6 +257,9 @@ impl ClusterConfig {
         if let Some(path) = &self.rpc_secret_file {
             self.rpc_secret().map_err(|error| format!("cluster.rpc_secret_file {}: {error}", path.display()))?;
         }
+        if self.rpc_tls && self.rpc_secret_file.is_none() {
+            return Err("cluster.rpc_tls needs cluster.rpc_secret_file (TLS encrypts, the secret authenticates)".into());
+        }
         if let Some(id) = &self.cluster_id {
             let valid_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
             if id.is_empty() || id.len() > CLUSTER_ID_BYTES_MAX || !id.chars().all(valid_char) {
@@ -285,6 +298,7 @@ impl Default for BrokerConfig {
             ssl_truststore_certificates: None,
             ssl_client_auth: "none".into(),
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
+            sasl_mechanism_inter_broker_protocol: None,
             authorizer_class_name: None,
             super_users: String::new(),
             allow_everyone_if_no_acl_found: false,

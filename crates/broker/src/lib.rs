@@ -37,6 +37,8 @@ pub struct Broker {
     listeners: Vec<security::Listener>,
     /// Index in `listeners` of the one other nodes connect to (replica fetches).
     inter_broker_listener: usize,
+    /// How nodes authenticate to each other on the inter-broker listener.
+    inter_broker: security::inter_broker::InterBroker,
     /// SCRAM credentials (SASL) and ACLs, local or in the cluster metadata.
     security: security::store::SecurityStore,
     /// Client quota rates (security/quota.rs).
@@ -119,12 +121,14 @@ impl Broker {
         let inter_broker_listener =
             config.inter_broker_listener().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let authorizer = security::acl::Authorizer::from_config(&config);
+        let inter_broker = security::inter_broker::InterBroker::from_config(&config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let quotas = security::quota::QuotaManager::default();
         let security = match &config.cluster {
             None => security::store::SecurityStore::open_local(&config.data_dir)?,
             Some(_) => security::store::SecurityStore::replicated(),
         };
-        quotas.set_configured(security.has_local_quotas());
+        security.with_local_quotas(|local| quotas.set_configured(local));
         let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
         let timing = group::state::Timing {
             initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
@@ -148,6 +152,7 @@ impl Broker {
             config,
             listeners,
             inter_broker_listener,
+            inter_broker,
             security,
             authorizer,
             quotas,

@@ -75,6 +75,7 @@ pub(crate) struct Metrics {
     /// Produce and fetch answers that carried a quota throttle.
     throttled_produce: Counter,
     throttled_fetch: Counter,
+    throttled_request_time: Counter,
     isr_shrinks: Counter,
     isr_expands: Counter,
     /// What `isr_shrinks`/`isr_expands` last took from the replication counters.
@@ -134,11 +135,13 @@ impl Metrics {
         let throttled = Family::<ApiLabels, Counter>::default();
         registry.register(
             "quota_throttled_responses",
-            "Answers throttled for exceeding a client quota",
+            "Answers throttled for exceeding a client quota (api=\"any\": request_percentage)",
             throttled.clone(),
         );
         let throttled_produce = throttled.get_or_create_owned(&ApiLabels { api: "Produce".into() });
         let throttled_fetch = throttled.get_or_create_owned(&ApiLabels { api: "Fetch".into() });
+        // Request-time (request_percentage) throttles, whatever the API.
+        let throttled_request_time = throttled.get_or_create_owned(&ApiLabels { api: "any".into() });
         let isr_shrinks = Counter::default();
         registry.register("isr_shrinks", "ISR shrinks committed for partitions led here", isr_shrinks.clone());
         let isr_expands = Counter::default();
@@ -174,6 +177,7 @@ impl Metrics {
             connections,
             throttled_produce,
             throttled_fetch,
+            throttled_request_time,
             isr_shrinks,
             isr_expands,
             isr_seen: parking_lot::Mutex::new((0, 0)),
@@ -231,6 +235,7 @@ impl Metrics {
         match kind {
             crate::security::quota::QuotaKind::Produce => self.throttled_produce.inc(),
             crate::security::quota::QuotaKind::Fetch => self.throttled_fetch.inc(),
+            crate::security::quota::QuotaKind::Request => self.throttled_request_time.inc(),
         };
     }
 

@@ -119,6 +119,8 @@ pub struct ControllerConfig {
     /// A secret every node shares: controller RPCs are authenticated with it (see rpc.rs).
     /// `None`: not authenticated.
     pub rpc_secret: Option<Vec<u8>>,
+    /// TLS for controller RPC (see rpc.rs); `None`: plain TCP.
+    pub rpc_tls: Option<crate::rpc::RpcTls>,
 }
 
 /// The cluster id of a config made by [`ControllerConfig::new`] (tests).
@@ -154,6 +156,7 @@ impl ControllerConfig {
             source_address: None,
             cluster_id: DEV_CLUSTER_ID.to_string(),
             rpc_secret: None,
+            rpc_tls: None,
         }
     }
 
@@ -261,6 +264,7 @@ impl Controller {
         let identity = rpc::Identity {
             cluster_id: config.cluster_id.clone().into(),
             secret: config.rpc_secret.clone().map(Arc::from),
+            tls: config.rpc_tls.clone(),
         };
         let peers = Peers::new(config.source_address, identity.clone());
         let network = NetworkFactory { peers: peers.clone() };

@@ -52,5 +52,5 @@ pub use crate::metadata::{
     QuotaEntity, QuotaEntityName, Reassignment, ScramCredential, TopicInfo, METADATA_VERSION_INITIAL,
     METADATA_VERSION_LATEST, NO_LEADER,
 };
-pub use crate::rpc::{FRAME_BYTES_MAX, RPC_SECRET_BYTES_MIN};
+pub use crate::rpc::{RpcTls, FRAME_BYTES_MAX, RPC_SECRET_BYTES_MIN};
 pub use crate::types::{Proposal, TypeConfig};

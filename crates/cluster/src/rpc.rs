@@ -7,7 +7,11 @@
 //! counting the exchanges of the connection. A frame whose MAC does not verify closes the
 //! connection unanswered, so a process without the secret cannot vote, replicate, heartbeat
 //! or propose writes, and a recorded frame cannot be replayed (another connection has
-//! another nonce; the same one, another sequence). Frames are authenticated, not encrypted.
+//! another nonce; the same one, another sequence).
+//!
+//! Encryption (optional, `ControllerConfig::rpc_tls`): connections run over TLS; the client
+//! checks the server's certificate and name (the voter address's host). Who may talk is
+//! still decided by the shared secret, so TLS here needs no client certificates.
 //!
 //! Framing: `[length u32 BE][JSON body]`, one request then one response per exchange on a
 //! connection. A request travels in an [`Envelope`] with the sender's cluster id; a server
@@ -45,7 +49,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::metadata::Endpoint;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -64,6 +68,8 @@ pub(crate) const CONNECT_TIMEOUT_MS: u64 = 500;
 /// Requests from another cluster are logged at most once per this period (they repeat
 /// every few milliseconds while the other cluster retries).
 const FOREIGN_CLUSTER_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+/// Bound on a server's TLS handshake with a connecting peer.
+const RPC_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on writing a response back.
 const RESPONSE_WRITE_TIMEOUT_MS: u64 = 5_000;
 
@@ -78,11 +84,53 @@ pub const RPC_SECRET_BYTES_MIN: usize = 16;
 const UNAUTHENTICATED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Who a node is to its peers: its cluster and, when set, the secret its frames are
-/// authenticated with.
+/// authenticated with and the TLS its connections run over.
 #[derive(Clone, Default)]
 pub(crate) struct Identity {
     pub(crate) cluster_id: Arc<str>,
     pub(crate) secret: Option<Arc<[u8]>>,
+    pub(crate) tls: Option<RpcTls>,
+}
+
+/// TLS for controller RPC: the server side (this node's certificate) and the client side
+/// (the CAs that peers' certificates must chain to).
+#[derive(Clone)]
+pub struct RpcTls {
+    /// Accepts peers' connections with this node's certificate.
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Connects to peers, checking their certificates and names.
+    pub connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for RpcTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RpcTls")
+    }
+}
+
+/// A connection's byte stream: plain TCP or TLS over it.
+trait RpcStream: AsyncRead + AsyncWrite + Unpin + Send {
+    /// Whether an idle connection was closed (or sent something unasked) by the peer.
+    fn closed_while_idle(&self) -> bool;
+}
+
+/// An idle socket with something to read was closed by the peer (or broke protocol):
+/// either way it must not carry another request.
+fn tcp_closed_while_idle(stream: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    !matches!(stream.try_read(&mut probe), Err(error) if error.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl RpcStream for TcpStream {
+    fn closed_while_idle(&self) -> bool {
+        tcp_closed_while_idle(self)
+    }
+}
+
+impl RpcStream for tokio_rustls::client::TlsStream<TcpStream> {
+    fn closed_while_idle(&self) -> bool {
+        tcp_closed_while_idle(self.get_ref().0)
+    }
 }
 
 /// The authentication state of one connection: the server's nonce and the next exchange.
@@ -226,7 +274,7 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
 }
 
 /// Reads one frame's body; `Ok(None)` on a clean end of stream before a frame starts.
-async fn read_frame(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
+async fn read_frame(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Option<Vec<u8>>> {
     let mut length = [0u8; 4];
     match stream.read_exact(&mut length).await {
         Ok(_) => {}
@@ -300,9 +348,7 @@ impl PeerClient {
     fn take_idle(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("pool lock poisoned");
         while let Some(connection) = idle.pop() {
-            let mut probe = [0u8; 1];
-            if matches!(connection.stream.try_read(&mut probe), Err(error) if error.kind() == io::ErrorKind::WouldBlock)
-            {
+            if !connection.stream.closed_while_idle() {
                 return Some(connection);
             }
         }
@@ -312,8 +358,17 @@ impl PeerClient {
     async fn connect(&self) -> Result<Connection, RpcError> {
         let failed = |error: io::Error| RpcError::Connect(self.address.clone(), error);
         let connect = async {
-            let mut stream = crate::net::connect_from(&self.address, self.source_address).await?;
-            stream.set_nodelay(true)?;
+            let tcp = crate::net::connect_from(&self.address, self.source_address).await?;
+            tcp.set_nodelay(true)?;
+            let mut stream: Box<dyn RpcStream> = match &self.identity.tls {
+                None => Box::new(tcp),
+                Some(tls) => {
+                    let host = self.address.rsplit_once(':').map_or(self.address.as_str(), |(host, _)| host);
+                    let name = rustls_pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+                        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
+                    Box::new(tls.connector.connect(name, tcp).await?)
+                }
+            };
             // Authenticated RPCs: the server speaks first, with this connection's nonce.
             let session = match &self.identity.secret {
                 None => None,
@@ -343,7 +398,7 @@ impl PeerClient {
 
 /// A pooled connection to a peer and its authentication state.
 struct Connection {
-    stream: TcpStream,
+    stream: Box<dyn RpcStream>,
     session: Option<Session>,
 }
 
@@ -365,6 +420,7 @@ pub(crate) async fn serve(listener: TcpListener, handler: Handler, identity: Ide
                 continue;
             }
         };
+        let _ = stream.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "controller rpc connection limit reached, closing");
             continue;
@@ -373,7 +429,15 @@ pub(crate) async fn serve(listener: TcpListener, handler: Handler, identity: Ide
         let identity = identity.clone();
         connections.spawn(async move {
             let _permit = permit;
-            match serve_connection(stream, handler, &identity).await {
+            let served = match &identity.tls {
+                None => serve_connection(stream, peer, handler, &identity).await,
+                Some(tls) => match tokio::time::timeout(RPC_TLS_HANDSHAKE_TIMEOUT, tls.acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => serve_connection(stream, peer, handler, &identity).await,
+                    Ok(Err(error)) => Err(error),
+                    Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")),
+                },
+            };
+            match served {
                 Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
                     if warning_due(&UNAUTHENTICATED_WARNING_LAST, UNAUTHENTICATED_WARNING_INTERVAL) {
                         tracing::warn!(%peer, %error, "refusing an unauthenticated controller RPC");
@@ -400,8 +464,12 @@ fn warning_due(last: &Mutex<Option<std::time::Instant>>, interval: Duration) -> 
     true
 }
 
-async fn serve_connection(mut stream: TcpStream, handler: Handler, identity: &Identity) -> io::Result<()> {
-    stream.set_nodelay(true)?;
+async fn serve_connection(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    peer: std::net::SocketAddr,
+    handler: Handler,
+    identity: &Identity,
+) -> io::Result<()> {
     let cluster_id = &*identity.cluster_id;
     let secret = identity.secret.as_deref();
     let mut session = match secret {
@@ -420,7 +488,6 @@ async fn serve_connection(mut stream: TcpStream, handler: Handler, identity: &Id
             if !warning_due(&FOREIGN_CLUSTER_WARNING_LAST, FOREIGN_CLUSTER_WARNING_INTERVAL) {
                 return Ok(());
             }
-            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
             tracing::warn!(
                 %peer,
                 theirs = envelope.cluster_id,

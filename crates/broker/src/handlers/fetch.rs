@@ -64,12 +64,7 @@ pub(super) async fn handle(
         response.error_code = ResponseError::InconsistentClusterId.code();
         return response;
     }
-    // Replica fetches come from other nodes on the inter-broker listener (not
-    // authenticated yet: keep it on a private network); elsewhere they need CLUSTER_ACTION.
-    if follower.is_some()
-        && client.listener != broker.inter_broker_listener
-        && !broker.authorized_on_cluster(client, acl::OP_CLUSTER_ACTION)
-    {
+    if follower.is_some() && !broker.may_replicate(client) {
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::ClusterAuthorizationFailed.code();
         return response;

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{RequestKind, ResponseKind};
@@ -262,12 +263,15 @@ fn respond(
     denied: authorize::Denied,
 ) -> ResponseFuture {
     let Exchange { api_key, api_version, correlation_id, arrived, .. } = exchange;
+    // Many handlers do their work in `dispatch`, before their future is first polled.
+    let dispatched = arrived.elapsed();
     Box::pin(async move {
-        let body = response.await;
+        let mut timed = PollTimed { inner: response, timed: broker.quotas.requests_configured(), busy: dispatched };
+        let body = (&mut timed).await;
         broker.metrics.request_done(api_key as i16, arrived.elapsed());
         let mut body = body?;
         authorize::after(&broker, &session, denied, &mut body);
-        charge_quota(&broker, &session, &exchange, &mut body);
+        charge_quota(&broker, &session, &exchange, &mut body, timed.busy);
         match encode_response(api_key, api_version, correlation_id, &body) {
             Ok(bytes) => Some(bytes),
             Err(error) => {
@@ -278,15 +282,39 @@ fn respond(
     })
 }
 
-/// Charges produce and consumer-fetch bytes to the client's quota; over it, the answer
-/// carries `throttle_time_ms` and the connection stops reading for that long.
-fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind) {
+/// A handler's future, with the time spent polling it (when `timed`) added to the time
+/// `dispatch` took: the broker's own time on the request, without the waits for fsync,
+/// replication or a long poll. It is what `request_percentage` quotas charge.
+struct PollTimed {
+    inner: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
+    timed: bool,
+    busy: Duration,
+}
+
+impl Future for PollTimed {
+    type Output = Option<ResponseKind>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        if !self.timed {
+            return self.inner.as_mut().poll(cx);
+        }
+        let started = std::time::Instant::now();
+        let result = self.inner.as_mut().poll(cx);
+        self.busy += started.elapsed();
+        result
+    }
+}
+
+/// Charges produce and consumer-fetch bytes and the request's handling time to the
+/// client's quotas; over one, the answer carries `throttle_time_ms` and the connection
+/// stops reading for that long.
+fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind, busy: Duration) {
     use crate::security::quota::QuotaKind;
     if !broker.quotas.configured() {
         return;
     }
-    let (kind, bytes, throttle_field) = match body {
-        ResponseKind::Produce(response) => (QuotaKind::Produce, exchange.produce_bytes, &mut response.throttle_time_ms),
+    let bytes = match body {
+        ResponseKind::Produce(_) => Some((QuotaKind::Produce, exchange.produce_bytes)),
         ResponseKind::Fetch(response) if exchange.consumer_fetch => {
             let bytes = response
                 .responses
@@ -294,18 +322,82 @@ fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &
                 .flat_map(|t| &t.partitions)
                 .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
                 .sum();
-            (QuotaKind::Fetch, bytes, &mut response.throttle_time_ms)
+            Some((QuotaKind::Fetch, bytes))
         }
-        _ => return,
+        _ => None,
     };
+    // Brokers' own requests (replica fetches) are exempt from request quotas, as in Kafka.
+    let replica_fetch = matches!(body, ResponseKind::Fetch(_)) && !exchange.consumer_fetch;
+    let exempt = replica_fetch || *session.principal == *crate::security::inter_broker::INTER_BROKER_PRINCIPAL;
+    let time = (broker.quotas.requests_configured() && !exempt)
+        .then(|| (QuotaKind::Request, u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX)));
     let user = session.principal.strip_prefix("User:").unwrap_or(&session.principal);
     let client_id = exchange.client_id.as_deref().unwrap_or("");
-    let throttle_ms = broker.with_client_quotas(|quotas| broker.quotas.record(quotas, kind, user, client_id, bytes));
-    if throttle_ms > 0 {
-        *throttle_field = i32::try_from(throttle_ms).unwrap_or(i32::MAX);
-        session.throttle.extend(broker.quotas.now_ms() + throttle_ms);
-        broker.metrics.throttled(kind);
+    let mut throttle_ms = 0;
+    for (kind, amount) in bytes.into_iter().chain(time) {
+        let throttle = broker.with_client_quotas(|quotas| broker.quotas.record(quotas, kind, user, client_id, amount));
+        if throttle > 0 {
+            broker.metrics.throttled(kind);
+            throttle_ms = throttle_ms.max(throttle);
+        }
     }
+    if throttle_ms > 0 {
+        if let Some(field) = throttle_time_field(body) {
+            *field = i32::try_from(throttle_ms).unwrap_or(i32::MAX);
+        }
+        session.throttle.extend(broker.quotas.now_ms() + throttle_ms);
+    }
+}
+
+/// The `throttle_time_ms` of an answer (every API Sluice serves that has one).
+fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
+    macro_rules! field {
+        ($($variant:ident),* $(,)?) => {
+            match body {
+                $(ResponseKind::$variant(response) => Some(&mut response.throttle_time_ms),)*
+                _ => None,
+            }
+        };
+    }
+    field!(
+        Produce,
+        Fetch,
+        ListOffsets,
+        Metadata,
+        OffsetCommit,
+        OffsetFetch,
+        FindCoordinator,
+        JoinGroup,
+        Heartbeat,
+        LeaveGroup,
+        SyncGroup,
+        DescribeGroups,
+        ListGroups,
+        ApiVersions,
+        CreateTopics,
+        DeleteTopics,
+        DeleteRecords,
+        InitProducerId,
+        DescribeAcls,
+        CreateAcls,
+        DeleteAcls,
+        DescribeConfigs,
+        AlterConfigs,
+        CreatePartitions,
+        DeleteGroups,
+        IncrementalAlterConfigs,
+        AlterPartitionReassignments,
+        ListPartitionReassignments,
+        OffsetDelete,
+        DescribeClientQuotas,
+        AlterClientQuotas,
+        DescribeUserScramCredentials,
+        AlterUserScramCredentials,
+        DescribeCluster,
+        ConsumerGroupHeartbeat,
+        ConsumerGroupDescribe,
+        DescribeLogDirs,
+    )
 }
 
 fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {

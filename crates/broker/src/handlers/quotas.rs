@@ -16,7 +16,7 @@ use sluice_cluster::{QuotaEntity, QuotaEntityName};
 
 use super::{message, Session};
 use crate::security::acl;
-use crate::security::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE};
+use crate::security::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE};
 use crate::Broker;
 
 const ENTITY_USER: &str = "user";
@@ -171,9 +171,10 @@ pub(super) async fn alter(
                 let mut ops = Vec::new();
                 for op in &entry.ops {
                     let key = op.key.to_string();
-                    if key != PRODUCER_BYTE_RATE && key != CONSUMER_BYTE_RATE {
+                    if ![PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE].contains(&key.as_str()) {
                         let text = format!(
-                            "Quota {key:?} is not supported (Sluice enforces {PRODUCER_BYTE_RATE} and {CONSUMER_BYTE_RATE})"
+                            "Quota {key:?} is not supported (Sluice enforces {PRODUCER_BYTE_RATE}, \
+                             {CONSUMER_BYTE_RATE} and {REQUEST_PERCENTAGE})"
                         );
                         return Err((ResponseError::InvalidRequest, text));
                     }
@@ -184,6 +185,11 @@ pub(super) async fn alter(
                     } else {
                         return Err((ResponseError::InvalidRequest, format!("Invalid value {} for {key}", op.value)));
                     };
+                    // Stored as whole numbers (the replicated metadata keeps integers).
+                    if key == REQUEST_PERCENTAGE && value.is_some() && op.value.fract() != 0.0 {
+                        let text = format!("{REQUEST_PERCENTAGE} must be a whole number of percent, got {}", op.value);
+                        return Err((ResponseError::InvalidRequest, text));
+                    }
                     ops.push((entity.clone(), key, value));
                 }
                 Ok(ops)

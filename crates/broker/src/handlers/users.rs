@@ -173,6 +173,12 @@ fn check(user: &str, mechanism: i8, touched: &mut BTreeSet<(String, i8)>) -> Res
             format!("Username longer than {USER_NAME_BYTES_MAX} bytes"),
         ));
     }
+    if user == crate::security::inter_broker::INTER_BROKER_USER {
+        return Err((
+            ResponseError::UnacceptableCredential,
+            format!("{user} is reserved for brokers (its credential derives from the cluster's rpc secret)"),
+        ));
+    }
     let mechanism = Mechanism::from_code(mechanism)
         .ok_or_else(|| (ResponseError::UnsupportedSaslMechanism, "Unknown SCRAM mechanism".to_string()))?;
     if !touched.insert((user.to_string(), mechanism.code())) {

@@ -30,6 +30,36 @@ pub const REPLICA_FETCH_PARTITION_BYTES_MAX: i32 = 4 * 1024 * 1024;
 pub const REPLICA_FETCH_BACKOFF_MS: u64 = 100;
 /// Longest a round waits for its own fsync before fetching on (from its durable end).
 pub const REPLICA_SYNC_WAIT_MS: u64 = 30_000;
+/// While a leader cannot be fetched from, one warning per this interval says so.
+pub const REPLICA_FAILURE_LOG_INTERVAL_MS: u64 = 30_000;
+
+/// Failures to fetch from one leader, logged once and then summarised.
+#[derive(Default)]
+struct FailureLog {
+    failures: u64,
+    last_warned: Option<std::time::Instant>,
+}
+
+impl FailureLog {
+    fn failed(&mut self, leader: i32, address: &str, error: &str) {
+        self.failures += 1;
+        let due =
+            self.last_warned.is_none_or(|at| at.elapsed() >= Duration::from_millis(REPLICA_FAILURE_LOG_INTERVAL_MS));
+        if due {
+            tracing::warn!(leader, %address, failures = self.failures, %error, "cannot fetch from leader");
+            self.last_warned = Some(std::time::Instant::now());
+        } else {
+            tracing::debug!(leader, %address, %error, "cannot fetch from leader");
+        }
+    }
+
+    fn succeeded(&mut self, leader: i32) {
+        if self.failures > 0 {
+            tracing::info!(leader, failures = self.failures, "fetching from leader again");
+            *self = FailureLog::default();
+        }
+    }
+}
 
 /// Keeps one fetch loop running per leader this node follows something from.
 pub fn spawn_supervisor(broker: &Arc<Broker>) {
@@ -55,6 +85,7 @@ pub fn spawn_supervisor(broker: &Arc<Broker>) {
 
 async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
     let mut connection: Option<PeerConnection> = None;
+    let mut failures = FailureLog::default();
     loop {
         let Some(strong) = broker.upgrade() else { return };
         let Some(replicas) = strong.replicas.clone() else { return };
@@ -66,10 +97,11 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
         };
         if connection.is_none() {
             let source = strong.config().cluster.as_ref().and_then(|cluster| cluster.source_address);
-            match PeerConnection::connect(&address, source, format!("sluice-replica-{}", replicas.node_id())).await {
+            let client_id = format!("sluice-replica-{}", replicas.node_id());
+            match PeerConnection::connect(&address, source, client_id, &strong.inter_broker).await {
                 Ok(c) => connection = Some(c),
                 Err(error) => {
-                    tracing::debug!(leader, %address, %error, "cannot reach leader");
+                    failures.failed(leader, &address, &format!("{error:#}"));
                     drop(strong);
                     tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
                     continue;
@@ -81,16 +113,25 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
         let call =
             connection.as_mut().expect("connected").call(ApiKey::Fetch, REPLICA_FETCH_VERSION, &request, timeout);
         let response = match call.await {
-            Ok(ResponseKind::Fetch(response)) => response,
+            Ok(ResponseKind::Fetch(response)) if response.error_code == 0 => response,
+            Ok(ResponseKind::Fetch(response)) => {
+                let error = kafka_protocol::ResponseError::try_from_code(response.error_code);
+                failures.failed(leader, &address, &format!("replica fetch refused: {error:?}"));
+                connection = None;
+                drop(strong);
+                tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
+                continue;
+            }
             Ok(_) => unreachable!("a fetch is answered by a fetch response"),
             Err(error) => {
-                tracing::debug!(leader, %error, "replica fetch failed");
+                failures.failed(leader, &address, &format!("{error:#}"));
                 connection = None;
                 drop(strong);
                 tokio::time::sleep(Duration::from_millis(REPLICA_FETCH_BACKOFF_MS)).await;
                 continue;
             }
         };
+        failures.succeeded(leader);
         let by_name: HashMap<(&str, i32), &Arc<Replica>> =
             partitions.iter().map(|(r, _)| ((r.topic.as_str(), r.partition), r)).collect();
         let mut awaiting_sync = Vec::new();

@@ -203,6 +203,16 @@ impl Broker {
     pub(crate) fn authorized_on_cluster(&self, session: &Session, operation: i8) -> bool {
         self.authorized(session, operation, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
     }
+
+    /// Whether the client may fetch as a replica: the brokers' own user; anyone on a
+    /// PLAINTEXT inter-broker listener (it authenticates nobody: keep it on a private
+    /// network); else CLUSTER_ACTION on the cluster, as in Kafka.
+    pub(crate) fn may_replicate(&self, session: &Session) -> bool {
+        *session.principal == *super::inter_broker::INTER_BROKER_PRINCIPAL
+            || (session.listener == self.inter_broker_listener
+                && self.inter_broker.protocol == super::SecurityProtocol::Plaintext)
+            || self.authorized_on_cluster(session, OP_CLUSTER_ACTION)
+    }
 }
 
 /// The authorizer's settings (`authorizer.class.name` set).
@@ -215,6 +225,7 @@ impl Authorizer {
     pub(crate) fn from_config(config: &crate::config::BrokerConfig) -> Option<Authorizer> {
         config.authorizer_class_name.as_ref().filter(|name| !name.trim().is_empty())?;
         let super_users = config.super_users.split(';').map(str::trim).filter(|u| !u.is_empty()).map(String::from);
+        let super_users = super_users.chain([super::inter_broker::INTER_BROKER_PRINCIPAL.to_string()]);
         Some(Authorizer { super_users: super_users.collect(), allow_if_no_acl: config.allow_everyone_if_no_acl_found })
     }
 }

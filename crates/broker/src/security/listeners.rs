@@ -150,8 +150,8 @@ impl BrokerConfig {
 
 impl BrokerConfig {
     /// Index of the listener other nodes fetch from: `inter.broker.listener.name`, else the
-    /// first PLAINTEXT listener. Replication between nodes is not encrypted yet, so in a
-    /// cluster it must be a PLAINTEXT listener.
+    /// first PLAINTEXT listener, else the first one (security/inter_broker.rs says how nodes
+    /// authenticate on it).
     pub fn inter_broker_listener(&self) -> Result<usize, String> {
         let listeners = self.listeners()?;
         let index = match &self.inter_broker_listener_name {
@@ -161,12 +161,6 @@ impl BrokerConfig {
                 .ok_or_else(|| format!("inter.broker.listener.name {name} is not among listeners"))?,
             None => listeners.iter().position(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(0),
         };
-        if self.cluster.is_some() && listeners[index].protocol != SecurityProtocol::Plaintext {
-            return Err(format!(
-                "inter-broker listener {} must be PLAINTEXT: replication between nodes does not use TLS or SASL yet",
-                listeners[index].name
-            ));
-        }
         Ok(index)
     }
 }

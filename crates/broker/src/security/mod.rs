@@ -3,6 +3,7 @@
 //! that back both SASL mechanisms.
 
 pub mod acl;
+pub(crate) mod inter_broker;
 pub mod listeners;
 pub(crate) mod quota;
 pub(crate) mod sasl;
@@ -41,6 +42,10 @@ pub(crate) fn validate(config: &BrokerConfig) -> Result<(), String> {
         return Err("a SASL listener needs at least one of sasl.enabled.mechanisms".into());
     }
     tls::acceptor(config)?;
+    inter_broker::InterBroker::from_config(config)?;
+    if config.cluster.as_ref().is_some_and(|cluster| cluster.rpc_tls) {
+        tls::rpc_tls(config).map_err(|error| format!("cluster.rpc_tls: {error}"))?;
+    }
     for user in config.super_users.split(';').map(str::trim).filter(|u| !u.is_empty()) {
         if !user.contains(':') {
             return Err(format!("super.users entry {user:?} is not a principal like User:admin"));

@@ -5,6 +5,11 @@
 //! nothing more from that connection until the throttle time has passed, so a client that
 //! ignores it gains nothing.
 //!
+//! `request_percentage` (KIP-124) bounds the time the broker spends on a client's requests:
+//! 100 is one thread's whole time. Kafka counts time on its I/O and network threads; Sluice
+//! counts the time a request's handler runs (polled, not waiting for fsync, replication or
+//! a long poll) and its answer's encoding. Brokers' own requests are exempt, as in Kafka.
+//!
 //! A rate is measured over [`QUOTA_WINDOW_SAMPLES`] samples of [`QUOTA_SAMPLE_MS`] (Kafka's
 //! `quota.window.num` and `quota.window.size.seconds` defaults), and the throttle time is
 //! Kafka's: (rate - quota) / quota x window.
@@ -20,6 +25,9 @@ use super::store::ClientQuotas;
 
 pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
+pub const REQUEST_PERCENTAGE: &str = "request_percentage";
+/// Nanoseconds per second of one thread's time, per percent of `request_percentage`.
+const REQUEST_NANOS_PER_PERCENT: u64 = 10_000_000;
 /// Kafka's `quota.window.num` default.
 pub const QUOTA_WINDOW_SAMPLES: u64 = 11;
 /// Kafka's `quota.window.size.seconds` default, in ms.
@@ -32,8 +40,12 @@ const THROTTLE_MS_MAX: u64 = 300_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum QuotaKind {
+    /// Produce bytes.
     Produce,
+    /// Consumer fetch bytes.
     Fetch,
+    /// Nanoseconds spent on the client's requests.
+    Request,
 }
 
 impl QuotaKind {
@@ -41,6 +53,15 @@ impl QuotaKind {
         match self {
             QuotaKind::Produce => PRODUCER_BYTE_RATE,
             QuotaKind::Fetch => CONSUMER_BYTE_RATE,
+            QuotaKind::Request => REQUEST_PERCENTAGE,
+        }
+    }
+
+    /// The quota as a rate of what this kind records (bytes or nanoseconds per second).
+    fn rate_per_second(self, quota: u64) -> u64 {
+        match self {
+            QuotaKind::Produce | QuotaKind::Fetch => quota,
+            QuotaKind::Request => quota.saturating_mul(REQUEST_NANOS_PER_PERCENT),
         }
     }
 }
@@ -101,6 +122,8 @@ impl Sensor {
 pub(crate) struct QuotaManager {
     /// Whether any quota is configured: without one, produce and fetch skip quota work.
     configured: std::sync::atomic::AtomicBool,
+    /// Whether some entity has a `request_percentage`: only then are handlers timed.
+    requests_configured: std::sync::atomic::AtomicBool,
     epoch: Instant,
     sensors: Mutex<HashMap<(QuotaKind, String, String), Sensor>>,
 }
@@ -109,6 +132,7 @@ impl Default for QuotaManager {
     fn default() -> QuotaManager {
         QuotaManager {
             configured: std::sync::atomic::AtomicBool::new(false),
+            requests_configured: std::sync::atomic::AtomicBool::new(false),
             epoch: Instant::now(),
             sensors: Mutex::new(HashMap::new()),
         }
@@ -117,26 +141,33 @@ impl Default for QuotaManager {
 
 impl QuotaManager {
     /// Called whenever the quotas change (locally or in applied cluster metadata).
-    pub(crate) fn set_configured(&self, any: bool) {
-        self.configured.store(any, Ordering::Relaxed);
+    pub(crate) fn set_configured(&self, quotas: &ClientQuotas) {
+        self.configured.store(!quotas.is_empty(), Ordering::Relaxed);
+        let requests = quotas.values().any(|values| values.contains_key(REQUEST_PERCENTAGE));
+        self.requests_configured.store(requests, Ordering::Relaxed);
     }
 
     pub(crate) fn configured(&self) -> bool {
         self.configured.load(Ordering::Relaxed)
     }
 
+    pub(crate) fn requests_configured(&self) -> bool {
+        self.requests_configured.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Records `bytes` for the client and returns how long it must wait (0: within quota).
+    /// Records `amount` (bytes, or nanoseconds for [`QuotaKind::Request`]) for the client
+    /// and returns how long it must wait (0: within quota).
     pub(crate) fn record(
         &self,
         quotas: &ClientQuotas,
         kind: QuotaKind,
         user: &str,
         client_id: &str,
-        bytes: u64,
+        amount: u64,
     ) -> u64 {
         if quotas.is_empty() {
             return 0;
@@ -154,13 +185,13 @@ impl QuotaManager {
         let sensor = sensors
             .entry((kind, sensor_user.to_string(), sensor_client.to_string()))
             .or_insert_with(|| Sensor { samples: VecDeque::new(), last_ms: now_ms });
-        let (rate, _) = sensor.record(now_ms, bytes);
-        throttle_ms(rate, quota, QUOTA_WINDOW_SAMPLES * QUOTA_SAMPLE_MS)
+        let (rate, _) = sensor.record(now_ms, amount);
+        throttle_ms(rate, kind.rate_per_second(quota), QUOTA_WINDOW_SAMPLES * QUOTA_SAMPLE_MS)
     }
 }
 
 /// Kafka's throttle time (QuotaUtils.throttleTime) for a measured `rate` against `quota`
-/// (bytes/s), `window_ms` being the whole quota window (samples x sample length).
+/// (per second), `window_ms` being the whole quota window (samples x sample length).
 fn throttle_ms(rate: f64, quota: u64, window_ms: u64) -> u64 {
     if quota == 0 {
         return THROTTLE_MS_MAX;

@@ -82,7 +82,7 @@ impl Mechanism {
         }
     }
 
-    fn salted_password(self, password: &[u8], salt: &[u8], iterations: i32) -> Vec<u8> {
+    pub(crate) fn salted_password(self, password: &[u8], salt: &[u8], iterations: i32) -> Vec<u8> {
         let rounds = u32::try_from(iterations).expect("iterations validated positive");
         let mut out = vec![0u8; self.digest_bytes()];
         match self {
@@ -252,25 +252,81 @@ impl ScramExchange {
     }
 }
 
+/// The client's half of one SCRAM exchange: a follower authenticating to its leader's
+/// SASL listener (replication/peer.rs).
+pub struct ScramClient {
+    mechanism: Mechanism,
+    password: Vec<u8>,
+    client_first_bare: String,
+    client_nonce: String,
+    /// What the server's final message must prove, once client-final is sent.
+    server_signature: Option<Vec<u8>>,
+}
+
+/// RFC 5802 saslname: `,` and `=` escaped.
+fn encode_saslname(name: &str) -> String {
+    name.replace('=', "=3D").replace(',', "=2C")
+}
+
+impl ScramClient {
+    /// Returns the exchange and the client-first message.
+    pub fn start(mechanism: Mechanism, user: &str, password: &[u8]) -> (ScramClient, Vec<u8>) {
+        let nonce: [u8; SERVER_NONCE_BYTES] = rand::random();
+        let client_nonce = BASE64.encode(nonce);
+        let client_first_bare = format!("n={},r={client_nonce}", encode_saslname(user));
+        let client_first = format!("n,,{client_first_bare}").into_bytes();
+        let client = ScramClient {
+            mechanism,
+            password: password.to_vec(),
+            client_first_bare,
+            client_nonce,
+            server_signature: None,
+        };
+        (client, client_first)
+    }
+
+    /// Takes the server-first message; returns client-final (with the proof).
+    pub fn respond(&mut self, server_first: &[u8]) -> Result<Vec<u8>, ScramError> {
+        let text = std::str::from_utf8(server_first).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+        let mut fields = text.split(',');
+        let nonce = attribute(fields.next(), 'r')?;
+        if !nonce.starts_with(&self.client_nonce) || nonce.len() == self.client_nonce.len() {
+            return Err(ScramError::Malformed("the server nonce does not extend ours"));
+        }
+        let salt = BASE64.decode(attribute(fields.next(), 's')?).map_err(|_| ScramError::Malformed("bad salt"))?;
+        let iterations: i32 =
+            attribute(fields.next(), 'i')?.parse().map_err(|_| ScramError::Malformed("bad iteration count"))?;
+        if !(ITERATIONS_MIN..=ITERATIONS_MAX).contains(&iterations) {
+            return Err(ScramError::Malformed("iteration count out of bounds"));
+        }
+        let salted = self.mechanism.salted_password(&self.password, &salt, iterations);
+        let client_key = self.mechanism.hmac(&salted, b"Client Key");
+        let stored_key = self.mechanism.hash(&client_key);
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("{},{text},{without_proof}", self.client_first_bare);
+        let signature = self.mechanism.hmac(&stored_key, auth_message.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(k, s)| k ^ s).collect();
+        let server_key = self.mechanism.hmac(&salted, b"Server Key");
+        self.server_signature = Some(self.mechanism.hmac(&server_key, auth_message.as_bytes()));
+        Ok(format!("{without_proof},p={}", BASE64.encode(proof)).into_bytes())
+    }
+
+    /// Checks the server-final message: the server knew our credential.
+    pub fn verify(&self, server_final: &[u8]) -> Result<(), ScramError> {
+        let expected = self.server_signature.as_ref().ok_or(ScramError::Malformed("no client-final sent"))?;
+        let text = std::str::from_utf8(server_final).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+        let signature = BASE64.decode(attribute(Some(text), 'v')?).map_err(|_| ScramError::Malformed("bad v="))?;
+        if constant_time_eq(&signature, expected) {
+            Ok(())
+        } else {
+            Err(ScramError::InvalidCredentials)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The client side of RFC 5802, to drive the server through a whole exchange.
-    fn client_final(mechanism: Mechanism, password: &str, client_first_bare: &str, server_first: &str) -> String {
-        let mut fields = server_first.split(',');
-        let nonce = fields.next().unwrap().strip_prefix("r=").unwrap();
-        let salt = BASE64.decode(fields.next().unwrap().strip_prefix("s=").unwrap()).unwrap();
-        let iterations: i32 = fields.next().unwrap().strip_prefix("i=").unwrap().parse().unwrap();
-        let salted = mechanism.salted_password(password.as_bytes(), &salt, iterations);
-        let client_key = mechanism.hmac(&salted, b"Client Key");
-        let stored_key = mechanism.hash(&client_key);
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
-        let signature = mechanism.hmac(&stored_key, auth_message.as_bytes());
-        let proof: Vec<u8> = client_key.iter().zip(&signature).map(|(k, s)| k ^ s).collect();
-        format!("{without_proof},p={}", BASE64.encode(proof))
-    }
 
     fn alice(mechanism: Mechanism) -> ScramCredential {
         let salt = b"0123456789abcdef".to_vec();
@@ -279,14 +335,13 @@ mod tests {
     }
 
     fn exchange(mechanism: Mechanism, user: &str, password: &str) -> Result<String, ScramError> {
-        let bare = format!("n={user},r=fyko+d2lbbFgONRv9qkxdawL");
-        let (exchange, server_first) = ScramExchange::start(mechanism, format!("n,,{bare}").as_bytes(), |name| {
-            (name == "alice").then(|| alice(mechanism))
-        })?;
-        let server_first = String::from_utf8(server_first).unwrap();
-        let last = client_final(mechanism, password, &bare, &server_first);
-        let (user, server_final) = exchange.finish(last.as_bytes())?;
-        assert!(server_final.starts_with(b"v="));
+        let (mut client, client_first) = ScramClient::start(mechanism, user, password.as_bytes());
+        let (exchange, server_first) =
+            ScramExchange::start(mechanism, &client_first, |name| (name == "alice").then(|| alice(mechanism)))?;
+        let client_final = client.respond(&server_first)?;
+        let (user, server_final) = exchange.finish(&client_final)?;
+        client.verify(&server_final)?;
+        assert!(client.verify(b"v=AAAA").is_err(), "a server that does not know the credential is caught");
         Ok(user)
     }
 

@@ -72,9 +72,12 @@ impl SecurityStore {
         SecurityStore { local: None }
     }
 
-    /// Whether the local (single-node) state holds client quotas.
-    pub(crate) fn has_local_quotas(&self) -> bool {
-        self.local.as_ref().is_some_and(|(_, state)| !state.lock().client_quotas.is_empty())
+    /// Reads the local (single-node) client quotas; none in a cluster.
+    pub(crate) fn with_local_quotas(&self, read: impl FnOnce(&ClientQuotas)) {
+        match &self.local {
+            Some((_, state)) => read(&state.lock().client_quotas),
+            None => read(&ClientQuotas::new()),
+        }
     }
 }
 
@@ -91,6 +94,9 @@ fn store_local(path: &Path, current: &mut LocalSecurity, changed: LocalSecurity)
 impl Broker {
     /// A user's credential for one SCRAM mechanism, as this node knows it now.
     pub(crate) fn scram_credential(&self, user: &str, mechanism: &str) -> Option<ScramCredential> {
+        if user == super::inter_broker::INTER_BROKER_USER {
+            return self.inter_broker.credentials.as_ref().and_then(|c| c.credential(mechanism));
+        }
         self.with_scram_credentials(|all| all.get(user).and_then(|m| m.get(mechanism)).cloned())
     }
 
@@ -164,9 +170,8 @@ impl Broker {
                     quotas.remove(&entity);
                 }
             }
-            let any = !changed.client_quotas.is_empty();
             store_local(path, &mut current, changed)?;
-            self.quotas.set_configured(any);
+            self.quotas.set_configured(&current.client_quotas);
             return Ok(());
         }
         let controller = crate::handlers::controller(self)?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::config::BrokerConfig;
 
@@ -87,34 +87,29 @@ fn rfc2253_escape(value: &str) -> String {
     escaped
 }
 
-/// The acceptor for TLS listeners, or `None` when no listener uses TLS.
-pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, String> {
-    let tls = config;
-    if !config.listeners()?.iter().any(|listener| listener.protocol.uses_tls()) {
-        return Ok(None);
-    }
+/// Refuses store types and key encryption that Sluice does not read.
+fn check_supported(config: &BrokerConfig) -> Result<(), String> {
     for (key, value) in
-        [("ssl.keystore.type", &tls.ssl_keystore_type), ("ssl.truststore.type", &tls.ssl_truststore_type)]
+        [("ssl.keystore.type", &config.ssl_keystore_type), ("ssl.truststore.type", &config.ssl_truststore_type)]
     {
         if !value.eq_ignore_ascii_case("PEM") {
             return Err(format!("{key} {value:?} is not supported; Sluice reads PEM files (set {key} = \"PEM\")"));
         }
     }
-    if tls.ssl_key_password.is_some() {
+    if config.ssl_key_password.is_some() {
         return Err("ssl.key.password: encrypted private keys are not supported; give an unencrypted PEM key".into());
     }
-    let client_auth = match tls.ssl_client_auth.to_ascii_lowercase().as_str() {
-        "none" => ClientAuth::None,
-        "requested" => ClientAuth::Requested,
-        "required" => ClientAuth::Required,
-        other => return Err(format!("ssl.client.auth {other:?} must be none, requested or required")),
-    };
-    let (chain, key) = match (&tls.ssl_keystore_certificate_chain, &tls.ssl_keystore_key) {
-        (Some(chain), Some(key)) if tls.ssl_keystore_location.is_none() => {
+    Ok(())
+}
+
+/// This node's certificate chain and private key (`ssl.keystore.*`).
+fn keystore(config: &BrokerConfig) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let (chain, key) = match (&config.ssl_keystore_certificate_chain, &config.ssl_keystore_key) {
+        (Some(chain), Some(key)) if config.ssl_keystore_location.is_none() => {
             (chain.as_bytes().to_vec(), key.as_bytes().to_vec())
         }
         (None, None) => {
-            let pem = pem_source("ssl.keystore", &tls.ssl_keystore_location, &None)?
+            let pem = pem_source("ssl.keystore", &config.ssl_keystore_location, &None)?
                 .ok_or("a listener uses TLS but ssl.keystore.location is not set")?;
             (pem.clone(), pem)
         }
@@ -125,6 +120,35 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
     let chain = certificates("ssl.keystore", &chain)?;
     let key = PrivateKeyDer::from_pem_slice(&key)
         .map_err(|error| format!("ssl.keystore: no usable private key (PKCS#8, PKCS#1 or SEC1 PEM): {error}"))?;
+    Ok((chain, key))
+}
+
+/// The CAs of `ssl.truststore.*`, or `None` when none is configured.
+fn truststore(config: &BrokerConfig) -> Result<Option<rustls::RootCertStore>, String> {
+    let Some(pem) = pem_source("ssl.truststore", &config.ssl_truststore_location, &config.ssl_truststore_certificates)?
+    else {
+        return Ok(None);
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in certificates("ssl.truststore", &pem)? {
+        roots.add(certificate).map_err(|error| format!("ssl.truststore: {error}"))?;
+    }
+    Ok(Some(roots))
+}
+
+/// The acceptor for TLS listeners, or `None` when no listener uses TLS.
+pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, String> {
+    if !config.listeners()?.iter().any(|listener| listener.protocol.uses_tls()) {
+        return Ok(None);
+    }
+    check_supported(config)?;
+    let client_auth = match config.ssl_client_auth.to_ascii_lowercase().as_str() {
+        "none" => ClientAuth::None,
+        "requested" => ClientAuth::Requested,
+        "required" => ClientAuth::Required,
+        other => return Err(format!("ssl.client.auth {other:?} must be none, requested or required")),
+    };
+    let (chain, key) = keystore(config)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -132,12 +156,8 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
     let builder = match client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         ClientAuth::Requested | ClientAuth::Required => {
-            let pem = pem_source("ssl.truststore", &tls.ssl_truststore_location, &tls.ssl_truststore_certificates)?
+            let roots = truststore(config)?
                 .ok_or("ssl.client.auth needs ssl.truststore.location (the CAs of client certificates)")?;
-            let mut roots = rustls::RootCertStore::empty();
-            for certificate in certificates("ssl.truststore", &pem)? {
-                roots.add(certificate).map_err(|error| format!("ssl.truststore: {error}"))?;
-            }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let verifier =
                 if client_auth == ClientAuth::Requested { verifier.allow_unauthenticated() } else { verifier };
@@ -148,4 +168,41 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
         .with_single_cert(chain, key)
         .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
     Ok(Some(TlsAcceptor::from(Arc::new(server))))
+}
+
+/// The connector this node uses to reach other nodes' TLS inter-broker listener: it
+/// trusts the CAs of `ssl.truststore.*`, checks the peer's name against its certificate
+/// (Kafka's default `ssl.endpoint.identification.algorithm=https`) and shows this node's
+/// own certificate, so peers that require client certificates accept it.
+pub(crate) fn connector(config: &BrokerConfig) -> Result<TlsConnector, String> {
+    check_supported(config)?;
+    let roots = truststore(config)?
+        .ok_or("TLS between nodes needs ssl.truststore.location (the CA that signed the brokers' certificates)")?;
+    let (chain, key) = keystore(config)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS setup: {error}"))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
+    Ok(TlsConnector::from(Arc::new(client)))
+}
+
+/// TLS for controller RPC (`[cluster] rpc_tls`): this node's certificate for the server
+/// side, the truststore's CAs for the client side. Peers are authenticated by the shared
+/// secret, so no client certificate is asked for.
+pub(crate) fn rpc_tls(config: &BrokerConfig) -> Result<sluice_cluster::RpcTls, String> {
+    check_supported(config)?;
+    let (chain, key) = keystore(config)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| format!("TLS setup: {error}"))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
+    // Connections are pooled and probed for a close while idle: nothing may arrive unasked.
+    server.send_tls13_tickets = 0;
+    Ok(sluice_cluster::RpcTls { acceptor: TlsAcceptor::from(Arc::new(server)), connector: connector(config)? })
 }

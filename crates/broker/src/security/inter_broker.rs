@@ -1,0 +1,132 @@
+//! How nodes prove to each other who they are on the inter-broker listener (replica
+//! fetches), whatever its security protocol: TLS checks the leader's certificate (and
+//! shows the follower's), SASL authenticates the follower as the brokers' own user.
+//!
+//! The brokers' user needs no credential made by an operator: its password is derived
+//! from the cluster's shared controller-RPC secret (`[cluster] rpc_secret_file`), which
+//! every node already holds, so a SASL inter-broker listener works from the first start
+//! and a process without the secret cannot pass for a broker. Its principal,
+//! [`INTER_BROKER_PRINCIPAL`], is a super user. The name is reserved: no SCRAM
+//! credential can be made for it.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use sluice_cluster::ScramCredential;
+use tokio_rustls::TlsConnector;
+
+use super::sasl::Mechanism;
+use super::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
+use super::SecurityProtocol;
+use crate::config::BrokerConfig;
+
+/// The user brokers authenticate as to each other.
+pub const INTER_BROKER_USER: &str = "sluice-inter-broker";
+pub const INTER_BROKER_PRINCIPAL: &str = "User:sluice-inter-broker";
+
+/// The brokers' own SCRAM credentials, derived from the shared secret.
+pub(crate) struct BrokerCredentials {
+    password: String,
+    sha256: ScramCredential,
+    sha512: ScramCredential,
+}
+
+fn derive(secret: &[u8], label: &[u8]) -> [u8; 32] {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(label);
+    mac.finalize().into_bytes().into()
+}
+
+impl BrokerCredentials {
+    pub(crate) fn from_secret(secret: &[u8]) -> BrokerCredentials {
+        let password: String =
+            derive(secret, b"sluice inter-broker password").iter().map(|b| format!("{b:02x}")).collect();
+        let salt = derive(secret, b"sluice inter-broker salt")[..16].to_vec();
+        let credential = |mechanism: ScramMechanism| {
+            let salted = mechanism.salted_password(password.as_bytes(), &salt, ITERATIONS_MIN);
+            mechanism.credential(salt.clone(), &salted, ITERATIONS_MIN)
+        };
+        BrokerCredentials {
+            sha256: credential(ScramMechanism::Sha256),
+            sha512: credential(ScramMechanism::Sha512),
+            password,
+        }
+    }
+
+    pub(crate) fn credential(&self, mechanism: &str) -> Option<ScramCredential> {
+        match ScramMechanism::from_name(mechanism)? {
+            ScramMechanism::Sha256 => Some(self.sha256.clone()),
+            ScramMechanism::Sha512 => Some(self.sha512.clone()),
+        }
+    }
+}
+
+/// This node's side of the inter-broker listener: the server's view of the brokers'
+/// credential, and how to connect to another node's inter-broker listener.
+pub(crate) struct InterBroker {
+    pub(crate) protocol: SecurityProtocol,
+    /// `None` without a shared secret (a single node, or a cluster without one).
+    pub(crate) credentials: Option<BrokerCredentials>,
+    /// For TLS inter-broker listeners.
+    pub(crate) tls: Option<TlsConnector>,
+    /// For SASL inter-broker listeners: `sasl.mechanism.inter.broker.protocol`.
+    pub(crate) sasl: Option<Mechanism>,
+}
+
+/// The mechanism a follower uses: `sasl.mechanism.inter.broker.protocol` if set (it must be
+/// enabled), else the strongest enabled one.
+fn mechanism(config: &BrokerConfig, enabled: &[Mechanism]) -> Result<Mechanism, String> {
+    match &config.sasl_mechanism_inter_broker_protocol {
+        Some(name) => Mechanism::from_name(&name.trim().to_ascii_uppercase())
+            .filter(|m| enabled.contains(m))
+            .ok_or_else(|| format!("sasl.mechanism.inter.broker.protocol {name:?} is not in sasl.enabled.mechanisms")),
+        None => [ScramMechanism::Sha512, ScramMechanism::Sha256]
+            .map(Mechanism::Scram)
+            .into_iter()
+            .chain([Mechanism::Plain])
+            .find(|m| enabled.contains(m))
+            .ok_or_else(|| "a SASL inter-broker listener needs a mechanism in sasl.enabled.mechanisms".to_string()),
+    }
+}
+
+impl InterBroker {
+    pub(crate) fn from_config(config: &BrokerConfig) -> Result<InterBroker, String> {
+        let listeners = config.listeners()?;
+        let protocol = listeners[config.inter_broker_listener()?].protocol;
+        let secret = match &config.cluster {
+            Some(cluster) => cluster.rpc_secret()?,
+            None => None,
+        };
+        let in_cluster = config.cluster.is_some();
+        if in_cluster && protocol.uses_sasl() && secret.is_none() {
+            return Err(format!(
+                "the inter-broker listener is {protocol:?}: set [cluster] rpc_secret_file; brokers authenticate to \
+                 each other with a credential derived from that shared secret"
+            ));
+        }
+        let tls = if in_cluster && protocol.uses_tls() { Some(super::tls::connector(config)?) } else { None };
+        let sasl = if protocol.uses_sasl() { Some(mechanism(config, &super::sasl_mechanisms(config)?)?) } else { None };
+        Ok(InterBroker { protocol, credentials: secret.as_deref().map(BrokerCredentials::from_secret), tls, sasl })
+    }
+
+    /// The password a follower gives (SASL), when there is a shared secret.
+    pub(crate) fn password(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|c| c.password.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_derived_password_matches_the_derived_credential_and_depends_on_the_secret() {
+        let ours = BrokerCredentials::from_secret(b"correct-horse-battery-staple");
+        let theirs = BrokerCredentials::from_secret(b"another-secret-entirely-0000");
+        for mechanism in ScramMechanism::ALL {
+            let credential = ours.credential(mechanism.name()).unwrap();
+            assert!(mechanism.password_matches(&credential, ours.password.as_bytes()));
+            assert!(!mechanism.password_matches(&credential, theirs.password.as_bytes()));
+        }
+        assert!(ours.credential("PLAIN").is_none());
+    }
+}
