@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import kafka_wire as kw
-from conftest import REPO, free_port
+from conftest import REPO, SLUICE_BIN, free_port
 from kafka_wire import Conn, Record, consume_until, create_topic, record_batch
 
 
@@ -135,3 +135,53 @@ def test_consumer_group_lag_is_exported(broker_factory):
     # A single node has no ISR to change; the counters exist and read zero.
     assert ("sluice_isr_shrinks_total", frozenset()) in samples
     assert value(samples, "sluice_isr_expands_total") == 0
+
+
+def test_the_figures_match_what_the_bench_measured(broker_factory, tmp_path):
+    """`sluice bench` (the smoke workload) against a broker with metrics: the records and
+    bytes the broker exports match what the bench sent and what the topic holds."""
+    import subprocess
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    result_file = tmp_path / "smoke.json"
+    run = subprocess.run(
+        [SLUICE_BIN, "bench", str(REPO / "bench/local/workloads/smoke.yaml"),
+         "--driver", str(REPO / "bench/local/drivers/local-latency.yaml"), "--bootstrap", broker.bootstrap,
+         "--broker-pid", str(broker.proc.pid), "--output", str(result_file)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    result = json.loads(result_file.read_text())
+    sent = result["sluice"]["measuredMessagesSent"]
+    assert sent > 0, result["sluice"]
+
+    samples = scrape(port)
+    records = {dict(labels)["topic"]: count for (name, labels), count in samples.items()
+               if name == "sluice_produce_records_total"}
+    produce_bytes = {dict(labels)["topic"]: count for (name, labels), count in samples.items()
+                     if name == "sluice_produce_bytes_total"}
+    bench_topics = [topic for topic in records if not topic.startswith("__")]
+    assert len(bench_topics) == result["topics"], records
+
+    # What the broker counted is what the topic holds (every record the bench sent, in
+    # warm-up, measurement and backlog), and at least what the bench measured.
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "metrics-check"})
+    held = 0
+    for topic in bench_topics:
+        for partition in range(result["partitions"]):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            held += high - low
+    consumer.close()
+    counted = sum(records[t] for t in bench_topics)
+    assert counted == held, f"broker counted {counted} records, the topics hold {held}"
+    assert counted >= sent, f"broker counted {counted} records, the bench measured {sent} sent"
+    # Bytes per record: the bench's message size plus record and batch overhead.
+    per_record = sum(produce_bytes[t] for t in bench_topics) / counted
+    size = result["messageSize"]
+    assert size < per_record < size * 1.1, f"{per_record:.0f} bytes per {size}-byte message"
+    # Consumers read everything produced at least once.
+    fetched = sum(value(samples, "sluice_fetch_bytes_total", topic=t) for t in bench_topics)
+    assert fetched >= sum(produce_bytes[t] for t in bench_topics)

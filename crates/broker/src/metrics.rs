@@ -62,14 +62,23 @@ struct ApiMetrics {
     seconds: Histogram,
 }
 
+/// One topic's counters.
+#[derive(Clone)]
+struct TopicCounters {
+    produce_bytes: Counter,
+    produce_records: Counter,
+    fetch_bytes: Counter,
+}
+
 /// Every metric of the broker.
 pub(crate) struct Metrics {
     registry: Registry,
     apis: Vec<Option<ApiMetrics>>,
     produce_bytes: Family<TopicLabels, Counter>,
+    produce_records: Family<TopicLabels, Counter>,
     fetch_bytes: Family<TopicLabels, Counter>,
-    /// Per-topic (produce, fetch) handles, found without allocating.
-    topics: RwLock<HashMap<String, (Counter, Counter)>>,
+    /// Per-topic handles, found without allocating.
+    topics: RwLock<HashMap<String, TopicCounters>>,
     fsync_seconds: Histogram,
     connections: Gauge,
     /// Produce and fetch answers that carried a quota throttle.
@@ -118,7 +127,9 @@ impl Metrics {
         }
         let produce_bytes = Family::<TopicLabels, Counter>::default();
         let fetch_bytes = Family::<TopicLabels, Counter>::default();
+        let produce_records = Family::<TopicLabels, Counter>::default();
         registry.register("produce_bytes", "Record batch bytes appended by producers, by topic", produce_bytes.clone());
+        registry.register("produce_records", "Records appended by producers, by topic", produce_records.clone());
         registry.register(
             "fetch_bytes",
             "Record batch bytes sent to consumers and followers, by topic",
@@ -171,6 +182,7 @@ impl Metrics {
             registry,
             apis,
             produce_bytes,
+            produce_records,
             fetch_bytes,
             topics: RwLock::new(HashMap::new()),
             fsync_seconds,
@@ -200,24 +212,30 @@ impl Metrics {
         }
     }
 
-    fn topic(&self, topic: &str) -> (Counter, Counter) {
+    fn topic(&self, topic: &str) -> TopicCounters {
         if let Some(handles) = self.topics.read().get(topic) {
             return handles.clone();
         }
         let labels = TopicLabels { topic: topic.to_string() };
-        let handles = (self.produce_bytes.get_or_create_owned(&labels), self.fetch_bytes.get_or_create_owned(&labels));
+        let handles = TopicCounters {
+            produce_bytes: self.produce_bytes.get_or_create_owned(&labels),
+            produce_records: self.produce_records.get_or_create_owned(&labels),
+            fetch_bytes: self.fetch_bytes.get_or_create_owned(&labels),
+        };
         self.topics.write().entry(topic.to_string()).or_insert(handles).clone()
     }
 
-    pub(crate) fn produced(&self, topic: &str, bytes: u64) {
+    pub(crate) fn produced(&self, topic: &str, bytes: u64, records: u64) {
         if bytes > 0 {
-            self.topic(topic).0.inc_by(bytes);
+            let counters = self.topic(topic);
+            counters.produce_bytes.inc_by(bytes);
+            counters.produce_records.inc_by(records);
         }
     }
 
     pub(crate) fn fetched(&self, topic: &str, bytes: u64) {
         if bytes > 0 {
-            self.topic(topic).1.inc_by(bytes);
+            self.topic(topic).fetch_bytes.inc_by(bytes);
         }
     }
 

@@ -58,6 +58,7 @@ pub(super) fn append(
         let mut topic_response = TopicProduceResponse::default();
         topic_response.name = topic.name.clone();
         let mut topic_bytes = 0u64;
+        let mut topic_records = 0u64;
         let writable = broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name);
         for (partition_index, data) in topic.partition_data.into_iter().enumerate() {
             let mut partition_response = PartitionProduceResponse::default();
@@ -73,8 +74,9 @@ pub(super) fn append(
                 (Ok(leader), Some(records)) => {
                     let appended =
                         append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index);
-                    if appended.as_ref().is_ok_and(|outcome| !outcome.duplicate) {
+                    if let Some(outcome) = appended.as_ref().ok().filter(|outcome| !outcome.duplicate) {
                         topic_bytes += records.len() as u64;
+                        topic_records += (outcome.visible_at - outcome.base_offset).max(0) as u64;
                     }
                     appended
                 }
@@ -119,7 +121,7 @@ pub(super) fn append(
             }
             topic_response.partition_responses.push(partition_response);
         }
-        broker.metrics.produced(&topic.name, topic_bytes);
+        broker.metrics.produced(&topic.name, topic_bytes, topic_records);
         response.responses.push(topic_response);
     }
     async move {
