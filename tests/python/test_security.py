@@ -19,6 +19,7 @@ from confluent_kafka.admin import (
     AclOperation,
     AclPermissionType,
     AdminClient,
+    NewTopic,
     ResourcePatternType,
     ResourceType,
     ScramCredentialInfo,
@@ -322,6 +323,7 @@ def test_mutual_tls_requires_a_trusted_client_certificate(broker_factory, tmp_pa
         ("ssl.keystore.location=/nonexistent/server.pem", "ssl.keystore.location /nonexistent/server.pem"),
         ("ssl.client.auth=sometimes", "must be none, requested or required"),
         ("sasl.enabled.mechanisms=GSSAPI", "\"GSSAPI\" is not supported"),
+        ("sasl.enabled.mechanisms=OAUTHBEARER", "OAUTHBEARER needs sasl.oauthbearer.jwks.endpoint.url"),
         ("listener.security.protocol.map=PLAINTEXT:PLAINTEXT", "has no entry in listener.security.protocol.map"),
     ],
 )
@@ -341,3 +343,97 @@ def test_bad_security_configs_stop_the_start_with_the_reason(tmp_path, override,
     res = subprocess.run(args, capture_output=True, text=True, timeout=30)
     assert res.returncode != 0
     assert expected in res.stderr + res.stdout, res.stderr + res.stdout
+
+
+def _b64url(data: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def signed_jwt(key, kid: str, claims: dict) -> str:
+    """An RS256 JWT as an identity provider issues it."""
+    import json
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    header = {"alg": "RS256", "typ": "JWT", "kid": kid}
+    signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input}.{_b64url(signature)}"
+
+
+def public_jwk(key, kid: str) -> dict:
+    numbers = key.public_key().public_numbers()
+    n = numbers.n.to_bytes((numbers.n.bit_length() + 7) // 8, "big")
+    e = numbers.e.to_bytes((numbers.e.bit_length() + 7) // 8, "big")
+    return {"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": _b64url(n), "e": _b64url(e)}
+
+
+def test_oauthbearer_accepts_tokens_signed_by_the_identity_provider(broker_factory, tmp_path):
+    """SASL/OAUTHBEARER with librdkafka (`oauth_cb`): a token signed by a key of the
+    configured JWK set, for the expected audience and issuer, authenticates as its `sub`,
+    which ACLs then apply to; another key's signature, an expired token or another audience
+    is refused with SASL_AUTHENTICATION_FAILED; a rotated key set is picked up without a
+    restart."""
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    idp = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [public_jwk(idp, "k1")]}))
+    port, sasl_port = free_port(), free_port()
+    broker = broker_factory(extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "--override", "sasl.enabled.mechanisms=OAUTHBEARER",
+        "--override", f"sasl.oauthbearer.jwks.endpoint.url=file://{jwks}",
+        "--override", "sasl.oauthbearer.expected.audience=sluice",
+        "--override", "sasl.oauthbearer.expected.issuer=https://idp.example",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "super.users=User:ANONYMOUS",
+    ], port=port)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("oauth-t", 1)])["oauth-t"].result(timeout=10)
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "oauth-t", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.ALL,
+                   AclPermissionType.ALLOW),
+        AclBinding(ResourceType.GROUP, "oauth", ResourcePatternType.PREFIXED, "User:alice", "*", AclOperation.READ,
+                   AclPermissionType.ALLOW),
+    ]
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=10)
+
+    now = int(time.time())
+
+    def claims(**changes):
+        return {"sub": "alice", "iss": "https://idp.example", "aud": "sluice", "iat": now, "exp": now + 3600,
+                **changes}
+
+    def conf(token: str) -> dict:
+        return {"bootstrap.servers": f"127.0.0.1:{sasl_port}", "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanisms": "OAUTHBEARER", "oauth_cb": lambda _config: (token, now + 3600)}
+
+    alice = signed_jwt(idp, "k1", claims())
+    produce(conf(alice), "oauth-t", [b"one", b"two"])
+    assert consume(conf(alice), "oauth-t", 2, group="oauth") == [b"one", b"two"]
+    # The principal is the token's subject: bob has no ACL on the topic.
+    bob = signed_jwt(idp, "k1", claims(sub="bob"))
+    assert "authorization failed" in first_error(conf(bob), "oauth-t").lower()
+    refused = {
+        "another key": signed_jwt(other, "k1", claims()),
+        "expired": signed_jwt(idp, "k1", claims(exp=now - 3600)),
+        "another audience": signed_jwt(idp, "k1", claims(aud="someone-else")),
+        "another issuer": signed_jwt(idp, "k1", claims(iss="https://evil.example")),
+    }
+    for why, token in refused.items():
+        error = first_error(conf(token), "oauth-t")
+        assert "Authentication failed" in error, f"{why}: {error}"
+
+    # The provider rotates its key: the new key set is read without a restart.
+    time.sleep(0.01)
+    jwks.write_text(json.dumps({"keys": [public_jwk(other, "k2")]}))
+    produce(conf(signed_jwt(other, "k2", claims())), "oauth-t", [b"three"])
+    assert "Authentication failed" in first_error(conf(alice), "oauth-t")

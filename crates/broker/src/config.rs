@@ -114,6 +114,21 @@ pub struct BrokerConfig {
     /// SASL inter-broker listener (default: the strongest enabled mechanism).
     #[serde(rename = "sasl.mechanism.inter.broker.protocol")]
     pub sasl_mechanism_inter_broker_protocol: Option<String>,
+    /// OAUTHBEARER (security/oauth.rs): a `file:` URL of the identity provider's JWK set.
+    #[serde(rename = "sasl.oauthbearer.jwks.endpoint.url")]
+    pub sasl_oauthbearer_jwks_endpoint_url: Option<String>,
+    /// Comma-separated audiences a token must name one of (unset: not checked).
+    #[serde(rename = "sasl.oauthbearer.expected.audience")]
+    pub sasl_oauthbearer_expected_audience: String,
+    /// The issuer a token must name (unset: not checked).
+    #[serde(rename = "sasl.oauthbearer.expected.issuer")]
+    pub sasl_oauthbearer_expected_issuer: Option<String>,
+    /// The claim that names the principal.
+    #[serde(rename = "sasl.oauthbearer.sub.claim.name")]
+    pub sasl_oauthbearer_sub_claim_name: String,
+    /// Leeway on the token's expiry and not-before times.
+    #[serde(rename = "sasl.oauthbearer.clock.skew.seconds")]
+    pub sasl_oauthbearer_clock_skew_seconds: u64,
     pub auto_create_topics: bool,
     pub num_partitions: i32,
     pub log_retention_check_interval_ms: u64,
@@ -299,6 +314,11 @@ impl Default for BrokerConfig {
             ssl_client_auth: "none".into(),
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
+            sasl_oauthbearer_jwks_endpoint_url: None,
+            sasl_oauthbearer_expected_audience: String::new(),
+            sasl_oauthbearer_expected_issuer: None,
+            sasl_oauthbearer_sub_claim_name: "sub".into(),
+            sasl_oauthbearer_clock_skew_seconds: 30,
             authorizer_class_name: None,
             super_users: String::new(),
             allow_everyone_if_no_acl_found: false,

@@ -37,6 +37,8 @@ pub struct Broker {
     listeners: Vec<security::Listener>,
     /// Index in `listeners` of the one other nodes connect to (replica fetches).
     inter_broker_listener: usize,
+    /// OAUTHBEARER token validation, when a listener offers it.
+    oauth: Option<security::oauth::OauthValidator>,
     /// How nodes authenticate to each other on the inter-broker listener.
     inter_broker: security::inter_broker::InterBroker,
     /// SCRAM credentials (SASL) and ACLs, local or in the cluster metadata.
@@ -123,6 +125,8 @@ impl Broker {
         let authorizer = security::acl::Authorizer::from_config(&config);
         let inter_broker = security::inter_broker::InterBroker::from_config(&config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let oauth = security::oauth::OauthValidator::from_config(&config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let quotas = security::quota::QuotaManager::default();
         let security = match &config.cluster {
             None => security::store::SecurityStore::open_local(&config.data_dir)?,
@@ -153,6 +157,7 @@ impl Broker {
             listeners,
             inter_broker_listener,
             inter_broker,
+            oauth,
             security,
             authorizer,
             quotas,

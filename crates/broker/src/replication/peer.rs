@@ -92,6 +92,7 @@ impl PeerConnection {
                     .verify(&server_final)
                     .map_err(|e| anyhow::anyhow!("SCRAM: the leader failed its proof: {e:?}"))?;
             }
+            Mechanism::OauthBearer => unreachable!("inter_broker::mechanism never picks OAUTHBEARER"),
         }
         Ok(())
     }

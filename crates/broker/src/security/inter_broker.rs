@@ -77,8 +77,10 @@ pub(crate) struct InterBroker {
 fn mechanism(config: &BrokerConfig, enabled: &[Mechanism]) -> Result<Mechanism, String> {
     match &config.sasl_mechanism_inter_broker_protocol {
         Some(name) => Mechanism::from_name(&name.trim().to_ascii_uppercase())
-            .filter(|m| enabled.contains(m))
-            .ok_or_else(|| format!("sasl.mechanism.inter.broker.protocol {name:?} is not in sasl.enabled.mechanisms")),
+            .filter(|m| enabled.contains(m) && *m != Mechanism::OauthBearer)
+            .ok_or_else(|| {
+                format!("sasl.mechanism.inter.broker.protocol {name:?} must be an enabled PLAIN or SCRAM mechanism")
+            }),
         None => [ScramMechanism::Sha512, ScramMechanism::Sha256]
             .map(Mechanism::Scram)
             .into_iter()

@@ -1,10 +1,11 @@
 //! Who may connect and as whom: named listeners with their security protocols, TLS
-//! (rustls), SASL authentication (PLAIN, SCRAM-SHA-256/512) and the SCRAM credentials
-//! that back both SASL mechanisms.
+//! (rustls), SASL authentication (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER), the SCRAM
+//! credentials that back PLAIN and SCRAM, and how nodes authenticate to each other.
 
 pub mod acl;
 pub(crate) mod inter_broker;
 pub mod listeners;
+pub(crate) mod oauth;
 pub(crate) mod quota;
 pub(crate) mod sasl;
 pub(crate) mod scram;
@@ -24,7 +25,9 @@ fn sasl_mechanisms(config: &BrokerConfig) -> Result<Vec<sasl::Mechanism>, String
     let mut mechanisms = Vec::new();
     for name in config.sasl_enabled_mechanisms.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         let mechanism = sasl::Mechanism::from_name(&name.to_ascii_uppercase()).ok_or_else(|| {
-            format!("sasl.enabled.mechanisms: {name:?} is not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+            format!(
+                "sasl.enabled.mechanisms: {name:?} is not supported (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER)"
+            )
         })?;
         if !mechanisms.contains(&mechanism) {
             mechanisms.push(mechanism);
@@ -43,6 +46,7 @@ pub(crate) fn validate(config: &BrokerConfig) -> Result<(), String> {
     }
     tls::acceptor(config)?;
     inter_broker::InterBroker::from_config(config)?;
+    oauth::OauthValidator::from_config(config)?;
     if config.cluster.as_ref().is_some_and(|cluster| cluster.rpc_tls) {
         tls::rpc_tls(config).map_err(|error| format!("cluster.rpc_tls: {error}"))?;
     }

@@ -1,5 +1,6 @@
 //! SASL authentication of one connection (KIP-43, KIP-152): SaslHandshake picks the
-//! mechanism, then SaslAuthenticate carries its tokens, PLAIN or SCRAM-SHA-256/512.
+//! mechanism, then SaslAuthenticate carries its tokens, PLAIN, SCRAM-SHA-256/512 or
+//! OAUTHBEARER (security/oauth.rs).
 //!
 //! On a SASL listener nothing but ApiVersions, SaslHandshake and SaslAuthenticate is
 //! served before authentication succeeds; a failure is answered with Kafka's error and
@@ -26,12 +27,14 @@ const PLAIN_MESSAGE_BYTES_MAX: usize = 1024;
 pub(crate) enum Mechanism {
     Plain,
     Scram(ScramMechanism),
+    OauthBearer,
 }
 
 impl Mechanism {
     pub(crate) fn from_name(name: &str) -> Option<Mechanism> {
         match name {
             "PLAIN" => Some(Mechanism::Plain),
+            "OAUTHBEARER" => Some(Mechanism::OauthBearer),
             other => ScramMechanism::from_name(other).map(Mechanism::Scram),
         }
     }
@@ -39,6 +42,7 @@ impl Mechanism {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Mechanism::Plain => "PLAIN",
+            Mechanism::OauthBearer => "OAUTHBEARER",
             Mechanism::Scram(scram) => scram.name(),
         }
     }
@@ -125,6 +129,12 @@ impl Authenticator {
             State::Authenticate(Mechanism::Plain) => {
                 plain(broker, &request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
             }
+            State::Authenticate(Mechanism::OauthBearer) => match &broker.oauth {
+                Some(validator) => {
+                    validator.authenticate(&request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
+                }
+                None => Err("Authentication failed: OAUTHBEARER is not configured".to_string()),
+            },
             State::Authenticate(Mechanism::Scram(mechanism)) => {
                 ScramExchange::start(mechanism, &request.auth_bytes, |user| {
                     broker.scram_credential(user, mechanism.name())
