@@ -171,3 +171,35 @@ def test_only_cluster_alter_may_change_acls_and_java_client_sees_its_topics(secu
                                            "--topic", "payments"], timeout=120)
     assert "ClusterAuthorizationException" in res.stdout + res.stderr, res.report()
     assert "payments" not in acls(tools_cp, broker, "--list").stdout
+
+
+def test_authorized_operations_say_what_a_principal_may_do(secured):
+    """KIP-430: describing topics, groups and the cluster with authorized operations lists
+    what the client's principal may do there (librdkafka's Admin API)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": secured.broker.bootstrap})
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.READ,
+                   AclPermissionType.ALLOW),
+        AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice", "*",
+                   AclOperation.DESCRIBE_CONFIGS, AclPermissionType.ALLOW),
+        AclBinding(ResourceType.GROUP, "ops-", ResourcePatternType.PREFIXED, "User:alice", "*", AclOperation.DELETE,
+                   AclPermissionType.ALLOW),
+    ]
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=10)
+    alice = AdminClient(secured.as_user("alice"))
+
+    topic = alice.describe_topics(TopicCollection(["orders"]), include_authorized_operations=True)["orders"]
+    assert set(topic.result(timeout=10).authorized_operations) == {
+        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS}
+    group = alice.describe_consumer_groups(["ops-a"], include_authorized_operations=True)["ops-a"]
+    # DELETE on the group implies DESCRIBE, as in Kafka.
+    assert set(group.result(timeout=10).authorized_operations) == {AclOperation.DELETE, AclOperation.DESCRIBE}
+    assert not alice.describe_cluster(include_authorized_operations=True).result(timeout=10).authorized_operations
+    # A super user may do everything on the cluster.
+    everything = set(admin.describe_cluster(include_authorized_operations=True).result(timeout=10).authorized_operations)
+    assert {AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
+            AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE} <= everything, everything

@@ -64,6 +64,8 @@ struct Exchange {
     produce_bytes: u64,
     /// Fetch from a client, not a replica (charged to the consumer quota).
     consumer_fetch: bool,
+    /// Which `authorized_operations` the request asked for (KIP-430).
+    authorized_operations: authorize::OperationsWanted,
 }
 
 /// Runs one request of an authenticated client.
@@ -99,6 +101,7 @@ pub(crate) fn dispatch(
         client_id: client_id.clone(),
         produce_bytes,
         consumer_fetch,
+        authorized_operations: authorize::OperationsWanted::of(&body),
     };
     let (body, denied) = match authorize::before(&broker, session, body) {
         Ok(checked) => checked,
@@ -271,6 +274,7 @@ fn respond(
         broker.metrics.request_done(api_key as i16, arrived.elapsed());
         let mut body = body?;
         authorize::after(&broker, &session, denied, &mut body);
+        authorize::fill_operations(&broker, &session, exchange.authorized_operations, &mut body);
         charge_quota(&broker, &session, &exchange, &mut body, timed.busy);
         match encode_response(api_key, api_version, correlation_id, &body) {
             Ok(bytes) => Some(bytes),
