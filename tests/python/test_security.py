@@ -437,3 +437,35 @@ def test_oauthbearer_accepts_tokens_signed_by_the_identity_provider(broker_facto
     jwks.write_text(json.dumps({"keys": [public_jwk(other, "k2")]}))
     produce(conf(signed_jwt(other, "k2", claims())), "oauth-t", [b"three"])
     assert "Authentication failed" in first_error(conf(alice), "oauth-t")
+
+
+def test_sessions_end_unless_clients_reauthenticate(broker_factory, tmp_path):
+    """KIP-368 with `connections.max.reauth.ms`: librdkafka re-authenticates on its open
+    connections and keeps producing; a client that does not is disconnected at its first
+    request after the session lifetime the broker announced."""
+    secure = start_secure_broker(broker_factory, tmp_path, "--override", "connections.max.reauth.ms=2000")
+    add_user(secure.admin(), "alice", "alice-secret")
+    conf = secure.client("SASL_PLAINTEXT", **{"sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "alice",
+                                               "sasl.password": "alice-secret"})
+    errors, delivered = [], []
+    producer = Producer(dict(conf, **{"error_cb": lambda e: errors.append(e.str()), "linger.ms": 5}))
+    deadline = time.monotonic() + 7
+    while time.monotonic() < deadline:  # several session lifetimes on the same connections
+        producer.produce("reauth-t", b"x", on_delivery=lambda err, msg: delivered.append(err))
+        producer.poll(0.05)
+    assert producer.flush(20) == 0
+    assert delivered and all(err is None for err in delivered), [e for e in delivered if e][:3]
+    assert not errors, errors[:3]
+    assert "SASL session expired" not in secure.broker.log()
+
+    with kw.Conn("127.0.0.1", secure.sasl_plaintext) as conn:
+        assert conn.request(17, 1, kw.Writer().string("PLAIN").getvalue()).i16() == 0
+        answer = conn.request(36, 1, kw.Writer().bytes_(b"\0alice\0alice-secret").getvalue())
+        assert answer.i16() == 0
+        answer.string()  # error message
+        answer.bytes_()  # server bytes
+        assert 0 < answer.i64() <= 2000, "no session lifetime announced"
+        assert conn.metadata(None) is not None  # within the session: served
+        time.sleep(2.3)
+        with pytest.raises((kw.ConnectionClosed, ConnectionResetError)):
+            conn.metadata(None)

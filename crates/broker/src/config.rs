@@ -114,6 +114,11 @@ pub struct BrokerConfig {
     /// SASL inter-broker listener (default: the strongest enabled mechanism).
     #[serde(rename = "sasl.mechanism.inter.broker.protocol")]
     pub sasl_mechanism_inter_broker_protocol: Option<String>,
+    /// Kafka's `connections.max.reauth.ms` (KIP-368): SASL sessions last at most this long
+    /// (and no longer than an OAUTHBEARER token); clients re-authenticate on the same
+    /// connection before then, or it is closed at their next request. 0: sessions never end.
+    #[serde(rename = "connections.max.reauth.ms")]
+    pub connections_max_reauth_ms: u64,
     /// OAUTHBEARER (security/oauth.rs): a `file:` URL of the identity provider's JWK set.
     #[serde(rename = "sasl.oauthbearer.jwks.endpoint.url")]
     pub sasl_oauthbearer_jwks_endpoint_url: Option<String>,
@@ -314,6 +319,7 @@ impl Default for BrokerConfig {
             ssl_client_auth: "none".into(),
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
+            connections_max_reauth_ms: 0,
             sasl_oauthbearer_jwks_endpoint_url: None,
             sasl_oauthbearer_expected_audience: String::new(),
             sasl_oauthbearer_expected_issuer: None,

@@ -78,6 +78,10 @@ pub(crate) async fn run(
                 },
             };
             let sasl_step = matches!(request.body, RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_));
+            if !sasl_step && authenticator.session_expired() {
+                tracing::info!(%peer, "closing connection: SASL session expired without re-authentication (KIP-368)");
+                return;
+            }
             if !sasl_step && (authenticator.user().is_some() || request.api_key == ApiKey::ApiVersions) {
                 if session.principal.is_empty() {
                     if let Some(user) = authenticator.user() {

@@ -84,8 +84,9 @@ impl OauthValidator {
         Ok(set)
     }
 
-    /// Checks the client's initial response (`n,,^Aauth=Bearer <jwt>^A^A`); returns the user.
-    pub(crate) fn authenticate(&self, message: &[u8]) -> Result<String, String> {
+    /// Checks the client's initial response (`n,,^Aauth=Bearer <jwt>^A^A`); returns the user
+    /// and the token's expiry (seconds since the epoch).
+    pub(crate) fn authenticate(&self, message: &[u8]) -> Result<(String, u64), String> {
         if message.len() > MESSAGE_BYTES_MAX {
             return Err("Authentication failed: OAUTHBEARER message too long".into());
         }
@@ -102,14 +103,14 @@ impl OauthValidator {
             .find_map(|pair| pair.strip_prefix("auth="))
             .and_then(|auth| auth.strip_prefix("Bearer "))
             .ok_or("Authentication failed: no bearer token")?;
-        let user = self.validate(token.trim()).map_err(|why| format!("Authentication failed: {why}"))?;
+        let (user, expiry) = self.validate(token.trim()).map_err(|why| format!("Authentication failed: {why}"))?;
         if authzid.is_some_and(|authzid| authzid != user) {
             return Err("Authentication failed: the authorization id differs from the token's principal".into());
         }
-        Ok(user)
+        Ok((user, expiry))
     }
 
-    fn validate(&self, token: &str) -> Result<String, String> {
+    fn validate(&self, token: &str) -> Result<(String, u64), String> {
         let header = jsonwebtoken::decode_header(token).map_err(|error| format!("invalid token: {error}"))?;
         let asymmetric = !matches!(header.alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
         if !asymmetric {
@@ -136,8 +137,9 @@ impl OauthValidator {
         }
         let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(token, &key, &validation)
             .map_err(|error| format!("invalid token: {error}"))?;
+        let expiry = data.claims.get("exp").and_then(|exp| exp.as_u64()).ok_or("the token's exp is not a number")?;
         match data.claims.get(&self.sub_claim).and_then(|value| value.as_str()) {
-            Some(user) if !user.is_empty() => Ok(user.to_string()),
+            Some(user) if !user.is_empty() => Ok((user.to_string(), expiry)),
             _ => Err(format!("the token has no {:?} claim", self.sub_claim)),
         }
     }

@@ -7,6 +7,11 @@
 //! the connection is closed after that answer, as Kafka does. PLAIN passwords are checked
 //! against the user's stored SCRAM credential, so no listener needs plaintext passwords.
 //! On SASL_SSL the SASL user is the principal, as in Kafka, whatever certificate was shown.
+//!
+//! Re-authentication (KIP-368): with `connections.max.reauth.ms` set, a successful
+//! SaslAuthenticate tells the client how long its session lasts (no longer than an
+//! OAUTHBEARER token); the client authenticates again on the same connection before then,
+//! as the same principal, and a connection whose session ended is closed at its next request.
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
@@ -71,6 +76,10 @@ pub(crate) enum Next {
 pub(crate) struct Authenticator {
     sasl: bool,
     state: State,
+    /// The user of the session being re-authenticated (KIP-368): it may not change.
+    reauthenticating: Option<String>,
+    /// When the current session ends, if it does.
+    session_expires: Option<std::time::Instant>,
 }
 
 impl Authenticator {
@@ -82,7 +91,12 @@ impl Authenticator {
         } else {
             State::Done(certificate_user.unwrap_or_else(|| ANONYMOUS.to_string()))
         };
-        Authenticator { sasl, state }
+        Authenticator { sasl, state, reauthenticating: None, session_expires: None }
+    }
+
+    /// Whether the session ended without re-authentication (the connection must close).
+    pub(crate) fn session_expired(&self) -> bool {
+        self.session_expires.is_some_and(|at| std::time::Instant::now() >= at)
     }
 
     /// The authenticated user name, once authenticated.
@@ -101,6 +115,12 @@ impl Authenticator {
         let mut response = SaslHandshakeResponse::default();
         let enabled = broker.sasl_mechanisms();
         response.mechanisms = enabled.iter().map(|m| StrBytes::from_static_str(m.name())).collect();
+        if let State::Done(user) = &self.state {
+            if self.sasl && broker.config().connections_max_reauth_ms > 0 {
+                self.reauthenticating = Some(user.clone());
+                self.state = State::Handshake;
+            }
+        }
         if !self.sasl || !matches!(self.state, State::Handshake) {
             response.error_code = ResponseError::IllegalSaslState.code();
             return (response, if self.sasl { self.fail() } else { Next::Continue });
@@ -125,14 +145,17 @@ impl Authenticator {
     ) -> (SaslAuthenticateResponse, Next) {
         let mut response = SaslAuthenticateResponse::default();
         let state = std::mem::replace(&mut self.state, State::Failed);
+        // OAUTHBEARER: the token's expiry (seconds since the epoch) bounds the session.
+        let mut token_expiry: Option<u64> = None;
         let outcome = match state {
             State::Authenticate(Mechanism::Plain) => {
                 plain(broker, &request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
             }
             State::Authenticate(Mechanism::OauthBearer) => match &broker.oauth {
-                Some(validator) => {
-                    validator.authenticate(&request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
-                }
+                Some(validator) => validator.authenticate(&request.auth_bytes).map(|(user, expiry)| {
+                    token_expiry = Some(expiry);
+                    (State::Done(user), Bytes::new())
+                }),
                 None => Err("Authentication failed: OAUTHBEARER is not configured".to_string()),
             },
             State::Authenticate(Mechanism::Scram(mechanism)) => {
@@ -156,10 +179,22 @@ impl Authenticator {
                 return (response, if self.sasl { self.fail() } else { Next::Continue });
             }
         };
+        let outcome = outcome.and_then(|(state, bytes)| match (&state, self.reauthenticating.take()) {
+            (State::Done(user), Some(previous)) if *user != previous => {
+                Err(format!("Cannot change principals during re-authentication from User:{previous}: User:{user}"))
+            }
+            _ => Ok((state, bytes)),
+        });
         match outcome {
             Ok((state, bytes)) => {
                 if let State::Done(user) = &state {
                     tracing::debug!(%user, "SASL authentication succeeded");
+                    let lifetime_ms = session_lifetime_ms(broker.config().connections_max_reauth_ms, token_expiry);
+                    if lifetime_ms > 0 {
+                        response.session_lifetime_ms = lifetime_ms as i64;
+                        let lifetime = std::time::Duration::from_millis(lifetime_ms);
+                        self.session_expires = Some(std::time::Instant::now() + lifetime);
+                    }
                 }
                 self.state = state;
                 response.auth_bytes = bytes;
@@ -178,6 +213,18 @@ impl Authenticator {
         self.state = State::Failed;
         Next::Close
     }
+}
+
+/// How long a new session lasts: `connections.max.reauth.ms`, no longer than the token's
+/// remaining life; 0 (re-authentication off) means it never ends, as in Kafka.
+fn session_lifetime_ms(reauth_ms: u64, token_expiry_s: Option<u64>) -> u64 {
+    if reauth_ms == 0 {
+        return 0;
+    }
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    // An already expired token still gets a moment to re-authenticate (never 0: "forever").
+    let token_ms = token_expiry_s.map(|expiry| expiry.saturating_mul(1000).saturating_sub(now_ms).max(1));
+    token_ms.map_or(reauth_ms, |token_ms| token_ms.min(reauth_ms))
 }
 
 fn scram_failure(mechanism: ScramMechanism, error: ScramError) -> String {
