@@ -57,6 +57,16 @@ impl QuotaKind {
         }
     }
 
+    /// Kafka bounds request-time throttles by one sample (ClientRequestQuotaManager), so a
+    /// client over its request quota is slowed, never muted for long; byte-rate throttles
+    /// are bounded only by [`THROTTLE_MS_MAX`].
+    fn bound_throttle(self, throttle_ms: u64) -> u64 {
+        match self {
+            QuotaKind::Produce | QuotaKind::Fetch => throttle_ms,
+            QuotaKind::Request => throttle_ms.min(QUOTA_SAMPLE_MS),
+        }
+    }
+
     /// The quota as a rate of what this kind records (bytes or nanoseconds per second).
     fn rate_per_second(self, quota: u64) -> u64 {
         match self {
@@ -186,7 +196,8 @@ impl QuotaManager {
             .entry((kind, sensor_user.to_string(), sensor_client.to_string()))
             .or_insert_with(|| Sensor { samples: VecDeque::new(), last_ms: now_ms });
         let (rate, _) = sensor.record(now_ms, amount);
-        throttle_ms(rate, kind.rate_per_second(quota), QUOTA_WINDOW_SAMPLES * QUOTA_SAMPLE_MS)
+        let throttle = throttle_ms(rate, kind.rate_per_second(quota), QUOTA_WINDOW_SAMPLES * QUOTA_SAMPLE_MS);
+        kind.bound_throttle(throttle)
     }
 }
 
@@ -253,6 +264,20 @@ mod tests {
         assert_eq!(throttle_ms(1000.0, 1000, 10_000), 0);
         assert_eq!(throttle_ms(1500.0, 1000, 10_000), 5_000);
         assert_eq!(throttle_ms(1e9, 1000, 10_000), THROTTLE_MS_MAX);
+    }
+
+    #[test]
+    fn request_throttles_are_bounded_by_one_sample() {
+        let manager = QuotaManager::default();
+        let mut quotas = ClientQuotas::new();
+        quotas.insert(
+            entity(None, Some(QuotaEntityName::Named("busy".into()))),
+            BTreeMap::from([(REQUEST_PERCENTAGE.to_string(), 1), (PRODUCER_BYTE_RATE.to_string(), 1)]),
+        );
+        // 5 s of handler time against 10 ms/s; 5 MB against 1 B/s.
+        assert_eq!(manager.record(&quotas, QuotaKind::Request, "", "busy", 5_000_000_000), QUOTA_SAMPLE_MS);
+        assert_eq!(manager.record(&quotas, QuotaKind::Produce, "", "busy", 5_000_000), THROTTLE_MS_MAX);
+        assert_eq!(manager.record(&quotas, QuotaKind::Request, "", "other", 5_000_000_000), 0);
     }
 
     #[test]
