@@ -78,6 +78,21 @@ class ProduceMeter:
         return (last[1] - first[1]) / (last[0] - first[0])
 
 
+def run_side_by_side(loads, seconds: float, join_timeout: float) -> float:
+    """Runs each load's `run` in its own thread for `seconds`, then stops them (their
+    `stop` event) and waits; returns when they started (time.monotonic)."""
+    threads = [threading.Thread(target=load.run) for load in loads]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    for load in loads:
+        load.stop.set()
+    for thread in threads:
+        thread.join(join_timeout)
+    return started
+
+
 def test_producer_byte_rate_holds_a_client_to_its_quota(broker, tools_cp):  # noqa: F811
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("quota-topic", 2)]).values():
@@ -89,15 +104,7 @@ def test_producer_byte_rate_holds_a_client_to_its_quota(broker, tools_cp):  # no
 
     throttled = ProduceMeter(broker.bootstrap, "throttled", "quota-topic")
     free = ProduceMeter(broker.bootstrap, "free", "quota-topic")
-    threads = [threading.Thread(target=m.run) for m in (throttled, free)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    time.sleep(31)
-    for m in (throttled, free):
-        m.stop.set()
-    for t in threads:
-        t.join(60)
+    started = run_side_by_side([throttled, free], seconds=31, join_timeout=60)
     steady = throttled.cycle_rate(QUOTA_BYTES_PER_S)
     timeline = [(round(t - started, 1), b) for t, b in throttled.samples[::2]]
     assert abs(steady - QUOTA_BYTES_PER_S) <= 0.1 * QUOTA_BYTES_PER_S, f"throttled client ran at {steady:.0f} B/s: {timeline}"
@@ -189,15 +196,7 @@ def test_request_percentage_bounds_the_time_spent_on_a_client(tools_cp, broker_f
     assert "request_percentage=1" in configs(tools_cp, broker, "--describe", "--entity-type", "clients",
                                              "--entity-name", "busy")
     busy, free = MetadataLoop(broker.bootstrap, "busy"), MetadataLoop(broker.bootstrap, "free")
-    threads = [threading.Thread(target=loop.run) for loop in (busy, free)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    time.sleep(20)
-    for loop in (busy, free):
-        loop.stop.set()
-    for thread in threads:
-        thread.join(120)
+    started = run_side_by_side([busy, free], seconds=20, join_timeout=120)
     # After the first window's burst, the busy client is held down; the free one is not.
     busy_rate, free_rate = busy.rate(started + 12, started + 20), free.rate(started + 12, started + 20)
     print(f"request_percentage=1: busy client {busy_rate:.0f} requests/s, free client {free_rate:.0f} requests/s")

@@ -267,9 +267,10 @@ fn respond(
 ) -> ResponseFuture {
     let Exchange { api_key, api_version, correlation_id, arrived, .. } = exchange;
     // Many handlers do their work in `dispatch`, before their future is first polled.
-    let dispatched = arrived.elapsed();
+    let timed = broker.quotas.requests_configured();
+    let dispatched = if timed { arrived.elapsed() } else { Duration::ZERO };
     Box::pin(async move {
-        let mut timed = PollTimed { inner: response, timed: broker.quotas.requests_configured(), busy: dispatched };
+        let mut timed = PollTimed { inner: response, timed, busy: dispatched };
         let body = (&mut timed).await;
         broker.metrics.request_done(api_key as i16, arrived.elapsed());
         let mut body = body?;
