@@ -119,6 +119,18 @@ pub struct BrokerConfig {
     /// connection before then, or it is closed at their next request. 0: sessions never end.
     #[serde(rename = "connections.max.reauth.ms")]
     pub connections_max_reauth_ms: u64,
+    /// Kafka's `log.cleaner.enable`: compacted topics are cleaned.
+    #[serde(rename = "log.cleaner.enable")]
+    pub log_cleaner_enable: bool,
+    /// Kafka's `log.cleaner.backoff.ms`: the cleaner's pause when no log needs cleaning.
+    #[serde(rename = "log.cleaner.backoff.ms")]
+    pub log_cleaner_backoff_ms: u64,
+    /// Kafka's `log.cleaner.io.max.bytes.per.second`: the cleaner's read plus write rate.
+    #[serde(rename = "log.cleaner.io.max.bytes.per.second")]
+    pub log_cleaner_io_max_bytes_per_second: u64,
+    /// Kafka's `log.cleaner.dedupe.buffer.size`: memory for the cleaner's key map.
+    #[serde(rename = "log.cleaner.dedupe.buffer.size")]
+    pub log_cleaner_dedupe_buffer_size: u64,
     /// OAUTHBEARER (security/oauth.rs): a `file:` URL of the identity provider's JWK set.
     #[serde(rename = "sasl.oauthbearer.jwks.endpoint.url")]
     pub sasl_oauthbearer_jwks_endpoint_url: Option<String>,
@@ -294,6 +306,7 @@ impl ClusterConfig {
 
 impl Default for BrokerConfig {
     fn default() -> Self {
+        let cleaner = sluice_storage::cleaner::CleanerSettings::default();
         BrokerConfig {
             node_id: 0,
             listen: "127.0.0.1:9092".parse().expect("valid address"),
@@ -320,6 +333,10 @@ impl Default for BrokerConfig {
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
             connections_max_reauth_ms: 0,
+            log_cleaner_enable: cleaner.enabled,
+            log_cleaner_backoff_ms: cleaner.backoff_ms,
+            log_cleaner_io_max_bytes_per_second: cleaner.io_max_bytes_per_second,
+            log_cleaner_dedupe_buffer_size: cleaner.dedupe_buffer_bytes,
             sasl_oauthbearer_jwks_endpoint_url: None,
             sasl_oauthbearer_expected_audience: String::new(),
             sasl_oauthbearer_expected_issuer: None,
@@ -347,7 +364,20 @@ impl Default for BrokerConfig {
     }
 }
 
+/// The smallest `log.cleaner.dedupe.buffer.size` (Kafka's minimum is 1 MiB per thread).
+const LOG_CLEANER_DEDUPE_BUFFER_MIN: u64 = 1024 * 1024;
+
 impl BrokerConfig {
+    /// The log cleaner's settings.
+    pub fn cleaner_settings(&self) -> sluice_storage::cleaner::CleanerSettings {
+        sluice_storage::cleaner::CleanerSettings {
+            enabled: self.log_cleaner_enable,
+            backoff_ms: self.log_cleaner_backoff_ms,
+            io_max_bytes_per_second: self.log_cleaner_io_max_bytes_per_second,
+            dedupe_buffer_bytes: self.log_cleaner_dedupe_buffer_size,
+        }
+    }
+
     /// Checks relations between settings; the error says which setting is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.node_id < 0 {
@@ -370,6 +400,12 @@ impl BrokerConfig {
                 "group_initial_rebalance_delay_ms must be at most {GROUP_INITIAL_REBALANCE_DELAY_MS_MAX}, got {}",
                 self.group_initial_rebalance_delay_ms
             ));
+        }
+        if self.log_cleaner_io_max_bytes_per_second == 0 {
+            return Err("log.cleaner.io.max.bytes.per.second must be > 0".into());
+        }
+        if self.log_cleaner_dedupe_buffer_size < LOG_CLEANER_DEDUPE_BUFFER_MIN {
+            return Err(format!("log.cleaner.dedupe.buffer.size must be at least {LOG_CLEANER_DEDUPE_BUFFER_MIN}"));
         }
         self.validate_consumer_group_timing()?;
         self.validate_offsets()?;

@@ -114,6 +114,7 @@ impl Broker {
             .collect();
         let partition_count = wanted.len();
         logs.open_all(wanted)?;
+        logs.start_cleaner(config.cleaner_settings())?;
         tracing::info!(
             partitions = partition_count,
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -1,7 +1,7 @@
 //! Topic configs in Kafka's names: which keys Sluice understands, their types, defaults and
 //! valid values, and how a topic's overrides become the storage [`LogConfig`].
 //!
-//! Unknown keys and values Sluice does not implement (e.g. `cleanup.policy=compact`) are
+//! Unknown keys and values Sluice does not implement (e.g. `compression.type=gzip`) are
 //! rejected with INVALID_CONFIG rather than accepted and silently ignored.
 
 use std::collections::BTreeMap;
@@ -18,6 +18,7 @@ pub enum ConfigType {
     String = 2,
     Int = 3,
     Long = 5,
+    Double = 6,
     List = 7,
 }
 
@@ -44,6 +45,16 @@ pub struct TopicDefaults {
     pub message_timestamp_after_max_ms: i64,
     /// `message.timestamp.type`: `CreateTime` (the producer's) or `LogAppendTime` (the broker's)
     pub message_timestamp_type: String,
+    /// `cleanup.policy`: `delete`, `compact` or both, comma-separated
+    pub cleanup_policy: String,
+    /// `delete.retention.ms`
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio`
+    pub min_cleanable_dirty_ratio: f64,
+    /// `min.compaction.lag.ms`
+    pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms`
+    pub max_compaction_lag_ms: i64,
 }
 
 impl Default for TopicDefaults {
@@ -62,6 +73,11 @@ impl Default for TopicDefaults {
             message_timestamp_before_max_ms: log.timestamp_before_max_ms,
             message_timestamp_after_max_ms: log.timestamp_after_max_ms,
             message_timestamp_type: MESSAGE_TIMESTAMP_TYPES[0].to_string(),
+            cleanup_policy: CLEANUP_POLICIES[1].to_string(),
+            delete_retention_ms: log.delete_retention_ms,
+            min_cleanable_dirty_ratio: log.min_cleanable_dirty_ratio,
+            min_compaction_lag_ms: log.min_compaction_lag_ms,
+            max_compaction_lag_ms: log.max_compaction_lag_ms,
         }
     }
 }
@@ -77,7 +93,14 @@ struct ConfigDef {
 enum Check {
     Range(i64, i64),
     OneOf(&'static [&'static str]),
+    /// A non-empty comma-separated list of distinct values from the set.
+    SubsetOf(&'static [&'static str]),
+    /// A number in [0, 1].
+    Ratio,
 }
+
+/// `cleanup.policy` values.
+const CLEANUP_POLICIES: &[&str] = &["compact", "delete"];
 
 const SEGMENT_BYTES_MIN: i64 = 1024;
 /// `message.timestamp.type` values (the first is the default).
@@ -89,14 +112,20 @@ const DEFS: &[ConfigDef] = &[
     ConfigDef {
         name: "cleanup.policy",
         config_type: ConfigType::List,
-        check: Check::OneOf(&["delete"]),
-        default: |_| "delete".into(),
+        check: Check::SubsetOf(CLEANUP_POLICIES),
+        default: |d| d.cleanup_policy.clone(),
     },
     ConfigDef {
         name: "compression.type",
         config_type: ConfigType::String,
         check: Check::OneOf(&["producer"]),
         default: |_| "producer".into(),
+    },
+    ConfigDef {
+        name: "delete.retention.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(0, i64::MAX),
+        default: |d| d.delete_retention_ms.to_string(),
     },
     ConfigDef {
         name: "flush.messages",
@@ -133,6 +162,24 @@ const DEFS: &[ConfigDef] = &[
         config_type: ConfigType::String,
         check: Check::OneOf(MESSAGE_TIMESTAMP_TYPES),
         default: |d| d.message_timestamp_type.clone(),
+    },
+    ConfigDef {
+        name: "max.compaction.lag.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(1, i64::MAX),
+        default: |d| d.max_compaction_lag_ms.to_string(),
+    },
+    ConfigDef {
+        name: "min.cleanable.dirty.ratio",
+        config_type: ConfigType::Double,
+        check: Check::Ratio,
+        default: |d| d.min_cleanable_dirty_ratio.to_string(),
+    },
+    ConfigDef {
+        name: "min.compaction.lag.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(0, i64::MAX),
+        default: |d| d.min_compaction_lag_ms.to_string(),
     },
     ConfigDef {
         name: "min.insync.replicas",
@@ -195,7 +242,28 @@ fn check_value(def: &ConfigDef, value: &str) -> Result<(), String> {
             def.name,
             allowed.join(", ")
         )),
+        Check::SubsetOf(allowed) => {
+            let items = list_items(value);
+            let distinct: std::collections::BTreeSet<&str> = items.iter().copied().collect();
+            if !items.is_empty() && distinct.len() == items.len() && items.iter().all(|i| allowed.contains(i)) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "invalid value {value:?} for configuration {}: a list of distinct values from {}",
+                    def.name,
+                    allowed.join(", ")
+                ))
+            }
+        }
+        Check::Ratio => match value.trim().parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(()),
+            _ => Err(format!("invalid value {value:?} for configuration {}: must be a number in [0, 1]", def.name)),
+        },
     }
+}
+
+fn list_items(value: &str) -> Vec<&str> {
+    value.split(',').map(str::trim).filter(|item| !item.is_empty()).collect()
 }
 
 /// Validates one override; the error is the message sent to the client.
@@ -227,6 +295,7 @@ impl TopicDefaults {
         };
         let level = self.durability(overrides);
         let flush_messages = number("flush.messages", self.flush_messages) as u64;
+        let policy = overrides.get("cleanup.policy").unwrap_or(&self.cleanup_policy);
         LogConfig {
             // Levels 2 and 4 acknowledge from the page cache: fsync by flush.ms or roll.
             flush_messages: if level.fsyncs() { flush_messages } else { flush_messages.max(i64::MAX as u64) },
@@ -240,6 +309,15 @@ impl TopicDefaults {
             timestamp_after_max_ms: number("message.timestamp.after.max.ms", self.message_timestamp_after_max_ms),
             log_append_time: overrides.get("message.timestamp.type").unwrap_or(&self.message_timestamp_type).trim()
                 == "LogAppendTime",
+            cleanup_delete: list_items(policy).contains(&"delete"),
+            cleanup_compact: list_items(policy).contains(&"compact"),
+            delete_retention_ms: number("delete.retention.ms", self.delete_retention_ms),
+            min_cleanable_dirty_ratio: overrides
+                .get("min.cleanable.dirty.ratio")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(self.min_cleanable_dirty_ratio),
+            min_compaction_lag_ms: number("min.compaction.lag.ms", self.min_compaction_lag_ms),
+            max_compaction_lag_ms: number("max.compaction.lag.ms", self.max_compaction_lag_ms),
         }
     }
 
@@ -294,7 +372,17 @@ mod tests {
         assert!(validate("retention.ms", Some("1000")).is_ok());
         assert!(validate("retention.ms", Some("-2")).is_err());
         assert!(validate("retention.ms", Some("abc")).is_err());
-        assert!(validate("cleanup.policy", Some("compact")).is_err());
+        assert!(validate("cleanup.policy", Some("compact")).is_ok());
+        assert!(validate("cleanup.policy", Some("compact,delete")).is_ok());
+        assert!(validate("cleanup.policy", Some("compact,compact")).is_err());
+        assert!(validate("cleanup.policy", Some("")).is_err());
+        assert!(validate("cleanup.policy", Some("shrink")).is_err());
+        assert!(validate("min.cleanable.dirty.ratio", Some("0.25")).is_ok());
+        assert!(validate("min.cleanable.dirty.ratio", Some("1.5")).is_err());
+        let compacted = BTreeMap::from([("cleanup.policy".to_string(), "delete, compact".to_string())]);
+        let log = TopicDefaults::default().log_config(&compacted);
+        assert!(log.cleanup_compact && log.cleanup_delete);
+        assert!(!TopicDefaults::default().log_config(&BTreeMap::new()).cleanup_compact);
         assert!(validate("no.such.config", Some("1")).is_err());
         let defaults = TopicDefaults::default();
         defaults.validate().unwrap();

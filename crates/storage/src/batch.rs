@@ -147,9 +147,24 @@ impl BatchHeader {
     }
 }
 
-/// Validates one complete batch occupying all of `buf`: extent, magic, record count,
-/// codec and CRC32C. The CRC is checked, never recomputed.
+/// Validates one complete batch occupying all of `buf` as a client sends it: extent,
+/// magic, record count (one record per offset), codec and CRC32C. The CRC is checked,
+/// never recomputed.
 pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+    let header = validate_stored_batch(buf)?;
+    if !header.is_control() && header.record_count != header.last_offset_delta + 1 {
+        return Err(BatchError::InvalidRecordCount {
+            record_count: header.record_count,
+            last_offset_delta: header.last_offset_delta,
+        });
+    }
+    Ok(header)
+}
+
+/// Validates a batch as a log may hold it: like [`validate_batch`], but a compacted batch
+/// keeps its offset range while holding fewer records (even none), as Kafka's cleaner
+/// leaves it.
+pub fn validate_stored_batch(buf: &[u8]) -> Result<BatchHeader, BatchError> {
     let header = BatchHeader::parse(buf)?;
     if header.total_bytes() != buf.len() {
         if header.total_bytes() > buf.len() {
@@ -157,10 +172,7 @@ pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchError> {
         }
         return Err(BatchError::InvalidLength(header.batch_length));
     }
-    if header.record_count < 0
-        || header.last_offset_delta < 0
-        || (!header.is_control() && header.record_count != header.last_offset_delta + 1)
-    {
+    if header.record_count < 0 || header.last_offset_delta < 0 || header.record_count > header.last_offset_delta + 1 {
         return Err(BatchError::InvalidRecordCount {
             record_count: header.record_count,
             last_offset_delta: header.last_offset_delta,

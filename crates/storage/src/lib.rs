@@ -10,13 +10,17 @@
 //! watermark only moves once an `fdatasync` covers the data, so nothing a consumer sees
 //! can vanish in a crash.
 //!
-//! Storage knows nothing of the Kafka wire protocol beyond the batch header.
+//! Storage knows nothing of the Kafka wire protocol beyond record batches: it reads the
+//! batch header, and records only where a compacted topic needs their keys
+//! ([`cleaner`], [`records`]).
 
 pub mod batch;
+pub mod cleaner;
 pub mod durable;
 mod log;
 mod manager;
 pub mod producer_state;
+pub mod records;
 pub mod segment;
 mod syncer;
 

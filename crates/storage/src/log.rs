@@ -30,6 +30,11 @@ use crate::producer_state::{ProducerStateTable, SequenceCheck};
 use crate::segment::{index_file_name, ReadMode, Segment, INDEX_INTERVAL_BYTES};
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
+/// Where the cleaner has cleaned up to (a segment base offset): segments below it are clean.
+const CLEANER_CHECKPOINT_FILE: &str = "cleaner-offset";
+/// The cleaner builds cleaned segments here before moving them over the originals;
+/// whatever a crash left in it is deleted when the log opens.
+pub(crate) const CLEANING_DIR: &str = "cleaning";
 /// The leader-epoch cache: which epoch started at which offset (JSON, fsynced on change).
 const LEADER_EPOCHS_FILE: &str = "leader-epochs";
 /// Leader epochs remembered per partition (the oldest are dropped).
@@ -41,7 +46,7 @@ const SNAPSHOTS_KEPT: usize = 2;
 pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// The per-topic settings storage acts on, in Kafka's names and units.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogConfig {
     /// `segment.bytes`
     pub segment_bytes: u64,
@@ -66,7 +71,25 @@ pub struct LogConfig {
     /// `message.timestamp.type=LogAppendTime`: the broker stamps each batch with its append
     /// time (and the timestamp bounds above do not apply)
     pub log_append_time: bool,
+    /// `cleanup.policy` holds `delete`: `retention.ms` and `retention.bytes` apply
+    pub cleanup_delete: bool,
+    /// `cleanup.policy` holds `compact`: the cleaner keeps the latest record per key
+    /// (see [`crate::cleaner`]) and records must have keys
+    pub cleanup_compact: bool,
+    /// `delete.retention.ms`: how long a tombstone outlives its first cleaning
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio`: the share of not-yet-cleaned bytes that starts a cleaning
+    pub min_cleanable_dirty_ratio: f64,
+    /// `min.compaction.lag.ms`: records younger than this are never cleaned
+    pub min_compaction_lag_ms: i64,
+    /// `max.compaction.lag.ms`: a record older than this is cleaned whatever the dirty ratio
+    pub max_compaction_lag_ms: i64,
 }
+
+/// Kafka's default `delete.retention.ms`: one day.
+pub const DELETE_RETENTION_MS_DEFAULT: i64 = 86_400_000;
+/// Kafka's default `min.cleanable.dirty.ratio`.
+pub const MIN_CLEANABLE_DIRTY_RATIO_DEFAULT: f64 = 0.5;
 
 /// Kafka 4's default `message.timestamp.after.max.ms`: one hour.
 pub const TIMESTAMP_AFTER_MAX_MS_DEFAULT: i64 = 3_600_000;
@@ -84,6 +107,12 @@ impl Default for LogConfig {
             timestamp_before_max_ms: i64::MAX,
             timestamp_after_max_ms: TIMESTAMP_AFTER_MAX_MS_DEFAULT,
             log_append_time: false,
+            cleanup_delete: true,
+            cleanup_compact: false,
+            delete_retention_ms: DELETE_RETENTION_MS_DEFAULT,
+            min_cleanable_dirty_ratio: MIN_CLEANABLE_DIRTY_RATIO_DEFAULT,
+            min_compaction_lag_ms: 0,
+            max_compaction_lag_ms: i64::MAX,
         }
     }
 }
@@ -151,6 +180,9 @@ pub enum AppendError {
     TooLarge { size: usize, limit: usize },
     #[error("invalid record: {0}")]
     InvalidRecord(&'static str),
+    /// Records without a key, by index in the batch, sent to a compacted topic.
+    #[error("compacted topic cannot accept a record without a key")]
+    KeylessRecords(Vec<i32>),
     #[error("out of order sequence number")]
     OutOfOrderSequence,
     #[error("stale producer epoch")]
@@ -195,6 +227,10 @@ struct LogState {
     /// (leader epoch, first offset written in it), ascending in both.
     epochs: Vec<(i32, i64)>,
     producers: ProducerStateTable,
+    /// Segments below this offset have been cleaned (compacted topics).
+    cleaned_up_to: i64,
+    /// When a tombstone the cleaner kept may go (its next pass is due then).
+    tombstones_due_ms: Option<i64>,
     unflushed_messages: u64,
     oldest_unflushed_ms: Option<i64>,
     failed: bool,
@@ -209,6 +245,23 @@ pub struct Partition {
     pub(crate) sync_queued: AtomicBool,
     /// Where fsync failures are counted (`LogManager::fsync_failures`), when set.
     failures: OnceLock<Arc<watch::Sender<u64>>>,
+}
+
+/// What a cleaning pass may work on, taken under the log's lock (see [`crate::cleaner`]).
+pub(crate) struct CleaningPlan {
+    /// Sealed, committed segments old enough to clean, oldest first.
+    pub(crate) segments: Vec<CleanableSegment>,
+    /// Segments from this base offset on are dirty (never cleaned).
+    pub(crate) cleaned_up_to: i64,
+    pub(crate) config: LogConfig,
+}
+
+pub(crate) struct CleanableSegment {
+    pub(crate) base: i64,
+    /// The next segment's base offset: this segment covers `[base, end)`.
+    pub(crate) end: i64,
+    pub(crate) file: Arc<std::fs::File>,
+    pub(crate) size: u64,
 }
 
 /// What one fsync must cover and what it makes visible.
@@ -311,6 +364,14 @@ impl Partition {
         if !state.config.log_append_time {
             check_timestamps(&header, &state.config, now_ms)?;
         }
+        if state.config.cleanup_compact {
+            // Kafka decompresses too: a compacted topic's records must have keys.
+            let keyless = crate::records::keyless_records(&header, batch)
+                .map_err(|_| AppendError::InvalidRecord("records do not decode"))?;
+            if !keyless.is_empty() {
+                return Err(AppendError::KeylessRecords(keyless));
+            }
+        }
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate { base_offset } => {
@@ -356,7 +417,8 @@ impl Partition {
     }
 
     /// Appends batches fetched from the leader, stored byte for byte (their offsets and
-    /// leader epochs are already in their headers). They must continue this log exactly.
+    /// leader epochs are already in their headers). They must follow this log's end, with
+    /// a gap where the leader's log was compacted.
     pub fn append_replica(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
         let mut state = self.state.lock();
         if state.failed {
@@ -366,7 +428,7 @@ impl Partition {
         for item in BatchIter::new(batches) {
             let (_, range) = item?;
             let bytes = &batches[range];
-            let header = batch::validate_batch(bytes)?;
+            let header = batch::validate_stored_batch(bytes)?;
             if header.last_offset() < state.log_end_offset {
                 continue;
             }
@@ -375,8 +437,9 @@ impl Partition {
                 // the log takes the whole batch and keeps its start offset, as Kafka does.
                 self.rebase_empty(&mut state, header.base_offset)?;
             }
-            if header.base_offset != state.log_end_offset {
-                return Err(AppendError::InvalidRecord("replicated batch does not continue the log"));
+            // A compacted leader log has gaps: a batch may start past this log's end.
+            if header.base_offset < state.log_end_offset {
+                return Err(AppendError::InvalidRecord("replicated batch overlaps the log"));
             }
             needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
         }
@@ -685,6 +748,28 @@ impl Partition {
         mode: ReadMode,
     ) -> Result<Bytes, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
+        let mut offset = offset;
+        loop {
+            let (batches, next_segment) = self.read_segment(offset, max_bytes, min_one_batch, to_end, mode)?;
+            match next_segment {
+                // Nothing at or after `offset` in its segment (compaction left a gap at
+                // its end): continue in the next one, as a consumer expects.
+                Some(next) => offset = next,
+                None => return Ok(batches),
+            }
+        }
+    }
+
+    /// One segment's part of [`Partition::read_until`]: the batches, and the next
+    /// segment's base offset when that is still below the read limit.
+    fn read_segment(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        min_one_batch: bool,
+        to_end: bool,
+        mode: ReadMode,
+    ) -> Result<(Bytes, Option<i64>), ReadError> {
         let located = {
             let state = self.state.lock();
             if state.failed {
@@ -699,19 +784,27 @@ impl Partition {
             }
             let limit = if to_end { state.log_end_offset } else { state.high_watermark };
             if offset >= limit {
-                return Ok(Bytes::new());
+                return Ok((Bytes::new(), None));
             }
             let (_, segment) = state.segments.range(..=offset).next_back().expect("offset is inside the log");
+            // Past the segment's last batch but before the next segment: a compaction gap.
+            let past_last_batch = segment.next_offset() <= offset;
+            let next = state.segments.range(offset + 1..).next().map(|(&base, _)| base);
+            if let Some(next) = next.filter(|&next| past_last_batch && next < limit) {
+                return Ok((Bytes::new(), Some(next)));
+            }
             (segment.file().clone(), segment.position_at_or_before(offset), segment.size_bytes(), limit)
         };
         let (file, start, end, limit) = located;
-        read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
-            if error.kind() == io::ErrorKind::WouldBlock {
-                ReadError::WouldBlock
-            } else {
-                ReadError::Storage(error)
-            }
-        })
+        let batches =
+            read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
+                if error.kind() == io::ErrorKind::WouldBlock {
+                    ReadError::WouldBlock
+                } else {
+                    ReadError::Storage(error)
+                }
+            })?;
+        Ok((batches, None))
     }
 
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
@@ -804,6 +897,9 @@ impl Partition {
 
     fn delete_expired_segments(&self, now_ms: i64) -> usize {
         let mut state = self.state.lock();
+        if !state.config.cleanup_delete {
+            return 0;
+        }
         let retention_ms = state.config.retention_ms;
         let mut deleted = 0;
         if retention_ms >= 0 {
@@ -821,6 +917,76 @@ impl Partition {
             });
         }
         deleted
+    }
+
+    /// The cleaner's next pass over this log, if one is due: the log is compacted and its
+    /// dirty share reached `min.cleanable.dirty.ratio`, or dirty data is older than
+    /// `max.compaction.lag.ms`, or a kept tombstone's `delete.retention.ms` ran out. Only
+    /// sealed segments wholly below the high watermark and older than
+    /// `min.compaction.lag.ms` are cleanable: the active segment is never touched.
+    pub(crate) fn cleaning_plan(&self, now_ms: i64) -> Option<CleaningPlan> {
+        let state = self.state.lock();
+        let config = &state.config;
+        if !config.cleanup_compact || state.failed {
+            return None;
+        }
+        let bases: Vec<i64> = state.segments.keys().copied().collect();
+        let mut segments = Vec::new();
+        let (mut dirty_bytes, mut total_bytes, mut lag_due) = (0u64, 0u64, false);
+        for (&base, &end) in bases.iter().zip(bases.iter().skip(1)) {
+            let segment = &state.segments[&base];
+            let too_young = config.min_compaction_lag_ms > 0
+                && segment.max_timestamp() > now_ms.saturating_sub(config.min_compaction_lag_ms);
+            if end > state.high_watermark || too_young {
+                break;
+            }
+            total_bytes += segment.size_bytes();
+            if base >= state.cleaned_up_to {
+                dirty_bytes += segment.size_bytes();
+                lag_due |= segment
+                    .first_append_ms()
+                    .is_some_and(|first| first <= now_ms.saturating_sub(config.max_compaction_lag_ms));
+            }
+            segments.push(CleanableSegment { base, end, file: segment.file().clone(), size: segment.size_bytes() });
+        }
+        let ratio_due = dirty_bytes > 0 && dirty_bytes as f64 >= config.min_cleanable_dirty_ratio * total_bytes as f64;
+        let tombstones_due = state.tombstones_due_ms.is_some_and(|due| due <= now_ms);
+        if segments.is_empty() || !(ratio_due || lag_due || tombstones_due) {
+            return None;
+        }
+        Some(CleaningPlan { segments, cleaned_up_to: state.cleaned_up_to, config: config.clone() })
+    }
+
+    /// Base offset of `producer_id`'s last batch in this log.
+    pub(crate) fn last_producer_batch(&self, producer_id: i64) -> Option<i64> {
+        self.state.lock().producers.last_batch_base(producer_id)
+    }
+
+    /// Puts a cleaned copy in place of `original`, unless the log changed under the
+    /// cleaner (the segment was deleted by retention or truncation): then the copy is
+    /// dropped and false returned.
+    pub(crate) fn install_cleaned(&self, original: &CleanableSegment, mut cleaned: Segment) -> io::Result<bool> {
+        let mut state = self.state.lock();
+        let unchanged = state.segments.get(&original.base).is_some_and(|s| Arc::ptr_eq(s.file(), &original.file));
+        if !unchanged || state.failed {
+            cleaned.delete_files()?;
+            return Ok(false);
+        }
+        assert_eq!(cleaned.base_offset(), original.base);
+        assert!(cleaned.next_offset() <= original.end, "a cleaned segment stays within its offsets");
+        cleaned.move_into(&self.dir)?;
+        state.segments.insert(original.base, cleaned);
+        Ok(true)
+    }
+
+    /// Records a finished pass: segments below `cleaned_up_to` are clean, and the next
+    /// pass is due at `tombstones_due_ms` for the tombstones it kept.
+    pub(crate) fn finish_cleaning(&self, cleaned_up_to: i64, tombstones_due_ms: Option<i64>) -> io::Result<()> {
+        crate::write_file_atomically(&self.dir.join(CLEANER_CHECKPOINT_FILE), cleaned_up_to.to_string().as_bytes())?;
+        let mut state = self.state.lock();
+        state.cleaned_up_to = state.cleaned_up_to.max(cleaned_up_to);
+        state.tombstones_due_ms = tombstones_due_ms;
+        Ok(())
     }
 
     /// Clean shutdown: fsync the data, cut preallocation, persist the index and producer
@@ -904,6 +1070,11 @@ fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
 }
 
 fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
+    // A cleaning pass cut short: the originals are still in place (or already replaced).
+    match std::fs::remove_dir_all(dir.join(CLEANING_DIR)) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
     let (snapshot_offset, producers) = load_latest_snapshot(dir);
     let mut replay = ProducerReplay { from: snapshot_offset, producers };
     let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
@@ -917,10 +1088,11 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
             })?;
         }
         if let Some(previous) = segments.values().next_back().map(|s| s.next_offset()) {
-            if previous != base_offset {
+            // A compacted segment may end before the next one starts, never after.
+            if previous > base_offset {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("{}: segment {base_offset} does not follow offset {previous}", dir.display()),
+                    format!("{}: segment {base_offset} overlaps offsets up to {previous}", dir.display()),
                 ));
             }
         }
@@ -941,6 +1113,9 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
     let mut epochs = read_leader_epochs(dir);
     epochs.retain(|&(_, start)| start < log_end_offset);
+    let cleaned_up_to = read_offset_file(&dir.join(CLEANER_CHECKPOINT_FILE)).unwrap_or(first_base);
+    // Kept tombstones' deadlines are not stored: one pass after a start finds them again.
+    let tombstones_due_ms = config.cleanup_compact.then_some(0);
     Ok(LogState {
         config,
         segments,
@@ -952,6 +1127,8 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         recovered_high_watermark: None,
         epochs,
         producers,
+        cleaned_up_to,
+        tombstones_due_ms,
         unflushed_messages: 0,
         oldest_unflushed_ms: None,
         failed: false,
@@ -1085,8 +1262,12 @@ fn write_leader_epochs(dir: &Path, epochs: &[(i32, i64)]) -> io::Result<()> {
     crate::write_file_atomically(&dir.join(LEADER_EPOCHS_FILE), &body)
 }
 
+fn read_offset_file(path: &Path) -> Option<i64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 fn read_log_start_offset(dir: &Path) -> Option<i64> {
-    std::fs::read_to_string(dir.join(LOG_START_OFFSET_FILE)).ok()?.trim().parse().ok()
+    read_offset_file(&dir.join(LOG_START_OFFSET_FILE))
 }
 
 #[derive(Serialize, Deserialize)]

@@ -1,15 +1,18 @@
 //! The node's set of partition logs, keyed by topic and partition, and their upkeep
-//! (retention, page-cache flushes, clean shutdown).
+//! (retention, page-cache flushes, the log cleaner's thread, clean shutdown).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::cleaner::{CleanerSettings, IoPacer};
 use crate::log::{LogConfig, Partition};
 use crate::syncer::Syncer;
 
@@ -46,9 +49,25 @@ impl TopicPartition {
     }
 }
 
+type Partitions = Arc<RwLock<HashMap<TopicPartition, Arc<Partition>>>>;
+
+/// The log cleaner's thread and what stops it.
+struct CleanerThread {
+    handle: std::thread::JoinHandle<()>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Held by the cleaner while it works on a partition; deleting a partition or closing the
+/// logs takes it (after asking the cleaner to stop with [`LogManager::cleaner_abort`]).
+type CleanerLock = Arc<Mutex<()>>;
+
 pub struct LogManager {
     root: PathBuf,
-    partitions: RwLock<HashMap<TopicPartition, Arc<Partition>>>,
+    partitions: Partitions,
+    cleaner: Mutex<Option<CleanerThread>>,
+    cleaner_lock: CleanerLock,
+    /// Asks a cleaning pass to stop at its next segment.
+    cleaner_abort: Arc<AtomicBool>,
     syncer: Syncer,
     /// fsyncs of any partition that failed since the start (see [`LogManager::fsync_failures`]).
     fsync_failures: Arc<watch::Sender<u64>>,
@@ -65,7 +84,10 @@ impl LogManager {
         let recovered = read_high_watermark_checkpoint(root);
         Ok(LogManager {
             root: root.to_path_buf(),
-            partitions: RwLock::new(HashMap::new()),
+            partitions: Arc::new(RwLock::new(HashMap::new())),
+            cleaner: Mutex::new(None),
+            cleaner_lock: Arc::new(Mutex::new(())),
+            cleaner_abort: Arc::new(AtomicBool::new(false)),
             syncer: Syncer::start(),
             fsync_failures: Arc::new(watch::Sender::new(0)),
             last_checkpoint: Mutex::new((0, recovered.clone())),
@@ -150,6 +172,7 @@ impl LogManager {
     /// Forgets a partition and deletes its directory.
     pub fn delete(&self, tp: &TopicPartition) -> io::Result<()> {
         let removed = self.partitions.write().remove(tp);
+        let _cleaner = self.pause_cleaner();
         if let Some(partition) = removed {
             std::fs::remove_dir_all(partition.dir())?;
         }
@@ -199,9 +222,40 @@ impl LogManager {
         }
     }
 
-    /// Clean shutdown: stop syncing, then seal every partition and make it durable (in
-    /// parallel, file by file).
+    /// Starts the log cleaner's thread (compacted topics; see [`crate::cleaner`]).
+    pub fn start_cleaner(&self, settings: CleanerSettings) -> io::Result<()> {
+        if !settings.enabled {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (partitions, lock, abort, thread_stop) =
+            (self.partitions.clone(), self.cleaner_lock.clone(), self.cleaner_abort.clone(), stop.clone());
+        let handle = std::thread::Builder::new()
+            .name("log-cleaner".into())
+            .spawn(move || cleaner_loop(&partitions, &settings, &lock, &abort, &thread_stop))?;
+        *self.cleaner.lock() = Some(CleanerThread { handle, stop });
+        Ok(())
+    }
+
+    /// Stops a cleaning pass at its next segment and keeps the cleaner off the logs while
+    /// the guard lives.
+    fn pause_cleaner(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.cleaner_abort.store(true, Ordering::Relaxed);
+        let guard = self.cleaner_lock.lock();
+        self.cleaner_abort.store(false, Ordering::Relaxed);
+        guard
+    }
+
+    /// Clean shutdown: stop the cleaner and syncing, then seal every partition and make it
+    /// durable (in parallel, file by file).
     pub fn close(&self) {
+        if let Some(cleaner) = self.cleaner.lock().take() {
+            cleaner.stop.store(true, Ordering::Relaxed);
+            self.cleaner_abort.store(true, Ordering::Relaxed);
+            if cleaner.handle.join().is_err() {
+                tracing::error!("log cleaner thread panicked");
+            }
+        }
         self.syncer.shutdown();
         let partitions = self.partitions();
         let chunk = partitions.len().div_ceil(CLOSE_THREADS).max(1);
@@ -232,6 +286,58 @@ fn read_high_watermark_checkpoint(root: &Path) -> BTreeMap<String, i64> {
         _ => {
             tracing::warn!(path = %path.display(), "ignoring unreadable high-watermark checkpoint");
             BTreeMap::new()
+        }
+    }
+}
+
+/// The cleaner thread: passes over every compacted partition that is due, then a pause of
+/// `log.cleaner.backoff.ms` when none was.
+fn cleaner_loop(
+    partitions: &Partitions,
+    settings: &CleanerSettings,
+    lock: &CleanerLock,
+    abort: &AtomicBool,
+    stop: &AtomicBool,
+) {
+    let mut pacer = IoPacer::new(settings.io_max_bytes_per_second.max(1));
+    let interrupted = || abort.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
+    while !stop.load(Ordering::Relaxed) {
+        let mut cleaned_any = false;
+        let logs: Vec<(TopicPartition, Arc<Partition>)> =
+            partitions.read().iter().map(|(tp, p)| (tp.clone(), p.clone())).collect();
+        for (tp, partition) in logs {
+            let _working = lock.lock();
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let started = std::time::Instant::now();
+            match crate::cleaner::clean_partition(&partition, crate::now_ms(), settings, &mut pacer, &interrupted) {
+                Ok(None) => {}
+                Ok(Some(stats)) => {
+                    cleaned_any = true;
+                    tracing::info!(
+                        topic = %tp.topic,
+                        partition = tp.partition,
+                        segments = stats.segments_rewritten,
+                        bytes_before = stats.bytes_before,
+                        bytes_after = stats.bytes_after,
+                        records_removed = stats.records_removed,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "log cleaned"
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(topic = %tp.topic, partition = tp.partition, %error, "log cleaning failed")
+                }
+            }
+        }
+        if !cleaned_any {
+            let mut slept = 0;
+            while slept < settings.backoff_ms && !stop.load(Ordering::Relaxed) {
+                let step = (settings.backoff_ms - slept).min(100);
+                std::thread::sleep(Duration::from_millis(step));
+                slept += step;
+            }
         }
     }
 }

@@ -111,6 +111,12 @@ impl ProducerStateTable {
         assert!(entry.batches.len() <= PRODUCER_BATCHES_REMEMBERED);
     }
 
+    /// Base offset of the last batch `producer_id` wrote (what the cleaner must keep, even
+    /// emptied, so the producer's sequence survives a replay of the log).
+    pub fn last_batch_base(&self, producer_id: i64) -> Option<i64> {
+        self.producers.get(&producer_id).and_then(|entry| entry.batches.back()).map(|batch| batch.base_offset)
+    }
+
     pub fn producer_count(&self) -> usize {
         self.producers.len()
     }

@@ -241,7 +241,8 @@ fn follower_stores_leader_batches_verbatim_and_knows_their_epochs() {
     }
     assert_eq!(follower.offsets().log_end_offset, 10);
     assert_eq!(replica_bytes(&follower, 0), shipped);
-    // Re-sending what the follower already has is ignored; a gap is refused.
+    // Re-sending what the follower already has is ignored; a batch overlapping the log end
+    // is refused; a gap (a compacted leader's log) is taken.
     assert_eq!(follower.append_replica(&shipped[0], 0).unwrap().log_end_offset, 10);
     let gap = shipped[0].clone();
     let other = Partition::open(&dir.path().join("other"), small_segments_config()).unwrap();
@@ -251,7 +252,9 @@ fn follower_stores_leader_batches_verbatim_and_knows_their_epochs() {
         let (_, range) = BatchIter::new(&gap).next().unwrap().unwrap();
         gap.slice(range.end..)
     };
-    assert!(matches!(other.append_replica(&second_batch_onward, 0), Err(AppendError::InvalidRecord(_))));
+    assert!(matches!(other.append_replica(&gap, 0), Err(AppendError::InvalidRecord(_))), "[0, 1] overlaps end 1");
+    let gap_end = BatchIter::new(&gap).last().unwrap().unwrap().0.last_offset() + 1;
+    assert_eq!(other.append_replica(&second_batch_onward, 0).unwrap().log_end_offset, gap_end);
 
     assert_eq!(follower.latest_epoch(), Some(3));
     assert_eq!(follower.epoch_end_offset(0), None);

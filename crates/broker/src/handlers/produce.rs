@@ -276,7 +276,7 @@ fn append_one(
             let code = match &error {
                 AppendError::Corrupt(_) => ResponseError::CorruptMessage,
                 AppendError::TooLarge { .. } => ResponseError::MessageTooLarge,
-                AppendError::InvalidRecord(_) => ResponseError::InvalidRecord,
+                AppendError::InvalidRecord(_) | AppendError::KeylessRecords(_) => ResponseError::InvalidRecord,
                 AppendError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
                 AppendError::StaleProducerEpoch => ResponseError::InvalidProducerEpoch,
                 AppendError::InvalidTimestamp { .. } => ResponseError::InvalidTimestamp,
@@ -287,6 +287,10 @@ fn append_one(
                 AppendError::InvalidTimestamp { earliest_ms, latest_ms, .. } => {
                     records_out_of_time(records, earliest_ms, latest_ms)
                 }
+                AppendError::KeylessRecords(ref indexes) => indexes
+                    .iter()
+                    .map(|&index| (index, "Compacted topic cannot accept message without key.".to_string()))
+                    .collect(),
                 _ => Vec::new(),
             };
             let message = match error {
