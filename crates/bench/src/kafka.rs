@@ -390,7 +390,10 @@ fn producer_loop(
     let mut buffer = spec.payloads[0].clone();
     let mut random = XorShift::seeded(spec.label.len() as u64);
     let mut round_robin = 0usize;
-    send_one(spec, producer, stats, &mut buffer, 0, None);
+    // The readiness probe carries a key when the workload does: a compacted topic refuses
+    // keyless records.
+    let probe_key = (spec.key_distributor != KeyDistributor::NoKey).then(|| spec.keys[0].as_str());
+    send_one(spec, producer, stats, &mut buffer, 0, probe_key);
     let mut limiter: Option<RateLimiter> = None;
     while !control.stop.load(Ordering::Relaxed) {
         let rate = control.rate();

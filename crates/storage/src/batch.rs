@@ -223,6 +223,50 @@ pub fn log_append_time_header(
     header
 }
 
+/// A transaction marker: the control batch the broker writes to a partition to end a
+/// producer's transaction there (KIP-98), one record whose key is (version 0, type: 0 abort,
+/// 1 commit) and whose value is (version 0, coordinator epoch).
+#[allow(clippy::too_many_arguments)]
+pub fn transaction_marker(
+    base_offset: i64,
+    leader_epoch: i32,
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+    timestamp: i64,
+) -> Vec<u8> {
+    // Varints are zigzag: length 16 -> 32, key length 4 -> 8, value length 6 -> 12.
+    #[rustfmt::skip]
+    const RECORD: [u8; 17] = [
+        32, 0, 0, 0,         // length, attributes, timestamp delta, offset delta
+        8, 0, 0, 0, 0,       // key: version 0, type (set below)
+        12, 0, 0, 0, 0, 0, 0, // value: version 0, coordinator epoch (set below)
+        0,                   // no headers
+    ];
+    let mut record = RECORD;
+    record[8] = u8::from(commit);
+    record[12..16].copy_from_slice(&coordinator_epoch.to_be_bytes());
+    let mut batch = Vec::with_capacity(BATCH_HEADER_BYTES + record.len());
+    batch.extend_from_slice(&base_offset.to_be_bytes());
+    batch.extend_from_slice(&((BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES + record.len()) as i32).to_be_bytes());
+    batch.extend_from_slice(&leader_epoch.to_be_bytes());
+    batch.push(MAGIC_V2 as u8);
+    batch.extend_from_slice(&[0; 4]); // CRC, below
+    batch.extend_from_slice(&(ATTRIBUTE_TRANSACTIONAL | ATTRIBUTE_CONTROL).to_be_bytes());
+    batch.extend_from_slice(&0i32.to_be_bytes()); // last offset delta
+    batch.extend_from_slice(&timestamp.to_be_bytes());
+    batch.extend_from_slice(&timestamp.to_be_bytes());
+    batch.extend_from_slice(&producer_id.to_be_bytes());
+    batch.extend_from_slice(&producer_epoch.to_be_bytes());
+    batch.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
+    batch.extend_from_slice(&1i32.to_be_bytes()); // record count
+    batch.extend_from_slice(&record);
+    let crc = crc32c::crc32c(&batch[CRC_START..]);
+    batch[CRC_FIELD].copy_from_slice(&crc.to_be_bytes());
+    batch
+}
+
 /// Walks consecutive batches in `buf`, yielding each header and its byte range. Stops
 /// (returning `None`) at the first incomplete batch; a malformed header yields an error once.
 pub struct BatchIter<'a> {

@@ -8,8 +8,8 @@
 //!    a pass that fills it cleans up to where it stopped and leaves the rest for the next.
 //! 3. Every cleanable segment below that point is copied into the cleaning directory
 //!    without what is superseded: a record whose key has a later offset in the map, a
-//!    record without a key, and a tombstone that was already cleaned once and is older
-//!    than `delete.retention.ms`. A batch whose records all stay is copied byte for byte;
+//!    record without a key, a tombstone that was already cleaned once and is older
+//!    than `delete.retention.ms`, and an aborted transaction's records. A batch whose records all stay is copied byte for byte;
 //!    a batch that loses some is rebuilt with the rest ([`records::rebuild`], same offsets,
 //!    codec and producer fields); an emptied batch goes, unless it is its producer's last
 //!    (then its header stays, so the producer's sequence survives a replay).
@@ -142,6 +142,7 @@ pub fn clean_partition(
         // before this one) and is older than delete.retention.ms.
         let tombstones_removable = segment.base < plan.cleaned_up_to;
         let mut filter = RecordFilter {
+            aborted: &plan.aborted,
             map: &map,
             tombstones_removable,
             delete_horizon_ms,
@@ -175,7 +176,7 @@ fn build_offset_map(
             break;
         }
         for_each_batch(&segment.file, segment.size, pacer, &mut |header, bytes| {
-            if header.is_control() {
+            if header.is_control() || is_aborted(&plan.aborted, header) {
                 return Ok(0);
             }
             let payload = records::payload(header, bytes)?;
@@ -199,6 +200,7 @@ fn segment_record_estimate(segment: &CleanableSegment) -> usize {
 
 /// Which records of a segment stay.
 struct RecordFilter<'a> {
+    aborted: &'a [crate::log::AbortedTransaction],
     map: &'a HashMap<u128, i64>,
     tombstones_removable: bool,
     delete_horizon_ms: i64,
@@ -243,6 +245,12 @@ fn copy_cleaned(
         if header.is_control() {
             return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size).map(|_| written);
         }
+        if is_aborted(filter.aborted, header) {
+            // An aborted transaction's records go whole, as Kafka's cleaner drops them.
+            changed = true;
+            removed += header.record_count as u64;
+            return Ok(0);
+        }
         let payload = records::payload(header, bytes)?;
         let views = records::parse(&payload, header.record_count)?;
         let mut kept = Vec::new();
@@ -279,6 +287,17 @@ fn copy_cleaned(
     stats.bytes_after += cleaned.size_bytes();
     stats.records_removed += removed;
     Ok(Some(cleaned))
+}
+
+/// Whether `header` is a batch of an aborted transaction.
+fn is_aborted(aborted: &[crate::log::AbortedTransaction], header: &BatchHeader) -> bool {
+    header.is_transactional()
+        && !header.is_control()
+        && aborted.iter().any(|a| {
+            a.producer_id == header.producer_id
+                && a.first_offset <= header.base_offset
+                && header.base_offset < a.last_offset
+        })
 }
 
 /// Calls `visit` with every batch of the first `size` bytes of `file`, in order; `visit`

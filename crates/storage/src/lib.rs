@@ -29,7 +29,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 pub use crate::log::{
-    AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReplicaAppend, Visible,
+    AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReadLimit,
+    ReplicaAppend, Visible,
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::ReadMode;

@@ -30,6 +30,8 @@ use crate::producer_state::{ProducerStateTable, SequenceCheck};
 use crate::segment::{index_file_name, ReadMode, Segment, INDEX_INTERVAL_BYTES};
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
+/// The aborted transactions still in the log (JSON; written before their abort marker).
+const ABORTED_TRANSACTIONS_FILE: &str = "aborted-transactions";
 /// Where the cleaner has cleaned up to (a segment base offset): segments below it are clean.
 const CLEANER_CHECKPOINT_FILE: &str = "cleaner-offset";
 /// The cleaner builds cleaned segments here before moving them over the originals;
@@ -155,6 +157,30 @@ pub struct LogOffsets {
     pub log_start_offset: i64,
     pub high_watermark: i64,
     pub log_end_offset: i64,
+    /// Where `read_committed` consumers stop: the first offset of the oldest open
+    /// transaction, or the high watermark.
+    pub last_stable_offset: i64,
+}
+
+/// A transaction that was aborted in this partition: its records from `first_offset` by
+/// `producer_id` are to be skipped by `read_committed` consumers; its abort marker is at
+/// `last_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortedTransaction {
+    pub producer_id: i64,
+    pub first_offset: i64,
+    pub last_offset: i64,
+}
+
+/// How far a read may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadLimit {
+    /// The high watermark: what `read_uncommitted` consumers see.
+    HighWatermark,
+    /// The last stable offset: what `read_committed` consumers see.
+    LastStable,
+    /// The log end: what a follower copies.
+    LogEnd,
 }
 
 /// A successful append (or a recognised duplicate).
@@ -227,6 +253,8 @@ struct LogState {
     /// (leader epoch, first offset written in it), ascending in both.
     epochs: Vec<(i32, i64)>,
     producers: ProducerStateTable,
+    /// Aborted transactions whose abort marker is still in the log, by marker offset.
+    aborted: Vec<AbortedTransaction>,
     /// Segments below this offset have been cleaned (compacted topics).
     cleaned_up_to: i64,
     /// When a tombstone the cleaner kept may go (its next pass is due then).
@@ -254,6 +282,8 @@ pub(crate) struct CleaningPlan {
     /// Segments from this base offset on are dirty (never cleaned).
     pub(crate) cleaned_up_to: i64,
     pub(crate) config: LogConfig,
+    /// Aborted transactions: their records are dropped, never kept as a key's latest.
+    pub(crate) aborted: Vec<AbortedTransaction>,
 }
 
 pub(crate) struct CleanableSegment {
@@ -332,6 +362,7 @@ impl Partition {
             log_start_offset: state.log_start_offset,
             high_watermark: state.high_watermark,
             log_end_offset: state.log_end_offset,
+            last_stable_offset: last_stable_offset(&state),
         }
     }
 
@@ -355,8 +386,11 @@ impl Partition {
         if batch.len() > state.config.max_message_bytes {
             return Err(AppendError::TooLarge { size: batch.len(), limit: state.config.max_message_bytes });
         }
-        if header.is_control() || header.is_transactional() {
-            return Err(AppendError::InvalidRecord("transactional and control batches are not supported"));
+        if header.is_control() {
+            return Err(AppendError::InvalidRecord("control batches are written by the broker only"));
+        }
+        if header.is_transactional() && !header.has_producer_id() {
+            return Err(AppendError::InvalidRecord("a transactional batch needs a producer id"));
         }
         if header.record_count == 0 {
             return Err(AppendError::InvalidRecord("empty batch"));
@@ -731,26 +765,27 @@ impl Partition {
     /// (at least one batch when `min_one_batch`) and never past the high watermark. With
     /// [`ReadMode::CachedOnly`], data not in the page cache is [`ReadError::WouldBlock`].
     pub fn read(&self, offset: i64, max_bytes: usize, min_one_batch: bool, mode: ReadMode) -> Result<Bytes, ReadError> {
-        self.read_until(offset, max_bytes, min_one_batch, false, mode)
+        self.read_until(offset, max_bytes, min_one_batch, ReadLimit::HighWatermark, mode)
     }
 
     /// Like [`Partition::read`] but up to the log end: what a follower fetches.
     pub fn read_for_replica(&self, offset: i64, max_bytes: usize, mode: ReadMode) -> Result<Bytes, ReadError> {
-        self.read_until(offset, max_bytes, true, true, mode)
+        self.read_until(offset, max_bytes, true, ReadLimit::LogEnd, mode)
     }
 
-    fn read_until(
+    /// Reads whole batches from `offset` up to `limit` (see [`Partition::read`]).
+    pub fn read_until(
         &self,
         offset: i64,
         max_bytes: usize,
         min_one_batch: bool,
-        to_end: bool,
+        limit: ReadLimit,
         mode: ReadMode,
     ) -> Result<Bytes, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let mut offset = offset;
         loop {
-            let (batches, next_segment) = self.read_segment(offset, max_bytes, min_one_batch, to_end, mode)?;
+            let (batches, next_segment) = self.read_segment(offset, max_bytes, min_one_batch, limit, mode)?;
             match next_segment {
                 // Nothing at or after `offset` in its segment (compaction left a gap at
                 // its end): continue in the next one, as a consumer expects.
@@ -767,7 +802,7 @@ impl Partition {
         offset: i64,
         max_bytes: usize,
         min_one_batch: bool,
-        to_end: bool,
+        limit: ReadLimit,
         mode: ReadMode,
     ) -> Result<(Bytes, Option<i64>), ReadError> {
         let located = {
@@ -782,7 +817,11 @@ impl Partition {
                     log_end_offset: state.log_end_offset,
                 });
             }
-            let limit = if to_end { state.log_end_offset } else { state.high_watermark };
+            let limit = match limit {
+                ReadLimit::HighWatermark => state.high_watermark,
+                ReadLimit::LastStable => last_stable_offset(&state),
+                ReadLimit::LogEnd => state.log_end_offset,
+            };
             if offset >= limit {
                 return Ok((Bytes::new(), None));
             }
@@ -919,10 +958,82 @@ impl Partition {
         deleted
     }
 
+    /// Writes the marker that commits or aborts `producer_id`'s transaction in this
+    /// partition (on a leader; the transaction coordinator calls it). An abort is
+    /// recorded in the aborted-transactions file, fsynced, before its marker is appended,
+    /// so `read_committed` readers can never take aborted records for committed ones.
+    /// The caller waits for the high watermark to reach `visible_at`, as for a produce.
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendOutcome, AppendError> {
+        let mut state = self.state.lock();
+        if state.failed {
+            return Err(AppendError::Offline);
+        }
+        if state.producers.epoch(producer_id).is_some_and(|current| current > producer_epoch) {
+            return Err(AppendError::StaleProducerEpoch);
+        }
+        let base_offset = state.log_end_offset;
+        if !commit {
+            if let Some(first_offset) = state.producers.open_transaction(producer_id) {
+                let aborted = AbortedTransaction { producer_id, first_offset, last_offset: base_offset };
+                let log_start = state.log_start_offset;
+                state.aborted.retain(|a| a.last_offset >= log_start && a.last_offset < base_offset);
+                state.aborted.push(aborted);
+                let body = serde_json::to_vec(&state.aborted).map_err(io::Error::other)?;
+                crate::write_file_atomically(&self.dir.join(ABORTED_TRANSACTIONS_FILE), &body)?;
+            }
+        }
+        let marker = batch::transaction_marker(
+            base_offset,
+            leader_epoch,
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch,
+            now_ms,
+        );
+        let header = BatchHeader::parse(&marker).expect("a marker parses");
+        let fsync = self.append_at_end(&mut state, &marker[..16], &marker[16..], &header, now_ms)?;
+        Ok(AppendOutcome {
+            base_offset,
+            log_start_offset: state.log_start_offset,
+            visible_at: state.log_end_offset,
+            needs_sync: fsync,
+            duplicate: false,
+            log_append_time_ms: None,
+        })
+    }
+
+    /// The aborted transactions a `read_committed` fetch of `[from, to)` must name: those
+    /// whose records may lie in that range.
+    pub fn aborted_transactions(&self, from: i64, to: i64) -> Vec<AbortedTransaction> {
+        let state = self.state.lock();
+        state.aborted.iter().filter(|a| a.last_offset >= from && a.first_offset < to).copied().collect()
+    }
+
+    /// Whether `producer_id` has a transaction open in this partition.
+    pub fn has_open_transaction(&self, producer_id: i64) -> bool {
+        self.state.lock().producers.open_transaction(producer_id).is_some()
+    }
+
+    /// The producers with transactions open in this partition: (producer id, epoch,
+    /// first offset), for DescribeProducers.
+    pub fn open_transactions(&self) -> Vec<(i64, i16, i64)> {
+        let state = self.state.lock();
+        state.producers.open_transactions()
+    }
+
     /// The cleaner's next pass over this log, if one is due: the log is compacted and its
     /// dirty share reached `min.cleanable.dirty.ratio`, or dirty data is older than
     /// `max.compaction.lag.ms`, or a kept tombstone's `delete.retention.ms` ran out. Only
-    /// sealed segments wholly below the high watermark and older than
+    /// sealed segments wholly below the last stable offset and older than
     /// `min.compaction.lag.ms` are cleanable: the active segment is never touched.
     pub(crate) fn cleaning_plan(&self, now_ms: i64) -> Option<CleaningPlan> {
         let state = self.state.lock();
@@ -937,7 +1048,8 @@ impl Partition {
             let segment = &state.segments[&base];
             let too_young = config.min_compaction_lag_ms > 0
                 && segment.max_timestamp() > now_ms.saturating_sub(config.min_compaction_lag_ms);
-            if end > state.high_watermark || too_young {
+            // Never past the last stable offset: an open transaction may still abort.
+            if end > last_stable_offset(&state) || too_young {
                 break;
             }
             total_bytes += segment.size_bytes();
@@ -954,7 +1066,12 @@ impl Partition {
         if segments.is_empty() || !(ratio_due || lag_due || tombstones_due) {
             return None;
         }
-        Some(CleaningPlan { segments, cleaned_up_to: state.cleaned_up_to, config: config.clone() })
+        Some(CleaningPlan {
+            segments,
+            cleaned_up_to: state.cleaned_up_to,
+            config: config.clone(),
+            aborted: state.aborted.clone(),
+        })
     }
 
     /// Base offset of `producer_id`'s last batch in this log.
@@ -1114,6 +1231,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     let mut epochs = read_leader_epochs(dir);
     epochs.retain(|&(_, start)| start < log_end_offset);
     let cleaned_up_to = read_offset_file(&dir.join(CLEANER_CHECKPOINT_FILE)).unwrap_or(first_base);
+    let aborted = read_aborted_transactions(dir, log_start_offset, log_end_offset);
     // Kept tombstones' deadlines are not stored: one pass after a start finds them again.
     let tombstones_due_ms = config.cleanup_compact.then_some(0);
     Ok(LogState {
@@ -1127,6 +1245,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         recovered_high_watermark: None,
         epochs,
         producers,
+        aborted,
         cleaned_up_to,
         tombstones_due_ms,
         unflushed_messages: 0,
@@ -1260,6 +1379,26 @@ fn read_leader_epochs(dir: &Path) -> Vec<(i32, i64)> {
 fn write_leader_epochs(dir: &Path, epochs: &[(i32, i64)]) -> io::Result<()> {
     let body = serde_json::to_vec(epochs).map_err(io::Error::other)?;
     crate::write_file_atomically(&dir.join(LEADER_EPOCHS_FILE), &body)
+}
+
+/// The offset `read_committed` readers stop at: the first offset of the oldest open
+/// transaction, or the high watermark.
+fn last_stable_offset(state: &LogState) -> i64 {
+    let open = state.producers.first_open_transaction_offset().unwrap_or(i64::MAX);
+    open.min(state.high_watermark).max(state.log_start_offset)
+}
+
+/// The aborted transactions recorded for `dir` whose markers are within the log.
+fn read_aborted_transactions(dir: &Path, log_start: i64, log_end: i64) -> Vec<AbortedTransaction> {
+    let Ok(body) = std::fs::read(dir.join(ABORTED_TRANSACTIONS_FILE)) else { return Vec::new() };
+    let mut aborted: Vec<AbortedTransaction> = serde_json::from_slice(&body).unwrap_or_else(|error| {
+        tracing::error!(dir = %dir.display(), %error, "unreadable aborted-transactions file");
+        Vec::new()
+    });
+    // An abort recorded whose marker a crash took back is recorded again when the
+    // coordinator writes the marker anew.
+    aborted.retain(|a| a.last_offset >= log_start && a.last_offset < log_end);
+    aborted
 }
 
 fn read_offset_file(path: &Path) -> Option<i64> {

@@ -44,6 +44,10 @@ struct BatchMetadata {
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<BatchMetadata>,
+    /// First offset of the producer's open transaction in this partition (until its
+    /// commit or abort marker).
+    #[serde(default)]
+    open_transaction: Option<i64>,
 }
 
 /// Producer id -> state, for one partition.
@@ -87,15 +91,29 @@ impl ProducerStateTable {
         }
     }
 
-    /// Records a batch that was appended at `header.base_offset`.
+    /// Records a batch that was appended at `header.base_offset`. A transaction marker
+    /// (control batch) closes the producer's open transaction; one with a newer epoch (the
+    /// coordinator fencing the producer) starts that epoch.
     pub fn record(&mut self, header: &BatchHeader) {
         if !header.has_producer_id() {
             return;
         }
-        let entry = self
-            .producers
-            .entry(header.producer_id)
-            .or_insert_with(|| ProducerEntry { epoch: header.producer_epoch, batches: VecDeque::new() });
+        let entry = self.producers.entry(header.producer_id).or_insert_with(|| ProducerEntry {
+            epoch: header.producer_epoch,
+            batches: VecDeque::new(),
+            open_transaction: None,
+        });
+        if header.is_control() {
+            if header.producer_epoch > entry.epoch {
+                entry.epoch = header.producer_epoch;
+                entry.batches.clear();
+            }
+            entry.open_transaction = None;
+            return;
+        }
+        if header.is_transactional() && entry.open_transaction.is_none() {
+            entry.open_transaction = Some(header.base_offset);
+        }
         if header.producer_epoch != entry.epoch {
             entry.epoch = header.producer_epoch;
             entry.batches.clear();
@@ -115,6 +133,32 @@ impl ProducerStateTable {
     /// emptied, so the producer's sequence survives a replay of the log).
     pub fn last_batch_base(&self, producer_id: i64) -> Option<i64> {
         self.producers.get(&producer_id).and_then(|entry| entry.batches.back()).map(|batch| batch.base_offset)
+    }
+
+    /// First offset of `producer_id`'s open transaction, if it has one.
+    pub fn open_transaction(&self, producer_id: i64) -> Option<i64> {
+        self.producers.get(&producer_id).and_then(|entry| entry.open_transaction)
+    }
+
+    /// The first offset of the oldest open transaction: the last stable offset's bound.
+    pub fn first_open_transaction_offset(&self) -> Option<i64> {
+        self.producers.values().filter_map(|entry| entry.open_transaction).min()
+    }
+
+    /// (producer id, epoch, first offset) of every open transaction.
+    pub fn open_transactions(&self) -> Vec<(i64, i16, i64)> {
+        let mut open: Vec<(i64, i16, i64)> = self
+            .producers
+            .iter()
+            .filter_map(|(&id, entry)| entry.open_transaction.map(|first| (id, entry.epoch, first)))
+            .collect();
+        open.sort_unstable();
+        open
+    }
+
+    /// The producer's current epoch.
+    pub fn epoch(&self, producer_id: i64) -> Option<i16> {
+        self.producers.get(&producer_id).map(|entry| entry.epoch)
     }
 
     pub fn producer_count(&self) -> usize {

@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::ResponseError;
-use sluice_storage::{Partition, ReadError, ReadMode};
+use sluice_storage::{Partition, ReadError, ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -58,6 +58,13 @@ pub(super) async fn handle(
     let replica_id =
         if version <= LAST_REPLICA_ID_VERSION { request.replica_id.0 } else { request.replica_state.replica_id.0 };
     let follower = (replica_id >= 0).then_some(replica_id);
+    // A follower copies up to the log end; a read_committed consumer stops at the last
+    // stable offset (KIP-98), others at the high watermark.
+    let limit = match (follower, request.isolation_level) {
+        (Some(_), _) => ReadLimit::LogEnd,
+        (None, READ_COMMITTED) => ReadLimit::LastStable,
+        (None, _) => ReadLimit::HighWatermark,
+    };
     if follower.is_some() && request.cluster_id.as_ref().is_some_and(|id| id.as_str() != broker.topics.cluster_id()) {
         tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
         let mut response = FetchResponse::default();
@@ -135,14 +142,13 @@ pub(super) async fn handle(
                     }
                 })
                 .collect();
-        let pass = match read_all(&targets, max_bytes, follower.is_some(), ReadMode::CachedOnly) {
+        let pass = match read_all(&targets, max_bytes, limit, ReadMode::CachedOnly) {
             Some(read) => read,
             None => {
                 tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
                 let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
-                let for_replica = follower.is_some();
                 let (returned, read) = tokio::task::spawn_blocking(move || {
-                    let read = read_all(&targets, max_bytes, for_replica, ReadMode::MayBlock);
+                    let read = read_all(&targets, max_bytes, limit, ReadMode::MayBlock);
                     (targets, read)
                 })
                 .await
@@ -222,6 +228,23 @@ fn serving_log(
     }
 }
 
+/// Fetch's `isolation_level` for read_committed.
+const READ_COMMITTED: i8 = 1;
+
+/// The aborted transactions a read_committed client needs for `[from, to)`: it drops
+/// their records (those of the producer from the first offset up to the abort marker).
+fn aborted_transactions(log: &Partition, from: i64, to: i64) -> Vec<AbortedTransaction> {
+    log.aborted_transactions(from, to)
+        .into_iter()
+        .map(|aborted| {
+            let mut entry = AbortedTransaction::default();
+            entry.producer_id = ProducerId(aborted.producer_id);
+            entry.first_offset = aborted.first_offset;
+            entry
+        })
+        .collect()
+}
+
 /// What one pass over a fetch's partitions read.
 struct ReadPass {
     /// Data per partition, in the order the fetch reads them.
@@ -232,7 +255,7 @@ struct ReadPass {
 
 /// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
 /// is not in the page cache.
-fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool, mode: ReadMode) -> Option<ReadPass> {
+fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: ReadMode) -> Option<ReadPass> {
     let mut used = 0usize;
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
@@ -253,16 +276,20 @@ fn read_all(targets: &[Target], max_bytes: usize, for_replica: bool, mode: ReadM
             Ok(log) => {
                 let offsets = log.offsets();
                 data.high_watermark = offsets.high_watermark;
-                data.last_stable_offset = offsets.high_watermark;
+                data.last_stable_offset = offsets.last_stable_offset;
                 data.log_start_offset = offsets.log_start_offset;
-                data.aborted_transactions = Some(Vec::new());
+                data.aborted_transactions = Some(if read_limit == ReadLimit::LastStable {
+                    aborted_transactions(log, target.fetch_offset, offsets.last_stable_offset)
+                } else {
+                    Vec::new()
+                });
                 let limit = target.partition_max_bytes.min(max_bytes.saturating_sub(used));
                 let read = if limit == 0 && used > 0 {
                     Ok(Bytes::new())
-                } else if for_replica {
+                } else if read_limit == ReadLimit::LogEnd {
                     log.read_for_replica(target.fetch_offset, limit.max(1), mode)
                 } else {
-                    log.read(target.fetch_offset, limit, used == 0, mode)
+                    log.read_until(target.fetch_offset, limit, used == 0, read_limit, mode)
                 };
                 match read {
                     Ok(records) => {

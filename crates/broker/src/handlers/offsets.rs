@@ -22,6 +22,7 @@ const LEADER_EPOCH_VERSION: i16 = 4;
 
 pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
     let mut response = ListOffsetsResponse::default();
+    let read_committed = request.isolation_level == 1;
     for topic in request.topics {
         let mut topic_response = ListOffsetsTopicResponse::default();
         topic_response.name = topic.name.clone();
@@ -39,7 +40,7 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
                 // A new leader whose high watermark has not caught up with what the previous
                 // leader acknowledged: the client retries (KIP-207).
                 Some(_) if unsettled => result.error_code = ResponseError::OffsetNotAvailable.code(),
-                Some(log) => match lookup(&log, partition.timestamp) {
+                Some(log) => match lookup(&log, partition.timestamp, read_committed) {
                     Ok((offset, timestamp)) => {
                         result.offset = offset;
                         result.timestamp = timestamp;
@@ -60,10 +61,12 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
     response
 }
 
-/// (offset, timestamp) for a ListOffsets query; (-1, -1) when no record matches.
-fn lookup(log: &Partition, query: i64) -> Result<(i64, i64), ReadError> {
+/// (offset, timestamp) for a ListOffsets query; (-1, -1) when no record matches. The
+/// latest offset of a read_committed client is the last stable offset.
+fn lookup(log: &Partition, query: i64, read_committed: bool) -> Result<(i64, i64), ReadError> {
     let offsets = log.offsets();
     match query {
+        LATEST_TIMESTAMP if read_committed => Ok((offsets.last_stable_offset, -1)),
         LATEST_TIMESTAMP => Ok((offsets.high_watermark, -1)),
         EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => Ok((offsets.log_start_offset, -1)),
         LATEST_TIERED_TIMESTAMP => Ok((-1, -1)),
