@@ -16,6 +16,7 @@ pub mod security;
 pub mod server;
 mod topic_config;
 pub mod topics;
+mod txn;
 
 use std::io;
 use std::sync::Arc;
@@ -59,6 +60,8 @@ pub struct Broker {
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
+    /// The transaction coordinator (`txn.rs`); `None` in a cluster (not there yet).
+    transactions: Option<Arc<txn::TransactionCoordinator>>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
     replicas: Option<Arc<replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
@@ -153,6 +156,10 @@ impl Broker {
             }
             Some(_) => GroupCoordinator::replicated(timing, settings),
         };
+        let transactions = match &config.cluster {
+            None => Some(Arc::new(txn::TransactionCoordinator::open(&config.data_dir)?)),
+            Some(_) => None,
+        };
         Ok(Arc::new(Broker {
             config,
             listeners,
@@ -169,6 +176,7 @@ impl Broker {
             fetch_sessions: fetch_session::FetchSessions::default(),
             metrics,
             groups,
+            transactions,
             replicas,
             cluster,
             _data_dir_lock: data_dir_lock,

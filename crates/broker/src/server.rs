@@ -37,6 +37,7 @@ pub async fn serve(
         }
     };
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
+    let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));
     let mut accept_loops = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {
         let configured = &broker.listeners()[index];
@@ -57,6 +58,7 @@ pub async fn serve(
         accept_loop.abort();
     }
     upkeep.abort();
+    transactions_upkeep.abort();
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }
@@ -121,6 +123,19 @@ async fn accept_loop(
             drop(counted);
             drop(permit);
         });
+    }
+}
+
+/// Aborts transactions past their timeout and completes prepared ones (`txn.rs`), as often
+/// as the log upkeep runs and at least every second.
+async fn transactions_upkeep_loop(broker: Arc<Broker>) {
+    let Some(transactions) = broker.transactions.clone() else { return };
+    let period = broker.config().log_retention_check_interval_ms.clamp(10, 1_000);
+    let mut interval = tokio::time::interval(Duration::from_millis(period));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        transactions.upkeep(&broker).await;
     }
 }
 

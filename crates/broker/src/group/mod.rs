@@ -361,6 +361,28 @@ impl GroupCoordinator {
         self.write(&shard, group_id, records, syncer)
     }
 
+    /// Commits the offsets a transaction carried (TxnOffsetCommit), once the transaction
+    /// coordinator decided to commit it: the committer was checked when they were sent.
+    pub(crate) fn commit_transactional_offsets(
+        self: &Arc<Self>,
+        group_id: &str,
+        commits: Vec<(String, i32, CommittedOffset)>,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        validate_group_id(group_id)?;
+        let shard = self.serving(group_id)?;
+        let records: Vec<OffsetRecord> = commits
+            .into_iter()
+            .map(|(topic, partition, value)| OffsetRecord::Commit {
+                group: group_id.to_string(),
+                topic,
+                partition,
+                value,
+            })
+            .collect();
+        self.write(&shard, group_id, records, syncer)
+    }
+
     /// OffsetFetch v9 from a member of a consumer-protocol group must carry its current
     /// epoch; everyone else (classic members, admin tools, unknown groups, whose offsets
     /// come back as -1) may fetch freely.

@@ -650,11 +650,7 @@ pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequ
     let mut response = InitProducerIdResponse::default();
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
-    if request.transactional_id.is_some() {
-        // Transactions need a transaction coordinator, which Sluice does not have yet.
-        response.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
-        return response;
-    }
+    assert!(request.transactional_id.is_none(), "transactional producers go to transactions.rs");
     // KIP-360: an idempotent producer may ask to bump its epoch after a sequence error.
     if request.producer_id.0 >= 0 && request.producer_epoch >= 0 && request.producer_epoch < i16::MAX - 1 {
         response.producer_id = request.producer_id;

@@ -168,10 +168,16 @@ pub(super) fn find_coordinator(
         coordinator.key = key.clone();
         let found = match key_type {
             KEY_TYPE_GROUP => group_coordinator(broker, key.as_str(), listener),
-            // There is no transaction coordinator yet: clients retry and report this.
-            KEY_TYPE_TRANSACTION => {
-                Err((ResponseError::CoordinatorNotAvailable, "transactions are not supported".to_string()))
+            // The single node coordinates every transaction; a cluster has no transaction
+            // coordinator yet (clients retry and report this).
+            KEY_TYPE_TRANSACTION if broker.transactions.is_some() => {
+                let (host, port) = broker.advertised(listener);
+                Ok((broker.node_id(), host, port))
             }
+            KEY_TYPE_TRANSACTION => Err((
+                ResponseError::CoordinatorNotAvailable,
+                "transactions are not supported in cluster mode yet".to_string(),
+            )),
             _ => Err((ResponseError::InvalidRequest, "unknown coordinator key type".to_string())),
         };
         match found {

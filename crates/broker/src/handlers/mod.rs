@@ -13,6 +13,7 @@ mod offsets;
 mod produce;
 mod quotas;
 mod reassignments;
+mod transactions;
 mod users;
 
 use std::future::Future;
@@ -166,8 +167,29 @@ pub(crate) fn dispatch(
         RequestKind::DescribeCluster(request) => {
             ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
         }
+        RequestKind::InitProducerId(request) if request.transactional_id.is_some() => Box::pin(async move {
+            Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, request).await))
+        }),
         RequestKind::InitProducerId(request) => {
             ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
+        }
+        RequestKind::AddPartitionsToTxn(request) => {
+            ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, request)))
+        }
+        RequestKind::AddOffsetsToTxn(request) => {
+            ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, request)))
+        }
+        RequestKind::TxnOffsetCommit(request) => {
+            ready(ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(&broker, request)))
+        }
+        RequestKind::EndTxn(request) => {
+            Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, request).await)) })
+        }
+        RequestKind::ListTransactions(request) => {
+            ready(ResponseKind::ListTransactions(transactions::list(&broker, request)))
+        }
+        RequestKind::DescribeTransactions(request) => {
+            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, request)))
         }
         RequestKind::DescribeConfigs(request) => {
             ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
@@ -402,6 +424,12 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         ConsumerGroupHeartbeat,
         ConsumerGroupDescribe,
         DescribeLogDirs,
+        AddPartitionsToTxn,
+        AddOffsetsToTxn,
+        TxnOffsetCommit,
+        EndTxn,
+        ListTransactions,
+        DescribeTransactions,
     )
 }
 

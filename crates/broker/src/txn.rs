@@ -1,0 +1,471 @@
+//! The transaction coordinator (KIP-98, KIP-447) of a single node.
+//!
+//! One entry per `transactional.id`: its producer id and epoch, its state
+//! (Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort), the
+//! partitions and group offsets it wrote. Every change is written to
+//! `<data_dir>/transactions.json` (atomically, fsynced) before it is answered, so a decision
+//! survives a crash: a transaction found in a Prepare state at startup is completed again.
+//!
+//! Ending a transaction writes a commit or abort marker to each of its partitions
+//! ([`sluice_storage::Partition::append_marker`]) and waits until each is durable; a commit
+//! then applies the offsets sent with it (TxnOffsetCommit) to their groups. A transaction
+//! open longer than its `transaction.timeout.ms` is aborted with the producer's epoch
+//! bumped, which fences the producer, as Kafka does. A transactional batch is appended only
+//! to a partition its producer's open transaction has added (AddPartitionsToTxn), so no
+//! producer can hold a partition's last stable offset back outside a transaction.
+//!
+//! Not yet: a cluster's coordinator (`__transaction_state` replicated with failover), so
+//! in cluster mode transactional producers are refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::group::offsets::CommittedOffset;
+use crate::Broker;
+
+const TRANSACTIONS_FILE: &str = "transactions.json";
+const TRANSACTIONS_FILE_VERSION: u32 = 1;
+/// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.
+pub const TRANSACTION_TIMEOUT_MS_MAX: i32 = 900_000;
+/// The most transactional ids kept (each is a few hundred bytes in memory and on disk).
+pub const TRANSACTIONAL_IDS_MAX: usize = 100_000;
+/// The coordinator epoch written in markers: one coordinator, never moved.
+const COORDINATOR_EPOCH: i32 = 0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum TxnState {
+    Empty,
+    Ongoing,
+    PrepareCommit,
+    PrepareAbort,
+    CompleteCommit,
+    CompleteAbort,
+}
+
+impl TxnState {
+    /// Kafka's name, as ListTransactions and DescribeTransactions report it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TxnState::Empty => "Empty",
+            TxnState::Ongoing => "Ongoing",
+            TxnState::PrepareCommit => "PrepareCommit",
+            TxnState::PrepareAbort => "PrepareAbort",
+            TxnState::CompleteCommit => "CompleteCommit",
+            TxnState::CompleteAbort => "CompleteAbort",
+        }
+    }
+
+    fn is_prepared(self) -> bool {
+        matches!(self, TxnState::PrepareCommit | TxnState::PrepareAbort)
+    }
+}
+
+/// An offset commit sent with a transaction, applied when it commits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PendingOffset {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) leader_epoch: i32,
+    pub(crate) metadata: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TxnMetadata {
+    pub(crate) producer_id: i64,
+    pub(crate) producer_epoch: i16,
+    pub(crate) timeout_ms: i32,
+    pub(crate) state: TxnState,
+    pub(crate) partitions: BTreeSet<(String, i32)>,
+    /// Groups added with AddOffsetsToTxn, with the offsets sent for them.
+    pub(crate) offsets: BTreeMap<String, Vec<PendingOffset>>,
+    pub(crate) started_ms: i64,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct Stored {
+    version: u32,
+    transactions: BTreeMap<String, TxnMetadata>,
+}
+
+pub(crate) struct TransactionCoordinator {
+    path: PathBuf,
+    transactions: Mutex<BTreeMap<String, TxnMetadata>>,
+    /// One completion (markers, offsets) at a time, so EndTxn, a timeout and a restart's
+    /// recovery never write a transaction's markers twice at once.
+    completing: tokio::sync::Mutex<()>,
+}
+
+/// Whether a request's producer id and epoch are the transaction's current ones.
+fn check_producer(meta: &TxnMetadata, producer_id: i64, producer_epoch: i16) -> Result<(), ResponseError> {
+    if meta.producer_id != producer_id {
+        return Err(ResponseError::InvalidProducerIdMapping);
+    }
+    if meta.producer_epoch != producer_epoch {
+        return Err(ResponseError::ProducerFenced);
+    }
+    Ok(())
+}
+
+impl TransactionCoordinator {
+    pub(crate) fn open(data_dir: &std::path::Path) -> io::Result<TransactionCoordinator> {
+        let path = data_dir.join(TRANSACTIONS_FILE);
+        let transactions = match std::fs::read(&path) {
+            Ok(body) => {
+                let stored: Stored = serde_json::from_slice(&body)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+                if stored.version != TRANSACTIONS_FILE_VERSION {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{}: unknown version {}", path.display(), stored.version),
+                    ));
+                }
+                stored.transactions
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(error) => return Err(error),
+        };
+        Ok(TransactionCoordinator { path, transactions: Mutex::new(transactions), completing: Default::default() })
+    }
+
+    /// Makes `transactions` durable (called with the lock held, before answering).
+    fn persist(&self, transactions: &BTreeMap<String, TxnMetadata>) -> Result<(), ResponseError> {
+        let stored = Stored { version: TRANSACTIONS_FILE_VERSION, transactions: transactions.clone() };
+        let body = serde_json::to_vec(&stored).expect("serializable");
+        sluice_storage::write_file_atomically(&self.path, &body).map_err(|error| {
+            tracing::error!(%error, "could not persist transaction state");
+            ResponseError::KafkaStorageError
+        })
+    }
+
+    pub(crate) fn describe(&self, transactional_id: &str) -> Option<TxnMetadata> {
+        self.transactions.lock().get(transactional_id).cloned()
+    }
+
+    pub(crate) fn list(&self) -> Vec<(String, TxnMetadata)> {
+        self.transactions.lock().iter().map(|(id, meta)| (id.clone(), meta.clone())).collect()
+    }
+
+    /// InitProducerId with a `transactional.id`: a new id gets a producer id; a known one
+    /// gets its epoch bumped (fencing any older producer with that id), after its open
+    /// transaction, if any, is aborted.
+    pub(crate) async fn init_producer_id(
+        &self,
+        broker: &Arc<Broker>,
+        transactional_id: &str,
+        timeout_ms: i32,
+    ) -> Result<(i64, i16), ResponseError> {
+        if !(1..=TRANSACTION_TIMEOUT_MS_MAX).contains(&timeout_ms) {
+            return Err(ResponseError::InvalidTransactionTimeout);
+        }
+        loop {
+            let unfinished = {
+                let mut transactions = self.transactions.lock();
+                match transactions.get(transactional_id).cloned() {
+                    None => {
+                        if transactions.len() >= TRANSACTIONAL_IDS_MAX {
+                            return Err(ResponseError::CoordinatorNotAvailable);
+                        }
+                        let producer_id = broker.topics.allocate_producer_id().map_err(|error| {
+                            tracing::warn!(%error, "could not persist producer id block");
+                            ResponseError::KafkaStorageError
+                        })?;
+                        let meta = new_metadata(producer_id, 0, timeout_ms);
+                        transactions.insert(transactional_id.to_string(), meta);
+                        self.persist(&transactions)?;
+                        return Ok((producer_id, 0));
+                    }
+                    Some(meta) if meta.state == TxnState::Ongoing => {
+                        // Abort the old producer's transaction, fencing it with a new epoch.
+                        let meta = transactions.get_mut(transactional_id).expect("present");
+                        meta.producer_epoch = bumped(meta.producer_epoch);
+                        meta.state = TxnState::PrepareAbort;
+                        self.persist(&transactions)?;
+                        true
+                    }
+                    Some(meta) if meta.state.is_prepared() => true,
+                    Some(meta) => {
+                        let (producer_id, producer_epoch) = if meta.producer_epoch >= i16::MAX - 1 {
+                            let producer_id =
+                                broker.topics.allocate_producer_id().map_err(|_| ResponseError::KafkaStorageError)?;
+                            (producer_id, 0)
+                        } else {
+                            (meta.producer_id, meta.producer_epoch + 1)
+                        };
+                        transactions.insert(
+                            transactional_id.to_string(),
+                            new_metadata(producer_id, producer_epoch, timeout_ms),
+                        );
+                        self.persist(&transactions)?;
+                        return Ok((producer_id, producer_epoch));
+                    }
+                }
+            };
+            if unfinished {
+                self.complete(broker, transactional_id).await?;
+            }
+        }
+    }
+
+    /// AddPartitionsToTxn: the partitions the producer is about to write in its transaction.
+    pub(crate) fn add_partitions(
+        &self,
+        broker: &Broker,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> Result<(), ResponseError> {
+        for (topic, partition) in partitions {
+            if broker.partition(topic, *partition).is_none() {
+                return Err(ResponseError::UnknownTopicOrPartition);
+            }
+        }
+        self.update_ongoing(transactional_id, producer_id, producer_epoch, |meta| {
+            meta.partitions.extend(partitions.iter().cloned());
+        })
+    }
+
+    /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`.
+    pub(crate) fn add_offsets(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        group_id: &str,
+    ) -> Result<(), ResponseError> {
+        self.update_ongoing(transactional_id, producer_id, producer_epoch, |meta| {
+            meta.offsets.entry(group_id.to_string()).or_default();
+        })
+    }
+
+    /// TxnOffsetCommit: offsets to commit for `group_id` if the transaction commits.
+    pub(crate) fn commit_offsets(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        group_id: &str,
+        offsets: Vec<PendingOffset>,
+    ) -> Result<(), ResponseError> {
+        let mut transactions = self.transactions.lock();
+        let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+        check_producer(meta, producer_id, producer_epoch)?;
+        if meta.state != TxnState::Ongoing {
+            return Err(ResponseError::InvalidTxnState);
+        }
+        let pending = meta.offsets.get_mut(group_id).ok_or(ResponseError::InvalidTxnState)?;
+        for offset in offsets {
+            pending.retain(|p| (p.topic.as_str(), p.partition) != (offset.topic.as_str(), offset.partition));
+            pending.push(offset);
+        }
+        self.persist(&transactions)
+    }
+
+    fn update_ongoing(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        change: impl FnOnce(&mut TxnMetadata),
+    ) -> Result<(), ResponseError> {
+        let mut transactions = self.transactions.lock();
+        let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+        check_producer(meta, producer_id, producer_epoch)?;
+        match meta.state {
+            TxnState::PrepareCommit | TxnState::PrepareAbort => return Err(ResponseError::ConcurrentTransactions),
+            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
+                meta.state = TxnState::Ongoing;
+                meta.started_ms = sluice_storage::now_ms();
+                meta.partitions.clear();
+                meta.offsets.clear();
+            }
+            TxnState::Ongoing => {}
+        }
+        change(meta);
+        self.persist(&transactions)
+    }
+
+    /// EndTxn: commits or aborts the producer's transaction; answers once every marker is
+    /// durable (and, for a commit, the offsets are committed).
+    pub(crate) async fn end(
+        &self,
+        broker: &Arc<Broker>,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+    ) -> Result<(), ResponseError> {
+        {
+            let mut transactions = self.transactions.lock();
+            let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+            check_producer(meta, producer_id, producer_epoch)?;
+            match (meta.state, commit) {
+                (TxnState::Ongoing, _) => {
+                    meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
+                    self.persist(&transactions)?;
+                }
+                // A retry of an EndTxn that was already decided.
+                (TxnState::PrepareCommit | TxnState::CompleteCommit, true)
+                | (TxnState::PrepareAbort | TxnState::CompleteAbort, false) => {}
+                // Aborting a transaction that never started is a no-op (librdkafka does it).
+                (TxnState::Empty, false) => return Ok(()),
+                _ => return Err(ResponseError::InvalidTxnState),
+            }
+        }
+        self.complete(broker, transactional_id).await
+    }
+
+    /// Finishes a prepared transaction: writes its markers, waits until they are durable,
+    /// applies its offsets on commit, then records it complete.
+    async fn complete(&self, broker: &Arc<Broker>, transactional_id: &str) -> Result<(), ResponseError> {
+        let _one_at_a_time = self.completing.lock().await;
+        let Some(meta) = self.describe(transactional_id) else { return Ok(()) };
+        let commit = match meta.state {
+            TxnState::PrepareCommit => true,
+            TxnState::PrepareAbort => false,
+            _ => return Ok(()),
+        };
+        let now_ms = sluice_storage::now_ms();
+        let mut waits = Vec::new();
+        for (topic, partition) in &meta.partitions {
+            let Some(log) = broker.partition(topic, *partition) else { continue };
+            match log.append_marker(
+                meta.producer_id,
+                meta.producer_epoch,
+                commit,
+                COORDINATOR_EPOCH,
+                crate::LEADER_EPOCH,
+                now_ms,
+            ) {
+                Ok(outcome) => {
+                    if outcome.needs_sync {
+                        broker.logs.syncer().schedule(&log);
+                    }
+                    waits.push((log.subscribe(), outcome.visible_at));
+                }
+                Err(sluice_storage::AppendError::StaleProducerEpoch) => {}
+                Err(error) => {
+                    tracing::warn!(topic, partition, %error, "could not write a transaction marker; will retry");
+                    return Err(ResponseError::KafkaStorageError);
+                }
+            }
+        }
+        for (mut visible, at) in waits {
+            let reached = visible.wait_for(|v| v.high_watermark >= at || v.failed).await;
+            if !reached.is_ok_and(|v| v.high_watermark >= at) {
+                return Err(ResponseError::KafkaStorageError);
+            }
+        }
+        if commit {
+            for (group_id, offsets) in &meta.offsets {
+                let commits = offsets
+                    .iter()
+                    .map(|p| {
+                        let value = CommittedOffset {
+                            offset: p.offset,
+                            leader_epoch: p.leader_epoch,
+                            metadata: p.metadata.clone(),
+                            commit_timestamp_ms: now_ms,
+                        };
+                        (p.topic.clone(), p.partition, value)
+                    })
+                    .collect();
+                let write = broker.groups.commit_transactional_offsets(group_id, commits, broker.logs.syncer());
+                let written = match write {
+                    Ok(write) => write.await,
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = written {
+                    tracing::warn!(group_id, ?error, "could not commit a transaction's offsets; will retry");
+                    return Err(ResponseError::CoordinatorLoadInProgress);
+                }
+            }
+        }
+        let mut transactions = self.transactions.lock();
+        if let Some(current) = transactions.get_mut(transactional_id) {
+            if current.state == meta.state && current.producer_epoch == meta.producer_epoch {
+                current.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
+                current.partitions.clear();
+                current.offsets.clear();
+                self.persist(&transactions)?;
+            }
+        }
+        tracing::debug!(transactional_id, commit, "transaction completed");
+        Ok(())
+    }
+
+    /// Whether a transactional batch of `producer_id` may go to this partition: only as
+    /// part of its open transaction that added the partition (else INVALID_TXN_STATE).
+    pub(crate) fn verify_write(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(), ResponseError> {
+        let transactions = self.transactions.lock();
+        let meta = transactions.values().find(|meta| meta.producer_id == producer_id);
+        match meta {
+            None => Err(ResponseError::InvalidProducerIdMapping),
+            Some(meta) if meta.producer_epoch > producer_epoch => Err(ResponseError::InvalidProducerEpoch),
+            Some(meta)
+                if meta.state == TxnState::Ongoing && meta.partitions.contains(&(topic.to_string(), partition)) =>
+            {
+                Ok(())
+            }
+            Some(_) => Err(ResponseError::InvalidTxnState),
+        }
+    }
+
+    /// Periodic upkeep: aborts transactions open past their timeout (bumping the epoch, so
+    /// their producer is fenced) and completes those left prepared (a failed marker write,
+    /// or a restart).
+    pub(crate) async fn upkeep(&self, broker: &Arc<Broker>) {
+        let now_ms = sluice_storage::now_ms();
+        let due: Vec<String> = {
+            let mut transactions = self.transactions.lock();
+            let mut changed = false;
+            for (id, meta) in transactions.iter_mut() {
+                if meta.state == TxnState::Ongoing && now_ms - meta.started_ms > i64::from(meta.timeout_ms) {
+                    tracing::info!(transactional_id = id, "aborting a transaction past its timeout");
+                    meta.producer_epoch = bumped(meta.producer_epoch);
+                    meta.state = TxnState::PrepareAbort;
+                    changed = true;
+                }
+            }
+            if changed && self.persist(&transactions).is_err() {
+                return;
+            }
+            transactions.iter().filter(|(_, meta)| meta.state.is_prepared()).map(|(id, _)| id.clone()).collect()
+        };
+        for id in due {
+            if let Err(error) = self.complete(broker, &id).await {
+                tracing::warn!(transactional_id = id, ?error, "completing a transaction failed; will retry");
+            }
+        }
+    }
+}
+
+fn new_metadata(producer_id: i64, producer_epoch: i16, timeout_ms: i32) -> TxnMetadata {
+    TxnMetadata {
+        producer_id,
+        producer_epoch,
+        timeout_ms,
+        state: TxnState::Empty,
+        partitions: BTreeSet::new(),
+        offsets: BTreeMap::new(),
+        started_ms: -1,
+    }
+}
+
+/// The next epoch (a fenced producer's epoch never comes back).
+fn bumped(epoch: i16) -> i16 {
+    epoch.saturating_add(1)
+}
