@@ -401,6 +401,19 @@ impl TransactionCoordinator {
         Ok(())
     }
 
+    /// Whether an open or deciding transaction holds offsets of `group_id` for this
+    /// partition that are not committed yet (OffsetFetch with `require_stable`).
+    pub(crate) fn has_pending_offsets(&self, group_id: &str, topic: &str, partition: i32) -> bool {
+        let transactions = self.transactions.lock();
+        transactions.values().any(|meta| {
+            matches!(meta.state, TxnState::Ongoing | TxnState::PrepareCommit)
+                && meta
+                    .offsets
+                    .get(group_id)
+                    .is_some_and(|offsets| offsets.iter().any(|o| o.topic == topic && o.partition == partition))
+        })
+    }
+
     /// Whether a transactional batch of `producer_id` may go to this partition: only as
     /// part of its open transaction that added the partition (else INVALID_TXN_STATE).
     pub(crate) fn verify_write(

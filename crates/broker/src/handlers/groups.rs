@@ -441,6 +441,13 @@ fn fetch_partition_default(partition: i32, value: Option<CommittedOffset>) -> (i
 pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
     let coordinator = coordinator(broker);
     let mut response = OffsetFetchResponse::default();
+    // KIP-447: a client that asks for stable offsets (read_committed consumers) is told to
+    // retry while a transaction holds offsets for the partition that are not yet committed,
+    // so it never resumes from an offset the transaction is about to move.
+    let unstable = |group: &str, topic: &str, partition: i32| {
+        request.require_stable
+            && broker.transactions.as_ref().is_some_and(|t| t.has_pending_offsets(group, topic, partition))
+    };
     if version < OFFSET_FETCH_GROUPS_VERSION {
         let query: OffsetQuery =
             request.topics.map(|ts| ts.into_iter().map(|t| (t.name.to_string(), t.partition_indexes)).collect());
@@ -459,6 +466,9 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
             for (partition, value) in partitions {
                 let (index, offset, epoch, metadata) = fetch_partition_default(partition, value);
                 let mut p = OffsetFetchResponsePartition::default();
+                if unstable(request.group_id.as_str(), &topic, partition) {
+                    p.error_code = ResponseError::UnstableOffsetCommit.code();
+                }
                 p.partition_index = index;
                 p.committed_offset = offset;
                 p.committed_leader_epoch = epoch;
@@ -492,6 +502,9 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
             for (partition, value) in partitions {
                 let (index, offset, epoch, metadata) = fetch_partition_default(partition, value);
                 let mut p = OffsetFetchResponsePartitions::default();
+                if unstable(group.group_id.as_str(), &topic, partition) {
+                    p.error_code = ResponseError::UnstableOffsetCommit.code();
+                }
                 p.partition_index = index;
                 p.committed_offset = offset;
                 p.committed_leader_epoch = epoch;

@@ -167,29 +167,33 @@ pub(crate) fn dispatch(
         RequestKind::DescribeCluster(request) => {
             ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
         }
-        RequestKind::InitProducerId(request) if request.transactional_id.is_some() => Box::pin(async move {
-            Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, request).await))
-        }),
+        RequestKind::InitProducerId(request) if request.transactional_id.is_some() => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, &session, request).await))
+            })
+        }
         RequestKind::InitProducerId(request) => {
             ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
         }
         RequestKind::AddPartitionsToTxn(request) => {
-            ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, request)))
+            ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, &session, request)))
         }
         RequestKind::AddOffsetsToTxn(request) => {
-            ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, request)))
+            ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, &session, request)))
         }
         RequestKind::TxnOffsetCommit(request) => {
-            ready(ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(&broker, request)))
+            ready(ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(&broker, &session, request)))
         }
         RequestKind::EndTxn(request) => {
-            Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, request).await)) })
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, &session, request).await)) })
         }
         RequestKind::ListTransactions(request) => {
-            ready(ResponseKind::ListTransactions(transactions::list(&broker, request)))
+            ready(ResponseKind::ListTransactions(transactions::list(&broker, &session, request)))
         }
         RequestKind::DescribeTransactions(request) => {
-            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, request)))
+            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, &session, request)))
         }
         RequestKind::DescribeConfigs(request) => {
             ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))

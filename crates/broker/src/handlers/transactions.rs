@@ -20,26 +20,50 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::ResponseError;
 
-use super::str_bytes;
+use super::{str_bytes, Session};
+use crate::security::acl;
 use crate::txn::{PendingOffset, TransactionCoordinator};
 use crate::Broker;
+
+/// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
+/// READ on the group, where the request names them).
+fn may_write_transaction(broker: &Broker, session: &Session, transactional_id: &str) -> Result<(), ResponseError> {
+    if broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TRANSACTIONAL_ID, transactional_id) {
+        Ok(())
+    } else {
+        Err(ResponseError::TransactionalIdAuthorizationFailed)
+    }
+}
+
+fn may_read_group(broker: &Broker, session: &Session, group_id: &str) -> Result<(), ResponseError> {
+    if broker.authorized(session, acl::OP_READ, acl::RESOURCE_GROUP, group_id) {
+        Ok(())
+    } else {
+        Err(ResponseError::GroupAuthorizationFailed)
+    }
+}
 
 /// The coordinator, or the error a cluster node answers (transactions are single-node for now).
 fn coordinator(broker: &Broker) -> Result<&Arc<TransactionCoordinator>, ResponseError> {
     broker.transactions.as_ref().ok_or(ResponseError::CoordinatorNotAvailable)
 }
 
-pub(super) async fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequest) -> InitProducerIdResponse {
+pub(super) async fn init_producer_id(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: InitProducerIdRequest,
+) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
     let transactional_id = request.transactional_id.as_ref().map(|id| id.to_string()).unwrap_or_default();
-    let result = match coordinator(broker) {
-        Ok(coordinator) => {
-            coordinator.init_producer_id(broker, &transactional_id, request.transaction_timeout_ms).await
-        }
-        Err(error) => Err(error),
-    };
+    let result =
+        match coordinator(broker).and_then(|c| may_write_transaction(broker, session, &transactional_id).map(|()| c)) {
+            Ok(coordinator) => {
+                coordinator.init_producer_id(broker, &transactional_id, request.transaction_timeout_ms).await
+            }
+            Err(error) => Err(error),
+        };
     match result {
         Ok((producer_id, producer_epoch)) => {
             response.producer_id = ProducerId(producer_id);
@@ -50,21 +74,32 @@ pub(super) async fn init_producer_id(broker: &Arc<Broker>, request: InitProducer
     response
 }
 
-pub(super) fn add_partitions(broker: &Arc<Broker>, request: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+pub(super) fn add_partitions(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: AddPartitionsToTxnRequest,
+) -> AddPartitionsToTxnResponse {
     let partitions: Vec<(String, i32)> = request
         .v3_and_below_topics
         .iter()
         .flat_map(|topic| topic.partitions.iter().map(|&p| (topic.name.to_string(), p)))
         .collect();
-    let result = coordinator(broker).and_then(|coordinator| {
-        coordinator.add_partitions(
-            broker,
-            request.v3_and_below_transactional_id.as_str(),
-            request.v3_and_below_producer_id.0,
-            request.v3_and_below_producer_epoch,
-            &partitions,
-        )
-    });
+    let topics_writable = request
+        .v3_and_below_topics
+        .iter()
+        .all(|topic| broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name));
+    let result = may_write_transaction(broker, session, request.v3_and_below_transactional_id.as_str())
+        .and_then(|()| if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) })
+        .and_then(|()| coordinator(broker))
+        .and_then(|coordinator| {
+            coordinator.add_partitions(
+                broker,
+                request.v3_and_below_transactional_id.as_str(),
+                request.v3_and_below_producer_id.0,
+                request.v3_and_below_producer_epoch,
+                &partitions,
+            )
+        });
     let code = match result {
         Ok(()) => 0,
         Err(error) => error.code(),
@@ -92,9 +127,15 @@ pub(super) fn add_partitions(broker: &Arc<Broker>, request: AddPartitionsToTxnRe
     response
 }
 
-pub(super) fn add_offsets(broker: &Arc<Broker>, request: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+pub(super) fn add_offsets(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: AddOffsetsToTxnRequest,
+) -> AddOffsetsToTxnResponse {
     let result = crate::group::validate_group_id(request.group_id.as_str())
         .map_err(|_| ResponseError::InvalidGroupId)
+        .and_then(|()| may_write_transaction(broker, session, request.transactional_id.as_str()))
+        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
         .and_then(|()| coordinator(broker))
         .and_then(|coordinator| {
             coordinator.add_offsets(
@@ -111,7 +152,11 @@ pub(super) fn add_offsets(broker: &Arc<Broker>, request: AddOffsetsToTxnRequest)
     response
 }
 
-pub(super) fn txn_offset_commit(broker: &Arc<Broker>, request: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+pub(super) fn txn_offset_commit(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: TxnOffsetCommitRequest,
+) -> TxnOffsetCommitResponse {
     let offsets: Vec<PendingOffset> = request
         .topics
         .iter()
@@ -125,15 +170,18 @@ pub(super) fn txn_offset_commit(broker: &Arc<Broker>, request: TxnOffsetCommitRe
             })
         })
         .collect();
-    let result = coordinator(broker).and_then(|coordinator| {
-        coordinator.commit_offsets(
-            request.transactional_id.as_str(),
-            request.producer_id.0,
-            request.producer_epoch,
-            request.group_id.as_str(),
-            offsets,
-        )
-    });
+    let result = may_write_transaction(broker, session, request.transactional_id.as_str())
+        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
+        .and_then(|()| coordinator(broker))
+        .and_then(|coordinator| {
+            coordinator.commit_offsets(
+                request.transactional_id.as_str(),
+                request.producer_id.0,
+                request.producer_epoch,
+                request.group_id.as_str(),
+                offsets,
+            )
+        });
     let code = match result {
         Ok(()) => 0,
         Err(error) => error.code(),
@@ -161,8 +209,9 @@ pub(super) fn txn_offset_commit(broker: &Arc<Broker>, request: TxnOffsetCommitRe
     response
 }
 
-pub(super) async fn end(broker: &Arc<Broker>, request: EndTxnRequest) -> EndTxnResponse {
-    let result = match coordinator(broker) {
+pub(super) async fn end(broker: &Arc<Broker>, session: &Session, request: EndTxnRequest) -> EndTxnResponse {
+    let allowed = may_write_transaction(broker, session, request.transactional_id.as_str());
+    let result = match allowed.and_then(|()| coordinator(broker)) {
         Ok(coordinator) => {
             coordinator
                 .end(
@@ -185,7 +234,11 @@ pub(super) async fn end(broker: &Arc<Broker>, request: EndTxnRequest) -> EndTxnR
     response
 }
 
-pub(super) fn list(broker: &Arc<Broker>, request: ListTransactionsRequest) -> ListTransactionsResponse {
+pub(super) fn list(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: ListTransactionsRequest,
+) -> ListTransactionsResponse {
     let mut response = ListTransactionsResponse::default();
     let Ok(coordinator) = coordinator(broker) else { return response };
     let known = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"];
@@ -198,7 +251,8 @@ pub(super) fn list(broker: &Arc<Broker>, request: ListTransactionsRequest) -> Li
             || request.producer_id_filters.iter().any(|p| p.0 == meta.producer_id);
         let long_enough = request.duration_filter < 0
             || (meta.state == crate::txn::TxnState::Ongoing && now_ms - meta.started_ms >= request.duration_filter);
-        if state_ok && producer_ok && long_enough {
+        let visible = broker.authorized(session, acl::OP_DESCRIBE, acl::RESOURCE_TRANSACTIONAL_ID, &id);
+        if state_ok && producer_ok && long_enough && visible {
             let mut state = list_transactions_response::TransactionState::default();
             state.transactional_id = TransactionalId(str_bytes(&id));
             state.producer_id = ProducerId(meta.producer_id);
@@ -209,7 +263,11 @@ pub(super) fn list(broker: &Arc<Broker>, request: ListTransactionsRequest) -> Li
     response
 }
 
-pub(super) fn describe(broker: &Arc<Broker>, request: DescribeTransactionsRequest) -> DescribeTransactionsResponse {
+pub(super) fn describe(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
     let mut response = DescribeTransactionsResponse::default();
     for id in request.transactional_ids {
         let mut state = describe_transactions_response::TransactionState::default();
@@ -218,7 +276,12 @@ pub(super) fn describe(broker: &Arc<Broker>, request: DescribeTransactionsReques
         state.producer_epoch = -1;
         state.transaction_start_time_ms = -1;
         state.transaction_state = str_bytes("");
-        match coordinator(broker).map(|coordinator| coordinator.describe(id.as_str())) {
+        let described = if broker.authorized(session, acl::OP_DESCRIBE, acl::RESOURCE_TRANSACTIONAL_ID, &id) {
+            coordinator(broker).map(|coordinator| coordinator.describe(id.as_str()))
+        } else {
+            Err(ResponseError::TransactionalIdAuthorizationFailed)
+        };
+        match described {
             Err(error) => state.error_code = error.code(),
             Ok(None) => state.error_code = ResponseError::TransactionalIdNotFound.code(),
             Ok(Some(meta)) => {
