@@ -177,23 +177,23 @@ pub(crate) fn dispatch(
             ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
         }
         RequestKind::AddPartitionsToTxn(request) => {
-            ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, &session, request)))
+            ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, session, request)))
         }
         RequestKind::AddOffsetsToTxn(request) => {
-            ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, &session, request)))
+            ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, session, request)))
         }
         RequestKind::TxnOffsetCommit(request) => {
-            ready(ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(&broker, &session, request)))
+            ready(ResponseKind::TxnOffsetCommit(transactions::txn_offset_commit(&broker, session, request)))
         }
         RequestKind::EndTxn(request) => {
             let session = session.clone();
             Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, &session, request).await)) })
         }
         RequestKind::ListTransactions(request) => {
-            ready(ResponseKind::ListTransactions(transactions::list(&broker, &session, request)))
+            ready(ResponseKind::ListTransactions(transactions::list(&broker, session, request)))
         }
         RequestKind::DescribeTransactions(request) => {
-            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, &session, request)))
+            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, session, request)))
         }
         RequestKind::DescribeConfigs(request) => {
             ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))

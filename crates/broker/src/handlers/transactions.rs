@@ -89,7 +89,7 @@ pub(super) fn add_partitions(
         .iter()
         .all(|topic| broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name));
     let result = may_write_transaction(broker, session, request.v3_and_below_transactional_id.as_str())
-        .and_then(|()| if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) })
+        .and(if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) })
         .and_then(|()| coordinator(broker))
         .and_then(|coordinator| {
             coordinator.add_partitions(
