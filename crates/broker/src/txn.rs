@@ -414,15 +414,18 @@ impl TransactionCoordinator {
         })
     }
 
-    /// Whether a transactional batch of `producer_id` may go to this partition: only as
-    /// part of its open transaction that added the partition (else INVALID_TXN_STATE).
-    pub(crate) fn verify_write(
+    /// Appends a transactional batch of `producer_id` with `append`, only as part of its
+    /// open transaction that added this partition (else INVALID_TXN_STATE). The append
+    /// runs under the coordinator's lock, so the transaction cannot move to Prepare between
+    /// the check and the append: every batch lands before its transaction's markers.
+    pub(crate) fn append_verified<R>(
         &self,
         producer_id: i64,
         producer_epoch: i16,
         topic: &str,
         partition: i32,
-    ) -> Result<(), ResponseError> {
+        append: impl FnOnce() -> R,
+    ) -> Result<R, ResponseError> {
         let transactions = self.transactions.lock();
         let meta = transactions.values().find(|meta| meta.producer_id == producer_id);
         match meta {
@@ -431,7 +434,7 @@ impl TransactionCoordinator {
             Some(meta)
                 if meta.state == TxnState::Ongoing && meta.partitions.contains(&(topic.to_string(), partition)) =>
             {
-                Ok(())
+                Ok(append())
             }
             Some(_) => Err(ResponseError::InvalidTxnState),
         }

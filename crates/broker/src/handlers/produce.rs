@@ -72,9 +72,9 @@ pub(super) fn append(
                 (Err(error), _) => Err(Refusal::from(*error)),
                 (Ok(_), None) => Err(Refusal::from(ResponseError::CorruptMessage)),
                 (Ok(leader), Some(records)) => {
-                    let appended = verify_transactional(broker, &records, &topic.name, data.index).and_then(|()| {
-                        append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index)
-                    });
+                    let append =
+                        || append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index);
+                    let appended = append_transactional(broker, &records, &topic.name, data.index, append);
                     if let Some(outcome) = appended.as_ref().ok().filter(|outcome| !outcome.duplicate) {
                         topic_bytes += records.len() as u64;
                         topic_records += (outcome.visible_at - outcome.base_offset).max(0) as u64;
@@ -225,15 +225,19 @@ fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result
 /// A transactional batch goes only to a partition its producer's open transaction added
 /// (AddPartitionsToTxn), as Kafka checks since KIP-890: otherwise a stray or late batch
 /// would hold the partition's last stable offset back with no transaction to end it.
-fn verify_transactional(broker: &Broker, records: &bytes::Bytes, topic: &str, partition: i32) -> Result<(), Refusal> {
-    let Ok(header) = sluice_storage::batch::BatchHeader::parse(records) else { return Ok(()) };
-    if !header.is_transactional() {
-        return Ok(());
-    }
+fn append_transactional(
+    broker: &Broker,
+    records: &bytes::Bytes,
+    topic: &str,
+    partition: i32,
+    append: impl FnOnce() -> Result<sluice_storage::AppendOutcome, Refusal>,
+) -> Result<sluice_storage::AppendOutcome, Refusal> {
+    let transactional = sluice_storage::batch::BatchHeader::parse(records).ok().filter(|h| h.is_transactional());
+    let Some(header) = transactional else { return append() };
     let Some(transactions) = &broker.transactions else {
         return Err(Refusal::from(ResponseError::InvalidTxnState));
     };
-    transactions.verify_write(header.producer_id, header.producer_epoch, topic, partition).map_err(Refusal::from)
+    transactions.append_verified(header.producer_id, header.producer_epoch, topic, partition, append)?
 }
 
 /// Why a partition's batch was refused: the error code, and for errors about the batch's
