@@ -349,16 +349,7 @@ impl GroupCoordinator {
                 None => return Err(GroupError::IllegalGeneration),
             }
         }
-        let records: Vec<OffsetRecord> = commits
-            .into_iter()
-            .map(|(topic, partition, value)| OffsetRecord::Commit {
-                group: group_id.to_string(),
-                topic,
-                partition,
-                value,
-            })
-            .collect();
-        self.write(&shard, group_id, records, syncer)
+        self.write_commits(&shard, group_id, commits, syncer)
     }
 
     /// Commits the offsets a transaction carried (TxnOffsetCommit), once the transaction
@@ -371,6 +362,17 @@ impl GroupCoordinator {
     ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         validate_group_id(group_id)?;
         let shard = self.serving(group_id)?;
+        self.write_commits(&shard, group_id, commits, syncer)
+    }
+
+    /// Appends offset commits to the group's offsets log.
+    fn write_commits(
+        self: &Arc<Self>,
+        shard: &Arc<shards::ShardLog>,
+        group_id: &str,
+        commits: Vec<(String, i32, CommittedOffset)>,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         let records: Vec<OffsetRecord> = commits
             .into_iter()
             .map(|(topic, partition, value)| OffsetRecord::Commit {
@@ -380,7 +382,7 @@ impl GroupCoordinator {
                 value,
             })
             .collect();
-        self.write(&shard, group_id, records, syncer)
+        self.write(shard, group_id, records, syncer)
     }
 
     /// OffsetFetch v9 from a member of a consumer-protocol group must carry its current
