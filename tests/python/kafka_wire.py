@@ -817,6 +817,7 @@ class TopicMetadata:
     error: int
     partitions: dict[int, PartitionMetadata]
     internal: bool
+    topic_id: bytes | None = None  # v10 and later
 
 
 @dataclass
@@ -859,14 +860,13 @@ def parse_metadata_response(r: Reader, v: int) -> MetadataResponse:
     def topic(rr: Reader):
         err = rr.i16()
         name = rr.string()
-        if v >= 10:
-            rr._take(16)
+        topic_id = bytes(rr._take(16)) if v >= 10 else None
         internal = rr.boolean() if v >= 1 else False
         parts = dict(rr.array(part))
         if v >= 8:
             rr.i32()
         rr.tags()
-        return name, TopicMetadata(err, parts, internal)
+        return name, TopicMetadata(err, parts, internal, topic_id)
 
     return MetadataResponse(sorted(brokers), controller_id, dict(r.array(topic)))
 

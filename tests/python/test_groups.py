@@ -15,8 +15,16 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupState, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
 
 import kafka_wire as kw
 from java_support import run_java, tools_cp  # noqa: F401  (tools_cp is a fixture)
@@ -398,3 +406,73 @@ def test_consumer_group_command_describes_members_and_lag(gbroker, tools_cp):
         assert "cgc-client" in res.stdout and "2" in res.stdout, res.report()
     finally:
         member.close()
+
+
+def test_single_node_lists_consumer_offsets_like_a_cluster(gbroker):
+    """A single node lists `__consumer_offsets` in Metadata as a cluster does: internal, one
+    partition led here, with a stable topic id; a consumer can read the committed-offset
+    records from it, and clients can neither write to it nor delete, grow or reconfigure it."""
+    topic, group = "offsets-listed", "g-offsets-listed"
+    create_topic(gbroker.bootstrap, topic, 1)
+    produce(gbroker.bootstrap, topic, 10, 1)
+    with kw.Conn.to(gbroker.bootstrap) as conn:
+        listed = conn.metadata_detail(None, version=12)
+    offsets_topic = listed.topics["__consumer_offsets"]
+    assert offsets_topic.internal and not listed.topics[topic].internal
+    assert sorted(offsets_topic.partitions) == [0], offsets_topic
+    topic_id = offsets_topic.topic_id
+    assert topic_id and topic_id != bytes(16)
+
+    # (The Java client leaves internal topics out of pattern subscriptions by this flag; the
+    # KIP-848 server-side regex does the same, see test_consumer_protocol.py.)
+    member = Member(gbroker.bootstrap, group, topic)
+    poll_until([member], lambda: member.partitions() == [0], 30, "assignment")
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 10 and time.monotonic() < deadline:
+        msg = member.poll(0.1)
+        if msg is not None:
+            got.append(msg.value())
+    assert len(got) == 10, got
+    member.consumer.commit(asynchronous=False)
+    member.close()
+
+    # The commit is a record of `__consumer_offsets` partition 0, readable like Kafka's.
+    reader = Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": "offsets-reader",
+                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    reader.assign([TopicPartition("__consumer_offsets", 0, 0)])
+    keys = []
+    deadline = time.monotonic() + 20
+    while not any(group.encode() in k for k in keys) and time.monotonic() < deadline:
+        msg = reader.poll(0.2)
+        if msg is not None and msg.error() is None:
+            keys.append(msg.key() or b"")
+    reader.close()
+    assert any(group.encode() in k and topic.encode() in k for k in keys), keys[:5]
+
+    # Clients cannot write to it, delete it, grow it or change its configs.
+    p = Producer({"bootstrap.servers": gbroker.bootstrap, "message.timeout.ms": 5000})
+    errors = []
+    p.produce("__consumer_offsets", value=b"x", partition=0, on_delivery=lambda err, _m: errors.append(err))
+    p.flush(10)
+    assert errors and errors[0] is not None and errors[0].code() == KafkaError.TOPIC_EXCEPTION, errors
+    admin = AdminClient({"bootstrap.servers": gbroker.bootstrap})
+    with pytest.raises(KafkaException):
+        admin.delete_topics(["__consumer_offsets"])["__consumer_offsets"].result(10)
+    with pytest.raises(KafkaException):
+        admin.create_partitions([NewPartitions("__consumer_offsets", 4)])["__consumer_offsets"].result(10)
+    res = ConfigResource(ResourceType.TOPIC, "__consumer_offsets",
+                         incremental_configs=[ConfigEntry("retention.ms", "1000",
+                                                          incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException):
+        admin.incremental_alter_configs([res])[res].result(10)
+    described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, "__consumer_offsets")])
+    configs = list(described.values())[0].result(10)
+    assert configs["cleanup.policy"].value == "compact", configs["cleanup.policy"]
+
+    # Same id after a restart: a client caching topic ids is not confused.
+    gbroker.kill()
+    gbroker.start()
+    with kw.Conn.to(gbroker.bootstrap) as conn:
+        again = conn.metadata_detail(None, version=12)
+    assert again.topics["__consumer_offsets"].topic_id == topic_id

@@ -152,6 +152,7 @@ impl Broker {
         // `__consumer_offsets` partitions this node leads, as the metadata says.
         let groups = match &config.cluster {
             None => {
+                topics.register_local_offsets_topic(config.offsets_topic_segment_bytes);
                 GroupCoordinator::open_local(&config.data_dir, timing, settings, config.offsets_topic_segment_bytes)?
             }
             Some(_) => GroupCoordinator::replicated(timing, settings),
@@ -230,6 +231,7 @@ impl Broker {
     /// The log of a partition this node leads (on a single node: every partition).
     pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
         match &self.replicas {
+            None if topics::is_internal(topic) => self.groups.offsets_partition(partition),
             None => self.logs.get(&TopicPartition::new(topic, partition)),
             Some(replicas) => {
                 let replica = replicas.get(topic, partition)?;

@@ -109,6 +109,11 @@ impl TopicCatalog {
     }
 }
 
+/// Whether `name` is a topic of the broker's own (clients see it flagged internal).
+pub fn is_internal(name: &str) -> bool {
+    name == crate::group::OFFSETS_TOPIC
+}
+
 /// Kafka's rules for topic names.
 pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
@@ -172,7 +177,8 @@ impl TopicRegistry {
             version: META_VERSION,
             cluster_id: state.cluster_id.clone(),
             next_producer_id_block: state.producer_id_block_end,
-            topics: state.topics.values().cloned().collect(),
+            // Internal topics are the coordinators' own; they are registered at every start.
+            topics: state.topics.values().filter(|t| !is_internal(&t.name)).cloned().collect(),
         };
         let bytes = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
         sluice_storage::write_file_atomically(&self.path, &bytes)
@@ -203,6 +209,26 @@ impl TopicRegistry {
 
     pub fn all(&self) -> Vec<TopicMeta> {
         self.state.lock().topics.values().cloned().collect()
+    }
+
+    /// Single node: lists the group coordinator's local offsets partition as the internal
+    /// topic `__consumer_offsets` (one partition, compacted), as a cluster lists its
+    /// replicated one, so clients see the same metadata either way. Kept in memory only;
+    /// its id is derived from the cluster id, so it is the same at every start.
+    pub fn register_local_offsets_topic(&self, segment_bytes: u64) {
+        let mut state = self.state.lock();
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(
+            format!("{}/{}", state.cluster_id, crate::group::OFFSETS_TOPIC).as_bytes(),
+        );
+        let id = Uuid::from_slice(&digest[..16]).expect("16 bytes");
+        let configs = BTreeMap::from([
+            ("cleanup.policy".to_string(), "compact".to_string()),
+            ("segment.bytes".to_string(), segment_bytes.to_string()),
+        ]);
+        let topic = TopicMeta { name: crate::group::OFFSETS_TOPIC.to_string(), id, partitions: 1, configs };
+        state.names_by_id.insert(id, topic.name.clone());
+        state.topics.insert(topic.name.clone(), topic);
+        self.publish_catalog(&state);
     }
 
     /// Adds a topic. Fails with `AlreadyExists` if the name is taken.

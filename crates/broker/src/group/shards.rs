@@ -135,6 +135,15 @@ impl ShardLog {
 }
 
 impl GroupCoordinator {
+    /// The log of offsets partition `partition` while this node serves it (a single node
+    /// serves its one partition, 0): what Fetch and ListOffsets of `__consumer_offsets` read.
+    pub(crate) fn offsets_partition(&self, partition: i32) -> Option<Arc<sluice_storage::Partition>> {
+        match self.shards.read().shards.get(&partition)? {
+            Shard::Active(shard) => Some(shard.log.partition().clone()),
+            Shard::Loading { .. } => None,
+        }
+    }
+
     /// The shard serving `group_id` here, or why this node cannot serve it.
     pub(crate) fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
         let shards = self.shards.read();

@@ -147,7 +147,7 @@ fn topic_metadata(broker: &Broker, topic: &TopicMeta) -> MetadataResponseTopic {
     response.name = Some(TopicName(str_bytes(&topic.name)));
     response.topic_id = topic.id;
     // Clients skip internal topics in pattern subscriptions and listings (Kafka's rule).
-    response.is_internal = topic.name == crate::group::OFFSETS_TOPIC;
+    response.is_internal = crate::topics::is_internal(&topic.name);
     if let Some(cluster) = &broker.cluster {
         let metadata = cluster.metadata();
         let Some(info) = metadata.topics.get(&topic.name) else {
@@ -502,6 +502,9 @@ fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Fa
     let Some(topic) = broker.topics.get(name) else {
         return Err((ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")));
     };
+    if crate::topics::is_internal(name) {
+        return Err((ResponseError::InvalidRequest, format!("{name} is internal: its partition count is fixed")));
+    }
     if count <= topic.partitions || count > PARTITIONS_PER_TOPIC_MAX {
         return Err((
             ResponseError::InvalidPartitions,

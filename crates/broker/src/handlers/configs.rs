@@ -254,6 +254,12 @@ fn new_overrides(
         .topics
         .get(name)
         .ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
+    if crate::topics::is_internal(name) {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("{name} is internal: its configs are the broker's offsets_topic_* settings"),
+        ));
+    }
     let mut configs = if replace_all { BTreeMap::new() } else { topic.configs.clone() };
     for (key, operation, value) in changes {
         apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
