@@ -668,3 +668,59 @@ def test_java_transactions_and_kafka_transactions_tool(broker, java_cp, tools_cp
     assert len(desc) == 1 and desc[0].get("TransactionState") == "CompleteAbort", described.report()
     listed = tool("list")
     assert txn_id in [r.get("TransactionalId") for r in _table(listed.stdout, "TransactionalId")], listed.report()
+
+
+def test_kafka_transactions_describe_producers_and_abort(broker, tools_cp):
+    """A hanging transaction ended by an administrator, as with Kafka: a producer writes 5 records
+    in a transaction and is never heard of again. `kafka-transactions.sh describe-producers` shows
+    its producer id, epoch and the transaction's first offset; `abort --topic --partition
+    --start-offset` (DescribeProducers, then WriteTxnMarkers to the partition leader) writes an
+    abort marker: the last stable offset moves past it, read_committed never sees its records, and
+    a later committed transaction is read. An abort at an offset where no transaction starts is
+    refused by the tool and changes nothing."""
+    bs = broker.bootstrap
+    topic = unique("hanging")
+    create_topic(bs, topic, 1)
+
+    def tool(*args, ok=True):
+        res = run_java(tools_cp, TRANSACTIONS_COMMAND, ["--bootstrap-server", bs, *args], timeout=60)
+        if ok:
+            assert res.returncode == 0, f"{res.report()}\n--- broker log (tail) ---\n{broker.log()[-4000:]}"
+        return res
+
+    plain = Producer(client_conf(bs))
+    for i in range(3):
+        plain.produce(topic, value=b"plain-%d" % i)
+    assert plain.flush(30) == 0
+    hanging = txn_producer(bs, unique("hanging"), **{"transaction.timeout.ms": 900000})
+    hanging.init_transactions(30)
+    hanging.begin_transaction()
+    for i in range(5):
+        hanging.produce(topic, value=b"hanging-%d" % i)
+    assert hanging.flush(30) == 0
+    assert offsets(bs, topic, 1, IsolationLevel.READ_COMMITTED)[0] == 3
+
+    described = tool("describe-producers", "--topic", topic, "--partition", "0")
+    rows = _table(described.stdout, "ProducerId")
+    open_rows = [r for r in rows if r.get("CurrentTransactionStartOffset") == "3"]
+    assert len(open_rows) == 1, f"the open transaction is not shown starting at offset 3\n{described.report()}"
+    assert open_rows[0].get("ProducerEpoch") == "0" and open_rows[0].get("LastSequence") == "4", described.report()
+
+    bad = tool("abort", "--topic", topic, "--partition", "0", "--start-offset", "1", ok=False)
+    assert bad.returncode != 0, f"abort at an offset where no transaction starts succeeded\n{bad.report()}"
+    assert offsets(bs, topic, 1, IsolationLevel.READ_COMMITTED)[0] == 3
+
+    tool("abort", "--topic", topic, "--partition", "0", "--start-offset", "3")
+    hwm = offsets(bs, topic, 1, IsolationLevel.READ_UNCOMMITTED)[0]
+    assert hwm == 9, f"expected 3 + 5 records and one abort marker, high watermark {hwm}"
+    assert offsets(bs, topic, 1, IsolationLevel.READ_COMMITTED)[0] == hwm, "the last stable offset is still held back"
+    after = _table(tool("describe-producers", "--topic", topic, "--partition", "0").stdout, "ProducerId")
+    assert all(r.get("CurrentTransactionStartOffset") in ("-1", "None") for r in after), after
+
+    fresh = txn_producer(bs, unique("fresh"))
+    fresh.init_transactions(30)
+    fresh.begin_transaction()
+    fresh.produce(topic, value=b"fresh")
+    fresh.commit_transaction(30)
+    committed = [r[3] for r in read_all(bs, topic, 1, "read_committed")]
+    assert committed == [b"plain-0", b"plain-1", b"plain-2", b"fresh"], committed

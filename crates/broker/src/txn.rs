@@ -335,34 +335,23 @@ impl TransactionCoordinator {
         let now_ms = sluice_storage::now_ms();
         let mut waits = Vec::new();
         for (topic, partition) in &meta.partitions {
-            let Some(log) = broker.partition(topic, *partition) else { continue };
-            match log.append_marker(
-                meta.producer_id,
-                meta.producer_epoch,
+            let marker = Marker {
+                producer_id: meta.producer_id,
+                producer_epoch: meta.producer_epoch,
                 commit,
-                COORDINATOR_EPOCH,
-                crate::LEADER_EPOCH,
-                now_ms,
-            ) {
-                Ok(outcome) => {
-                    if outcome.needs_sync {
-                        broker.logs.syncer().schedule(&log);
-                    }
-                    waits.push((log.subscribe(), outcome.visible_at));
-                }
-                Err(sluice_storage::AppendError::StaleProducerEpoch) => {}
+                coordinator_epoch: COORDINATOR_EPOCH,
+            };
+            match write_marker(broker, topic, *partition, marker, now_ms) {
+                Ok(wait) => waits.extend(wait),
+                // The partition is gone (its topic was deleted): nothing to end there.
+                Err(ResponseError::UnknownTopicOrPartition) => {}
                 Err(error) => {
-                    tracing::warn!(topic, partition, %error, "could not write a transaction marker; will retry");
-                    return Err(ResponseError::KafkaStorageError);
+                    tracing::warn!(topic, partition, ?error, "could not write a transaction marker; will retry");
+                    return Err(error);
                 }
             }
         }
-        for (mut visible, at) in waits {
-            let reached = visible.wait_for(|v| v.high_watermark >= at || v.failed).await;
-            if !reached.is_ok_and(|v| v.high_watermark >= at) {
-                return Err(ResponseError::KafkaStorageError);
-            }
-        }
+        wait_markers(waits).await?;
         if commit {
             for (group_id, offsets) in &meta.offsets {
                 let commits = offsets
@@ -467,6 +456,74 @@ impl TransactionCoordinator {
             }
         }
     }
+}
+
+/// A commit or abort marker (control batch) for one producer's transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Marker {
+    pub(crate) producer_id: i64,
+    pub(crate) producer_epoch: i16,
+    pub(crate) commit: bool,
+    pub(crate) coordinator_epoch: i32,
+}
+
+/// A written marker: durable once the partition's high watermark reaches `at`.
+pub(crate) struct MarkerWait {
+    visible: tokio::sync::watch::Receiver<sluice_storage::Visible>,
+    at: i64,
+}
+
+/// How long a marker may take to become durable (fsynced, and in a cluster in the ISR).
+pub(crate) const MARKER_DURABLE_TIMEOUT_MS: u64 = 30_000;
+
+/// Appends `marker` to a partition this node leads, stamped with its leader epoch.
+/// `Ok(None)`: the producer was already fenced there by a newer epoch, so there is
+/// nothing to end. Used by the coordinator and by WriteTxnMarkers.
+pub(crate) fn write_marker(
+    broker: &Broker,
+    topic: &str,
+    partition: i32,
+    marker: Marker,
+    now_ms: i64,
+) -> Result<Option<MarkerWait>, ResponseError> {
+    let (log, leader_epoch) = match &broker.replicas {
+        None => {
+            (broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?, crate::LEADER_EPOCH)
+        }
+        Some(_) => {
+            let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
+            let write = replica.begin_write(-1).map_err(crate::replication::NotServed::error)?;
+            (replica.log.clone(), write.leader_epoch)
+        }
+    };
+    let Marker { producer_id, producer_epoch, commit, coordinator_epoch } = marker;
+    match log.append_marker(producer_id, producer_epoch, commit, coordinator_epoch, leader_epoch, now_ms) {
+        Ok(outcome) => {
+            if outcome.needs_sync {
+                broker.logs.syncer().schedule(&log);
+            }
+            Ok(Some(MarkerWait { visible: log.subscribe(), at: outcome.visible_at }))
+        }
+        Err(sluice_storage::AppendError::StaleProducerEpoch) => Ok(None),
+        Err(error) => {
+            tracing::warn!(topic, partition, %error, "could not write a transaction marker");
+            Err(ResponseError::KafkaStorageError)
+        }
+    }
+}
+
+/// Waits until every written marker is durable.
+pub(crate) async fn wait_markers(waits: Vec<MarkerWait>) -> Result<(), ResponseError> {
+    let timeout = std::time::Duration::from_millis(MARKER_DURABLE_TIMEOUT_MS);
+    for MarkerWait { mut visible, at } in waits {
+        let reached = tokio::time::timeout(timeout, visible.wait_for(|v| v.high_watermark >= at || v.failed))
+            .await
+            .map_err(|_| ResponseError::RequestTimedOut)?;
+        if !reached.is_ok_and(|v| v.high_watermark >= at) {
+            return Err(ResponseError::KafkaStorageError);
+        }
+    }
+    Ok(())
 }
 
 fn new_metadata(producer_id: i64, producer_epoch: i16, timeout_ms: i32) -> TxnMetadata {

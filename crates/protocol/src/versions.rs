@@ -57,6 +57,9 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::EndTxn, 0, 4),
     (ApiKey::ListTransactions, 0, 1),
     (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::DescribeProducers, 0, 0),
+    // Broker to broker (and `kafka-transactions.sh abort`); needs CLUSTER_ACTION.
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 /// The advertised (min, max) for `api_key`, if we serve it at all. Produce v0-v2 are

@@ -1030,6 +1030,11 @@ impl Partition {
         state.producers.open_transactions()
     }
 
+    /// Every producer's state in this partition (DescribeProducers).
+    pub fn producers(&self) -> Vec<crate::producer_state::ProducerSummary> {
+        self.state.lock().producers.summaries()
+    }
+
     /// The cleaner's next pass over this log, if one is due: the log is compacted and its
     /// dirty share reached `min.cleanable.dirty.ratio`, or dirty data is older than
     /// `max.compaction.lag.ms`, or a kept tombstone's `delete.retention.ms` ran out. Only

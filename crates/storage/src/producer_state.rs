@@ -48,6 +48,25 @@ struct ProducerEntry {
     /// commit or abort marker).
     #[serde(default)]
     open_transaction: Option<i64>,
+    /// Largest timestamp of its last batch (-1 when unknown, e.g. an older snapshot).
+    #[serde(default = "unknown_timestamp")]
+    last_timestamp: i64,
+}
+
+fn unknown_timestamp() -> i64 {
+    -1
+}
+
+/// One producer's state in a partition, as DescribeProducers reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerSummary {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    /// Sequence of its last record (-1 when it wrote none at this epoch).
+    pub last_sequence: i32,
+    pub last_timestamp: i64,
+    /// First offset of its open transaction, if any.
+    pub open_transaction: Option<i64>,
 }
 
 /// Producer id -> state, for one partition.
@@ -102,7 +121,9 @@ impl ProducerStateTable {
             epoch: header.producer_epoch,
             batches: VecDeque::new(),
             open_transaction: None,
+            last_timestamp: -1,
         });
+        entry.last_timestamp = header.max_timestamp;
         if header.is_control() {
             if header.producer_epoch > entry.epoch {
                 entry.epoch = header.producer_epoch;
@@ -159,6 +180,23 @@ impl ProducerStateTable {
     /// The producer's current epoch.
     pub fn epoch(&self, producer_id: i64) -> Option<i16> {
         self.producers.get(&producer_id).map(|entry| entry.epoch)
+    }
+
+    /// Every producer's state, by producer id (DescribeProducers).
+    pub fn summaries(&self) -> Vec<ProducerSummary> {
+        let mut all: Vec<ProducerSummary> = self
+            .producers
+            .iter()
+            .map(|(&producer_id, entry)| ProducerSummary {
+                producer_id,
+                producer_epoch: entry.epoch,
+                last_sequence: entry.batches.back().map_or(-1, |batch| batch.last_sequence),
+                last_timestamp: entry.last_timestamp,
+                open_transaction: entry.open_transaction,
+            })
+            .collect();
+        all.sort_unstable_by_key(|summary| summary.producer_id);
+        all
     }
 
     pub fn producer_count(&self) -> usize {

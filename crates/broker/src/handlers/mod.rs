@@ -195,6 +195,15 @@ pub(crate) fn dispatch(
         RequestKind::DescribeTransactions(request) => {
             ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, session, request)))
         }
+        RequestKind::DescribeProducers(request) => {
+            ready(ResponseKind::DescribeProducers(transactions::describe_producers(&broker, session, request)))
+        }
+        RequestKind::WriteTxnMarkers(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, &session, request).await))
+            })
+        }
         RequestKind::DescribeConfigs(request) => {
             ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
         }
@@ -434,6 +443,7 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         EndTxn,
         ListTransactions,
         DescribeTransactions,
+        DescribeProducers,
     )
 }
 

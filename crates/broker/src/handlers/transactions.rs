@@ -1,6 +1,7 @@
 //! The transaction APIs (KIP-98, KIP-447, KIP-664): InitProducerId with a
 //! `transactional.id`, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
-//! ListTransactions and DescribeTransactions, over the coordinator in `txn.rs`.
+//! ListTransactions and DescribeTransactions, over the coordinator in `txn.rs`; and the
+//! partition leader's side: DescribeProducers and WriteTxnMarkers.
 
 use std::sync::Arc;
 
@@ -14,15 +15,16 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 };
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, AddPartitionsToTxnRequest, AddPartitionsToTxnResponse,
-    DescribeTransactionsRequest, DescribeTransactionsResponse, EndTxnRequest, EndTxnResponse, InitProducerIdRequest,
-    InitProducerIdResponse, ListTransactionsRequest, ListTransactionsResponse, ProducerId, TopicName, TransactionalId,
-    TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    DescribeProducersRequest, DescribeProducersResponse, DescribeTransactionsRequest, DescribeTransactionsResponse,
+    EndTxnRequest, EndTxnResponse, InitProducerIdRequest, InitProducerIdResponse, ListTransactionsRequest,
+    ListTransactionsResponse, ProducerId, TopicName, TransactionalId, TxnOffsetCommitRequest, TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use kafka_protocol::ResponseError;
 
 use super::{str_bytes, Session};
 use crate::security::acl;
-use crate::txn::{PendingOffset, TransactionCoordinator};
+use crate::txn::{wait_markers, write_marker, Marker, PendingOffset, TransactionCoordinator};
 use crate::Broker;
 
 /// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
@@ -306,6 +308,130 @@ pub(super) fn describe(
             }
         }
         response.transaction_states.push(state);
+    }
+    response
+}
+
+/// DescribeProducers (KIP-664): the producers a partition this node leads knows, with
+/// their open transaction's first offset (`kafka-transactions.sh describe-producers`,
+/// `find-hanging`, and `abort --start-offset`).
+pub(super) fn describe_producers(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: DescribeProducersRequest,
+) -> DescribeProducersResponse {
+    use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
+    let mut response = DescribeProducersResponse::default();
+    for topic in request.topics {
+        let readable = broker.authorized(session, acl::OP_READ, acl::RESOURCE_TOPIC, &topic.name);
+        let mut result = TopicResponse::default();
+        result.name = topic.name.clone();
+        for index in topic.partition_indexes {
+            let mut partition = PartitionResponse::default();
+            partition.partition_index = index;
+            let log = if !readable {
+                Err(ResponseError::TopicAuthorizationFailed)
+            } else {
+                broker.partition(&topic.name, index).ok_or_else(|| match &broker.replicas {
+                    Some(_) => broker
+                        .hosted_replica(&topic.name, index, ResponseError::UnknownTopicOrPartition)
+                        .map_or_else(|error| error, |_| ResponseError::NotLeaderOrFollower),
+                    None => ResponseError::UnknownTopicOrPartition,
+                })
+            };
+            match log {
+                Err(error) => partition.error_code = error.code(),
+                Ok(log) => {
+                    partition.active_producers = log
+                        .producers()
+                        .into_iter()
+                        .map(|summary| {
+                            let mut state = ProducerState::default();
+                            state.producer_id = ProducerId(summary.producer_id);
+                            state.producer_epoch = i32::from(summary.producer_epoch);
+                            state.last_sequence = summary.last_sequence;
+                            state.last_timestamp = summary.last_timestamp;
+                            // Not tracked per partition: Kafka's tools then use 0.
+                            state.coordinator_epoch = -1;
+                            state.current_txn_start_offset = summary.open_transaction.unwrap_or(-1);
+                            state
+                        })
+                        .collect();
+                }
+            }
+            result.partitions.push(partition);
+        }
+        response.topics.push(result);
+    }
+    response
+}
+
+/// WriteTxnMarkers: writes commit or abort markers to partitions this node leads and
+/// answers once they are durable. Brokers send it for transactions coordinated elsewhere;
+/// an administrator sends it to end a hanging transaction (`kafka-transactions.sh
+/// abort`). Needs CLUSTER_ACTION on the cluster, as in Kafka.
+pub(super) async fn write_markers(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: WriteTxnMarkersRequest,
+) -> WriteTxnMarkersResponse {
+    use kafka_protocol::messages::write_txn_markers_response::{
+        WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
+    };
+    let allowed = broker.may_replicate(session);
+    let now_ms = sluice_storage::now_ms();
+    let mut response = WriteTxnMarkersResponse::default();
+    for request_marker in request.markers {
+        let marker = Marker {
+            producer_id: request_marker.producer_id.0,
+            producer_epoch: request_marker.producer_epoch,
+            commit: request_marker.transaction_result,
+            coordinator_epoch: request_marker.coordinator_epoch,
+        };
+        let mut written = Vec::new();
+        let mut results = Vec::new();
+        for topic in &request_marker.topics {
+            for &index in &topic.partition_indexes {
+                let outcome = if !allowed {
+                    Err(ResponseError::ClusterAuthorizationFailed)
+                } else if crate::topics::is_internal(&topic.name) {
+                    Err(ResponseError::InvalidTopicException)
+                } else {
+                    write_marker(broker, &topic.name, index, marker, now_ms)
+                };
+                match outcome {
+                    Ok(wait) => written.push((topic.name.clone(), index, wait)),
+                    Err(error) => results.push((topic.name.clone(), index, error.code())),
+                }
+            }
+        }
+        for (topic, index, wait) in written {
+            let code = match wait_markers(wait.into_iter().collect()).await {
+                Ok(()) => 0,
+                Err(error) => error.code(),
+            };
+            results.push((topic, index, code));
+        }
+        let mut by_topic: std::collections::BTreeMap<TopicName, Vec<WritableTxnMarkerPartitionResult>> =
+            Default::default();
+        for (topic, index, code) in results {
+            let mut partition = WritableTxnMarkerPartitionResult::default();
+            partition.partition_index = index;
+            partition.error_code = code;
+            by_topic.entry(topic).or_default().push(partition);
+        }
+        let mut result = WritableTxnMarkerResult::default();
+        result.producer_id = request_marker.producer_id;
+        result.topics = by_topic
+            .into_iter()
+            .map(|(name, partitions)| {
+                let mut topic = WritableTxnMarkerTopicResult::default();
+                topic.name = name;
+                topic.partitions = partitions;
+                topic
+            })
+            .collect();
+        response.markers.push(result);
     }
     response
 }
