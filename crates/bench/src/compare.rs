@@ -9,6 +9,10 @@
 //! Durability: the driver's `topicConfig` goes to both brokers' CreateTopics. With
 //! `flush.messages=1` Kafka fsyncs every message (level 1 of REFERENCE.md on one node);
 //! without it Kafka runs at its default (page cache, no fsync). The table says which.
+//!
+//! A transactional driver (`requestsPerTransaction`) adds rows for committed
+//! transactions per second, commit latency and aborts, and a line saying the transaction
+//! size; plain runs get no such rows.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -92,12 +96,20 @@ const METRICS: &[Metric] = &[
     ("e2e p99 (ms)", |r| Some(r.aggregated_end_to_end_latency_99pct)),
     ("e2e p99.9 (ms)", |r| Some(r.aggregated_end_to_end_latency_999pct)),
     ("publish delay p99 (us)", |r| Some(r.aggregated_publish_delay_latency_99pct as f64)),
+    ("transactions/s", |r| transactions(r).map(|t| t.aggregated_transaction_rate)),
+    ("commit p50 (ms)", |r| transactions(r).map(|t| t.aggregated_commit_latency_50pct)),
+    ("commit p99 (ms)", |r| transactions(r).map(|t| t.aggregated_commit_latency_99pct)),
+    ("aborted transactions", |r| transactions(r).map(|t| t.measured_aborts as f64)),
     ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
     ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
     ("broker peak RSS (MiB)", |r| {
         r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(|b| b as f64 / (1024.0 * 1024.0))
     }),
 ];
+
+fn transactions(result: &TestResult) -> Option<&crate::result::TransactionFigures> {
+    result.sluice.as_ref().and_then(|extras| extras.transactions.as_ref())
+}
 
 fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
@@ -166,7 +178,15 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         }
     }
 
-    let table = summary_table(&runs, &workload.workload.name, &driver.driver.name, durability, transport);
+    let header = TableHeader {
+        workload: &workload.workload.name,
+        driver: &driver.driver.name,
+        durability,
+        transport,
+        records_per_transaction: driver.driver.records_per_transaction,
+        isolation_level: driver.driver.isolation_level(),
+    };
+    let table = summary_table(&runs, &header);
     println!("\n{table}");
     std::fs::write(args.output_dir.join("summary.md"), &table)?;
     let charted: Vec<(String, TestResult)> = runs
@@ -212,13 +232,17 @@ fn run_one(
     outcome
 }
 
-fn summary_table(
-    runs: &[(String, u32, anyhow::Result<TestResult>)],
-    workload: &str,
-    driver: &str,
-    durability: &str,
-    transport: &str,
-) -> String {
+/// What the summary says about the runs above its table.
+struct TableHeader<'a> {
+    workload: &'a str,
+    driver: &'a str,
+    durability: &'a str,
+    transport: &'a str,
+    records_per_transaction: Option<u32>,
+    isolation_level: &'a str,
+}
+
+fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &TableHeader<'_>) -> String {
     let figures_of = |broker: &str| -> Vec<Figures> {
         runs.iter()
             .filter(|(b, _, _)| b == broker)
@@ -229,9 +253,16 @@ fn summary_table(
     let sluice = figures_of("sluice");
     let failed = runs.iter().filter(|(_, _, outcome)| outcome.is_err()).count();
     let mut table = String::new();
-    let _ = writeln!(table, "Workload: {workload}; driver: {driver}");
-    let _ = writeln!(table, "Durability: {durability}");
-    let _ = writeln!(table, "Transport: {transport}");
+    let _ = writeln!(table, "Workload: {}; driver: {}", header.workload, header.driver);
+    let _ = writeln!(table, "Durability: {}", header.durability);
+    let _ = writeln!(table, "Transport: {}", header.transport);
+    if let Some(records) = header.records_per_transaction {
+        let _ = writeln!(
+            table,
+            "Transactions: {records} records each, one transactional.id per producer; consumers' isolation.level {}",
+            header.isolation_level
+        );
+    }
     let _ = writeln!(
         table,
         "Runs: kafka {} ok, sluice {} ok, {failed} failed; median (min .. max) across rounds\n",
@@ -244,6 +275,11 @@ fn summary_table(
         let column = |figures: &[Figures]| -> Vec<f64> { figures.iter().filter_map(|f| f.values[index]).collect() };
         let k = spread(&column(&kafka));
         let s = spread(&column(&sluice));
+        // A figure no run has (peak rate of a fixed-rate run, transactions of plain
+        // producers) gets no row.
+        if k.is_none() && s.is_none() {
+            continue;
+        }
         let cell = |spread: Option<(f64, f64, f64)>| match spread {
             Some((min, median, max)) => format!("{} ({} .. {})", num(median), num(min), num(max)),
             None => "-".to_string(),
@@ -278,6 +314,17 @@ mod tests {
         assert_eq!(spread(&[]), None);
     }
 
+    fn header(records_per_transaction: Option<u32>) -> TableHeader<'static> {
+        TableHeader {
+            workload: "w",
+            driver: "d",
+            durability: "default",
+            transport: "plaintext",
+            records_per_transaction,
+            isolation_level: "read_committed",
+        }
+    }
+
     #[test]
     fn table_has_ratio() {
         let result = |rate: f64| TestResult { publish_rate: vec![rate], ..TestResult::default() };
@@ -286,8 +333,24 @@ mod tests {
             ("sluice".to_string(), 1, Ok(result(150.0))),
             ("kafka".to_string(), 2, Err(anyhow::anyhow!("x"))),
         ];
-        let table = summary_table(&runs, "w", "d", "default", "plaintext");
+        let table = summary_table(&runs, &header(None));
         assert!(table.contains("| publish rate (msg/s) | 100 (100 .. 100) | 150 (150 .. 150) | 1.50 |"), "{table}");
         assert!(table.contains("1 failed"));
+        assert!(!table.contains("peak stable rate"), "no run has it: {table}");
+        assert!(!table.contains("transactions/s"), "no run has it: {table}");
+    }
+
+    #[test]
+    fn table_has_transactions_when_runs_have_them() {
+        let result = |tx_rate: f64| {
+            let transactions =
+                crate::result::TransactionFigures { aggregated_transaction_rate: tx_rate, ..Default::default() };
+            let extras = crate::result::SluiceExtras { transactions: Some(transactions), ..Default::default() };
+            TestResult { sluice: Some(extras), ..TestResult::default() }
+        };
+        let runs = vec![("kafka".to_string(), 1, Ok(result(200.0))), ("sluice".to_string(), 1, Ok(result(300.0)))];
+        let table = summary_table(&runs, &header(Some(100)));
+        assert!(table.contains("| transactions/s | 200 (200 .. 200) | 300 (300 .. 300) | 1.50 |"), "{table}");
+        assert!(table.contains("Transactions: 100 records each"), "{table}");
     }
 }

@@ -5,6 +5,14 @@
 //! blocks into ordered key/value lists; `crate::kafka` maps them onto librdkafka,
 //! dropping (with a warning) the Java-client-only keys librdkafka does not know.
 //!
+//! Transactions: upstream OMB's Kafka driver has no transaction setting, so we read the
+//! one of Redpanda's OMB fork (its transactional Kafka driver, `driver-redpanda`'s `tx`
+//! package): a top-level `requestsPerTransaction: N` makes every producer a transactional
+//! producer that commits after each N records. The same file then still runs on that fork;
+//! upstream OMB ignores the key (and runs non-transactionally). A `transactional.id` in
+//! `producerConfig` is used as the prefix of each producer's own id (one id per producer,
+//! as two producers sharing an id would fence each other).
+//!
 //! ```no_run
 //! let loaded = sluice_bench::driver::Driver::load("bench/drivers/kafka-throughput.yaml").unwrap();
 //! assert_eq!(loaded.driver.name, "Kafka");
@@ -13,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde::Deserialize;
 
 /// A Kafka driver file with upstream field names.
@@ -43,6 +51,9 @@ pub struct DriverFile {
     /// Consumer settings.
     #[serde(default)]
     pub consumer_config: String,
+    /// Records per transaction (Redpanda's OMB fork); unset = no transactions.
+    #[serde(default)]
+    pub requests_per_transaction: Option<u32>,
     /// Keys we do not know; warned about.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_norway::Value>,
@@ -69,7 +80,14 @@ pub struct Driver {
     pub producer_config: Vec<(String, String)>,
     /// Consumer settings.
     pub consumer_config: Vec<(String, String)>,
+    /// Transactional producers committing every this many records; `None` = plain producers.
+    pub records_per_transaction: Option<u32>,
 }
+
+/// librdkafka's default `isolation.level` (the Java client's is `read_uncommitted`).
+pub const ISOLATION_LEVEL_DEFAULT: &str = "read_committed";
+/// Producer setting whose value prefixes each producer's `transactional.id`.
+pub const TRANSACTIONAL_ID_KEY: &str = "transactional.id";
 
 /// A parsed driver with the place it came from and its warnings.
 #[derive(Debug, Clone)]
@@ -95,14 +113,24 @@ impl Driver {
     pub fn parse(text: &str) -> anyhow::Result<(Driver, Vec<String>)> {
         let file: DriverFile = serde_norway::from_str(text)?;
         let warnings = file.unknown.keys().map(|key| format!("unknown driver key `{key}` ignored")).collect();
+        let producer_config = parse_properties(&file.producer_config);
+        match file.requests_per_transaction {
+            Some(0) => bail!("requestsPerTransaction must be at least 1"),
+            None if lookup(&producer_config, TRANSACTIONAL_ID_KEY).is_some() => bail!(
+                "producerConfig sets {TRANSACTIONAL_ID_KEY} but requestsPerTransaction is missing: \
+                 say how many records each transaction carries"
+            ),
+            _ => {}
+        }
         let driver = Driver {
             name: file.name,
             replication_factor: file.replication_factor,
             reset: file.reset,
             topic_config: parse_properties(&file.topic_config),
             common_config: parse_properties(&file.common_config),
-            producer_config: parse_properties(&file.producer_config),
+            producer_config,
             consumer_config: parse_properties(&file.consumer_config),
+            records_per_transaction: file.requests_per_transaction,
         };
         Ok((driver, warnings))
     }
@@ -121,6 +149,21 @@ impl Driver {
     pub fn set_bootstrap(&mut self, servers: &str) {
         self.common_config.retain(|(key, _)| key != "bootstrap.servers");
         self.common_config.push(("bootstrap.servers".into(), servers.into()));
+    }
+
+    /// The value of `key` in the consumer config, if set.
+    pub fn consumer_setting(&self, key: &str) -> Option<&str> {
+        lookup(&self.consumer_config, key)
+    }
+
+    /// The consumers' `isolation.level`: the driver's, else librdkafka's default.
+    pub fn isolation_level(&self) -> &str {
+        self.consumer_setting("isolation.level").unwrap_or(ISOLATION_LEVEL_DEFAULT)
+    }
+
+    /// The `transactional.id` set in the producer config, if any (a prefix for us).
+    pub fn transactional_id_prefix(&self) -> Option<&str> {
+        lookup(&self.producer_config, TRANSACTIONAL_ID_KEY)
     }
 
     /// True when the topic config asks for an fsync per message (durability level 1).
@@ -184,5 +227,21 @@ mod tests {
         assert!(driver.reset);
         assert!(driver.fsync_each_message());
         assert_eq!(driver.common_setting("bootstrap.servers"), Some("localhost:9092"));
+        assert_eq!(driver.records_per_transaction, None);
+    }
+
+    #[test]
+    fn transactions_setting() {
+        let base = "name: tx\ncommonConfig: |\n  bootstrap.servers=localhost:9092\n";
+        let (driver, warnings) = Driver::parse(&format!(
+            "{base}requestsPerTransaction: 100\nproducerConfig: |\n  acks=all\n  transactional.id=omb\n"
+        ))
+        .unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(driver.records_per_transaction, Some(100));
+        assert_eq!(driver.transactional_id_prefix(), Some("omb"));
+        assert!(Driver::parse(&format!("{base}requestsPerTransaction: 0\n")).is_err());
+        let error = Driver::parse(&format!("{base}producerConfig: |\n  transactional.id=omb\n")).unwrap_err();
+        assert!(error.to_string().contains("requestsPerTransaction"), "{error}");
     }
 }

@@ -7,6 +7,14 @@
 //! thread, where publish latency is recorded. A consumer runs a poll loop on its own
 //! thread and commits offsets asynchronously every few seconds, never per poll.
 //!
+//! Transactional producers (driver `requestsPerTransaction: N`) keep that pacing: the
+//! first send of a transaction begins it, the N-th commits it on the producer's thread.
+//! A commit call blocks (librdkafka flushes the transaction's records, then sends EndTxn),
+//! so the sends due meanwhile leave late and the wait shows as publish delay, not as a
+//! lower offered load. Publish latency stays send-to-acknowledgement per record; the
+//! commit call's duration is recorded on its own. A commit librdkafka says cannot succeed
+//! is aborted and counted; a fatal error (fenced, broken producer) stops that producer.
+//!
 //! End-to-end latency: every payload of 16 bytes or more starts with the 8-byte magic
 //! [`TIMESTAMP_MAGIC`] and the sender's `CLOCK_MONOTONIC` reading in nanoseconds
 //! (little endian). Producers and consumers run in this one process, so they share that
@@ -47,6 +55,12 @@ pub const KEY_POOL_SIZE: usize = 10_000;
 pub const COMMIT_INTERVAL: Duration = Duration::from_secs(5);
 /// Errors printed per client before going quiet.
 const CLIENT_ERRORS_PRINTED_MAX: usize = 5;
+/// How long `init_transactions`, `commit_transaction` and `abort_transaction` may block.
+pub const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Calls of a commit that keeps failing with a retriable error before giving up on it.
+const COMMIT_ATTEMPTS_MAX: u32 = 3;
+/// How often a producer about to commit checks whether its records are all acknowledged.
+const IN_FLIGHT_CHECK_INTERVAL: Duration = Duration::from_micros(100);
 
 /// Monotonic nanoseconds (`CLOCK_MONOTONIC`), shared by every process on the machine.
 pub fn monotonic_ns() -> u64 {
@@ -193,16 +207,21 @@ impl BenchContext {
     fn new(label: String, stats: Option<Arc<ClientStats>>) -> Self {
         Self { label, errors_count: AtomicUsize::new(0), stats }
     }
+
+    /// Prints `what` unless this client already printed its share of errors.
+    fn report(&self, what: std::fmt::Arguments<'_>) {
+        let seen = self.errors_count.fetch_add(1, Ordering::Relaxed);
+        if seen < CLIENT_ERRORS_PRINTED_MAX {
+            eprintln!("[{}] {what}", self.label);
+        }
+    }
 }
 
 impl ClientContext for BenchContext {
     fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _message: &str) {}
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let seen = self.errors_count.fetch_add(1, Ordering::Relaxed);
-        if seen < CLIENT_ERRORS_PRINTED_MAX {
-            eprintln!("[{}] client error: {error}: {reason}", self.label);
-        }
+        self.report(format_args!("client error: {error}: {reason}"));
     }
 }
 
@@ -219,10 +238,7 @@ impl ProducerContext for BenchContext {
             }
             Err((error, _)) => {
                 stats.record_send_error();
-                let seen = self.errors_count.fetch_add(1, Ordering::Relaxed);
-                if seen < CLIENT_ERRORS_PRINTED_MAX {
-                    eprintln!("[{}] send failed: {error}", self.label);
-                }
+                self.report(format_args!("send failed: {error}"));
             }
         }
     }
@@ -362,9 +378,22 @@ pub struct ProducerSpec {
     pub keys: Arc<Vec<String>>,
     /// librdkafka settings (common + producer).
     pub config: ClientConfig,
+    /// Transactions, when the driver asks for them.
+    pub transaction: Option<TransactionSpec>,
+}
+
+/// A transactional producer's settings.
+#[derive(Debug, Clone)]
+pub struct TransactionSpec {
+    /// The producer's own `transactional.id`.
+    pub transactional_id: String,
+    /// Records per transaction.
+    pub records: u32,
 }
 
 /// Starts a producer thread: it sends one probe message, waits for a rate, then loads.
+/// A transactional producer registers its id (`init_transactions`) before the thread
+/// starts, so a broker without transactions fails the run here with the broker's error.
 pub fn spawn_producer(
     spec: ProducerSpec,
     stats: Arc<ClientStats>,
@@ -372,9 +401,17 @@ pub fn spawn_producer(
 ) -> anyhow::Result<JoinHandle<()>> {
     let mut config = spec.config.clone();
     config.set("client.id", &spec.label);
+    if let Some(transaction) = &spec.transaction {
+        config.set(crate::driver::TRANSACTIONAL_ID_KEY, &transaction.transactional_id);
+    }
     let context = BenchContext::new(spec.label.clone(), Some(stats.clone()));
     let producer: ThreadedProducer<BenchContext> =
         config.create_with_context(context).with_context(|| format!("creating producer {}", spec.label))?;
+    if let Some(transaction) = &spec.transaction {
+        producer.init_transactions(TRANSACTION_CALL_TIMEOUT).with_context(|| {
+            format!("initializing transactions of {} ({})", spec.label, transaction.transactional_id)
+        })?;
+    }
     let handle = std::thread::Builder::new()
         .name(spec.label.clone())
         .spawn(move || producer_loop(&spec, &producer, &stats, &control))?;
@@ -393,7 +430,17 @@ fn producer_loop(
     // The readiness probe carries a key when the workload does: a compacted topic refuses
     // keyless records.
     let probe_key = (spec.key_distributor != KeyDistributor::NoKey).then(|| spec.keys[0].as_str());
+    // Records in the open transaction (0: none open); a transactional probe is committed
+    // at once, so read_committed consumers see it.
+    let mut open_records = 0u32;
+    let records_per_transaction = spec.transaction.as_ref().map(|t| t.records);
+    if records_per_transaction.is_some() && !begin_transaction(producer) {
+        return;
+    }
     send_one(spec, producer, stats, &mut buffer, 0, probe_key);
+    if records_per_transaction.is_some() && !commit_transaction(producer, stats) {
+        return;
+    }
     let mut limiter: Option<RateLimiter> = None;
     while !control.stop.load(Ordering::Relaxed) {
         let rate = control.rate();
@@ -421,9 +468,92 @@ fn producer_loop(
             let index = (random.next_u64() % spec.payloads.len() as u64) as usize;
             buffer.copy_from_slice(&spec.payloads[index]);
         }
+        let Some(records_per_transaction) = records_per_transaction else {
+            send_one(spec, producer, stats, &mut buffer, intended_ns, key);
+            continue;
+        };
+        if open_records == 0 && !begin_transaction(producer) {
+            return;
+        }
         send_one(spec, producer, stats, &mut buffer, intended_ns, key);
+        open_records += 1;
+        if open_records == records_per_transaction {
+            open_records = 0;
+            if !commit_transaction(producer, stats) {
+                return;
+            }
+        }
+    }
+    // A last, shorter transaction is committed, so consumers get every acknowledged record.
+    if open_records > 0 {
+        commit_transaction(producer, stats);
     }
     let _ = producer.flush(Duration::from_secs(10));
+}
+
+/// Begins a transaction; false (after reporting why) when the producer cannot.
+fn begin_transaction(producer: &ThreadedProducer<BenchContext>) -> bool {
+    match producer.begin_transaction() {
+        Ok(()) => true,
+        Err(error) => {
+            producer.context().report(format_args!("begin transaction failed, producer stops: {error}"));
+            false
+        }
+    }
+}
+
+/// Commits the open transaction, recording how long it took from the commit decision
+/// (records still unacknowledged included) until EndTxn was answered. A retriable failure
+/// is retried; a transaction librdkafka says must abort is aborted and counted. False
+/// when the producer cannot go on (fatal error, e.g. fenced by a newer epoch).
+fn commit_transaction(producer: &ThreadedProducer<BenchContext>, stats: &ClientStats) -> bool {
+    let context = producer.context();
+    for attempt in 1..=COMMIT_ATTEMPTS_MAX {
+        let started_ns = monotonic_ns();
+        wait_acknowledged(producer, started_ns);
+        let error = match producer.commit_transaction(TRANSACTION_CALL_TIMEOUT) {
+            Ok(()) => {
+                stats.record_commit(monotonic_ns().saturating_sub(started_ns) / 1_000);
+                return true;
+            }
+            Err(error) => error,
+        };
+        let (retriable, must_abort) = match &error {
+            KafkaError::Transaction(detail) => (detail.is_retriable(), detail.txn_requires_abort()),
+            _ => (false, false),
+        };
+        if retriable && attempt < COMMIT_ATTEMPTS_MAX {
+            context.report(format_args!("commit attempt {attempt} failed, retrying: {error}"));
+            continue;
+        }
+        stats.record_send_error();
+        if !must_abort {
+            context.report(format_args!("commit failed, producer stops: {error}"));
+            return false;
+        }
+        stats.record_abort();
+        context.report(format_args!("commit failed, transaction aborted: {error}"));
+        return match producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+            Ok(()) => true,
+            Err(error) => {
+                context.report(format_args!("abort failed, producer stops: {error}"));
+                false
+            }
+        };
+    }
+    false
+}
+
+/// Waits (at most [`TRANSACTION_CALL_TIMEOUT`] from `since_ns`) until every record sent
+/// is acknowledged and its delivery report served by the poll thread. rdkafka's own flush
+/// in `commit_transaction` waits in steps of 100 ms when records are in flight (its poll
+/// runs to its deadline), which would put a 100 ms floor under every commit: after this
+/// wait there is nothing left for it to flush.
+fn wait_acknowledged(producer: &ThreadedProducer<BenchContext>, since_ns: u64) {
+    let deadline_ns = since_ns + TRANSACTION_CALL_TIMEOUT.as_nanos() as u64;
+    while producer.in_flight_count() > 0 && monotonic_ns() < deadline_ns {
+        std::thread::sleep(IN_FLIGHT_CHECK_INTERVAL);
+    }
 }
 
 /// Sleeps until `deadline_ns`, waking to check `stop`; false if stopped.

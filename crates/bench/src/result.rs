@@ -4,7 +4,8 @@
 //! histograms), publish delay is whole microseconds, rates are messages per second,
 //! as upstream, so OMB's own chart script can read our files and we can read theirs.
 //! What OMB does not have (the clock used for end-to-end latency, the consumer mode,
-//! broker CPU and memory) goes in one extra object, `sluice`, at the end.
+//! broker CPU and memory, transaction rates and commit latency) goes in one extra object,
+//! `sluice`, at the end.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -81,6 +82,54 @@ pub struct SluiceExtras {
     pub peak_stable_rate: Option<f64>,
     /// The peak search's trials: `[target msg/s, published msg/s, stable (1) or not (0)]`.
     pub peak_trials: Vec<[f64; 3]>,
+    /// Transactional producers' figures; absent for plain producers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transactions: Option<TransactionFigures>,
+}
+
+/// What transactional producers did: rates and the commit call's latency (ms, as OMB's
+/// publish latency).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TransactionFigures {
+    /// Records each transaction carries (the driver's `requestsPerTransaction`).
+    pub records_per_transaction: u32,
+    /// Committed transactions per second, per sample.
+    pub transaction_rate: Vec<f64>,
+    /// Transactions committed in the measured phase.
+    pub measured_transactions: u64,
+    /// Transactions aborted in the measured phase.
+    pub measured_aborts: u64,
+    /// Committed transactions per second over the measured phase.
+    pub aggregated_transaction_rate: f64,
+    /// Commit call latency of the measured phase, ms.
+    pub aggregated_commit_latency_avg: f64,
+    /// Median commit latency, ms.
+    #[serde(rename = "aggregatedCommitLatency50pct")]
+    pub aggregated_commit_latency_50pct: f64,
+    /// 99th percentile commit latency, ms.
+    #[serde(rename = "aggregatedCommitLatency99pct")]
+    pub aggregated_commit_latency_99pct: f64,
+    /// 99.9th percentile commit latency, ms.
+    #[serde(rename = "aggregatedCommitLatency999pct")]
+    pub aggregated_commit_latency_999pct: f64,
+    /// Longest commit, ms.
+    pub aggregated_commit_latency_max: f64,
+    /// Commit latency by percentile, ms.
+    pub aggregated_commit_latency_quantiles: Quantiles,
+}
+
+impl TransactionFigures {
+    /// Fills the aggregated commit latencies from the measured phase's histogram.
+    pub fn set_commit_latency(&mut self, commit_us: &Histogram<u64>) {
+        let commit = Summary::of(commit_us);
+        self.aggregated_commit_latency_avg = commit.mean / 1000.0;
+        self.aggregated_commit_latency_50pct = ms(commit.p50);
+        self.aggregated_commit_latency_99pct = ms(commit.p99);
+        self.aggregated_commit_latency_999pct = ms(commit.p999);
+        self.aggregated_commit_latency_max = ms(commit.max);
+        self.aggregated_commit_latency_quantiles = curve_ms(commit_us);
+    }
 }
 
 /// OMB's `TestResult`, field for field.

@@ -13,6 +13,12 @@
 //!    duration.
 //! 6. With `producerRate: 0`, OMB's [`RateController`] adjusts the rate every 3 s.
 //!
+//! With a transactional driver (`requestsPerTransaction`) every producer gets its own
+//! `transactional.id` (`<prefix>-producer-T-P`) and the collector also reports committed
+//! transactions per second and commit latency; end-to-end latency then includes the wait
+//! for the commit, as consumers read committed records only (librdkafka's default
+//! `isolation.level=read_committed`, which the transactional drivers also spell out).
+//!
 //! The collector (this thread) drains every client's period histograms once per sample,
 //! prints OMB's one-line summary and appends the sample to the [`TestResult`].
 
@@ -27,12 +33,12 @@ use anyhow::{bail, Context};
 
 use crate::driver::LoadedDriver;
 use crate::kafka::{
-    self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, XorShift,
-    KEY_POOL_SIZE,
+    self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, TransactionSpec,
+    XorShift, KEY_POOL_SIZE,
 };
 use crate::procstat::ProcessSampler;
 use crate::rate::{RateController, RateControllerConfig};
-use crate::result::{SampleRates, SluiceExtras, TestResult};
+use crate::result::{SampleRates, SluiceExtras, TestResult, TransactionFigures};
 use crate::stats::{total_counters, ClientStats, Counters, LatencySet, Summary};
 use crate::workload::{LoadedWorkload, Workload};
 
@@ -100,6 +106,17 @@ const RATE_CONTROL_PERIOD: Duration = Duration::from_secs(3);
 const TICK: Duration = Duration::from_millis(100);
 /// Rate discovery starts here (OMB's).
 const DISCOVERY_RATE_START: f64 = 10_000.0;
+/// Prefix of generated transactional ids when the driver names none.
+const TRANSACTIONAL_ID_PREFIX_DEFAULT: &str = "sluice-bench";
+
+/// What transactional producers are asked to do.
+#[derive(Debug, Clone)]
+struct Transactions {
+    /// Each producer's id is `<prefix>-<producer label>`.
+    id_prefix: String,
+    /// Records per transaction.
+    records: u32,
+}
 
 struct Clients {
     producer_stats: Vec<Arc<ClientStats>>,
@@ -192,6 +209,23 @@ pub fn run_workload(
     let payloads = Arc::new(load_payloads(loaded)?);
     let mut random = XorShift::seeded(7);
     let keys = Arc::new((0..KEY_POOL_SIZE).map(|_| random.string(7)).collect::<Vec<_>>());
+    // A fresh prefix per run unless the driver names one, so that a run never fences, nor
+    // is fenced by, the producers of another run against the same broker.
+    let transactions = driver_settings.records_per_transaction.map(|records| Transactions {
+        id_prefix: driver_settings
+            .transactional_id_prefix()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{TRANSACTIONAL_ID_PREFIX_DEFAULT}-{}", random.string(7))),
+        records,
+    });
+    if let Some(transactions) = &transactions {
+        println!(
+            "Transactions: {} records each, ids {}-producer-*; consumers' isolation.level {}",
+            transactions.records,
+            transactions.id_prefix,
+            driver_settings.isolation_level()
+        );
+    }
 
     let mut clients = Clients {
         producer_stats: Vec::new(),
@@ -202,13 +236,13 @@ pub fn run_workload(
         producers_count: 0,
         expected_probe_messages: 0,
     };
-    let started =
-        start_clients(workload, &topics, mode, &consumer_config, &producer_config, payloads, keys, &mut clients);
+    let producers = ProducerTemplate { config: &producer_config, payloads, keys, transactions: transactions.as_ref() };
+    let started = start_clients(workload, &topics, mode, &consumer_config, &producers, &mut clients);
     if let Err(error) = started.and_then(|()| wait_ready(&clients)) {
         clients.stop();
         return Err(error);
     }
-    let outcome = run_phases(workload, options, &clients, mode);
+    let outcome = run_phases(workload, options, &clients, mode, transactions.as_ref().map(|t| t.records));
     clients.stop();
     let mut result = outcome?;
     result.driver = driver_settings.name.clone();
@@ -314,15 +348,20 @@ pub fn resolve_payload(workload_path: &Path, file: &str) -> Option<PathBuf> {
     folder.ancestors().take(4).map(|dir| dir.join(file)).find(|candidate| candidate.is_file())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every producer of a run shares.
+struct ProducerTemplate<'a> {
+    config: &'a rdkafka::ClientConfig,
+    payloads: Arc<Vec<Vec<u8>>>,
+    keys: Arc<Vec<String>>,
+    transactions: Option<&'a Transactions>,
+}
+
 fn start_clients(
     workload: &Workload,
     topics: &[(String, u32)],
     mode: ConsumerMode,
     consumer_config: &rdkafka::ClientConfig,
-    producer_config: &rdkafka::ClientConfig,
-    payloads: Arc<Vec<Vec<u8>>>,
-    keys: Arc<Vec<String>>,
+    producers: &ProducerTemplate<'_>,
     clients: &mut Clients,
 ) -> anyhow::Result<()> {
     let mut random = XorShift::seeded(5);
@@ -351,15 +390,21 @@ fn start_clients(
     }
     println!("Created {} consumers", clients.consumer_stats.len());
     for (topic_index, (topic, _)) in topics.iter().enumerate() {
-        let producers = workload.producers_of(topic_index);
-        for producer_index in 0..producers {
+        let producers_count = workload.producers_of(topic_index);
+        for producer_index in 0..producers_count {
+            let label = format!("producer-{topic_index}-{producer_index}");
+            let transaction = producers.transactions.map(|transactions| TransactionSpec {
+                transactional_id: format!("{}-{label}", transactions.id_prefix),
+                records: transactions.records,
+            });
             let spec = ProducerSpec {
-                label: format!("producer-{topic_index}-{producer_index}"),
+                label,
                 topic: topic.clone(),
-                payloads: payloads.clone(),
+                payloads: producers.payloads.clone(),
                 key_distributor: workload.key_distributor,
-                keys: keys.clone(),
-                config: producer_config.clone(),
+                keys: producers.keys.clone(),
+                config: producers.config.clone(),
+                transaction,
             };
             let stats = Arc::new(ClientStats::default());
             let handle = kafka::spawn_producer(spec, stats.clone(), clients.producer_control.clone())?;
@@ -431,6 +476,7 @@ fn run_phases(
     options: &RunOptions,
     clients: &Clients,
     mode: ConsumerMode,
+    records_per_transaction: Option<u32>,
 ) -> anyhow::Result<TestResult> {
     let rate = options.producer_rate.or(workload.rate_at(0.0));
     let discovery = match rate {
@@ -456,6 +502,10 @@ fn run_phases(
             consumer_mode: mode.as_str().to_string(),
             sample_period_seconds: sample_period.as_secs_f64(),
             broker: options.broker_label.clone(),
+            transactions: records_per_transaction.map(|records| TransactionFigures {
+                records_per_transaction: records,
+                ..TransactionFigures::default()
+            }),
             ..SluiceExtras::default()
         },
         is_terminal: std::io::stderr().is_terminal(),
@@ -511,6 +561,9 @@ impl Phase<'_> {
         self.extras.publish_throughput_mb.clear();
         self.extras.consume_throughput_mb.clear();
         self.extras.target_rate.clear();
+        if let Some(transactions) = self.extras.transactions.as_mut() {
+            transactions.transaction_rate.clear();
+        }
         let start_ns = monotonic_ns();
         let end_ns = start_ns + duration.as_nanos() as u64;
         let phase_counters_start = self.clients.counters();
@@ -551,8 +604,15 @@ impl Phase<'_> {
         self.extras.measured_messages_sent = counters.messages_sent;
         self.extras.measured_bytes_sent = counters.bytes_sent;
         self.extras.measured_seconds = (monotonic_ns() - start_ns) as f64 / 1e9;
+        if let Some(transactions) = self.extras.transactions.as_mut() {
+            transactions.measured_transactions = counters.transactions_committed;
+            transactions.measured_aborts = counters.transactions_aborted;
+            transactions.aggregated_transaction_rate =
+                counters.transactions_committed as f64 / self.extras.measured_seconds.max(1e-9);
+            transactions.set_commit_latency(&cumulative.commit_us);
+        }
         result.set_aggregated(&cumulative);
-        print_aggregated(&cumulative);
+        print_aggregated(&cumulative, self.extras.transactions.as_ref());
         Ok(result)
     }
 
@@ -573,6 +633,10 @@ impl Phase<'_> {
         self.extras.publish_throughput_mb.push(publish_mb);
         self.extras.consume_throughput_mb.push(consume_mb);
         self.extras.target_rate.push(self.target_rate);
+        let transaction_rate = delta.transactions_committed as f64 / elapsed_s;
+        if let Some(transactions) = self.extras.transactions.as_mut() {
+            transactions.transaction_rate.push(transaction_rate);
+        }
         if self.is_terminal {
             eprint!("\r\x1b[2K");
         }
@@ -604,6 +668,17 @@ impl Phase<'_> {
             ms(e2e.p999),
             ms(e2e.max),
         );
+        if self.extras.transactions.is_some() {
+            let commit = Summary::of(&period.commit_us);
+            println!(
+                "    Txn rate {transaction_rate:7.1} tx/s | Aborted {} | Commit Latency (ms) avg: {:4.1} - 50%: {:4.1} - 99%: {:4.1} - Max: {:4.1}",
+                delta.transactions_aborted,
+                commit.mean / 1000.0,
+                ms(commit.p50),
+                ms(commit.p99),
+                ms(commit.max),
+            );
+        }
     }
 
     fn progress(&self, elapsed_ns: u64, duration: Duration) {
@@ -689,7 +764,7 @@ impl Phase<'_> {
     }
 }
 
-fn print_aggregated(cumulative: &LatencySet) {
+fn print_aggregated(cumulative: &LatencySet, transactions: Option<&TransactionFigures>) {
     let publish = Summary::of(&cumulative.publish_us);
     let delay = Summary::of(&cumulative.publish_delay_us);
     let e2e = Summary::of(&cumulative.end_to_end_us);
@@ -721,4 +796,18 @@ fn print_aggregated(cumulative: &LatencySet) {
         ms(e2e.p9999),
         ms(e2e.max)
     );
+    if let Some(tx) = transactions {
+        println!(
+            "----- Aggregated Txn rate {:.1} tx/s ({} records each, {} committed, {} aborted) | Commit Latency (ms) avg: {:4.1} - 50%: {:4.1} - 99%: {:4.1} - 99.9%: {:4.1} - Max: {:4.1}",
+            tx.aggregated_transaction_rate,
+            tx.records_per_transaction,
+            tx.measured_transactions,
+            tx.measured_aborts,
+            tx.aggregated_commit_latency_avg,
+            tx.aggregated_commit_latency_50pct,
+            tx.aggregated_commit_latency_99pct,
+            tx.aggregated_commit_latency_999pct,
+            tx.aggregated_commit_latency_max,
+        );
+    }
 }

@@ -4,6 +4,8 @@
 //! The `sluice` binary is taken from `$SLUICE_BIN`, else `target/release/sluice` or
 //! `target/debug/sluice` of the workspace. Set `SLUICE_BENCH_KAFKA_TEST=1` to also run
 //! the same workload against Apache Kafka (installed from Maven Central on first use).
+//! The transactional driver runs the same workload once more, with producers committing
+//! every 100 records and read_committed consumers.
 
 use std::path::{Path, PathBuf};
 
@@ -101,7 +103,7 @@ fn check(result: &TestResult) {
 /// and the disk and measure each other.
 static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn run_and_check(args: RunArgs) {
+fn run_and_check(args: RunArgs) -> TestResult {
     let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let written = sluice_bench::run_workloads(args).expect("bench run");
     assert_eq!(written.len(), 1);
@@ -109,6 +111,7 @@ fn run_and_check(args: RunArgs) {
     check(&result);
     let charts = written[0].with_extension("charts");
     assert!(charts.join("index.html").is_file(), "no chart page in {}", charts.display());
+    result
 }
 
 #[test]
@@ -119,6 +122,23 @@ fn smoke_workload_against_sluice() {
     args.start_sluice = true;
     args.sluice_bin = Some(bin);
     run_and_check(args);
+}
+
+#[test]
+fn transactional_smoke_workload_against_sluice() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.drivers = vec![workspace().join("bench/local/drivers/local-throughput-transactions.yaml")];
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    let result = run_and_check(args);
+    let transactions = result.sluice.and_then(|extras| extras.transactions).expect("transaction figures");
+    assert_eq!(transactions.records_per_transaction, 100);
+    assert!(transactions.measured_transactions > 0, "{transactions:?}");
+    assert_eq!(transactions.measured_aborts, 0, "{transactions:?}");
+    assert!(transactions.aggregated_transaction_rate > 0.0, "{transactions:?}");
+    assert!(transactions.aggregated_commit_latency_50pct > 0.0, "{transactions:?}");
 }
 
 #[test]
