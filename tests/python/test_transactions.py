@@ -724,3 +724,54 @@ def test_kafka_transactions_describe_producers_and_abort(broker, tools_cp):
     fresh.commit_transaction(30)
     committed = [r[3] for r in read_all(bs, topic, 1, "read_committed")]
     assert committed == [b"plain-0", b"plain-1", b"plain-2", b"fresh"], committed
+
+
+def test_offsets_of_a_rebalanced_away_member_are_refused(broker_factory):
+    """KIP-447 zombie fencing across rebalances: send_offsets_to_transaction carries the consumer's
+    member id and generation (TxnOffsetCommit v3). After a second member joined the group (a new
+    generation), a commit with the first member's old group metadata fails with
+    ILLEGAL_GENERATION, an abortable error, and commits nothing; with its current metadata the
+    same commit succeeds and the group's offset is the committed one."""
+    broker = broker_factory(extra_args=BROKER_ARGS)
+    bs = broker.bootstrap
+    topic, group = unique("fence-gen"), unique("fence-gen-group")
+    create_topic(bs, topic, 2)
+
+    def member():
+        c = Consumer(client_conf(bs, **{"group.id": group, "enable.auto.commit": False,
+                                        "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                                        "heartbeat.interval.ms": 500}))
+        c.subscribe([topic])
+        return c
+
+    def wait_assigned(consumers, sizes):
+        deadline = time.monotonic() + 30
+        while [len(c.assignment()) for c in consumers] != sizes:
+            assert time.monotonic() < deadline, [c.assignment() for c in consumers]
+            for c in consumers:
+                c.poll(0.1)
+
+    first = member()
+    wait_assigned([first], [2])
+    old_metadata = first.consumer_group_metadata()
+    second = member()
+    wait_assigned([first, second], [1, 1])
+
+    producer = txn_producer(bs, unique("fence-gen-txn"))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"x", partition=0)
+    with pytest.raises(KafkaException) as info:
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, 42)], old_metadata, 30)
+    err = info.value.args[0]
+    assert err.code() == KafkaError.ILLEGAL_GENERATION and err.txn_requires_abort(), err
+    producer.abort_transaction(30)
+
+    producer.begin_transaction()
+    producer.produce(topic, value=b"y", partition=0)
+    producer.send_offsets_to_transaction([TopicPartition(topic, 0, 7)], first.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+    committed = first.committed([TopicPartition(topic, 0)], timeout=30)
+    assert committed[0].offset == 7, committed
+    first.close()
+    second.close()

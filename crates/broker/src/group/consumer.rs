@@ -818,6 +818,19 @@ impl ConsumerGroup {
         Ok(())
     }
 
+    /// TxnOffsetCommit from a member (KIP-447): its member epoch must be current; TxnOffsetCommit
+    /// has no STALE_MEMBER_EPOCH, so a stale one is ILLEGAL_GENERATION.
+    pub(crate) fn validate_transactional_commit(&self, member_id: &str, member_epoch: i32) -> Result<(), GroupError> {
+        if member_epoch < 0 && self.members.is_empty() {
+            return Ok(());
+        }
+        let member = self.members.get(member_id).ok_or(GroupError::UnknownMemberId)?;
+        if member_epoch != member.member_epoch {
+            return Err(GroupError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
     /// OffsetFetch v9 from a member (Kafka's `ConsumerGroup.validateOffsetFetch`); requests
     /// without a member id and epoch (admin tools) are always allowed.
     pub(crate) fn validate_fetch(&self, member_id: Option<&str>, member_epoch: i32) -> Result<(), GroupError> {

@@ -352,6 +352,33 @@ impl GroupCoordinator {
         self.write_commits(&shard, group_id, commits, syncer)
     }
 
+    /// TxnOffsetCommit's committer (KIP-447): one that names its member or generation must
+    /// be a current member at the group's generation (member epoch), so a producer whose
+    /// consumer was rebalanced away cannot commit offsets for partitions it lost. Clients
+    /// before KIP-447 send no member and generation -1 and are checked by their producer
+    /// epoch alone, as in Kafka.
+    pub(crate) fn validate_transactional_commit(
+        &self,
+        group_id: &str,
+        committer: Committer<'_>,
+    ) -> Result<(), GroupError> {
+        validate_group_id(group_id)?;
+        self.serving(group_id)?;
+        let Committer { member_id, group_instance_id, generation_id, .. } = committer;
+        if generation_id < 0 && member_id.is_empty() && group_instance_id.is_none() {
+            return Ok(());
+        }
+        let groups = self.groups.lock();
+        if let Some(group) = groups.consumer.get(group_id) {
+            return group.validate_transactional_commit(member_id, generation_id);
+        }
+        match groups.classic.get(group_id) {
+            Some(group) => group.validate_transactional_commit(member_id, group_instance_id, generation_id),
+            None if generation_id < 0 => Ok(()),
+            None => Err(GroupError::UnknownMemberId),
+        }
+    }
+
     /// Commits the offsets a transaction carried (TxnOffsetCommit), once the transaction
     /// coordinator decided to commit it: the committer was checked when they were sent.
     pub(crate) fn commit_transactional_offsets(

@@ -847,6 +847,34 @@ impl Group {
         Ok(())
     }
 
+    /// TxnOffsetCommit from a member (KIP-447): unlike OffsetCommit it is not refused while
+    /// the group completes a rebalance (the offsets apply only when the transaction commits).
+    pub(crate) fn validate_transactional_commit(
+        &self,
+        member_id: &str,
+        group_instance_id: Option<&str>,
+        generation_id: i32,
+    ) -> Result<(), GroupError> {
+        if self.state == GroupState::Dead {
+            return Err(GroupError::CoordinatorNotAvailable);
+        }
+        if let Some(instance_id) = group_instance_id {
+            if self.static_members.get(instance_id).is_some_and(|current| current != member_id) {
+                return Err(GroupError::FencedInstanceId);
+            }
+        }
+        if generation_id < 0 && self.state == GroupState::Empty {
+            return Ok(());
+        }
+        if !self.members.contains_key(member_id) {
+            return Err(GroupError::UnknownMemberId);
+        }
+        if generation_id != self.generation_id {
+            return Err(GroupError::IllegalGeneration);
+        }
+        Ok(())
+    }
+
     /// Deadlines: KIP-394 seats and sessions expire, a join phase or a sync wait ends.
     pub(crate) fn tick(&mut self, now_ms: i64, timing: &Timing) {
         if self.state == GroupState::Dead {

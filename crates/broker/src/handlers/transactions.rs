@@ -23,6 +23,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::ResponseError;
 
 use super::{str_bytes, Session};
+use crate::group::error::GroupError;
 use crate::security::acl;
 use crate::txn::{wait_markers, write_marker, Marker, PendingOffset, TransactionCoordinator};
 use crate::Broker;
@@ -158,6 +159,7 @@ pub(super) fn txn_offset_commit(
     broker: &Arc<Broker>,
     session: &Session,
     request: TxnOffsetCommitRequest,
+    version: i16,
 ) -> TxnOffsetCommitResponse {
     let offsets: Vec<PendingOffset> = request
         .topics
@@ -172,8 +174,20 @@ pub(super) fn txn_offset_commit(
             })
         })
         .collect();
+    let committer = crate::group::Committer {
+        member_id: request.member_id.as_str(),
+        group_instance_id: request.group_instance_id.as_deref(),
+        generation_id: request.generation_id,
+        version,
+    };
     let result = may_write_transaction(broker, session, request.transactional_id.as_str())
         .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
+        .and_then(|()| {
+            broker
+                .groups
+                .validate_transactional_commit(request.group_id.as_str(), committer)
+                .map_err(GroupError::response_error)
+        })
         .and_then(|()| coordinator(broker))
         .and_then(|coordinator| {
             coordinator.commit_offsets(
