@@ -775,3 +775,55 @@ def test_offsets_of_a_rebalanced_away_member_are_refused(broker_factory):
     assert committed[0].offset == 7, committed
     first.close()
     second.close()
+
+
+def test_java_consume_transform_produce_survives_broker_kill_9(broker_factory, java_cp):
+    """The Java client's exactly-once loop (tests/java/.../TransactionalCopier.java:
+    sendOffsetsToTransaction with the consumer's group metadata, every third transaction aborted
+    after its records reached the log) copies 2000 records while the broker is SIGKILLed and
+    restarted three times at random moments. The copier handles errors as the Java client
+    documents (abortable: abort and rewind; fatal or timed out: a new producer with the same
+    transactional.id). In the end read_committed `out` holds each input key exactly once with the
+    transformed value, and the group's committed offsets on `in` are the end offsets."""
+    seed = int(os.environ.get("SLUICE_TEST_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    broker = broker_factory(extra_args=BROKER_ARGS)
+    bs = broker.bootstrap
+    create_topic(bs, "in", PARTITIONS)
+    create_topic(bs, "out", PARTITIONS)
+    produce_input(bs, "in", N)
+
+    copier = JavaProcess(java_cp, "sluice.tests.TransactionalCopier",
+                         ["--bootstrap", bs, "--input", "in", "--output", "out", "--group", "java-eos",
+                          "--transactional-id", "java-eos-app", "--expect", str(N)])
+    kills = 0
+    try:
+        for stage in range(1, 4):
+            # Kill once the copier committed past stage/4 of the input, at a random moment after.
+            deadline = time.monotonic() + 120
+            while not any(line.startswith("COMMITTED ") and int(line.split()[1]) >= stage * N // 5
+                          for _, line in copier.lines):
+                assert time.monotonic() < deadline and copier.proc.poll() is None, \
+                    f"seed {seed}: no progress to stage {stage}\n{copier.result().report()}"
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.3))
+            broker.kill()
+            kills += 1
+            time.sleep(0.3)
+            broker.start()
+        copier.wait_for_line("DONE", 180)
+        res = copier.wait(30)
+    finally:
+        copier.kill()
+    ctx = f"seed {seed}, {kills} kills\n{res.report()}\n--- broker log (tail) ---\n{broker.log()[-4000:]}"
+    assert res.returncode == 0, ctx
+    committed = read_all(bs, "out", PARTITIONS, "read_committed")
+    check_exactly_once(committed, N, f"read_committed consumer of out ({ctx[:200]})")
+    uncommitted = read_all(bs, "out", PARTITIONS, "read_uncommitted")
+    assert len(uncommitted) > N, f"no aborted records in the log: the aborts were not exercised; {ctx}"
+    end = offsets(bs, "in", PARTITIONS, IsolationLevel.READ_UNCOMMITTED)
+    assert committed_offsets(bs, "java-eos", "in") == end, ctx
+    commits = sum(line.startswith("COMMITTED ") for _, line in copier.lines)
+    recoveries = [line for _, line in copier.lines if "new producer" in line or "aborting after" in line]
+    print(f"seed {seed}: {commits} commits, {len(uncommitted) - N} aborted records in the log, "
+          f"{len(recoveries)} recoveries from client errors: {recoveries[:6]}")
