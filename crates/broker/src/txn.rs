@@ -17,7 +17,7 @@
 //! Not yet: a cluster's coordinator (`__transaction_state` replicated with failover), so
 //! in cluster mode transactional producers are refused.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,9 +94,52 @@ struct Stored {
     transactions: BTreeMap<String, TxnMetadata>,
 }
 
+/// The transactions by transactional id, and the id of each producer id (every transactional
+/// batch looks its producer up: O(log n), not a scan).
+#[derive(Default)]
+struct Transactions {
+    by_id: BTreeMap<String, TxnMetadata>,
+    ids_by_producer: HashMap<i64, String>,
+}
+
+impl Transactions {
+    fn new(by_id: BTreeMap<String, TxnMetadata>) -> Transactions {
+        let ids_by_producer = by_id.iter().map(|(id, meta)| (meta.producer_id, id.clone())).collect();
+        Transactions { by_id, ids_by_producer }
+    }
+
+    /// The only way an entry (and so a producer id) is added or replaced.
+    fn insert(&mut self, transactional_id: String, meta: TxnMetadata) {
+        if let Some(old) = self.by_id.get(&transactional_id) {
+            self.ids_by_producer.remove(&old.producer_id);
+        }
+        self.ids_by_producer.insert(meta.producer_id, transactional_id.clone());
+        self.by_id.insert(transactional_id, meta);
+        debug_assert_eq!(self.ids_by_producer.len(), self.by_id.len());
+    }
+
+    fn by_producer(&self, producer_id: i64) -> Option<&TxnMetadata> {
+        self.ids_by_producer.get(&producer_id).and_then(|id| self.by_id.get(id))
+    }
+}
+
+impl std::ops::Deref for Transactions {
+    type Target = BTreeMap<String, TxnMetadata>;
+    fn deref(&self) -> &Self::Target {
+        &self.by_id
+    }
+}
+
+/// Entries are changed in place (never their producer id) through `get_mut`/`iter_mut`.
+impl std::ops::DerefMut for Transactions {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.by_id
+    }
+}
+
 pub(crate) struct TransactionCoordinator {
     path: PathBuf,
-    transactions: Mutex<BTreeMap<String, TxnMetadata>>,
+    transactions: Mutex<Transactions>,
     /// One completion (markers, offsets) at a time, so EndTxn, a timeout and a restart's
     /// recovery never write a transaction's markers twice at once.
     completing: tokio::sync::Mutex<()>,
@@ -131,7 +174,11 @@ impl TransactionCoordinator {
             Err(error) if error.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
             Err(error) => return Err(error),
         };
-        Ok(TransactionCoordinator { path, transactions: Mutex::new(transactions), completing: Default::default() })
+        Ok(TransactionCoordinator {
+            path,
+            transactions: Mutex::new(Transactions::new(transactions)),
+            completing: Default::default(),
+        })
     }
 
     /// Makes `transactions` durable (called with the lock held, before answering).
@@ -416,7 +463,7 @@ impl TransactionCoordinator {
         append: impl FnOnce() -> R,
     ) -> Result<R, ResponseError> {
         let transactions = self.transactions.lock();
-        let meta = transactions.values().find(|meta| meta.producer_id == producer_id);
+        let meta = transactions.by_producer(producer_id);
         match meta {
             None => Err(ResponseError::InvalidProducerIdMapping),
             Some(meta) if meta.producer_epoch > producer_epoch => Err(ResponseError::InvalidProducerEpoch),
