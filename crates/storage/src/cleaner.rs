@@ -9,7 +9,9 @@
 //! 3. Every cleanable segment below that point is copied into the cleaning directory
 //!    without what is superseded: a record whose key has a later offset in the map, a
 //!    record without a key, a tombstone that was already cleaned once and is older
-//!    than `delete.retention.ms`, and an aborted transaction's records. A batch whose records all stay is copied byte for byte;
+//!    than `delete.retention.ms`, an aborted transaction's records, and a transaction
+//!    marker whose transaction has no record left (after `delete.retention.ms`, as a
+//!    tombstone). A batch whose records all stay is copied byte for byte;
 //!    a batch that loses some is rebuilt with the rest ([`records::rebuild`], same offsets,
 //!    codec and producer fields); an emptied batch goes, unless it is its producer's last
 //!    (then its header stays, so the producer's sequence survives a replay).
@@ -20,7 +22,7 @@
 //! writes are paced by `log.cleaner.io.max.bytes.per.second` so it cannot take the disk
 //! from producers. Only the offset map and one batch at a time are in memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -134,6 +136,7 @@ pub fn clean_partition(
     let mut stats = CleanStats::default();
     let mut tombstones_due_ms: Option<i64> = None;
     let delete_horizon_ms = now_ms.saturating_sub(plan.config.delete_retention_ms);
+    let mut transactions_with_data = HashSet::new();
     for segment in plan.segments.iter().filter(|s| s.base < map_end) {
         if stop() {
             return Ok(Some(stats));
@@ -148,6 +151,7 @@ pub fn clean_partition(
             delete_horizon_ms,
             delete_retention_ms: plan.config.delete_retention_ms,
             tombstones_due_ms: &mut tombstones_due_ms,
+            transactions_with_data: &mut transactions_with_data,
         };
         if let Some(cleaned) = copy_cleaned(partition, segment, &cleaning_dir, &mut filter, now_ms, pacer, &mut stats)?
         {
@@ -206,9 +210,27 @@ struct RecordFilter<'a> {
     delete_horizon_ms: i64,
     delete_retention_ms: i64,
     tombstones_due_ms: &'a mut Option<i64>,
+    /// Producers whose current transaction still has records in the cleaned log (the
+    /// segments are visited in offset order, so a transaction's data before its marker).
+    transactions_with_data: &'a mut HashSet<i64>,
 }
 
 impl RecordFilter<'_> {
+    /// Whether a transaction marker stays. As in Kafka, it goes once no record of its
+    /// transaction is left and, like a tombstone, it has been through a pass and is older
+    /// than `delete.retention.ms` (so a consumer that read its records sees it too).
+    fn keeps_marker(&mut self, header: &BatchHeader) -> bool {
+        if self.transactions_with_data.remove(&header.producer_id) {
+            return true;
+        }
+        if self.tombstones_removable && header.max_timestamp < self.delete_horizon_ms {
+            return false;
+        }
+        let due = header.max_timestamp.saturating_add(self.delete_retention_ms);
+        *self.tombstones_due_ms = Some(self.tombstones_due_ms.map_or(due, |d| d.min(due)));
+        true
+    }
+
     fn keeps(&mut self, header: &BatchHeader, key: Option<&[u8]>, tombstone: bool, offset: i64) -> bool {
         let Some(key) = key else { return false };
         if self.map.get(&key_hash(key)).is_some_and(|&latest| latest > offset) {
@@ -243,6 +265,10 @@ fn copy_cleaned(
     for_each_batch(&segment.file, segment.size, pacer, &mut |header, bytes| {
         let written = bytes.len() as u64;
         if header.is_control() {
+            if !filter.keeps_marker(header) {
+                changed = true;
+                return Ok(0);
+            }
             return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size).map(|_| written);
         }
         if is_aborted(filter.aborted, header) {
@@ -263,6 +289,9 @@ fn copy_cleaned(
             }
         }
         if kept_count == header.record_count {
+            if header.is_transactional() {
+                filter.transactions_with_data.insert(header.producer_id);
+            }
             return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size).map(|_| written);
         }
         changed = true;
@@ -271,6 +300,10 @@ fn copy_cleaned(
             header.has_producer_id() && partition.last_producer_batch(header.producer_id) == Some(header.base_offset);
         if kept_count == 0 && !last_of_producer {
             return Ok(0);
+        }
+        // A kept header-only batch still opens its transaction on a replay: its marker stays.
+        if header.is_transactional() {
+            filter.transactions_with_data.insert(header.producer_id);
         }
         let rebuilt = records::rebuild(bytes, header, &kept, kept_count)?;
         let rebuilt_header = batch::validate_stored_batch(&rebuilt)

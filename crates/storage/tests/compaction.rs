@@ -233,3 +233,104 @@ fn uncompacted_and_keyless_input_is_refused_or_left_alone() {
     assert_eq!(clean(&partition, NOW_MS), None);
     assert_eq!(consume(&partition).len(), 10 * 20 + 2 + 1 + 2);
 }
+
+/// A transactional batch of `producer_id` with one record per key, starting at `sequence`.
+fn transactional(producer_id: i64, sequence: i32, keys: &[&str]) -> Bytes {
+    let records: Vec<Record> = (0..)
+        .zip(keys)
+        .map(|(i, key)| Record {
+            transactional: true,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id,
+            producer_epoch: 0,
+            timestamp_type: TimestampType::Creation,
+            offset: i64::from(i),
+            sequence: sequence + i,
+            timestamp: NOW_MS,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::from_static(b"v")),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
+    buf.freeze()
+}
+
+/// (base offset, producer id) of every control batch (transaction marker) in the log.
+fn markers(partition: &Partition) -> Vec<(i64, i64)> {
+    let bytes = partition.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    let mut found = Vec::new();
+    let mut offset = 0;
+    let mut bytes = bytes;
+    while !bytes.is_empty() {
+        let mut last = offset;
+        for item in sluice_storage::batch::BatchIter::new(&bytes) {
+            let header = item.unwrap().0;
+            if header.is_control() {
+                found.push((header.base_offset, header.producer_id));
+            }
+            last = header.last_offset();
+        }
+        offset = last + 1;
+        if offset >= partition.offsets().high_watermark {
+            break;
+        }
+        bytes = partition.read(offset, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    }
+    found
+}
+
+#[test]
+fn transaction_markers_go_once_their_records_are_gone_and_delete_retention_passed() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(dir.path(), compacted_config()).unwrap();
+    // 0-2: producer 7 commits k0..k2 (marker at 3); 4-5: producer 9 aborts k0, k1 (marker
+    // at 6); 7-9: plain k0..k2 supersede them; 10: producer 7 commits "keep7" (marker at 11),
+    // which nothing supersedes.
+    partition.append(&transactional(7, 0, &["k0", "k1", "k2"]), 0, NOW_MS).unwrap();
+    partition.append_marker(7, 0, true, 0, 0, NOW_MS).unwrap();
+    partition.append(&transactional(9, 0, &["k0", "k1"]), 0, NOW_MS).unwrap();
+    partition.append_marker(9, 0, false, 0, 0, NOW_MS).unwrap();
+    partition
+        .append(
+            &batch(&[("k0", Some("a")), ("k1", Some("b")), ("k2", Some("c"))], NOW_MS, Compression::None),
+            0,
+            NOW_MS,
+        )
+        .unwrap();
+    partition.append(&transactional(7, 3, &["keep7"]), 0, NOW_MS).unwrap();
+    partition.append_marker(7, 0, true, 0, 0, NOW_MS).unwrap();
+    let filler = "f".repeat(2100);
+    partition.append(&batch(&[("sentinel", Some(&filler))], NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+    partition.append(&batch(&[("sentinel", Some("last"))], NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+    assert_eq!(markers(&partition), vec![(3, 7), (6, 9), (11, 7)]);
+
+    // The first pass drops the superseded and aborted records but keeps every marker: none
+    // has been through a pass yet.
+    clean(&partition, NOW_MS).expect("a pass is due");
+    assert_eq!(markers(&partition), vec![(3, 7), (6, 9), (11, 7)]);
+    // Past delete.retention.ms the markers of emptied transactions go; the one whose record
+    // is still there stays.
+    clean(&partition, NOW_MS + 60_001).expect("the kept markers make a pass due");
+    assert_eq!(markers(&partition), vec![(11, 7)]);
+    let keys: Vec<String> = consume(&partition).into_iter().map(|(_, k, _)| k).collect();
+    assert_eq!(&keys[..4], &["k0", "k1", "k2", "keep7"], "{keys:?}");
+
+    // Replayed from the log, no transaction is left open: the last stable offset is the end.
+    let end = partition.offsets().log_end_offset;
+    partition.close().unwrap();
+    drop(partition);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snapshot") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets().last_stable_offset, end);
+    assert!(!reopened.has_open_transaction(7) && !reopened.has_open_transaction(9));
+}
