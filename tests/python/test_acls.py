@@ -203,3 +203,41 @@ def test_authorized_operations_say_what_a_principal_may_do(secured):
     everything = set(admin.describe_cluster(include_authorized_operations=True).result(timeout=10).authorized_operations)
     assert {AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
             AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE} <= everything, everything
+
+
+def test_ending_a_transaction_by_hand_needs_cluster_action(secured, tools_cp, tmp_path):  # noqa: F811
+    """`kafka-transactions.sh abort` sends WriteTxnMarkers to the partition leader, which Kafka
+    allows only with CLUSTER_ACTION on the cluster: alice, who may read and write the topic, is
+    refused and no marker is written; the super user's abort writes one."""
+    from confluent_kafka import TopicPartition
+
+    broker = secured.broker
+    acls(tools_cp, broker, "--add", "--allow-principal", "User:alice", "--operation", "Read", "--operation", "Write",
+         "--operation", "Describe", "--topic", "orders")
+    config = tmp_path / "alice.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="alice-secret";\n'
+    )
+    abort = ["abort", "--topic", "orders", "--partition", "0", "--producer-id", "12345", "--producer-epoch", "0",
+             "--coordinator-epoch", "0"]
+
+    def end_offset():
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "acl-abort-probe"})
+        try:
+            return consumer.get_watermark_offsets(TopicPartition("orders", 0), timeout=10)[1]
+        finally:
+            consumer.close()
+
+    before = end_offset()
+    res = run_java(tools_cp, "org.apache.kafka.tools.TransactionsCommand",
+                   ["--bootstrap-server", f"127.0.0.1:{secured.sasl_port}", "--command-config", str(config), *abort],
+                   timeout=120)
+    assert res.returncode != 0 and "cluster authorization" in res.stdout + res.stderr, res.report()
+    assert end_offset() == before, "a refused WriteTxnMarkers wrote a marker"
+
+    res = run_java(tools_cp, "org.apache.kafka.tools.TransactionsCommand",
+                   ["--bootstrap-server", broker.bootstrap, *abort], timeout=120)
+    assert res.returncode == 0, f"{res.report()}\n--- broker log ---\n{broker.log()[-3000:]}"
+    assert end_offset() == before + 1, "the super user's abort wrote no marker"

@@ -17,6 +17,7 @@ pub mod server;
 mod topic_config;
 pub mod topics;
 mod txn;
+mod txn_log;
 
 use std::io;
 use std::sync::Arc;
@@ -158,7 +159,7 @@ impl Broker {
             Some(_) => GroupCoordinator::replicated(timing, settings),
         };
         let transactions = match &config.cluster {
-            None => Some(Arc::new(txn::TransactionCoordinator::open(&config.data_dir)?)),
+            None => Some(Arc::new(txn::TransactionCoordinator::open(&config.data_dir, logs.syncer())?)),
             Some(_) => None,
         };
         Ok(Arc::new(Broker {
@@ -283,6 +284,9 @@ impl Broker {
     pub fn close(&self) {
         self.logs.close();
         self.groups.close();
+        if let Some(transactions) = &self.transactions {
+            transactions.close();
+        }
     }
 }
 

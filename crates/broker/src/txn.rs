@@ -2,9 +2,10 @@
 //!
 //! One entry per `transactional.id`: its producer id and epoch, its state
 //! (Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort), the
-//! partitions and group offsets it wrote. Every change is written to
-//! `<data_dir>/transactions.json` (atomically, fsynced) before it is answered, so a decision
-//! survives a crash: a transaction found in a Prepare state at startup is completed again.
+//! partitions and group offsets it wrote. Every change is appended to the transaction log
+//! (`txn_log.rs`, fsynced by the group-commit syncer, never under this coordinator's lock)
+//! and answered once durable, so a decision survives a crash: a transaction found in a
+//! Prepare state at startup is completed again. A decision is durable before any marker.
 //!
 //! Ending a transaction writes a commit or abort marker to each of its partitions
 //! ([`sluice_storage::Partition::append_marker`]) and waits until each is durable; a commit
@@ -19,18 +20,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use sluice_storage::Syncer;
+
 use crate::group::offsets::CommittedOffset;
+use crate::txn_log::{PendingChange, TxnLog};
 use crate::Broker;
 
-const TRANSACTIONS_FILE: &str = "transactions.json";
-const TRANSACTIONS_FILE_VERSION: u32 = 1;
 /// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.
 pub const TRANSACTION_TIMEOUT_MS_MAX: i32 = 900_000;
 /// The most transactional ids kept (each is a few hundred bytes in memory and on disk).
@@ -88,12 +89,6 @@ pub(crate) struct TxnMetadata {
     pub(crate) started_ms: i64,
 }
 
-#[derive(Default, Serialize, Deserialize)]
-struct Stored {
-    version: u32,
-    transactions: BTreeMap<String, TxnMetadata>,
-}
-
 /// The transactions by transactional id, and the id of each producer id (every transactional
 /// batch looks its producer up: O(log n), not a scan).
 #[derive(Default)]
@@ -138,7 +133,7 @@ impl std::ops::DerefMut for Transactions {
 }
 
 pub(crate) struct TransactionCoordinator {
-    path: PathBuf,
+    log: TxnLog,
     transactions: Mutex<Transactions>,
     /// One completion (markers, offsets) at a time, so EndTxn, a timeout and a restart's
     /// recovery never write a transaction's markers twice at once.
@@ -157,38 +152,32 @@ fn check_producer(meta: &TxnMetadata, producer_id: i64, producer_epoch: i16) -> 
 }
 
 impl TransactionCoordinator {
-    pub(crate) fn open(data_dir: &std::path::Path) -> io::Result<TransactionCoordinator> {
-        let path = data_dir.join(TRANSACTIONS_FILE);
-        let transactions = match std::fs::read(&path) {
-            Ok(body) => {
-                let stored: Stored = serde_json::from_slice(&body)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
-                if stored.version != TRANSACTIONS_FILE_VERSION {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{}: unknown version {}", path.display(), stored.version),
-                    ));
-                }
-                stored.transactions
-            }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(error) => return Err(error),
-        };
+    pub(crate) fn open(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
+        let (log, transactions) = TxnLog::open(data_dir, syncer)?;
         Ok(TransactionCoordinator {
-            path,
+            log,
             transactions: Mutex::new(Transactions::new(transactions)),
             completing: Default::default(),
         })
     }
 
-    /// Makes `transactions` durable (called with the lock held, before answering).
-    fn persist(&self, transactions: &BTreeMap<String, TxnMetadata>) -> Result<(), ResponseError> {
-        let stored = Stored { version: TRANSACTIONS_FILE_VERSION, transactions: transactions.clone() };
-        let body = serde_json::to_vec(&stored).expect("serializable");
-        sluice_storage::write_file_atomically(&self.path, &body).map_err(|error| {
-            tracing::error!(%error, "could not persist transaction state");
-            ResponseError::KafkaStorageError
-        })
+    /// Appends `transactional_id`'s metadata as it is now (under the lock, so the log
+    /// holds the changes in their order); the caller answers once it is durable.
+    fn record(
+        &self,
+        broker: &Broker,
+        transactions: &Transactions,
+        transactional_id: &str,
+    ) -> Result<PendingChange, ResponseError> {
+        let meta = transactions.get(transactional_id).expect("a recorded entry exists");
+        self.log.append(transactional_id, meta, broker.logs.syncer())
+    }
+
+    /// Clean shutdown.
+    pub(crate) fn close(&self) {
+        if let Err(error) = self.log.close() {
+            tracing::error!(%error, "failed to close the transaction log");
+        }
     }
 
     pub(crate) fn describe(&self, transactional_id: &str) -> Option<TxnMetadata> {
@@ -212,7 +201,7 @@ impl TransactionCoordinator {
             return Err(ResponseError::InvalidTransactionTimeout);
         }
         loop {
-            let unfinished = {
+            let (change, done) = {
                 let mut transactions = self.transactions.lock();
                 match transactions.get(transactional_id).cloned() {
                     None => {
@@ -223,20 +212,17 @@ impl TransactionCoordinator {
                             tracing::warn!(%error, "could not persist producer id block");
                             ResponseError::KafkaStorageError
                         })?;
-                        let meta = new_metadata(producer_id, 0, timeout_ms);
-                        transactions.insert(transactional_id.to_string(), meta);
-                        self.persist(&transactions)?;
-                        return Ok((producer_id, 0));
+                        transactions.insert(transactional_id.to_string(), new_metadata(producer_id, 0, timeout_ms));
+                        (Some(self.record(broker, &transactions, transactional_id)?), Some((producer_id, 0)))
                     }
                     Some(meta) if meta.state == TxnState::Ongoing => {
                         // Abort the old producer's transaction, fencing it with a new epoch.
                         let meta = transactions.get_mut(transactional_id).expect("present");
                         meta.producer_epoch = bumped(meta.producer_epoch);
                         meta.state = TxnState::PrepareAbort;
-                        self.persist(&transactions)?;
-                        true
+                        (Some(self.record(broker, &transactions, transactional_id)?), None)
                     }
-                    Some(meta) if meta.state.is_prepared() => true,
+                    Some(meta) if meta.state.is_prepared() => (None, None),
                     Some(meta) => {
                         let (producer_id, producer_epoch) = if meta.producer_epoch >= i16::MAX - 1 {
                             let producer_id =
@@ -249,19 +235,25 @@ impl TransactionCoordinator {
                             transactional_id.to_string(),
                             new_metadata(producer_id, producer_epoch, timeout_ms),
                         );
-                        self.persist(&transactions)?;
-                        return Ok((producer_id, producer_epoch));
+                        (
+                            Some(self.record(broker, &transactions, transactional_id)?),
+                            Some((producer_id, producer_epoch)),
+                        )
                     }
                 }
             };
-            if unfinished {
-                self.complete(broker, transactional_id).await?;
+            if let Some(change) = change {
+                self.log.wait_durable(change).await?;
+            }
+            match done {
+                Some(ids) => return Ok(ids),
+                None => self.complete(broker, transactional_id).await?,
             }
         }
     }
 
     /// AddPartitionsToTxn: the partitions the producer is about to write in its transaction.
-    pub(crate) fn add_partitions(
+    pub(crate) async fn add_partitions(
         &self,
         broker: &Broker,
         transactional_id: &str,
@@ -274,69 +266,80 @@ impl TransactionCoordinator {
                 return Err(ResponseError::UnknownTopicOrPartition);
             }
         }
-        self.update_ongoing(transactional_id, producer_id, producer_epoch, |meta| {
+        self.update_ongoing(broker, transactional_id, producer_id, producer_epoch, |meta| {
             meta.partitions.extend(partitions.iter().cloned());
         })
+        .await
     }
 
     /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`.
-    pub(crate) fn add_offsets(
+    pub(crate) async fn add_offsets(
         &self,
+        broker: &Broker,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
         group_id: &str,
     ) -> Result<(), ResponseError> {
-        self.update_ongoing(transactional_id, producer_id, producer_epoch, |meta| {
+        self.update_ongoing(broker, transactional_id, producer_id, producer_epoch, |meta| {
             meta.offsets.entry(group_id.to_string()).or_default();
         })
+        .await
     }
 
     /// TxnOffsetCommit: offsets to commit for `group_id` if the transaction commits.
-    pub(crate) fn commit_offsets(
+    pub(crate) async fn commit_offsets(
         &self,
+        broker: &Broker,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
         group_id: &str,
         offsets: Vec<PendingOffset>,
     ) -> Result<(), ResponseError> {
-        let mut transactions = self.transactions.lock();
-        let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
-        check_producer(meta, producer_id, producer_epoch)?;
-        if meta.state != TxnState::Ongoing {
-            return Err(ResponseError::InvalidTxnState);
-        }
-        let pending = meta.offsets.get_mut(group_id).ok_or(ResponseError::InvalidTxnState)?;
-        for offset in offsets {
-            pending.retain(|p| (p.topic.as_str(), p.partition) != (offset.topic.as_str(), offset.partition));
-            pending.push(offset);
-        }
-        self.persist(&transactions)
+        let change = {
+            let mut transactions = self.transactions.lock();
+            let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+            check_producer(meta, producer_id, producer_epoch)?;
+            if meta.state != TxnState::Ongoing {
+                return Err(ResponseError::InvalidTxnState);
+            }
+            let pending = meta.offsets.get_mut(group_id).ok_or(ResponseError::InvalidTxnState)?;
+            for offset in offsets {
+                pending.retain(|p| (p.topic.as_str(), p.partition) != (offset.topic.as_str(), offset.partition));
+                pending.push(offset);
+            }
+            self.record(broker, &transactions, transactional_id)?
+        };
+        self.log.wait_durable(change).await
     }
 
-    fn update_ongoing(
+    async fn update_ongoing(
         &self,
+        broker: &Broker,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
         change: impl FnOnce(&mut TxnMetadata),
     ) -> Result<(), ResponseError> {
-        let mut transactions = self.transactions.lock();
-        let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
-        check_producer(meta, producer_id, producer_epoch)?;
-        match meta.state {
-            TxnState::PrepareCommit | TxnState::PrepareAbort => return Err(ResponseError::ConcurrentTransactions),
-            TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
-                meta.state = TxnState::Ongoing;
-                meta.started_ms = sluice_storage::now_ms();
-                meta.partitions.clear();
-                meta.offsets.clear();
+        let recorded = {
+            let mut transactions = self.transactions.lock();
+            let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
+            check_producer(meta, producer_id, producer_epoch)?;
+            match meta.state {
+                TxnState::PrepareCommit | TxnState::PrepareAbort => return Err(ResponseError::ConcurrentTransactions),
+                TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort => {
+                    meta.state = TxnState::Ongoing;
+                    meta.started_ms = sluice_storage::now_ms();
+                    meta.partitions.clear();
+                    meta.offsets.clear();
+                }
+                TxnState::Ongoing => {}
             }
-            TxnState::Ongoing => {}
-        }
-        change(meta);
-        self.persist(&transactions)
+            change(meta);
+            self.record(broker, &transactions, transactional_id)?
+        };
+        self.log.wait_durable(recorded).await
     }
 
     /// EndTxn: commits or aborts the producer's transaction; answers once every marker is
@@ -349,22 +352,25 @@ impl TransactionCoordinator {
         producer_epoch: i16,
         commit: bool,
     ) -> Result<(), ResponseError> {
-        {
+        let decided = {
             let mut transactions = self.transactions.lock();
             let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
             check_producer(meta, producer_id, producer_epoch)?;
             match (meta.state, commit) {
                 (TxnState::Ongoing, _) => {
                     meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
-                    self.persist(&transactions)?;
+                    Some(self.record(broker, &transactions, transactional_id)?)
                 }
                 // A retry of an EndTxn that was already decided.
                 (TxnState::PrepareCommit | TxnState::CompleteCommit, true)
-                | (TxnState::PrepareAbort | TxnState::CompleteAbort, false) => {}
+                | (TxnState::PrepareAbort | TxnState::CompleteAbort, false) => None,
                 // Aborting a transaction that never started is a no-op (librdkafka does it).
                 (TxnState::Empty, false) => return Ok(()),
                 _ => return Err(ResponseError::InvalidTxnState),
             }
+        };
+        if let Some(change) = decided {
+            self.log.wait_durable(change).await?;
         }
         self.complete(broker, transactional_id).await
     }
@@ -379,6 +385,9 @@ impl TransactionCoordinator {
             TxnState::PrepareAbort => false,
             _ => return Ok(()),
         };
+        // The decision is durable before any marker is written (it may have been appended by
+        // a request still waiting for its fsync).
+        self.log.wait_durable(self.log.written()).await?;
         let now_ms = sluice_storage::now_ms();
         let mut waits = Vec::new();
         for (topic, partition) in &meta.partitions {
@@ -424,14 +433,20 @@ impl TransactionCoordinator {
                 }
             }
         }
-        let mut transactions = self.transactions.lock();
-        if let Some(current) = transactions.get_mut(transactional_id) {
-            if current.state == meta.state && current.producer_epoch == meta.producer_epoch {
-                current.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
-                current.partitions.clear();
-                current.offsets.clear();
-                self.persist(&transactions)?;
+        let completed = {
+            let mut transactions = self.transactions.lock();
+            match transactions.get_mut(transactional_id) {
+                Some(current) if current.state == meta.state && current.producer_epoch == meta.producer_epoch => {
+                    current.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
+                    current.partitions.clear();
+                    current.offsets.clear();
+                    Some(self.record(broker, &transactions, transactional_id)?)
+                }
+                _ => None,
             }
+        };
+        if let Some(change) = completed {
+            self.log.wait_durable(change).await?;
         }
         tracing::debug!(transactional_id, commit, "transaction completed");
         Ok(())
@@ -481,22 +496,37 @@ impl TransactionCoordinator {
     /// or a restart).
     pub(crate) async fn upkeep(&self, broker: &Arc<Broker>) {
         let now_ms = sluice_storage::now_ms();
-        let due: Vec<String> = {
+        let (due, snapshot) = {
             let mut transactions = self.transactions.lock();
-            let mut changed = false;
+            let mut expired = Vec::new();
             for (id, meta) in transactions.iter_mut() {
                 if meta.state == TxnState::Ongoing && now_ms - meta.started_ms > i64::from(meta.timeout_ms) {
                     tracing::info!(transactional_id = id, "aborting a transaction past its timeout");
                     meta.producer_epoch = bumped(meta.producer_epoch);
                     meta.state = TxnState::PrepareAbort;
-                    changed = true;
+                    expired.push(id.clone());
                 }
             }
-            if changed && self.persist(&transactions).is_err() {
-                return;
+            for id in &expired {
+                // `complete` waits for this to be durable before it writes markers.
+                if self.record(broker, &transactions, id).is_err() {
+                    return;
+                }
             }
-            transactions.iter().filter(|(_, meta)| meta.state.is_prepared()).map(|(id, _)| id.clone()).collect()
+            let snapshot = if self.log.snapshot_due() {
+                self.log.write_snapshot(&transactions, broker.logs.syncer()).ok().flatten()
+            } else {
+                None
+            };
+            let due: Vec<String> =
+                transactions.iter().filter(|(_, meta)| meta.state.is_prepared()).map(|(id, _)| id.clone()).collect();
+            (due, snapshot)
         };
+        if let Some((start, change)) = snapshot {
+            if self.log.wait_durable(change).await.is_ok() {
+                self.log.truncate_before(start);
+            }
+        }
         for id in due {
             if let Err(error) = self.complete(broker, &id).await {
                 tracing::warn!(transactional_id = id, ?error, "completing a transaction failed; will retry");

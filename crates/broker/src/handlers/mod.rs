@@ -110,185 +110,194 @@ pub(crate) fn dispatch(
             return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default());
         }
     };
-    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> =
-        match body {
-            RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
-            RequestKind::Produce(request) => {
-                let pending = produce::append(&broker, request, session);
-                Box::pin(async move {
-                    let response = pending.await;
-                    drop(permit);
-                    response.map(ResponseKind::Produce)
-                })
-            }
-            RequestKind::Fetch(request) => {
-                let session = session.clone();
-                Box::pin(async move {
-                    Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version, &session).await))
-                })
-            }
-            RequestKind::ListOffsets(request) => {
-                ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
-            }
-            RequestKind::DeleteRecords(request) => {
-                ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
-            }
-            RequestKind::Metadata(request) => {
-                ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
-            }
-            RequestKind::CreateTopics(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await))
-            }),
-            RequestKind::CreateTopics(request) => {
-                ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
-            }
-            RequestKind::DeleteTopics(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await))
-            }),
-            RequestKind::DeleteTopics(request) => {
-                ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request)))
-            }
-            RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
-                Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
-            }),
-            RequestKind::CreatePartitions(request) => {
-                ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
-            }
-            RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
-                Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
-            }),
-            RequestKind::DescribeLogDirs(request) => {
-                ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
-            }
-            RequestKind::ListPartitionReassignments(request) => {
-                ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
-            }
-            RequestKind::DescribeCluster(request) => {
-                ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
-            }
-            RequestKind::InitProducerId(request) if request.transactional_id.is_some() => {
-                let session = session.clone();
-                Box::pin(async move {
-                    Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, &session, request).await))
-                })
-            }
-            RequestKind::InitProducerId(request) => {
-                ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
-            }
-            RequestKind::AddPartitionsToTxn(request) => {
-                ready(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, session, request)))
-            }
-            RequestKind::AddOffsetsToTxn(request) => {
-                ready(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, session, request)))
-            }
-            RequestKind::TxnOffsetCommit(request) => ready(ResponseKind::TxnOffsetCommit(
-                transactions::txn_offset_commit(&broker, session, request, api_version),
-            )),
-            RequestKind::EndTxn(request) => {
-                let session = session.clone();
-                Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, &session, request).await)) })
-            }
-            RequestKind::ListTransactions(request) => {
-                ready(ResponseKind::ListTransactions(transactions::list(&broker, session, request)))
-            }
-            RequestKind::DescribeTransactions(request) => {
-                ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, session, request)))
-            }
-            RequestKind::DescribeProducers(request) => {
-                ready(ResponseKind::DescribeProducers(transactions::describe_producers(&broker, session, request)))
-            }
-            RequestKind::WriteTxnMarkers(request) => {
-                let session = session.clone();
-                Box::pin(async move {
-                    Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, &session, request).await))
-                })
-            }
-            RequestKind::DescribeConfigs(request) => {
-                ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
-            }
-            RequestKind::AlterConfigs(request) => {
-                Box::pin(async move { Some(ResponseKind::AlterConfigs(configs::alter(&broker, request).await)) })
-            }
-            RequestKind::IncrementalAlterConfigs(request) => Box::pin(async move {
-                Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
-            }),
-            RequestKind::FindCoordinator(request) => ready(ResponseKind::FindCoordinator(groups::find_coordinator(
-                &broker,
-                request,
-                api_version,
-                session.listener,
-            ))),
-            RequestKind::JoinGroup(request) => {
-                let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
-                Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
-            }
-            RequestKind::SyncGroup(request) => {
-                let pending = groups::sync_group(&broker, request);
-                Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
-            }
-            RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
-            RequestKind::LeaveGroup(request) => {
-                ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
-            }
-            RequestKind::OffsetCommit(request) => {
-                let pending = groups::offset_commit(&broker, request, api_version);
-                Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
-            }
-            RequestKind::OffsetFetch(request) => {
-                ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
-            }
-            RequestKind::OffsetDelete(request) => {
-                let pending = groups::offset_delete(&broker, request);
-                Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
-            }
-            RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
-            RequestKind::DescribeGroups(request) => {
-                ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
-            }
-            RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
-                consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
-            )),
-            RequestKind::ConsumerGroupDescribe(request) => {
-                ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
-            }
-            RequestKind::DeleteGroups(request) => {
-                let pending = groups::delete_groups(&broker, request);
-                Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
-            }
-            RequestKind::CreateAcls(request) => {
-                let session = session.clone();
-                Box::pin(async move { Some(ResponseKind::CreateAcls(acls::create(&broker, &session, request).await)) })
-            }
-            RequestKind::DescribeAcls(request) => {
-                ready(ResponseKind::DescribeAcls(acls::describe(&broker, session, request)))
-            }
-            RequestKind::DeleteAcls(request) => {
-                let session = session.clone();
-                Box::pin(async move { Some(ResponseKind::DeleteAcls(acls::delete(&broker, &session, request).await)) })
-            }
-            RequestKind::DescribeClientQuotas(request) => {
-                ready(ResponseKind::DescribeClientQuotas(quotas::describe(&broker, session, request)))
-            }
-            RequestKind::AlterClientQuotas(request) => {
-                let session = session.clone();
-                Box::pin(async move {
-                    Some(ResponseKind::AlterClientQuotas(quotas::alter(&broker, &session, request).await))
-                })
-            }
-            RequestKind::DescribeUserScramCredentials(request) => {
-                ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
-            }
-            RequestKind::AlterUserScramCredentials(request) => {
-                Box::pin(
-                    async move { Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await)) },
-                )
-            }
-            other => {
-                // parse_request only lets advertised APIs through; this is a bug, not bad input.
-                tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
-                Box::pin(async { None })
-            }
-        };
+    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
+        RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
+        RequestKind::Produce(request) => {
+            let pending = produce::append(&broker, request, session);
+            Box::pin(async move {
+                let response = pending.await;
+                drop(permit);
+                response.map(ResponseKind::Produce)
+            })
+        }
+        RequestKind::Fetch(request) => {
+            let session = session.clone();
+            Box::pin(
+                async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version, &session).await)) },
+            )
+        }
+        RequestKind::ListOffsets(request) => {
+            ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
+        }
+        RequestKind::DeleteRecords(request) => {
+            ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
+        }
+        RequestKind::Metadata(request) => {
+            ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
+        }
+        RequestKind::CreateTopics(request) if broker.cluster.is_some() => {
+            Box::pin(
+                async move { Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await)) },
+            )
+        }
+        RequestKind::CreateTopics(request) => {
+            ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
+        }
+        RequestKind::DeleteTopics(request) if broker.cluster.is_some() => {
+            Box::pin(
+                async move { Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await)) },
+            )
+        }
+        RequestKind::DeleteTopics(request) => ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))),
+        RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
+            Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
+        }),
+        RequestKind::CreatePartitions(request) => {
+            ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
+        }
+        RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
+            Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
+        }),
+        RequestKind::DescribeLogDirs(request) => {
+            ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
+        }
+        RequestKind::ListPartitionReassignments(request) => {
+            ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
+        }
+        RequestKind::DescribeCluster(request) => {
+            ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
+        }
+        RequestKind::InitProducerId(request) if request.transactional_id.is_some() => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, &session, request).await))
+            })
+        }
+        RequestKind::InitProducerId(request) => {
+            ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
+        }
+        RequestKind::AddPartitionsToTxn(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, &session, request).await))
+            })
+        }
+        RequestKind::AddOffsetsToTxn(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, &session, request).await))
+            })
+        }
+        RequestKind::TxnOffsetCommit(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                let response = transactions::txn_offset_commit(&broker, &session, request, api_version).await;
+                Some(ResponseKind::TxnOffsetCommit(response))
+            })
+        }
+        RequestKind::EndTxn(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, &session, request).await)) })
+        }
+        RequestKind::ListTransactions(request) => {
+            ready(ResponseKind::ListTransactions(transactions::list(&broker, session, request)))
+        }
+        RequestKind::DescribeTransactions(request) => {
+            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, session, request)))
+        }
+        RequestKind::DescribeProducers(request) => {
+            ready(ResponseKind::DescribeProducers(transactions::describe_producers(&broker, session, request)))
+        }
+        RequestKind::WriteTxnMarkers(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, &session, request).await))
+            })
+        }
+        RequestKind::DescribeConfigs(request) => {
+            ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
+        }
+        RequestKind::AlterConfigs(request) => {
+            Box::pin(async move { Some(ResponseKind::AlterConfigs(configs::alter(&broker, request).await)) })
+        }
+        RequestKind::IncrementalAlterConfigs(request) => Box::pin(async move {
+            Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
+        }),
+        RequestKind::FindCoordinator(request) => ready(ResponseKind::FindCoordinator(groups::find_coordinator(
+            &broker,
+            request,
+            api_version,
+            session.listener,
+        ))),
+        RequestKind::JoinGroup(request) => {
+            let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
+            Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
+        }
+        RequestKind::SyncGroup(request) => {
+            let pending = groups::sync_group(&broker, request);
+            Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
+        }
+        RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
+        RequestKind::LeaveGroup(request) => {
+            ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
+        }
+        RequestKind::OffsetCommit(request) => {
+            let pending = groups::offset_commit(&broker, request, api_version);
+            Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
+        }
+        RequestKind::OffsetFetch(request) => {
+            ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
+        }
+        RequestKind::OffsetDelete(request) => {
+            let pending = groups::offset_delete(&broker, request);
+            Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
+        }
+        RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
+        RequestKind::DescribeGroups(request) => {
+            ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
+        }
+        RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
+            consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
+        )),
+        RequestKind::ConsumerGroupDescribe(request) => {
+            ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
+        }
+        RequestKind::DeleteGroups(request) => {
+            let pending = groups::delete_groups(&broker, request);
+            Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
+        }
+        RequestKind::CreateAcls(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::CreateAcls(acls::create(&broker, &session, request).await)) })
+        }
+        RequestKind::DescribeAcls(request) => {
+            ready(ResponseKind::DescribeAcls(acls::describe(&broker, session, request)))
+        }
+        RequestKind::DeleteAcls(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::DeleteAcls(acls::delete(&broker, &session, request).await)) })
+        }
+        RequestKind::DescribeClientQuotas(request) => {
+            ready(ResponseKind::DescribeClientQuotas(quotas::describe(&broker, session, request)))
+        }
+        RequestKind::AlterClientQuotas(request) => {
+            let session = session.clone();
+            Box::pin(
+                async move { Some(ResponseKind::AlterClientQuotas(quotas::alter(&broker, &session, request).await)) },
+            )
+        }
+        RequestKind::DescribeUserScramCredentials(request) => {
+            ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
+        }
+        RequestKind::AlterUserScramCredentials(request) => {
+            Box::pin(async move { Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await)) })
+        }
+        other => {
+            // parse_request only lets advertised APIs through; this is a bug, not bad input.
+            tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
+            Box::pin(async { None })
+        }
+    };
     respond(metered, session.clone(), exchange, response, denied)
 }
 

@@ -77,7 +77,7 @@ pub(super) async fn init_producer_id(
     response
 }
 
-pub(super) fn add_partitions(
+pub(super) async fn add_partitions(
     broker: &Arc<Broker>,
     session: &Session,
     request: AddPartitionsToTxnRequest,
@@ -91,18 +91,23 @@ pub(super) fn add_partitions(
         .v3_and_below_topics
         .iter()
         .all(|topic| broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name));
-    let result = may_write_transaction(broker, session, request.v3_and_below_transactional_id.as_str())
+    let checked = may_write_transaction(broker, session, request.v3_and_below_transactional_id.as_str())
         .and(if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) })
-        .and_then(|()| coordinator(broker))
-        .and_then(|coordinator| {
-            coordinator.add_partitions(
-                broker,
-                request.v3_and_below_transactional_id.as_str(),
-                request.v3_and_below_producer_id.0,
-                request.v3_and_below_producer_epoch,
-                &partitions,
-            )
-        });
+        .and_then(|()| coordinator(broker));
+    let result = match checked {
+        Ok(coordinator) => {
+            coordinator
+                .add_partitions(
+                    broker,
+                    request.v3_and_below_transactional_id.as_str(),
+                    request.v3_and_below_producer_id.0,
+                    request.v3_and_below_producer_epoch,
+                    &partitions,
+                )
+                .await
+        }
+        Err(error) => Err(error),
+    };
     let code = match result {
         Ok(()) => 0,
         Err(error) => error.code(),
@@ -130,7 +135,7 @@ pub(super) fn add_partitions(
     response
 }
 
-pub(super) fn add_offsets(
+pub(super) async fn add_offsets(
     broker: &Arc<Broker>,
     session: &Session,
     request: AddOffsetsToTxnRequest,
@@ -139,15 +144,21 @@ pub(super) fn add_offsets(
         .map_err(|_| ResponseError::InvalidGroupId)
         .and_then(|()| may_write_transaction(broker, session, request.transactional_id.as_str()))
         .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
-        .and_then(|()| coordinator(broker))
-        .and_then(|coordinator| {
-            coordinator.add_offsets(
-                request.transactional_id.as_str(),
-                request.producer_id.0,
-                request.producer_epoch,
-                request.group_id.as_str(),
-            )
-        });
+        .and_then(|()| coordinator(broker));
+    let result = match result {
+        Ok(coordinator) => {
+            coordinator
+                .add_offsets(
+                    broker,
+                    request.transactional_id.as_str(),
+                    request.producer_id.0,
+                    request.producer_epoch,
+                    request.group_id.as_str(),
+                )
+                .await
+        }
+        Err(error) => Err(error),
+    };
     let mut response = AddOffsetsToTxnResponse::default();
     if let Err(error) = result {
         response.error_code = error.code();
@@ -155,7 +166,7 @@ pub(super) fn add_offsets(
     response
 }
 
-pub(super) fn txn_offset_commit(
+pub(super) async fn txn_offset_commit(
     broker: &Arc<Broker>,
     session: &Session,
     request: TxnOffsetCommitRequest,
@@ -188,16 +199,22 @@ pub(super) fn txn_offset_commit(
                 .validate_transactional_commit(request.group_id.as_str(), committer)
                 .map_err(GroupError::response_error)
         })
-        .and_then(|()| coordinator(broker))
-        .and_then(|coordinator| {
-            coordinator.commit_offsets(
-                request.transactional_id.as_str(),
-                request.producer_id.0,
-                request.producer_epoch,
-                request.group_id.as_str(),
-                offsets,
-            )
-        });
+        .and_then(|()| coordinator(broker));
+    let result = match result {
+        Ok(coordinator) => {
+            coordinator
+                .commit_offsets(
+                    broker,
+                    request.transactional_id.as_str(),
+                    request.producer_id.0,
+                    request.producer_epoch,
+                    request.group_id.as_str(),
+                    offsets,
+                )
+                .await
+        }
+        Err(error) => Err(error),
+    };
     let code = match result {
         Ok(()) => 0,
         Err(error) => error.code(),
