@@ -135,9 +135,10 @@ impl std::ops::DerefMut for Transactions {
 pub(crate) struct TransactionCoordinator {
     log: TxnLog,
     transactions: Mutex<Transactions>,
-    /// One completion (markers, offsets) at a time, so EndTxn, a timeout and a restart's
-    /// recovery never write a transaction's markers twice at once.
-    completing: tokio::sync::Mutex<()>,
+    /// One completion (markers, offsets) at a time per transactional id, so EndTxn, a
+    /// timeout and a restart's recovery never write a transaction's markers twice at once;
+    /// different transactions complete in parallel. At most one entry per known id.
+    completing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Whether a request's producer id and epoch are the transaction's current ones.
@@ -378,7 +379,8 @@ impl TransactionCoordinator {
     /// Finishes a prepared transaction: writes its markers, waits until they are durable,
     /// applies its offsets on commit, then records it complete.
     async fn complete(&self, broker: &Arc<Broker>, transactional_id: &str) -> Result<(), ResponseError> {
-        let _one_at_a_time = self.completing.lock().await;
+        let completion = self.completing.lock().entry(transactional_id.to_string()).or_default().clone();
+        let _one_at_a_time = completion.lock().await;
         let Some(meta) = self.describe(transactional_id) else { return Ok(()) };
         let commit = match meta.state {
             TxnState::PrepareCommit => true,
