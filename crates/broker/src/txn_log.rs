@@ -21,13 +21,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use sluice_storage::{LogConfig, Partition, Syncer};
 
+use crate::group::journal::{encode_internal_batch, read_internal_log};
 use crate::txn::TxnMetadata;
 
 /// The partition's directory name, as Kafka names its internal topic's partitions.
@@ -41,8 +39,6 @@ const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
 /// Bytes appended after which the next upkeep writes a snapshot.
 pub(crate) const TXN_LOG_SNAPSHOT_INTERVAL_BYTES: u64 = 16 * 1024 * 1024;
 const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
-/// Bytes read per step while replaying at startup.
-const REPLAY_READ_BYTES: usize = 4 * 1024 * 1024;
 /// How long a change may take to become durable before the request fails.
 pub(crate) const TXN_LOG_WRITE_TIMEOUT_MS: u64 = 30_000;
 
@@ -126,7 +122,11 @@ impl TxnLog {
     }
 
     fn append_batch(&self, records: &[(Bytes, Bytes)], now_ms: i64, syncer: &Syncer) -> Result<i64, ResponseError> {
-        let encoded = encode_batch(records, now_ms)?;
+        let records = records.iter().map(|(key, value)| (key.clone(), Some(value.clone())));
+        let encoded = encode_internal_batch(records, now_ms).map_err(|error| {
+            tracing::error!(%error, "could not encode a transaction log batch");
+            ResponseError::KafkaStorageError
+        })?;
         if encoded.len() > TXN_LOG_BATCH_BYTES_MAX {
             return Err(ResponseError::MessageTooLarge);
         }
@@ -219,67 +219,18 @@ impl TxnLog {
 
     /// The state per transactional id: the last record of each, from the log start.
     fn replay(&self) -> io::Result<BTreeMap<String, TxnMetadata>> {
-        let offsets = self.partition.offsets();
-        let mut next = offsets.log_start_offset;
         let mut state = BTreeMap::new();
-        while next < offsets.log_end_offset {
-            let mut chunk = self
-                .partition
-                .read_for_replica(next, REPLAY_READ_BYTES, sluice_storage::ReadMode::MayBlock)
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            if chunk.is_empty() {
-                break;
-            }
-            let batches = RecordBatchDecoder::decode_all(&mut chunk)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_LOG_DIR}: {e}")))?;
-            let before = next;
-            for record in batches.into_iter().flat_map(|batch| batch.records) {
-                next = next.max(record.offset + 1);
-                if record.offset < before {
-                    continue;
-                }
-                let (Some(key), Some(value)) = (record.key, record.value) else { continue };
-                let id = String::from_utf8(key.to_vec())
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_LOG_DIR}: {e}")))?;
-                let meta: TxnMetadata = serde_json::from_slice(&value).map_err(|e| {
-                    io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_LOG_DIR} at {}: {e}", record.offset))
-                })?;
-                state.insert(id, meta);
-            }
-            assert!(next > before, "replay of {TXN_LOG_DIR} made no progress at offset {before}");
-        }
+        read_internal_log(&self.partition, TXN_LOG_DIR, |offset, key, value| {
+            let (Some(key), Some(value)) = (key, value) else { return Ok(()) };
+            let invalid =
+                |e: String| io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_LOG_DIR} at {offset}: {e}"));
+            let id = String::from_utf8(key.to_vec()).map_err(|e| invalid(e.to_string()))?;
+            let meta: TxnMetadata = serde_json::from_slice(&value).map_err(|e| invalid(e.to_string()))?;
+            state.insert(id, meta);
+            Ok(())
+        })?;
         Ok(state)
     }
-}
-
-fn encode_batch(records: &[(Bytes, Bytes)], now_ms: i64) -> Result<Bytes, ResponseError> {
-    let records: Vec<Record> = records
-        .iter()
-        .enumerate()
-        .map(|(index, (key, value))| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: crate::LEADER_EPOCH,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: index as i64,
-            // One batch needs offset - sequence to stay constant (see CRATES.md).
-            sequence: index as i32,
-            timestamp: now_ms,
-            key: Some(key.clone()),
-            value: Some(value.clone()),
-            headers: Default::default(),
-        })
-        .collect();
-    let mut buffer = BytesMut::new();
-    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
-    RecordBatchEncoder::encode(&mut buffer, &records, &options).map_err(|error| {
-        tracing::error!(%error, "could not encode a transaction log batch");
-        ResponseError::KafkaStorageError
-    })?;
-    Ok(buffer.freeze())
 }
 
 /// `transactions.json` as the coordinator wrote it before this log, if present.

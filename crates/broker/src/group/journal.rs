@@ -193,35 +193,40 @@ impl OffsetsLog {
 }
 
 fn encode_batch(records: &[OffsetRecord], now_ms: i64) -> Result<Bytes, GroupError> {
+    encode_internal_batch(records.iter().map(encode_record), now_ms).map_err(|error| {
+        tracing::error!(%error, "could not encode an offsets batch");
+        GroupError::CommitTooLarge
+    })
+}
+
+/// Encodes (key, value) records (no value: a tombstone) as one uncompressed batch, as the
+/// coordinators' internal logs (this one and the transaction log) store their changes.
+pub(crate) fn encode_internal_batch(
+    records: impl Iterator<Item = (Bytes, Option<Bytes>)>,
+    now_ms: i64,
+) -> Result<Bytes, String> {
     let records: Vec<Record> = records
-        .iter()
         .enumerate()
-        .map(|(index, record)| {
-            let (key, value) = encode_record(record);
-            Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: crate::LEADER_EPOCH,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: index as i64,
-                // One batch needs offset - sequence to stay constant (see CRATES.md).
-                sequence: index as i32,
-                timestamp: now_ms,
-                key: Some(key),
-                value,
-                headers: Default::default(),
-            }
+        .map(|(index, (key, value))| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: crate::LEADER_EPOCH,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: index as i64,
+            // One batch needs offset - sequence to stay constant (see CRATES.md).
+            sequence: index as i32,
+            timestamp: now_ms,
+            key: Some(key),
+            value,
+            headers: Default::default(),
         })
         .collect();
     let mut buffer = BytesMut::new();
     let options = RecordEncodeOptions { version: 2, compression: Compression::None };
-    RecordBatchEncoder::encode(&mut buffer, &records, &options).map_err(|error| {
-        tracing::error!(%error, "could not encode an offsets batch");
-        GroupError::CommitTooLarge
-    })?;
+    RecordBatchEncoder::encode(&mut buffer, &records, &options).map_err(|error| error.to_string())?;
     Ok(buffer.freeze())
 }
 
@@ -330,9 +335,27 @@ fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecor
 
 /// Reads the whole log, from its start to its end.
 fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
+    let mut records = Vec::new();
+    read_internal_log(partition, OFFSETS_TOPIC, |offset, key, value| {
+        match decode_record(key, value) {
+            Ok(decoded) => records.push((offset, decoded)),
+            Err(error) => tracing::warn!(offset, %error, "skipping unreadable offsets record"),
+        }
+        Ok(())
+    })?;
+    Ok(records)
+}
+
+/// Calls `each` with (offset, key, value) of every record of an internal log (`name` for
+/// errors), from its start to its end, in order: what a coordinator replays at startup or
+/// when it takes over.
+pub(crate) fn read_internal_log(
+    partition: &Partition,
+    name: &str,
+    mut each: impl FnMut(i64, Option<Bytes>, Option<Bytes>) -> io::Result<()>,
+) -> io::Result<()> {
     let offsets = partition.offsets();
     let mut next = offsets.log_start_offset;
-    let mut records = Vec::new();
     while next < offsets.log_end_offset {
         let mut chunk = partition
             .read_for_replica(next, REPLAY_READ_BYTES, sluice_storage::ReadMode::MayBlock)
@@ -341,21 +364,18 @@ fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
             break;
         }
         let batches = RecordBatchDecoder::decode_all(&mut chunk)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{OFFSETS_TOPIC}: {e}")))?;
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{name}: {e}")))?;
         let before = next;
         for record in batches.into_iter().flat_map(|batch| batch.records) {
             next = next.max(record.offset + 1);
             if record.offset < before {
                 continue;
             }
-            match decode_record(record.key, record.value) {
-                Ok(decoded) => records.push((record.offset, decoded)),
-                Err(error) => tracing::warn!(offset = record.offset, %error, "skipping unreadable offsets record"),
-            }
+            each(record.offset, record.key, record.value)?;
         }
-        assert!(next > before, "replay of {OFFSETS_TOPIC} made no progress at offset {before}");
+        assert!(next > before, "replay of {name} made no progress at offset {before}");
     }
-    Ok(records)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -336,9 +336,13 @@ impl GroupCoordinator {
             }
             let consumer_group = consumer_group.is_some();
             match groups.classic.get_mut(group_id) {
-                Some(group) => {
-                    group.validate_commit(member_id, group_instance_id, generation_id, sluice_storage::now_ms())?
-                }
+                Some(group) => group.validate_commit(
+                    member_id,
+                    group_instance_id,
+                    generation_id,
+                    false,
+                    sluice_storage::now_ms(),
+                )?,
                 None if consumer_group => {}
                 None if generation_id < 0 => {
                     let offsets = self.offsets.lock();
@@ -368,12 +372,14 @@ impl GroupCoordinator {
         if generation_id < 0 && member_id.is_empty() && group_instance_id.is_none() {
             return Ok(());
         }
-        let groups = self.groups.lock();
+        let mut groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {
             return group.validate_transactional_commit(member_id, generation_id);
         }
-        match groups.classic.get(group_id) {
-            Some(group) => group.validate_transactional_commit(member_id, group_instance_id, generation_id),
+        match groups.classic.get_mut(group_id) {
+            Some(group) => {
+                group.validate_commit(member_id, group_instance_id, generation_id, true, sluice_storage::now_ms())
+            }
             None if generation_id < 0 => Ok(()),
             None => Err(GroupError::UnknownMemberId),
         }

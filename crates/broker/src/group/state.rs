@@ -817,12 +817,15 @@ impl Group {
 
     /// Whether an OffsetCommit from this member at this generation may be stored. A
     /// generation of -1 from a non-member is a "simple" consumer, allowed while the group
-    /// has no members.
+    /// has no members. A `transactional` commit (TxnOffsetCommit, KIP-447) is not refused
+    /// while the group completes a rebalance: its offsets apply only when the transaction
+    /// commits.
     pub(crate) fn validate_commit(
         &mut self,
         member_id: &str,
         group_instance_id: Option<&str>,
         generation_id: i32,
+        transactional: bool,
         now_ms: i64,
     ) -> Result<(), GroupError> {
         if self.state == GroupState::Dead {
@@ -836,7 +839,7 @@ impl Group {
         if generation_id < 0 && self.state == GroupState::Empty {
             return Ok(());
         }
-        if self.state == GroupState::CompletingRebalance {
+        if !transactional && self.state == GroupState::CompletingRebalance {
             return Err(GroupError::RebalanceInProgress);
         }
         let Some(member) = self.members.get_mut(member_id) else { return Err(GroupError::UnknownMemberId) };
@@ -844,34 +847,6 @@ impl Group {
             return Err(GroupError::IllegalGeneration);
         }
         member.last_heartbeat_ms = now_ms;
-        Ok(())
-    }
-
-    /// TxnOffsetCommit from a member (KIP-447): unlike OffsetCommit it is not refused while
-    /// the group completes a rebalance (the offsets apply only when the transaction commits).
-    pub(crate) fn validate_transactional_commit(
-        &self,
-        member_id: &str,
-        group_instance_id: Option<&str>,
-        generation_id: i32,
-    ) -> Result<(), GroupError> {
-        if self.state == GroupState::Dead {
-            return Err(GroupError::CoordinatorNotAvailable);
-        }
-        if let Some(instance_id) = group_instance_id {
-            if self.static_members.get(instance_id).is_some_and(|current| current != member_id) {
-                return Err(GroupError::FencedInstanceId);
-            }
-        }
-        if generation_id < 0 && self.state == GroupState::Empty {
-            return Ok(());
-        }
-        if !self.members.contains_key(member_id) {
-            return Err(GroupError::UnknownMemberId);
-        }
-        if generation_id != self.generation_id {
-            return Err(GroupError::IllegalGeneration);
-        }
         Ok(())
     }
 

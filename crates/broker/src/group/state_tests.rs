@@ -132,15 +132,18 @@ fn stale_and_unknown_members_are_fenced() {
     assert_eq!(group.heartbeat("stranger", None, 1, T0), Err(GroupError::UnknownMemberId));
     let stale = ready(group.sync(sync_request(&member, 7, &[]), T0));
     assert_eq!(stale.error, Some(GroupError::IllegalGeneration));
-    assert_eq!(group.validate_commit(&member, None, 1, T0), Ok(()));
-    assert_eq!(group.validate_commit(&member, None, 5, T0), Err(GroupError::IllegalGeneration));
-    assert_eq!(group.validate_commit("", None, -1, T0), Err(GroupError::UnknownMemberId));
+    assert_eq!(group.validate_commit(&member, None, 1, false, T0), Ok(()));
+    assert_eq!(group.validate_commit(&member, None, 5, false, T0), Err(GroupError::IllegalGeneration));
+    assert_eq!(group.validate_commit(&member, None, 1, true, T0), Ok(()));
+    let stale_transactional = group.validate_commit(&member, None, 5, true, T0);
+    assert_eq!(stale_transactional, Err(GroupError::IllegalGeneration), "KIP-447: a zombie's TxnOffsetCommit");
+    assert_eq!(group.validate_commit("", None, -1, false, T0), Err(GroupError::UnknownMemberId));
     let unknown = ready(group.join(request("stranger", None, &["range"]), T0, &NO_DELAY));
     assert_eq!(unknown.error, Some(GroupError::UnknownMemberId));
     let timing = NO_DELAY;
     assert_eq!(group.leave(&member, None, T0, &timing), Ok(()));
     assert_eq!(group.state(), GroupState::Empty);
-    assert_eq!(group.validate_commit("", None, -1, T0), Ok(()), "simple consumers commit to empty groups");
+    assert_eq!(group.validate_commit("", None, -1, false, T0), Ok(()), "simple consumers commit to empty groups");
     assert_eq!(group.leave(&member, None, T0, &timing), Err(GroupError::UnknownMemberId));
 }
 
