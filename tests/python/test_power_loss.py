@@ -238,3 +238,61 @@ def test_failed_fsync_of_a_rolled_segment_takes_the_partition_offline(lossy):
         assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"after restart")]))[0] == kw.NONE
     read = consume_until(broker.bootstrap, topic, {0: watermarks(broker.bootstrap, topic, 0)[1]})
     assert [m.value() for m in read[0]] == [b"first", b"after restart"]
+
+
+def test_transactions_survive_power_loss(lossy):
+    """Transactions on a disk that loses unsynced writes. Each round commits a transaction
+    (records and the group's offsets, sent with it), then leaves a second one open with its
+    records in the log, and the power fails. After each restart a new producer with the same
+    transactional.id aborts the open one (the coordinator's log kept it, partitions included),
+    read_committed readers see every committed record exactly once and nothing of the open
+    ones, no partition's last stable offset stays behind, and the group's offsets are those of
+    the last committed transaction. A coordinator change not fsynced before its answer shows up
+    here as a transaction the broker forgot: its records would hold the last stable offset back
+    for ever."""
+    from confluent_kafka import IsolationLevel
+    from test_transactions import offsets as list_offsets
+    from test_transactions import read_all, txn_producer
+
+    broker = lossy.start_broker()
+    topic = f"txn-pl-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    committed: list[bytes] = []
+    for round_ in range(3):
+        producer = txn_producer(broker.bootstrap, "power-loss-txn")
+        producer.init_transactions(30)
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "broker.address.family": "v4",
+                             "group.id": group, "enable.auto.commit": False})
+        try:
+            producer.begin_transaction()
+            values = [b"committed-%d-%d" % (round_, i) for i in range(50)]
+            for i, value in enumerate(values):
+                producer.produce(topic, value=value, partition=i % PARTITIONS)
+            tps = [TopicPartition(topic, p, 100 * (round_ + 1) + p) for p in range(PARTITIONS)]
+            producer.send_offsets_to_transaction(tps, consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(30)
+            committed.extend(values)
+            producer.begin_transaction()
+            for i in range(30):
+                producer.produce(topic, value=b"open-%d-%d" % (round_, i), partition=i % PARTITIONS)
+            assert producer.flush(30) == 0
+        finally:
+            consumer.close()
+        power_loss(broker, lossy)
+
+        successor = txn_producer(broker.bootstrap, "power-loss-txn")
+        successor.init_transactions(60)  # aborts the open transaction
+        stable = list_offsets(broker.bootstrap, topic, PARTITIONS, IsolationLevel.READ_COMMITTED)
+        ends = list_offsets(broker.bootstrap, topic, PARTITIONS, IsolationLevel.READ_UNCOMMITTED)
+        assert stable == ends, f"round {round_}: a transaction holds the last stable offset back: {stable} < {ends}"
+        seen = [r[3] for r in read_all(broker.bootstrap, topic, PARTITIONS, "read_committed")]
+        assert sorted(seen) == sorted(committed), (
+            f"round {round_}: read_committed sees {len(seen)} records, {len(committed)} committed; "
+            f"open ones visible: {[v for v in seen if v.startswith(b'open')][:5]}")
+        probe = Consumer({"bootstrap.servers": broker.bootstrap, "broker.address.family": "v4", "group.id": group})
+        try:
+            got = probe.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+        finally:
+            probe.close()
+        assert {tp.partition: tp.offset for tp in got} == {p: 100 * (round_ + 1) + p for p in range(PARTITIONS)}
