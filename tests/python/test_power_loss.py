@@ -10,7 +10,8 @@ switched off; these tests do not.
   that the harness can see a lost fsync.
 - Levels 2 and 4 (acknowledged from the page cache) lose only what was acknowledged within
   `flush.ms` (plus one upkeep tick) of the power loss; the test measures how much.
-- Committed consumer offsets survive a power loss.
+- Committed consumer offsets survive a power loss, and so do transactions: committed ones
+  stay visible to read_committed readers, open ones are aborted by the next producer.
 - A failed fsync is never acknowledged: the partition goes offline (KAFKA_STORAGE_ERROR)
   and stays so after the disk heals (a retried fsync may report success without writing
   the data), until a restart recovers what is durable.
