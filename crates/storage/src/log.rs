@@ -379,6 +379,18 @@ impl Partition {
     /// Validates and appends one batch (as sent by the client) at the log end.
     pub fn append(&self, batch: &Bytes, leader_epoch: i32, now_ms: i64) -> Result<AppendOutcome, AppendError> {
         let header = batch::validate_batch(batch)?;
+        // A compacted topic's records must have keys (Kafka decompresses to check too). The
+        // decoding runs before the partition lock, so other appends, fetches and the fsync
+        // round never wait for it. A config change in between is harmless: the cleaner
+        // drops keyless records.
+        let compacted = self.state.lock().config.cleanup_compact;
+        if compacted {
+            let keyless = crate::records::keyless_records(&header, batch)
+                .map_err(|_| AppendError::InvalidRecord("records do not decode"))?;
+            if !keyless.is_empty() {
+                return Err(AppendError::KeylessRecords(keyless));
+            }
+        }
         let mut state = self.state.lock();
         if state.failed {
             return Err(AppendError::Offline);
@@ -397,14 +409,6 @@ impl Partition {
         }
         if !state.config.log_append_time {
             check_timestamps(&header, &state.config, now_ms)?;
-        }
-        if state.config.cleanup_compact {
-            // Kafka decompresses too: a compacted topic's records must have keys.
-            let keyless = crate::records::keyless_records(&header, batch)
-                .map_err(|_| AppendError::InvalidRecord("records do not decode"))?;
-            if !keyless.is_empty() {
-                return Err(AppendError::KeylessRecords(keyless));
-            }
         }
         match state.producers.check(&header) {
             SequenceCheck::Append => {}
