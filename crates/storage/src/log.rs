@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -271,6 +271,9 @@ pub struct Partition {
     visible: watch::Sender<Visible>,
     progress: watch::Sender<Progress>,
     pub(crate) sync_queued: AtomicBool,
+    /// `config.cleanup_compact`, readable without the lock (the append path checks it
+    /// before taking the lock); written with the config under the lock.
+    compacted: AtomicBool,
     /// Where fsync failures are counted (`LogManager::fsync_failures`), when set.
     failures: OnceLock<Arc<watch::Sender<u64>>>,
 }
@@ -304,6 +307,7 @@ impl Partition {
     /// Opens (recovering) or creates the partition log in `dir`.
     pub fn open(dir: &Path, config: LogConfig) -> io::Result<Partition> {
         crate::durable::create_dir_all(dir)?;
+        let compacted = AtomicBool::new(config.cleanup_compact);
         let state = load_state(dir, config)?;
         let end = state.log_end_offset;
         let (visible, _) = watch::channel(Visible { high_watermark: end, failed: false });
@@ -314,6 +318,7 @@ impl Partition {
             visible,
             progress,
             sync_queued: AtomicBool::new(false),
+            compacted,
             failures: OnceLock::new(),
         })
     }
@@ -353,7 +358,9 @@ impl Partition {
     }
 
     pub fn set_config(&self, config: LogConfig) {
-        self.state.lock().config = config;
+        let mut state = self.state.lock();
+        self.compacted.store(config.cleanup_compact, Ordering::Release);
+        state.config = config;
     }
 
     pub fn offsets(&self) -> LogOffsets {
@@ -383,8 +390,7 @@ impl Partition {
         // decoding runs before the partition lock, so other appends, fetches and the fsync
         // round never wait for it. A config change in between is harmless: the cleaner
         // drops keyless records.
-        let compacted = self.state.lock().config.cleanup_compact;
-        if compacted {
+        if self.compacted.load(Ordering::Acquire) {
             let keyless = crate::records::keyless_records(&header, batch)
                 .map_err(|_| AppendError::InvalidRecord("records do not decode"))?;
             if !keyless.is_empty() {
