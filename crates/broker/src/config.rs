@@ -34,6 +34,8 @@ pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 5_000;
 pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 45_000;
 /// Kafka's `offsets.topic.num.partitions`.
 pub const OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT: i32 = 50;
+/// Kafka's `transaction.state.log.num.partitions`.
+pub const TRANSACTION_STATE_NUM_PARTITIONS_DEFAULT: i32 = 50;
 /// Kafka's `offsets.topic.segment.bytes` (100 MiB).
 pub const OFFSETS_TOPIC_SEGMENT_BYTES_DEFAULT: u64 = 100 * 1024 * 1024;
 pub const OFFSETS_TOPIC_SEGMENT_BYTES_MIN: u64 = 64 * 1024;
@@ -163,6 +165,11 @@ pub struct BrokerConfig {
     pub offsets_topic_replication_factor: i16,
     /// Kafka's `offsets.topic.segment.bytes`.
     pub offsets_topic_segment_bytes: u64,
+    /// Kafka's `transaction.state.log.num.partitions` (cluster mode; a single node keeps
+    /// one local partition). Fixed once the topic exists.
+    pub transaction_state_num_partitions: i32,
+    /// Kafka's `transaction.state.log.replication.factor`; 0 = min(3, voters).
+    pub transaction_state_replication_factor: i16,
     /// Kafka's `offsets.retention.minutes`: offsets of a group without members expire
     /// once this long has passed since their commit and since the group had members.
     pub offsets_retention_minutes: u64,
@@ -354,6 +361,8 @@ impl Default for BrokerConfig {
             offsets_topic_num_partitions: OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT,
             offsets_topic_replication_factor: 0,
             offsets_topic_segment_bytes: OFFSETS_TOPIC_SEGMENT_BYTES_DEFAULT,
+            transaction_state_num_partitions: TRANSACTION_STATE_NUM_PARTITIONS_DEFAULT,
+            transaction_state_replication_factor: 0,
             offsets_retention_minutes: OFFSETS_RETENTION_MINUTES_DEFAULT,
             offsets_retention_ms: None,
             offsets_retention_check_interval_ms: OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
@@ -421,6 +430,12 @@ impl BrokerConfig {
     fn validate_offsets(&self) -> Result<(), String> {
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.offsets_topic_num_partitions) {
             return Err(format!("offsets_topic_num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.transaction_state_num_partitions) {
+            return Err(format!("transaction_state_num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        if self.transaction_state_replication_factor < 0 {
+            return Err("transaction_state_replication_factor must be 0 (automatic) or more".into());
         }
         if self.offsets_topic_replication_factor < 0 {
             return Err("offsets_topic_replication_factor must be 0 (automatic) or more".into());

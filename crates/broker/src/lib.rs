@@ -18,6 +18,7 @@ mod topic_config;
 pub mod topics;
 mod txn;
 mod txn_log;
+mod txn_markers;
 
 use std::io;
 use std::sync::Arc;
@@ -61,8 +62,8 @@ pub struct Broker {
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
-    /// The transaction coordinator (`txn.rs`); `None` in a cluster (not there yet).
-    transactions: Option<Arc<txn::TransactionCoordinator>>,
+    /// The transaction coordinator (`txn.rs`).
+    transactions: Arc<txn::TransactionCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
     replicas: Option<Arc<replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
@@ -158,10 +159,10 @@ impl Broker {
             }
             Some(_) => GroupCoordinator::replicated(timing, settings),
         };
-        let transactions = match &config.cluster {
-            None => Some(Arc::new(txn::TransactionCoordinator::open(&config.data_dir, logs.syncer())?)),
-            Some(_) => None,
-        };
+        let transactions = Arc::new(match &config.cluster {
+            None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
+            Some(_) => txn::TransactionCoordinator::replicated(),
+        });
         Ok(Arc::new(Broker {
             config,
             listeners,
@@ -284,9 +285,7 @@ impl Broker {
     pub fn close(&self) {
         self.logs.close();
         self.groups.close();
-        if let Some(transactions) = &self.transactions {
-            transactions.close();
-        }
+        self.transactions.close();
     }
 }
 

@@ -129,7 +129,7 @@ async fn accept_loop(
 /// Aborts transactions past their timeout and completes prepared ones (`txn.rs`), as often
 /// as the log upkeep runs and at least every second.
 async fn transactions_upkeep_loop(broker: Arc<Broker>) {
-    let Some(transactions) = broker.transactions.clone() else { return };
+    let transactions = broker.transactions.clone();
     let period = broker.config().log_retention_check_interval_ms.clamp(10, 1_000);
     let mut interval = tokio::time::interval(Duration::from_millis(period));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,7 +145,7 @@ async fn upkeep_loop(broker: Arc<Broker>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        crate::handlers::create_offsets_topic_once_formed(&broker);
+        crate::handlers::create_internal_topics_once_formed(&broker);
         let broker = broker.clone();
         if tokio::task::spawn_blocking(move || broker.tick()).await.is_err() {
             tracing::error!("upkeep task panicked");

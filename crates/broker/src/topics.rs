@@ -111,7 +111,7 @@ impl TopicCatalog {
 
 /// Whether `name` is a topic of the broker's own (clients see it flagged internal).
 pub fn is_internal(name: &str) -> bool {
-    name == crate::group::OFFSETS_TOPIC
+    name == crate::group::OFFSETS_TOPIC || name == crate::txn_log::TXN_STATE_TOPIC
 }
 
 /// Kafka's rules for topic names.
@@ -122,8 +122,8 @@ pub fn validate_topic_name(name: &str) -> Result<(), String> {
     if name == "." || name == ".." {
         return Err(format!("topic name {name:?} is not allowed"));
     }
-    if name == crate::group::OFFSETS_TOPIC {
-        return Err(format!("topic name {name:?} is reserved for the broker's committed offsets"));
+    if is_internal(name) {
+        return Err(format!("topic name {name:?} is reserved for the broker's own state"));
     }
     if name.len() > TOPIC_NAME_BYTES_MAX {
         return Err(format!("topic name is longer than {TOPIC_NAME_BYTES_MAX} characters"));

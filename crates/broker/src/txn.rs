@@ -1,43 +1,58 @@
-//! The transaction coordinator (KIP-98, KIP-447) of a single node.
+//! The transaction coordinator (KIP-98, KIP-447).
 //!
 //! One entry per `transactional.id`: its producer id and epoch, its state
 //! (Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort), the
-//! partitions and group offsets it wrote. Every change is appended to the transaction log
-//! (`txn_log.rs`, fsynced by the group-commit syncer, never under this coordinator's lock)
-//! and answered once durable, so a decision survives a crash: a transaction found in a
-//! Prepare state at startup is completed again. A decision is durable before any marker.
+//! partitions and groups it wrote. Every change is appended to the transaction log
+//! (`txn_log.rs`, fsynced by the group-commit syncer, never under a coordinator lock) and
+//! answered once durable, so a decision survives a crash: a transaction found in a
+//! Prepare state after a restart or a failover is completed again. A decision is durable
+//! before any marker.
 //!
-//! Ending a transaction writes a commit or abort marker to each of its partitions
-//! ([`sluice_storage::Partition::append_marker`]) and waits until each is durable; a commit
-//! then applies the offsets sent with it (TxnOffsetCommit) to their groups. A transaction
-//! open longer than its `transaction.timeout.ms` is aborted with the producer's epoch
-//! bumped, which fences the producer, as Kafka does. A transactional batch is appended only
-//! to a partition its producer's open transaction has added (AddPartitionsToTxn), so no
-//! producer can hold a partition's last stable offset back outside a transaction.
+//! Where the state lives: one *shard* per partition of the transaction log this node
+//! leads, exactly as the group coordinator shards `__consumer_offsets`. A single node
+//! leads its one local partition; in a cluster a transactional id belongs to partition
+//! `abs(hash(id)) % transaction_state_num_partitions` of the replicated
+//! `__transaction_state` (Kafka's placement), and only that partition's leader serves it;
+//! a new leader replays the partition (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and then
+//! completes what its predecessor left prepared. Markers carry the partition's leader
+//! epoch as the coordinator epoch.
 //!
-//! Not yet: a cluster's coordinator (`__transaction_state` replicated with failover), so
-//! in cluster mode transactional producers are refused.
+//! Ending a transaction writes a commit or abort marker to each of its partitions and to
+//! the `__consumer_offsets` partition of each group it sent offsets for
+//! (`txn_markers.rs`: locally, or with WriteTxnMarkers to the partition's leader), and
+//! waits until each is durable; the group coordinator then commits or drops the offsets
+//! the transaction sent (TxnOffsetCommit). A transaction open longer than its
+//! `transaction.timeout.ms` is aborted with the producer's epoch bumped, which fences the
+//! producer, as Kafka does.
+//!
+//! Produce checks: a transactional batch is appended only to a partition its producer's
+//! open transaction has added (AddPartitionsToTxn), checked under the shard's lock so no
+//! batch lands after its markers, when this node coordinates the producer's transaction.
+//! A partition leader in a cluster that does not coordinate it accepts the batch on the
+//! producer's epoch alone (Kafka's behaviour before KIP-890's verification).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use sluice_storage::Syncer;
 
 use crate::group::offsets::CommittedOffset;
+use crate::group::placement::partition_for;
+use crate::replication::Replica;
 use crate::txn_log::{PendingChange, TxnLog};
+use crate::txn_markers::{Marker, MarkerTarget};
 use crate::Broker;
 
 /// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.
 pub const TRANSACTION_TIMEOUT_MS_MAX: i32 = 900_000;
 /// The most transactional ids kept (each is a few hundred bytes in memory and on disk).
 pub const TRANSACTIONAL_IDS_MAX: usize = 100_000;
-/// The coordinator epoch written in markers: one coordinator, never moved.
-const COORDINATOR_EPOCH: i32 = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum TxnState {
@@ -67,7 +82,8 @@ impl TxnState {
     }
 }
 
-/// An offset commit sent with a transaction, applied when it commits.
+/// An offset commit a transaction carried in the coordinator's own state (versions before
+/// the group coordinator kept transactional offsets did so); applied when it commits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PendingOffset {
     pub(crate) topic: String,
@@ -84,7 +100,8 @@ pub(crate) struct TxnMetadata {
     pub(crate) timeout_ms: i32,
     pub(crate) state: TxnState,
     pub(crate) partitions: BTreeSet<(String, i32)>,
-    /// Groups added with AddOffsetsToTxn, with the offsets sent for them.
+    /// Groups added with AddOffsetsToTxn (the offsets themselves wait at the group
+    /// coordinator; only a state written by an older version has any here).
     pub(crate) offsets: BTreeMap<String, Vec<PendingOffset>>,
     pub(crate) started_ms: i64,
 }
@@ -132,9 +149,34 @@ impl std::ops::DerefMut for Transactions {
     }
 }
 
-pub(crate) struct TransactionCoordinator {
+/// The transactions of one transaction log partition this node leads.
+pub(crate) struct TxnShard {
+    partition: i32,
     log: TxnLog,
     transactions: Mutex<Transactions>,
+}
+
+enum Slot {
+    Loading { leader_epoch: i32, generation: u64 },
+    Active(Arc<TxnShard>),
+}
+
+/// The shards of this node by transaction log partition.
+#[derive(Default)]
+struct TxnShards {
+    /// Partitions of the transaction log (0 until a cluster node learns it).
+    partition_count: i32,
+    slots: HashMap<i32, Slot>,
+    next_generation: u64,
+}
+
+pub(crate) struct TransactionCoordinator {
+    /// Lock order: shards, then a shard's transactions.
+    shards: RwLock<TxnShards>,
+    /// Cluster mode: a creation of `__transaction_state` is under way.
+    pub(crate) creating_topic: AtomicBool,
+    /// Connections to other brokers for markers.
+    pub(crate) peers: crate::txn_markers::PeerPool,
     /// One completion (markers, offsets) at a time per transactional id, so EndTxn, a
     /// timeout and a restart's recovery never write a transaction's markers twice at once;
     /// different transactions complete in parallel. At most one entry per known id.
@@ -152,14 +194,9 @@ fn check_producer(meta: &TxnMetadata, producer_id: i64, producer_epoch: i16) -> 
     Ok(())
 }
 
-impl TransactionCoordinator {
-    pub(crate) fn open(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
-        let (log, transactions) = TxnLog::open(data_dir, syncer)?;
-        Ok(TransactionCoordinator {
-            log,
-            transactions: Mutex::new(Transactions::new(transactions)),
-            completing: Default::default(),
-        })
+impl TxnShard {
+    fn new(partition: i32, log: TxnLog, transactions: BTreeMap<String, TxnMetadata>) -> TxnShard {
+        TxnShard { partition, log, transactions: Mutex::new(Transactions::new(transactions)) }
     }
 
     /// Appends `transactional_id`'s metadata as it is now (under the lock, so the log
@@ -173,20 +210,149 @@ impl TransactionCoordinator {
         let meta = transactions.get(transactional_id).expect("a recorded entry exists");
         self.log.append(transactional_id, meta, broker.logs.syncer())
     }
+}
 
-    /// Clean shutdown.
-    pub(crate) fn close(&self) {
-        if let Err(error) = self.log.close() {
-            tracing::error!(%error, "failed to close the transaction log");
+impl TransactionCoordinator {
+    /// Single node: opens (replaying) the one local transaction log partition.
+    pub(crate) fn open_local(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
+        let (log, transactions) = TxnLog::open(data_dir, syncer)?;
+        let shard = TxnShard::new(0, log, transactions);
+        let shards = TxnShards {
+            partition_count: 1,
+            slots: HashMap::from([(0, Slot::Active(Arc::new(shard)))]),
+            next_generation: 1,
+        };
+        Ok(TransactionCoordinator::new(shards))
+    }
+
+    /// Cluster mode: coordinates nothing until [`TransactionCoordinator::follow_leadership`]
+    /// says which `__transaction_state` partitions this node leads.
+    pub(crate) fn replicated() -> TransactionCoordinator {
+        TransactionCoordinator::new(TxnShards::default())
+    }
+
+    fn new(shards: TxnShards) -> TransactionCoordinator {
+        TransactionCoordinator {
+            shards: RwLock::new(shards),
+            creating_topic: AtomicBool::new(false),
+            peers: Default::default(),
+            completing: Default::default(),
         }
     }
 
-    pub(crate) fn describe(&self, transactional_id: &str) -> Option<TxnMetadata> {
-        self.transactions.lock().get(transactional_id).cloned()
+    fn active(&self) -> Vec<Arc<TxnShard>> {
+        self.shards
+            .read()
+            .slots
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Active(shard) => Some(shard.clone()),
+                Slot::Loading { .. } => None,
+            })
+            .collect()
     }
 
+    /// The shard serving `transactional_id` here, or why this node cannot serve it.
+    fn serving(&self, transactional_id: &str) -> Result<Arc<TxnShard>, ResponseError> {
+        let shards = self.shards.read();
+        if shards.partition_count == 0 {
+            return Err(ResponseError::NotCoordinator);
+        }
+        match shards.slots.get(&partition_for(transactional_id, shards.partition_count)) {
+            Some(Slot::Active(shard)) => Ok(shard.clone()),
+            Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
+            None => Err(ResponseError::NotCoordinator),
+        }
+    }
+
+    /// Cluster mode: follows the leadership of the `__transaction_state` partitions
+    /// (`leaders[p]` is the replica and leader epoch when this node leads partition p):
+    /// loads newly led partitions, drops those led no longer or at another epoch.
+    pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
+        let count = i32::try_from(leaders.len()).expect("partition count fits i32");
+        let mut shards = self.shards.write();
+        if shards.partition_count != count {
+            // The topic appeared: every placement changes.
+            shards.slots.clear();
+            tracing::info!(partitions = count, "transaction log partition count");
+            shards.partition_count = count;
+        }
+        for (partition, leader) in leaders.into_iter().enumerate() {
+            let partition = partition as i32;
+            let current_epoch = shards.slots.get(&partition).map(|slot| match slot {
+                Slot::Loading { leader_epoch, .. } => *leader_epoch,
+                Slot::Active(shard) => shard.log.coordinator_epoch(),
+            });
+            let wanted_epoch = leader.as_ref().map(|(_, epoch)| *epoch);
+            if current_epoch == wanted_epoch {
+                continue;
+            }
+            if current_epoch.is_some() {
+                shards.slots.remove(&partition);
+                tracing::info!(partition, "no longer transaction coordinator of this transaction log partition");
+            }
+            if let Some((replica, leader_epoch)) = leader {
+                let generation = shards.next_generation;
+                shards.next_generation += 1;
+                shards.slots.insert(partition, Slot::Loading { leader_epoch, generation });
+                let coordinator = self.clone();
+                tracing::info!(partition, leader_epoch, "loading transaction log partition");
+                tokio::task::spawn_blocking(move || coordinator.load(partition, replica, leader_epoch, generation));
+            }
+        }
+    }
+
+    /// Replays partition `partition` (outside any lock), then serves it if this node still
+    /// leads it at the same epoch, and completes what was left prepared.
+    fn load(&self, partition: i32, replica: Arc<Replica>, leader_epoch: i32, generation: u64) {
+        let started = std::time::Instant::now();
+        let (log, transactions) = match TxnLog::replicated(replica, leader_epoch) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::error!(partition, %error, "cannot load transaction log partition");
+                return;
+            }
+        };
+        let count = transactions.len();
+        let mut shards = self.shards.write();
+        match shards.slots.get(&partition) {
+            Some(Slot::Loading { generation: current, .. }) if *current == generation => {}
+            _ => return,
+        }
+        shards.slots.insert(partition, Slot::Active(Arc::new(TxnShard::new(partition, log, transactions))));
+        drop(shards);
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        // Prepared transactions are completed by the next upkeep (at most a second away).
+        tracing::info!(
+            partition,
+            leader_epoch,
+            transactional_ids = count,
+            elapsed_ms,
+            "transaction log partition loaded"
+        );
+    }
+
+    /// Clean shutdown.
+    pub(crate) fn close(&self) {
+        for shard in self.active() {
+            if let Err(error) = shard.log.close() {
+                tracing::error!(%error, "failed to close the transaction log");
+            }
+        }
+    }
+
+    /// The state of `transactional_id`, if this node coordinates it.
+    pub(crate) fn describe(&self, transactional_id: &str) -> Result<Option<TxnMetadata>, ResponseError> {
+        Ok(self.serving(transactional_id)?.transactions.lock().get(transactional_id).cloned())
+    }
+
+    /// Every transaction this node coordinates.
     pub(crate) fn list(&self) -> Vec<(String, TxnMetadata)> {
-        self.transactions.lock().iter().map(|(id, meta)| (id.clone(), meta.clone())).collect()
+        let mut listed = Vec::new();
+        for shard in self.active() {
+            listed.extend(shard.transactions.lock().iter().map(|(id, meta)| (id.clone(), meta.clone())));
+        }
+        listed
     }
 
     /// InitProducerId with a `transactional.id`: a new id gets a producer id; a known one
@@ -202,8 +368,9 @@ impl TransactionCoordinator {
             return Err(ResponseError::InvalidTransactionTimeout);
         }
         loop {
+            let shard = self.serving(transactional_id)?;
             let (change, done) = {
-                let mut transactions = self.transactions.lock();
+                let mut transactions = shard.transactions.lock();
                 match transactions.get(transactional_id).cloned() {
                     None => {
                         if transactions.len() >= TRANSACTIONAL_IDS_MAX {
@@ -214,14 +381,14 @@ impl TransactionCoordinator {
                             ResponseError::KafkaStorageError
                         })?;
                         transactions.insert(transactional_id.to_string(), new_metadata(producer_id, 0, timeout_ms));
-                        (Some(self.record(broker, &transactions, transactional_id)?), Some((producer_id, 0)))
+                        (Some(shard.record(broker, &transactions, transactional_id)?), Some((producer_id, 0)))
                     }
                     Some(meta) if meta.state == TxnState::Ongoing => {
                         // Abort the old producer's transaction, fencing it with a new epoch.
                         let meta = transactions.get_mut(transactional_id).expect("present");
                         meta.producer_epoch = bumped(meta.producer_epoch);
                         meta.state = TxnState::PrepareAbort;
-                        (Some(self.record(broker, &transactions, transactional_id)?), None)
+                        (Some(shard.record(broker, &transactions, transactional_id)?), None)
                     }
                     Some(meta) if meta.state.is_prepared() => (None, None),
                     Some(meta) => {
@@ -237,18 +404,18 @@ impl TransactionCoordinator {
                             new_metadata(producer_id, producer_epoch, timeout_ms),
                         );
                         (
-                            Some(self.record(broker, &transactions, transactional_id)?),
+                            Some(shard.record(broker, &transactions, transactional_id)?),
                             Some((producer_id, producer_epoch)),
                         )
                     }
                 }
             };
             if let Some(change) = change {
-                self.log.wait_durable(change).await?;
+                shard.log.wait_durable(change).await?;
             }
             match done {
                 Some(ids) => return Ok(ids),
-                None => self.complete(broker, transactional_id).await?,
+                None => self.complete(broker, &shard, transactional_id).await.map_err(retriable)?,
             }
         }
     }
@@ -263,7 +430,8 @@ impl TransactionCoordinator {
         partitions: &[(String, i32)],
     ) -> Result<(), ResponseError> {
         for (topic, partition) in partitions {
-            if broker.partition(topic, *partition).is_none() {
+            let known = broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(partition));
+            if !known || crate::topics::is_internal(topic) {
                 return Err(ResponseError::UnknownTopicOrPartition);
             }
         }
@@ -273,7 +441,9 @@ impl TransactionCoordinator {
         .await
     }
 
-    /// AddOffsetsToTxn: the transaction will commit offsets of `group_id`.
+    /// AddOffsetsToTxn: the transaction will commit offsets of `group_id` (sent to the
+    /// group coordinator with TxnOffsetCommit; this coordinator sends the group's offsets
+    /// partition a marker when the transaction ends).
     pub(crate) async fn add_offsets(
         &self,
         broker: &Broker,
@@ -288,33 +458,6 @@ impl TransactionCoordinator {
         .await
     }
 
-    /// TxnOffsetCommit: offsets to commit for `group_id` if the transaction commits.
-    pub(crate) async fn commit_offsets(
-        &self,
-        broker: &Broker,
-        transactional_id: &str,
-        producer_id: i64,
-        producer_epoch: i16,
-        group_id: &str,
-        offsets: Vec<PendingOffset>,
-    ) -> Result<(), ResponseError> {
-        let change = {
-            let mut transactions = self.transactions.lock();
-            let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
-            check_producer(meta, producer_id, producer_epoch)?;
-            if meta.state != TxnState::Ongoing {
-                return Err(ResponseError::InvalidTxnState);
-            }
-            let pending = meta.offsets.get_mut(group_id).ok_or(ResponseError::InvalidTxnState)?;
-            for offset in offsets {
-                pending.retain(|p| (p.topic.as_str(), p.partition) != (offset.topic.as_str(), offset.partition));
-                pending.push(offset);
-            }
-            self.record(broker, &transactions, transactional_id)?
-        };
-        self.log.wait_durable(change).await
-    }
-
     async fn update_ongoing(
         &self,
         broker: &Broker,
@@ -323,8 +466,9 @@ impl TransactionCoordinator {
         producer_epoch: i16,
         change: impl FnOnce(&mut TxnMetadata),
     ) -> Result<(), ResponseError> {
+        let shard = self.serving(transactional_id)?;
         let recorded = {
-            let mut transactions = self.transactions.lock();
+            let mut transactions = shard.transactions.lock();
             let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
             check_producer(meta, producer_id, producer_epoch)?;
             match meta.state {
@@ -338,9 +482,9 @@ impl TransactionCoordinator {
                 TxnState::Ongoing => {}
             }
             change(meta);
-            self.record(broker, &transactions, transactional_id)?
+            shard.record(broker, &transactions, transactional_id)?
         };
-        self.log.wait_durable(recorded).await
+        shard.log.wait_durable(recorded).await
     }
 
     /// EndTxn: commits or aborts the producer's transaction; answers once every marker is
@@ -353,14 +497,15 @@ impl TransactionCoordinator {
         producer_epoch: i16,
         commit: bool,
     ) -> Result<(), ResponseError> {
+        let shard = self.serving(transactional_id)?;
         let decided = {
-            let mut transactions = self.transactions.lock();
+            let mut transactions = shard.transactions.lock();
             let meta = transactions.get_mut(transactional_id).ok_or(ResponseError::InvalidProducerIdMapping)?;
             check_producer(meta, producer_id, producer_epoch)?;
             match (meta.state, commit) {
                 (TxnState::Ongoing, _) => {
                     meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
-                    Some(self.record(broker, &transactions, transactional_id)?)
+                    Some(shard.record(broker, &transactions, transactional_id)?)
                 }
                 // A retry of an EndTxn that was already decided.
                 (TxnState::PrepareCommit | TxnState::CompleteCommit, true)
@@ -371,17 +516,22 @@ impl TransactionCoordinator {
             }
         };
         if let Some(change) = decided {
-            self.log.wait_durable(change).await?;
+            shard.log.wait_durable(change).await?;
         }
-        self.complete(broker, transactional_id).await
+        self.complete(broker, &shard, transactional_id).await.map_err(retriable)
     }
 
-    /// Finishes a prepared transaction: writes its markers, waits until they are durable,
-    /// applies its offsets on commit, then records it complete.
-    async fn complete(&self, broker: &Arc<Broker>, transactional_id: &str) -> Result<(), ResponseError> {
+    /// Finishes a prepared transaction: writes its markers (to its partitions and its
+    /// groups' offsets partitions), waits until they are durable, then records it complete.
+    async fn complete(
+        &self,
+        broker: &Arc<Broker>,
+        shard: &TxnShard,
+        transactional_id: &str,
+    ) -> Result<(), ResponseError> {
         let completion = self.completing.lock().entry(transactional_id.to_string()).or_default().clone();
         let _one_at_a_time = completion.lock().await;
-        let Some(meta) = self.describe(transactional_id) else { return Ok(()) };
+        let Some(meta) = shard.transactions.lock().get(transactional_id).cloned() else { return Ok(()) };
         let commit = match meta.state {
             TxnState::PrepareCommit => true,
             TxnState::PrepareAbort => false,
@@ -389,117 +539,135 @@ impl TransactionCoordinator {
         };
         // The decision is durable before any marker is written (it may have been appended by
         // a request still waiting for its fsync).
-        self.log.wait_durable(self.log.written()).await?;
+        shard.log.wait_durable(shard.log.written()).await?;
         let now_ms = sluice_storage::now_ms();
-        let mut waits = Vec::new();
-        for (topic, partition) in &meta.partitions {
-            let marker = Marker {
-                producer_id: meta.producer_id,
-                producer_epoch: meta.producer_epoch,
-                commit,
-                coordinator_epoch: COORDINATOR_EPOCH,
-            };
-            match write_marker(broker, topic, *partition, marker, now_ms) {
-                Ok(wait) => waits.extend(wait),
-                // The partition is gone (its topic was deleted): nothing to end there.
-                Err(ResponseError::UnknownTopicOrPartition) => {}
-                Err(error) => {
-                    tracing::warn!(topic, partition, ?error, "could not write a transaction marker; will retry");
-                    return Err(error);
-                }
-            }
-        }
-        wait_markers(waits).await?;
         if commit {
-            for (group_id, offsets) in &meta.offsets {
-                let commits = offsets
-                    .iter()
-                    .map(|p| {
-                        let value = CommittedOffset {
-                            offset: p.offset,
-                            leader_epoch: p.leader_epoch,
-                            metadata: p.metadata.clone(),
-                            commit_timestamp_ms: now_ms,
-                        };
-                        (p.topic.clone(), p.partition, value)
-                    })
-                    .collect();
-                let write = broker.groups.commit_transactional_offsets(group_id, commits, broker.logs.syncer());
-                let written = match write {
-                    Ok(write) => write.await,
-                    Err(error) => Err(error),
-                };
-                if let Err(error) = written {
-                    tracing::warn!(group_id, ?error, "could not commit a transaction's offsets; will retry");
-                    return Err(ResponseError::CoordinatorLoadInProgress);
-                }
-            }
+            self.commit_legacy_offsets(broker, &meta, now_ms).await?;
         }
+        let mut targets: Vec<MarkerTarget> = meta
+            .partitions
+            .iter()
+            .map(|(topic, partition)| MarkerTarget::Partition(topic.clone(), *partition))
+            .collect();
+        if !meta.offsets.is_empty() {
+            let count = broker.groups.offsets_partition_count();
+            if count == 0 {
+                return Err(ResponseError::CoordinatorNotAvailable);
+            }
+            let partitions: BTreeSet<i32> = meta.offsets.keys().map(|group| partition_for(group, count)).collect();
+            targets.extend(partitions.into_iter().map(MarkerTarget::Offsets));
+        }
+        let marker = Marker {
+            producer_id: meta.producer_id,
+            producer_epoch: meta.producer_epoch,
+            commit,
+            coordinator_epoch: shard.log.coordinator_epoch(),
+        };
+        crate::txn_markers::write_all(broker, &self.peers, marker, targets, now_ms).await?;
         let completed = {
-            let mut transactions = self.transactions.lock();
+            let mut transactions = shard.transactions.lock();
             match transactions.get_mut(transactional_id) {
                 Some(current) if current.state == meta.state && current.producer_epoch == meta.producer_epoch => {
                     current.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
                     current.partitions.clear();
                     current.offsets.clear();
-                    Some(self.record(broker, &transactions, transactional_id)?)
+                    Some(shard.record(broker, &transactions, transactional_id)?)
                 }
                 _ => None,
             }
         };
         if let Some(change) = completed {
-            self.log.wait_durable(change).await?;
+            shard.log.wait_durable(change).await?;
         }
         tracing::debug!(transactional_id, commit, "transaction completed");
         Ok(())
     }
 
-    /// Whether an open or deciding transaction holds offsets of `group_id` for this
-    /// partition that are not committed yet (OffsetFetch with `require_stable`).
-    pub(crate) fn has_pending_offsets(&self, group_id: &str, topic: &str, partition: i32) -> bool {
-        let transactions = self.transactions.lock();
-        transactions.values().any(|meta| {
-            matches!(meta.state, TxnState::Ongoing | TxnState::PrepareCommit)
-                && meta
-                    .offsets
-                    .get(group_id)
-                    .is_some_and(|offsets| offsets.iter().any(|o| o.topic == topic && o.partition == partition))
-        })
+    /// Commits offsets an older version kept in the transaction's own state (a single
+    /// node's transaction decided across an upgrade); nothing for any other.
+    async fn commit_legacy_offsets(
+        &self,
+        broker: &Arc<Broker>,
+        meta: &TxnMetadata,
+        now_ms: i64,
+    ) -> Result<(), ResponseError> {
+        for (group_id, offsets) in meta.offsets.iter().filter(|(_, offsets)| !offsets.is_empty()) {
+            let commits = offsets
+                .iter()
+                .map(|p| {
+                    let value = CommittedOffset {
+                        offset: p.offset,
+                        leader_epoch: p.leader_epoch,
+                        metadata: p.metadata.clone(),
+                        commit_timestamp_ms: now_ms,
+                    };
+                    (p.topic.clone(), p.partition, value)
+                })
+                .collect();
+            let write = broker.groups.commit_legacy_transactional_offsets(group_id, commits, broker.logs.syncer());
+            let written = match write {
+                Ok(write) => write.await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = written {
+                tracing::warn!(group_id, ?error, "could not commit a transaction's offsets; will retry");
+                return Err(ResponseError::CoordinatorLoadInProgress);
+            }
+        }
+        Ok(())
     }
 
-    /// Appends a transactional batch of `producer_id` with `append`, only as part of its
-    /// open transaction that added this partition (else INVALID_TXN_STATE). The append
-    /// runs under the coordinator's lock, so the transaction cannot move to Prepare between
-    /// the check and the append: every batch lands before its transaction's markers.
+    /// Appends a transactional batch of `producer_id` with `append`. When this node
+    /// coordinates the producer's transaction, only as part of its open transaction that
+    /// added this partition (else INVALID_TXN_STATE); the append then runs under the
+    /// shard's lock, so the transaction cannot move to Prepare between the check and the
+    /// append: every batch lands before its transaction's markers. On a single node an
+    /// unknown producer id is INVALID_PRODUCER_ID_MAPPING; in a cluster its coordinator may
+    /// be another node, and the batch is appended on its epoch alone.
     pub(crate) fn append_verified<R>(
         &self,
         producer_id: i64,
         producer_epoch: i16,
         topic: &str,
         partition: i32,
+        clustered: bool,
         append: impl FnOnce() -> R,
     ) -> Result<R, ResponseError> {
-        let transactions = self.transactions.lock();
-        let meta = transactions.by_producer(producer_id);
-        match meta {
-            None => Err(ResponseError::InvalidProducerIdMapping),
-            Some(meta) if meta.producer_epoch > producer_epoch => Err(ResponseError::InvalidProducerEpoch),
-            Some(meta)
-                if meta.state == TxnState::Ongoing && meta.partitions.contains(&(topic.to_string(), partition)) =>
-            {
-                Ok(append())
-            }
-            Some(_) => Err(ResponseError::InvalidTxnState),
+        for shard in self.active() {
+            let transactions = shard.transactions.lock();
+            let Some(meta) = transactions.by_producer(producer_id) else { continue };
+            return match meta {
+                meta if meta.producer_epoch > producer_epoch => Err(ResponseError::InvalidProducerEpoch),
+                meta if meta.state == TxnState::Ongoing
+                    && meta.partitions.contains(&(topic.to_string(), partition)) =>
+                {
+                    Ok(append())
+                }
+                _ => Err(ResponseError::InvalidTxnState),
+            };
+        }
+        if clustered {
+            Ok(append())
+        } else {
+            Err(ResponseError::InvalidProducerIdMapping)
         }
     }
 
-    /// Periodic upkeep: aborts transactions open past their timeout (bumping the epoch, so
-    /// their producer is fenced) and completes those left prepared (a failed marker write,
-    /// or a restart).
+    /// Periodic upkeep of every shard: aborts transactions open past their timeout (bumping
+    /// the epoch, so their producer is fenced), completes those left prepared (a failed
+    /// marker write, a restart or a failover), and writes log snapshots when due.
     pub(crate) async fn upkeep(&self, broker: &Arc<Broker>) {
+        for shard in self.active() {
+            if shard.log.is_current() {
+                self.upkeep_shard(broker, &shard).await;
+            }
+        }
+    }
+
+    async fn upkeep_shard(&self, broker: &Arc<Broker>, shard: &TxnShard) {
         let now_ms = sluice_storage::now_ms();
         let (due, snapshot) = {
-            let mut transactions = self.transactions.lock();
+            let mut transactions = shard.transactions.lock();
             let mut expired = Vec::new();
             for (id, meta) in transactions.iter_mut() {
                 if meta.state == TxnState::Ongoing && now_ms - meta.started_ms > i64::from(meta.timeout_ms) {
@@ -511,12 +679,12 @@ impl TransactionCoordinator {
             }
             for id in &expired {
                 // `complete` waits for this to be durable before it writes markers.
-                if self.record(broker, &transactions, id).is_err() {
+                if shard.record(broker, &transactions, id).is_err() {
                     return;
                 }
             }
-            let snapshot = if self.log.snapshot_due() {
-                self.log.write_snapshot(&transactions, broker.logs.syncer()).ok().flatten()
+            let snapshot = if shard.log.snapshot_due() {
+                shard.log.write_snapshot(&transactions, broker.logs.syncer()).ok().flatten()
             } else {
                 None
             };
@@ -525,84 +693,30 @@ impl TransactionCoordinator {
             (due, snapshot)
         };
         if let Some((start, change)) = snapshot {
-            if self.log.wait_durable(change).await.is_ok() {
-                self.log.truncate_before(start);
+            if shard.log.wait_durable(change).await.is_ok() {
+                shard.log.truncate_before(start);
             }
         }
         for id in due {
-            if let Err(error) = self.complete(broker, &id).await {
-                tracing::warn!(transactional_id = id, ?error, "completing a transaction failed; will retry");
+            if let Err(error) = self.complete(broker, shard, &id).await {
+                tracing::warn!(
+                    transactional_id = id,
+                    partition = shard.partition,
+                    ?error,
+                    "completing a transaction failed; will retry"
+                );
             }
         }
     }
 }
 
-/// A commit or abort marker (control batch) for one producer's transaction.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Marker {
-    pub(crate) producer_id: i64,
-    pub(crate) producer_epoch: i16,
-    pub(crate) commit: bool,
-    pub(crate) coordinator_epoch: i32,
-}
-
-/// A written marker: durable once the partition's high watermark reaches `at`.
-pub(crate) struct MarkerWait {
-    visible: tokio::sync::watch::Receiver<sluice_storage::Visible>,
-    at: i64,
-}
-
-/// How long a marker may take to become durable (fsynced, and in a cluster in the ISR).
-pub(crate) const MARKER_DURABLE_TIMEOUT_MS: u64 = 30_000;
-
-/// Appends `marker` to a partition this node leads, stamped with its leader epoch.
-/// `Ok(None)`: the producer was already fenced there by a newer epoch, so there is
-/// nothing to end. Used by the coordinator and by WriteTxnMarkers.
-pub(crate) fn write_marker(
-    broker: &Broker,
-    topic: &str,
-    partition: i32,
-    marker: Marker,
-    now_ms: i64,
-) -> Result<Option<MarkerWait>, ResponseError> {
-    let (log, leader_epoch) = match &broker.replicas {
-        None => {
-            (broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?, crate::LEADER_EPOCH)
-        }
-        Some(_) => {
-            let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
-            let write = replica.begin_write(-1).map_err(crate::replication::NotServed::error)?;
-            (replica.log.clone(), write.leader_epoch)
-        }
-    };
-    let Marker { producer_id, producer_epoch, commit, coordinator_epoch } = marker;
-    match log.append_marker(producer_id, producer_epoch, commit, coordinator_epoch, leader_epoch, now_ms) {
-        Ok(outcome) => {
-            if outcome.needs_sync {
-                broker.logs.syncer().schedule(&log);
-            }
-            Ok(Some(MarkerWait { visible: log.subscribe(), at: outcome.visible_at }))
-        }
-        Err(sluice_storage::AppendError::StaleProducerEpoch) => Ok(None),
-        Err(error) => {
-            tracing::warn!(topic, partition, %error, "could not write a transaction marker");
-            Err(ResponseError::KafkaStorageError)
-        }
+/// What EndTxn (or InitProducerId) answers when the markers could not all be written
+/// yet: a retriable error, so the client sends it again; the upkeep retries meanwhile.
+fn retriable(error: ResponseError) -> ResponseError {
+    match error {
+        ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable | ResponseError::ProducerFenced => error,
+        _ => ResponseError::ConcurrentTransactions,
     }
-}
-
-/// Waits until every written marker is durable.
-pub(crate) async fn wait_markers(waits: Vec<MarkerWait>) -> Result<(), ResponseError> {
-    let timeout = std::time::Duration::from_millis(MARKER_DURABLE_TIMEOUT_MS);
-    for MarkerWait { mut visible, at } in waits {
-        let reached = tokio::time::timeout(timeout, visible.wait_for(|v| v.high_watermark >= at || v.failed))
-            .await
-            .map_err(|_| ResponseError::RequestTimedOut)?;
-        if !reached.is_ok_and(|v| v.high_watermark >= at) {
-            return Err(ResponseError::KafkaStorageError);
-        }
-    }
-    Ok(())
 }
 
 fn new_metadata(producer_id: i64, producer_epoch: i16, timeout_ms: i32) -> TxnMetadata {

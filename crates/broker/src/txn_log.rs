@@ -1,6 +1,9 @@
 //! The transaction coordinator's durable state: an append-only log of transaction
-//! metadata, `<data_dir>/transactions/__transaction_state-0`, a partition of the storage
-//! crate's ordinary log (Kafka keeps the same in its internal topic `__transaction_state`).
+//! metadata. On a single node it is `<data_dir>/transactions/__transaction_state-0`, a
+//! partition of the storage crate's ordinary log; in a cluster it is a partition of the
+//! replicated internal topic `__transaction_state` (Kafka's name), written only by its
+//! leader and durable once past its high watermark (fsynced at every ISR member). Both go
+//! through the coordinators' shared [`InternalLog`].
 //!
 //! Each change of a transactional id's metadata is one record (key = the id, value = its
 //! metadata as JSON), appended under the coordinator's lock (a page-cache write, in the
@@ -25,8 +28,12 @@ use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use sluice_storage::{LogConfig, Partition, Syncer};
 
-use crate::group::journal::{encode_internal_batch, read_internal_log};
+use crate::group::journal::{encode_internal_batch, read_internal_log, InternalLog, LogWriteError};
+use crate::replication::Replica;
 use crate::txn::TxnMetadata;
+
+/// The internal topic's name, as in Kafka.
+pub(crate) const TXN_STATE_TOPIC: &str = "__transaction_state";
 
 /// The partition's directory name, as Kafka names its internal topic's partitions.
 const TXN_LOG_DIR: &str = "__transaction_state-0";
@@ -38,13 +45,14 @@ pub(crate) const TXN_LOG_BATCH_BYTES_MAX: usize = 16 * 1024 * 1024;
 const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
 /// Bytes appended after which the next upkeep writes a snapshot.
 pub(crate) const TXN_LOG_SNAPSHOT_INTERVAL_BYTES: u64 = 16 * 1024 * 1024;
-const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+/// Segment size of the transaction log (single node and `__transaction_state`).
+pub(crate) const TXN_LOG_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 /// How long a change may take to become durable before the request fails.
 pub(crate) const TXN_LOG_WRITE_TIMEOUT_MS: u64 = 30_000;
 
-/// The transaction state log of a single node.
+/// One partition of the transaction state log.
 pub(crate) struct TxnLog {
-    partition: Arc<Partition>,
+    log: InternalLog,
     /// Bytes appended since the last snapshot (or the start).
     bytes_since_snapshot: parking_lot::Mutex<u64>,
 }
@@ -59,7 +67,7 @@ impl TxnLog {
     /// Opens (recovering) the log under `data_dir` and replays it into the state per id.
     pub(crate) fn open(data_dir: &Path, syncer: &Syncer) -> io::Result<(TxnLog, BTreeMap<String, TxnMetadata>)> {
         let config = LogConfig {
-            segment_bytes: SEGMENT_BYTES,
+            segment_bytes: TXN_LOG_SEGMENT_BYTES,
             retention_ms: -1,
             retention_bytes: -1,
             max_message_bytes: TXN_LOG_BATCH_BYTES_MAX,
@@ -69,9 +77,7 @@ impl TxnLog {
         let dir = data_dir.join("transactions");
         std::fs::create_dir_all(&dir)?;
         let partition = Arc::new(Partition::open(&dir.join(TXN_LOG_DIR), config)?);
-        let bytes = partition.size_bytes();
-        let log = TxnLog { partition, bytes_since_snapshot: parking_lot::Mutex::new(bytes) };
-        let mut state = log.replay()?;
+        let (log, mut state) = TxnLog::over(InternalLog::local(partition))?;
         let legacy = data_dir.join(LEGACY_FILE);
         if let Some(imported) = read_legacy(&legacy)? {
             if state.is_empty() && !imported.is_empty() {
@@ -88,6 +94,28 @@ impl TxnLog {
             sluice_storage::durable::sync_dir(data_dir)?;
         }
         Ok((log, state))
+    }
+
+    /// Cluster mode: a partition of `__transaction_state` this node leads (at
+    /// `leader_epoch`), replayed into the state per id. A new leader reads past its high
+    /// watermark: what it holds was acknowledged or will be once its followers catch up.
+    pub(crate) fn replicated(
+        replica: Arc<Replica>,
+        leader_epoch: i32,
+    ) -> io::Result<(TxnLog, BTreeMap<String, TxnMetadata>)> {
+        TxnLog::over(InternalLog::replicated(replica, leader_epoch))
+    }
+
+    fn over(log: InternalLog) -> io::Result<(TxnLog, BTreeMap<String, TxnMetadata>)> {
+        let bytes = log.partition().size_bytes();
+        let log = TxnLog { log, bytes_since_snapshot: parking_lot::Mutex::new(bytes) };
+        let state = log.replay()?;
+        Ok((log, state))
+    }
+
+    /// The leader epoch this log is written at: the coordinator epoch markers carry.
+    pub(crate) fn coordinator_epoch(&self) -> i32 {
+        self.log.leader_epoch()
     }
 
     /// Appends one change of `transactional_id` and asks the syncer for an fsync.
@@ -130,45 +158,33 @@ impl TxnLog {
         if encoded.len() > TXN_LOG_BATCH_BYTES_MAX {
             return Err(ResponseError::MessageTooLarge);
         }
-        let outcome = self.partition.append(&encoded, crate::LEADER_EPOCH, now_ms).map_err(|error| {
-            tracing::error!(%error, "transaction log append failed");
-            ResponseError::KafkaStorageError
-        })?;
-        assert!(outcome.visible_at > outcome.base_offset);
-        if outcome.needs_sync {
-            syncer.schedule(&self.partition);
-        }
+        let appended = self.log.append(&encoded, syncer).map_err(coordinator_error)?;
         *self.bytes_since_snapshot.lock() += encoded.len() as u64;
-        Ok(outcome.visible_at)
+        Ok(appended.visible_at)
     }
 
-    /// Waits until `change` is durable (fsynced).
+    /// Waits until `change` is durable (fsynced; in a cluster, in the ISR while this node
+    /// still leads).
     pub(crate) async fn wait_durable(&self, change: PendingChange) -> Result<(), ResponseError> {
-        let mut visible = self.partition.subscribe();
-        let at = change.visible_at;
-        let reached = tokio::time::timeout(
-            Duration::from_millis(TXN_LOG_WRITE_TIMEOUT_MS),
-            visible.wait_for(|v| v.high_watermark >= at || v.failed),
-        )
-        .await
-        .map_err(|_| ResponseError::RequestTimedOut)?;
-        if reached.is_ok_and(|v| v.high_watermark >= at) {
-            Ok(())
-        } else {
-            Err(ResponseError::KafkaStorageError)
-        }
+        let timeout = Duration::from_millis(TXN_LOG_WRITE_TIMEOUT_MS);
+        self.log.wait_durable(change.visible_at, timeout).await.map_err(coordinator_error)
+    }
+
+    /// False once this node no longer leads the partition at the epoch it loaded it at.
+    pub(crate) fn is_current(&self) -> bool {
+        self.log.is_current()
     }
 
     /// Everything appended so far, as one change to wait for.
     pub(crate) fn written(&self) -> PendingChange {
-        PendingChange { visible_at: self.partition.offsets().log_end_offset }
+        PendingChange { visible_at: self.log.partition().offsets().log_end_offset }
     }
 
     /// At startup, before the runtime serves anything: polls the high watermark.
     fn wait_durable_blocking(&self, change: PendingChange) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_millis(TXN_LOG_WRITE_TIMEOUT_MS);
         loop {
-            let visible = *self.partition.subscribe().borrow();
+            let visible = *self.log.partition().subscribe().borrow();
             if visible.failed {
                 return Err(io::Error::other("the transaction log went offline"));
             }
@@ -197,7 +213,7 @@ impl TxnLog {
         if entries.is_empty() {
             return Ok(None);
         }
-        let start = self.partition.offsets().log_end_offset;
+        let start = self.log.partition().offsets().log_end_offset;
         let entries: Vec<(&str, &TxnMetadata)> = entries.iter().map(|(id, m)| (id.as_str(), m)).collect();
         let pending = self.append_all(&entries, syncer)?;
         *self.bytes_since_snapshot.lock() = 0;
@@ -206,7 +222,7 @@ impl TxnLog {
 
     /// After a snapshot starting at `start` is durable: drops everything before it.
     pub(crate) fn truncate_before(&self, start: i64) {
-        match self.partition.delete_records_before(start) {
+        match self.log.partition().delete_records_before(start) {
             Ok(log_start) => tracing::debug!(log_start, "transaction log compacted"),
             Err(error) => tracing::warn!(%error, "could not move the transaction log's start"),
         }
@@ -214,22 +230,33 @@ impl TxnLog {
 
     /// Clean shutdown.
     pub(crate) fn close(&self) -> io::Result<()> {
-        self.partition.close()
+        self.log.close()
     }
 
     /// The state per transactional id: the last record of each, from the log start.
     fn replay(&self) -> io::Result<BTreeMap<String, TxnMetadata>> {
         let mut state = BTreeMap::new();
-        read_internal_log(&self.partition, TXN_LOG_DIR, |offset, key, value| {
+        read_internal_log(self.log.partition(), TXN_STATE_TOPIC, |offset, key, value| {
             let (Some(key), Some(value)) = (key, value) else { return Ok(()) };
             let invalid =
-                |e: String| io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_LOG_DIR} at {offset}: {e}"));
+                |e: String| io::Error::new(io::ErrorKind::InvalidData, format!("{TXN_STATE_TOPIC} at {offset}: {e}"));
             let id = String::from_utf8(key.to_vec()).map_err(|e| invalid(e.to_string()))?;
             let meta: TxnMetadata = serde_json::from_slice(&value).map_err(|e| invalid(e.to_string()))?;
             state.insert(id, meta);
             Ok(())
         })?;
         Ok(state)
+    }
+}
+
+/// A transaction log write's failure, as the transaction APIs answer it: clients retry
+/// NOT_COORDINATOR and COORDINATOR_NOT_AVAILABLE at the (new) coordinator.
+fn coordinator_error(error: LogWriteError) -> ResponseError {
+    match error {
+        LogWriteError::NotLeader => ResponseError::NotCoordinator,
+        LogWriteError::NotEnoughReplicas => ResponseError::CoordinatorNotAvailable,
+        LogWriteError::Storage => ResponseError::KafkaStorageError,
+        LogWriteError::Timeout => ResponseError::RequestTimedOut,
     }
 }
 
@@ -297,7 +324,7 @@ mod tests {
         assert_eq!(start, 51);
         log.wait_durable(change).await.unwrap();
         log.truncate_before(start);
-        assert_eq!(log.partition.offsets().log_start_offset, 51);
+        assert_eq!(log.log.partition().offsets().log_start_offset, 51);
         log.close().unwrap();
         drop(log);
         let (_, replayed) = TxnLog::open(dir.path(), &syncer).unwrap();

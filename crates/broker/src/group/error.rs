@@ -60,6 +60,8 @@ pub(crate) enum GroupError {
     InvalidRegularExpression,
     #[error("api version not supported by this group")]
     UnsupportedVersion,
+    #[error("the transactional producer was fenced by a newer epoch")]
+    ProducerFenced,
 }
 
 impl GroupError {
@@ -93,6 +95,7 @@ impl GroupError {
             GroupError::InvalidRequest => ResponseError::InvalidRequest,
             GroupError::InvalidRegularExpression => ResponseError::InvalidRegularExpression,
             GroupError::UnsupportedVersion => ResponseError::UnsupportedVersion,
+            GroupError::ProducerFenced => ResponseError::ProducerFenced,
         }
     }
 

@@ -15,6 +15,12 @@
 //! key   = u8 version (1), u8 kind (1 = offset), str16 group, str16 topic, i32 partition
 //! value = u8 version (1), i64 offset, i32 leader epoch, i64 commit time ms,
 //!         i32 metadata length (-1 = null), metadata bytes
+//! A transactional offset (TxnOffsetCommit, pending until its transaction's marker):
+//! key   = u8 version (1), u8 kind (2), str16 group, str16 topic, i32 partition,
+//!         i64 producer id, i16 producer epoch; value as an offset's
+//! A transaction's end in this partition (the coordinator's commit or abort marker):
+//! key   = u8 version (1), u8 kind (3), i64 producer id, i16 producer epoch
+//! value = u8 version (1), u8 commit (1) or abort (0)
 
 use std::io;
 use std::path::Path;
@@ -36,17 +42,44 @@ use crate::replication::{NotServed, Replica};
 pub(crate) const OFFSETS_TOPIC: &str = "__consumer_offsets";
 const RECORD_VERSION: u8 = 1;
 const KIND_OFFSET: u8 = 1;
+const KIND_TXN_OFFSET: u8 = 2;
+const KIND_TXN_END: u8 = 3;
 /// Bytes read per step while replaying at startup.
 const REPLAY_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// One change to the committed offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OffsetRecord {
-    Commit { group: String, topic: String, partition: i32, value: CommittedOffset },
-    Delete { group: String, topic: String, partition: i32 },
+    Commit {
+        group: String,
+        topic: String,
+        partition: i32,
+        value: CommittedOffset,
+    },
+    Delete {
+        group: String,
+        topic: String,
+        partition: i32,
+    },
+    /// An offset sent with `producer_id`'s open transaction, applied when it commits.
+    TxnCommit {
+        producer_id: i64,
+        producer_epoch: i16,
+        group: String,
+        topic: String,
+        partition: i32,
+        value: CommittedOffset,
+    },
+    /// `producer_id`'s transaction ended (a marker): its offsets in this partition commit
+    /// or are dropped.
+    TxnEnd {
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+    },
 }
 
-/// Who may write to an offsets partition, and at which leader epoch.
+/// Who may write to an internal log partition, and at which leader epoch.
 enum Writer {
     /// Single node: the partition is this node's alone, at `crate::LEADER_EPOCH`.
     Local,
@@ -55,10 +88,143 @@ enum Writer {
     Leader { replica: Arc<Replica>, leader_epoch: i32 },
 }
 
-/// One partition of the offsets log, as the coordinator writes and replays it.
-pub(crate) struct OffsetsLog {
+/// Why an internal log write did not become durable (each coordinator maps it to its
+/// own errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogWriteError {
+    /// This node no longer leads the partition at the epoch it loaded it at.
+    NotLeader,
+    /// Fewer in-sync replicas than `min.insync.replicas`.
+    NotEnoughReplicas,
+    Storage,
+    Timeout,
+}
+
+/// A partition of a coordinator's internal log (`__consumer_offsets`,
+/// `__transaction_state`) as its coordinator writes and replays it: local on a single
+/// node, the led replica in a cluster. One write path for both, so the durability rule
+/// (fsynced, and in a cluster past the high watermark) lives here only.
+pub(crate) struct InternalLog {
     partition: Arc<Partition>,
     writer: Writer,
+}
+
+/// Where an appended batch landed: durable once the high watermark reaches `visible_at`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Appended {
+    pub(crate) base_offset: i64,
+    pub(crate) visible_at: i64,
+}
+
+impl InternalLog {
+    /// Single node: `partition` is this node's alone.
+    pub(crate) fn local(partition: Arc<Partition>) -> InternalLog {
+        InternalLog { partition, writer: Writer::Local }
+    }
+
+    /// Cluster mode: a partition of a replicated internal topic this node leads.
+    pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> InternalLog {
+        InternalLog { partition: replica.log.clone(), writer: Writer::Leader { replica, leader_epoch } }
+    }
+
+    pub(crate) fn partition(&self) -> &Arc<Partition> {
+        &self.partition
+    }
+
+    /// The leader epoch this log is written at (Kafka's coordinator epoch).
+    pub(crate) fn leader_epoch(&self) -> i32 {
+        match &self.writer {
+            Writer::Local => crate::LEADER_EPOCH,
+            Writer::Leader { leader_epoch, .. } => *leader_epoch,
+        }
+    }
+
+    /// False once this node no longer leads the partition at the epoch it loaded it at.
+    pub(crate) fn is_current(&self) -> bool {
+        match &self.writer {
+            Writer::Local => true,
+            Writer::Leader { replica, leader_epoch } => replica.leader_epoch() == Some(*leader_epoch),
+        }
+    }
+
+    /// Appends one encoded batch and asks the syncer for an fsync.
+    pub(crate) fn append(&self, batch: &Bytes, syncer: &Syncer) -> Result<Appended, LogWriteError> {
+        let leader_epoch = match &self.writer {
+            Writer::Local => crate::LEADER_EPOCH,
+            Writer::Leader { replica, leader_epoch } => {
+                let write = replica.begin_write(-1).map_err(|refused| match refused {
+                    NotServed::NotEnoughReplicas => LogWriteError::NotEnoughReplicas,
+                    _ => LogWriteError::NotLeader,
+                })?;
+                if write.leader_epoch != *leader_epoch {
+                    return Err(LogWriteError::NotLeader);
+                }
+                write.leader_epoch
+            }
+        };
+        let outcome = self.partition.append(batch, leader_epoch, sluice_storage::now_ms()).map_err(|error| {
+            tracing::error!(%error, "internal log append failed");
+            LogWriteError::Storage
+        })?;
+        assert!(!outcome.duplicate, "internal batches carry no producer id");
+        assert!(outcome.visible_at > outcome.base_offset);
+        if outcome.needs_sync {
+            syncer.schedule(&self.partition);
+        }
+        Ok(Appended { base_offset: outcome.base_offset, visible_at: outcome.visible_at })
+    }
+
+    /// Waits until the high watermark reaches `visible_at` while this node still leads:
+    /// `NotLeader` once it does not (the write may be lost; the client retries at the new
+    /// coordinator).
+    pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), LogWriteError> {
+        let mut visible = self.partition.subscribe();
+        let reached = visible.wait_for(|v| v.high_watermark >= visible_at || v.failed);
+        // Some(whether it reached `visible_at` rather than failing), None once leadership is lost.
+        let outcome = tokio::time::timeout(timeout, async {
+            match &self.writer {
+                Writer::Local => Some(reached.await.is_ok_and(|v| v.high_watermark >= visible_at)),
+                Writer::Leader { replica, leader_epoch } => tokio::select! {
+                    biased;
+                    v = reached => Some(v.is_ok_and(|v| v.high_watermark >= visible_at)),
+                    () = replica.leadership_lost(*leader_epoch) => None,
+                },
+            }
+        })
+        .await;
+        match outcome {
+            Err(_) => Err(LogWriteError::Timeout),
+            Ok(None) => Err(LogWriteError::NotLeader),
+            Ok(Some(_)) if !self.is_current() => Err(LogWriteError::NotLeader),
+            Ok(Some(true)) => Ok(()),
+            Ok(Some(false)) => Err(LogWriteError::Storage),
+        }
+    }
+
+    /// Single node, clean shutdown: fsync and seal (a replicated partition belongs to the
+    /// `LogManager`, which closes it).
+    pub(crate) fn close(&self) -> io::Result<()> {
+        match self.writer {
+            Writer::Local => self.partition.close(),
+            Writer::Leader { .. } => Ok(()),
+        }
+    }
+}
+
+impl From<LogWriteError> for GroupError {
+    fn from(error: LogWriteError) -> GroupError {
+        match error {
+            LogWriteError::NotLeader => GroupError::NotCoordinator,
+            LogWriteError::NotEnoughReplicas => GroupError::CoordinatorNotAvailable,
+            LogWriteError::Storage => GroupError::Storage,
+            LogWriteError::Timeout => GroupError::Timeout,
+        }
+    }
+}
+
+/// One partition of the offsets log, as the group coordinator writes and replays it.
+pub(crate) struct OffsetsLog {
+    log: InternalLog,
 }
 
 /// A write appended to the log, waiting until it is durable (fsynced, and in a cluster
@@ -96,31 +262,23 @@ impl OffsetsLog {
             ..LogConfig::default()
         };
         let partition = Arc::new(Partition::open(&dir.join(format!("{OFFSETS_TOPIC}-0")), config)?);
-        Ok(OffsetsLog { partition, writer: Writer::Local })
+        Ok(OffsetsLog { log: InternalLog::local(partition) })
     }
 
     /// Cluster mode: a partition of the replicated offsets topic this node leads.
     pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> OffsetsLog {
-        OffsetsLog { partition: replica.log.clone(), writer: Writer::Leader { replica, leader_epoch } }
+        OffsetsLog { log: InternalLog::replicated(replica, leader_epoch) }
     }
 
     pub(crate) fn partition(&self) -> &Arc<Partition> {
-        &self.partition
-    }
-
-    /// False once this node no longer leads the partition at the epoch it loaded it at.
-    pub(crate) fn is_current(&self) -> bool {
-        match &self.writer {
-            Writer::Local => true,
-            Writer::Leader { replica, leader_epoch } => replica.leader_epoch() == Some(*leader_epoch),
-        }
+        self.log.partition()
     }
 
     /// Every record from the log start to the log end, in order, with its log offset. A
     /// new leader reads past its high watermark: everything it holds was either
     /// acknowledged or will be once its followers catch up, as Kafka's loader does.
     pub(crate) fn replay(&self) -> io::Result<Vec<(i64, OffsetRecord)>> {
-        replay(&self.partition)
+        replay(self.log.partition())
     }
 
     /// Appends `records` as one batch and asks the syncer for an fsync.
@@ -130,65 +288,18 @@ impl OffsetsLog {
         if batch.len() > OFFSETS_BATCH_BYTES_MAX {
             return Err(GroupError::CommitTooLarge);
         }
-        let leader_epoch = match &self.writer {
-            Writer::Local => crate::LEADER_EPOCH,
-            Writer::Leader { replica, leader_epoch } => {
-                let write = replica.begin_write(-1).map_err(|refused| match refused {
-                    NotServed::NotEnoughReplicas => GroupError::CoordinatorNotAvailable,
-                    _ => GroupError::NotCoordinator,
-                })?;
-                if write.leader_epoch != *leader_epoch {
-                    return Err(GroupError::NotCoordinator);
-                }
-                write.leader_epoch
-            }
-        };
-        let outcome = self.partition.append(&batch, leader_epoch, sluice_storage::now_ms()).map_err(|error| {
-            tracing::error!(%error, "offsets log append failed");
-            GroupError::Storage
-        })?;
-        assert!(!outcome.duplicate, "offsets batches carry no producer id");
-        assert!(outcome.visible_at > outcome.base_offset);
-        if outcome.needs_sync {
-            syncer.schedule(&self.partition);
-        }
-        Ok(PendingWrite { base_offset: outcome.base_offset, visible_at: outcome.visible_at, bytes: batch.len() })
+        let appended = self.log.append(&batch, syncer)?;
+        Ok(PendingWrite { base_offset: appended.base_offset, visible_at: appended.visible_at, bytes: batch.len() })
     }
 
-    /// Waits until the high watermark reaches `visible_at` while this node still leads:
-    /// NOT_COORDINATOR once it does not (the write may be lost; the client retries at the
-    /// new coordinator).
+    /// Waits until the write ending at `visible_at` is durable while this node still leads:
+    /// NOT_COORDINATOR once it does not.
     pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), GroupError> {
-        let mut visible = self.partition.subscribe();
-        let reached = visible.wait_for(|v| v.high_watermark >= visible_at || v.failed);
-        // Some(whether it reached `visible_at` rather than failing), None once leadership is lost.
-        let outcome = tokio::time::timeout(timeout, async {
-            match &self.writer {
-                Writer::Local => Some(reached.await.is_ok_and(|v| v.high_watermark >= visible_at)),
-                Writer::Leader { replica, leader_epoch } => tokio::select! {
-                    biased;
-                    v = reached => Some(v.is_ok_and(|v| v.high_watermark >= visible_at)),
-                    () = replica.leadership_lost(*leader_epoch) => None,
-                },
-            }
-        })
-        .await;
-        match outcome {
-            Err(_) => Err(GroupError::Timeout),
-            Ok(None) => Err(GroupError::NotCoordinator),
-            Ok(Some(_)) if !self.is_current() => Err(GroupError::NotCoordinator),
-            Ok(Some(true)) => Ok(()),
-            Ok(Some(false)) => Err(GroupError::Storage),
-        }
+        Ok(self.log.wait_durable(visible_at, timeout).await?)
     }
 
-    /// Single node, clean shutdown: fsync and seal (a replicated partition belongs to the
-    /// `LogManager`, which closes it).
     pub(crate) fn close(&self) -> io::Result<()> {
-        match self.writer {
-            Writer::Local => self.partition.close(),
-            Writer::Leader { .. } => Ok(()),
-        }
+        self.log.close()
     }
 }
 
@@ -236,34 +347,57 @@ fn put_str16(out: &mut BytesMut, text: &str) {
     out.put_slice(text.as_bytes());
 }
 
-fn encode_record(record: &OffsetRecord) -> (Bytes, Option<Bytes>) {
-    let (group, topic, partition, value) = match record {
-        OffsetRecord::Commit { group, topic, partition, value } => (group, topic, *partition, Some(value)),
-        OffsetRecord::Delete { group, topic, partition } => (group, topic, *partition, None),
-    };
-    let mut key = BytesMut::with_capacity(8 + group.len() + topic.len());
-    key.put_u8(RECORD_VERSION);
-    key.put_u8(KIND_OFFSET);
-    put_str16(&mut key, group);
-    put_str16(&mut key, topic);
-    key.put_i32(partition);
-    let value = value.map(|value| {
-        let metadata = value.metadata.as_deref();
-        let mut out = BytesMut::with_capacity(25 + metadata.map_or(0, str::len));
-        out.put_u8(RECORD_VERSION);
-        out.put_i64(value.offset);
-        out.put_i32(value.leader_epoch);
-        out.put_i64(value.commit_timestamp_ms);
-        match metadata {
-            Some(text) => {
-                out.put_i32(text.len() as i32);
-                out.put_slice(text.as_bytes());
-            }
-            None => out.put_i32(-1),
+fn encode_offset_value(value: &CommittedOffset) -> Bytes {
+    let metadata = value.metadata.as_deref();
+    let mut out = BytesMut::with_capacity(25 + metadata.map_or(0, str::len));
+    out.put_u8(RECORD_VERSION);
+    out.put_i64(value.offset);
+    out.put_i32(value.leader_epoch);
+    out.put_i64(value.commit_timestamp_ms);
+    match metadata {
+        Some(text) => {
+            out.put_i32(text.len() as i32);
+            out.put_slice(text.as_bytes());
         }
-        out.freeze()
-    });
-    (key.freeze(), value)
+        None => out.put_i32(-1),
+    }
+    out.freeze()
+}
+
+fn encode_record(record: &OffsetRecord) -> (Bytes, Option<Bytes>) {
+    let mut key = BytesMut::with_capacity(64);
+    key.put_u8(RECORD_VERSION);
+    match record {
+        OffsetRecord::Commit { group, topic, partition, value } => {
+            key.put_u8(KIND_OFFSET);
+            put_str16(&mut key, group);
+            put_str16(&mut key, topic);
+            key.put_i32(*partition);
+            (key.freeze(), Some(encode_offset_value(value)))
+        }
+        OffsetRecord::Delete { group, topic, partition } => {
+            key.put_u8(KIND_OFFSET);
+            put_str16(&mut key, group);
+            put_str16(&mut key, topic);
+            key.put_i32(*partition);
+            (key.freeze(), None)
+        }
+        OffsetRecord::TxnCommit { producer_id, producer_epoch, group, topic, partition, value } => {
+            key.put_u8(KIND_TXN_OFFSET);
+            put_str16(&mut key, group);
+            put_str16(&mut key, topic);
+            key.put_i32(*partition);
+            key.put_i64(*producer_id);
+            key.put_i16(*producer_epoch);
+            (key.freeze(), Some(encode_offset_value(value)))
+        }
+        OffsetRecord::TxnEnd { producer_id, producer_epoch, commit } => {
+            key.put_u8(KIND_TXN_END);
+            key.put_i64(*producer_id);
+            key.put_i16(*producer_epoch);
+            (key.freeze(), Some(Bytes::from(vec![RECORD_VERSION, u8::from(*commit)])))
+        }
+    }
 }
 
 /// Why a stored record could not be read back.
@@ -292,26 +426,7 @@ fn get_str16(input: &mut Bytes) -> Result<String, DecodeError> {
     String::from_utf8(input.split_to(length).to_vec()).map_err(|_| DecodeError::Utf8)
 }
 
-fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecord, DecodeError> {
-    let mut key = key.ok_or(DecodeError::NoKey)?;
-    if key.remaining() < 2 {
-        return Err(DecodeError::Truncated);
-    }
-    let version = key.get_u8();
-    if version != RECORD_VERSION {
-        return Err(DecodeError::Version(version));
-    }
-    let kind = key.get_u8();
-    if kind != KIND_OFFSET {
-        return Err(DecodeError::Kind(kind));
-    }
-    let group = get_str16(&mut key)?;
-    let topic = get_str16(&mut key)?;
-    if key.remaining() < 4 {
-        return Err(DecodeError::Truncated);
-    }
-    let partition = key.get_i32();
-    let Some(mut value) = value else { return Ok(OffsetRecord::Delete { group, topic, partition }) };
+fn decode_offset_value(mut value: Bytes) -> Result<CommittedOffset, DecodeError> {
     if value.remaining() < 25 {
         return Err(DecodeError::Truncated);
     }
@@ -329,8 +444,54 @@ fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecor
         }
         _ => return Err(DecodeError::Truncated),
     };
-    let value = CommittedOffset { offset, leader_epoch, metadata, commit_timestamp_ms };
-    Ok(OffsetRecord::Commit { group, topic, partition, value })
+    Ok(CommittedOffset { offset, leader_epoch, metadata, commit_timestamp_ms })
+}
+
+fn decode_record(key: Option<Bytes>, value: Option<Bytes>) -> Result<OffsetRecord, DecodeError> {
+    let mut key = key.ok_or(DecodeError::NoKey)?;
+    if key.remaining() < 2 {
+        return Err(DecodeError::Truncated);
+    }
+    let version = key.get_u8();
+    if version != RECORD_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let kind = key.get_u8();
+    if kind == KIND_TXN_END {
+        if key.remaining() < 10 {
+            return Err(DecodeError::Truncated);
+        }
+        let producer_id = key.get_i64();
+        let producer_epoch = key.get_i16();
+        let value = value.ok_or(DecodeError::Truncated)?;
+        return match value.as_ref() {
+            [RECORD_VERSION, commit] => Ok(OffsetRecord::TxnEnd { producer_id, producer_epoch, commit: *commit == 1 }),
+            [version, ..] if *version != RECORD_VERSION => Err(DecodeError::Version(*version)),
+            _ => Err(DecodeError::Truncated),
+        };
+    }
+    if kind != KIND_OFFSET && kind != KIND_TXN_OFFSET {
+        return Err(DecodeError::Kind(kind));
+    }
+    let group = get_str16(&mut key)?;
+    let topic = get_str16(&mut key)?;
+    if key.remaining() < 4 {
+        return Err(DecodeError::Truncated);
+    }
+    let partition = key.get_i32();
+    if kind == KIND_TXN_OFFSET {
+        if key.remaining() < 10 {
+            return Err(DecodeError::Truncated);
+        }
+        let producer_id = key.get_i64();
+        let producer_epoch = key.get_i16();
+        let value = decode_offset_value(value.ok_or(DecodeError::Truncated)?)?;
+        return Ok(OffsetRecord::TxnCommit { producer_id, producer_epoch, group, topic, partition, value });
+    }
+    match value {
+        None => Ok(OffsetRecord::Delete { group, topic, partition }),
+        Some(value) => Ok(OffsetRecord::Commit { group, topic, partition, value: decode_offset_value(value)? }),
+    }
 }
 
 /// Reads the whole log, from its start to its end.
@@ -402,6 +563,16 @@ mod tests {
             commit("g", 0, 42, Some("meta")),
             commit("g", 1, 0, None),
             OffsetRecord::Delete { group: "g".into(), topic: "orders".into(), partition: 2 },
+            OffsetRecord::TxnCommit {
+                producer_id: 4_000_000_001,
+                producer_epoch: 3,
+                group: "g".into(),
+                topic: "orders".into(),
+                partition: 1,
+                value: CommittedOffset { offset: 5, leader_epoch: -1, metadata: None, commit_timestamp_ms: 9 },
+            },
+            OffsetRecord::TxnEnd { producer_id: 4_000_000_001, producer_epoch: 3, commit: true },
+            OffsetRecord::TxnEnd { producer_id: 1, producer_epoch: 0, commit: false },
         ];
         for record in records {
             let (key, value) = encode_record(&record);

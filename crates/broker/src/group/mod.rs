@@ -356,38 +356,85 @@ impl GroupCoordinator {
         self.write_commits(&shard, group_id, commits, syncer)
     }
 
-    /// TxnOffsetCommit's committer (KIP-447): one that names its member or generation must
-    /// be a current member at the group's generation (member epoch), so a producer whose
-    /// consumer was rebalanced away cannot commit offsets for partitions it lost. Clients
+    /// TxnOffsetCommit: checks the committer (KIP-447: one that names its member or
+    /// generation must be a current member at the group's generation, so a producer whose
+    /// consumer was rebalanced away cannot commit offsets for partitions it lost; clients
     /// before KIP-447 send no member and generation -1 and are checked by their producer
-    /// epoch alone, as in Kafka.
-    pub(crate) fn validate_transactional_commit(
-        &self,
+    /// epoch alone, as in Kafka), then appends the offsets as pending on `producer_id`'s
+    /// transaction: they become committed offsets when its commit marker arrives
+    /// ([`GroupCoordinator::end_transaction`]) and vanish on an abort.
+    pub(crate) fn commit_transactional_offsets(
+        self: &Arc<Self>,
         group_id: &str,
         committer: Committer<'_>,
-    ) -> Result<(), GroupError> {
+        producer_id: i64,
+        producer_epoch: i16,
+        commits: Vec<(String, i32, CommittedOffset)>,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
         validate_group_id(group_id)?;
-        self.serving(group_id)?;
+        let shard = self.serving(group_id)?;
         let Committer { member_id, group_instance_id, generation_id, .. } = committer;
-        if generation_id < 0 && member_id.is_empty() && group_instance_id.is_none() {
-            return Ok(());
-        }
-        let mut groups = self.groups.lock();
-        if let Some(group) = groups.consumer.get(group_id) {
-            return group.validate_transactional_commit(member_id, generation_id);
-        }
-        match groups.classic.get_mut(group_id) {
-            Some(group) => {
-                group.validate_commit(member_id, group_instance_id, generation_id, true, sluice_storage::now_ms())
+        if generation_id >= 0 || !member_id.is_empty() || group_instance_id.is_some() {
+            let mut groups = self.groups.lock();
+            if let Some(group) = groups.consumer.get(group_id) {
+                group.validate_transactional_commit(member_id, generation_id)?;
+            } else {
+                match groups.classic.get_mut(group_id) {
+                    Some(group) => group.validate_commit(
+                        member_id,
+                        group_instance_id,
+                        generation_id,
+                        true,
+                        sluice_storage::now_ms(),
+                    )?,
+                    None if generation_id < 0 => {}
+                    None => return Err(GroupError::UnknownMemberId),
+                }
             }
-            None if generation_id < 0 => Ok(()),
-            None => Err(GroupError::UnknownMemberId),
         }
+        if self.offsets.lock().producer_fenced(producer_id, producer_epoch) {
+            return Err(GroupError::ProducerFenced);
+        }
+        let records = commits
+            .into_iter()
+            .map(|(topic, partition, value)| OffsetRecord::TxnCommit {
+                producer_id,
+                producer_epoch,
+                group: group_id.to_string(),
+                topic,
+                partition,
+                value,
+            })
+            .collect();
+        self.write(&shard, group_id, records, syncer)
     }
 
-    /// Commits the offsets a transaction carried (TxnOffsetCommit), once the transaction
-    /// coordinator decided to commit it: the committer was checked when they were sent.
-    pub(crate) fn commit_transactional_offsets(
+    /// A transaction coordinator's marker for offsets partition `partition`: the
+    /// transaction of `producer_id` ended; its pending offsets there commit or vanish once
+    /// the returned future resolves (the marker is durable).
+    pub(crate) fn end_transaction(
+        self: &Arc<Self>,
+        partition: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        syncer: &Syncer,
+    ) -> Result<impl Future<Output = Result<(), GroupError>> + Send + 'static, GroupError> {
+        let shard = self.serving_partition(partition)?;
+        self.write(&shard, "", vec![OffsetRecord::TxnEnd { producer_id, producer_epoch, commit }], syncer)
+    }
+
+    /// Whether an open transaction holds offsets of `group_id` for this partition that are
+    /// not committed yet (OffsetFetch with `require_stable`).
+    pub(crate) fn has_pending_txn_offsets(&self, group_id: &str, topic: &str, partition: i32) -> bool {
+        self.offsets.lock().has_pending_txn(group_id, topic, partition)
+    }
+
+    /// Commits offsets a transaction carried in the transaction coordinator's own state
+    /// (how versions before the transactional offsets records kept them); only a single
+    /// node's transaction decided before an upgrade has any.
+    pub(crate) fn commit_legacy_transactional_offsets(
         self: &Arc<Self>,
         group_id: &str,
         commits: Vec<(String, i32, CommittedOffset)>,

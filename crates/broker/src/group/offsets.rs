@@ -3,6 +3,12 @@
 //! entry changes only once the log record that carries it is durable, and each entry
 //! remembers that record's log offset, so that answers applied out of order (two commits
 //! waiting on the same fsync) still leave the newest value, exactly as a replay would.
+//!
+//! Offsets sent with a transaction (TxnOffsetCommit) wait here, by producer id, until the
+//! transaction coordinator's marker for the group's offsets partition ends the transaction:
+//! a commit applies them (at the marker's log offset), an abort drops them. A marker also
+//! records the producer's epoch: offsets sent later with an older epoch come from a fenced
+//! producer (a zombie) and are ignored, so they can never ride on a later commit.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,7 +35,22 @@ pub(crate) struct OffsetTable {
     /// Tombstones newer than any commit, kept so that a commit applied late (it waited on
     /// the same fsync) cannot bring a deleted offset back. Key: group, topic, partition.
     deleted_at: HashMap<(String, String, i32), i64>,
+    /// Offsets of transactions not ended yet, by producer id.
+    pending_txn: HashMap<i64, PendingTxnOffsets>,
+    /// The newest epoch each transactional producer ended a transaction at.
+    ended_epochs: HashMap<i64, i16>,
 }
+
+/// The offsets one producer's open transaction sent, with the epoch it sent them at.
+#[derive(Debug, Default)]
+struct PendingTxnOffsets {
+    epoch: i16,
+    offsets: BTreeMap<(String, String, i32), CommittedOffset>,
+}
+
+/// An offset waiting for its transaction's end: producer id, epoch, (group, topic,
+/// partition) and the value.
+pub(crate) type PendingTxnOffset = (i64, i16, (String, String, i32), CommittedOffset);
 
 impl OffsetTable {
     /// Applies a durable commit unless a newer record for the key was applied already.
@@ -75,6 +96,90 @@ impl OffsetTable {
         }
     }
 
+    /// Holds a durable transactional offset until its transaction ends; ignored when the
+    /// producer already ended a transaction at a newer epoch (it was fenced).
+    pub(crate) fn apply_txn_commit(
+        &mut self,
+        producer_id: i64,
+        producer_epoch: i16,
+        key: (String, String, i32),
+        value: CommittedOffset,
+    ) {
+        if self.ended_epochs.get(&producer_id).is_some_and(|ended| *ended > producer_epoch) {
+            return;
+        }
+        let pending = self.pending_txn.entry(producer_id).or_default();
+        if pending.epoch > producer_epoch {
+            return;
+        }
+        if pending.epoch < producer_epoch {
+            pending.offsets.clear();
+            pending.epoch = producer_epoch;
+        }
+        pending.offsets.insert(key, value);
+    }
+
+    /// A durable marker at `log_offset`: `producer_id`'s transaction ended. Its pending
+    /// offsets of groups for which `in_partition` holds (the marker's offsets partition)
+    /// are committed or dropped.
+    pub(crate) fn apply_txn_end(
+        &mut self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        log_offset: i64,
+        mut in_partition: impl FnMut(&str) -> bool,
+    ) {
+        let ended = self.ended_epochs.entry(producer_id).or_insert(producer_epoch);
+        *ended = (*ended).max(producer_epoch);
+        let Some(pending) = self.pending_txn.get_mut(&producer_id) else { return };
+        let epoch = pending.epoch;
+        let ending: Vec<(String, String, i32)> =
+            pending.offsets.keys().filter(|(group, _, _)| in_partition(group)).cloned().collect();
+        let mut committed = Vec::new();
+        for key in ending {
+            let value = pending.offsets.remove(&key).expect("listed above");
+            if commit && epoch <= producer_epoch {
+                committed.push((key, value));
+            }
+        }
+        if pending.offsets.is_empty() {
+            self.pending_txn.remove(&producer_id);
+        }
+        for ((group, topic, partition), value) in committed {
+            self.apply_commit(&group, &topic, partition, value, log_offset);
+        }
+    }
+
+    /// Whether `producer_id` already ended a transaction at a newer epoch than
+    /// `producer_epoch` here (it was fenced by a newer producer with its transactional id).
+    pub(crate) fn producer_fenced(&self, producer_id: i64, producer_epoch: i16) -> bool {
+        self.ended_epochs.get(&producer_id).is_some_and(|ended| *ended > producer_epoch)
+    }
+
+    /// Whether an open transaction holds an offset of this group and partition
+    /// (OffsetFetch with `require_stable` answers UNSTABLE_OFFSET_COMMIT then).
+    pub(crate) fn has_pending_txn(&self, group: &str, topic: &str, partition: i32) -> bool {
+        let key = (group.to_string(), topic.to_string(), partition);
+        self.pending_txn.values().any(|pending| pending.offsets.contains_key(&key))
+    }
+
+    /// The pending transactional offsets of the groups for which `wanted` holds, and the
+    /// ended epochs (what a compaction snapshot must carry over).
+    pub(crate) fn live_txn_state(
+        &self,
+        mut wanted: impl FnMut(&str) -> bool,
+    ) -> (Vec<PendingTxnOffset>, Vec<(i64, i16)>) {
+        let mut pending = Vec::new();
+        for (producer_id, txn) in &self.pending_txn {
+            for (key, value) in txn.offsets.iter().filter(|((group, _, _), _)| wanted(group)) {
+                pending.push((*producer_id, txn.epoch, key.clone(), value.clone()));
+            }
+        }
+        let ended = self.ended_epochs.iter().map(|(id, epoch)| (*id, *epoch)).collect();
+        (pending, ended)
+    }
+
     /// Forgets tombstones once nothing can be in flight behind them (called on a tick).
     pub(crate) fn forget_tombstones(&mut self) {
         self.deleted_at.clear();
@@ -108,6 +213,10 @@ impl OffsetTable {
     pub(crate) fn remove_groups(&mut self, mut doomed: impl FnMut(&str) -> bool) {
         self.groups.retain(|group, _| !doomed(group));
         self.deleted_at.retain(|(group, _, _), _| !doomed(group));
+        for pending in self.pending_txn.values_mut() {
+            pending.offsets.retain(|(group, _, _), _| !doomed(group));
+        }
+        self.pending_txn.retain(|_, pending| !pending.offsets.is_empty());
     }
 
     /// Takes over the groups of `loaded` (a freshly replayed partition), replacing any
@@ -115,6 +224,15 @@ impl OffsetTable {
     pub(crate) fn absorb(&mut self, loaded: OffsetTable) {
         for (group, offsets) in loaded.groups {
             self.groups.insert(group, offsets);
+        }
+        for (producer_id, epoch) in loaded.ended_epochs {
+            let ended = self.ended_epochs.entry(producer_id).or_insert(epoch);
+            *ended = (*ended).max(epoch);
+        }
+        for (producer_id, loaded) in loaded.pending_txn {
+            for (key, value) in loaded.offsets {
+                self.apply_txn_commit(producer_id, loaded.epoch, key, value);
+            }
         }
     }
 
@@ -191,6 +309,28 @@ mod tests {
         check_expired(&table, 5_000, &[], &[("busy", &[("t", 0)]), ("idle", &[("t", 0), ("t", 1)])]);
         // A group that had members until recently keeps its offsets for a full retention.
         assert!(table.expired(5_000, 1_000, |g| (g == "idle").then_some(4_500)).is_empty());
+    }
+
+    #[test]
+    fn transactional_offsets_wait_for_their_marker_and_fenced_ones_never_land() {
+        let key = |group: &str| (group.to_string(), "t".to_string(), 0);
+        let mut table = OffsetTable::default();
+        table.apply_txn_commit(7, 1, key("a"), committed(10, 0));
+        table.apply_txn_commit(7, 1, key("b"), committed(20, 0));
+        assert!(table.get("a", "t", 0).is_none(), "not visible before the commit marker");
+        assert!(table.has_pending_txn("a", "t", 0));
+        // The marker of group a's partition commits a's offset only.
+        table.apply_txn_end(7, 1, true, 5, |group| group == "a");
+        assert_eq!(table.get("a", "t", 0).map(|v| v.offset), Some(10));
+        assert!(!table.has_pending_txn("a", "t", 0) && table.has_pending_txn("b", "t", 0));
+        // An abort drops b's.
+        table.apply_txn_end(7, 2, false, 6, |group| group == "b");
+        assert!(table.get("b", "t", 0).is_none() && !table.has_pending_txn("b", "t", 0));
+        // The fenced epoch 1 sends again: ignored, and a later commit at epoch 2 never
+        // carries it.
+        table.apply_txn_commit(7, 1, key("a"), committed(99, 0));
+        table.apply_txn_end(7, 2, true, 7, |_| true);
+        assert_eq!(table.get("a", "t", 0).map(|v| v.offset), Some(10));
     }
 
     #[test]

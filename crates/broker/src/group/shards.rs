@@ -157,6 +157,20 @@ impl GroupCoordinator {
         }
     }
 
+    /// The shard of offsets partition `partition`, or why this node cannot serve it.
+    pub(crate) fn serving_partition(&self, partition: i32) -> Result<Arc<ShardLog>, GroupError> {
+        match self.shards.read().shards.get(&partition) {
+            Some(Shard::Active(shard)) => Ok(shard.clone()),
+            Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
+            None => Err(GroupError::NotCoordinator),
+        }
+    }
+
+    /// The offsets partition count (0 until a cluster node learns it; 1 on a single node).
+    pub(crate) fn offsets_partition_count(&self) -> i32 {
+        self.shards.read().partition_count
+    }
+
     /// Cluster mode: follows the leadership of the offsets partitions (`leaders[p]` is the
     /// replica and leader epoch when this node leads partition p). Starts loading newly
     /// led partitions and drops those led no longer (or led at another epoch).
@@ -274,9 +288,16 @@ impl GroupCoordinator {
             let written = shard.writes.lock().pending.get(&base_offset).cloned();
             let (group_id, records) = written.expect("a pending write is removed only here");
             if result.is_ok() {
+                let count = coordinator.shards.read().partition_count;
                 let mut offsets = coordinator.offsets.lock();
                 if shard.live.load(Ordering::Acquire) {
-                    apply(&mut offsets, &group_id, records, base_offset);
+                    for (index, record) in records.into_iter().enumerate() {
+                        if let OffsetRecord::Commit { group, .. } = &record {
+                            debug_assert_eq!(group, &group_id);
+                        }
+                        let in_partition = |group: &str| partition_for(group, count) == shard.partition;
+                        apply_record(&mut offsets, base_offset + index as i64, record, in_partition);
+                    }
                 }
             }
             shard.writes.lock().pending.remove(&base_offset);
@@ -349,31 +370,45 @@ impl GroupCoordinator {
             return;
         }
         // Newest value per key: the durable table, overridden by newer pending writes.
-        let mut live: BTreeMap<(String, String, i32), (Option<CommittedOffset>, i64)> = self
-            .offsets
-            .lock()
-            .live_offsets(|group_id| partition_for(group_id, count) == shard.partition)
-            .into_iter()
-            .map(|(key, value, log_offset)| (key, (Some(value), log_offset)))
-            .collect();
+        let in_partition = |group_id: &str| partition_for(group_id, count) == shard.partition;
+        let (mut live, (pending_txn, ended_epochs)) = {
+            let offsets = self.offsets.lock();
+            (offsets.live_offsets(in_partition), offsets.live_txn_state(in_partition))
+        };
+        let mut live: BTreeMap<(String, String, i32), (Option<CommittedOffset>, i64)> =
+            live.drain(..).map(|(key, value, log_offset)| (key, (Some(value), log_offset))).collect();
+        // Transaction records still in flight are carried over as they are, in their order,
+        // after the durable transaction state (replaying them again is harmless).
+        let mut in_flight_txn = Vec::new();
         for (base_offset, (_, records)) in &writes.pending {
             for (index, record) in records.iter().enumerate() {
                 let log_offset = base_offset + index as i64;
                 let (key, value) = match record.clone() {
                     OffsetRecord::Commit { group, topic, partition, value } => ((group, topic, partition), Some(value)),
                     OffsetRecord::Delete { group, topic, partition } => ((group, topic, partition), None),
+                    txn @ (OffsetRecord::TxnCommit { .. } | OffsetRecord::TxnEnd { .. }) => {
+                        in_flight_txn.push(txn);
+                        continue;
+                    }
                 };
                 if live.get(&key).is_none_or(|(_, known)| *known < log_offset) {
                     live.insert(key, (value, log_offset));
                 }
             }
         }
-        let records: Vec<OffsetRecord> = live
-            .into_iter()
-            .filter_map(|((group, topic, partition), (value, _))| {
-                value.map(|value| OffsetRecord::Commit { group, topic, partition, value })
-            })
-            .collect();
+        let commits = live.into_iter().filter_map(|((group, topic, partition), (value, _))| {
+            value.map(|value| OffsetRecord::Commit { group, topic, partition, value })
+        });
+        // Ended epochs first (markers with nothing left to end), then what is still pending.
+        let ended = ended_epochs.into_iter().map(|(producer_id, producer_epoch)| OffsetRecord::TxnEnd {
+            producer_id,
+            producer_epoch,
+            commit: false,
+        });
+        let pending = pending_txn.into_iter().map(|(producer_id, producer_epoch, (group, topic, partition), value)| {
+            OffsetRecord::TxnCommit { producer_id, producer_epoch, group, topic, partition, value }
+        });
+        let records: Vec<OffsetRecord> = commits.chain(ended).chain(pending).chain(in_flight_txn).collect();
         let mut start = shard.log.partition().offsets().log_end_offset;
         let mut end = start;
         for (index, batch) in records.chunks(SNAPSHOT_RECORDS_PER_BATCH).enumerate() {
@@ -408,34 +443,33 @@ impl GroupCoordinator {
     }
 }
 
-/// Applies durable `records` (the first at `base_offset`) of `group_id` to the table.
-fn apply(offsets: &mut OffsetTable, group_id: &str, records: Vec<OffsetRecord>, base_offset: i64) {
-    for (index, record) in records.into_iter().enumerate() {
-        let log_offset = base_offset + index as i64;
-        match record {
-            OffsetRecord::Commit { group, topic, partition, value } => {
-                debug_assert_eq!(group, group_id);
-                offsets.apply_commit(&group, &topic, partition, value, log_offset)
-            }
-            OffsetRecord::Delete { group, topic, partition } => {
-                offsets.apply_delete(&group, &topic, partition, log_offset)
-            }
+/// Applies one durable record at `log_offset`; `in_partition` says which groups live in
+/// the record's offsets partition (a marker ends the transaction there only).
+fn apply_record(
+    offsets: &mut OffsetTable,
+    log_offset: i64,
+    record: OffsetRecord,
+    in_partition: impl FnMut(&str) -> bool,
+) {
+    match record {
+        OffsetRecord::Commit { group, topic, partition, value } => {
+            offsets.apply_commit(&group, &topic, partition, value, log_offset)
+        }
+        OffsetRecord::Delete { group, topic, partition } => offsets.apply_delete(&group, &topic, partition, log_offset),
+        OffsetRecord::TxnCommit { producer_id, producer_epoch, group, topic, partition, value } => {
+            offsets.apply_txn_commit(producer_id, producer_epoch, (group, topic, partition), value)
+        }
+        OffsetRecord::TxnEnd { producer_id, producer_epoch, commit } => {
+            offsets.apply_txn_end(producer_id, producer_epoch, commit, log_offset, in_partition)
         }
     }
 }
 
-/// The offsets table a replay of `records` gives.
+/// The offsets table a replay of one partition's `records` gives.
 pub(crate) fn table_from(records: Vec<(i64, OffsetRecord)>) -> OffsetTable {
     let mut table = OffsetTable::default();
     for (log_offset, record) in records {
-        match record {
-            OffsetRecord::Commit { group, topic, partition, value } => {
-                table.apply_commit(&group, &topic, partition, value, log_offset)
-            }
-            OffsetRecord::Delete { group, topic, partition } => {
-                table.apply_delete(&group, &topic, partition, log_offset)
-            }
-        }
+        apply_record(&mut table, log_offset, record, |_| true);
     }
     table.forget_tombstones();
     table

@@ -103,8 +103,8 @@ fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: boo
     if validate_topic_name(name).is_err() {
         return failed(ResponseError::InvalidTopicException);
     }
-    // `__consumer_offsets` is created only by the group coordinator, with its own configs.
-    if !auto_create || name == crate::group::OFFSETS_TOPIC {
+    // Internal topics are created only by their coordinators, with their own configs.
+    if !auto_create || crate::topics::is_internal(name) {
         return failed(ResponseError::UnknownTopicOrPartition);
     }
     if broker.cluster.is_some() {
@@ -361,7 +361,7 @@ fn deletion_target(broker: &Broker, name: Option<String>, id: Uuid) -> (Deletabl
     result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
     let unknown = if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
     let target = match resolved {
-        Some(name) if name == crate::group::OFFSETS_TOPIC => {
+        Some(name) if crate::topics::is_internal(&name) => {
             Err((ResponseError::InvalidTopicException, format!("{name} is an internal topic and cannot be deleted")))
         }
         Some(name) => match broker.topics.get(&name) {
@@ -582,7 +582,7 @@ pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRe
     };
     let mut by_topic: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
     for (tp, log) in broker.logs.partitions() {
-        if tp.topic == crate::group::OFFSETS_TOPIC || !wanted(&tp.topic, tp.partition) {
+        if crate::topics::is_internal(&tp.topic) || !wanted(&tp.topic, tp.partition) {
             continue;
         }
         let mut partition = DescribeLogDirsPartition::default();

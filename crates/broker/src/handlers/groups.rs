@@ -35,6 +35,7 @@ use crate::group::{
     validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
     OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
+use crate::txn_log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use crate::Broker;
 
 /// Kafka's default `offsets.topic.replication.factor` (3), capped by the voter count.
@@ -64,11 +65,66 @@ pub(super) fn coordinator(broker: &Arc<Broker>) -> &Arc<GroupCoordinator> {
     &broker.groups
 }
 
-/// Where a group's coordinator is: this node on a single node; in a cluster the leader of
-/// the group's `__consumer_offsets` partition (created on first use, as Kafka does).
-fn group_coordinator(
+/// The broker's internal topics, each the log of a coordinator whose keys (group ids,
+/// transactional ids) are placed on its partitions by hash; the leader of a key's
+/// partition is the key's coordinator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InternalTopic {
+    /// `__consumer_offsets`: the group coordinator's.
+    Offsets,
+    /// `__transaction_state`: the transaction coordinator's.
+    TransactionState,
+}
+
+impl InternalTopic {
+    fn name(self) -> &'static str {
+        match self {
+            InternalTopic::Offsets => OFFSETS_TOPIC,
+            InternalTopic::TransactionState => TXN_STATE_TOPIC,
+        }
+    }
+
+    fn creating(self, broker: &Broker) -> &std::sync::atomic::AtomicBool {
+        match self {
+            InternalTopic::Offsets => &broker.groups.creating_offsets_topic,
+            InternalTopic::TransactionState => &broker.transactions.creating_topic,
+        }
+    }
+
+    /// `*_replication_factor`, or min(3, voters) when unset.
+    fn replication_factor(self, broker: &Broker) -> i16 {
+        let config = broker.config();
+        let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
+        let configured = match self {
+            InternalTopic::Offsets => config.offsets_topic_replication_factor,
+            InternalTopic::TransactionState => config.transaction_state_replication_factor,
+        };
+        match configured {
+            factor if factor > 0 => factor,
+            _ => voters.min(OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX) as i16,
+        }
+    }
+
+    /// Partition count, segment size and largest batch.
+    fn layout(self, broker: &Broker) -> (i32, u64, usize) {
+        let config = broker.config();
+        match self {
+            InternalTopic::Offsets => {
+                (config.offsets_topic_num_partitions, config.offsets_topic_segment_bytes, OFFSETS_BATCH_BYTES_MAX)
+            }
+            InternalTopic::TransactionState => {
+                (config.transaction_state_num_partitions, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
+            }
+        }
+    }
+}
+
+/// Where the coordinator of `key` is: this node on a single node; in a cluster the leader
+/// of the key's partition of `topic` (created on first use, as Kafka does).
+fn coordinator_of(
     broker: &Arc<Broker>,
-    group_id: &str,
+    topic: InternalTopic,
+    key: &str,
     listener: usize,
 ) -> Result<(i32, String, i32), (ResponseError, String)> {
     let Some(cluster) = &broker.cluster else {
@@ -76,83 +132,72 @@ fn group_coordinator(
         return Ok((broker.node_id(), host, port));
     };
     let metadata = cluster.metadata();
-    let not_available = |message: &str| (ResponseError::CoordinatorNotAvailable, message.to_string());
-    let Some(topic) = metadata.topics.get(OFFSETS_TOPIC) else {
-        create_offsets_topic(broker);
-        return Err(not_available("the offsets topic is being created"));
+    let not_available = |message: String| (ResponseError::CoordinatorNotAvailable, message);
+    let Some(partitions) = metadata.topics.get(topic.name()) else {
+        create_internal_topic(broker, topic);
+        return Err(not_available(format!("{} is being created", topic.name())));
     };
-    let count = i32::try_from(topic.partitions.len()).unwrap_or(0);
+    let count = i32::try_from(partitions.partitions.len()).unwrap_or(0);
     if count == 0 {
-        return Err(not_available("the offsets topic has no partitions"));
+        return Err(not_available(format!("{} has no partitions", topic.name())));
     }
-    let leader = topic.partitions[partition_for(group_id, count) as usize].leader;
+    let leader = partitions.partitions[partition_for(key, count) as usize].leader;
     match metadata.brokers.get(&leader) {
         Some(node) if !node.fenced => match node.endpoint(&broker.listeners()[listener].name) {
             Some((host, port)) => Ok((leader, host.to_string(), i32::from(port))),
-            None => Err(not_available("the group's coordinator has no endpoint on this listener")),
+            None => Err(not_available("the coordinator has no endpoint on this listener".to_string())),
         },
-        _ => Err(not_available("the group's offsets partition has no leader")),
+        _ => Err(not_available(format!("the key's {} partition has no leader", topic.name()))),
     }
 }
 
-/// Cluster mode, on the active controller's node: creates `__consumer_offsets` as soon as
-/// enough brokers registered to hold its replicas, so the topic exists before any group
-/// needs it and a node lost later does not stop groups (Kafka creates it on first use and
-/// then needs every one of its replication factor's brokers up at that moment).
-pub(crate) fn create_offsets_topic_once_formed(broker: &Arc<Broker>) {
+/// Cluster mode, on the active controller's node: creates the internal topics as soon as
+/// enough brokers registered to hold their replicas, so they exist before any group or
+/// transaction needs them and a node lost later does not stop them (Kafka creates them on
+/// first use and then needs every one of its replication factor's brokers up at that moment).
+pub(crate) fn create_internal_topics_once_formed(broker: &Arc<Broker>) {
     let Some(cluster) = &broker.cluster else { return };
     let active = cluster.controller().and_then(|c| c.active_controller());
     if active != Some(broker.node_id()) {
         return;
     }
     let metadata = cluster.metadata();
-    if metadata.topics.contains_key(OFFSETS_TOPIC) {
-        return;
-    }
     let unfenced = metadata.brokers.values().filter(|b| !b.fenced).count();
-    if unfenced >= offsets_topic_replication_factor(broker) as usize {
-        create_offsets_topic(broker);
+    for topic in [InternalTopic::Offsets, InternalTopic::TransactionState] {
+        if !metadata.topics.contains_key(topic.name()) && unfenced >= topic.replication_factor(broker) as usize {
+            create_internal_topic(broker, topic);
+        }
     }
 }
 
-/// `offsets_topic_replication_factor`, or min(3, voters) when unset.
-fn offsets_topic_replication_factor(broker: &Broker) -> i16 {
-    let config = broker.config();
-    let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
-    match config.offsets_topic_replication_factor {
-        factor if factor > 0 => factor,
-        _ => voters.min(OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX) as i16,
-    }
-}
-
-/// Creates `__consumer_offsets` through the controller once (a concurrent or repeated
-/// creation is refused there as TOPIC_ALREADY_EXISTS): `offsets_topic_num_partitions`
-/// partitions, `offsets_topic_replication_factor` replicas (default min(3, voters)),
-/// `min.insync.replicas` 2 from three replicas on, durability level 1, no time retention.
-fn create_offsets_topic(broker: &Arc<Broker>) {
+/// Creates an internal topic through the controller once (a concurrent or repeated
+/// creation is refused there as TOPIC_ALREADY_EXISTS): its configured partitions and
+/// replicas (default min(3, voters)), `min.insync.replicas` 2 from three replicas on,
+/// durability level 1, no time retention.
+fn create_internal_topic(broker: &Arc<Broker>, topic: InternalTopic) {
     use std::sync::atomic::Ordering;
-    if broker.groups.creating_offsets_topic.swap(true, Ordering::AcqRel) {
+    if topic.creating(broker).swap(true, Ordering::AcqRel) {
         return;
     }
     let broker = broker.clone();
     tokio::spawn(async move {
-        let config = broker.config();
-        let replication_factor = offsets_topic_replication_factor(&broker);
+        let replication_factor = topic.replication_factor(&broker);
+        let (partitions, segment_bytes, max_message_bytes) = topic.layout(&broker);
         let min_insync = if replication_factor >= 3 { 2 } else { 1 };
         let configs = std::collections::BTreeMap::from([
             ("min.insync.replicas".to_string(), min_insync.to_string()),
             ("sluice.durability.level".to_string(), "1".to_string()),
             ("retention.ms".to_string(), "-1".to_string()),
             ("retention.bytes".to_string(), "-1".to_string()),
-            ("segment.bytes".to_string(), config.offsets_topic_segment_bytes.to_string()),
-            ("max.message.bytes".to_string(), OFFSETS_BATCH_BYTES_MAX.to_string()),
+            ("segment.bytes".to_string(), segment_bytes.to_string()),
+            ("max.message.bytes".to_string(), max_message_bytes.to_string()),
         ]);
-        let partitions = config.offsets_topic_num_partitions;
-        match super::admin::create_in_cluster(&broker, OFFSETS_TOPIC, partitions, replication_factor, configs).await {
-            Ok(_) => tracing::info!(partitions, replication_factor, "created the offsets topic"),
-            Err((error, message)) => tracing::info!(?error, %message, "offsets topic not created (yet)"),
+        let name = topic.name();
+        match super::admin::create_in_cluster(&broker, name, partitions, replication_factor, configs).await {
+            Ok(_) => tracing::info!(topic = name, partitions, replication_factor, "created an internal topic"),
+            Err((error, message)) => tracing::info!(topic = name, ?error, %message, "internal topic not created (yet)"),
         }
-        broker.groups.creating_offsets_topic.store(false, Ordering::Release);
+        topic.creating(&broker).store(false, Ordering::Release);
     });
 }
 
@@ -167,17 +212,8 @@ pub(super) fn find_coordinator(
         let mut coordinator = Coordinator::default();
         coordinator.key = key.clone();
         let found = match key_type {
-            KEY_TYPE_GROUP => group_coordinator(broker, key.as_str(), listener),
-            // The single node coordinates every transaction; a cluster has no transaction
-            // coordinator yet (clients retry and report this).
-            KEY_TYPE_TRANSACTION if broker.transactions.is_some() => {
-                let (host, port) = broker.advertised(listener);
-                Ok((broker.node_id(), host, port))
-            }
-            KEY_TYPE_TRANSACTION => Err((
-                ResponseError::CoordinatorNotAvailable,
-                "transactions are not supported in cluster mode yet".to_string(),
-            )),
+            KEY_TYPE_GROUP => coordinator_of(broker, InternalTopic::Offsets, key.as_str(), listener),
+            KEY_TYPE_TRANSACTION => coordinator_of(broker, InternalTopic::TransactionState, key.as_str(), listener),
             _ => Err((ResponseError::InvalidRequest, "unknown coordinator key type".to_string())),
         };
         match found {
@@ -445,8 +481,7 @@ pub(super) fn offset_fetch(broker: &Arc<Broker>, request: OffsetFetchRequest, ve
     // retry while a transaction holds offsets for the partition that are not yet committed,
     // so it never resumes from an offset the transaction is about to move.
     let unstable = |group: &str, topic: &str, partition: i32| {
-        request.require_stable
-            && broker.transactions.as_ref().is_some_and(|t| t.has_pending_offsets(group, topic, partition))
+        request.require_stable && broker.groups.has_pending_txn_offsets(group, topic, partition)
     };
     if version < OFFSET_FETCH_GROUPS_VERSION {
         let query: OffsetQuery =

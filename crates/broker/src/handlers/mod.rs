@@ -31,7 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::Broker;
 
 pub(crate) use admin::{controller, controller_write, Failure};
-pub(crate) use groups::create_offsets_topic_once_formed;
+pub(crate) use groups::create_internal_topics_once_formed;
 
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
 pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;

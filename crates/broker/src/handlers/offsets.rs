@@ -115,7 +115,7 @@ pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest
             result.partition_index = partition.partition_index;
             result.low_watermark = -1;
             // Kafka's rule: the committed offsets are not for clients to delete.
-            let internal = topic.name.as_str() == crate::group::OFFSETS_TOPIC;
+            let internal = crate::topics::is_internal(topic.name.as_str());
             match broker.partition(&topic.name, partition.partition_index) {
                 _ if internal => result.error_code = ResponseError::InvalidTopicException.code(),
                 None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),

@@ -194,8 +194,8 @@ struct LeaderLog {
 
 /// The log to append to; on a single node every partition is led here at epoch 0.
 fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result<LeaderLog, ResponseError> {
-    if topic == crate::group::OFFSETS_TOPIC {
-        // Only the group coordinator writes committed offsets (Kafka: "Cannot append to
+    if crate::topics::is_internal(topic) {
+        // Only the coordinators write their internal topics (Kafka: "Cannot append to
         // internal topic").
         return Err(ResponseError::InvalidTopicException);
     }
@@ -234,10 +234,15 @@ fn append_transactional(
 ) -> Result<sluice_storage::AppendOutcome, Refusal> {
     let transactional = sluice_storage::batch::BatchHeader::parse(records).ok().filter(|h| h.is_transactional());
     let Some(header) = transactional else { return append() };
-    let Some(transactions) = &broker.transactions else {
-        return Err(Refusal::from(ResponseError::InvalidTxnState));
-    };
-    transactions.append_verified(header.producer_id, header.producer_epoch, topic, partition, append)?
+    let clustered = broker.replicas.is_some();
+    broker.transactions.append_verified(
+        header.producer_id,
+        header.producer_epoch,
+        topic,
+        partition,
+        clustered,
+        append,
+    )?
 }
 
 /// Why a partition's batch was refused: the error code, and for errors about the batch's

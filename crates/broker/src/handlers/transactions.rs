@@ -24,8 +24,10 @@ use kafka_protocol::ResponseError;
 
 use super::{str_bytes, Session};
 use crate::group::error::GroupError;
+use crate::group::offsets::CommittedOffset;
 use crate::security::acl;
-use crate::txn::{wait_markers, write_marker, Marker, PendingOffset, TransactionCoordinator};
+use crate::txn::TransactionCoordinator;
+use crate::txn_markers::{write_local, Marker, MarkerTarget};
 use crate::Broker;
 
 /// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
@@ -46,9 +48,9 @@ fn may_read_group(broker: &Broker, session: &Session, group_id: &str) -> Result<
     }
 }
 
-/// The coordinator, or the error a cluster node answers (transactions are single-node for now).
+/// The transaction coordinator (it answers NOT_COORDINATOR for ids it does not serve).
 fn coordinator(broker: &Broker) -> Result<&Arc<TransactionCoordinator>, ResponseError> {
-    broker.transactions.as_ref().ok_or(ResponseError::CoordinatorNotAvailable)
+    Ok(&broker.transactions)
 }
 
 pub(super) async fn init_producer_id(
@@ -166,22 +168,28 @@ pub(super) async fn add_offsets(
     response
 }
 
+/// TxnOffsetCommit, at the group's coordinator: the offsets wait there, pending on the
+/// producer's transaction, until the transaction coordinator's marker commits or drops
+/// them (`group/offsets.rs`).
 pub(super) async fn txn_offset_commit(
     broker: &Arc<Broker>,
     session: &Session,
     request: TxnOffsetCommitRequest,
     version: i16,
 ) -> TxnOffsetCommitResponse {
-    let offsets: Vec<PendingOffset> = request
+    let now_ms = sluice_storage::now_ms();
+    let offsets: Vec<(String, i32, CommittedOffset)> = request
         .topics
         .iter()
         .flat_map(|topic| {
-            topic.partitions.iter().map(|partition| PendingOffset {
-                topic: topic.name.to_string(),
-                partition: partition.partition_index,
-                offset: partition.committed_offset,
-                leader_epoch: partition.committed_leader_epoch,
-                metadata: partition.committed_metadata.as_ref().map(|m| m.to_string()),
+            topic.partitions.iter().map(move |partition| {
+                let value = CommittedOffset {
+                    offset: partition.committed_offset,
+                    leader_epoch: partition.committed_leader_epoch,
+                    metadata: partition.committed_metadata.as_ref().map(|m| m.to_string()),
+                    commit_timestamp_ms: now_ms,
+                };
+                (topic.name.to_string(), partition.partition_index, value)
             })
         })
         .collect();
@@ -191,28 +199,22 @@ pub(super) async fn txn_offset_commit(
         generation_id: request.generation_id,
         version,
     };
-    let result = may_write_transaction(broker, session, request.transactional_id.as_str())
-        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
-        .and_then(|()| {
-            broker
-                .groups
-                .validate_transactional_commit(request.group_id.as_str(), committer)
-                .map_err(GroupError::response_error)
-        })
-        .and_then(|()| coordinator(broker));
-    let result = match result {
-        Ok(coordinator) => {
-            coordinator
-                .commit_offsets(
-                    broker,
-                    request.transactional_id.as_str(),
-                    request.producer_id.0,
-                    request.producer_epoch,
-                    request.group_id.as_str(),
-                    offsets,
-                )
-                .await
-        }
+    let allowed = may_write_transaction(broker, session, request.transactional_id.as_str())
+        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()));
+    let write = allowed.and_then(|()| {
+        super::groups::coordinator(broker)
+            .commit_transactional_offsets(
+                request.group_id.as_str(),
+                committer,
+                request.producer_id.0,
+                request.producer_epoch,
+                offsets,
+                broker.logs.syncer(),
+            )
+            .map_err(GroupError::response_error)
+    });
+    let result = match write {
+        Ok(write) => write.await.map_err(GroupError::response_error),
         Err(error) => Err(error),
     };
     let code = match result {
@@ -310,7 +312,7 @@ pub(super) fn describe(
         state.transaction_start_time_ms = -1;
         state.transaction_state = str_bytes("");
         let described = if broker.authorized(session, acl::OP_DESCRIBE, acl::RESOURCE_TRANSACTIONAL_ID, &id) {
-            coordinator(broker).map(|coordinator| coordinator.describe(id.as_str()))
+            broker.transactions.describe(id.as_str())
         } else {
             Err(ResponseError::TransactionalIdAuthorizationFailed)
         };
@@ -423,12 +425,13 @@ pub(super) async fn write_markers(
         let mut results = Vec::new();
         for topic in &request_marker.topics {
             for &index in &topic.partition_indexes {
+                let target = MarkerTarget::from_wire(&topic.name, index);
                 let outcome = if !allowed {
                     Err(ResponseError::ClusterAuthorizationFailed)
-                } else if crate::topics::is_internal(&topic.name) {
+                } else if matches!(&target, MarkerTarget::Partition(name, _) if crate::topics::is_internal(name)) {
                     Err(ResponseError::InvalidTopicException)
                 } else {
-                    write_marker(broker, &topic.name, index, marker, now_ms)
+                    write_local(broker, &target, marker, now_ms)
                 };
                 match outcome {
                     Ok(wait) => written.push((topic.name.clone(), index, wait)),
@@ -437,9 +440,9 @@ pub(super) async fn write_markers(
             }
         }
         for (topic, index, wait) in written {
-            let code = match wait_markers(wait.into_iter().collect()).await {
-                Ok(()) => 0,
-                Err(error) => error.code(),
+            let code = match wait {
+                Some(wait) => wait.await.map_or_else(|error| error.code(), |()| 0),
+                None => 0,
             };
             results.push((topic, index, code));
         }
