@@ -928,6 +928,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn transactional_offsets_survive_snapshots_and_reopens_until_their_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        let pending = |offset_value| vec![("t".to_string(), 0, offset(offset_value, "txn"))];
+        {
+            let coordinator = open(dir.path());
+            let write = coordinator.commit_transactional_offsets("g", Committer::simple(), 7, 1, pending(42), &syncer);
+            write.unwrap().await.unwrap();
+            // Enough other traffic for several compaction snapshots.
+            for round in 0..100 {
+                let commits = (0..20).map(|p| ("u".to_string(), p, offset(round, "m"))).collect();
+                coordinator.commit_offsets("g", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
+                coordinator.upkeep(sluice_storage::now_ms(), &syncer);
+            }
+            let shard = coordinator.serving("g").unwrap();
+            eventually(|| !shard.snapshot_in_flight()).await;
+            assert!(shard.log_partition().offsets().log_start_offset > 0, "no snapshot was taken");
+            assert!(coordinator.has_pending_txn_offsets("g", "t", 0));
+            coordinator.close();
+        }
+        let coordinator = open(dir.path());
+        assert!(coordinator.has_pending_txn_offsets("g", "t", 0), "pending offsets lost by a snapshot or reopen");
+        let t0 = || coordinator.fetch_offsets("g", Some(vec![("t".into(), vec![0])])).unwrap()[0].1[0].1.clone();
+        assert_eq!(t0(), None, "visible before the commit marker");
+        coordinator.end_transaction(0, 7, 1, true, &syncer).unwrap().await.unwrap();
+        assert_eq!(t0(), Some(offset(42, "txn")));
+        // The producer is fenced (epoch 2 ended a transaction): its epoch-1 offsets are refused.
+        coordinator.end_transaction(0, 7, 2, false, &syncer).unwrap().await.unwrap();
+        let zombie = coordinator.commit_transactional_offsets("g", Committer::simple(), 7, 1, pending(99), &syncer);
+        assert_eq!(zombie.err(), Some(GroupError::ProducerFenced));
+        coordinator.close();
+        drop(coordinator);
+        let coordinator = open(dir.path());
+        assert_eq!(
+            coordinator.fetch_offsets("g", Some(vec![("t".into(), vec![0])])).unwrap()[0].1[0].1,
+            Some(offset(42, "txn"))
+        );
+        assert!(!coordinator.has_pending_txn_offsets("g", "t", 0));
+        syncer.shutdown();
+    }
+
+    #[tokio::test]
     async fn retention_expires_offsets_of_groups_without_members() {
         let dir = tempfile::tempdir().unwrap();
         let syncer = Syncer::start();
