@@ -28,6 +28,8 @@ def test_bad_configs_fail_with_the_setting_named(tmp_path):
         (["--max-request-bytes", "10"], "max_request_bytes"),
         (["--advertised-listener", "no-port"], "advertised_listener"),
         (["--flush-messages", "0"], "flush.messages"),
+        (["--transaction-state-num-partitions", "0"], "transaction_state_num_partitions"),
+        (["--transaction-state-replication-factor=-1"], "transaction_state_replication_factor"),
         (["--node-id", "1", "--cluster-voters", f"1@127.0.0.1:{free_port()}", "--cluster-id", "a\nb"],
          "cluster_id"),
     ]

@@ -88,6 +88,14 @@ pub struct ServeArgs {
     /// Segment size of the offsets log (Kafka's offsets.topic.segment.bytes).
     #[arg(long, env = "SLUICE_OFFSETS_TOPIC_SEGMENT_BYTES")]
     offsets_topic_segment_bytes: Option<u64>,
+    /// Partitions of the replicated transaction log (Kafka's
+    /// transaction.state.log.num.partitions, cluster mode).
+    #[arg(long, env = "SLUICE_TRANSACTION_STATE_NUM_PARTITIONS")]
+    transaction_state_num_partitions: Option<i32>,
+    /// Replicas of the transaction log (Kafka's transaction.state.log.replication.factor;
+    /// 0 = min(3, voters)).
+    #[arg(long, env = "SLUICE_TRANSACTION_STATE_REPLICATION_FACTOR")]
+    transaction_state_replication_factor: Option<i16>,
     /// Kafka's offsets.retention.minutes.
     #[arg(long, env = "SLUICE_OFFSETS_RETENTION_MINUTES")]
     offsets_retention_minutes: Option<u64>,
@@ -133,6 +141,7 @@ impl ServeArgs {
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);
+        set!(transaction_state_num_partitions, transaction_state_replication_factor);
         if self.offsets_retention_ms.is_some() {
             config.offsets_retention_ms = self.offsets_retention_ms;
         }
