@@ -289,14 +289,14 @@ impl TransactionCoordinator {
             }
             if current_epoch.is_some() {
                 shards.slots.remove(&partition);
-                tracing::info!(partition, "no longer transaction coordinator of this transaction log partition");
+                tracing::debug!(partition, "no longer transaction coordinator of this transaction log partition");
             }
             if let Some((replica, leader_epoch)) = leader {
                 let generation = shards.next_generation;
                 shards.next_generation += 1;
                 shards.slots.insert(partition, Slot::Loading { leader_epoch, generation });
                 let coordinator = self.clone();
-                tracing::info!(partition, leader_epoch, "loading transaction log partition");
+                tracing::debug!(partition, leader_epoch, "loading transaction log partition");
                 tokio::task::spawn_blocking(move || coordinator.load(partition, replica, leader_epoch, generation));
             }
         }
@@ -323,7 +323,7 @@ impl TransactionCoordinator {
         drop(shards);
         let elapsed_ms = started.elapsed().as_millis() as u64;
         // Prepared transactions are completed by the next upkeep (at most a second away).
-        tracing::info!(
+        tracing::debug!(
             partition,
             leader_epoch,
             transactional_ids = count,
