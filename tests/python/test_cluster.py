@@ -152,8 +152,7 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
     """Each node's /metrics: the partitions it leads, those of them whose ISR lacks a replica
     (Kafka's UnderReplicatedPartitions) while a node is down, and one active controller."""
     create_topic(cluster, "metered", 4)
-    offsets = offsets_topic_partitions(cluster)
-    total = 4 + offsets
+    total = 4 + offsets_topic_partitions(cluster) + internal_topic_partitions(cluster, "__transaction_state")
 
     def sums(node_ids, name):
         return sum(value(scrape(cluster.metrics_ports[n]), name) for n in node_ids)
@@ -181,11 +180,15 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
 
 def offsets_topic_partitions(cluster) -> int:
     """Waits for `__consumer_offsets` (created once the cluster forms) and returns its size."""
+    return internal_topic_partitions(cluster, "__consumer_offsets")
+
+
+def internal_topic_partitions(cluster, name: str) -> int:
+    """Waits for the internal topic `name` (created once the cluster forms) and returns its size."""
     def listed():
-        topics = cluster.admin().list_topics(timeout=5).topics
-        offsets = topics.get("__consumer_offsets")
-        return len(offsets.partitions) if offsets is not None and offsets.error is None else None
-    return cluster.wait_for("the offsets topic", listed, timeout=60)
+        topic = cluster.admin().list_topics(timeout=5).topics.get(name)
+        return len(topic.partitions) if topic is not None and topic.error is None else None
+    return cluster.wait_for(name, listed, timeout=60)
 
 
 def test_the_offsets_topic_exists_once_the_cluster_forms_so_groups_survive_a_lost_node(cluster):
