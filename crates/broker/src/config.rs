@@ -34,6 +34,16 @@ pub const GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 5_000;
 pub const GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT: u64 = 45_000;
 /// Kafka's `offsets.topic.num.partitions`.
 pub const OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT: i32 = 50;
+/// Kafka's `group.share.record.lock.duration.ms`: how long a share consumer holds a record.
+pub const GROUP_SHARE_RECORD_LOCK_DURATION_MS_DEFAULT: u64 = 30_000;
+/// Kafka's `group.share.delivery.count.limit`: deliveries before a record is archived.
+pub const GROUP_SHARE_DELIVERY_COUNT_LIMIT_DEFAULT: i16 = 5;
+/// Kafka's `group.share.partition.max.record.locks`: records in flight per share-partition.
+pub const GROUP_SHARE_PARTITION_MAX_RECORD_LOCKS_DEFAULT: usize = 2_000;
+/// Kafka's `group.share.heartbeat.interval.ms`.
+pub const GROUP_SHARE_HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 5_000;
+/// Kafka's `group.share.session.timeout.ms`.
+pub const GROUP_SHARE_SESSION_TIMEOUT_MS_DEFAULT: u64 = 45_000;
 /// Kafka's `transaction.state.log.num.partitions`.
 pub const TRANSACTION_STATE_NUM_PARTITIONS_DEFAULT: i32 = 50;
 /// Kafka's `offsets.topic.segment.bytes` (100 MiB).
@@ -165,6 +175,16 @@ pub struct BrokerConfig {
     pub offsets_topic_replication_factor: i16,
     /// Kafka's `offsets.topic.segment.bytes`.
     pub offsets_topic_segment_bytes: u64,
+    /// Kafka's `group.share.record.lock.duration.ms` (1000-3600000).
+    pub group_share_record_lock_duration_ms: u64,
+    /// Kafka's `group.share.delivery.count.limit` (2-10).
+    pub group_share_delivery_count_limit: i16,
+    /// Kafka's `group.share.partition.max.record.locks` (100-10000).
+    pub group_share_partition_max_record_locks: usize,
+    /// Kafka's `group.share.heartbeat.interval.ms`.
+    pub group_share_heartbeat_interval_ms: u64,
+    /// Kafka's `group.share.session.timeout.ms` (above the heartbeat interval).
+    pub group_share_session_timeout_ms: u64,
     /// Kafka's `transaction.state.log.num.partitions` (cluster mode; a single node keeps
     /// one local partition). Fixed once the topic exists.
     pub transaction_state_num_partitions: i32,
@@ -361,6 +381,11 @@ impl Default for BrokerConfig {
             offsets_topic_num_partitions: OFFSETS_TOPIC_NUM_PARTITIONS_DEFAULT,
             offsets_topic_replication_factor: 0,
             offsets_topic_segment_bytes: OFFSETS_TOPIC_SEGMENT_BYTES_DEFAULT,
+            group_share_record_lock_duration_ms: GROUP_SHARE_RECORD_LOCK_DURATION_MS_DEFAULT,
+            group_share_delivery_count_limit: GROUP_SHARE_DELIVERY_COUNT_LIMIT_DEFAULT,
+            group_share_partition_max_record_locks: GROUP_SHARE_PARTITION_MAX_RECORD_LOCKS_DEFAULT,
+            group_share_heartbeat_interval_ms: GROUP_SHARE_HEARTBEAT_INTERVAL_MS_DEFAULT,
+            group_share_session_timeout_ms: GROUP_SHARE_SESSION_TIMEOUT_MS_DEFAULT,
             transaction_state_num_partitions: TRANSACTION_STATE_NUM_PARTITIONS_DEFAULT,
             transaction_state_replication_factor: 0,
             offsets_retention_minutes: OFFSETS_RETENTION_MINUTES_DEFAULT,
@@ -430,6 +455,22 @@ impl BrokerConfig {
     fn validate_offsets(&self) -> Result<(), String> {
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.offsets_topic_num_partitions) {
             return Err(format!("offsets_topic_num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
+        }
+        if !(1_000..=3_600_000).contains(&self.group_share_record_lock_duration_ms) {
+            return Err("group_share_record_lock_duration_ms must be in [1000, 3600000]".into());
+        }
+        if !(2..=10).contains(&self.group_share_delivery_count_limit) {
+            return Err("group_share_delivery_count_limit must be in [2, 10]".into());
+        }
+        if !(100..=10_000).contains(&self.group_share_partition_max_record_locks) {
+            return Err("group_share_partition_max_record_locks must be in [100, 10000]".into());
+        }
+        if self.group_share_heartbeat_interval_ms < 100
+            || self.group_share_session_timeout_ms <= self.group_share_heartbeat_interval_ms
+        {
+            return Err(
+                "group_share_heartbeat_interval_ms must be 100 or more and below group_share_session_timeout_ms".into(),
+            );
         }
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.transaction_state_num_partitions) {
             return Err(format!("transaction_state_num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));

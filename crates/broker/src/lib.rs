@@ -14,6 +14,8 @@ pub mod metrics;
 pub mod replication;
 pub mod security;
 pub mod server;
+mod share;
+mod state_log;
 mod topic_config;
 pub mod topics;
 mod txn;
@@ -62,6 +64,8 @@ pub struct Broker {
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
+    /// Share groups (`share/`).
+    shares: Arc<share::ShareCoordinator>,
     /// The transaction coordinator (`txn.rs`).
     transactions: Arc<txn::TransactionCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
@@ -159,6 +163,17 @@ impl Broker {
             }
             Some(_) => GroupCoordinator::replicated(timing, settings),
         };
+        let share_settings = share::ShareSettings {
+            record_lock_duration_ms: config.group_share_record_lock_duration_ms as i64,
+            delivery_count_limit: config.group_share_delivery_count_limit,
+            partition_max_record_locks: config.group_share_partition_max_record_locks,
+            heartbeat_interval_ms: config.group_share_heartbeat_interval_ms as i32,
+            session_timeout_ms: config.group_share_session_timeout_ms as i64,
+        };
+        let shares = Arc::new(match &config.cluster {
+            None => share::ShareCoordinator::open_local(&config.data_dir, share_settings)?,
+            Some(_) => share::ShareCoordinator::unavailable(share_settings),
+        });
         let transactions = Arc::new(match &config.cluster {
             None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
             Some(_) => txn::TransactionCoordinator::replicated(),
@@ -180,6 +195,7 @@ impl Broker {
             metrics,
             groups,
             transactions,
+            shares,
             replicas,
             cluster,
             _data_dir_lock: data_dir_lock,
@@ -286,6 +302,7 @@ impl Broker {
         self.logs.close();
         self.groups.close();
         self.transactions.close();
+        self.shares.close();
     }
 }
 

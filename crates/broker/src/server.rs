@@ -38,6 +38,7 @@ pub async fn serve(
     };
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));
+    let shares_upkeep = tokio::spawn(shares_upkeep_loop(broker.clone()));
     let mut accept_loops = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {
         let configured = &broker.listeners()[index];
@@ -59,6 +60,7 @@ pub async fn serve(
     }
     upkeep.abort();
     transactions_upkeep.abort();
+    shares_upkeep.abort();
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }
@@ -138,6 +140,20 @@ async fn transactions_upkeep_loop(broker: Arc<Broker>) {
         transactions.upkeep(&broker).await;
     }
 }
+
+/// Share groups: member session timeouts, expired record locks, state log snapshots.
+async fn shares_upkeep_loop(broker: Arc<Broker>) {
+    let mut interval = tokio::time::interval(Duration::from_millis(SHARE_UPKEEP_INTERVAL_MS));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let catalog = broker.topics.catalog();
+        broker.shares.upkeep(&catalog, sluice_storage::now_ms(), broker.logs.syncer()).await;
+    }
+}
+
+/// How often expired share-record locks are released (a lock lasts at least 1 s).
+const SHARE_UPKEEP_INTERVAL_MS: u64 = 100;
 
 async fn upkeep_loop(broker: Arc<Broker>) {
     let period = broker.config().log_retention_check_interval_ms.clamp(10, UPKEEP_INTERVAL_MS_MAX);

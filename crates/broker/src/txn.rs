@@ -45,7 +45,8 @@ use sluice_storage::Syncer;
 use crate::group::offsets::CommittedOffset;
 use crate::group::placement::partition_for;
 use crate::replication::Replica;
-use crate::txn_log::{PendingChange, TxnLog};
+use crate::state_log::PendingChange;
+use crate::txn_log::TxnLog;
 use crate::txn_markers::{Marker, MarkerTarget};
 use crate::Broker;
 
@@ -215,7 +216,7 @@ impl TxnShard {
 impl TransactionCoordinator {
     /// Single node: opens (replaying) the one local transaction log partition.
     pub(crate) fn open_local(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
-        let (log, transactions) = TxnLog::open(data_dir, syncer)?;
+        let (log, transactions) = crate::txn_log::open_local(data_dir, syncer)?;
         let shard = TxnShard::new(0, log, transactions);
         let shards = TxnShards {
             partition_count: 1,

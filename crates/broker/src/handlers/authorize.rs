@@ -260,6 +260,25 @@ pub(super) fn before(
                 .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
             return Err(Box::new(ResponseKind::ConsumerGroupHeartbeat(response)));
         }
+        RequestKind::ShareGroupHeartbeat(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
+            let response = ShareGroupHeartbeatResponse::default()
+                .with_error_code(refused_group)
+                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
+            return Err(Box::new(ResponseKind::ShareGroupHeartbeat(response)));
+        }
+        RequestKind::ShareFetch(request)
+            if !request.group_id.as_ref().is_some_and(|g| group(broker, session, acl::OP_READ, g)) =>
+        {
+            return Err(Box::new(ResponseKind::ShareFetch(
+                ShareFetchResponse::default().with_error_code(refused_group),
+            )));
+        }
+        RequestKind::ShareAcknowledge(request)
+            if !request.group_id.as_ref().is_some_and(|g| group(broker, session, acl::OP_READ, g)) =>
+        {
+            let response = ShareAcknowledgeResponse::default().with_error_code(refused_group);
+            return Err(Box::new(ResponseKind::ShareAcknowledge(response)));
+        }
         RequestKind::DescribeLogDirs(_) if !cluster(acl::OP_DESCRIBE) => {
             return Err(Box::new(ResponseKind::DescribeLogDirs(
                 DescribeLogDirsResponse::default().with_error_code(refused_cluster),
@@ -320,6 +339,8 @@ fn config_access(
 ) -> Result<(), ResponseError> {
     if resource_type == CONFIG_RESOURCE_TOPIC {
         topic(broker, session, operation, name).then_some(()).ok_or(ResponseError::TopicAuthorizationFailed)
+    } else if resource_type == super::configs::RESOURCE_GROUP {
+        group(broker, session, operation, name).then_some(()).ok_or(ResponseError::GroupAuthorizationFailed)
     } else {
         broker.authorized_on_cluster(session, operation).then_some(()).ok_or(ResponseError::ClusterAuthorizationFailed)
     }

@@ -20,6 +20,8 @@ use crate::Broker;
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
+/// A consumer or share group's configs (KIP-848, KIP-932).
+pub(super) const RESOURCE_GROUP: i8 = 32;
 const SOURCE_STATIC_BROKER: i8 = 4;
 /// DescribeConfigs v3 added config types.
 const CONFIG_TYPE_VERSION: i16 = 3;
@@ -67,6 +69,14 @@ pub(super) fn describe(broker: &Arc<Broker>, request: DescribeConfigsRequest, ve
                 .into_iter()
                 .filter(|(name, _, _)| wanted(name))
                 .map(|(name, value, config_type)| entry(name, &value, SOURCE_STATIC_BROKER, config_type, version, true))
+                .collect()),
+            RESOURCE_GROUP => Ok(group_configs(broker, resource.resource_name.as_str())
+                .into_iter()
+                .filter(|(name, _, _)| wanted(name))
+                .map(|(name, value, is_default)| {
+                    let source = if is_default { SOURCE_DEFAULT } else { SOURCE_GROUP };
+                    entry(name, &value, source, group_config_type(name), version, false)
+                })
                 .collect()),
             other => Err((ResponseError::InvalidRequest, format!("resource type {other} is not supported"))),
         };
@@ -184,7 +194,9 @@ async fn outcome(
     validate_only: bool,
 ) -> (i16, Option<StrBytes>) {
     let name = name.as_str();
-    let applied = if broker.cluster.is_some() && !validate_only {
+    let applied = if resource_type == RESOURCE_GROUP {
+        alter_group(broker, name, changes, replace_all, validate_only).await
+    } else if broker.cluster.is_some() && !validate_only {
         alter_in_cluster(broker, resource_type, name, changes, replace_all).await
     } else {
         match new_overrides(broker, resource_type, name, changes, replace_all) {
@@ -197,6 +209,85 @@ async fn outcome(
         Ok(()) => (0, None),
         Err((error, text)) => (error.code(), message(text)),
     }
+}
+
+/// Kafka's DescribeConfigs source for a group config.
+const SOURCE_GROUP: i8 = 8;
+
+/// The share-group configs Sluice serves: (name, value, whether it is the default).
+fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, bool)> {
+    let set = broker.shares.group_configs(group_id);
+    let config = broker.config();
+    let defaults = [
+        (crate::share::CONFIG_AUTO_OFFSET_RESET, "latest".to_string()),
+        (crate::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
+        (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
+    ];
+    defaults
+        .into_iter()
+        .map(|(name, default)| match set.get(name) {
+            Some(value) => (name, value.clone(), false),
+            None => (name, default, true),
+        })
+        .collect()
+}
+
+fn group_config_type(name: &str) -> ConfigType {
+    if name == crate::share::CONFIG_AUTO_OFFSET_RESET {
+        ConfigType::String
+    } else {
+        ConfigType::Int
+    }
+}
+
+/// IncrementalAlterConfigs / AlterConfigs on a GROUP resource: the share-group configs
+/// (`share.auto.offset.reset`, `share.record.lock.duration.ms`,
+/// `share.delivery.count.limit`), durable before the answer.
+async fn alter_group(
+    broker: &Broker,
+    group_id: &str,
+    changes: &[Change],
+    replace_all: bool,
+    validate_only: bool,
+) -> Result<(), Failure> {
+    crate::group::validate_group_id(group_id)
+        .map_err(|_| (ResponseError::InvalidGroupId, format!("invalid group id {group_id:?}")))?;
+    let mut configs = if replace_all { BTreeMap::new() } else { broker.shares.group_configs(group_id) };
+    for (key, operation, value) in changes {
+        let valid = match (key.as_str(), value.as_deref()) {
+            (_, None) => true,
+            (crate::share::CONFIG_AUTO_OFFSET_RESET, Some(v)) => v == "latest" || v == "earliest",
+            (crate::share::CONFIG_LOCK_DURATION_MS, Some(v)) => {
+                v.parse::<i64>().is_ok_and(|ms| (1_000..=3_600_000).contains(&ms))
+            }
+            (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, Some(v)) => {
+                v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
+            }
+            (other, _) => {
+                return Err((ResponseError::InvalidConfig, format!("unknown or unsupported group config {other:?}")))
+            }
+        };
+        if !valid {
+            return Err((ResponseError::InvalidConfig, format!("invalid value {value:?} for group config {key}")));
+        }
+        match (*operation, value) {
+            (OP_SET, Some(value)) => {
+                configs.insert(key.clone(), value.clone());
+            }
+            (OP_DELETE, _) | (OP_SET, None) => {
+                configs.remove(key);
+            }
+            _ => return Err((ResponseError::InvalidConfig, format!("{key} is not a list: no APPEND or SUBTRACT"))),
+        }
+    }
+    if validate_only {
+        return Ok(());
+    }
+    let change = broker
+        .shares
+        .set_group_configs(group_id, configs, broker.logs.syncer())
+        .map_err(|error| (error, "group configs are not served here".to_string()))?;
+    broker.shares.wait_durable(change).await.map_err(|error| (error, "could not store the group configs".to_string()))
 }
 
 /// In a cluster the controller stores the overrides; every node applies them to its

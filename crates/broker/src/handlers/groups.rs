@@ -613,6 +613,20 @@ pub(super) fn list_groups(broker: &Arc<Broker>, request: ListGroupsRequest) -> L
             listed
         })
         .collect();
+    // Share groups (KIP-932): Kafka lists them as type "Share", protocol type "share".
+    for (group_id, members) in broker.shares.list() {
+        let state = if members == 0 { "Empty" } else { "Stable" };
+        if (states.is_empty() || states.contains(&state.to_lowercase()))
+            && (types.is_empty() || types.iter().any(|t| t == "share"))
+        {
+            let mut listed = ListedGroup::default();
+            listed.group_id = GroupId(text(&group_id));
+            listed.protocol_type = text("share");
+            listed.group_state = text(state);
+            listed.group_type = text("Share");
+            response.groups.push(listed);
+        }
+    }
     response
 }
 

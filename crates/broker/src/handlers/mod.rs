@@ -13,6 +13,7 @@ mod offsets;
 mod produce;
 mod quotas;
 mod reassignments;
+mod share;
 mod transactions;
 mod users;
 
@@ -259,6 +260,21 @@ pub(crate) fn dispatch(
         RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
             consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
         )),
+        RequestKind::ShareGroupHeartbeat(request) => {
+            ready(ResponseKind::ShareGroupHeartbeat(share::heartbeat(&broker, request, client_id, client_host(peer))))
+        }
+        RequestKind::ShareGroupDescribe(request) => {
+            ready(ResponseKind::ShareGroupDescribe(share::describe(&broker, request)))
+        }
+        RequestKind::ShareFetch(request) => {
+            let session = session.clone();
+            Box::pin(async move { Some(ResponseKind::ShareFetch(share::fetch(&broker, &session, request).await)) })
+        }
+        RequestKind::ShareAcknowledge(request) => {
+            Box::pin(
+                async move { Some(ResponseKind::ShareAcknowledge(share::acknowledge_request(&broker, request).await)) },
+            )
+        }
         RequestKind::ConsumerGroupDescribe(request) => {
             ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
         }
@@ -446,6 +462,10 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         DescribeCluster,
         ConsumerGroupHeartbeat,
         ConsumerGroupDescribe,
+        ShareGroupHeartbeat,
+        ShareGroupDescribe,
+        ShareFetch,
+        ShareAcknowledge,
         DescribeLogDirs,
         AddPartitionsToTxn,
         AddOffsetsToTxn,

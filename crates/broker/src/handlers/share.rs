@@ -1,0 +1,446 @@
+//! The share-group APIs (KIP-932) over `crate::share`: ShareGroupHeartbeat,
+//! ShareGroupDescribe, ShareFetch (acquire records, with acknowledgements piggybacked) and
+//! ShareAcknowledge.
+//!
+//! A ShareFetch reads each session partition from the share-partition's next offset (the
+//! first record available again, else the first never handed out), acquires what it read
+//! for the member, and answers the stored batches holding the acquired offsets with their
+//! ranges and delivery counts. With nothing acquired it long-polls (`max_wait_ms`) on the
+//! partitions' high watermarks and on released records. Reads run on the blocking pool:
+//! never a disk wait on an async thread.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::share_acknowledge_response::{self as ack_response, ShareAcknowledgeTopicResponse};
+use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData, ShareFetchableTopicResponse};
+use kafka_protocol::messages::share_group_describe_response::{self as describe_response, DescribedGroup};
+use kafka_protocol::messages::share_group_heartbeat_response::{self as heartbeat_response};
+use kafka_protocol::messages::{
+    ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
+    ShareGroupDescribeRequest, ShareGroupDescribeResponse, ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse,
+    TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
+use sluice_storage::{ReadLimit, ReadMode};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{str_bytes, Session};
+use crate::config::FETCH_WAIT_MS_MAX;
+use crate::security::acl;
+use crate::share::{batch_spans, SessionStep};
+use crate::Broker;
+
+/// Bytes read per share-partition per fetch pass at most.
+const SHARE_PARTITION_READ_BYTES_MAX: usize = 1024 * 1024;
+
+pub(super) fn heartbeat(
+    broker: &Arc<Broker>,
+    request: ShareGroupHeartbeatRequest,
+    client_id: Option<StrBytes>,
+    client_host: String,
+) -> ShareGroupHeartbeatResponse {
+    let mut response = ShareGroupHeartbeatResponse::default();
+    let catalog = broker.topics.catalog();
+    let subscribed = request.subscribed_topic_names.map(|names| names.iter().map(|n| n.to_string()).collect());
+    let answer = broker.shares.heartbeat(
+        request.group_id.as_str(),
+        request.member_id.as_str(),
+        request.member_epoch,
+        request.rack_id.map(|r| r.to_string()),
+        subscribed,
+        (client_id.as_deref().unwrap_or(""), &client_host),
+        &catalog,
+        sluice_storage::now_ms(),
+    );
+    match answer {
+        Ok(answer) => {
+            response.member_id = Some(request.member_id.clone());
+            response.member_epoch = answer.member_epoch;
+            response.heartbeat_interval_ms = answer.heartbeat_interval_ms;
+            response.assignment = answer.assignment.map(|assignment| {
+                let mut wire = heartbeat_response::Assignment::default();
+                wire.topic_partitions = assignment
+                    .into_iter()
+                    .filter_map(|(topic, partitions)| {
+                        let (topic_id, _) = catalog.get(&topic)?;
+                        let mut entry = heartbeat_response::TopicPartitions::default();
+                        entry.topic_id = topic_id;
+                        entry.partitions = partitions;
+                        Some(entry)
+                    })
+                    .collect();
+                wire
+            });
+        }
+        Err((error, message)) => {
+            response.error_code = error.code();
+            response.error_message = Some(str_bytes(&message));
+        }
+    }
+    response
+}
+
+pub(super) fn describe(broker: &Arc<Broker>, request: ShareGroupDescribeRequest) -> ShareGroupDescribeResponse {
+    let catalog = broker.topics.catalog();
+    let mut response = ShareGroupDescribeResponse::default();
+    for group_id in request.group_ids {
+        let mut described = DescribedGroup::default();
+        described.group_id = group_id.clone();
+        described.authorized_operations = i32::MIN;
+        match broker.shares.describe(group_id.as_str()) {
+            None => {
+                described.error_code = ResponseError::GroupIdNotFound.code();
+                described.error_message = Some(str_bytes(&format!("share group {} does not exist", group_id.as_str())));
+                described.group_state = str_bytes("Dead");
+            }
+            Some(group) => {
+                described.group_state = str_bytes(if group.members.is_empty() { "Empty" } else { "Stable" });
+                described.group_epoch = group.epoch;
+                described.assignment_epoch = group.epoch;
+                described.assignor_name = str_bytes("simple");
+                described.members = group
+                    .members
+                    .into_iter()
+                    .map(|m| {
+                        let mut member = describe_response::Member::default();
+                        member.member_id = str_bytes(&m.member_id);
+                        member.rack_id = m.rack.as_deref().map(str_bytes);
+                        member.member_epoch = m.member_epoch;
+                        member.client_id = str_bytes(&m.client_id);
+                        member.client_host = str_bytes(&m.client_host);
+                        member.subscribed_topic_names = m.subscribed.iter().map(|t| TopicName(str_bytes(t))).collect();
+                        member.assignment.topic_partitions = m
+                            .assignment
+                            .into_iter()
+                            .filter_map(|(topic, partitions)| {
+                                let (topic_id, _) = catalog.get(&topic)?;
+                                let mut entry = describe_response::TopicPartitions::default();
+                                entry.topic_id = topic_id;
+                                entry.topic_name = TopicName(str_bytes(&topic));
+                                entry.partitions = partitions;
+                                Some(entry)
+                            })
+                            .collect();
+                        member
+                    })
+                    .collect();
+            }
+        }
+        response.groups.push(described);
+    }
+    response
+}
+
+/// Acknowledgement batches as the wire carries them: (first, last, types).
+type AckBatches = Vec<(i64, i64, Vec<i8>)>;
+
+/// Applies one partition's acknowledgements and waits until they are durable.
+async fn acknowledge(
+    broker: &Broker,
+    group_id: &str,
+    member_id: &str,
+    topic: Option<&str>,
+    partition: i32,
+    batches: &AckBatches,
+) -> Result<(), ResponseError> {
+    let Some(topic) = topic else { return Err(ResponseError::UnknownTopicId) };
+    let change = broker.shares.acknowledge(group_id, member_id, topic, partition, batches, broker.logs.syncer())?;
+    match change {
+        Some(change) => broker.shares.wait_durable(change).await,
+        None => Ok(()),
+    }
+}
+
+/// What one share-partition answered in a fetch pass.
+#[derive(Default)]
+struct Fetched {
+    records: Bytes,
+    acquired: Vec<AcquiredRecords>,
+    error: Option<ResponseError>,
+}
+
+pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: ShareFetchRequest) -> ShareFetchResponse {
+    let mut response = ShareFetchResponse::default();
+    let (Some(group_id), Some(member_id)) = (request.group_id.as_ref(), request.member_id.as_ref()) else {
+        response.error_code = ResponseError::InvalidRequest.code();
+        return response;
+    };
+    let (group_id, member_id) = (group_id.to_string(), member_id.to_string());
+    let catalog = broker.topics.catalog();
+    let added: Vec<(Uuid, i32)> =
+        request.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p.partition_index))).collect();
+    let forgotten: Vec<(Uuid, i32)> =
+        request.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, *p))).collect();
+    let acks: Vec<((Uuid, i32), AckBatches)> = request
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().filter(|p| !p.acknowledgement_batches.is_empty()).map(move |p| {
+                let batches = p
+                    .acknowledgement_batches
+                    .iter()
+                    .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone()))
+                    .collect();
+                ((t.topic_id, p.partition_index), batches)
+            })
+        })
+        .collect();
+    if request.share_session_epoch == 0 && !acks.is_empty() {
+        response.error_code = ResponseError::InvalidRequest.code();
+        return response;
+    }
+    // A final request (-1) closes the session after its acknowledgements.
+    let closing = request.share_session_epoch == -1;
+    let fetching = if closing {
+        Vec::new()
+    } else {
+        match broker.shares.session_step(&group_id, &member_id, request.share_session_epoch, &added, &forgotten, true) {
+            Ok(SessionStep::Open(partitions)) => partitions,
+            Ok(SessionStep::Closed) => Vec::new(),
+            Err(error) => {
+                response.error_code = error.code();
+                return response;
+            }
+        }
+    };
+    let full = request.share_session_epoch == 0;
+    response.acquisition_lock_timeout_ms = broker.shares.group_lock_duration_ms(&group_id) as i32;
+    let mut answers: BTreeMap<(Uuid, i32), (Fetched, Option<i16>)> = BTreeMap::new();
+    for ((topic_id, partition), batches) in &acks {
+        let topic = catalog.name_for_id(topic_id);
+        let code = match acknowledge(broker, &group_id, &member_id, topic, *partition, batches).await {
+            Ok(()) => 0,
+            Err(error) => error.code(),
+        };
+        answers.entry((*topic_id, *partition)).or_default().1 = Some(code);
+    }
+    if closing {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], true) {
+            response.error_code = error.code();
+        }
+    }
+    if !fetching.is_empty() {
+        let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
+        let max_records = if request.max_records <= 0 { usize::MAX } else { request.max_records as usize };
+        let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
+        loop {
+            let released = broker.shares.released();
+            let mut receivers = Vec::new();
+            let mut targets = Vec::new();
+            for &(topic_id, partition) in &fetching {
+                let name = catalog.name_for_id(&topic_id).map(str::to_string);
+                let log = match &name {
+                    None => Err(ResponseError::UnknownTopicId),
+                    Some(name) if !broker.authorized(session, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
+                        Err(ResponseError::TopicAuthorizationFailed)
+                    }
+                    Some(name) => broker.partition(name, partition).ok_or(ResponseError::UnknownTopicOrPartition),
+                };
+                if let Ok(log) = &log {
+                    receivers.push(log.subscribe());
+                }
+                targets.push(((topic_id, partition), name, log));
+            }
+            let pass = {
+                let broker = broker.clone();
+                let (group_id, member_id) = (group_id.clone(), member_id.clone());
+                tokio::task::spawn_blocking(move || {
+                    acquire_pass(&broker, &group_id, &member_id, targets, max_records, max_bytes)
+                })
+                .await
+                .expect("share fetch pass panicked")
+            };
+            let acquired_any = pass.iter().any(|(_, fetched)| !fetched.acquired.is_empty());
+            let errors = pass.iter().any(|(_, fetched)| fetched.error.is_some());
+            if acquired_any || errors || Instant::now() >= deadline || receivers.is_empty() {
+                for (key, fetched) in pass {
+                    answers.entry(key).or_default().0 = fetched;
+                }
+                break;
+            }
+            let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
+            tokio::select! {
+                _ = any_changed => {}
+                () = released => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+        if full {
+            for key in &fetching {
+                answers.entry(*key).or_default();
+            }
+        }
+    }
+    let mut by_topic: BTreeMap<Uuid, Vec<PartitionData>> = BTreeMap::new();
+    for ((topic_id, partition), (fetched, ack_code)) in answers {
+        if !full && fetched.acquired.is_empty() && fetched.error.is_none() && ack_code.is_none() {
+            continue;
+        }
+        let mut data = PartitionData::default();
+        data.partition_index = partition;
+        data.error_code = fetched.error.map_or(0, |e| e.code());
+        data.acknowledge_error_code = ack_code.unwrap_or(0);
+        data.current_leader.leader_id = -1;
+        data.current_leader.leader_epoch = -1;
+        data.records = Some(fetched.records);
+        data.acquired_records = fetched.acquired;
+        by_topic.entry(topic_id).or_default().push(data);
+    }
+    response.responses = by_topic
+        .into_iter()
+        .map(|(topic_id, partitions)| {
+            let mut topic = ShareFetchableTopicResponse::default();
+            topic.topic_id = topic_id;
+            topic.partitions = partitions;
+            topic
+        })
+        .collect();
+    count_fetched_bytes(broker, &catalog, &response);
+    response
+}
+
+type Target = ((Uuid, i32), Option<String>, Result<Arc<sluice_storage::Partition>, ResponseError>);
+
+/// One pass over the session's partitions (on the blocking pool): read from each
+/// share-partition's next offset and acquire what was read, within the request's record
+/// and byte budgets.
+fn acquire_pass(
+    broker: &Broker,
+    group_id: &str,
+    member_id: &str,
+    targets: Vec<Target>,
+    max_records: usize,
+    max_bytes: usize,
+) -> Vec<((Uuid, i32), Fetched)> {
+    let mut records_left = max_records;
+    let mut bytes_left = max_bytes;
+    let mut answers = Vec::with_capacity(targets.len());
+    let now_ms = sluice_storage::now_ms();
+    for (key, name, log) in targets {
+        let (name, log) = match (name, log) {
+            (Some(name), Ok(log)) => (name, log),
+            (_, Err(error)) => {
+                answers.push((key, Fetched { error: Some(error), ..Fetched::default() }));
+                continue;
+            }
+            (None, Ok(_)) => unreachable!("a log is found only by name"),
+        };
+        if records_left == 0 || bytes_left == 0 {
+            answers.push((key, Fetched::default()));
+            continue;
+        }
+        let offsets = log.offsets();
+        let share_key = (group_id.to_string(), name, key.1);
+        let plan = broker.shares.plan_fetch(
+            &share_key,
+            offsets.log_start_offset,
+            |reset| if reset == "earliest" { offsets.log_start_offset } else { offsets.high_watermark },
+            broker.logs.syncer(),
+        );
+        let Some(plan) = plan else {
+            answers.push((key, Fetched::default()));
+            continue;
+        };
+        if plan.offset >= offsets.high_watermark {
+            answers.push((key, Fetched::default()));
+            continue;
+        }
+        let budget = bytes_left.min(SHARE_PARTITION_READ_BYTES_MAX);
+        let read = log.read_until(plan.offset, budget, true, ReadLimit::HighWatermark, ReadMode::MayBlock);
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::debug!(%error, "share fetch read failed");
+                answers.push((key, Fetched { error: Some(ResponseError::UnknownServerError), ..Fetched::default() }));
+                continue;
+            }
+        };
+        let spans = batch_spans(&bytes);
+        let batches: Vec<_> = spans.iter().map(|(span, _)| *span).collect();
+        let (ranges, used) = broker.shares.acquire(&share_key, member_id, &batches, records_left, now_ms);
+        let acquired: usize = ranges.iter().map(|r| (r.last_offset - r.first_offset + 1) as usize).sum();
+        records_left = records_left.saturating_sub(acquired);
+        let records = match (used.first(), used.last()) {
+            (Some(&first), Some(&last)) => bytes.slice(spans[first].1.start..spans[last].1.end),
+            _ => Bytes::new(),
+        };
+        bytes_left = bytes_left.saturating_sub(records.len());
+        let acquired = ranges
+            .into_iter()
+            .map(|r| {
+                let mut wire = AcquiredRecords::default();
+                wire.first_offset = r.first_offset;
+                wire.last_offset = r.last_offset;
+                wire.delivery_count = r.delivery_count;
+                wire
+            })
+            .collect();
+        answers.push((key, Fetched { records, acquired, error: None }));
+    }
+    answers
+}
+
+fn count_fetched_bytes(broker: &Broker, catalog: &crate::topics::TopicCatalog, response: &ShareFetchResponse) {
+    for topic in &response.responses {
+        let Some(name) = catalog.name_for_id(&topic.topic_id) else { continue };
+        let bytes: usize = topic.partitions.iter().map(|p| p.records.as_ref().map_or(0, Bytes::len)).sum();
+        if bytes > 0 {
+            broker.metrics.fetched(name, bytes as u64);
+        }
+    }
+}
+
+pub(super) async fn acknowledge_request(
+    broker: &Arc<Broker>,
+    request: ShareAcknowledgeRequest,
+) -> ShareAcknowledgeResponse {
+    let mut response = ShareAcknowledgeResponse::default();
+    let (Some(group_id), Some(member_id)) = (request.group_id.as_ref(), request.member_id.as_ref()) else {
+        response.error_code = ResponseError::InvalidRequest.code();
+        return response;
+    };
+    let (group_id, member_id) = (group_id.to_string(), member_id.to_string());
+    let catalog = broker.topics.catalog();
+    // Acknowledgements first: a final request (-1) closes the session after them.
+    let closing = request.share_session_epoch == -1;
+    let epoch = if closing { -1 } else { request.share_session_epoch };
+    if !closing {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false) {
+            response.error_code = error.code();
+            return response;
+        }
+    }
+    for topic in &request.topics {
+        let name = catalog.name_for_id(&topic.topic_id);
+        let mut partitions = Vec::new();
+        for partition in &topic.partitions {
+            let batches: AckBatches = partition
+                .acknowledgement_batches
+                .iter()
+                .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone()))
+                .collect();
+            let result = acknowledge(broker, &group_id, &member_id, name, partition.partition_index, &batches).await;
+            let mut data = ack_response::PartitionData::default();
+            data.partition_index = partition.partition_index;
+            data.error_code = result.err().map_or(0, |e| e.code());
+            data.current_leader.leader_id = -1;
+            data.current_leader.leader_epoch = -1;
+            partitions.push(data);
+        }
+        let mut answer = ShareAcknowledgeTopicResponse::default();
+        answer.topic_id = topic.topic_id;
+        answer.partitions = partitions;
+        response.responses.push(answer);
+    }
+    if closing {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], false) {
+            response.error_code = error.code();
+        }
+    }
+    response
+}

@@ -1,0 +1,415 @@
+//! One share-partition (KIP-932): the records of one topic partition as one share group
+//! consumes them, each offset handed to one member at a time and acknowledged one by one.
+//!
+//! The window `[start, end)` (Kafka's SPSO and SPEO) holds every offset that was handed
+//! out and is not yet done; below `start` everything is acknowledged or archived, from
+//! `end` on nothing was acquired yet. Each offset in the window is Available (again, after
+//! a release or an expired lock), Acquired by one member until a deadline, Acknowledged or
+//! Archived (rejected, a gap, a control record, or delivered `delivery_limit` times).
+//! `start` moves past a done prefix at once, so the window is bounded by the in-flight
+//! limit. This type is pure state: no I/O, no clock but the times it is given.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Kafka's acknowledge types (ShareFetch / ShareAcknowledge `acknowledge_types`).
+pub(crate) const ACK_GAP: i8 = 0;
+pub(crate) const ACK_ACCEPT: i8 = 1;
+pub(crate) const ACK_RELEASE: i8 = 2;
+pub(crate) const ACK_REJECT: i8 = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Available,
+    Acquired { member: Arc<str>, until_ms: i64 },
+    Acknowledged,
+    Archived,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct InFlight {
+    state: State,
+    delivery_count: i16,
+}
+
+/// Why an acknowledgement was refused (the partition is unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckError {
+    /// An offset in the range is not acquired by this member (Kafka's INVALID_RECORD_STATE).
+    NotAcquired,
+    /// Malformed: an empty or reversed range, a wrong number of types, an unknown type.
+    Invalid,
+}
+
+/// A run of acquired offsets with the same delivery count (ShareFetch `acquired_records`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AcquiredRange {
+    pub(crate) first_offset: i64,
+    pub(crate) last_offset: i64,
+    pub(crate) delivery_count: i16,
+}
+
+/// A stored batch as acquisition sees it: its offsets and whether it is a control batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchSpan {
+    pub(crate) base_offset: i64,
+    pub(crate) last_offset: i64,
+    pub(crate) control: bool,
+}
+
+/// The durable form: the window and every offset in it that is not Available with no
+/// delivery yet, as runs. Acquired offsets are stored as Available (a lock does not
+/// outlive the broker), with their delivery count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StoredPartition {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    /// (first offset, last offset, state: 0 available, 2 acknowledged, 4 archived, delivery count)
+    pub(crate) runs: Vec<(i64, i64, u8, i16)>,
+}
+
+const STORED_AVAILABLE: u8 = 0;
+const STORED_ACKNOWLEDGED: u8 = 2;
+const STORED_ARCHIVED: u8 = 4;
+
+#[derive(Debug, Clone)]
+pub(crate) struct SharePartition {
+    start: i64,
+    end: i64,
+    records: BTreeMap<i64, InFlight>,
+}
+
+impl SharePartition {
+    /// A share-partition that starts consuming at `offset` (`share.auto.offset.reset`).
+    pub(crate) fn starting_at(offset: i64) -> SharePartition {
+        SharePartition { start: offset, end: offset, records: BTreeMap::new() }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn start(&self) -> i64 {
+        self.start
+    }
+
+    #[cfg(test)]
+    pub(crate) fn end(&self) -> i64 {
+        self.end
+    }
+
+    /// Offsets handed out and not done yet (acquired, or available again).
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.records.values().filter(|r| matches!(r.state, State::Available | State::Acquired { .. })).count()
+    }
+
+    fn check(&self) {
+        debug_assert!(self.start <= self.end);
+        debug_assert!(self.records.keys().all(|o| (self.start..self.end).contains(o)));
+        debug_assert_eq!(self.records.len() as i64, self.end - self.start);
+    }
+
+    /// Where the next acquisition should read from: the first offset available again,
+    /// else `end` while fewer than `max_in_flight` offsets are in the window; `None` when
+    /// nothing can be acquired now. Never below `log_start` (records deleted by retention
+    /// are skipped: their offsets are archived on the next acquisition).
+    pub(crate) fn next_fetch_offset(&self, max_in_flight: usize, log_start: i64) -> Option<i64> {
+        let again = self.records.iter().find(|(_, r)| r.state == State::Available).map(|(o, _)| *o);
+        match again {
+            Some(offset) => Some(offset.max(log_start)),
+            None if ((self.end - self.start) as usize) < max_in_flight => Some(self.end.max(log_start)),
+            None => None,
+        }
+    }
+
+    /// Moves the window to `log_start` when retention deleted records below it.
+    pub(crate) fn skip_to(&mut self, log_start: i64) {
+        if log_start <= self.start {
+            return;
+        }
+        self.records.retain(|offset, _| *offset >= log_start);
+        self.start = log_start;
+        if self.end < log_start {
+            self.end = log_start;
+        }
+        self.check();
+    }
+
+    /// Acquires for `member`, until `until_ms`, the available and new offsets of the
+    /// batches read (in offset order), at most `max_records` (whole batches: the last batch
+    /// may take it past) and while the window holds fewer than `max_in_flight` offsets.
+    /// Control batches are archived, never handed out. Returns the acquired runs and which
+    /// batches (by index into `batches`) hold any of them.
+    pub(crate) fn acquire(
+        &mut self,
+        member: &Arc<str>,
+        batches: &[BatchSpan],
+        max_records: usize,
+        max_in_flight: usize,
+        until_ms: i64,
+    ) -> (Vec<AcquiredRange>, Vec<usize>) {
+        let mut ranges: Vec<AcquiredRange> = Vec::new();
+        let mut used = Vec::new();
+        let mut acquired = 0usize;
+        for (index, batch) in batches.iter().enumerate() {
+            if acquired >= max_records.max(1) {
+                break;
+            }
+            if batch.last_offset < self.start {
+                continue;
+            }
+            if batch.base_offset >= self.end && (self.end - self.start) as usize >= max_in_flight {
+                break;
+            }
+            // Offsets missing from the log (compacted away) between `end` and this batch.
+            while self.end < batch.base_offset {
+                self.records.insert(self.end, InFlight { state: State::Archived, delivery_count: 0 });
+                self.end += 1;
+            }
+            let mut any = false;
+            for offset in batch.base_offset.max(self.start)..=batch.last_offset {
+                if offset == self.end {
+                    self.records.insert(offset, InFlight { state: State::Available, delivery_count: 0 });
+                    self.end += 1;
+                }
+                let record = self.records.get_mut(&offset).expect("offsets below end are in the window");
+                if batch.control {
+                    if record.state == State::Available {
+                        record.state = State::Archived;
+                    }
+                    continue;
+                }
+                if record.state != State::Available {
+                    continue;
+                }
+                record.delivery_count = record.delivery_count.saturating_add(1);
+                record.state = State::Acquired { member: member.clone(), until_ms };
+                acquired += 1;
+                any = true;
+                match ranges.last_mut() {
+                    Some(last) if last.last_offset + 1 == offset && last.delivery_count == record.delivery_count => {
+                        last.last_offset = offset;
+                    }
+                    _ => ranges.push(AcquiredRange {
+                        first_offset: offset,
+                        last_offset: offset,
+                        delivery_count: record.delivery_count,
+                    }),
+                }
+            }
+            if any {
+                used.push(index);
+            }
+        }
+        self.advance();
+        (ranges, used)
+    }
+
+    /// Applies `member`'s acknowledgement of `[first, last]`: one type for the whole range,
+    /// or one per offset. All or nothing: every offset must be acquired by `member`.
+    /// Released offsets delivered `delivery_limit` times are archived.
+    pub(crate) fn acknowledge(
+        &mut self,
+        member: &str,
+        first: i64,
+        last: i64,
+        types: &[i8],
+        delivery_limit: i16,
+    ) -> Result<(), AckError> {
+        if first > last || types.is_empty() || (types.len() != 1 && types.len() as i64 != last - first + 1) {
+            return Err(AckError::Invalid);
+        }
+        if types.iter().any(|t| !(ACK_GAP..=ACK_REJECT).contains(t)) {
+            return Err(AckError::Invalid);
+        }
+        // Offsets below the window are done already: acknowledging them again is a no-op.
+        if last < self.start {
+            return Ok(());
+        }
+        let (first, types) = if first < self.start && types.len() > 1 {
+            (self.start, &types[(self.start - first) as usize..])
+        } else {
+            (first.max(self.start), types)
+        };
+        for offset in first..=last {
+            match self.records.get(&offset) {
+                Some(InFlight { state: State::Acquired { member: owner, .. }, .. }) if &**owner == member => {}
+                _ => return Err(AckError::NotAcquired),
+            }
+        }
+        for offset in first..=last {
+            let kind = if types.len() == 1 { types[0] } else { types[(offset - first) as usize] };
+            let record = self.records.get_mut(&offset).expect("checked above");
+            record.state = match kind {
+                ACK_ACCEPT => State::Acknowledged,
+                ACK_RELEASE if record.delivery_count < delivery_limit => State::Available,
+                _ => State::Archived,
+            };
+        }
+        self.advance();
+        Ok(())
+    }
+
+    /// Makes every offset whose lock passed `now_ms` available again (archived once
+    /// delivered `delivery_limit` times), and with `member` set, every offset it holds (it
+    /// left the group). Returns whether anything changed.
+    pub(crate) fn release_expired(&mut self, now_ms: i64, member: Option<&str>, delivery_limit: i16) -> bool {
+        let mut changed = false;
+        for record in self.records.values_mut() {
+            if let State::Acquired { member: owner, until_ms } = &record.state {
+                if *until_ms <= now_ms || member.is_some_and(|m| m == &**owner) {
+                    record.state =
+                        if record.delivery_count >= delivery_limit { State::Archived } else { State::Available };
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.advance();
+        }
+        changed
+    }
+
+    /// The earliest lock deadline in the window, if any offset is acquired.
+    pub(crate) fn next_deadline(&self) -> Option<i64> {
+        self.records
+            .values()
+            .filter_map(|r| match r.state {
+                State::Acquired { until_ms, .. } => Some(until_ms),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Moves `start` past the done prefix of the window.
+    fn advance(&mut self) {
+        while let Some(entry) = self.records.first_entry() {
+            if !matches!(entry.get().state, State::Acknowledged | State::Archived) {
+                break;
+            }
+            entry.remove();
+            self.start += 1;
+        }
+        if self.records.is_empty() {
+            self.start = self.end;
+        } else {
+            self.start = *self.records.keys().next().expect("not empty");
+        }
+        self.check();
+    }
+
+    pub(crate) fn stored(&self) -> StoredPartition {
+        let mut runs: Vec<(i64, i64, u8, i16)> = Vec::new();
+        for (offset, record) in &self.records {
+            let state = match record.state {
+                State::Available | State::Acquired { .. } => STORED_AVAILABLE,
+                State::Acknowledged => STORED_ACKNOWLEDGED,
+                State::Archived => STORED_ARCHIVED,
+            };
+            match runs.last_mut() {
+                Some(run) if run.1 + 1 == *offset && run.2 == state && run.3 == record.delivery_count => {
+                    run.1 = *offset
+                }
+                _ => runs.push((*offset, *offset, state, record.delivery_count)),
+            }
+        }
+        StoredPartition { start: self.start, end: self.end, runs }
+    }
+
+    pub(crate) fn from_stored(stored: &StoredPartition) -> SharePartition {
+        let mut partition = SharePartition::starting_at(stored.start);
+        partition.end = stored.end.max(stored.start);
+        for offset in partition.start..partition.end {
+            partition.records.insert(offset, InFlight { state: State::Available, delivery_count: 0 });
+        }
+        for &(first, last, state, delivery_count) in &stored.runs {
+            for offset in first.max(partition.start)..=last.min(partition.end - 1) {
+                let state = match state {
+                    STORED_ACKNOWLEDGED => State::Acknowledged,
+                    STORED_ARCHIVED => State::Archived,
+                    _ => State::Available,
+                };
+                partition.records.insert(offset, InFlight { state, delivery_count });
+            }
+        }
+        partition.advance();
+        partition
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(base: i64, last: i64) -> BatchSpan {
+        BatchSpan { base_offset: base, last_offset: last, control: false }
+    }
+
+    fn range(first: i64, last: i64, delivery_count: i16) -> AcquiredRange {
+        AcquiredRange { first_offset: first, last_offset: last, delivery_count }
+    }
+
+    #[test]
+    fn records_go_to_one_member_at_a_time_and_come_back_when_released_or_expired() {
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut p = SharePartition::starting_at(0);
+        let batches = [batch(0, 4), batch(5, 9)];
+        assert_eq!(p.acquire(&a, &batches, 5, 100, 1_000), (vec![range(0, 4, 1)], vec![0]));
+        assert_eq!(p.next_fetch_offset(100, 0), Some(5));
+        assert_eq!(p.acquire(&b, &batches, 5, 100, 1_000), (vec![range(5, 9, 1)], vec![1]));
+        // a accepts 0-1, releases 2, rejects 3; b cannot acknowledge a's records.
+        assert_eq!(p.acknowledge("b", 0, 0, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
+        p.acknowledge("a", 0, 3, &[ACK_ACCEPT, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT], 5).unwrap();
+        assert_eq!(p.start(), 2);
+        assert_eq!(p.next_fetch_offset(100, 0), Some(2));
+        // b gets 2 again (delivery 2); 4's lock expires and it comes back too.
+        assert_eq!(p.acquire(&b, &batches, 10, 100, 2_000), (vec![range(2, 2, 2)], vec![0]));
+        assert!(p.release_expired(1_000, None, 5));
+        assert_eq!(p.acquire(&b, &batches, 10, 100, 3_000), (vec![range(4, 9, 2)], vec![0, 1]));
+        // 3 was rejected: it is done, not b's to acknowledge.
+        assert_eq!(p.acknowledge("b", 2, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
+        p.acknowledge("b", 2, 2, &[ACK_ACCEPT], 5).unwrap();
+        p.acknowledge("b", 4, 9, &[ACK_ACCEPT], 5).unwrap();
+        assert_eq!((p.start(), p.end(), p.in_flight()), (10, 10, 0));
+    }
+
+    #[test]
+    fn delivery_limit_archives_and_the_window_bounds_acquisition() {
+        let a: Arc<str> = "a".into();
+        let mut p = SharePartition::starting_at(0);
+        let batches = [batch(0, 0), batch(1, 1)];
+        for delivery in 1..=3 {
+            assert_eq!(p.acquire(&a, &batches[..1], 1, 1, 0).0, vec![range(0, 0, delivery)]);
+            // The window is full: nothing new while offset 0 is in flight.
+            assert_eq!(p.acquire(&a, &batches[1..], 1, 1, 0).0, vec![]);
+            p.acknowledge("a", 0, 0, &[ACK_RELEASE], 3).unwrap();
+        }
+        assert_eq!(p.start(), 1, "the third release archives the poison record");
+        let control = [BatchSpan { base_offset: 1, last_offset: 1, control: true }, batch(2, 3)];
+        assert_eq!(p.acquire(&a, &control, 10, 10, 0), (vec![range(2, 3, 1)], vec![1]));
+        assert!(p.release_expired(0, Some("a"), 3), "a member that leaves releases its records");
+        assert_eq!((p.start(), p.next_fetch_offset(10, 0)), (2, Some(2)));
+    }
+
+    #[test]
+    fn stored_state_restores_without_locks() {
+        let a: Arc<str> = "a".into();
+        let mut p = SharePartition::starting_at(5);
+        p.acquire(&a, &[batch(5, 9)], 10, 100, 0);
+        p.acknowledge("a", 6, 6, &[ACK_ACCEPT], 5).unwrap();
+        p.acknowledge("a", 8, 8, &[ACK_REJECT], 5).unwrap();
+        let restored = SharePartition::from_stored(&p.stored());
+        assert_eq!((restored.start(), restored.end()), (5, 10));
+        // Acknowledged and archived offsets are never handed out again; the rest come back
+        // with their delivery count.
+        let mut restored = restored;
+        assert_eq!(
+            restored.acquire(&a, &[batch(5, 9)], 10, 100, 0).0,
+            vec![range(5, 5, 2), range(7, 7, 2), range(9, 9, 2)]
+        );
+        assert_eq!(p.acknowledge("a", 5, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
+        assert_eq!(restored.acknowledge("a", 3, 2, &[ACK_ACCEPT], 5), Err(AckError::Invalid));
+        // Below the window: already done, a no-op.
+        assert_eq!(restored.acknowledge("b", 0, 4, &[ACK_REJECT], 5), Ok(()));
+    }
+}
