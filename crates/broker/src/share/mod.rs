@@ -668,6 +668,60 @@ mod tests {
         crate::topics::TopicCatalog::from_topics(topics.iter().map(|(name, n)| (name.to_string(), Uuid::new_v4(), *n)))
     }
 
+    fn settings() -> ShareSettings {
+        ShareSettings {
+            record_lock_duration_ms: 30_000,
+            delivery_count_limit: 5,
+            partition_max_record_locks: 2_000,
+            heartbeat_interval_ms: 5_000,
+            session_timeout_ms: 45_000,
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_sessions_epochs_and_acknowledgements_get_kafkas_errors_and_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let syncer = Syncer::start();
+        let shares = ShareCoordinator::open_local(dir.path(), settings()).unwrap();
+        let catalog = catalog(&[("t", 1)]);
+        let topic_id = catalog.get("t").unwrap().0;
+        let join = |member: &str, epoch: i32, topics: Option<Vec<String>>| {
+            shares.heartbeat("g", member, epoch, None, topics, ("c", "h"), &catalog, 0).map(|a| a.member_epoch)
+        };
+        assert_eq!(join("m", 0, None).unwrap_err().0, ResponseError::InvalidRequest, "a join names topics");
+        let epoch = join("m", 0, Some(vec!["t".into()])).unwrap();
+        assert!(epoch >= 1);
+        assert_eq!(join("m", epoch + 3, None).unwrap_err().0, ResponseError::FencedMemberEpoch);
+        assert_eq!(join("other", 2, None).unwrap_err().0, ResponseError::UnknownMemberId);
+        assert_eq!(join("", 0, Some(vec!["t".into()])).unwrap_err().0, ResponseError::InvalidRequest);
+
+        let step = |epoch: i32, fetch: bool| shares.session_step("g", "m", epoch, &[(topic_id, 0)], &[], fetch);
+        assert_eq!(step(3, true).err(), Some(ResponseError::ShareSessionNotFound));
+        assert_eq!(step(0, false).err(), Some(ResponseError::InvalidShareSessionEpoch), "ShareAcknowledge cannot open");
+        assert!(matches!(step(0, true), Ok(SessionStep::Open(p)) if p == vec![(topic_id, 0)]));
+        assert_eq!(step(7, true).err(), Some(ResponseError::InvalidShareSessionEpoch));
+        assert!(matches!(step(1, true), Ok(SessionStep::Open(_))));
+        assert_eq!(step(1, true).err(), Some(ResponseError::InvalidShareSessionEpoch), "a replayed epoch");
+
+        // Five records acquired by m; another member's acknowledgement is refused and
+        // changes nothing: m can still accept all of them.
+        let key = ("g".to_string(), "t".to_string(), 0);
+        assert_eq!(shares.plan_fetch(&key, 0, |_| 0, &syncer).map(|p| p.offset), Some(0));
+        let batch = [BatchSpan { base_offset: 0, last_offset: 4, control: false }];
+        assert_eq!(shares.acquire(&key, "m", &batch, 100, 0).0.len(), 1);
+        let ack =
+            |member: &str, batches: &[(i64, i64, Vec<i8>)]| shares.acknowledge("g", member, "t", 0, batches, &syncer);
+        assert_eq!(ack("intruder", &[(0, 4, vec![1])]).err(), Some(ResponseError::InvalidRecordState));
+        assert_eq!(ack("m", &[(0, 1, vec![1]), (3, 9, vec![1])]).err(), Some(ResponseError::InvalidRecordState));
+        assert_eq!(ack("m", &[(2, 1, vec![1])]).err(), Some(ResponseError::InvalidRequest));
+        assert_eq!(ack("m", &[(0, 2, vec![1, 1])]).err(), Some(ResponseError::InvalidRequest), "types per offset");
+        assert_eq!(ack("m", &[(3, 4, vec![1]), (0, 1, vec![1])]).err(), Some(ResponseError::InvalidRequest));
+        let change = ack("m", &[(0, 4, vec![1])]).unwrap().unwrap();
+        shares.wait_durable(change).await.unwrap();
+        assert_eq!(shares.plan_fetch(&key, 0, |_| 0, &syncer).map(|p| p.offset), Some(5));
+        syncer.shutdown();
+    }
+
     #[test]
     fn more_members_than_partitions_share_them_and_everyone_gets_one() {
         let mut group = ShareGroup::default();

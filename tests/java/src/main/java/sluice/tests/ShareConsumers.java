@@ -1,0 +1,325 @@
+package sluice.tests;
+
+import static java.nio.charset.StandardCharsets.UTF_8;
+import static sluice.tests.Check.check;
+import static sluice.tests.Check.checkEq;
+import static sluice.tests.Check.log;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Properties;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+/**
+ * Share groups (KIP-932) with the Java client's KafkaShareConsumer, driven by
+ * tests/python/test_share_groups.py. Modes ({@code --mode}):
+ *
+ * <ul>
+ *   <li>{@code spread}: 4 consumers of one group on a 2-partition topic of {@code --count}
+ *       records (implicit acknowledgement): every consumer receives records, and every record
+ *       is delivered exactly once.</li>
+ *   <li>{@code ack-types}: explicit acknowledgement on a 1-partition topic of 4 records:
+ *       released records come back with delivery count 2, rejected ones never; a record
+ *       released at the group's delivery limit (2) is archived; a record whose lock expires
+ *       (the consumer holds it past {@code share.record.lock.duration.ms}) goes to another
+ *       consumer with delivery count 2.</li>
+ *   <li>{@code consume}: one consumer accepts {@code --count} records (commitSync after each
+ *       poll, so each acknowledgement is durable when it returns) and prints "ACKED key" for
+ *       each, then exits without closing (as a crash would).</li>
+ * </ul>
+ *
+ * Every mode first sets the group's {@code share.auto.offset.reset=earliest}
+ * (IncrementalAlterConfigs on the GROUP resource), as Kafka's tools do.
+ */
+public final class ShareConsumers {
+    private ShareConsumers() {}
+
+    public static void main(String[] argv) {
+        int rc = 0;
+        try {
+            run(Check.args(argv));
+        } catch (Check.Failure f) {
+            System.err.println("FAIL: " + f.getMessage());
+            if (f.getCause() != null) f.getCause().printStackTrace();
+            rc = 1;
+        } catch (Throwable t) {
+            System.err.println("FAIL: unexpected exception: " + t);
+            t.printStackTrace();
+            rc = 2;
+        }
+        System.out.flush();
+        System.err.flush();
+        Runtime.getRuntime().halt(rc);
+    }
+
+    static void run(Map<String, String> args) throws Exception {
+        String bootstrap = Check.req(args, "bootstrap");
+        String topic = Check.req(args, "topic");
+        String group = Check.req(args, "group");
+        String mode = Check.req(args, "mode");
+        Map<String, String> groupConfigs = new HashMap<>();
+        groupConfigs.put("share.auto.offset.reset", "earliest");
+        if (mode.equals("ack-types")) {
+            groupConfigs.put("share.delivery.count.limit", "2");
+            groupConfigs.put("share.record.lock.duration.ms", "2000");
+        }
+        setGroupConfigs(bootstrap, group, groupConfigs);
+        switch (mode) {
+            case "spread" -> spread(bootstrap, topic, group, Integer.parseInt(Check.req(args, "count")));
+            case "ack-types" -> ackTypes(bootstrap, topic, group);
+            case "consume" -> consume(bootstrap, topic, group, Integer.parseInt(Check.req(args, "count")));
+            default -> throw new IllegalArgumentException("unknown mode " + mode);
+        }
+        log("DONE");
+    }
+
+    static void setGroupConfigs(String bootstrap, String group, Map<String, String> configs) {
+        Properties p = new Properties();
+        p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            List<AlterConfigOp> ops = new ArrayList<>();
+            configs.forEach((k, v) -> ops.add(new AlterConfigOp(new ConfigEntry(k, v), AlterConfigOp.OpType.SET)));
+            ConfigResource resource = new ConfigResource(ConfigResource.Type.GROUP, group);
+            Check.get(admin.incrementalAlterConfigs(Map.of(resource, ops)).all(), "set group configs");
+            var described = Check.get(admin.describeConfigs(List.of(resource)).all(), "describe group configs");
+            for (var e : configs.entrySet()) {
+                checkEq(e.getValue(), described.get(resource).get(e.getKey()).value(), "group config " + e.getKey());
+            }
+        }
+    }
+
+    static void createAndFill(String bootstrap, String topic, int partitions, int count) {
+        Properties p = new Properties();
+        p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            Check.get(admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1))).all(), "create " + topic);
+        }
+        Properties pp = new Properties();
+        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        pp.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+            for (int i = 0; i < count; i++) {
+                byte[] key = ("k-" + i).getBytes(UTF_8);
+                producer.send(new ProducerRecord<>(topic, i % partitions, key, key));
+            }
+            producer.flush();
+        }
+    }
+
+    static KafkaShareConsumer<byte[], byte[]> consumer(String bootstrap, String group, boolean explicit) {
+        return consumer(bootstrap, group, explicit, 500);
+    }
+
+    static KafkaShareConsumer<byte[], byte[]> consumer(String bootstrap, String group, boolean explicit, int maxPoll) {
+        Properties p = new Properties();
+        p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, Integer.toString(maxPoll));
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ConsumerConfig.GROUP_ID_CONFIG, group);
+        p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        p.put("share.acknowledgement.mode", explicit ? "explicit" : "implicit");
+        return new KafkaShareConsumer<>(p);
+    }
+
+    static String key(ConsumerRecord<byte[], byte[]> r) {
+        return new String(r.key(), UTF_8);
+    }
+
+    static short deliveries(ConsumerRecord<byte[], byte[]> r) {
+        Optional<Short> count = r.deliveryCount();
+        check(count.isPresent(), "record " + key(r) + " has no delivery count");
+        return count.get();
+    }
+
+    /** 4 consumers on 2 partitions: all receive records, each record exactly once. */
+    static void spread(String bootstrap, String topic, String group, int count) throws Exception {
+        createAndFill(bootstrap, topic, 2, count);
+        int members = 4;
+        Map<String, Integer> seen = new ConcurrentHashMap<>();
+        Map<Integer, Integer> perConsumer = new ConcurrentHashMap<>();
+        AtomicBoolean stop = new AtomicBoolean();
+        List<Thread> threads = new ArrayList<>();
+        List<Throwable> errors = new ArrayList<>();
+        for (int i = 0; i < members; i++) {
+            int id = i;
+            Thread t = new Thread(() -> {
+                // Small polls: a member holds few records at a time, so slow work spreads.
+                try (KafkaShareConsumer<byte[], byte[]> c = consumer(bootstrap, group, false, 10)) {
+                    c.subscribe(List.of(topic));
+                    while (!stop.get()) {
+                        ConsumerRecords<byte[], byte[]> records = c.poll(Duration.ofMillis(200));
+                        for (ConsumerRecord<byte[], byte[]> r : records) {
+                            seen.merge(key(r), 1, Integer::sum);
+                            perConsumer.merge(id, 1, Integer::sum);
+                            // Slow work, so the records spread over the members.
+                            Thread.sleep(5);
+                        }
+                    }
+                    c.commitSync();
+                } catch (Throwable e) {
+                    synchronized (errors) {
+                        errors.add(e);
+                    }
+                }
+            });
+            t.start();
+            threads.add(t);
+        }
+        long deadline = System.nanoTime() + 90_000_000_000L;
+        while (seen.size() < count && System.nanoTime() < deadline && errors.isEmpty()) {
+            Thread.sleep(100);
+        }
+        // Give redeliveries (there must be none) a moment to show up.
+        Thread.sleep(1_000);
+        stop.set(true);
+        for (Thread t : threads) t.join(30_000);
+        check(errors.isEmpty(), "consumer errors: " + errors);
+        log("PER_CONSUMER " + perConsumer);
+        checkEq(count, seen.size(), "distinct records received");
+        List<String> twice = seen.entrySet().stream().filter(e -> e.getValue() > 1).map(Map.Entry::getKey).toList();
+        check(twice.isEmpty(), "records delivered more than once: " + twice);
+        for (int i = 0; i < members; i++) {
+            check(perConsumer.getOrDefault(i, 0) > 0, "consumer " + i + " received nothing: " + perConsumer);
+        }
+    }
+
+    /** Polls `c` until it returns at least one record (or fails after 30 s). */
+    static List<ConsumerRecord<byte[], byte[]>> pollSome(KafkaShareConsumer<byte[], byte[]> c) {
+        long deadline = System.nanoTime() + 30_000_000_000L;
+        while (System.nanoTime() < deadline) {
+            List<ConsumerRecord<byte[], byte[]>> out = new ArrayList<>();
+            c.poll(Duration.ofMillis(200)).forEach(out::add);
+            if (!out.isEmpty()) return out;
+        }
+        throw Check.fail("no records within 30 s");
+    }
+
+    static void ackTypes(String bootstrap, String topic, String group) throws Exception {
+        createAndFill(bootstrap, topic, 1, 4);
+        Map<String, List<Short>> deliveries = new HashMap<>();
+        Set<String> accepted = new HashSet<>();
+        try (KafkaShareConsumer<byte[], byte[]> c = consumer(bootstrap, group, true)) {
+            c.subscribe(List.of(topic));
+            // First delivery: k-0 accept, k-1 release, k-2 reject, k-3 release.
+            for (ConsumerRecord<byte[], byte[]> r : pollSome(c)) {
+                deliveries.computeIfAbsent(key(r), k -> new ArrayList<>()).add(deliveries(r));
+                AcknowledgeType type = switch (key(r)) {
+                    case "k-0" -> AcknowledgeType.ACCEPT;
+                    case "k-2" -> AcknowledgeType.REJECT;
+                    default -> AcknowledgeType.RELEASE;
+                };
+                if (type == AcknowledgeType.ACCEPT) accepted.add(key(r));
+                c.acknowledge(r, type);
+            }
+            c.commitSync();
+            checkEq(Set.of("k-0", "k-1", "k-2", "k-3"), deliveries.keySet(), "first delivery");
+            // Second delivery: the released k-1 and k-3 only, with delivery count 2. k-1 is
+            // accepted; k-3 is released again, at the delivery limit (2): archived.
+            List<ConsumerRecord<byte[], byte[]>> again = pollSome(c);
+            Set<String> keys = new HashSet<>();
+            for (ConsumerRecord<byte[], byte[]> r : again) {
+                keys.add(key(r));
+                checkEq((short) 2, deliveries(r), "delivery count of released " + key(r));
+                c.acknowledge(r, key(r).equals("k-1") ? AcknowledgeType.ACCEPT : AcknowledgeType.RELEASE);
+            }
+            c.commitSync();
+            checkEq(Set.of("k-1", "k-3"), keys, "redelivered after release");
+            // Nothing comes back: k-2 was rejected, k-3 reached the delivery limit.
+            long until = System.nanoTime() + 3_000_000_000L;
+            while (System.nanoTime() < until) {
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                    throw Check.fail("record " + key(r) + " delivered again (delivery " + deliveries(r) + ")");
+                }
+            }
+        }
+        log("ACK_TYPES_OK");
+        // Lock expiry: a consumer holds a new record without acknowledging it; after the lock
+        // duration (2 s) another consumer gets it with delivery count 2.
+        Properties pp = new Properties();
+        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        pp.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+            byte[] key = "k-held".getBytes(UTF_8);
+            producer.send(new ProducerRecord<>(topic, 0, key, key)).get();
+        }
+        KafkaShareConsumer<byte[], byte[]> holder = consumer(bootstrap, group, true);
+        holder.subscribe(List.of(topic));
+        List<ConsumerRecord<byte[], byte[]>> held = pollSome(holder);
+        checkEq(List.of("k-held"), held.stream().map(ShareConsumers::key).toList(), "held record");
+        checkEq((short) 1, deliveries(held.get(0)), "first delivery count of the held record");
+        long heldAt = System.nanoTime();
+        try (KafkaShareConsumer<byte[], byte[]> other = consumer(bootstrap, group, true)) {
+            other.subscribe(List.of(topic));
+            List<ConsumerRecord<byte[], byte[]>> taken = pollSome(other);
+            long afterMs = (System.nanoTime() - heldAt) / 1_000_000;
+            checkEq(List.of("k-held"), taken.stream().map(ShareConsumers::key).toList(), "record after the lock expired");
+            checkEq((short) 2, deliveries(taken.get(0)), "delivery count after the lock expired");
+            check(afterMs >= 1_500, "redelivered after " + afterMs + " ms, before the 2 s lock expired");
+            // While the other consumer holds it, the first holder's late acknowledgement fails.
+            holder.acknowledge(held.get(0), AcknowledgeType.ACCEPT);
+            Map<?, ?> result = holder.commitSync();
+            boolean refused = result.values().stream().anyMatch(v -> ((Optional<?>) v).isPresent());
+            check(refused, "a late acknowledgement of an expired lock was accepted: " + result);
+            other.acknowledge(taken.get(0), AcknowledgeType.ACCEPT);
+            other.commitSync();
+            log("LOCK_EXPIRY_OK after " + afterMs + " ms");
+        }
+        holder.close();
+    }
+
+    /** Accepts `count` records, each durable (commitSync) before it is printed. */
+    static void consume(String bootstrap, String topic, String group, int count) {
+        KafkaShareConsumer<byte[], byte[]> c = consumer(bootstrap, group, true);
+        c.subscribe(List.of(topic));
+        int acked = 0;
+        long deadline = System.nanoTime() + 90_000_000_000L;
+        while (acked < count && System.nanoTime() < deadline) {
+            Collection<ConsumerRecord<byte[], byte[]>> batch = new ArrayList<>();
+            c.poll(Duration.ofMillis(200)).forEach(batch::add);
+            List<String> done = new ArrayList<>();
+            for (ConsumerRecord<byte[], byte[]> r : batch) {
+                if (acked + done.size() < count) {
+                    c.acknowledge(r, AcknowledgeType.ACCEPT);
+                    done.add(key(r));
+                } else {
+                    c.acknowledge(r, AcknowledgeType.RELEASE);
+                }
+            }
+            Map<?, ?> result = c.commitSync();
+            for (Object v : result.values()) {
+                check(((Optional<?>) v).isEmpty(), "acknowledgement failed: " + v);
+            }
+            for (String k : done) log("ACKED " + k);
+            acked += done.size();
+        }
+        checkEq(count, acked, "records accepted");
+        // No close(): the process ends as a crashed consumer would.
+    }
+}

@@ -1,0 +1,68 @@
+"""Share groups (KIP-932) on a single node, through the Java client's KafkaShareConsumer
+(tests/java/.../ShareConsumers.java) and Kafka's own kafka-share-groups tool.
+
+* More consumers than partitions: 4 share consumers of one group on a 2-partition topic all
+  receive records, and each record is delivered exactly once.
+* Acknowledge types: a released record comes back with delivery count 2, a rejected one never,
+  a record released at the group's `share.delivery.count.limit` is archived; a record whose
+  lock expires (held past `share.record.lock.duration.ms`) goes to another consumer with
+  delivery count 2, and the late acknowledgement of its first holder is refused.
+* Durability: records acknowledged (commitSync returned) before a broker `kill -9` are never
+  delivered again after the restart; every other record still is.
+(Bad input, unknown sessions, stale epochs, acknowledgements of records not acquired, is
+covered by the coordinator's unit tests in crates/broker/src/share/.)
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Producer
+
+from java_support import JavaProcess, java_cp, run_java, tools_cp  # noqa: F401  (fixtures)
+import kafka_wire as kw
+
+SHARE = "sluice.tests.ShareConsumers"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_more_share_consumers_than_partitions_all_receive_each_record_once(broker, java_cp):
+    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "spread", "--topic", unique("q"),
+                                    "--group", unique("workers"), "--count", "400"], timeout=150)
+    assert res.returncode == 0 and "DONE" in res.stdout, res.report()
+    print(next(line for line in res.stdout.splitlines() if line.startswith("PER_CONSUMER")))
+
+
+def test_release_reject_delivery_limit_and_lock_expiry(broker, java_cp):
+    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "ack-types", "--topic", unique("q"),
+                                    "--group", unique("acks")], timeout=150)
+    assert res.returncode == 0 and "DONE" in res.stdout, res.report()
+    assert "ACK_TYPES_OK" in res.stdout and "LOCK_EXPIRY_OK" in res.stdout, res.report()
+
+
+def test_acknowledged_records_are_not_redelivered_after_kill_9(broker_factory, java_cp):
+    broker = broker_factory()
+    topic, group = unique("q"), unique("durable")
+    n = 300
+    kw.create_topic(broker.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(n):
+        producer.produce(topic, key=f"k-{i}", value=f"k-{i}")
+    assert producer.flush(30) == 0
+    first = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "consume", "--topic", topic,
+                                      "--group", group, "--count", "120"], timeout=120)
+    assert first.returncode == 0, first.report()
+    acked = [line.split()[1] for line in first.stdout.splitlines() if line.startswith("ACKED ")]
+    assert len(acked) == 120 == len(set(acked)), first.report()
+    broker.kill()
+    broker.start()
+    second = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "consume", "--topic", topic,
+                                       "--group", group, "--count", str(n - 120)], timeout=120)
+    assert second.returncode == 0, second.report() + "\n--- broker log ---\n" + broker.log()[-3000:]
+    rest = [line.split()[1] for line in second.stdout.splitlines() if line.startswith("ACKED ")]
+    again = set(acked) & set(rest)
+    assert not again, f"{len(again)} acknowledged records delivered again after kill -9, e.g. {sorted(again)[:5]}"
+    assert set(acked) | set(rest) == {f"k-{i}" for i in range(n)}
