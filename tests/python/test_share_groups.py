@@ -23,17 +23,32 @@ from java_support import JavaProcess, java_cp, run_java, tools_cp  # noqa: F401 
 import kafka_wire as kw
 
 SHARE = "sluice.tests.ShareConsumers"
+SHARE_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ShareGroupCommand"
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def test_more_share_consumers_than_partitions_all_receive_each_record_once(broker, java_cp):
-    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "spread", "--topic", unique("q"),
-                                    "--group", unique("workers"), "--count", "400"], timeout=150)
+def test_more_share_consumers_than_partitions_all_receive_each_record_once(broker, java_cp, tools_cp):
+    """Then Kafka's kafka-share-groups lists the group and describes its start offsets: every
+    record acknowledged, so each partition's start offset is its end offset (200 records)."""
+    topic, group = unique("q"), unique("workers")
+    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "spread", "--topic", topic,
+                                    "--group", group, "--count", "400"], timeout=150)
     assert res.returncode == 0 and "DONE" in res.stdout, res.report()
     print(next(line for line in res.stdout.splitlines() if line.startswith("PER_CONSUMER")))
+
+    def share_groups(*args):
+        out = run_java(tools_cp, SHARE_GROUP_COMMAND, ["--bootstrap-server", broker.bootstrap, *args], timeout=60)
+        assert out.returncode == 0, out.report()
+        return out.stdout + out.stderr
+
+    assert group in share_groups("--list").split()
+    rows = [line.split() for line in share_groups("--describe", "--group", group).splitlines()
+            if line.startswith(group)]
+    assert sorted((r[1], r[2], r[3]) for r in rows) == [(topic, "0", "200"), (topic, "1", "200")], rows
+    assert "has no active members" in share_groups("--describe", "--group", group, "--members")
 
 
 def test_release_reject_delivery_limit_and_lock_expiry(broker, java_cp):

@@ -279,6 +279,21 @@ pub(super) fn before(
             let response = ShareAcknowledgeResponse::default().with_error_code(refused_group);
             return Err(Box::new(ResponseKind::ShareAcknowledge(response)));
         }
+        RequestKind::DescribeShareGroupOffsets(request) => {
+            let refused = request.groups.iter().any(|g| !group(broker, session, acl::OP_DESCRIBE, &g.group_id));
+            if refused {
+                let mut response = DescribeShareGroupOffsetsResponse::default();
+                for g in &request.groups {
+                    let mut answer =
+                        kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponseGroup::default();
+                    answer.group_id = g.group_id.clone();
+                    answer.error_code = refused_group;
+                    response.groups.push(answer);
+                }
+                return Err(Box::new(ResponseKind::DescribeShareGroupOffsets(response)));
+            }
+            RequestKind::DescribeShareGroupOffsets(request)
+        }
         RequestKind::DescribeLogDirs(_) if !cluster(acl::OP_DESCRIBE) => {
             return Err(Box::new(ResponseKind::DescribeLogDirs(
                 DescribeLogDirsResponse::default().with_error_code(refused_cluster),

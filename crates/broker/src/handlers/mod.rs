@@ -266,6 +266,9 @@ pub(crate) fn dispatch(
         RequestKind::ShareGroupDescribe(request) => {
             ready(ResponseKind::ShareGroupDescribe(share::describe(&broker, request)))
         }
+        RequestKind::DescribeShareGroupOffsets(request) => {
+            ready(ResponseKind::DescribeShareGroupOffsets(share::describe_offsets(&broker, request)))
+        }
         RequestKind::ShareFetch(request) => {
             let session = session.clone();
             Box::pin(async move { Some(ResponseKind::ShareFetch(share::fetch(&broker, &session, request).await)) })
@@ -466,6 +469,7 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         ShareGroupDescribe,
         ShareFetch,
         ShareAcknowledge,
+        DescribeShareGroupOffsets,
         DescribeLogDirs,
         AddPartitionsToTxn,
         AddOffsetsToTxn,

@@ -360,9 +360,16 @@ impl ShareCoordinator {
         }
     }
 
+    /// A share group: known while it has members, share-partition state or configs (an
+    /// empty group stays until deleted, as in Kafka).
     pub(crate) fn describe(&self, group_id: &str) -> Option<GroupDescription> {
         let state = self.state.lock();
-        let group = state.groups.get(group_id)?;
+        let empty = ShareGroup::default();
+        let group = match state.groups.get(group_id) {
+            Some(group) => group,
+            None if state.partitions.keys().any(|(g, _, _)| g == group_id) => &empty,
+            None => return None,
+        };
         Some(GroupDescription {
             epoch: group.epoch,
             members: group
@@ -381,9 +388,25 @@ impl ShareCoordinator {
         })
     }
 
-    /// Share groups: (id, member count).
+    /// Share groups: (id, member count), those with state but no members included.
     pub(crate) fn list(&self) -> Vec<(String, usize)> {
-        self.state.lock().groups.iter().map(|(id, g)| (id.clone(), g.members.len())).collect()
+        let state = self.state.lock();
+        let mut listed: BTreeMap<String, usize> =
+            state.partitions.keys().map(|(group, _, _)| (group.clone(), 0)).collect();
+        listed.extend(state.groups.iter().map(|(id, g)| (id.clone(), g.members.len())));
+        listed.into_iter().collect()
+    }
+
+    /// The share-partitions of `group_id` and their start offsets (Kafka's SPSO): what
+    /// DescribeShareGroupOffsets answers.
+    pub(crate) fn start_offsets(&self, group_id: &str) -> BTreeMap<(String, i32), i64> {
+        let state = self.state.lock();
+        state
+            .partitions
+            .iter()
+            .filter(|((group, _, _), _)| group == group_id)
+            .map(|((_, topic, partition), p)| ((topic.clone(), *partition), p.start()))
+            .collect()
     }
 
     /// A ShareFetch's or ShareAcknowledge's session step (`fetch`: ShareFetch, which may
@@ -552,7 +575,6 @@ impl ShareCoordinator {
                     assign(group, catalog);
                 }
             }
-            groups.retain(|_, group| !group.members.is_empty());
             let mut released = false;
             for (key, partition) in partitions.iter_mut() {
                 let limit = self.delivery_limit(configs, &key.0);

@@ -87,7 +87,6 @@ impl SharePartition {
         SharePartition { start: offset, end: offset, records: BTreeMap::new() }
     }
 
-    #[cfg(test)]
     pub(crate) fn start(&self) -> i64 {
         self.start
     }

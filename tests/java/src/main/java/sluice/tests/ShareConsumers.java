@@ -127,6 +127,9 @@ public final class ShareConsumers {
             for (int i = 0; i < count; i++) {
                 byte[] key = ("k-" + i).getBytes(UTF_8);
                 producer.send(new ProducerRecord<>(topic, i % partitions, key, key));
+                // Batches of about 10 records: acquisition hands out whole batches (Kafka's
+                // batch_optimized mode), so small ones let records spread over members.
+                if (i % 20 == 19) producer.flush();
             }
             producer.flush();
         }
