@@ -7,6 +7,9 @@
   a record released at the group's `share.delivery.count.limit` is archived; a record whose
   lock expires (held past `share.record.lock.duration.ms`) goes to another consumer with
   delivery count 2, and the late acknowledgement of its first holder is refused.
+* Dead letters: with `errors.deadletterqueue.topic.name` set, a rejected record and one
+  released at the delivery limit are copied to that topic with their key, value and
+  headers saying why and where from; an accepted one is not.
 * Durability: records acknowledged (commitSync returned) before a broker `kill -9` are never
   delivered again after the restart; every other record still is.
 (Bad input, unknown sessions, stale epochs, acknowledgements of records not acquired, is
@@ -15,9 +18,10 @@ covered by the coordinator's unit tests in crates/broker/src/share/.)
 
 from __future__ import annotations
 
+import time
 import uuid
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 
 from java_support import JavaProcess, java_cp, run_java, tools_cp  # noqa: F401  (fixtures)
 import kafka_wire as kw
@@ -81,3 +85,30 @@ def test_acknowledged_records_are_not_redelivered_after_kill_9(broker_factory, j
     again = set(acked) & set(rest)
     assert not again, f"{len(again)} acknowledged records delivered again after kill -9, e.g. {sorted(again)[:5]}"
     assert set(acked) | set(rest) == {f"k-{i}" for i in range(n)}
+
+
+def test_rejected_and_exhausted_records_go_to_the_dead_letter_topic(broker, java_cp):
+    topic, group, dead = unique("q"), unique("dlq"), unique("dead")
+    kw.create_topic(broker.bootstrap, dead, 1)
+    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "dead-letters", "--topic", topic,
+                                    "--group", group, "--dead-letter-topic", dead], timeout=120)
+    assert res.returncode == 0 and "DONE" in res.stdout, res.report()
+    consumer = kw.consumer(broker.bootstrap, **{"enable.partition.eof": False})
+    consumer.assign([TopicPartition(dead, 0, 0)])
+    letters = {}
+    deadline = time.monotonic() + 30
+    while len(letters) < 2 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            letters[msg.key().decode()] = (msg.value().decode(), {k: v.decode() for k, v in msg.headers() or []})
+    time.sleep(1)
+    extra = consumer.poll(1.0)
+    consumer.close()
+    assert sorted(letters) == ["k-0", "k-1"], letters
+    assert extra is None, f"an unexpected dead letter: {extra.key()}"
+    for key, reason, deliveries in [("k-0", "rejected", "1"), ("k-1", "delivery-limit", "2")]:
+        value, headers = letters[key]
+        assert value == key
+        assert headers["sluice.dlq.reason"] == reason and headers["sluice.dlq.delivery.count"] == deliveries, headers
+        assert headers["sluice.dlq.group"] == group and headers["sluice.dlq.topic"] == topic, headers
+        assert headers["sluice.dlq.partition"] == "0" and headers["sluice.dlq.offset"] == key[2:], headers

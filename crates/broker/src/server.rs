@@ -147,8 +147,7 @@ async fn shares_upkeep_loop(broker: Arc<Broker>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        let catalog = broker.topics.catalog();
-        broker.shares.upkeep(&catalog, sluice_storage::now_ms(), broker.logs.syncer()).await;
+        broker.shares.upkeep(&broker, sluice_storage::now_ms()).await;
     }
 }
 

@@ -223,17 +223,21 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
         (crate::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
         (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
     ];
-    defaults
+    let mut configs: Vec<(&'static str, String, bool)> = defaults
         .into_iter()
         .map(|(name, default)| match set.get(name) {
             Some(value) => (name, value.clone(), false),
             None => (name, default, true),
         })
-        .collect()
+        .collect();
+    if let Some(topic) = set.get(crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC) {
+        configs.push((crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, topic.clone(), false));
+    }
+    configs
 }
 
 fn group_config_type(name: &str) -> ConfigType {
-    if name == crate::share::CONFIG_AUTO_OFFSET_RESET {
+    if name == crate::share::CONFIG_AUTO_OFFSET_RESET || name == crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC {
         ConfigType::String
     } else {
         ConfigType::Int
@@ -262,6 +266,9 @@ async fn alter_group(
             }
             (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, Some(v)) => {
                 v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
+            }
+            (crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
+                crate::topics::validate_topic_name(v).is_ok()
             }
             (other, _) => {
                 return Err((ResponseError::InvalidConfig, format!("unknown or unsupported group config {other:?}")))

@@ -56,6 +56,7 @@ pub(super) fn heartbeat(
         (client_id.as_deref().unwrap_or(""), &client_host),
         &catalog,
         sluice_storage::now_ms(),
+        broker.logs.syncer(),
     );
     match answer {
         Ok(answer) => {
@@ -199,7 +200,15 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
     let fetching = if closing {
         Vec::new()
     } else {
-        match broker.shares.session_step(&group_id, &member_id, request.share_session_epoch, &added, &forgotten, true) {
+        match broker.shares.session_step(
+            &group_id,
+            &member_id,
+            request.share_session_epoch,
+            &added,
+            &forgotten,
+            true,
+            broker.logs.syncer(),
+        ) {
             Ok(SessionStep::Open(partitions)) => partitions,
             Ok(SessionStep::Closed) => Vec::new(),
             Err(error) => {
@@ -220,7 +229,8 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
         answers.entry((*topic_id, *partition)).or_default().1 = Some(code);
     }
     if closing {
-        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], true) {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], true, broker.logs.syncer())
+        {
             response.error_code = error.code();
         }
     }
@@ -410,7 +420,9 @@ pub(super) async fn acknowledge_request(
     let closing = request.share_session_epoch == -1;
     let epoch = if closing { -1 } else { request.share_session_epoch };
     if !closing {
-        if let Err(error) = broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false) {
+        if let Err(error) =
+            broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false, broker.logs.syncer())
+        {
             response.error_code = error.code();
             return response;
         }
@@ -438,7 +450,8 @@ pub(super) async fn acknowledge_request(
         response.responses.push(answer);
     }
     if closing {
-        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], false) {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], false, broker.logs.syncer())
+        {
             response.error_code = error.code();
         }
     }

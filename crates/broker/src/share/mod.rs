@@ -23,6 +23,7 @@
 //! Not yet: share groups in a cluster (ShareGroupHeartbeat answers UNSUPPORTED_VERSION
 //! there), `share.isolation.level=read_committed`, the share-group offsets admin APIs.
 
+pub(crate) mod dead_letter;
 pub(crate) mod partition;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -37,7 +38,7 @@ use sluice_storage::Syncer;
 use uuid::Uuid;
 
 use crate::state_log::{PendingChange, StateLog};
-use partition::{AckError, AcquiredRange, BatchSpan, SharePartition, StoredPartition};
+use partition::{AckError, AcquiredRange, BatchSpan, DeadRecord, SharePartition, StoredPartition};
 
 /// Kafka's `group.share.max.share.sessions`.
 pub(crate) const SHARE_SESSIONS_MAX: usize = 2_000;
@@ -71,7 +72,7 @@ enum ShareRecord {
 }
 
 /// (group, topic, partition)
-type PartitionKey = (String, String, i32);
+pub(crate) type PartitionKey = (String, String, i32);
 
 fn partition_log_key((group, topic, partition): &PartitionKey) -> String {
     format!("p\u{0}{group}\u{0}{topic}\u{0}{partition}")
@@ -160,6 +161,8 @@ pub(crate) struct ShareCoordinator {
     state: Mutex<ShareState>,
     /// Woken when records may have become available again (released, lock expired).
     released: tokio::sync::Notify,
+    /// Share-partitions whose dead letters are being copied now.
+    flushing: Mutex<std::collections::HashSet<PartitionKey>>,
 }
 
 impl ShareCoordinator {
@@ -188,12 +191,24 @@ impl ShareCoordinator {
             }
         }
         tracing::info!(share_partitions = state.partitions.len(), "replayed share group state");
-        Ok(ShareCoordinator { settings, log: Some(log), state: Mutex::new(state), released: Default::default() })
+        Ok(ShareCoordinator {
+            settings,
+            log: Some(log),
+            state: Mutex::new(state),
+            released: Default::default(),
+            flushing: Default::default(),
+        })
     }
 
     /// Cluster mode: share groups are not served yet.
     pub(crate) fn unavailable(settings: ShareSettings) -> ShareCoordinator {
-        ShareCoordinator { settings, log: None, state: Mutex::default(), released: Default::default() }
+        ShareCoordinator {
+            settings,
+            log: None,
+            state: Mutex::default(),
+            released: Default::default(),
+            flushing: Default::default(),
+        }
     }
 
     fn log(&self) -> Result<&StateLog<ShareRecord>, ResponseError> {
@@ -215,6 +230,22 @@ impl ShareCoordinator {
             .and_then(|c| c.get(CONFIG_LOCK_DURATION_MS))
             .and_then(|v| v.parse().ok())
             .unwrap_or(self.settings.record_lock_duration_ms)
+    }
+
+    /// Keeps `dead` for the group's dead-letter topic, if it has one; else they are simply
+    /// archived. Returns whether any was kept.
+    fn keep_dead(
+        configs: &HashMap<String, BTreeMap<String, String>>,
+        group: &str,
+        partition: &mut SharePartition,
+        dead: Vec<DeadRecord>,
+    ) -> bool {
+        let has_topic = configs.get(group).is_some_and(|c| c.contains_key(dead_letter::CONFIG_DEAD_LETTER_TOPIC));
+        if dead.is_empty() || !has_topic {
+            return false;
+        }
+        partition.add_dead_letters(dead);
+        true
     }
 
     fn delivery_limit(&self, configs: &HashMap<String, BTreeMap<String, String>>, group: &str) -> i16 {
@@ -243,6 +274,7 @@ impl ShareCoordinator {
         client: (&str, &str),
         catalog: &crate::topics::TopicCatalog,
         now_ms: i64,
+        syncer: &Syncer,
     ) -> Result<HeartbeatAnswer, (ResponseError, String)> {
         self.log().map_err(|e| (e, "share groups are not served in cluster mode yet".to_string()))?;
         let invalid = |message: &str| Err((ResponseError::InvalidRequest, message.to_string()));
@@ -265,7 +297,7 @@ impl ShareCoordinator {
                 }
             }
             sessions.remove(&(group_id.to_string(), member_id.to_string()));
-            self.release_member(partitions, configs, group_id, member_id);
+            self.release_member(partitions, configs, group_id, member_id, syncer);
             return Ok(HeartbeatAnswer {
                 member_epoch: -1,
                 heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
@@ -347,12 +379,20 @@ impl ShareCoordinator {
         configs: &HashMap<String, BTreeMap<String, String>>,
         group_id: &str,
         member_id: &str,
+        syncer: &Syncer,
     ) {
         let limit = self.delivery_limit(configs, group_id);
         let mut any = false;
-        for ((group, _, _), partition) in partitions.iter_mut() {
-            if group == group_id {
-                any |= partition.release_expired(i64::MIN, Some(member_id), limit);
+        for (key, partition) in partitions.iter_mut() {
+            if key.0 == group_id {
+                let (changed, dead) = partition.release_expired(i64::MIN, Some(member_id), limit);
+                any |= changed;
+                if Self::keep_dead(configs, group_id, partition, dead) {
+                    if let Some(log) = &self.log {
+                        let record = ShareRecord::Partition(partition.stored());
+                        let _ = log.append(&partition_log_key(key), &record, syncer);
+                    }
+                }
             }
         }
         if any {
@@ -412,6 +452,7 @@ impl ShareCoordinator {
     /// A ShareFetch's or ShareAcknowledge's session step (`fetch`: ShareFetch, which may
     /// open a session with epoch 0; ShareAcknowledge may not). `added` and `forgotten`
     /// change the session's partitions (added first, then forgotten, as Kafka does).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn session_step(
         &self,
         group_id: &str,
@@ -420,6 +461,7 @@ impl ShareCoordinator {
         added: &[(Uuid, i32)],
         forgotten: &[(Uuid, i32)],
         fetch: bool,
+        syncer: &Syncer,
     ) -> Result<SessionStep, ResponseError> {
         self.log()?;
         let key = (group_id.to_string(), member_id.to_string());
@@ -440,7 +482,7 @@ impl ShareCoordinator {
         let Some(session) = sessions.get_mut(&key) else { return Err(ResponseError::ShareSessionNotFound) };
         if epoch == -1 {
             sessions.remove(&key);
-            self.release_member(partitions, configs, group_id, member_id);
+            self.release_member(partitions, configs, group_id, member_id, syncer);
             return Ok(SessionStep::Closed);
         }
         if epoch != session.epoch {
@@ -480,14 +522,19 @@ impl ShareCoordinator {
             return Err(ResponseError::InvalidRecordState);
         };
         let mut updated = share_partition.clone();
+        let mut dead = Vec::new();
         for (first, last, types) in batches {
-            updated.acknowledge(member_id, *first, *last, types, limit).map_err(|error| match error {
-                AckError::NotAcquired => ResponseError::InvalidRecordState,
-                AckError::Invalid => ResponseError::InvalidRequest,
-            })?;
+            let archived =
+                updated.acknowledge(member_id, *first, *last, types, limit).map_err(|error| match error {
+                    AckError::NotAcquired => ResponseError::InvalidRecordState,
+                    AckError::Invalid => ResponseError::InvalidRequest,
+                })?;
+            dead.extend(archived);
         }
+        let ShareState { configs, partitions, .. } = &mut *state;
+        Self::keep_dead(configs, group_id, &mut updated, dead);
         let change = log.append(&partition_log_key(&key), &ShareRecord::Partition(updated.stored()), syncer)?;
-        *share_partition = updated;
+        *partitions.get_mut(&key).expect("present") = updated;
         drop(state);
         self.released.notify_waiters();
         Ok(Some(change))
@@ -552,8 +599,12 @@ impl ShareCoordinator {
     /// Periodic upkeep: members past their session timeout leave (their records are
     /// released), expired locks release their records (written, not awaited), and the
     /// state log is compacted when due.
-    pub(crate) async fn upkeep(&self, catalog: &crate::topics::TopicCatalog, now_ms: i64, syncer: &Syncer) {
+    pub(crate) async fn upkeep(&self, broker: &Arc<crate::Broker>, now_ms: i64) {
+        let catalog = broker.topics.catalog();
+        let catalog = &*catalog;
+        let syncer = broker.logs.syncer();
         let Some(log) = &self.log else { return };
+        let mut dead_letters = Vec::new();
         let snapshot = {
             let mut state = self.state.lock();
             let ShareState { groups, partitions, sessions, configs } = &mut *state;
@@ -568,7 +619,7 @@ impl ShareCoordinator {
                     tracing::info!(group = %group_id, member = %member_id, "share group member timed out");
                     group.members.remove(member_id);
                     sessions.remove(&(group_id.clone(), member_id.clone()));
-                    self.release_member(partitions, configs, group_id, member_id);
+                    self.release_member(partitions, configs, group_id, member_id, syncer);
                 }
                 if !expired.is_empty() {
                     group.epoch += 1;
@@ -578,11 +629,17 @@ impl ShareCoordinator {
             let mut released = false;
             for (key, partition) in partitions.iter_mut() {
                 let limit = self.delivery_limit(configs, &key.0);
-                if partition.next_deadline().is_some_and(|deadline| deadline <= now_ms)
-                    && partition.release_expired(now_ms, None, limit)
-                {
-                    released = true;
-                    let _ = log.append(&partition_log_key(key), &ShareRecord::Partition(partition.stored()), syncer);
+                if partition.next_deadline().is_some_and(|deadline| deadline <= now_ms) {
+                    let (changed, dead) = partition.release_expired(now_ms, None, limit);
+                    if changed {
+                        released = true;
+                        Self::keep_dead(configs, &key.0, partition, dead);
+                        let record = ShareRecord::Partition(partition.stored());
+                        let _ = log.append(&partition_log_key(key), &record, syncer);
+                    }
+                }
+                if !partition.dead_letters().is_empty() {
+                    dead_letters.push(key.clone());
                 }
             }
             if released {
@@ -599,10 +656,49 @@ impl ShareCoordinator {
                 None
             }
         };
+        for key in dead_letters {
+            if self.flushing.lock().insert(key.clone()) {
+                let broker = broker.clone();
+                tokio::spawn(async move {
+                    dead_letter::flush(broker.clone(), key.clone()).await;
+                    broker.shares.flushing.lock().remove(&key);
+                });
+            }
+        }
         if let Some((start, change)) = snapshot {
             if log.wait_durable(change).await.is_ok() {
                 log.truncate_before(start);
             }
+        }
+    }
+
+    /// The dead letters waiting in `key` and the group's dead-letter topic (`None` when
+    /// there are none, or no topic is configured any more: then they are dropped).
+    pub(crate) fn pending_dead_letters(&self, key: &PartitionKey) -> Option<(Vec<DeadRecord>, String)> {
+        let mut state = self.state.lock();
+        let ShareState { partitions, configs, .. } = &mut *state;
+        let partition = partitions.get_mut(key)?;
+        if partition.dead_letters().is_empty() {
+            return None;
+        }
+        match configs.get(&key.0).and_then(|c| c.get(dead_letter::CONFIG_DEAD_LETTER_TOPIC)) {
+            Some(topic) => Some((partition.dead_letters().to_vec(), topic.clone())),
+            None => {
+                let all = partition.dead_letters().to_vec();
+                partition.dead_letters_copied(&all);
+                None
+            }
+        }
+    }
+
+    /// `copied` are durable in the dead-letter topic (or gone from the log): drops them
+    /// from the share state (written, not awaited: a crash copies them again).
+    pub(crate) fn dead_letters_copied(&self, key: &PartitionKey, copied: &[DeadRecord], syncer: &Syncer) {
+        let Some(log) = &self.log else { return };
+        let mut state = self.state.lock();
+        if let Some(partition) = state.partitions.get_mut(key) {
+            partition.dead_letters_copied(copied);
+            let _ = log.append(&partition_log_key(key), &ShareRecord::Partition(partition.stored()), syncer);
         }
     }
 
@@ -708,7 +804,7 @@ mod tests {
         let catalog = catalog(&[("t", 1)]);
         let topic_id = catalog.get("t").unwrap().0;
         let join = |member: &str, epoch: i32, topics: Option<Vec<String>>| {
-            shares.heartbeat("g", member, epoch, None, topics, ("c", "h"), &catalog, 0).map(|a| a.member_epoch)
+            shares.heartbeat("g", member, epoch, None, topics, ("c", "h"), &catalog, 0, &syncer).map(|a| a.member_epoch)
         };
         assert_eq!(join("m", 0, None).unwrap_err().0, ResponseError::InvalidRequest, "a join names topics");
         let epoch = join("m", 0, Some(vec!["t".into()])).unwrap();
@@ -717,7 +813,8 @@ mod tests {
         assert_eq!(join("other", 2, None).unwrap_err().0, ResponseError::UnknownMemberId);
         assert_eq!(join("", 0, Some(vec!["t".into()])).unwrap_err().0, ResponseError::InvalidRequest);
 
-        let step = |epoch: i32, fetch: bool| shares.session_step("g", "m", epoch, &[(topic_id, 0)], &[], fetch);
+        let step =
+            |epoch: i32, fetch: bool| shares.session_step("g", "m", epoch, &[(topic_id, 0)], &[], fetch, &syncer);
         assert_eq!(step(3, true).err(), Some(ResponseError::ShareSessionNotFound));
         assert_eq!(step(0, false).err(), Some(ResponseError::InvalidShareSessionEpoch), "ShareAcknowledge cannot open");
         assert!(matches!(step(0, true), Ok(SessionStep::Open(p)) if p == vec![(topic_id, 0)]));

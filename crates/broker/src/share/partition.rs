@@ -34,6 +34,27 @@ struct InFlight {
     delivery_count: i16,
 }
 
+/// Why a record was archived undelivered: what a dead-letter topic records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadReason {
+    /// A consumer rejected it.
+    Rejected,
+    /// It was delivered `delivery_limit` times without being accepted.
+    DeliveryLimit,
+}
+
+impl DeadReason {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            DeadReason::Rejected => "rejected",
+            DeadReason::DeliveryLimit => "delivery-limit",
+        }
+    }
+}
+
+/// A record archived undelivered: offset, why, and its delivery count.
+pub(crate) type DeadRecord = (i64, DeadReason, i16);
+
 /// Why an acknowledgement was refused (the partition is unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AckError {
@@ -68,6 +89,10 @@ pub(crate) struct StoredPartition {
     pub(crate) end: i64,
     /// (first offset, last offset, state: 0 available, 2 acknowledged, 4 archived, delivery count)
     pub(crate) runs: Vec<(i64, i64, u8, i16)>,
+    /// Archived records still to copy to the group's dead-letter topic: (offset, reason
+    /// ("rejected" or "delivery-limit"), delivery count).
+    #[serde(default)]
+    pub(crate) dead_letters: Vec<(i64, String, i16)>,
 }
 
 const STORED_AVAILABLE: u8 = 0;
@@ -79,12 +104,29 @@ pub(crate) struct SharePartition {
     start: i64,
     end: i64,
     records: BTreeMap<i64, InFlight>,
+    /// Archived records waiting to be copied to the dead-letter topic, in offset order.
+    dead_letters: Vec<DeadRecord>,
 }
 
 impl SharePartition {
     /// A share-partition that starts consuming at `offset` (`share.auto.offset.reset`).
     pub(crate) fn starting_at(offset: i64) -> SharePartition {
-        SharePartition { start: offset, end: offset, records: BTreeMap::new() }
+        SharePartition { start: offset, end: offset, records: BTreeMap::new(), dead_letters: Vec::new() }
+    }
+
+    /// Queues archived records for the dead-letter topic (stored with the partition, so the
+    /// archival and the intent to copy are durable together).
+    pub(crate) fn add_dead_letters(&mut self, dead: Vec<DeadRecord>) {
+        self.dead_letters.extend(dead);
+    }
+
+    pub(crate) fn dead_letters(&self) -> &[DeadRecord] {
+        &self.dead_letters
+    }
+
+    /// Once `copied` are durable in the dead-letter topic.
+    pub(crate) fn dead_letters_copied(&mut self, copied: &[DeadRecord]) {
+        self.dead_letters.retain(|d| !copied.contains(d));
     }
 
     pub(crate) fn start(&self) -> i64 {
@@ -206,7 +248,8 @@ impl SharePartition {
 
     /// Applies `member`'s acknowledgement of `[first, last]`: one type for the whole range,
     /// or one per offset. All or nothing: every offset must be acquired by `member`.
-    /// Released offsets delivered `delivery_limit` times are archived.
+    /// Released offsets delivered `delivery_limit` times are archived. Returns the records
+    /// archived undelivered (rejected, or released at the limit).
     pub(crate) fn acknowledge(
         &mut self,
         member: &str,
@@ -214,7 +257,7 @@ impl SharePartition {
         last: i64,
         types: &[i8],
         delivery_limit: i16,
-    ) -> Result<(), AckError> {
+    ) -> Result<Vec<DeadRecord>, AckError> {
         if first > last || types.is_empty() || (types.len() != 1 && types.len() as i64 != last - first + 1) {
             return Err(AckError::Invalid);
         }
@@ -223,7 +266,7 @@ impl SharePartition {
         }
         // Offsets below the window are done already: acknowledging them again is a no-op.
         if last < self.start {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (first, types) = if first < self.start && types.len() > 1 {
             (self.start, &types[(self.start - first) as usize..])
@@ -236,29 +279,49 @@ impl SharePartition {
                 _ => return Err(AckError::NotAcquired),
             }
         }
+        let mut dead = Vec::new();
         for offset in first..=last {
             let kind = if types.len() == 1 { types[0] } else { types[(offset - first) as usize] };
             let record = self.records.get_mut(&offset).expect("checked above");
             record.state = match kind {
                 ACK_ACCEPT => State::Acknowledged,
                 ACK_RELEASE if record.delivery_count < delivery_limit => State::Available,
+                ACK_RELEASE => {
+                    dead.push((offset, DeadReason::DeliveryLimit, record.delivery_count));
+                    State::Archived
+                }
+                ACK_REJECT => {
+                    dead.push((offset, DeadReason::Rejected, record.delivery_count));
+                    State::Archived
+                }
                 _ => State::Archived,
             };
         }
         self.advance();
-        Ok(())
+        Ok(dead)
     }
 
     /// Makes every offset whose lock passed `now_ms` available again (archived once
     /// delivered `delivery_limit` times), and with `member` set, every offset it holds (it
-    /// left the group). Returns whether anything changed.
-    pub(crate) fn release_expired(&mut self, now_ms: i64, member: Option<&str>, delivery_limit: i16) -> bool {
+    /// left the group). Returns whether anything changed, and the records archived at the
+    /// delivery limit.
+    pub(crate) fn release_expired(
+        &mut self,
+        now_ms: i64,
+        member: Option<&str>,
+        delivery_limit: i16,
+    ) -> (bool, Vec<DeadRecord>) {
         let mut changed = false;
-        for record in self.records.values_mut() {
+        let mut dead = Vec::new();
+        for (offset, record) in self.records.iter_mut() {
             if let State::Acquired { member: owner, until_ms } = &record.state {
                 if *until_ms <= now_ms || member.is_some_and(|m| m == &**owner) {
-                    record.state =
-                        if record.delivery_count >= delivery_limit { State::Archived } else { State::Available };
+                    record.state = if record.delivery_count >= delivery_limit {
+                        dead.push((*offset, DeadReason::DeliveryLimit, record.delivery_count));
+                        State::Archived
+                    } else {
+                        State::Available
+                    };
                     changed = true;
                 }
             }
@@ -266,7 +329,7 @@ impl SharePartition {
         if changed {
             self.advance();
         }
-        changed
+        (changed, dead)
     }
 
     /// The earliest lock deadline in the window, if any offset is acquired.
@@ -312,7 +375,8 @@ impl SharePartition {
                 _ => runs.push((*offset, *offset, state, record.delivery_count)),
             }
         }
-        StoredPartition { start: self.start, end: self.end, runs }
+        let dead_letters = self.dead_letters.iter().map(|(o, r, c)| (*o, r.name().to_string(), *c)).collect();
+        StoredPartition { start: self.start, end: self.end, runs, dead_letters }
     }
 
     pub(crate) fn from_stored(stored: &StoredPartition) -> SharePartition {
@@ -331,6 +395,14 @@ impl SharePartition {
                 partition.records.insert(offset, InFlight { state, delivery_count });
             }
         }
+        partition.dead_letters = stored
+            .dead_letters
+            .iter()
+            .map(|(offset, reason, count)| {
+                let reason = if reason == "rejected" { DeadReason::Rejected } else { DeadReason::DeliveryLimit };
+                (*offset, reason, *count)
+            })
+            .collect();
         partition.advance();
         partition
     }
@@ -358,12 +430,15 @@ mod tests {
         assert_eq!(p.acquire(&b, &batches, 5, 100, 1_000), (vec![range(5, 9, 1)], vec![1]));
         // a accepts 0-1, releases 2, rejects 3; b cannot acknowledge a's records.
         assert_eq!(p.acknowledge("b", 0, 0, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
-        p.acknowledge("a", 0, 3, &[ACK_ACCEPT, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT], 5).unwrap();
+        assert_eq!(
+            p.acknowledge("a", 0, 3, &[ACK_ACCEPT, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT], 5),
+            Ok(vec![(3, DeadReason::Rejected, 1)])
+        );
         assert_eq!(p.start(), 2);
         assert_eq!(p.next_fetch_offset(100, 0), Some(2));
         // b gets 2 again (delivery 2); 4's lock expires and it comes back too.
         assert_eq!(p.acquire(&b, &batches, 10, 100, 2_000), (vec![range(2, 2, 2)], vec![0]));
-        assert!(p.release_expired(1_000, None, 5));
+        assert_eq!(p.release_expired(1_000, None, 5), (true, vec![]));
         assert_eq!(p.acquire(&b, &batches, 10, 100, 3_000), (vec![range(4, 9, 2)], vec![0, 1]));
         // 3 was rejected: it is done, not b's to acknowledge.
         assert_eq!(p.acknowledge("b", 2, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
@@ -381,12 +456,13 @@ mod tests {
             assert_eq!(p.acquire(&a, &batches[..1], 1, 1, 0).0, vec![range(0, 0, delivery)]);
             // The window is full: nothing new while offset 0 is in flight.
             assert_eq!(p.acquire(&a, &batches[1..], 1, 1, 0).0, vec![]);
-            p.acknowledge("a", 0, 0, &[ACK_RELEASE], 3).unwrap();
+            let dead = p.acknowledge("a", 0, 0, &[ACK_RELEASE], 3).unwrap();
+            assert_eq!(dead, if delivery == 3 { vec![(0, DeadReason::DeliveryLimit, 3)] } else { vec![] });
         }
         assert_eq!(p.start(), 1, "the third release archives the poison record");
         let control = [BatchSpan { base_offset: 1, last_offset: 1, control: true }, batch(2, 3)];
         assert_eq!(p.acquire(&a, &control, 10, 10, 0), (vec![range(2, 3, 1)], vec![1]));
-        assert!(p.release_expired(0, Some("a"), 3), "a member that leaves releases its records");
+        assert!(p.release_expired(0, Some("a"), 3).0, "a member that leaves releases its records");
         assert_eq!((p.start(), p.next_fetch_offset(10, 0)), (2, Some(2)));
     }
 
@@ -409,6 +485,6 @@ mod tests {
         assert_eq!(p.acknowledge("a", 5, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
         assert_eq!(restored.acknowledge("a", 3, 2, &[ACK_ACCEPT], 5), Err(AckError::Invalid));
         // Below the window: already done, a no-op.
-        assert_eq!(restored.acknowledge("b", 0, 4, &[ACK_REJECT], 5), Ok(()));
+        assert_eq!(restored.acknowledge("b", 0, 4, &[ACK_REJECT], 5), Ok(vec![]));
     }
 }

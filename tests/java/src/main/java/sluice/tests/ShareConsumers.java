@@ -48,6 +48,10 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       released at the group's delivery limit (2) is archived; a record whose lock expires
  *       (the consumer holds it past {@code share.record.lock.duration.ms}) goes to another
  *       consumer with delivery count 2.</li>
+ *   <li>{@code dead-letters}: with {@code errors.deadletterqueue.topic.name} set to
+ *       {@code --dead-letter-topic} and a delivery limit of 2, on a 1-partition topic of 3
+ *       records: k-0 is rejected, k-1 released twice (the limit), k-2 accepted; the test
+ *       then reads the dead-letter topic.</li>
  *   <li>{@code consume}: one consumer accepts {@code --count} records (commitSync after each
  *       poll, so each acknowledgement is durable when it returns) and prints "ACKED key" for
  *       each, then exits without closing (as a crash would).</li>
@@ -84,6 +88,10 @@ public final class ShareConsumers {
         String mode = Check.req(args, "mode");
         Map<String, String> groupConfigs = new HashMap<>();
         groupConfigs.put("share.auto.offset.reset", "earliest");
+        if (mode.equals("dead-letters")) {
+            groupConfigs.put("share.delivery.count.limit", "2");
+            groupConfigs.put("errors.deadletterqueue.topic.name", Check.req(args, "dead-letter-topic"));
+        }
         if (mode.equals("ack-types")) {
             groupConfigs.put("share.delivery.count.limit", "2");
             groupConfigs.put("share.record.lock.duration.ms", "2000");
@@ -93,6 +101,7 @@ public final class ShareConsumers {
             case "spread" -> spread(bootstrap, topic, group, Integer.parseInt(Check.req(args, "count")));
             case "ack-types" -> ackTypes(bootstrap, topic, group);
             case "consume" -> consume(bootstrap, topic, group, Integer.parseInt(Check.req(args, "count")));
+            case "dead-letters" -> deadLetters(bootstrap, topic, group);
             default -> throw new IllegalArgumentException("unknown mode " + mode);
         }
         log("DONE");
@@ -295,6 +304,38 @@ public final class ShareConsumers {
             log("LOCK_EXPIRY_OK after " + afterMs + " ms");
         }
         holder.close();
+    }
+
+    static void deadLetters(String bootstrap, String topic, String group) {
+        createAndFill(bootstrap, topic, 1, 3);
+        Set<String> done = new HashSet<>();
+        int releases = 0;
+        try (KafkaShareConsumer<byte[], byte[]> c = consumer(bootstrap, group, true)) {
+            c.subscribe(List.of(topic));
+            long deadline = System.nanoTime() + 60_000_000_000L;
+            while (done.size() < 3 && System.nanoTime() < deadline) {
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                    switch (key(r)) {
+                        case "k-0" -> {
+                            c.acknowledge(r, AcknowledgeType.REJECT);
+                            done.add("k-0");
+                        }
+                        case "k-1" -> {
+                            c.acknowledge(r, AcknowledgeType.RELEASE);
+                            releases++;
+                            if (deliveries(r) == 2) done.add("k-1");
+                        }
+                        default -> {
+                            c.acknowledge(r, AcknowledgeType.ACCEPT);
+                            done.add(key(r));
+                        }
+                    }
+                }
+                c.commitSync();
+            }
+        }
+        checkEq(Set.of("k-0", "k-1", "k-2"), done, "records handled");
+        checkEq(2, releases, "releases of k-1");
     }
 
     /** Accepts `count` records, each durable (commitSync) before it is printed. */
