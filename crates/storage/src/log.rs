@@ -485,6 +485,15 @@ impl Partition {
             if header.base_offset < state.log_end_offset {
                 return Err(AppendError::InvalidRecord("replicated batch overlaps the log"));
             }
+            // A copied abort marker is indexed as the leader indexed it, before it is
+            // appended: a follower that becomes leader names it to read_committed fetches.
+            if header.is_control() && header.has_producer_id() {
+                let commits = crate::records::marker_commits(&header, bytes)
+                    .map_err(|_| AppendError::InvalidRecord("unreadable transaction marker"))?;
+                if commits == Some(false) {
+                    self.record_abort(&mut state, header.producer_id, header.base_offset)?;
+                }
+            }
             needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
         }
         Ok(ReplicaAppend { log_end_offset: state.log_end_offset, needs_sync })
@@ -991,14 +1000,7 @@ impl Partition {
         }
         let base_offset = state.log_end_offset;
         if !commit {
-            if let Some(first_offset) = state.producers.open_transaction(producer_id) {
-                let aborted = AbortedTransaction { producer_id, first_offset, last_offset: base_offset };
-                let log_start = state.log_start_offset;
-                state.aborted.retain(|a| a.last_offset >= log_start && a.last_offset < base_offset);
-                state.aborted.push(aborted);
-                let body = serde_json::to_vec(&state.aborted).map_err(io::Error::other)?;
-                crate::write_file_atomically(&self.dir.join(ABORTED_TRANSACTIONS_FILE), &body)?;
-            }
+            self.record_abort(&mut state, producer_id, base_offset)?;
         }
         let marker = batch::transaction_marker(
             base_offset,
@@ -1019,6 +1021,20 @@ impl Partition {
             duplicate: false,
             log_append_time_ms: None,
         })
+    }
+
+    /// Records that `producer_id`'s open transaction is aborted by a marker at
+    /// `marker_offset` (leader and follower alike), durably, before the marker is appended.
+    /// Nothing to record when the producer has no open transaction here.
+    fn record_abort(&self, state: &mut LogState, producer_id: i64, marker_offset: i64) -> io::Result<()> {
+        let Some(first_offset) = state.producers.open_transaction(producer_id) else { return Ok(()) };
+        assert!(first_offset < marker_offset, "an open transaction starts before its marker");
+        let aborted = AbortedTransaction { producer_id, first_offset, last_offset: marker_offset };
+        let log_start = state.log_start_offset;
+        state.aborted.retain(|a| a.last_offset >= log_start && a.last_offset < marker_offset);
+        state.aborted.push(aborted);
+        let body = serde_json::to_vec(&state.aborted).map_err(io::Error::other)?;
+        crate::write_file_atomically(&self.dir.join(ABORTED_TRANSACTIONS_FILE), &body)
     }
 
     /// The aborted transactions a `read_committed` fetch of `[from, to)` must name: those

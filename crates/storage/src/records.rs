@@ -79,6 +79,22 @@ pub(crate) fn parse(payload: &[u8], count: i32) -> io::Result<Vec<RecordView>> {
     Ok(records)
 }
 
+/// The kind of a transaction marker (a control batch): `Some(true)` commit, `Some(false)`
+/// abort (its one record's key is i16 version, i16 type: 0 abort, 1 commit); `None` for a
+/// batch that is not a marker.
+pub fn marker_commits(header: &BatchHeader, batch: &[u8]) -> io::Result<Option<bool>> {
+    if !header.is_control() {
+        return Ok(None);
+    }
+    let payload = payload(header, batch)?;
+    let records = parse(&payload, header.record_count)?;
+    let key = records.first().and_then(|record| record.key.clone()).map(|range| &payload[range]);
+    match key {
+        Some([_, _, type_high, type_low, ..]) => Ok(Some(i16::from_be_bytes([*type_high, *type_low]) == 1)),
+        _ => Err(invalid("control record without a marker key")),
+    }
+}
+
 /// Indexes (within the batch) of records that have no key: what a compacted topic refuses.
 pub fn keyless_records(header: &BatchHeader, batch: &[u8]) -> io::Result<Vec<i32>> {
     if header.is_control() {

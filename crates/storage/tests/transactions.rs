@@ -83,3 +83,30 @@ fn open_transactions_hold_the_last_stable_offset_and_aborts_are_listed() {
     assert!(reopened.has_open_transaction(11));
     assert_eq!(reopened.aborted_transactions(0, offsets.log_end_offset).len(), 2);
 }
+
+/// A follower copying the leader's log indexes the abort markers it copies, so once it
+/// leads it names the aborted transactions to read_committed fetches as the leader did;
+/// truncating the follower below a marker forgets that marker's entry.
+#[test]
+fn a_follower_indexes_the_aborts_it_copies() {
+    let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leader = Partition::open(leader_dir.path(), config()).unwrap();
+    let follower = Partition::open(follower_dir.path(), config()).unwrap();
+    follower.set_replicated(true);
+    leader.append(&transactional(7, 0, 0, 3), 0, NOW_MS).unwrap();
+    leader.append_marker(7, 0, false, 0, 0, NOW_MS).unwrap();
+    leader.append(&transactional(7, 0, 3, 2), 0, NOW_MS).unwrap();
+    leader.append_marker(7, 0, true, 0, 0, NOW_MS).unwrap();
+    let copied = leader.read_for_replica(0, 1 << 20, ReadMode::MayBlock).unwrap();
+    follower.append_replica(&copied, NOW_MS).unwrap();
+    let aborted = vec![AbortedTransaction { producer_id: 7, first_offset: 0, last_offset: 3 }];
+    assert_eq!(leader.aborted_transactions(0, 7), aborted);
+    assert_eq!(follower.aborted_transactions(0, 7), aborted, "the follower lists the copied abort");
+    // Durable: a restarted follower still lists it.
+    follower.close().unwrap();
+    drop(follower);
+    let follower = Partition::open(follower_dir.path(), config()).unwrap();
+    assert_eq!(follower.aborted_transactions(0, 7), aborted);
+    follower.truncate_to(3).unwrap();
+    assert_eq!(follower.aborted_transactions(0, 7), vec![], "the truncated marker's entry is gone");
+}
