@@ -634,7 +634,14 @@ impl TransactionCoordinator {
         clustered: bool,
         append: impl FnOnce() -> R,
     ) -> Result<R, ResponseError> {
-        for shard in self.active() {
+        // No allocation on this per-batch path: the shards are walked under their read lock
+        // (lock order: shards, then a shard's transactions).
+        let shards = self.shards.read();
+        let active = shards.slots.values().filter_map(|slot| match slot {
+            Slot::Active(shard) => Some(shard),
+            Slot::Loading { .. } => None,
+        });
+        for shard in active {
             let transactions = shard.transactions.lock();
             let Some(meta) = transactions.by_producer(producer_id) else { continue };
             return match meta {

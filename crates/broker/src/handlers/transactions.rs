@@ -26,7 +26,6 @@ use super::{str_bytes, Session};
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
 use crate::security::acl;
-use crate::txn::TransactionCoordinator;
 use crate::txn_markers::{write_local, Marker, MarkerTarget};
 use crate::Broker;
 
@@ -48,11 +47,6 @@ fn may_read_group(broker: &Broker, session: &Session, group_id: &str) -> Result<
     }
 }
 
-/// The transaction coordinator (it answers NOT_COORDINATOR for ids it does not serve).
-fn coordinator(broker: &Broker) -> Result<&Arc<TransactionCoordinator>, ResponseError> {
-    Ok(&broker.transactions)
-}
-
 pub(super) async fn init_producer_id(
     broker: &Arc<Broker>,
     session: &Session,
@@ -62,13 +56,10 @@ pub(super) async fn init_producer_id(
     response.producer_id = ProducerId(-1);
     response.producer_epoch = -1;
     let transactional_id = request.transactional_id.as_ref().map(|id| id.to_string()).unwrap_or_default();
-    let result =
-        match coordinator(broker).and_then(|c| may_write_transaction(broker, session, &transactional_id).map(|()| c)) {
-            Ok(coordinator) => {
-                coordinator.init_producer_id(broker, &transactional_id, request.transaction_timeout_ms).await
-            }
-            Err(error) => Err(error),
-        };
+    let result = match may_write_transaction(broker, session, &transactional_id) {
+        Ok(()) => broker.transactions.init_producer_id(broker, &transactional_id, request.transaction_timeout_ms).await,
+        Err(error) => Err(error),
+    };
     match result {
         Ok((producer_id, producer_epoch)) => {
             response.producer_id = ProducerId(producer_id);
@@ -94,11 +85,11 @@ pub(super) async fn add_partitions(
         .iter()
         .all(|topic| broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TOPIC, &topic.name));
     let checked = may_write_transaction(broker, session, request.v3_and_below_transactional_id.as_str())
-        .and(if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) })
-        .and_then(|()| coordinator(broker));
+        .and(if topics_writable { Ok(()) } else { Err(ResponseError::TopicAuthorizationFailed) });
     let result = match checked {
-        Ok(coordinator) => {
-            coordinator
+        Ok(()) => {
+            broker
+                .transactions
                 .add_partitions(
                     broker,
                     request.v3_and_below_transactional_id.as_str(),
@@ -145,11 +136,11 @@ pub(super) async fn add_offsets(
     let result = crate::group::validate_group_id(request.group_id.as_str())
         .map_err(|_| ResponseError::InvalidGroupId)
         .and_then(|()| may_write_transaction(broker, session, request.transactional_id.as_str()))
-        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()))
-        .and_then(|()| coordinator(broker));
+        .and_then(|()| may_read_group(broker, session, request.group_id.as_str()));
     let result = match result {
-        Ok(coordinator) => {
-            coordinator
+        Ok(()) => {
+            broker
+                .transactions
                 .add_offsets(
                     broker,
                     request.transactional_id.as_str(),
@@ -246,9 +237,10 @@ pub(super) async fn txn_offset_commit(
 
 pub(super) async fn end(broker: &Arc<Broker>, session: &Session, request: EndTxnRequest) -> EndTxnResponse {
     let allowed = may_write_transaction(broker, session, request.transactional_id.as_str());
-    let result = match allowed.and_then(|()| coordinator(broker)) {
-        Ok(coordinator) => {
-            coordinator
+    let result = match allowed {
+        Ok(()) => {
+            broker
+                .transactions
                 .end(
                     broker,
                     request.transactional_id.as_str(),
@@ -275,7 +267,7 @@ pub(super) fn list(
     request: ListTransactionsRequest,
 ) -> ListTransactionsResponse {
     let mut response = ListTransactionsResponse::default();
-    let Ok(coordinator) = coordinator(broker) else { return response };
+    let coordinator = &broker.transactions;
     let known = ["Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort"];
     response.unknown_state_filters =
         request.state_filters.iter().filter(|f| !known.contains(&f.as_str())).cloned().collect();
