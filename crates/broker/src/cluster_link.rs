@@ -338,6 +338,11 @@ fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, me
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.transactions.follow_leadership(leaders);
+    let topic = crate::share::store::SHARE_STATE_TOPIC;
+    let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
+    let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
+    broker.shares.store.follow_leadership(leaders);
+    broker.shares.follow_group_configs(&metadata.group_configs);
 }
 
 /// Deletes the logs of a topic whose id changed since the last apply (deleted and created

@@ -172,7 +172,7 @@ impl Broker {
         };
         let shares = Arc::new(match &config.cluster {
             None => share::ShareCoordinator::open_local(&config.data_dir, share_settings)?,
-            Some(_) => share::ShareCoordinator::unavailable(share_settings),
+            Some(_) => share::ShareCoordinator::replicated(share_settings),
         });
         let transactions = Arc::new(match &config.cluster {
             None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,

@@ -39,6 +39,10 @@ pub async fn serve(
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));
     let shares_upkeep = tokio::spawn(shares_upkeep_loop(broker.clone()));
+    let shares_writer = {
+        let broker = broker.clone();
+        tokio::spawn(async move { broker.shares.run_background_writes(&broker).await })
+    };
     let mut accept_loops = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {
         let configured = &broker.listeners()[index];
@@ -61,6 +65,7 @@ pub async fn serve(
     upkeep.abort();
     transactions_upkeep.abort();
     shares_upkeep.abort();
+    shares_writer.abort();
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }

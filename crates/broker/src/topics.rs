@@ -111,7 +111,9 @@ impl TopicCatalog {
 
 /// Whether `name` is a topic of the broker's own (clients see it flagged internal).
 pub fn is_internal(name: &str) -> bool {
-    name == crate::group::OFFSETS_TOPIC || name == crate::txn_log::TXN_STATE_TOPIC
+    name == crate::group::OFFSETS_TOPIC
+        || name == crate::txn_log::TXN_STATE_TOPIC
+        || name == crate::share::store::SHARE_STATE_TOPIC
 }
 
 /// Kafka's rules for topic names.

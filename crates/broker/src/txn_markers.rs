@@ -156,6 +156,26 @@ impl PeerPool {
         })
     }
 
+    /// One request to `node` over a pooled connection; the connection is kept for reuse
+    /// only after a complete answer.
+    pub(crate) async fn call(
+        &self,
+        broker: &Broker,
+        node: i32,
+        api_key: ApiKey,
+        version: i16,
+        request: &RequestKind,
+        timeout: Duration,
+    ) -> Result<ResponseKind, ResponseError> {
+        let mut connection = self.connect(broker, node).await?;
+        let answer = connection.call(api_key, version, request, timeout).await.map_err(|error| {
+            tracing::debug!(node, ?api_key, %error, "a request to another broker failed");
+            ResponseError::NotLeaderOrFollower
+        })?;
+        self.put_back(node, connection);
+        Ok(answer)
+    }
+
     fn put_back(&self, node: i32, connection: PeerConnection) {
         let mut idle = self.idle.lock();
         let connections = idle.entry(node).or_default();

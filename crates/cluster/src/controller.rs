@@ -411,6 +411,15 @@ impl Controller {
         self.write(Command::AlterTopicConfigs { name: name.to_string(), configs, expected }).await.map(drop)
     }
 
+    /// Replaces a group's configs (empty: removes them).
+    pub async fn alter_group_configs(
+        &self,
+        group: &str,
+        configs: BTreeMap<String, String>,
+    ) -> Result<(), ControllerError> {
+        self.write(Command::AlterGroupConfigs { group: group.to_string(), configs }).await.map(drop)
+    }
+
     /// Adds or replaces SCRAM credentials and deletes others, as one change.
     pub async fn alter_scram_credentials(
         &self,

@@ -38,9 +38,12 @@ use uuid::Uuid;
 /// `metadata.version` of clusters formed before versioning (and of old nodes, which
 /// report none): topics, partitions, brokers, producer ids, reassignments.
 pub const METADATA_VERSION_INITIAL: u16 = 1;
-/// The newest `metadata.version` this binary understands: adds SCRAM credentials, ACLs,
-/// client quotas and broker listener endpoints.
-pub const METADATA_VERSION_LATEST: u16 = 2;
+/// The newest `metadata.version` this binary understands: 2 adds SCRAM credentials, ACLs,
+/// client quotas and broker listener endpoints; 3 adds share groups' configs.
+pub const METADATA_VERSION_LATEST: u16 = 3;
+
+/// Most groups with configs of their own the cluster holds.
+pub const GROUP_CONFIGS_MAX: usize = 100_000;
 
 /// Most topics the cluster holds; CreateTopic beyond it is refused.
 pub const TOPICS_MAX: usize = 10_000;
@@ -171,6 +174,11 @@ pub struct ClusterMetadata {
     /// need a newer one are refused, so a node that cannot understand them never sees them.
     #[serde(default)]
     pub metadata_version: u16,
+    /// Share groups' configs (Kafka's GROUP config resource: `share.auto.offset.reset`,
+    /// ...): group -> name -> value. Every broker leading a partition a group consumes
+    /// needs them.
+    #[serde(default)]
+    pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// The name part of a quota entity: a specific user or client id, or the default.
@@ -327,6 +335,13 @@ pub enum Command {
         #[serde(default)]
         expected: Option<BTreeMap<String, String>>,
     },
+    /// Replace a group's configs (all of them; none removes the entry).
+    AlterGroupConfigs {
+        /// Group id.
+        group: String,
+        /// The new configs.
+        configs: BTreeMap<String, String>,
+    },
     /// Kafka's AlterPartition: the partition leader changes the ISR.
     AlterPartition {
         /// Topic name.
@@ -369,6 +384,7 @@ impl Command {
     pub fn required_metadata_version(&self) -> u16 {
         match self {
             Command::AlterScramCredentials { .. } | Command::AlterAcls { .. } | Command::AlterClientQuotas { .. } => 2,
+            Command::AlterGroupConfigs { .. } => 3,
             _ => METADATA_VERSION_INITIAL,
         }
     }
@@ -533,6 +549,17 @@ impl ClusterMetadata {
             }
             Command::AlterTopicConfigs { name, configs, expected } => {
                 self.alter_topic_configs(&name, configs, expected)
+            }
+            Command::AlterGroupConfigs { group, configs } => {
+                if configs.is_empty() {
+                    self.group_configs.remove(&group);
+                } else {
+                    if !self.group_configs.contains_key(&group) && self.group_configs.len() >= GROUP_CONFIGS_MAX {
+                        return Err(MetadataError::LimitExceeded(format!("configs of {GROUP_CONFIGS_MAX} groups")));
+                    }
+                    self.group_configs.insert(group, configs);
+                }
+                Ok(CommandOutput::Done)
             }
             Command::AlterPartition { topic, partition, leader_id, leader_epoch, partition_epoch, new_isr } => {
                 self.alter_partition(&topic, partition, leader_id, leader_epoch, partition_epoch, new_isr)

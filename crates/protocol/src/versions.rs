@@ -39,7 +39,7 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
-    // Share groups (KIP-932), single node: v1 is the first GA version (4.1+ clients).
+    // Share groups (KIP-932): v1 is the first GA version (4.1+ clients).
     (ApiKey::ShareGroupHeartbeat, 1, 1),
     (ApiKey::ShareGroupDescribe, 1, 1),
     (ApiKey::ShareFetch, 1, 1),
@@ -66,6 +66,10 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeProducers, 0, 0),
     // Broker to broker (and `kafka-transactions.sh abort`); needs CLUSTER_ACTION.
     (ApiKey::WriteTxnMarkers, 1, 1),
+    // Broker to broker: the share-partition state store (`__share_group_state`).
+    (ApiKey::ReadShareGroupState, 0, 0),
+    (ApiKey::WriteShareGroupState, 0, 0),
+    (ApiKey::ReadShareGroupStateSummary, 0, 0),
 ];
 
 /// The advertised (min, max) for `api_key`, if we serve it at all. Produce v0-v2 are

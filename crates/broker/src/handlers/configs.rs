@@ -290,11 +290,17 @@ async fn alter_group(
     if validate_only {
         return Ok(());
     }
-    let change = broker
+    if broker.cluster.is_some() {
+        // Every broker leading a partition the group consumes needs them: the cluster
+        // metadata carries them.
+        let controller = admin::controller(broker)?;
+        return admin::controller_write(broker, controller.alter_group_configs(group_id, configs)).await;
+    }
+    broker
         .shares
-        .set_group_configs(group_id, configs, broker.logs.syncer())
-        .map_err(|error| (error, "group configs are not served here".to_string()))?;
-    broker.shares.wait_durable(change).await.map_err(|error| (error, "could not store the group configs".to_string()))
+        .set_group_configs(broker, group_id, configs)
+        .await
+        .map_err(|error| (error, "could not store the group configs".to_string()))
 }
 
 /// In a cluster the controller stores the overrides; every node applies them to its

@@ -74,6 +74,8 @@ pub(crate) enum InternalTopic {
     Offsets,
     /// `__transaction_state`: the transaction coordinator's.
     TransactionState,
+    /// `__share_group_state`: the share-partition state store's.
+    ShareState,
 }
 
 impl InternalTopic {
@@ -81,6 +83,7 @@ impl InternalTopic {
         match self {
             InternalTopic::Offsets => OFFSETS_TOPIC,
             InternalTopic::TransactionState => TXN_STATE_TOPIC,
+            InternalTopic::ShareState => crate::share::store::SHARE_STATE_TOPIC,
         }
     }
 
@@ -88,6 +91,7 @@ impl InternalTopic {
         match self {
             InternalTopic::Offsets => &broker.groups.creating_offsets_topic,
             InternalTopic::TransactionState => &broker.transactions.creating_topic,
+            InternalTopic::ShareState => &broker.shares.store.creating_topic,
         }
     }
 
@@ -97,7 +101,7 @@ impl InternalTopic {
         let voters = config.cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
         let configured = match self {
             InternalTopic::Offsets => config.offsets_topic_replication_factor,
-            InternalTopic::TransactionState => config.transaction_state_replication_factor,
+            InternalTopic::TransactionState | InternalTopic::ShareState => config.transaction_state_replication_factor,
         };
         match configured {
             factor if factor > 0 => factor,
@@ -114,6 +118,9 @@ impl InternalTopic {
             }
             InternalTopic::TransactionState => {
                 (config.transaction_state_num_partitions, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
+            }
+            InternalTopic::ShareState => {
+                (crate::share::store::SHARE_STATE_NUM_PARTITIONS, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
             }
         }
     }
@@ -163,7 +170,7 @@ pub(crate) fn create_internal_topics_once_formed(broker: &Arc<Broker>) {
     }
     let metadata = cluster.metadata();
     let unfenced = metadata.brokers.values().filter(|b| !b.fenced).count();
-    for topic in [InternalTopic::Offsets, InternalTopic::TransactionState] {
+    for topic in [InternalTopic::Offsets, InternalTopic::TransactionState, InternalTopic::ShareState] {
         if !metadata.topics.contains_key(topic.name()) && unfenced >= topic.replication_factor(broker) as usize {
             create_internal_topic(broker, topic);
         }

@@ -266,8 +266,23 @@ pub(crate) fn dispatch(
         RequestKind::ShareGroupDescribe(request) => {
             ready(ResponseKind::ShareGroupDescribe(share::describe(&broker, request)))
         }
-        RequestKind::DescribeShareGroupOffsets(request) => {
-            ready(ResponseKind::DescribeShareGroupOffsets(share::describe_offsets(&broker, request)))
+        RequestKind::DescribeShareGroupOffsets(request) => Box::pin(async move {
+            Some(ResponseKind::DescribeShareGroupOffsets(share::describe_offsets(&broker, request).await))
+        }),
+        RequestKind::ReadShareGroupState(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::ReadShareGroupState(share::read_state(&broker, &session, request).await))
+            })
+        }
+        RequestKind::WriteShareGroupState(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                Some(ResponseKind::WriteShareGroupState(share::write_state(&broker, &session, request).await))
+            })
+        }
+        RequestKind::ReadShareGroupStateSummary(request) => {
+            ready(ResponseKind::ReadShareGroupStateSummary(share::read_state_summary(&broker, session, request)))
         }
         RequestKind::ShareFetch(request) => {
             let session = session.clone();

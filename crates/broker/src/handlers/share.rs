@@ -14,14 +14,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kafka_protocol::messages::read_share_group_state_response as read_state_response;
+use kafka_protocol::messages::read_share_group_state_summary_response as summary_response;
 use kafka_protocol::messages::share_acknowledge_response::{self as ack_response, ShareAcknowledgeTopicResponse};
 use kafka_protocol::messages::share_fetch_response::{AcquiredRecords, PartitionData, ShareFetchableTopicResponse};
 use kafka_protocol::messages::share_group_describe_response::{self as describe_response, DescribedGroup};
 use kafka_protocol::messages::share_group_heartbeat_response::{self as heartbeat_response};
+use kafka_protocol::messages::write_share_group_state_response as write_state_response;
 use kafka_protocol::messages::{
-    ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
-    ShareGroupDescribeRequest, ShareGroupDescribeResponse, ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse,
-    TopicName,
+    ReadShareGroupStateRequest, ReadShareGroupStateResponse, ReadShareGroupStateSummaryRequest,
+    ReadShareGroupStateSummaryResponse, ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest,
+    ShareFetchResponse, ShareGroupDescribeRequest, ShareGroupDescribeResponse, ShareGroupHeartbeatRequest,
+    ShareGroupHeartbeatResponse, TopicName, WriteShareGroupStateRequest, WriteShareGroupStateResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -32,7 +36,7 @@ use uuid::Uuid;
 use super::{str_bytes, Session};
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::security::acl;
-use crate::share::{batch_spans, SessionStep};
+use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;
 
 /// Bytes read per share-partition per fetch pass at most.
@@ -45,6 +49,11 @@ pub(super) fn heartbeat(
     client_host: String,
 ) -> ShareGroupHeartbeatResponse {
     let mut response = ShareGroupHeartbeatResponse::default();
+    if let Err(error) = broker.groups.serving(request.group_id.as_str()) {
+        response.error_code = error.response_error().code();
+        response.error_message = Some(str_bytes("this broker is not the share group's coordinator"));
+        return response;
+    }
     let catalog = broker.topics.catalog();
     let subscribed = request.subscribed_topic_names.map(|names| names.iter().map(|n| n.to_string()).collect());
     let answer = broker.shares.heartbeat(
@@ -56,7 +65,6 @@ pub(super) fn heartbeat(
         (client_id.as_deref().unwrap_or(""), &client_host),
         &catalog,
         sluice_storage::now_ms(),
-        broker.logs.syncer(),
     );
     match answer {
         Ok(answer) => {
@@ -93,6 +101,12 @@ pub(super) fn describe(broker: &Arc<Broker>, request: ShareGroupDescribeRequest)
         let mut described = DescribedGroup::default();
         described.group_id = group_id.clone();
         described.authorized_operations = i32::MIN;
+        if let Err(error) = broker.groups.serving(group_id.as_str()) {
+            described.error_code = error.response_error().code();
+            described.error_message = Some(str_bytes("this broker is not the share group's coordinator"));
+            response.groups.push(described);
+            continue;
+        }
         match broker.shares.describe(group_id.as_str()) {
             None => {
                 described.error_code = ResponseError::GroupIdNotFound.code();
@@ -150,11 +164,14 @@ async fn acknowledge(
     batches: &AckBatches,
 ) -> Result<(), ResponseError> {
     let Some(topic) = topic else { return Err(ResponseError::UnknownTopicId) };
-    let change = broker.shares.acknowledge(group_id, member_id, topic, partition, batches, broker.logs.syncer())?;
-    match change {
-        Some(change) => broker.shares.wait_durable(change).await,
-        None => Ok(()),
+    if crate::share::leader_epoch(broker, topic, partition).is_none() {
+        return Err(ResponseError::NotLeaderOrFollower);
     }
+    let write = broker.shares.acknowledge(group_id, member_id, topic, partition, batches)?;
+    broker.shares.persist(broker, write).await.map_err(|error| match error {
+        ResponseError::FencedLeaderEpoch => ResponseError::NotLeaderOrFollower,
+        other => other,
+    })
 }
 
 /// What one share-partition answered in a fetch pass.
@@ -200,15 +217,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
     let fetching = if closing {
         Vec::new()
     } else {
-        match broker.shares.session_step(
-            &group_id,
-            &member_id,
-            request.share_session_epoch,
-            &added,
-            &forgotten,
-            true,
-            broker.logs.syncer(),
-        ) {
+        match broker.shares.session_step(&group_id, &member_id, request.share_session_epoch, &added, &forgotten, true) {
             Ok(SessionStep::Open(partitions)) => partitions,
             Ok(SessionStep::Closed) => Vec::new(),
             Err(error) => {
@@ -229,8 +238,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
         answers.entry((*topic_id, *partition)).or_default().1 = Some(code);
     }
     if closing {
-        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], true, broker.logs.syncer())
-        {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], true) {
             response.error_code = error.code();
         }
     }
@@ -244,15 +252,39 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
             let mut targets = Vec::new();
             for &(topic_id, partition) in &fetching {
                 let name = catalog.name_for_id(&topic_id).map(str::to_string);
-                let log = match &name {
+                let mut log = match &name {
                     None => Err(ResponseError::UnknownTopicId),
                     Some(name) if !broker.authorized(session, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
                         Err(ResponseError::TopicAuthorizationFailed)
                     }
-                    Some(name) => broker.partition(name, partition).ok_or(ResponseError::UnknownTopicOrPartition),
+                    Some(name) => {
+                        match (broker.partition(name, partition), crate::share::leader_epoch(broker, name, partition)) {
+                            (Some(log), Some(epoch)) => Ok((log, epoch)),
+                            _ if catalog.get(name).is_some_and(|(_, count)| partition < count) => {
+                                Err(ResponseError::NotLeaderOrFollower)
+                            }
+                            _ => Err(ResponseError::UnknownTopicOrPartition),
+                        }
+                    }
                 };
-                if let Ok(log) = &log {
+                let mut fenced = false;
+                if let (Ok((log, epoch)), Some(name)) = (&log, &name) {
                     receivers.push(log.subscribe());
+                    let offsets = log.offsets();
+                    let key = (group_id.clone(), name.clone(), partition);
+                    let bounds = (offsets.log_start_offset, offsets.high_watermark);
+                    match broker.shares.ensure_loaded(broker, &key, topic_id, *epoch, bounds).await {
+                        Ok(()) => {}
+                        Err(ResponseError::FencedLeaderEpoch) => fenced = true,
+                        Err(error) => {
+                            // The state store is moving (a failover): nothing to hand out
+                            // from this partition until it answers.
+                            tracing::debug!(?error, topic = %name, partition, "share-partition state not available yet");
+                        }
+                    }
+                }
+                if fenced {
+                    log = Err(ResponseError::NotLeaderOrFollower);
                 }
                 targets.push(((topic_id, partition), name, log));
             }
@@ -314,7 +346,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
     response
 }
 
-type Target = ((Uuid, i32), Option<String>, Result<Arc<sluice_storage::Partition>, ResponseError>);
+type Target = ((Uuid, i32), Option<String>, Result<(Arc<sluice_storage::Partition>, i32), ResponseError>);
 
 /// One pass over the session's partitions (on the blocking pool): read from each
 /// share-partition's next offset and acquire what was read, within the request's record
@@ -332,8 +364,8 @@ fn acquire_pass(
     let mut answers = Vec::with_capacity(targets.len());
     let now_ms = sluice_storage::now_ms();
     for (key, name, log) in targets {
-        let (name, log) = match (name, log) {
-            (Some(name), Ok(log)) => (name, log),
+        let (name, log, leader_epoch) = match (name, log) {
+            (Some(name), Ok((log, leader_epoch))) => (name, log, leader_epoch),
             (_, Err(error)) => {
                 answers.push((key, Fetched { error: Some(error), ..Fetched::default() }));
                 continue;
@@ -346,12 +378,7 @@ fn acquire_pass(
         }
         let offsets = log.offsets();
         let share_key = (group_id.to_string(), name, key.1);
-        let plan = broker.shares.plan_fetch(
-            &share_key,
-            offsets.log_start_offset,
-            |reset| if reset == "earliest" { offsets.log_start_offset } else { offsets.high_watermark },
-            broker.logs.syncer(),
-        );
+        let plan = broker.shares.plan_fetch(&share_key, leader_epoch, offsets.log_start_offset);
         let Some(plan) = plan else {
             answers.push((key, Fetched::default()));
             continue;
@@ -420,9 +447,7 @@ pub(super) async fn acknowledge_request(
     let closing = request.share_session_epoch == -1;
     let epoch = if closing { -1 } else { request.share_session_epoch };
     if !closing {
-        if let Err(error) =
-            broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false, broker.logs.syncer())
-        {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false) {
             response.error_code = error.code();
             return response;
         }
@@ -450,17 +475,18 @@ pub(super) async fn acknowledge_request(
         response.responses.push(answer);
     }
     if closing {
-        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], false, broker.logs.syncer())
-        {
+        if let Err(error) = broker.shares.session_step(&group_id, &member_id, -1, &[], &[], false) {
             response.error_code = error.code();
         }
     }
     response
 }
 
-/// DescribeShareGroupOffsets (`kafka-share-groups --describe`): each share-partition's start
-/// offset (Kafka's SPSO), -1 for a partition the group never fetched.
-pub(super) fn describe_offsets(
+/// DescribeShareGroupOffsets (`kafka-share-groups --describe`), at the group's
+/// coordinator: each share-partition's start offset (Kafka's SPSO) from the state store,
+/// -1 for a partition the group never fetched. Without topics: every partition of the
+/// topics the group consumes.
+pub(super) async fn describe_offsets(
     broker: &Arc<Broker>,
     request: kafka_protocol::messages::DescribeShareGroupOffsetsRequest,
 ) -> kafka_protocol::messages::DescribeShareGroupOffsetsResponse {
@@ -471,36 +497,177 @@ pub(super) fn describe_offsets(
     let catalog = broker.topics.catalog();
     let mut response = kafka_protocol::messages::DescribeShareGroupOffsetsResponse::default();
     for group in request.groups {
-        let starts = broker.shares.start_offsets(group.group_id.as_str());
-        let wanted: Vec<(String, Vec<i32>)> = match group.topics {
-            Some(topics) => topics.into_iter().map(|t| (t.topic_name.to_string(), t.partitions)).collect(),
-            None => {
-                let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                for (topic, partition) in starts.keys() {
-                    by_topic.entry(topic.clone()).or_default().push(*partition);
-                }
-                by_topic.into_iter().collect()
-            }
-        };
+        let group_id = group.group_id.to_string();
         let mut answer = DescribeShareGroupOffsetsResponseGroup::default();
         answer.group_id = group.group_id;
+        if let Err(error) = broker.groups.serving(&group_id) {
+            answer.error_code = error.response_error().code();
+            answer.error_message = Some(str_bytes("this broker is not the share group's coordinator"));
+            response.groups.push(answer);
+            continue;
+        }
+        let wanted: Vec<(String, Vec<i32>)> = match group.topics {
+            Some(topics) => topics.into_iter().map(|t| (t.topic_name.to_string(), t.partitions)).collect(),
+            None => broker
+                .shares
+                .group_topics(&group_id)
+                .into_iter()
+                .filter_map(|topic| catalog.get(&topic).map(|(_, count)| (topic, (0..count).collect())))
+                .collect(),
+        };
         for (topic, partitions) in wanted {
             let mut entry = DescribeShareGroupOffsetsResponseTopic::default();
             entry.topic_name = TopicName(str_bytes(&topic));
-            entry.topic_id = catalog.get(&topic).map_or(Uuid::nil(), |(id, _)| id);
-            entry.partitions = partitions
-                .into_iter()
-                .map(|partition| {
-                    let mut data = DescribeShareGroupOffsetsResponsePartition::default();
-                    data.partition_index = partition;
-                    data.start_offset = starts.get(&(topic.clone(), partition)).copied().unwrap_or(-1);
-                    data.leader_epoch = crate::LEADER_EPOCH;
-                    data
-                })
-                .collect();
+            let topic_id = catalog.get(&topic).map(|(id, _)| id);
+            entry.topic_id = topic_id.unwrap_or_else(Uuid::nil);
+            for partition in partitions {
+                let mut data = DescribeShareGroupOffsetsResponsePartition::default();
+                data.partition_index = partition;
+                data.leader_epoch = crate::LEADER_EPOCH;
+                data.start_offset = -1;
+                match topic_id {
+                    None => data.error_code = ResponseError::UnknownTopicOrPartition.code(),
+                    Some(topic_id) => {
+                        let key = (group_id.clone(), topic.clone(), partition);
+                        match broker.shares.store.start_offset(broker, &key, topic_id).await {
+                            Ok(start) => data.start_offset = start.unwrap_or(-1),
+                            Err(error) => data.error_code = error.code(),
+                        }
+                    }
+                }
+                entry.partitions.push(data);
+            }
             answer.topics.push(entry);
         }
         response.groups.push(answer);
+    }
+    response
+}
+
+/// The share-partition a broker-to-broker share state request names, by topic id.
+fn state_key(
+    catalog: &crate::topics::TopicCatalog,
+    group: &str,
+    topic_id: &Uuid,
+    partition: i32,
+) -> Option<PartitionKey> {
+    catalog.name_for_id(topic_id).map(|topic| (group.to_string(), topic.to_string(), partition))
+}
+
+/// ReadShareGroupState (broker to broker; CLUSTER_ACTION): a data partition's new leader
+/// loads a share-partition's state from the state partition led here.
+pub(super) async fn read_state(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: ReadShareGroupStateRequest,
+) -> ReadShareGroupStateResponse {
+    let allowed = broker.may_replicate(session);
+    let catalog = broker.topics.catalog();
+    let mut response = ReadShareGroupStateResponse::default();
+    for topic in request.topics {
+        let mut result = read_state_response::ReadStateResult::default();
+        result.topic_id = topic.topic_id;
+        for partition in topic.partitions {
+            let mut answer = read_state_response::PartitionResult::default();
+            answer.partition = partition.partition;
+            let read = match state_key(&catalog, &request.group_id, &topic.topic_id, partition.partition) {
+                _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
+                None => Err(ResponseError::UnknownTopicOrPartition),
+                Some(key) => broker.shares.store.read_here(broker, &key, partition.leader_epoch).await,
+            };
+            match read {
+                Ok((state_epoch, start_offset, batches)) => {
+                    answer.state_epoch = state_epoch;
+                    answer.start_offset = start_offset;
+                    answer.state_batches = batches
+                        .into_iter()
+                        .map(|(first, last, delivery_state, count)| {
+                            let mut batch = read_state_response::StateBatch::default();
+                            batch.first_offset = first;
+                            batch.last_offset = last;
+                            batch.delivery_state = delivery_state;
+                            batch.delivery_count = count;
+                            batch
+                        })
+                        .collect();
+                }
+                Err(error) => answer.error_code = error.code(),
+            }
+            result.partitions.push(answer);
+        }
+        response.results.push(result);
+    }
+    response
+}
+
+/// WriteShareGroupState (broker to broker; CLUSTER_ACTION): a data partition's leader
+/// stores a share-partition's new state here; answered once durable.
+pub(super) async fn write_state(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: WriteShareGroupStateRequest,
+) -> WriteShareGroupStateResponse {
+    let allowed = broker.may_replicate(session);
+    let catalog = broker.topics.catalog();
+    let mut response = WriteShareGroupStateResponse::default();
+    for topic in request.topics {
+        let mut result = write_state_response::WriteStateResult::default();
+        result.topic_id = topic.topic_id;
+        for partition in topic.partitions {
+            let mut answer = write_state_response::PartitionResult::default();
+            answer.partition = partition.partition;
+            let written = match state_key(&catalog, &request.group_id, &topic.topic_id, partition.partition) {
+                _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
+                None => Err(ResponseError::UnknownTopicOrPartition),
+                Some(key) => {
+                    let header = (partition.state_epoch, partition.leader_epoch, partition.start_offset);
+                    let batches = partition
+                        .state_batches
+                        .iter()
+                        .map(|b| (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count));
+                    broker.shares.store.write_here(broker, &key, header, batches).await
+                }
+            };
+            answer.error_code = written.err().map_or(0, |e| e.code());
+            result.partitions.push(answer);
+        }
+        response.results.push(result);
+    }
+    response
+}
+
+/// ReadShareGroupStateSummary (broker to broker; CLUSTER_ACTION): a share-partition's
+/// start offset, for DescribeShareGroupOffsets at the group's coordinator.
+pub(super) fn read_state_summary(
+    broker: &Arc<Broker>,
+    session: &Session,
+    request: ReadShareGroupStateSummaryRequest,
+) -> ReadShareGroupStateSummaryResponse {
+    let allowed = broker.may_replicate(session);
+    let catalog = broker.topics.catalog();
+    let mut response = ReadShareGroupStateSummaryResponse::default();
+    for topic in request.topics {
+        let mut result = summary_response::ReadStateSummaryResult::default();
+        result.topic_id = topic.topic_id;
+        for partition in topic.partitions {
+            let mut answer = summary_response::PartitionResult::default();
+            answer.partition = partition.partition;
+            let summary = match state_key(&catalog, &request.group_id, &topic.topic_id, partition.partition) {
+                _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
+                None => Err(ResponseError::UnknownTopicOrPartition),
+                Some(key) => broker.shares.store.summary_here(broker, &key),
+            };
+            match summary {
+                Ok((state_epoch, leader_epoch, start_offset)) => {
+                    answer.state_epoch = state_epoch;
+                    answer.leader_epoch = leader_epoch;
+                    answer.start_offset = start_offset;
+                }
+                Err(error) => answer.error_code = error.code(),
+            }
+            result.partitions.push(answer);
+        }
+        response.results.push(result);
     }
     response
 }

@@ -36,14 +36,23 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     let (group, topic, partition) = key.clone();
     let Some(source) = broker.partition(&topic, partition) else {
         // The topic is gone: nothing left to copy.
-        broker.shares.dead_letters_copied(&key, &dead, broker.logs.syncer());
+        broker.shares.dead_letters_copied(&key, &dead);
         return;
     };
     let Some((_, target_partitions)) = broker.topics.catalog().get(&target_topic) else {
         tracing::warn!(group, topic = target_topic, "dead-letter topic does not exist; will retry");
         return;
     };
-    let Some(target) = broker.partition(&target_topic, partition % target_partitions.max(1)) else { return };
+    // The partition of the dead-letter topic: the source's number if this node leads it,
+    // else any this node leads (in a cluster a copy is appended only where it is led).
+    let preferred = partition % target_partitions.max(1);
+    let led = std::iter::once(preferred)
+        .chain(0..target_partitions)
+        .find_map(|p| Some((broker.partition(&target_topic, p)?, super::leader_epoch(&broker, &target_topic, p)?)));
+    let Some((target, target_epoch)) = led else {
+        tracing::debug!(group, topic = target_topic, "no partition of the dead-letter topic is led here; will retry");
+        return;
+    };
     let built = {
         let dead = dead.clone();
         let key = key.clone();
@@ -52,7 +61,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     let batch = match built {
         Ok(Ok(Some(batch))) => batch,
         Ok(Ok(None)) => {
-            broker.shares.dead_letters_copied(&key, &dead, broker.logs.syncer());
+            broker.shares.dead_letters_copied(&key, &dead);
             return;
         }
         Ok(Err(error)) => {
@@ -61,7 +70,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
         }
         Err(_) => return,
     };
-    let outcome = match target.append(&batch, crate::LEADER_EPOCH, sluice_storage::now_ms()) {
+    let outcome = match target.append(&batch, target_epoch, sluice_storage::now_ms()) {
         Ok(outcome) => outcome,
         Err(error) => {
             tracing::warn!(group, topic = target_topic, %error, "dead-letter append failed; will retry");
@@ -79,7 +88,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     .await;
     if durable.is_ok_and(|v| v.is_ok_and(|v| v.high_watermark >= outcome.visible_at)) {
         tracing::debug!(group, topic, records = dead.len(), "dead letters copied");
-        broker.shares.dead_letters_copied(&key, &dead, broker.logs.syncer());
+        broker.shares.dead_letters_copied(&key, &dead);
     }
 }
 

@@ -93,6 +93,13 @@ pub(crate) struct StoredPartition {
     /// ("rejected" or "delivery-limit"), delivery count).
     #[serde(default)]
     pub(crate) dead_letters: Vec<(i64, String, i16)>,
+    /// The leader epoch of the data partition leader that wrote it (`share/store.rs`
+    /// fences older leaders with it).
+    #[serde(default)]
+    pub(crate) leader_epoch: i32,
+    /// Incremented by that leader with each change.
+    #[serde(default)]
+    pub(crate) version: i32,
 }
 
 const STORED_AVAILABLE: u8 = 0;
@@ -129,6 +136,7 @@ impl SharePartition {
         self.dead_letters.retain(|d| !copied.contains(d));
     }
 
+    #[cfg(test)]
     pub(crate) fn start(&self) -> i64 {
         self.start
     }
@@ -376,7 +384,7 @@ impl SharePartition {
             }
         }
         let dead_letters = self.dead_letters.iter().map(|(o, r, c)| (*o, r.name().to_string(), *c)).collect();
-        StoredPartition { start: self.start, end: self.end, runs, dead_letters }
+        StoredPartition { start: self.start, end: self.end, runs, dead_letters, leader_epoch: 0, version: 0 }
     }
 
     pub(crate) fn from_stored(stored: &StoredPartition) -> SharePartition {
