@@ -6,8 +6,8 @@
   it accepts them, so kafka-share-groups then describes the partition's start offset as its end.
 * VerifiableShareConsumer: two of them on a one-partition topic while a producer writes 300
   records over ~4 s: both receive records and every record is acknowledged exactly once overall
-  (their JSON `offsets_acknowledged` events). Meanwhile kafka-share-groups describes the group
-  as Stable with both members sharing partition 0 (`--state`, `--members`).
+  (their JSON `offsets_acknowledged` events). Before that, kafka-share-groups describes the
+  group as Stable with both members sharing partition 0 (`--state`, `--members`).
 * ShareConsumerPerformance: two share consumers read 20,000 pre-produced records of a
   2-partition topic to the end: exit code 0, the expected count, both consumers took part.
 """
@@ -112,9 +112,14 @@ def test_two_verifiable_share_consumers_share_a_partition_and_acknowledge_each_r
     try:
         wait_for(lambda: all(events(c, "offset_reset_strategy_set") for c in consumers), 60,
                  "both consumers started", consumers)
-        produce(broker.bootstrap, topic, count, pace_s=0.012)
-        state = share_groups(tools_cp, broker.bootstrap, "--describe", "--group", group, "--state")
+        # kafka-share-groups: a Stable group of two, both assigned the one partition.
+        wait_for(lambda: [r[-2:] for r in share_groups(tools_cp, broker.bootstrap, "--describe", "--group", group,
+                                                        "--state") if r[0] == group] == [["Stable", "2"]],
+                 30, "a Stable group of 2", consumers)
         members = share_groups(tools_cp, broker.bootstrap, "--describe", "--group", group, "--members")
+        rows = [r for r in members if r[0] == group]
+        assert len(rows) == 2 and all(f"{topic}:0" in r for r in rows), members
+        produce(broker.bootstrap, topic, count, pace_s=0.012)
         wait_for(lambda: len(set(offsets([e for c in consumers for e in events(c, "offsets_acknowledged")])))
                  >= count, 30, f"all {count} records acknowledged", consumers)
         time.sleep(1)  # anything acknowledged twice would show up now
@@ -132,11 +137,6 @@ def test_two_verifiable_share_consumers_share_a_partition_and_acknowledge_each_r
     consumed = [offsets(events(c, "records_consumed")) for c in consumers]
     assert sorted(consumed[0] + consumed[1]) == list(range(count)), "each record delivered once"
     print(f"acknowledged per consumer: {[len(o) for o in per_consumer]}")
-
-    # While both ran: a Stable group of two, both assigned the one partition.
-    assert [r[-2:] for r in state if r[0] == group] == [["Stable", "2"]], state
-    rows = [r for r in members if r[0] == group]
-    assert len(rows) == 2 and all(f"{topic}:0" in r for r in rows), members
 
 
 def test_share_consumer_performance_consumes_every_record(broker, tools_cp):
