@@ -1,8 +1,9 @@
 """A small hand-written Kafka wire-protocol client for tests that need exact bytes.
 
 Only what the raw-socket tests use: request/response headers (v1/v2 request, v0/v1
-response), ApiVersions, Metadata, Produce, Fetch, ListOffsets, CreateTopics, and the
-v2 record batch format with its CRC32C. Encoders follow the Kafka protocol spec
+response), ApiVersions, Metadata, Produce, Fetch, ListOffsets, CreateTopics, the share-group
+APIs (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge v1), and the v2 record batch format
+with its CRC32C. Encoders follow the Kafka protocol spec
 (https://kafka.apache.org/protocol); "flexible" versions use compact strings/arrays
 and tagged fields.
 """
@@ -25,6 +26,9 @@ DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 FIND_COORDINATOR = 10
 INCREMENTAL_ALTER_CONFIGS = 44
+SHARE_GROUP_HEARTBEAT = 76
+SHARE_FETCH = 78
+SHARE_ACKNOWLEDGE = 79
 
 # Error codes
 NONE = 0
@@ -44,12 +48,19 @@ INVALID_CONFIG = 40
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 DUPLICATE_SEQUENCE_NUMBER = 46
 KAFKA_STORAGE_ERROR = 56
+INVALID_REQUEST = 42
+UNKNOWN_MEMBER_ID = 25
+FENCED_MEMBER_EPOCH = 110
+INVALID_RECORD_STATE = 121
+SHARE_SESSION_NOT_FOUND = 122
+INVALID_SHARE_SESSION_EPOCH = 123
 
 # First flexible version of each API we encode.
 ALTER_PARTITION_REASSIGNMENTS = 45
 LIST_PARTITION_REASSIGNMENTS = 46
 FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, LIST_OFFSETS: 6, METADATA: 9, API_VERSIONS: 3, CREATE_TOPICS: 5, DELETE_TOPICS: 4,
-                 INIT_PRODUCER_ID: 2, ALTER_PARTITION_REASSIGNMENTS: 0, LIST_PARTITION_REASSIGNMENTS: 0}
+                 INIT_PRODUCER_ID: 2, ALTER_PARTITION_REASSIGNMENTS: 0, LIST_PARTITION_REASSIGNMENTS: 0,
+                 SHARE_GROUP_HEARTBEAT: 0, SHARE_FETCH: 0, SHARE_ACKNOWLEDGE: 0}
 
 
 # ---------------------------------------------------------------- CRC32C (Castagnoli)
@@ -576,6 +587,125 @@ class Conn:
         ((error, message),) = r.array(lambda rr: (rr.i16(), rr.string(), rr.i8(), rr.string())[:2])
         return error, message
 
+    def set_group_configs(self, group: str, configs: dict[str, str]) -> tuple[int, str | None]:
+        """IncrementalAlterConfigs v0, SET of every entry on one GROUP resource (share-group
+        configs such as share.auto.offset.reset): (error_code, message)."""
+        GROUP_RESOURCE, SET = 32, 0
+
+        def entry(w, item):
+            w.string(item[0]).i8(SET).string(item[1])
+
+        w = Writer(False).array([group], lambda w, g: w.i8(GROUP_RESOURCE).string(g).array(list(configs.items()), entry))
+        r = self.request(INCREMENTAL_ALTER_CONFIGS, 0, w.boolean(False).getvalue())
+        r.i32()
+        ((error, message),) = r.array(lambda rr: (rr.i16(), rr.string(), rr.i8(), rr.string())[:2])
+        return error, message
+
+    def topic_id(self, topic: str) -> bytes:
+        """The topic's id (16 bytes), from Metadata v10 or later."""
+        v = self.pick(METADATA, [12, 11, 10])
+        return self.metadata_detail([topic], version=v).topics[topic].topic_id
+
+    def share_heartbeat(self, group: str, member_id: str, member_epoch: int,
+                        topics: list[str] | None = None) -> "ShareHeartbeat":
+        """ShareGroupHeartbeat v1: join with epoch 0 and `topics`, heartbeat with the current
+        epoch, leave with -1."""
+        w = Writer(True).string(group).string(member_id).i32(member_epoch).string(None)
+        w.array(topics, lambda w, t: w.string(t)).tags()
+        r = self.request(SHARE_GROUP_HEARTBEAT, 1, w.getvalue())
+        r.i32()
+        error, message, member, epoch, interval = r.i16(), r.string(), r.string(), r.i32(), r.i32()
+        assignment = None
+        if r.i8() >= 0:
+
+            def topic_partitions(rr: Reader):
+                topic_id, partitions = bytes(rr._take(16)), rr.array(lambda x: x.i32())
+                rr.tags()
+                return topic_id, sorted(partitions)
+
+            assignment = dict(r.array(topic_partitions))
+            r.tags()
+        r.tags()
+        return ShareHeartbeat(error, message, member, epoch, interval, assignment)
+
+    def share_fetch(self, group: str, member_id: str, session_epoch: int, topics: dict, forgotten: dict | None = None,
+                    max_wait_ms: int = 0, max_records: int = 500, max_bytes: int = 1 << 20) -> "ShareFetchAnswer":
+        """ShareFetch v1. `topics`: {topic_id: {partition: [(first, last, [ack types])]}} (a
+        partition with no acknowledgement batches is just fetched); `forgotten`:
+        {topic_id: [partitions]}."""
+
+        def batch(w, b):
+            w.i64(b[0]).i64(b[1]).array(b[2], lambda w, t: w.i8(t)).tags()
+
+        def partition(w, item):
+            w.i32(item[0]).array(item[1], batch).tags()
+
+        def topic(w, item):
+            w.raw(item[0]).array(sorted(item[1].items()), partition).tags()
+
+        def forgotten_topic(w, item):
+            w.raw(item[0]).array(item[1], lambda w, p: w.i32(p)).tags()
+
+        w = Writer(True).string(group).string(member_id).i32(session_epoch).i32(max_wait_ms).i32(1).i32(max_bytes)
+        w.i32(max_records).i32(max_records)
+        w.array(list(topics.items()), topic).array(list((forgotten or {}).items()), forgotten_topic).tags()
+        r = self.request(SHARE_FETCH, 1, w.getvalue())
+        r.i32()
+        error, message, lock_ms = r.i16(), r.string(), r.i32()
+
+        def acquired(rr: Reader):
+            first, last, count = rr.i64(), rr.i64(), rr.i16()
+            rr.tags()
+            return first, last, count
+
+        def part(rr: Reader):
+            index, error, _, ack_error, _ = rr.i32(), rr.i16(), rr.string(), rr.i16(), rr.string()
+            rr.i32(), rr.i32(), rr.tags()  # current leader
+            records, ranges = rr.bytes_(), rr.array(acquired)
+            rr.tags()
+            return index, SharePartitionAnswer(error, ack_error, records or b"", ranges)
+
+        def top(rr: Reader):
+            topic_id = bytes(rr._take(16))
+            parts = rr.array(part)
+            rr.tags()
+            return [((topic_id, index), answer) for index, answer in parts]
+
+        partitions = dict(item for items in r.array(top) for item in items)
+        return ShareFetchAnswer(error, message, lock_ms, partitions)
+
+    def share_acknowledge(self, group: str, member_id: str, session_epoch: int, topics: dict) -> tuple[int, dict]:
+        """ShareAcknowledge v1. `topics`: {topic_id: {partition: [(first, last, [ack types])]}}.
+        Returns (error_code, {(topic_id, partition): error_code})."""
+
+        def batch(w, b):
+            w.i64(b[0]).i64(b[1]).array(b[2], lambda w, t: w.i8(t)).tags()
+
+        def partition(w, item):
+            w.i32(item[0]).array(item[1], batch).tags()
+
+        def topic(w, item):
+            w.raw(item[0]).array(sorted(item[1].items()), partition).tags()
+
+        w = Writer(True).string(group).string(member_id).i32(session_epoch).array(list(topics.items()), topic).tags()
+        r = self.request(SHARE_ACKNOWLEDGE, 1, w.getvalue())
+        r.i32()
+        error, _ = r.i16(), r.string()
+
+        def part(rr: Reader):
+            index, error, _ = rr.i32(), rr.i16(), rr.string()
+            rr.i32(), rr.i32(), rr.tags()
+            rr.tags()
+            return index, error
+
+        def top(rr: Reader):
+            topic_id = bytes(rr._take(16))
+            parts = rr.array(part)
+            rr.tags()
+            return [((topic_id, index), code) for index, code in parts]
+
+        return error, dict(item for items in r.array(top) for item in items)
+
     def metadata(self, topics: list[str] | None, allow_auto_create: bool = False, version: int | None = None):
         """Returns {topic: (error_code, [partition ids])}."""
         detail = self.metadata_detail(topics, allow_auto_create, version)
@@ -587,6 +717,35 @@ class Conn:
         v = version if version is not None else self.pick(METADATA, [4, 5, 6, 7, 8, 1])
         r = self.request(METADATA, v, metadata_body(v, topics, allow_auto_create))
         return parse_metadata_response(r, v)
+
+
+ACCEPT, RELEASE, REJECT = 1, 2, 3  # share acknowledgement types
+
+
+@dataclass
+class ShareHeartbeat:
+    error: int
+    message: str | None
+    member_id: str | None
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: dict[bytes, list[int]] | None  # topic id -> partitions, when sent
+
+
+@dataclass
+class SharePartitionAnswer:
+    error: int
+    acknowledge_error: int
+    records: bytes
+    acquired: list[tuple[int, int, int]]  # (first offset, last offset, delivery count)
+
+
+@dataclass
+class ShareFetchAnswer:
+    error: int
+    message: str | None
+    acquisition_lock_timeout_ms: int
+    partitions: dict[tuple[bytes, int], SharePartitionAnswer]
 
 
 def parse_api_versions_body(r: Reader, version: int):

@@ -12,8 +12,10 @@
   headers saying why and where from; an accepted one is not.
 * Durability: records acknowledged (commitSync returned) before a broker `kill -9` are never
   delivered again after the restart; every other record still is.
-(Bad input, unknown sessions, stale epochs, acknowledgements of records not acquired, is
-covered by the coordinator's unit tests in crates/broker/src/share/.)
+Kafka's other share-group tools (console share consumer, VerifiableShareConsumer,
+ShareConsumerPerformance) are in test_share_tools.py; bad input on the wire (unknown members
+and sessions, stale epochs, acknowledgements of records not acquired, malformed batches) in
+test_share_bad_input.py.
 """
 
 from __future__ import annotations

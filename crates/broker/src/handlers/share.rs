@@ -164,6 +164,10 @@ async fn acknowledge(
     batches: &AckBatches,
 ) -> Result<(), ResponseError> {
     let Some(topic) = topic else { return Err(ResponseError::UnknownTopicId) };
+    // As Kafka: a partition the topic does not have is unknown, not a record-state error.
+    if !broker.topics.catalog().get(topic).is_some_and(|(_, count)| (0..count).contains(&partition)) {
+        return Err(ResponseError::UnknownTopicOrPartition);
+    }
     if crate::share::leader_epoch(broker, topic, partition).is_none() {
         return Err(ResponseError::NotLeaderOrFollower);
     }
@@ -172,6 +176,31 @@ async fn acknowledge(
         ResponseError::FencedLeaderEpoch => ResponseError::NotLeaderOrFollower,
         other => other,
     })
+}
+
+/// The group and member ids of a ShareFetch or ShareAcknowledge; `None` (Kafka's
+/// INVALID_REQUEST) when either is missing or the member id is empty.
+fn group_and_member(group_id: Option<&StrBytes>, member_id: Option<&StrBytes>) -> Option<(String, String)> {
+    match (group_id, member_id) {
+        (Some(group_id), Some(member_id)) if !member_id.is_empty() => {
+            Some((group_id.to_string(), member_id.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// A final request (epoch -1) of a member with no share session is refused before any of
+/// its acknowledgements is applied, as Kafka does (SHARE_SESSION_NOT_FOUND).
+fn final_request_has_session(
+    broker: &Broker,
+    closing: bool,
+    group_id: &str,
+    member_id: &str,
+) -> Result<(), ResponseError> {
+    if closing && !broker.shares.has_session(group_id, member_id) {
+        return Err(ResponseError::ShareSessionNotFound);
+    }
+    Ok(())
 }
 
 /// What one share-partition answered in a fetch pass.
@@ -184,11 +213,10 @@ struct Fetched {
 
 pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: ShareFetchRequest) -> ShareFetchResponse {
     let mut response = ShareFetchResponse::default();
-    let (Some(group_id), Some(member_id)) = (request.group_id.as_ref(), request.member_id.as_ref()) else {
+    let Some((group_id, member_id)) = group_and_member(request.group_id.as_deref(), request.member_id.as_ref()) else {
         response.error_code = ResponseError::InvalidRequest.code();
         return response;
     };
-    let (group_id, member_id) = (group_id.to_string(), member_id.to_string());
     let catalog = broker.topics.catalog();
     let added: Vec<(Uuid, i32)> =
         request.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p.partition_index))).collect();
@@ -214,6 +242,10 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
     }
     // A final request (-1) closes the session after its acknowledgements.
     let closing = request.share_session_epoch == -1;
+    if let Err(error) = final_request_has_session(broker, closing, &group_id, &member_id) {
+        response.error_code = error.code();
+        return response;
+    }
     let fetching = if closing {
         Vec::new()
     } else {
@@ -437,14 +469,17 @@ pub(super) async fn acknowledge_request(
     request: ShareAcknowledgeRequest,
 ) -> ShareAcknowledgeResponse {
     let mut response = ShareAcknowledgeResponse::default();
-    let (Some(group_id), Some(member_id)) = (request.group_id.as_ref(), request.member_id.as_ref()) else {
+    let Some((group_id, member_id)) = group_and_member(request.group_id.as_deref(), request.member_id.as_ref()) else {
         response.error_code = ResponseError::InvalidRequest.code();
         return response;
     };
-    let (group_id, member_id) = (group_id.to_string(), member_id.to_string());
     let catalog = broker.topics.catalog();
     // Acknowledgements first: a final request (-1) closes the session after them.
     let closing = request.share_session_epoch == -1;
+    if let Err(error) = final_request_has_session(broker, closing, &group_id, &member_id) {
+        response.error_code = error.code();
+        return response;
+    }
     let epoch = if closing { -1 } else { request.share_session_epoch };
     if !closing {
         if let Err(error) = broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false) {

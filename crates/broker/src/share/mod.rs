@@ -523,6 +523,11 @@ impl ShareCoordinator {
         topics
     }
 
+    /// Whether `member_id` has a share session in `group_id` (a final request needs one).
+    pub(crate) fn has_session(&self, group_id: &str, member_id: &str) -> bool {
+        self.state.lock().sessions.contains_key(&(group_id.to_string(), member_id.to_string()))
+    }
+
     /// A ShareFetch's or ShareAcknowledge's session step (`fetch`: ShareFetch, which may
     /// open a session with epoch 0; ShareAcknowledge may not). `added` and `forgotten`
     /// change the session's partitions (added first, then forgotten, as Kafka does).
@@ -939,7 +944,11 @@ mod tests {
             shares.acknowledge("g", member, "t", 0, batches).map(|w| (w.state.version, w.state.start))
         };
         assert_eq!(ack("intruder", &[(0, 4, vec![1])]).err(), Some(ResponseError::InvalidRecordState));
-        assert_eq!(ack("m", &[(0, 1, vec![1]), (3, 9, vec![1])]).err(), Some(ResponseError::InvalidRecordState));
+        assert_eq!(
+            ack("m", &[(0, 1, vec![1]), (3, 9, vec![1])]).err(),
+            Some(ResponseError::InvalidRequest),
+            "past the end"
+        );
         assert_eq!(ack("m", &[(2, 1, vec![1])]).err(), Some(ResponseError::InvalidRequest));
         assert_eq!(ack("m", &[(0, 2, vec![1, 1])]).err(), Some(ResponseError::InvalidRequest), "types per offset");
         assert_eq!(ack("m", &[(3, 4, vec![1]), (0, 1, vec![1])]).err(), Some(ResponseError::InvalidRequest));

@@ -60,7 +60,8 @@ pub(crate) type DeadRecord = (i64, DeadReason, i16);
 pub(crate) enum AckError {
     /// An offset in the range is not acquired by this member (Kafka's INVALID_RECORD_STATE).
     NotAcquired,
-    /// Malformed: an empty or reversed range, a wrong number of types, an unknown type.
+    /// Malformed: an empty or reversed range, a wrong number of types, an unknown type, or
+    /// (as Kafka) offsets past the end of a window with records in flight.
     Invalid,
 }
 
@@ -276,6 +277,11 @@ impl SharePartition {
         if last < self.start {
             return Ok(Vec::new());
         }
+        // Past the window's end: never handed out. Kafka answers INVALID_REQUEST while
+        // records are in flight (INVALID_RECORD_STATE once none are, as below).
+        if last >= self.end && self.start < self.end {
+            return Err(AckError::Invalid);
+        }
         let (first, types) = if first < self.start && types.len() > 1 {
             (self.start, &types[(self.start - first) as usize..])
         } else {
@@ -448,8 +454,9 @@ mod tests {
         assert_eq!(p.acquire(&b, &batches, 10, 100, 2_000), (vec![range(2, 2, 2)], vec![0]));
         assert_eq!(p.release_expired(1_000, None, 5), (true, vec![]));
         assert_eq!(p.acquire(&b, &batches, 10, 100, 3_000), (vec![range(4, 9, 2)], vec![0, 1]));
-        // 3 was rejected: it is done, not b's to acknowledge.
+        // 3 was rejected: it is done, not b's to acknowledge; 10 was never handed out.
         assert_eq!(p.acknowledge("b", 2, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
+        assert_eq!(p.acknowledge("b", 9, 10, &[ACK_ACCEPT], 5), Err(AckError::Invalid));
         p.acknowledge("b", 2, 2, &[ACK_ACCEPT], 5).unwrap();
         p.acknowledge("b", 4, 9, &[ACK_ACCEPT], 5).unwrap();
         assert_eq!((p.start(), p.end(), p.in_flight()), (10, 10, 0));
