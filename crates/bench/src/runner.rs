@@ -467,7 +467,11 @@ fn start_share_group(
     bootstrap: &str,
     clients: &mut Clients,
 ) -> anyhow::Result<()> {
-    crate::share::set_group_configs(bootstrap, group.group_id, &[(crate::share::CONFIG_AUTO_OFFSET_RESET, "earliest")])?;
+    crate::share::set_group_configs(
+        bootstrap,
+        group.group_id,
+        &[(crate::share::CONFIG_AUTO_OFFSET_RESET, "earliest")],
+    )?;
     let queue_stats = clients.queue_stats.clone().expect("queue workloads have queue stats");
     for consumer_index in 0..workload.consumer_per_subscription.max(1) {
         let spec = ShareConsumerSpec {
@@ -479,8 +483,12 @@ fn start_share_group(
             max_records_per_fetch: queue.max_records_per_fetch,
         };
         let stats = Arc::new(ClientStats::default());
-        let handle =
-            crate::share::spawn_share_consumer(spec, stats.clone(), queue_stats.clone(), clients.consumer_control.clone())?;
+        let handle = crate::share::spawn_share_consumer(
+            spec,
+            stats.clone(),
+            queue_stats.clone(),
+            clients.consumer_control.clone(),
+        )?;
         clients.consumer_stats.push(stats);
         clients.handles.push(handle);
     }

@@ -40,8 +40,8 @@ use bytes::Bytes;
 use kafka_protocol::messages::api_versions_request::ApiVersionsRequest;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::share_fetch_request::{self as fetch_request, FetchTopic, ForgottenTopic};
 use kafka_protocol::messages::share_acknowledge_request::{self as ack_request, AcknowledgeTopic};
+use kafka_protocol::messages::share_fetch_request::{self as fetch_request, FetchTopic, ForgottenTopic};
 use kafka_protocol::messages::{
     ApiKey, FindCoordinatorRequest, GroupId, IncrementalAlterConfigsRequest, MetadataRequest, RequestKind,
     ResponseKind, ShareAcknowledgeRequest, ShareFetchRequest, ShareGroupHeartbeatRequest, TopicName,
@@ -743,8 +743,11 @@ impl<'a> Fetcher<'a> {
                     }
                     Some(error) => return Err(anyhow!("ShareFetch of {key:?}: {error}").into()),
                 }
-                let ranges: Vec<(i64, i64, i16)> =
-                    partition.acquired_records.iter().map(|r| (r.first_offset, r.last_offset, r.delivery_count)).collect();
+                let ranges: Vec<(i64, i64, i16)> = partition
+                    .acquired_records
+                    .iter()
+                    .map(|r| (r.first_offset, r.last_offset, r.delivery_count))
+                    .collect();
                 deliveries.extend(deliveries_of(key, partition.records, &ranges)?);
             }
         }
@@ -832,8 +835,11 @@ impl<'a> Fetcher<'a> {
                     topic
                 })
                 .collect();
-            let answered =
-                session.connection.call(ApiKey::ShareAcknowledge, SHARE_API_VERSION, RequestKind::ShareAcknowledge(request));
+            let answered = session.connection.call(
+                ApiKey::ShareAcknowledge,
+                SHARE_API_VERSION,
+                RequestKind::ShareAcknowledge(request),
+            );
             let failed = match answered {
                 Ok(ResponseKind::ShareAcknowledge(response)) => {
                     response.error_code != 0
@@ -869,9 +875,7 @@ mod tests {
     }
 
     fn batch_of(offsets: std::ops::Range<i64>) -> Bytes {
-        use kafka_protocol::records::{
-            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-        };
+        use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
         let records: Vec<Record> = offsets
             .clone()
             .map(|offset| Record {

@@ -368,7 +368,9 @@ mod tests {
         assert_eq!(queue.work(), std::time::Duration::from_millis(10));
         let queue = check(&format!("{base}queue:\n  workMillis: 2.5\n  maxRecordsPerFetch: 100\n"), 0).queue;
         assert_eq!(queue.map(|q| q.max_records_per_fetch), Some(100));
-        for bad in ["workMillis: -1", "workMillis: 10\n  maxRecordsPerFetch: 0", "workMillis: 100\n  maxRecordsPerFetch: 500"] {
+        for bad in
+            ["workMillis: -1", "workMillis: 10\n  maxRecordsPerFetch: 0", "workMillis: 100\n  maxRecordsPerFetch: 500"]
+        {
             let error = Workload::parse(&format!("{base}queue:\n  {bad}\n")).unwrap_err();
             assert!(format!("{error:#}").contains("queue"), "{bad}: {error:#}");
         }
