@@ -22,7 +22,8 @@
 # (consumer latency = send to delivery into the consumer's callback, before the work;
 # confirm latency = publish to confirm) and, in its closing lines, over the whole run
 # (warm-up included); result.json gives both: the whole-run percentiles, and the median and
-# maximum over the measured intervals of each per-second percentile.
+# maximum over the measured intervals of each per-second percentile. Also the node's CPU
+# seconds over the PerfTest run (warm-up included) and its peak RSS (VmHWM).
 #
 # Usage: bench/rabbitmq/perftest.sh [--queues 10] [--producers 20] [--consumers 40]
 #          [--rate 2000] [--work-ms 10] [--qos 10] [--size 1024] [--confirm 100]
@@ -124,6 +125,15 @@ done
 echo "Started RabbitMQ $(/usr/lib/rabbitmq/bin/rabbitmqctl version) (pid $server_pid) on 127.0.0.1:$amqp_port"
 
 # --- run PerfTest --------------------------------------------------------------------------
+# The node's Erlang VM, for its CPU seconds (during the PerfTest run, warm-up included) and
+# peak RSS, as `sluice bench` records for the brokers it starts.
+beam_pid="$(pgrep -f "beam.smp.*$node_dir" | head -1 || true)"
+if [ -z "$beam_pid" ]; then
+  echo "cannot find the node's Erlang VM (beam.smp with $node_dir in its arguments)" >&2
+  exit 1
+fi
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$beam_pid/stat"; }
+ticks_before="$(cpu_ticks)"
 rate_per_producer=$(python3 -c "print(f'{$rate / $producers:g}')")
 work_us=$((work_ms * 1000))
 total=$((warmup + duration))
@@ -138,10 +148,13 @@ java -Xms512m -Xmx1g -cp "$perf_home/lib/*" com.rabbitmq.perf.PerfTest \
   --consumer-latency "$work_us" --time "$total" --interval 1 \
   --output-file "$output_dir/perftest.csv" --id sluice-bench > "$output_dir/perftest.log" 2>&1
 tail -3 "$output_dir/perftest.log"
+broker_cpu_seconds="$(python3 -c "print(($(cpu_ticks) - $ticks_before) / $(getconf CLK_TCK))")"
+broker_peak_rss_bytes="$(awk '/VmHWM/ {print $2 * 1024}' "/proc/$beam_pid/status")"
+export broker_cpu_seconds broker_peak_rss_bytes
 
 # --- summarize -----------------------------------------------------------------------------
 python3 - "$output_dir" "$warmup" <<'PY'
-import csv, json, statistics, sys
+import csv, json, os, statistics, sys
 out, warmup = sys.argv[1], float(sys.argv[2])
 with open(f"{out}/perftest.csv") as f:
     rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
@@ -172,6 +185,8 @@ result = {
     "confirmRate": statistics.mean(col(r, "confirmed") for r in measured),
     "consumeRate": statistics.mean(received),
     "nackedPerSecond": statistics.mean(col(r, "nacked") for r in measured),
+    "brokerCpuSecondsWholeRun": float(os.environ["broker_cpu_seconds"]),
+    "brokerPeakRssBytes": int(os.environ["broker_peak_rss_bytes"]),
     "latencyUnit": "microseconds",
     "wholeRunNote": "PerfTest's closing summary: every message of the run, warm-up included",
     "consumerLatencyWholeRun": whole_run("consumer"),
