@@ -504,6 +504,12 @@ fn kafka_pom(version: &str) -> String {
 /// otherwise (the durability the run asks for is in the driver's topic config:
 /// `flush.messages=1` or nothing). Internal topics are replicated as far as the node
 /// count allows.
+///
+/// Share groups (the queue workload): Kafka 4.3.1 needs no switch for them, as a cluster
+/// formatted by its StorageTool gets the `share.version` feature at its latest production
+/// level (1); the share coordinator's state topic (`__share_group_state`) only needs a
+/// replication factor and min ISR the node count allows. The group config
+/// `share.auto.offset.reset=earliest` is set per group by the bench (IncrementalAlterConfigs).
 fn kafka_properties(node_id: usize, ports: &[u16], controller_ports: &[u16], data_dir: &Path) -> String {
     let voters: Vec<String> =
         controller_ports.iter().enumerate().map(|(i, port)| format!("{}@127.0.0.1:{port}", i + 1)).collect();
@@ -524,6 +530,7 @@ fn kafka_properties(node_id: usize, ports: &[u16], controller_ports: &[u16], dat
          transaction.state.log.replication.factor={internal_rf}\n\
          transaction.state.log.min.isr={internal_min_isr}\n\
          share.coordinator.state.topic.replication.factor={internal_rf}\n\
+         share.coordinator.state.topic.min.isr={internal_min_isr}\n\
          group.initial.rebalance.delay.ms=0\n",
         voters.join(","),
         data_dir.display()

@@ -12,7 +12,10 @@
 //!
 //! A transactional driver (`requestsPerTransaction`) adds rows for committed
 //! transactions per second, commit latency and aborts, and a line saying the transaction
-//! size; plain runs get no such rows.
+//! size; plain runs get no such rows. A queue workload (share groups, see
+//! [`crate::share`]) adds the acknowledged rate, redeliveries and acknowledgement errors; on
+//! Kafka its share groups need the `share.version` feature, on by default from 4.2 (the
+//! bench checks ApiVersions and says so otherwise).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -100,6 +103,9 @@ const METRICS: &[Metric] = &[
     ("commit p50 (ms)", |r| transactions(r).map(|t| t.aggregated_commit_latency_50pct)),
     ("commit p99 (ms)", |r| transactions(r).map(|t| t.aggregated_commit_latency_99pct)),
     ("aborted transactions", |r| transactions(r).map(|t| t.measured_aborts as f64)),
+    ("acknowledged msg/s", |r| queue(r).map(|q| q.aggregated_acknowledge_rate)),
+    ("redelivered records", |r| queue(r).map(|q| q.measured_redelivered as f64)),
+    ("acknowledgement errors", |r| queue(r).map(|q| q.measured_acknowledge_errors as f64)),
     ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
     ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
     ("broker peak RSS (MiB)", |r| {
@@ -109,6 +115,10 @@ const METRICS: &[Metric] = &[
 
 fn transactions(result: &TestResult) -> Option<&crate::result::TransactionFigures> {
     result.sluice.as_ref().and_then(|extras| extras.transactions.as_ref())
+}
+
+fn queue(result: &TestResult) -> Option<&crate::result::QueueFigures> {
+    result.sluice.as_ref().and_then(|extras| extras.queue.as_ref())
 }
 
 fn mean(values: &[f64]) -> f64 {

@@ -618,6 +618,9 @@ pub enum ConsumerMode {
     /// The bench splits partitions among a subscription's consumers (`assign`), for
     /// brokers without consumer groups; offsets are not committed.
     Assign,
+    /// Share groups (KIP-932), for queue workloads: the consumers are
+    /// [`crate::share`]'s, not librdkafka's.
+    Share,
 }
 
 impl ConsumerMode {
@@ -626,6 +629,7 @@ impl ConsumerMode {
         match self {
             ConsumerMode::Subscribe => "subscribe",
             ConsumerMode::Assign => "assign",
+            ConsumerMode::Share => "share",
         }
     }
 }
@@ -661,6 +665,9 @@ pub fn spawn_consumer(
     stats: Arc<ClientStats>,
     control: Arc<ConsumerControl>,
 ) -> anyhow::Result<JoinHandle<()>> {
+    if spec.mode == ConsumerMode::Share {
+        bail!("librdkafka has no share consumer: {} belongs to crate::share", spec.label);
+    }
     let mut config = spec.config.clone();
     config.set("client.id", &spec.label);
     // librdkafka wants a group id even for assign(); in assign mode it is never joined
@@ -682,6 +689,7 @@ pub fn spawn_consumer(
             }
             consumer.assign(&list)?;
         }
+        ConsumerMode::Share => unreachable!("refused above"),
     }
     let handle = std::thread::Builder::new()
         .name(spec.label.clone())

@@ -26,6 +26,7 @@ pub mod procstat;
 pub mod rate;
 pub mod result;
 pub mod runner;
+pub mod share;
 pub mod stats;
 pub mod tls;
 pub mod workload;

@@ -85,6 +85,41 @@ pub struct SluiceExtras {
     /// Transactional producers' figures; absent for plain producers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transactions: Option<TransactionFigures>,
+    /// Share consumers' figures (queue workloads); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueFigures>,
+}
+
+/// What the share consumers of a queue workload did in the measured phase. Their
+/// deliveries are also the result's consume rate and end-to-end latency (taken when a
+/// record's work starts).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueueFigures {
+    /// Work per record, ms (a sleep before the record is accepted).
+    pub work_millis: f64,
+    /// ShareFetch MaxRecords of each consumer.
+    pub max_records_per_fetch: u32,
+    /// Share groups (one per subscription).
+    pub share_groups: u32,
+    /// Consumers (share-group members, one worker each) over all groups.
+    pub consumers: u32,
+    /// Acceptances confirmed by the broker per second, per sample.
+    pub acknowledge_rate: Vec<f64>,
+    /// Records delivered to the workers (redeliveries included).
+    pub measured_delivered: u64,
+    /// Records delivered with a delivery count above 1.
+    pub measured_redelivered: u64,
+    /// Acceptances the broker confirmed.
+    pub measured_acknowledged: u64,
+    /// Acknowledgements refused or lost with a share session.
+    pub measured_acknowledge_errors: u64,
+    /// ShareFetch requests answered.
+    pub measured_fetches: u64,
+    /// Consumers that started over (rejoined as new members) after an error.
+    pub measured_restarts: u64,
+    /// Acceptances confirmed per second over the measured phase.
+    pub aggregated_acknowledge_rate: f64,
 }
 
 /// What transactional producers did: rates and the commit call's latency (ms, as OMB's

@@ -19,6 +19,13 @@
 //! for the commit, as consumers read committed records only (librdkafka's default
 //! `isolation.level=read_committed`, which the transactional drivers also spell out).
 //!
+//! A queue workload (a `queue` section, see [`crate::workload::QueueSpec`]) makes each
+//! subscription a share group: `share.auto.offset.reset=earliest` is set on the group
+//! (IncrementalAlterConfigs) before its members join, so the readiness probes are
+//! delivered whatever the order of joins and probes, and the consumers are
+//! [`crate::share`]'s, which work each record and accept it. The result then has the
+//! acknowledgement rate, redeliveries and acknowledgement errors (`sluice.queue`).
+//!
 //! The collector (this thread) drains every client's period histograms once per sample,
 //! prints OMB's one-line summary and appends the sample to the [`TestResult`].
 
@@ -38,7 +45,8 @@ use crate::kafka::{
 };
 use crate::procstat::ProcessSampler;
 use crate::rate::{RateController, RateControllerConfig};
-use crate::result::{SampleRates, SluiceExtras, TestResult, TransactionFigures};
+use crate::result::{QueueFigures, SampleRates, SluiceExtras, TestResult, TransactionFigures};
+use crate::share::{QueueCounters, QueueStats, ShareConsumerSpec};
 use crate::stats::{total_counters, ClientStats, Counters, LatencySet, Summary};
 use crate::workload::{LoadedWorkload, Workload};
 
@@ -126,6 +134,8 @@ struct Clients {
     handles: Vec<JoinHandle<()>>,
     producers_count: usize,
     expected_probe_messages: u64,
+    /// The share consumers' totals (queue workloads only).
+    queue_stats: Option<Arc<QueueStats>>,
 }
 
 impl Clients {
@@ -139,6 +149,10 @@ impl Clients {
             stats.drain_period_into(&mut period);
         }
         period
+    }
+
+    fn queue_counters(&self) -> QueueCounters {
+        self.queue_stats.as_ref().map(|stats| stats.counters()).unwrap_or_default()
     }
 
     fn set_total_rate(&self, total_rate: f64) {
@@ -185,7 +199,13 @@ pub fn run_workload(
     } else {
         options.consumer_mode
     };
-    let mode = pick_consumer_mode(choice, &bootstrap);
+    let mode = match &workload.queue {
+        Some(_) => {
+            crate::share::check_share_support(&bootstrap)?;
+            ConsumerMode::Share
+        }
+        None => pick_consumer_mode(choice, &bootstrap),
+    };
     println!(
         "Running workload `{}` with driver `{}` against {bootstrap} (consumers: {})",
         workload.name,
@@ -235,9 +255,11 @@ pub fn run_workload(
         handles: Vec::new(),
         producers_count: 0,
         expected_probe_messages: 0,
+        queue_stats: workload.queue.as_ref().map(|_| Arc::new(QueueStats::default())),
     };
     let producers = ProducerTemplate { config: &producer_config, payloads, keys, transactions: transactions.as_ref() };
-    let started = start_clients(workload, &topics, mode, &consumer_config, &producers, &mut clients);
+    let consumers = ConsumerTemplate { mode, config: &consumer_config, bootstrap: &bootstrap };
+    let started = start_clients(workload, &topics, &consumers, &producers, &mut clients);
     if let Err(error) = started.and_then(|()| wait_ready(&clients)) {
         clients.stop();
         return Err(error);
@@ -356,11 +378,17 @@ struct ProducerTemplate<'a> {
     transactions: Option<&'a Transactions>,
 }
 
+/// What every consumer of a run shares.
+struct ConsumerTemplate<'a> {
+    mode: ConsumerMode,
+    config: &'a rdkafka::ClientConfig,
+    bootstrap: &'a str,
+}
+
 fn start_clients(
     workload: &Workload,
     topics: &[(String, u32)],
-    mode: ConsumerMode,
-    consumer_config: &rdkafka::ClientConfig,
+    consumers: &ConsumerTemplate<'_>,
     producers: &ProducerTemplate<'_>,
     clients: &mut Clients,
 ) -> anyhow::Result<()> {
@@ -369,6 +397,11 @@ fn start_clients(
     for (topic_index, (topic, partitions)) in topics.iter().enumerate() {
         for subscription_index in 0..workload.subscriptions_per_topic {
             let subscription = format!("sub-{subscription_index:03}-{}", random.string(7));
+            if let Some(queue) = &workload.queue {
+                let group = ShareGroupTemplate { topic_index, subscription_index, topic, group_id: &subscription };
+                start_share_group(workload, queue, &group, consumers.bootstrap, clients)?;
+                continue;
+            }
             for consumer_index in 0..consumers_per_subscription {
                 let assigned: Vec<i32> = (0..*partitions as i32)
                     .filter(|p| *p as u32 % consumers_per_subscription == consumer_index)
@@ -378,8 +411,8 @@ fn start_clients(
                     topic: topic.clone(),
                     subscription: subscription.clone(),
                     partitions: assigned,
-                    mode,
-                    config: consumer_config.clone(),
+                    mode: consumers.mode,
+                    config: consumers.config.clone(),
                 };
                 let stats = Arc::new(ClientStats::default());
                 let handle = kafka::spawn_consumer(spec, stats.clone(), clients.consumer_control.clone())?;
@@ -415,6 +448,50 @@ fn start_clients(
         }
     }
     println!("Created {} producers", clients.producers_count);
+    Ok(())
+}
+
+/// One share group of a queue workload.
+struct ShareGroupTemplate<'a> {
+    topic_index: usize,
+    subscription_index: u32,
+    topic: &'a str,
+    group_id: &'a str,
+}
+
+/// Sets the group to read from the log start, then starts its members.
+fn start_share_group(
+    workload: &Workload,
+    queue: &crate::workload::QueueSpec,
+    group: &ShareGroupTemplate<'_>,
+    bootstrap: &str,
+    clients: &mut Clients,
+) -> anyhow::Result<()> {
+    crate::share::set_group_configs(
+        bootstrap,
+        group.group_id,
+        &[(crate::share::CONFIG_AUTO_OFFSET_RESET, "earliest")],
+    )?;
+    let queue_stats = clients.queue_stats.clone().expect("queue workloads have queue stats");
+    for consumer_index in 0..workload.consumer_per_subscription.max(1) {
+        let spec = ShareConsumerSpec {
+            label: format!("share-consumer-{}-{}-{consumer_index}", group.topic_index, group.subscription_index),
+            bootstrap: bootstrap.to_string(),
+            group_id: group.group_id.to_string(),
+            topic: group.topic.to_string(),
+            work: queue.work(),
+            max_records_per_fetch: queue.max_records_per_fetch,
+        };
+        let stats = Arc::new(ClientStats::default());
+        let handle = crate::share::spawn_share_consumer(
+            spec,
+            stats.clone(),
+            queue_stats.clone(),
+            clients.consumer_control.clone(),
+        )?;
+        clients.consumer_stats.push(stats);
+        clients.handles.push(handle);
+    }
     Ok(())
 }
 
@@ -467,6 +544,7 @@ struct Phase<'a> {
     discovery: Option<RateController>,
     last_control_ns: u64,
     counters_at_sample: Counters,
+    queue_at_sample: QueueCounters,
     extras: SluiceExtras,
     is_terminal: bool,
 }
@@ -497,6 +575,7 @@ fn run_phases(
         discovery,
         last_control_ns: now_ns,
         counters_at_sample: clients.counters(),
+        queue_at_sample: clients.queue_counters(),
         extras: SluiceExtras {
             end_to_end_clock: kafka::END_TO_END_CLOCK.to_string(),
             consumer_mode: mode.as_str().to_string(),
@@ -505,6 +584,13 @@ fn run_phases(
             transactions: records_per_transaction.map(|records| TransactionFigures {
                 records_per_transaction: records,
                 ..TransactionFigures::default()
+            }),
+            queue: workload.queue.as_ref().map(|queue| QueueFigures {
+                work_millis: queue.work_millis,
+                max_records_per_fetch: queue.max_records_per_fetch,
+                share_groups: workload.topics * workload.subscriptions_per_topic,
+                consumers: clients.consumer_stats.len() as u32,
+                ..QueueFigures::default()
             }),
             ..SluiceExtras::default()
         },
@@ -564,12 +650,17 @@ impl Phase<'_> {
         if let Some(transactions) = self.extras.transactions.as_mut() {
             transactions.transaction_rate.clear();
         }
+        if let Some(queue) = self.extras.queue.as_mut() {
+            queue.acknowledge_rate.clear();
+        }
         let start_ns = monotonic_ns();
         let end_ns = start_ns + duration.as_nanos() as u64;
         let phase_counters_start = self.clients.counters();
         let mut sample_start_ns = start_ns;
         let mut last_progress_ns = start_ns;
         self.counters_at_sample = phase_counters_start;
+        let phase_queue_start = self.clients.queue_counters();
+        self.queue_at_sample = phase_queue_start;
         if let BacklogState::Building { .. } = backlog {
             println!("Stopping all consumers to build backlog");
             self.clients.consumer_control.paused.store(true, Ordering::Relaxed);
@@ -611,8 +702,24 @@ impl Phase<'_> {
                 counters.transactions_committed as f64 / self.extras.measured_seconds.max(1e-9);
             transactions.set_commit_latency(&cumulative.commit_us);
         }
+        if let Some(queue) = self.extras.queue.as_mut() {
+            let measured = self.clients.queue_counters().since(&phase_queue_start);
+            set_queue_figures(queue, &measured, self.extras.measured_seconds);
+        }
         result.set_aggregated(&cumulative);
         print_aggregated(&cumulative, self.extras.transactions.as_ref());
+        if let Some(queue) = &self.extras.queue {
+            println!(
+                "----- Aggregated Queue: acknowledged {:.1} msg/s ({} records) | delivered {} | redelivered {} | ack errors {} | share fetches {} | restarts {}",
+                queue.aggregated_acknowledge_rate,
+                queue.measured_acknowledged,
+                queue.measured_delivered,
+                queue.measured_redelivered,
+                queue.measured_acknowledge_errors,
+                queue.measured_fetches,
+                queue.measured_restarts,
+            );
+        }
         Ok(result)
     }
 
@@ -668,6 +775,19 @@ impl Phase<'_> {
             ms(e2e.p999),
             ms(e2e.max),
         );
+        let queue_counters = self.clients.queue_counters();
+        let queue_delta = queue_counters.since(&self.queue_at_sample);
+        self.queue_at_sample = queue_counters;
+        if let Some(queue) = self.extras.queue.as_mut() {
+            let acknowledge_rate = queue_delta.acknowledged as f64 / elapsed_s;
+            queue.acknowledge_rate.push(acknowledge_rate);
+            println!(
+                "    Queue: acknowledged {acknowledge_rate:7.1} msg/s | redelivered {} | ack errors {} | share fetches {:.1}/s",
+                queue_delta.redelivered,
+                queue_delta.acknowledge_errors,
+                queue_delta.fetches as f64 / elapsed_s,
+            );
+        }
         if self.extras.transactions.is_some() {
             let commit = Summary::of(&period.commit_us);
             println!(
@@ -762,6 +882,17 @@ impl Phase<'_> {
             other => other,
         }
     }
+}
+
+/// Fills the measured-phase totals of a queue workload.
+fn set_queue_figures(queue: &mut QueueFigures, measured: &QueueCounters, seconds: f64) {
+    queue.measured_delivered = measured.delivered;
+    queue.measured_redelivered = measured.redelivered;
+    queue.measured_acknowledged = measured.acknowledged;
+    queue.measured_acknowledge_errors = measured.acknowledge_errors;
+    queue.measured_fetches = measured.fetches;
+    queue.measured_restarts = measured.restarts;
+    queue.aggregated_acknowledge_rate = measured.acknowledged as f64 / seconds.max(1e-9);
 }
 
 fn print_aggregated(cumulative: &LatencySet, transactions: Option<&TransactionFigures>) {

@@ -6,6 +6,10 @@
 //! `producerRateList`, `sampleRateMillis` / `logIntervalMillis`, `consumerOnly`). Keys we
 //! do not know are reported as warnings, never as errors, because upstream ignores them.
 //!
+//! One Sluice extension: a `queue` section ([`QueueSpec`]) makes each subscription a share
+//! group (KIP-932) whose consumers work a fixed time per record and accept each one, the
+//! queue-style workload of RabbitMQ's benchmarks. Upstream OMB ignores the key.
+//!
 //! ```no_run
 //! let loaded = sluice_bench::workload::Workload::load("bench/workloads/1-topic-100-partitions-1kb.yaml").unwrap();
 //! assert_eq!(loaded.workload.topics, 1);
@@ -103,9 +107,65 @@ pub struct Workload {
     /// Fork extension: consumers only (reading what an earlier run wrote).
     #[serde(default)]
     pub consumer_only: bool,
+    /// Sluice extension: queue semantics (share groups, work time, acceptance per record).
+    #[serde(default)]
+    pub queue: Option<QueueSpec>,
     /// Keys we do not know; warned about.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_norway::Value>,
+}
+
+/// The `queue` section of a workload (a Sluice extension):
+///
+/// ```yaml
+/// queue:
+///   workMillis: 10          # each consumer "works" every record this long, then accepts it
+///   maxRecordsPerFetch: 10  # ShareFetch MaxRecords, as RabbitMQ's consumer prefetch (qos)
+/// ```
+///
+/// Each subscription is then one share group (`share.auto.offset.reset=earliest`) instead
+/// of a consumer group, and `consumerPerSubscription` is the number of its members, each
+/// one worker: a subscription sustains at most `consumers x 1000 / workMillis` msg/s.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueSpec {
+    /// Work per record in milliseconds (a sleep), before the record is accepted.
+    pub work_millis: f64,
+    /// Records one ShareFetch may acquire for a consumer.
+    #[serde(default = "max_records_per_fetch_default")]
+    pub max_records_per_fetch: u32,
+}
+
+/// Records per ShareFetch unless the workload says otherwise.
+pub const MAX_RECORDS_PER_FETCH_DEFAULT: u32 = 10;
+
+fn max_records_per_fetch_default() -> u32 {
+    MAX_RECORDS_PER_FETCH_DEFAULT
+}
+
+impl QueueSpec {
+    /// The work time per record.
+    pub fn work(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.work_millis / 1000.0)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        use crate::share::{RECORDS_PER_FETCH_MAX, WORK_MS_MAX, WORK_PER_FETCH_MS_MAX};
+        if !(0.0..=WORK_MS_MAX).contains(&self.work_millis) {
+            bail!("queue.workMillis must be within 0..={WORK_MS_MAX}");
+        }
+        if !(1..=RECORDS_PER_FETCH_MAX).contains(&self.max_records_per_fetch) {
+            bail!("queue.maxRecordsPerFetch must be within 1..={RECORDS_PER_FETCH_MAX}");
+        }
+        let work_per_fetch_ms = self.work_millis * f64::from(self.max_records_per_fetch);
+        if work_per_fetch_ms > WORK_PER_FETCH_MS_MAX {
+            bail!(
+                "queue: maxRecordsPerFetch x workMillis = {work_per_fetch_ms} ms of work per fetch, over \
+                 {WORK_PER_FETCH_MS_MAX} ms (records would outlive their acquisition lock or the heartbeat)"
+            );
+        }
+        Ok(())
+    }
 }
 
 fn backlog_drain_ratio_default() -> f64 {
@@ -179,6 +239,9 @@ impl Workload {
         }
         if self.test_duration_minutes <= 0.0 {
             bail!("testDurationMinutes must be positive");
+        }
+        if let Some(queue) = &self.queue {
+            queue.validate()?;
         }
         Ok(())
     }
@@ -291,6 +354,28 @@ mod tests {
         assert_eq!(workload.rate_at(5.0), Some(150.0));
         assert_eq!(workload.rate_at(20.0), Some(200.0));
         assert_eq!(workload.sample_period_ms(), 1000);
+    }
+
+    #[test]
+    fn queue_section() {
+        let base = "name: w\ntopics: 2\npartitionsPerTopic: 1\nmessageSize: 10\npayloadFile: x\n\
+                    subscriptionsPerTopic: 1\nconsumerPerSubscription: 8\nproducersPerTopic: 2\n\
+                    producerRate: 1000\ntestDurationMinutes: 1\n";
+        assert_eq!(check(base, 0).queue, None);
+        let workload = check(&format!("{base}queue:\n  workMillis: 10\n"), 0);
+        let queue = workload.queue.expect("queue section");
+        assert_eq!(queue.max_records_per_fetch, MAX_RECORDS_PER_FETCH_DEFAULT);
+        assert_eq!(queue.work(), std::time::Duration::from_millis(10));
+        let queue = check(&format!("{base}queue:\n  workMillis: 2.5\n  maxRecordsPerFetch: 100\n"), 0).queue;
+        assert_eq!(queue.map(|q| q.max_records_per_fetch), Some(100));
+        for bad in
+            ["workMillis: -1", "workMillis: 10\n  maxRecordsPerFetch: 0", "workMillis: 100\n  maxRecordsPerFetch: 500"]
+        {
+            let error = Workload::parse(&format!("{base}queue:\n  {bad}\n")).unwrap_err();
+            assert!(format!("{error:#}").contains("queue"), "{bad}: {error:#}");
+        }
+        // A misspelt key in the section is an error, not a silently ignored setting.
+        assert!(Workload::parse(&format!("{base}queue:\n  workMilis: 10\n")).is_err());
     }
 
     #[test]

@@ -164,3 +164,40 @@ fn smoke_workload_against_kafka() {
     args.start_kafka = true;
     run_and_check(args);
 }
+
+/// The queue workload (share groups, 2 ms of work per record, explicit acceptance) for a
+/// few seconds against a started Sluice: records are delivered, every one accepted and
+/// confirmed by the broker, none redelivered, and the result has the queue figures.
+#[test]
+fn queue_smoke_workload_against_sluice() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.workloads = vec![workspace().join("bench/local/workloads/queue-smoke.yaml")];
+    args.charts = false;
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let written = sluice_bench::run_workloads(args).expect("bench run");
+    let result = TestResult::load(&written[0]).unwrap();
+    let extras = result.sluice.as_ref().expect("sluice extras");
+    assert_eq!(extras.consumer_mode, "share");
+    let queue = extras.queue.as_ref().expect("queue figures");
+    assert_eq!((queue.work_millis, queue.max_records_per_fetch), (2.0, 5));
+    assert_eq!((queue.share_groups, queue.consumers), (2, 6));
+    // 200 msg/s for about 5 s: nearly all delivered and accepted within the phase.
+    let sent = extras.measured_messages_sent;
+    assert!(sent > 500, "sent {sent}");
+    assert!(queue.measured_delivered * 10 >= sent * 9, "delivered {} of {sent}", queue.measured_delivered);
+    assert!(queue.measured_acknowledged * 10 >= sent * 9, "acknowledged {} of {sent}", queue.measured_acknowledged);
+    assert_eq!(queue.measured_acknowledge_errors, 0, "{queue:?}");
+    assert_eq!(queue.measured_redelivered, 0, "{queue:?}");
+    assert_eq!(queue.measured_restarts, 0, "{queue:?}");
+    assert!(queue.aggregated_acknowledge_rate > 100.0, "{queue:?}");
+    assert_eq!(queue.acknowledge_rate.len(), result.publish_rate.len());
+    assert!(result.consume_rate_mean() > 100.0, "{:?}", result.consume_rate);
+    // End-to-end latency is taken when a record's work starts: at least the publish path.
+    assert!(result.aggregated_end_to_end_latency_50pct > 0.0);
+    assert!(result.aggregated_end_to_end_latency_99pct >= result.aggregated_end_to_end_latency_50pct);
+    assert!(result.aggregated_publish_latency_99pct > 0.0);
+}
