@@ -114,3 +114,78 @@ def test_rejected_and_exhausted_records_go_to_the_dead_letter_topic(broker, java
         assert headers["sluice.dlq.reason"] == reason and headers["sluice.dlq.delivery.count"] == deliveries, headers
         assert headers["sluice.dlq.group"] == group and headers["sluice.dlq.topic"] == topic, headers
         assert headers["sluice.dlq.partition"] == "0" and headers["sluice.dlq.offset"] == key[2:], headers
+
+
+def test_kafka_share_groups_resets_deletes_offsets_and_deletes_the_group(broker_factory, java_cp, tools_cp):
+    """kafka-share-groups --reset-offsets, --delete-offsets and --delete (AlterShareGroupOffsets,
+    DeleteShareGroupOffsets, DeleteGroups): refused while the group has a member; once it has
+    none, a reset to the earliest offset delivers every record again (the leader's share-partition
+    is read again, not served from memory), deleted offsets start over from
+    share.auto.offset.reset, and a deleted group is no longer listed or described."""
+    # Short share sessions: the consume mode exits like a crash, and its member must time out.
+    broker = broker_factory(extra_args=["--override", "group_share_session_timeout_ms=4000",
+                                        "--override", "group_share_heartbeat_interval_ms=1000"])
+    topic, group = unique("q"), unique("admin")
+    n = 40
+    kw.create_topic(broker.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(n):
+        producer.produce(topic, key=f"k-{i}", value=f"k-{i}")
+    assert producer.flush(30) == 0
+
+    def consume_all():
+        res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "consume", "--topic", topic,
+                                        "--group", group, "--count", str(n)], timeout=120)
+        assert res.returncode == 0, res.report()
+        acked = sorted(line.split()[1] for line in res.stdout.splitlines() if line.startswith("ACKED "))
+        assert acked == sorted(f"k-{i}" for i in range(n)), res.report()
+
+    def share_groups(*args, ok=True):
+        out = run_java(tools_cp, SHARE_GROUP_COMMAND, ["--bootstrap-server", broker.bootstrap, *args], timeout=60)
+        if ok:
+            assert out.returncode == 0, out.report()
+        return out.stdout + out.stderr
+
+    def start_offset():
+        rows = [line.split() for line in share_groups("--describe", "--group", group).splitlines()
+                if line.startswith(group)]
+        assert len(rows) == 1 and rows[0][1:3] == [topic, "0"], rows
+        return rows[0][3]
+
+    consume_all()
+    # While the group has a member, changes are refused.
+    with kw.Conn.to(broker.bootstrap) as conn:
+        joined = conn.share_heartbeat(group, "admin-test-member", 0, [topic])
+        assert joined.error == 0, joined
+        refused = share_groups("--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute",
+                               ok=False)
+        assert "not empty" in refused.lower() or "NonEmptyGroup" in refused or "active members" in refused, refused
+        assert conn.share_heartbeat(group, "admin-test-member", -1).error == 0
+    wait_for_empty = time.monotonic() + 60
+    while "has no active members" not in share_groups("--describe", "--group", group, "--members"):
+        assert time.monotonic() < wait_for_empty, "the crashed consumer never left the group"
+        time.sleep(1)
+    assert start_offset() == str(n)
+
+    share_groups("--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute")
+    assert start_offset() == "0"
+    consume_all()  # every record again, each once
+    assert start_offset() == str(n)
+
+    wait_for_empty = time.monotonic() + 60
+    while "has no active members" not in share_groups("--describe", "--group", group, "--members"):
+        assert time.monotonic() < wait_for_empty
+        time.sleep(1)
+    share_groups("--delete-offsets", "--group", group, "--topic", topic)
+    assert not [line for line in share_groups("--describe", "--group", group).splitlines()
+                if line.startswith(group) and line.split()[3] != "-"], "offsets left after --delete-offsets"
+    consume_all()  # a new share-partition, from the earliest offset
+    assert start_offset() == str(n)
+
+    wait_for_empty = time.monotonic() + 60
+    while "has no active members" not in share_groups("--describe", "--group", group, "--members"):
+        assert time.monotonic() < wait_for_empty
+        time.sleep(1)
+    share_groups("--delete", "--group", group)
+    assert group not in share_groups("--list").split()
+    assert "does not exist" in share_groups("--describe", "--group", group, ok=False)

@@ -16,7 +16,8 @@ only once it is durable there.
   of each data partition and the leader of each share-partition's state partition are killed -9
   (each restarted after a second). A second consumer then accepts the other 250: none of the
   first 150 again, and all 400 in total; kafka-share-groups describes each partition's start
-  offset as its end offset (200), asked of whichever node.
+  offset as its end offset (200), asked of whichever node. Once the group is empty,
+  kafka-share-groups --reset-offsets --to-earliest makes every record delivered again, once.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def remote_state_group(cluster: Cluster, topic: str, partitions: int) -> str:
 
 
 def test_share_groups_on_three_nodes_survive_leader_kills(tmp_path, java_cp, tools_cp):
-    cluster = Cluster(tmp_path).start()
+    # Short share sessions: a consumer that exits like a crash leaves the group in seconds.
+    cluster = Cluster(tmp_path, node_args=lambda node_id, port: [
+        "--override", "group_share_session_timeout_ms=4000", "--override", "group_share_heartbeat_interval_ms=1000",
+    ]).start()
     try:
         # Spread: 4 consumers, 2 partitions (the mode creates its topic, replication factor 1).
         res = run_java(java_cp, SHARE, ["--bootstrap", cluster.bootstrap, "--mode", "spread", "--topic", unique("q"),
@@ -109,11 +113,32 @@ def test_share_groups_on_three_nodes_survive_leader_kills(tmp_path, java_cp, too
         assert not again, f"{len(again)} acknowledged records delivered again after the kills, e.g. {sorted(again)[:5]}"
         assert set(acked) | set(rest) == {f"k-{i}" for i in range(n)}
 
-        for node in cluster.nodes.values():
-            out = run_java(tools_cp, SHARE_GROUP_COMMAND, ["--bootstrap-server", node.bootstrap, "--describe",
-                                                           "--group", group], timeout=60)
+        def share_groups(node, *args):
+            out = run_java(tools_cp, SHARE_GROUP_COMMAND, ["--bootstrap-server", node.bootstrap, *args], timeout=60)
             assert out.returncode == 0, out.report()
-            rows = [line.split() for line in out.stdout.splitlines() if line.startswith(group)]
-            assert sorted((r[1], r[2], r[3]) for r in rows) == [(topic, "0", "200"), (topic, "1", "200")], out.stdout
+            return out.stdout + out.stderr
+
+        def start_offsets(node):
+            rows = [line.split() for line in share_groups(node, "--describe", "--group", group).splitlines()
+                    if line.startswith(group)]
+            return sorted((r[1], r[2], r[3]) for r in rows)
+
+        for node in cluster.nodes.values():
+            assert start_offsets(node) == [(topic, "0", "200"), (topic, "1", "200")]
+
+        # Once the group is empty, a reset to the earliest offsets (AlterShareGroupOffsets at the
+        # coordinator, InitializeShareGroupState at the state partitions' leaders) delivers every
+        # record again: the partition leaders read the reset state, not what they hold in memory.
+        any_node = next(iter(cluster.nodes.values()))
+        wait_for("the crashed consumer to leave",
+                 lambda: "has no active members" in share_groups(any_node, "--describe", "--group", group, "--members"),
+                 timeout=60)
+        share_groups(any_node, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute")
+        assert start_offsets(any_node) == [(topic, "0", "0"), (topic, "1", "0")]
+        third = run_java(java_cp, SHARE, ["--bootstrap", cluster.bootstrap, "--mode", "consume", "--topic", topic,
+                                          "--group", group, "--count", str(n)], timeout=150)
+        assert third.returncode == 0, third.report()
+        again = sorted(line.split()[1] for line in third.stdout.splitlines() if line.startswith("ACKED "))
+        assert again == sorted(f"k-{i}" for i in range(n)), third.report()
     finally:
         cluster.kill_all()

@@ -119,8 +119,24 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
         Ok(PendingChange { visible_at })
     }
 
+    /// Appends a tombstone: a replay forgets `key`.
+    pub(crate) fn remove(&self, key: &str, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
+        let record = std::iter::once((Bytes::copy_from_slice(key.as_bytes()), None));
+        let visible_at = self.append_records(record, sluice_storage::now_ms(), syncer)?;
+        Ok(PendingChange { visible_at })
+    }
+
     fn append_batch(&self, records: &[(Bytes, Bytes)], now_ms: i64, syncer: &Syncer) -> Result<i64, ResponseError> {
         let records = records.iter().map(|(key, value)| (key.clone(), Some(value.clone())));
+        self.append_records(records, now_ms, syncer)
+    }
+
+    fn append_records(
+        &self,
+        records: impl Iterator<Item = (Bytes, Option<Bytes>)>,
+        now_ms: i64,
+        syncer: &Syncer,
+    ) -> Result<i64, ResponseError> {
         let encoded = encode_internal_batch(records, now_ms).map_err(|error| {
             tracing::error!(%error, "could not encode a state log batch");
             ResponseError::KafkaStorageError
@@ -209,16 +225,23 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
         self.log.close()
     }
 
-    /// The state per transactional id: the last record of each, from the log start.
+    /// The state per key: the last record of each, from the log start (a tombstone forgets it).
     fn replay(&self) -> io::Result<BTreeMap<String, V>> {
         let name = self.log.partition().dir().display().to_string();
         let mut state = BTreeMap::new();
         read_internal_log(self.log.partition(), &name, |offset, key, value| {
-            let (Some(key), Some(value)) = (key, value) else { return Ok(()) };
+            let Some(key) = key else { return Ok(()) };
             let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidData, format!("{name} at {offset}: {e}"));
             let id = String::from_utf8(key.to_vec()).map_err(|e| invalid(e.to_string()))?;
-            let meta: V = serde_json::from_slice(&value).map_err(|e| invalid(e.to_string()))?;
-            state.insert(id, meta);
+            match value {
+                None => {
+                    state.remove(&id);
+                }
+                Some(value) => {
+                    let meta: V = serde_json::from_slice(&value).map_err(|e| invalid(e.to_string()))?;
+                    state.insert(id, meta);
+                }
+            }
             Ok(())
         })?;
         Ok(state)

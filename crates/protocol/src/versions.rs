@@ -45,6 +45,8 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ShareFetch, 1, 1),
     (ApiKey::ShareAcknowledge, 1, 1),
     (ApiKey::DescribeShareGroupOffsets, 0, 0),
+    (ApiKey::AlterShareGroupOffsets, 0, 0),
+    (ApiKey::DeleteShareGroupOffsets, 0, 0),
     // SaslHandshake v0 (raw SASL tokens after the handshake) is not served.
     (ApiKey::SaslHandshake, 1, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
@@ -70,6 +72,8 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ReadShareGroupState, 0, 0),
     (ApiKey::WriteShareGroupState, 0, 0),
     (ApiKey::ReadShareGroupStateSummary, 0, 0),
+    (ApiKey::InitializeShareGroupState, 0, 0),
+    (ApiKey::DeleteShareGroupState, 0, 0),
 ];
 
 /// The advertised (min, max) for `api_key`, if we serve it at all. Produce v0-v2 are

@@ -279,6 +279,18 @@ pub(super) fn before(
             let response = ShareAcknowledgeResponse::default().with_error_code(refused_group);
             return Err(Box::new(ResponseKind::ShareAcknowledge(response)));
         }
+        RequestKind::AlterShareGroupOffsets(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
+            let response = kafka_protocol::messages::AlterShareGroupOffsetsResponse::default()
+                .with_error_code(refused_group)
+                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
+            return Err(Box::new(ResponseKind::AlterShareGroupOffsets(response)));
+        }
+        RequestKind::DeleteShareGroupOffsets(request) if !group(broker, session, acl::OP_DELETE, &request.group_id) => {
+            let response = kafka_protocol::messages::DeleteShareGroupOffsetsResponse::default()
+                .with_error_code(refused_group)
+                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
+            return Err(Box::new(ResponseKind::DeleteShareGroupOffsets(response)));
+        }
         RequestKind::DescribeShareGroupOffsets(request) => {
             let refused = request.groups.iter().any(|g| !group(broker, session, acl::OP_DESCRIBE, &g.group_id));
             if refused {

@@ -621,7 +621,9 @@ pub(super) fn list_groups(broker: &Arc<Broker>, request: ListGroupsRequest) -> L
         })
         .collect();
     // Share groups (KIP-932): Kafka lists them as type "Share", protocol type "share".
-    for (group_id, members) in broker.shares.list() {
+    // In a cluster each coordinator lists the groups it coordinates.
+    let shares = broker.shares.list().into_iter().filter(|(group_id, _)| broker.groups.serving(group_id).is_ok());
+    for (group_id, members) in shares {
         let state = if members == 0 { "Empty" } else { "Stable" };
         if (states.is_empty() || states.contains(&state.to_lowercase()))
             && (types.is_empty() || types.iter().any(|t| t == "share"))
@@ -675,24 +677,30 @@ pub(super) fn describe_groups(broker: &Arc<Broker>, request: DescribeGroupsReque
 
 pub(super) fn delete_groups(broker: &Arc<Broker>, request: DeleteGroupsRequest) -> Pending<DeleteGroupsResponse> {
     let coordinator = coordinator(broker);
+    // A share group is deleted by the share coordinator (its share-partitions' state).
     let writes: Vec<_> = request
         .groups_names
         .into_iter()
-        .map(|group_id| {
-            let write = coordinator.delete_group(group_id.as_str(), broker.logs.syncer());
-            (group_id, write)
+        .map(|group_id| match broker.shares.describe(group_id.as_str()) {
+            Some(_) => (group_id, None),
+            None => {
+                let write = coordinator.delete_group(group_id.as_str(), broker.logs.syncer());
+                (group_id, Some(write))
+            }
         })
         .collect();
+    let broker = broker.clone();
     Box::pin(async move {
         let mut response = DeleteGroupsResponse::default();
         for (group_id, write) in writes {
-            let result = match write {
-                Ok(write) => write.await,
-                Err(error) => Err(error),
+            let code = match write {
+                None => super::share::delete_group(&broker, group_id.as_str()).await.err().map_or(0, |e| e.code()),
+                Some(Ok(write)) => write.await.err().map_or(0, GroupError::code),
+                Some(Err(error)) => error.code(),
             };
             let mut deleted = DeletableGroupResult::default();
             deleted.group_id = group_id;
-            deleted.error_code = result.err().map_or(0, GroupError::code);
+            deleted.error_code = code;
             response.results.push(deleted);
         }
         response

@@ -281,6 +281,86 @@ pub(crate) fn dispatch(
                 Some(ResponseKind::WriteShareGroupState(share::write_state(&broker, &session, request).await))
             })
         }
+        RequestKind::AlterShareGroupOffsets(request) => {
+            Box::pin(
+                async move { Some(ResponseKind::AlterShareGroupOffsets(share::alter_offsets(&broker, request).await)) },
+            )
+        }
+        RequestKind::DeleteShareGroupOffsets(request) => Box::pin(async move {
+            Some(ResponseKind::DeleteShareGroupOffsets(share::delete_offsets(&broker, request).await))
+        }),
+        RequestKind::InitializeShareGroupState(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                use kafka_protocol::messages::initialize_share_group_state_response::{
+                    InitializeStateResult, PartitionResult,
+                };
+                let changes = request
+                    .topics
+                    .into_iter()
+                    .map(|t| {
+                        let partitions = t
+                            .partitions
+                            .into_iter()
+                            .map(|p| (p.partition, crate::share::store::AdminChange::Start(p.start_offset)))
+                            .collect();
+                        (t.topic_id, partitions)
+                    })
+                    .collect();
+                let results = share::administer_state(&broker, &session, &request.group_id, changes).await;
+                let mut response = kafka_protocol::messages::InitializeShareGroupStateResponse::default();
+                response.results = results
+                    .into_iter()
+                    .map(|(topic_id, codes)| {
+                        let mut result = InitializeStateResult::default();
+                        result.topic_id = topic_id;
+                        result.partitions = codes
+                            .into_iter()
+                            .map(|(partition, code)| {
+                                PartitionResult::default().with_partition(partition).with_error_code(code)
+                            })
+                            .collect();
+                        result
+                    })
+                    .collect();
+                Some(ResponseKind::InitializeShareGroupState(response))
+            })
+        }
+        RequestKind::DeleteShareGroupState(request) => {
+            let session = session.clone();
+            Box::pin(async move {
+                use kafka_protocol::messages::delete_share_group_state_response::{DeleteStateResult, PartitionResult};
+                let changes = request
+                    .topics
+                    .into_iter()
+                    .map(|t| {
+                        let partitions = t
+                            .partitions
+                            .into_iter()
+                            .map(|p| (p.partition, crate::share::store::AdminChange::Delete))
+                            .collect();
+                        (t.topic_id, partitions)
+                    })
+                    .collect();
+                let results = share::administer_state(&broker, &session, &request.group_id, changes).await;
+                let mut response = kafka_protocol::messages::DeleteShareGroupStateResponse::default();
+                response.results = results
+                    .into_iter()
+                    .map(|(topic_id, codes)| {
+                        let mut result = DeleteStateResult::default();
+                        result.topic_id = topic_id;
+                        result.partitions = codes
+                            .into_iter()
+                            .map(|(partition, code)| {
+                                PartitionResult::default().with_partition(partition).with_error_code(code)
+                            })
+                            .collect();
+                        result
+                    })
+                    .collect();
+                Some(ResponseKind::DeleteShareGroupState(response))
+            })
+        }
         RequestKind::ReadShareGroupStateSummary(request) => {
             ready(ResponseKind::ReadShareGroupStateSummary(share::read_state_summary(&broker, session, request)))
         }
@@ -485,6 +565,8 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         ShareFetch,
         ShareAcknowledge,
         DescribeShareGroupOffsets,
+        AlterShareGroupOffsets,
+        DeleteShareGroupOffsets,
         DescribeLogDirs,
         AddPartitionsToTxn,
         AddOffsetsToTxn,

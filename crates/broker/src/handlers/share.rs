@@ -22,10 +22,12 @@ use kafka_protocol::messages::share_group_describe_response::{self as describe_r
 use kafka_protocol::messages::share_group_heartbeat_response::{self as heartbeat_response};
 use kafka_protocol::messages::write_share_group_state_response as write_state_response;
 use kafka_protocol::messages::{
-    ReadShareGroupStateRequest, ReadShareGroupStateResponse, ReadShareGroupStateSummaryRequest,
-    ReadShareGroupStateSummaryResponse, ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest,
-    ShareFetchResponse, ShareGroupDescribeRequest, ShareGroupDescribeResponse, ShareGroupHeartbeatRequest,
-    ShareGroupHeartbeatResponse, TopicName, WriteShareGroupStateRequest, WriteShareGroupStateResponse,
+    AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse, DeleteShareGroupOffsetsRequest,
+    DeleteShareGroupOffsetsResponse, ReadShareGroupStateRequest, ReadShareGroupStateResponse,
+    ReadShareGroupStateSummaryRequest, ReadShareGroupStateSummaryResponse, ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse, ShareGroupDescribeRequest,
+    ShareGroupDescribeResponse, ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse, TopicName,
+    WriteShareGroupStateRequest, WriteShareGroupStateResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -36,6 +38,7 @@ use uuid::Uuid;
 use super::{str_bytes, Session};
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::security::acl;
+use crate::share::store::AdminChange;
 use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;
 
@@ -68,6 +71,12 @@ pub(super) fn heartbeat(
     );
     match answer {
         Ok(answer) => {
+            if let Some(topics) = answer.unregistered {
+                let (broker, group_id) = (broker.clone(), request.group_id.to_string());
+                tokio::spawn(async move {
+                    let _ = broker.shares.register_group(&broker, &group_id, Some(topics)).await;
+                });
+            }
             response.member_id = Some(request.member_id.clone());
             response.member_epoch = answer.member_epoch;
             response.heartbeat_interval_ms = answer.heartbeat_interval_ms;
@@ -278,6 +287,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
         let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
         let max_records = if request.max_records <= 0 { usize::MAX } else { request.max_records as usize };
         let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
+        let mut first_pass = true;
         loop {
             let released = broker.shares.released();
             let mut receivers = Vec::new();
@@ -305,7 +315,8 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
                     let offsets = log.offsets();
                     let key = (group_id.clone(), name.clone(), partition);
                     let bounds = (offsets.log_start_offset, offsets.high_watermark);
-                    match broker.shares.ensure_loaded(broker, &key, topic_id, *epoch, bounds).await {
+                    match broker.shares.ensure_loaded(broker, &key, topic_id, *epoch, bounds, full && first_pass).await
+                    {
                         Ok(()) => {}
                         Err(ResponseError::FencedLeaderEpoch) => fenced = true,
                         Err(error) => {
@@ -320,6 +331,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
                 }
                 targets.push(((topic_id, partition), name, log));
             }
+            first_pass = false;
             let pass = {
                 let broker = broker.clone();
                 let (group_id, member_id) = (group_id.clone(), member_id.clone());
@@ -564,8 +576,8 @@ pub(super) async fn describe_offsets(
                     None => data.error_code = ResponseError::UnknownTopicOrPartition.code(),
                     Some(topic_id) => {
                         let key = (group_id.clone(), topic.clone(), partition);
-                        match broker.shares.store.start_offset(broker, &key, topic_id).await {
-                            Ok(start) => data.start_offset = start.unwrap_or(-1),
+                        match broker.shares.store.summary(broker, &key, topic_id).await {
+                            Ok(summary) => data.start_offset = summary.map_or(-1, |s| s.start),
                             Err(error) => data.error_code = error.code(),
                         }
                     }
@@ -693,11 +705,12 @@ pub(super) fn read_state_summary(
                 Some(key) => broker.shares.store.summary_here(broker, &key),
             };
             match summary {
-                Ok((state_epoch, leader_epoch, start_offset)) => {
-                    answer.state_epoch = state_epoch;
-                    answer.leader_epoch = leader_epoch;
-                    answer.start_offset = start_offset;
+                Ok(Some(summary)) => {
+                    answer.state_epoch = summary.version;
+                    answer.leader_epoch = summary.leader_epoch;
+                    answer.start_offset = summary.start;
                 }
+                Ok(None) => (answer.state_epoch, answer.leader_epoch, answer.start_offset) = (-1, -1, -1),
                 Err(error) => answer.error_code = error.code(),
             }
             result.partitions.push(answer);
@@ -705,4 +718,182 @@ pub(super) fn read_state_summary(
         response.results.push(result);
     }
     response
+}
+
+/// InitializeShareGroupState / DeleteShareGroupState (broker to broker; CLUSTER_ACTION): a
+/// group coordinator's administrative change of share-partitions stored here.
+pub(super) async fn administer_state(
+    broker: &Arc<Broker>,
+    session: &Session,
+    group_id: &str,
+    changes: Vec<(Uuid, Vec<(i32, AdminChange)>)>,
+) -> Vec<(Uuid, Vec<(i32, i16)>)> {
+    let allowed = broker.may_replicate(session);
+    let catalog = broker.topics.catalog();
+    let mut results = Vec::new();
+    for (topic_id, partitions) in changes {
+        let mut codes = Vec::new();
+        for (partition, change) in partitions {
+            let done = match state_key(&catalog, group_id, &topic_id, partition) {
+                _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
+                None => Err(ResponseError::UnknownTopicOrPartition),
+                Some(key) => broker.shares.store.administer_here(broker, &key, change).await,
+            };
+            codes.push((partition, done.err().map_or(0, |e| e.code())));
+        }
+        results.push((topic_id, codes));
+    }
+    results
+}
+
+/// Share-partition changes an administrator may make only while the group has no members
+/// (Kafka's rule): checked at the group's coordinator.
+fn check_administrable(broker: &Broker, group_id: &str) -> Result<(), (ResponseError, String)> {
+    if let Err(error) = broker.groups.serving(group_id) {
+        return Err((error.response_error(), "this broker is not the share group's coordinator".to_string()));
+    }
+    if broker.shares.has_members(group_id) {
+        return Err((ResponseError::NonEmptyGroup, format!("share group {group_id} has active members")));
+    }
+    Ok(())
+}
+
+/// Applies `change` to each partition, a few at a time; the first error of each.
+async fn administer_all(
+    broker: &Broker,
+    group_id: &str,
+    targets: Vec<(String, Uuid, i32, AdminChange)>,
+) -> Vec<(String, i32, Result<(), ResponseError>)> {
+    use futures::StreamExt;
+    futures::stream::iter(targets)
+        .map(|(topic, topic_id, partition, change)| async move {
+            let key = (group_id.to_string(), topic.clone(), partition);
+            let done = broker.shares.store.administer(broker, &key, topic_id, change).await;
+            if done.is_ok() {
+                broker.shares.drop_served(&key);
+            }
+            (topic, partition, done)
+        })
+        .buffered(ADMIN_CHANGES_IN_FLIGHT)
+        .collect()
+        .await
+}
+
+/// Share-partition changes of one administrative request in flight at once.
+const ADMIN_CHANGES_IN_FLIGHT: usize = 16;
+
+/// AlterShareGroupOffsets (`kafka-share-groups --reset-offsets`): each named
+/// share-partition starts again at the given offset, nothing in flight.
+pub(super) async fn alter_offsets(
+    broker: &Arc<Broker>,
+    request: AlterShareGroupOffsetsRequest,
+) -> AlterShareGroupOffsetsResponse {
+    use kafka_protocol::messages::alter_share_group_offsets_response::{
+        AlterShareGroupOffsetsResponsePartition, AlterShareGroupOffsetsResponseTopic,
+    };
+    let mut response = AlterShareGroupOffsetsResponse::default();
+    let group_id = request.group_id.to_string();
+    if let Err((error, message)) = check_administrable(broker, &group_id) {
+        response.error_code = error.code();
+        response.error_message = Some(str_bytes(&message));
+        return response;
+    }
+    let catalog = broker.topics.catalog();
+    let mut targets = Vec::new();
+    let mut refused = Vec::new();
+    for topic in &request.topics {
+        let name = topic.topic_name.to_string();
+        for partition in &topic.partitions {
+            match catalog.get(&name) {
+                Some((topic_id, count))
+                    if (0..count).contains(&partition.partition_index) && partition.start_offset >= 0 =>
+                {
+                    targets.push((
+                        name.clone(),
+                        topic_id,
+                        partition.partition_index,
+                        AdminChange::Start(partition.start_offset),
+                    ));
+                }
+                Some(_) if partition.start_offset < 0 => {
+                    refused.push((name.clone(), partition.partition_index, Err(ResponseError::InvalidRequest)));
+                }
+                _ => {
+                    refused.push((name.clone(), partition.partition_index, Err(ResponseError::UnknownTopicOrPartition)))
+                }
+            }
+        }
+    }
+    let mut by_topic: BTreeMap<String, Vec<AlterShareGroupOffsetsResponsePartition>> = BTreeMap::new();
+    for (topic, partition, done) in administer_all(broker, &group_id, targets).await.into_iter().chain(refused) {
+        let mut answer = AlterShareGroupOffsetsResponsePartition::default();
+        answer.partition_index = partition;
+        answer.error_code = done.err().map_or(0, |e| e.code());
+        by_topic.entry(topic).or_default().push(answer);
+    }
+    response.responses = by_topic
+        .into_iter()
+        .map(|(topic, partitions)| {
+            let mut answer = AlterShareGroupOffsetsResponseTopic::default();
+            answer.topic_id = catalog.get(&topic).map_or(Uuid::nil(), |(id, _)| id);
+            answer.topic_name = TopicName(str_bytes(&topic));
+            answer.partitions = partitions;
+            answer
+        })
+        .collect();
+    response
+}
+
+/// DeleteShareGroupOffsets (`kafka-share-groups --delete-offsets`): forgets the group's
+/// share-partitions of the named topics.
+pub(super) async fn delete_offsets(
+    broker: &Arc<Broker>,
+    request: DeleteShareGroupOffsetsRequest,
+) -> DeleteShareGroupOffsetsResponse {
+    use kafka_protocol::messages::delete_share_group_offsets_response::DeleteShareGroupOffsetsResponseTopic;
+    let mut response = DeleteShareGroupOffsetsResponse::default();
+    let group_id = request.group_id.to_string();
+    if let Err((error, message)) = check_administrable(broker, &group_id) {
+        response.error_code = error.code();
+        response.error_message = Some(str_bytes(&message));
+        return response;
+    }
+    let catalog = broker.topics.catalog();
+    for topic in &request.topics {
+        let name = topic.topic_name.to_string();
+        let mut answer = DeleteShareGroupOffsetsResponseTopic::default();
+        answer.topic_name = topic.topic_name.clone();
+        match catalog.get(&name) {
+            None => answer.error_code = ResponseError::UnknownTopicOrPartition.code(),
+            Some((topic_id, count)) => {
+                answer.topic_id = topic_id;
+                let targets = (0..count).map(|p| (name.clone(), topic_id, p, AdminChange::Delete)).collect();
+                let failed = administer_all(broker, &group_id, targets).await.into_iter().find_map(|(_, _, d)| d.err());
+                answer.error_code = failed.map_or(0, |e| e.code());
+            }
+        }
+        response.responses.push(answer);
+    }
+    response
+}
+
+/// DeleteGroups of a share group (`kafka-share-groups --delete`): refused while it has
+/// members; else every share-partition of the group (of the topics it registered) and its
+/// registration are forgotten.
+pub(super) async fn delete_group(broker: &Arc<Broker>, group_id: &str) -> Result<(), ResponseError> {
+    check_administrable(broker, group_id).map_err(|(error, _)| error)?;
+    let catalog = broker.topics.catalog();
+    let targets = broker
+        .shares
+        .group_topics(group_id)
+        .into_iter()
+        .filter_map(|topic| catalog.get(&topic).map(|(id, count)| (topic, id, count)))
+        .flat_map(|(topic, id, count)| (0..count).map(move |p| (topic.clone(), id, p, AdminChange::Delete)))
+        .collect();
+    if let Some(error) = administer_all(broker, group_id, targets).await.into_iter().find_map(|(_, _, d)| d.err()) {
+        return Err(error);
+    }
+    broker.shares.register_group(broker, group_id, None).await?;
+    broker.shares.forget_group(group_id);
+    Ok(())
 }

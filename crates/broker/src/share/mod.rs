@@ -65,6 +65,19 @@ pub(crate) const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit
 /// A group's configs by name.
 pub(crate) type GroupConfigs = BTreeMap<String, String>;
 
+/// A reserved group config (never described, not settable by clients) recording that a
+/// share group exists and the topics its members subscribed to. It lives with the group's
+/// configs (the share state log on a single node, the cluster metadata in a cluster), so
+/// any coordinator, also after a failover, describes, lists, resets and deletes an empty
+/// group, and knows which share-partitions it has.
+pub(crate) const CONFIG_GROUP_TOPICS: &str = "sluice.share.group.topics";
+
+/// The topics [`CONFIG_GROUP_TOPICS`] records, if the group is registered.
+fn registered_topics(configs: Option<&GroupConfigs>) -> Option<BTreeSet<String>> {
+    let topics = configs?.get(CONFIG_GROUP_TOPICS)?;
+    Some(topics.split(',').filter(|t| !t.is_empty()).map(str::to_string).collect())
+}
+
 /// The broker's share-group settings (Kafka's `group.share.*` broker configs).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ShareSettings {
@@ -154,6 +167,9 @@ pub(crate) struct HeartbeatAnswer {
     pub(crate) heartbeat_interval_ms: i32,
     /// Topic -> partitions, when it must be sent.
     pub(crate) assignment: Option<BTreeMap<String, Vec<i32>>>,
+    /// Topics the group's registration lacks: the caller records them
+    /// ([`ShareCoordinator::register_group`]).
+    pub(crate) unregistered: Option<BTreeSet<String>>,
 }
 
 /// One member as ShareGroupDescribe shows it.
@@ -221,6 +237,8 @@ pub(crate) struct ShareCoordinator {
     released: tokio::sync::Notify,
     /// Share-partitions whose dead letters are being copied now.
     flushing: Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Groups whose registration is being written.
+    registering: Mutex<std::collections::HashSet<String>>,
     /// Changes written in the background, and its wake-up.
     background: Mutex<Vec<StateWrite>>,
     background_ready: tokio::sync::Notify,
@@ -247,6 +265,7 @@ impl ShareCoordinator {
             state: Mutex::new(state),
             released: Default::default(),
             flushing: Default::default(),
+            registering: Default::default(),
             background: Default::default(),
             background_ready: Default::default(),
         }
@@ -332,9 +351,35 @@ impl ShareCoordinator {
         }
     }
 
-    /// Writes a change and waits until it is durable.
+    /// Writes a change and waits until it is durable. Refused as fenced (a newer leader, or
+    /// an administrator's change): the share-partition is dropped here, to be read again.
     pub(crate) async fn persist(&self, broker: &Broker, write: StateWrite) -> Result<(), ResponseError> {
-        self.store.write(broker, &write.key, write.topic_id, write.state).await
+        let (key, leader_epoch) = (write.key.clone(), write.state.leader_epoch);
+        let written = self.store.write(broker, &write.key, write.topic_id, write.state).await;
+        if written == Err(ResponseError::FencedLeaderEpoch) {
+            let mut state = self.state.lock();
+            if state.partitions.get(&key).is_some_and(|p| p.leader_epoch == leader_epoch) {
+                tracing::info!(group = %key.0, topic = %key.1, partition = key.2, "share-partition changed elsewhere; reloading");
+                state.partitions.remove(&key);
+            }
+        }
+        written
+    }
+
+    /// Whether `group_id` has members here (its coordinator).
+    pub(crate) fn has_members(&self, group_id: &str) -> bool {
+        self.state.lock().groups.get(group_id).is_some_and(|group| !group.members.is_empty())
+    }
+
+    /// After DeleteGroups: forgets the group's membership record here.
+    pub(crate) fn forget_group(&self, group_id: &str) {
+        self.state.lock().groups.remove(group_id);
+    }
+
+    /// After an administrator's change of `key`: drops it if served here (a leader
+    /// elsewhere finds out when it next writes or opens a share session).
+    pub(crate) fn drop_served(&self, key: &PartitionKey) {
+        self.state.lock().partitions.remove(key);
     }
 
     /// ShareGroupHeartbeat at the group's coordinator: join (epoch 0), leave (-1) or
@@ -376,10 +421,23 @@ impl ShareCoordinator {
                 member_epoch: -1,
                 heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
                 assignment: None,
+                unregistered: None,
             });
         }
         if !groups.contains_key(group_id) && groups.len() >= SHARE_GROUPS_MAX {
-            return Err((ResponseError::GroupMaxSizeReached, "too many share groups on this broker".to_string()));
+            // Empty groups are kept (described, listed) until deleted, or until room is needed.
+            let empty = groups.iter().find(|(_, group)| group.members.is_empty()).map(|(id, _)| id.clone());
+            match empty {
+                Some(empty) => {
+                    groups.remove(&empty);
+                }
+                None => {
+                    return Err((
+                        ResponseError::GroupMaxSizeReached,
+                        "too many share groups on this broker".to_string(),
+                    ))
+                }
+            }
         }
         let group = groups.entry(group_id.to_string()).or_default();
         let full = subscribed.is_some();
@@ -439,10 +497,14 @@ impl ShareCoordinator {
             member.sent = Some(member.assignment.clone());
             member.assignment.clone()
         });
+        let registered = registered_topics(configs.get(group_id)).unwrap_or_default();
+        let unregistered = (!member.subscribed.iter().all(|t| registered.contains(t)))
+            .then(|| member.subscribed.iter().cloned().chain(registered).collect());
         Ok(HeartbeatAnswer {
             member_epoch: member.epoch,
             heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
             assignment,
+            unregistered,
         })
     }
 
@@ -472,15 +534,16 @@ impl ShareCoordinator {
         }
     }
 
-    /// A share group known here: while it has members, share-partition state or configs
-    /// (an empty group stays until deleted, as in Kafka).
+    /// A share group known here: while it has members, is registered, or has share-partition
+    /// state stored here (an empty group stays until deleted, as in Kafka).
     pub(crate) fn describe(&self, group_id: &str) -> Option<GroupDescription> {
         let known_state = self.store.groups_here().contains(group_id);
         let state = self.state.lock();
+        let known_state = known_state || registered_topics(state.configs.get(group_id)).is_some();
         let empty = ShareGroup::default();
         let group = match state.groups.get(group_id) {
             Some(group) => group,
-            None if known_state || state.partitions.keys().any(|(g, _, _)| g == group_id) => &empty,
+            None if known_state => &empty,
             None => return None,
         };
         Some(GroupDescription {
@@ -501,21 +564,23 @@ impl ShareCoordinator {
         })
     }
 
-    /// Share groups known here: (id, member count), those with state but no members
-    /// included.
+    /// Share groups known here: (id, member count), those with state stored here but no
+    /// members included.
     pub(crate) fn list(&self) -> Vec<(String, usize)> {
         let mut listed: BTreeMap<String, usize> = self.store.groups_here().into_iter().map(|g| (g, 0)).collect();
         let state = self.state.lock();
-        listed.extend(state.partitions.keys().map(|(group, _, _)| (group.clone(), 0)));
+        let registered = state.configs.iter().filter(|(_, c)| c.contains_key(CONFIG_GROUP_TOPICS));
+        listed.extend(registered.map(|(id, _)| (id.clone(), 0)));
         listed.extend(state.groups.iter().map(|(id, g)| (id.clone(), g.members.len())));
         listed.into_iter().collect()
     }
 
-    /// The topics `group_id` consumes as known here: its members' subscriptions and the
+    /// The topics `group_id` consumes: those registered, its members' subscriptions and the
     /// topics of its share-partitions served or stored here.
     pub(crate) fn group_topics(&self, group_id: &str) -> BTreeSet<String> {
         let mut topics = self.store.topics_here(group_id);
         let state = self.state.lock();
+        topics.extend(registered_topics(state.configs.get(group_id)).unwrap_or_default());
         if let Some(group) = state.groups.get(group_id) {
             topics.extend(group.members.values().flat_map(|m| m.subscribed.iter().cloned()));
         }
@@ -618,7 +683,9 @@ impl ShareCoordinator {
     /// Makes sure `key` is served here at the data partition's `leader_epoch`: loads its
     /// state from the store (fencing older leaders), or creates it at the group's
     /// `share.auto.offset.reset` (`log_start` for earliest, `high_watermark` for latest),
-    /// durably, before anything is handed out.
+    /// durably, before anything is handed out. `verify` (a new share session): first asks
+    /// the store whether what is served here is still current (an administrator may have
+    /// reset or deleted it while the group had no members).
     pub(crate) async fn ensure_loaded(
         &self,
         broker: &Broker,
@@ -626,9 +693,22 @@ impl ShareCoordinator {
         topic_id: Uuid,
         leader_epoch: i32,
         (log_start, high_watermark): (i64, i64),
+        verify: bool,
     ) -> Result<(), ResponseError> {
-        if self.state.lock().partitions.get(key).is_some_and(|p| p.leader_epoch == leader_epoch) {
-            return Ok(());
+        let served =
+            self.state.lock().partitions.get(key).filter(|p| p.leader_epoch == leader_epoch).map(|p| p.version);
+        if let Some(version) = served {
+            if !verify {
+                return Ok(());
+            }
+            let summary = self.store.summary(broker, key, topic_id).await?;
+            if summary.is_some_and(|s| s.leader_epoch == leader_epoch && s.version <= version) {
+                return Ok(());
+            }
+            let mut state = self.state.lock();
+            if state.partitions.get(key).is_some_and(|p| p.leader_epoch == leader_epoch && p.version == version) {
+                state.partitions.remove(key);
+            }
         }
         let stored = self.store.read(broker, key, topic_id, leader_epoch).await?;
         let mut loaded = match stored {
@@ -737,7 +817,6 @@ impl ShareCoordinator {
                     assign(group, catalog);
                 }
             }
-            groups.retain(|_, group| !group.members.is_empty());
             partitions.retain(|(_, topic, partition), loaded| {
                 leader_epoch(broker, topic, *partition) == Some(loaded.leader_epoch)
             });
@@ -822,6 +901,47 @@ impl ShareCoordinator {
         self.store.write_configs(broker, group_id, configs.clone()).await?;
         self.state.lock().configs.insert(group_id.to_string(), configs);
         Ok(())
+    }
+
+    /// Records that `group_id` exists and consumes `topics` (see [`CONFIG_GROUP_TOPICS`]),
+    /// once per change (concurrent heartbeats of one group write it once). `None` topics:
+    /// removes the registration (DeleteGroups).
+    pub(crate) async fn register_group(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        topics: Option<BTreeSet<String>>,
+    ) -> Result<(), ResponseError> {
+        if topics.is_some() && !self.registering.lock().insert(group_id.to_string()) {
+            return Ok(());
+        }
+        let mut configs = self.group_configs(group_id);
+        match &topics {
+            Some(topics) => {
+                configs.insert(CONFIG_GROUP_TOPICS.to_string(), topics.iter().cloned().collect::<Vec<_>>().join(","))
+            }
+            None => configs.remove(CONFIG_GROUP_TOPICS),
+        };
+        let written = match &broker.cluster {
+            Some(cluster) => match cluster.controller() {
+                Some(controller) => {
+                    let write = controller.alter_group_configs(group_id, configs);
+                    match tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write).await {
+                        Ok(Ok(())) => Ok(()),
+                        _ => Err(ResponseError::CoordinatorNotAvailable),
+                    }
+                }
+                None => Err(ResponseError::CoordinatorNotAvailable),
+            },
+            None => self.set_group_configs(broker, group_id, configs).await,
+        };
+        if topics.is_some() {
+            self.registering.lock().remove(group_id);
+        }
+        if let Err(error) = &written {
+            tracing::debug!(group = group_id, ?error, "could not record the share group's registration");
+        }
+        written
     }
 
     /// Cluster mode: the group configs of the applied cluster metadata.

@@ -101,6 +101,14 @@ pub(crate) struct StoredPartition {
     /// Incremented by that leader with each change.
     #[serde(default)]
     pub(crate) version: i32,
+    /// Set by an administrator (AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups):
+    /// what a leader holds in memory is out of date, so the store refuses its writes until
+    /// it reads the state again.
+    #[serde(default)]
+    pub(crate) reset: bool,
+    /// Deleted by an administrator: a leader reading it gets nothing (then it is forgotten).
+    #[serde(default)]
+    pub(crate) deleted: bool,
 }
 
 const STORED_AVAILABLE: u8 = 0;
@@ -390,7 +398,16 @@ impl SharePartition {
             }
         }
         let dead_letters = self.dead_letters.iter().map(|(o, r, c)| (*o, r.name().to_string(), *c)).collect();
-        StoredPartition { start: self.start, end: self.end, runs, dead_letters, leader_epoch: 0, version: 0 }
+        StoredPartition {
+            start: self.start,
+            end: self.end,
+            runs,
+            dead_letters,
+            leader_epoch: 0,
+            version: 0,
+            reset: false,
+            deleted: false,
+        }
     }
 
     pub(crate) fn from_stored(stored: &StoredPartition) -> SharePartition {

@@ -30,9 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::{
-    read_share_group_state_request, read_share_group_state_summary_request, write_share_group_state_request, ApiKey,
-    ReadShareGroupStateRequest, ReadShareGroupStateSummaryRequest, RequestKind, ResponseKind,
-    WriteShareGroupStateRequest,
+    delete_share_group_state_request, initialize_share_group_state_request, read_share_group_state_request,
+    read_share_group_state_summary_request, write_share_group_state_request, ApiKey, DeleteShareGroupStateRequest,
+    InitializeShareGroupStateRequest, ReadShareGroupStateRequest, ReadShareGroupStateSummaryRequest, RequestKind,
+    ResponseKind, WriteShareGroupStateRequest,
 };
 use kafka_protocol::ResponseError;
 use parking_lot::{Mutex, RwLock};
@@ -66,6 +67,24 @@ struct StateShard {
     states: Mutex<HashMap<String, StoredPartition>>,
     /// Single node only: the share groups' configs (a cluster keeps them in its metadata).
     configs: Mutex<BTreeMap<String, GroupConfigs>>,
+}
+
+/// What [`ShareStateStore::summary`] answers of a stored share-partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) version: i32,
+    /// -1 after an administrator's change no leader has read yet.
+    pub(crate) leader_epoch: i32,
+    pub(crate) start: i64,
+}
+
+/// An administrator's change of a share-partition (the group has no members).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminChange {
+    /// AlterShareGroupOffsets: consume from this offset (nothing in flight).
+    Start(i64),
+    /// DeleteShareGroupOffsets, DeleteGroups: forget the share-partition.
+    Delete,
 }
 
 enum Slot {
@@ -126,9 +145,15 @@ impl StateShard {
         if state.leader_epoch > leader_epoch {
             return Err(ResponseError::FencedLeaderEpoch);
         }
-        if state.leader_epoch < leader_epoch {
+        if state.deleted {
+            let change = self.log.remove(key, syncer)?;
+            states.remove(key);
+            return Ok((None, change));
+        }
+        if state.reset || state.leader_epoch < leader_epoch {
             let mut raised = state.clone();
             raised.leader_epoch = leader_epoch;
+            raised.reset = false;
             let change = self.log.append(key, &ShareRecord::Partition(raised.clone()), syncer)?;
             *state = raised;
             return Ok((Some(state.clone()), change));
@@ -139,7 +164,7 @@ impl StateShard {
     fn write(&self, key: &str, state: StoredPartition, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
         let mut states = self.states.lock();
         if let Some(current) = states.get(key) {
-            if state.leader_epoch < current.leader_epoch {
+            if state.leader_epoch < current.leader_epoch || current.reset {
                 return Err(ResponseError::FencedLeaderEpoch);
             }
             if state.leader_epoch == current.leader_epoch && state.version <= current.version {
@@ -151,9 +176,40 @@ impl StateShard {
         Ok(change)
     }
 
-    /// Start offset and leader epoch of `key`, if stored.
-    fn summary(&self, key: &str) -> Option<(i64, i32)> {
-        self.states.lock().get(key).map(|state| (state.start, state.leader_epoch))
+    /// Of `key`, if stored: its version, the leader epoch it was written at (-1 after an
+    /// administrator's change, which no leader has read yet) and its start offset.
+    fn summary(&self, key: &str) -> Option<Summary> {
+        let states = self.states.lock();
+        let state = states.get(key).filter(|state| !state.deleted)?;
+        let leader_epoch = if state.reset { -1 } else { state.leader_epoch };
+        Some(Summary { version: state.version, leader_epoch, start: state.start })
+    }
+
+    /// An administrator's change of `key` (a new start offset, or a deletion); the leader
+    /// serving it must read it again before it writes.
+    fn administer(&self, key: &str, change: AdminChange, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
+        let mut states = self.states.lock();
+        let current = states.get(key);
+        if matches!(change, AdminChange::Delete) && current.is_none_or(|state| state.deleted) {
+            return Ok(self.log.written());
+        }
+        let start = match change {
+            AdminChange::Start(start) => start,
+            AdminChange::Delete => current.map_or(0, |state| state.start),
+        };
+        let state = StoredPartition {
+            start,
+            end: start,
+            runs: Vec::new(),
+            dead_letters: Vec::new(),
+            leader_epoch: current.map_or(0, |state| state.leader_epoch),
+            version: current.map_or(0, |state| state.version),
+            reset: true,
+            deleted: matches!(change, AdminChange::Delete),
+        };
+        let change = self.log.append(key, &ShareRecord::Partition(state.clone()), syncer)?;
+        states.insert(key.to_string(), state);
+        Ok(change)
     }
 
     /// Compacts the log when due: every live value again, then the start moves past the
@@ -282,7 +338,9 @@ impl ShareStateStore {
     pub(crate) fn groups_here(&self) -> BTreeSet<String> {
         let mut groups = BTreeSet::new();
         for shard in self.active() {
-            groups.extend(shard.states.lock().keys().filter_map(|key| parse_partition_log_key(key)).map(|k| k.0));
+            let states = shard.states.lock();
+            let live = states.iter().filter(|(_, state)| !state.deleted);
+            groups.extend(live.filter_map(|(key, _)| parse_partition_log_key(key)).map(|k| k.0));
         }
         groups
     }
@@ -292,9 +350,9 @@ impl ShareStateStore {
         let mut topics = BTreeSet::new();
         for shard in self.active() {
             let states = shard.states.lock();
-            topics.extend(
-                states.keys().filter_map(|key| parse_partition_log_key(key)).filter(|k| k.0 == group).map(|k| k.1),
-            );
+            let live = states.iter().filter(|(_, state)| !state.deleted);
+            topics
+                .extend(live.filter_map(|(key, _)| parse_partition_log_key(key)).filter(|k| k.0 == group).map(|k| k.1));
         }
         topics
     }
@@ -423,15 +481,15 @@ impl ShareStateStore {
         }
     }
 
-    /// The start offset (Kafka's SPSO) of `key`, if stored.
-    pub(crate) async fn start_offset(
+    /// The summary of `key`'s stored state, if any.
+    pub(crate) async fn summary(
         &self,
         broker: &Broker,
         key: &PartitionKey,
         topic_id: Uuid,
-    ) -> Result<Option<i64>, ResponseError> {
+    ) -> Result<Option<Summary>, ResponseError> {
         match self.route(broker, key)?.0 {
-            Route::Here(shard) => Ok(shard.summary(&partition_log_key(key)).map(|(start, _)| start)),
+            Route::Here(shard) => Ok(shard.summary(&partition_log_key(key))),
             Route::Node(node) => {
                 let mut partition = read_share_group_state_summary_request::PartitionData::default();
                 partition.partition = key.2;
@@ -447,14 +505,86 @@ impl ShareStateStore {
                     unreachable!("answered in kind")
                 };
                 match response.results.iter().flat_map(|r| r.partitions.iter()).next() {
-                    Some(result) if result.error_code == 0 => {
-                        Ok((result.state_epoch >= 0).then_some(result.start_offset))
-                    }
+                    Some(result) if result.error_code == 0 => Ok((result.state_epoch >= 0).then_some(Summary {
+                        version: result.state_epoch,
+                        leader_epoch: result.leader_epoch,
+                        start: result.start_offset,
+                    })),
                     Some(result) => Err(error_of(result.error_code)),
                     None => Err(ResponseError::CoordinatorNotAvailable),
                 }
             }
         }
+    }
+
+    /// An administrator's change of `key`, durable before it returns.
+    pub(crate) async fn administer(
+        &self,
+        broker: &Broker,
+        key: &PartitionKey,
+        topic_id: Uuid,
+        change: AdminChange,
+    ) -> Result<(), ResponseError> {
+        match self.route(broker, key)?.0 {
+            Route::Here(shard) => {
+                let pending = shard.administer(&partition_log_key(key), change, broker.logs.syncer())?;
+                shard.log.wait_durable(pending).await
+            }
+            Route::Node(node) => {
+                let group_id = crate::handlers::str_bytes(&key.0);
+                let (api_key, request): (ApiKey, RequestKind) = match change {
+                    AdminChange::Start(start) => {
+                        let mut partition = initialize_share_group_state_request::PartitionData::default();
+                        partition.partition = key.2;
+                        partition.start_offset = start;
+                        let mut topic = initialize_share_group_state_request::InitializeStateData::default();
+                        topic.topic_id = topic_id;
+                        topic.partitions = vec![partition];
+                        let mut request = InitializeShareGroupStateRequest::default();
+                        request.group_id = group_id;
+                        request.topics = vec![topic];
+                        (ApiKey::InitializeShareGroupState, request.into())
+                    }
+                    AdminChange::Delete => {
+                        let mut partition = delete_share_group_state_request::PartitionData::default();
+                        partition.partition = key.2;
+                        let mut topic = delete_share_group_state_request::DeleteStateData::default();
+                        topic.topic_id = topic_id;
+                        topic.partitions = vec![partition];
+                        let mut request = DeleteShareGroupStateRequest::default();
+                        request.group_id = group_id;
+                        request.topics = vec![topic];
+                        (ApiKey::DeleteShareGroupState, request.into())
+                    }
+                };
+                let code = match self.call(broker, node, api_key, request).await? {
+                    ResponseKind::InitializeShareGroupState(response) => {
+                        response.results.iter().flat_map(|r| r.partitions.iter()).map(|p| p.error_code).next()
+                    }
+                    ResponseKind::DeleteShareGroupState(response) => {
+                        response.results.iter().flat_map(|r| r.partitions.iter()).map(|p| p.error_code).next()
+                    }
+                    _ => unreachable!("answered in kind"),
+                };
+                match code {
+                    Some(0) => Ok(()),
+                    Some(code) => Err(error_of(code)),
+                    None => Err(ResponseError::CoordinatorNotAvailable),
+                }
+            }
+        }
+    }
+
+    /// InitializeShareGroupState / DeleteShareGroupState at this node.
+    pub(crate) async fn administer_here(
+        &self,
+        broker: &Broker,
+        key: &PartitionKey,
+        change: AdminChange,
+    ) -> Result<(), ResponseError> {
+        let shard = self.shard_here(broker, key)?;
+        let pending = shard.administer(&partition_log_key(key), change, broker.logs.syncer())?;
+        shard.log.wait_durable(pending).await
     }
 
     async fn call(
@@ -512,10 +642,8 @@ impl ShareStateStore {
 
     /// ReadShareGroupStateSummary at this node: (state epoch, leader epoch, start), state
     /// epoch -1 when nothing is stored.
-    pub(crate) fn summary_here(&self, broker: &Broker, key: &PartitionKey) -> Result<(i32, i32, i64), ResponseError> {
-        let shard = self.shard_here(broker, key)?;
-        let states = shard.states.lock();
-        Ok(states.get(&partition_log_key(key)).map_or((-1, -1, -1), |s| (s.version, s.leader_epoch, s.start)))
+    pub(crate) fn summary_here(&self, broker: &Broker, key: &PartitionKey) -> Result<Option<Summary>, ResponseError> {
+        Ok(self.shard_here(broker, key)?.summary(&partition_log_key(key)))
     }
 
     /// Single node: stores a group's configs; durable once the returned change is.
@@ -573,8 +701,16 @@ fn from_wire(
     start: i64,
     batches: impl Iterator<Item = (i64, i64, i8, i16)>,
 ) -> StoredPartition {
-    let mut state =
-        StoredPartition { start, end: start, runs: Vec::new(), dead_letters: Vec::new(), leader_epoch, version };
+    let mut state = StoredPartition {
+        start,
+        end: start,
+        runs: Vec::new(),
+        dead_letters: Vec::new(),
+        leader_epoch,
+        version,
+        reset: false,
+        deleted: false,
+    };
     for (first, last, delivery_state, count) in batches {
         match delivery_state {
             DEAD_LETTER_REJECTED => state.dead_letters.push((first, "rejected".to_string(), count)),
@@ -601,6 +737,8 @@ mod tests {
             dead_letters: vec![(7, "rejected".to_string(), 1), (12, "delivery-limit".to_string(), 3)],
             leader_epoch: 4,
             version: 9,
+            reset: false,
+            deleted: false,
         };
         let back = from_wire(9, 4, 10, to_wire(&state).into_iter());
         assert_eq!(back.end, 20, "the window's end travels as an available batch");
@@ -622,6 +760,8 @@ mod tests {
             dead_letters: Vec::new(),
             leader_epoch,
             version,
+            reset: false,
+            deleted: false,
         };
         let change = shard.write("k", state(1, 1, 0), &syncer).unwrap();
         shard.log.wait_durable(change).await.unwrap();
@@ -629,14 +769,37 @@ mod tests {
         shard.log.wait_durable(change).await.unwrap();
         let change = shard.write("k", state(1, 2, 20), &syncer).unwrap();
         shard.log.wait_durable(change).await.unwrap();
-        assert_eq!(shard.summary("k"), Some((30, 1)), "a late, older version is already included");
+        let summary = |leader_epoch, start| Some(Summary { version: 3, leader_epoch, start });
+        assert_eq!(shard.summary("k"), summary(1, 30), "a late, older version is already included");
 
         let (read, change) = shard.read("k", 2, &syncer).unwrap();
         shard.log.wait_durable(change).await.unwrap();
         assert_eq!(read.map(|s| s.start), Some(30));
         assert_eq!(shard.write("k", state(1, 9, 90), &syncer).err(), Some(ResponseError::FencedLeaderEpoch));
         assert_eq!(shard.read("k", 1, &syncer).err(), Some(ResponseError::FencedLeaderEpoch));
-        assert_eq!(shard.summary("k"), Some((30, 2)));
+        assert_eq!(shard.summary("k"), summary(2, 30));
+
+        // An administrator moves the start: the leader's writes are refused until it reads.
+        let change = shard.administer("k", AdminChange::Start(7), &syncer).unwrap();
+        shard.log.wait_durable(change).await.unwrap();
+        assert_eq!(shard.summary("k"), summary(-1, 7), "no leader has read the change yet");
+        assert_eq!(shard.write("k", state(2, 4, 40), &syncer).err(), Some(ResponseError::FencedLeaderEpoch));
+        let (read, change) = shard.read("k", 2, &syncer).unwrap();
+        shard.log.wait_durable(change).await.unwrap();
+        assert_eq!(read.map(|s| (s.start, s.reset)), Some((7, false)));
+        shard.log.wait_durable(shard.write("k", state(2, 4, 8), &syncer).unwrap()).await.unwrap();
+
+        // Deleted: refused writes, then nothing for the next reader, and forgotten on replay.
+        let change = shard.administer("k", AdminChange::Delete, &syncer).unwrap();
+        shard.log.wait_durable(change).await.unwrap();
+        assert_eq!(shard.summary("k"), None);
+        assert_eq!(shard.write("k", state(2, 5, 9), &syncer).err(), Some(ResponseError::FencedLeaderEpoch));
+        let (read, change) = shard.read("k", 2, &syncer).unwrap();
+        shard.log.wait_durable(change).await.unwrap();
+        assert!(read.is_none());
+        shard.log.close().unwrap();
+        let (_, replayed) = StateLog::<ShareRecord>::open_local(&dir.path().join("s-0")).unwrap();
+        assert!(replayed.is_empty(), "the tombstone forgets the key: {replayed:?}");
         syncer.shutdown();
     }
 }
