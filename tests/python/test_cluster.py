@@ -152,7 +152,8 @@ def test_metrics_show_leaders_under_replicated_partitions_and_the_controller(clu
     """Each node's /metrics: the partitions it leads, those of them whose ISR lacks a replica
     (Kafka's UnderReplicatedPartitions) while a node is down, and one active controller."""
     create_topic(cluster, "metered", 4)
-    total = 4 + offsets_topic_partitions(cluster) + internal_topic_partitions(cluster, "__transaction_state")
+    total = 4 + offsets_topic_partitions(cluster) + sum(
+        internal_topic_partitions(cluster, name) for name in ("__transaction_state", "__share_group_state"))
 
     def sums(node_ids, name):
         return sum(value(scrape(cluster.metrics_ports[n]), name) for n in node_ids)

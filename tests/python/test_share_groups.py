@@ -2,7 +2,8 @@
 (tests/java/.../ShareConsumers.java) and Kafka's own kafka-share-groups tool.
 
 * More consumers than partitions: 4 share consumers of one group on a 2-partition topic all
-  receive records, and each record is delivered exactly once.
+  receive records, and each record is delivered exactly once; kafka-share-groups and
+  `sluice share` list and describe the group.
 * Acknowledge types: a released record comes back with delivery count 2, a rejected one never,
   a record released at the group's `share.delivery.count.limit` is archived; a record whose
   lock expires (held past `share.record.lock.duration.ms`) goes to another consumer with
@@ -12,6 +13,7 @@
   headers saying why and where from; an accepted one is not.
 * Durability: records acknowledged (commitSync returned) before a broker `kill -9` are never
   delivered again after the restart; every other record still is.
+* Administration with kafka-share-groups: --reset-offsets, --delete-offsets, --delete.
 Kafka's other share-group tools (console share consumer, VerifiableShareConsumer,
 ShareConsumerPerformance) are in test_share_tools.py; bad input on the wire (unknown members
 and sessions, stale epochs, acknowledgements of records not acquired, malformed batches) in
@@ -20,6 +22,7 @@ test_share_bad_input.py.
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 
@@ -27,6 +30,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from java_support import JavaProcess, java_cp, run_java, tools_cp  # noqa: F401  (fixtures)
 import kafka_wire as kw
+from conftest import SLUICE_BIN
 
 SHARE = "sluice.tests.ShareConsumers"
 SHARE_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ShareGroupCommand"
@@ -55,6 +59,19 @@ def test_more_share_consumers_than_partitions_all_receive_each_record_once(broke
             if line.startswith(group)]
     assert sorted((r[1], r[2], r[3]) for r in rows) == [(topic, "0", "200"), (topic, "1", "200")], rows
     assert "has no active members" in share_groups("--describe", "--group", group, "--members")
+
+    # `sluice share` lists the group and shows each share-partition's start, log end and lag.
+    def sluice_share(*args):
+        res = subprocess.run([SLUICE_BIN, "share", "-b", broker.bootstrap, *args], capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+        return res.stdout
+
+    assert f"{group}\tEmpty" in sluice_share("list").splitlines()
+    described = sluice_share("describe", group)
+    assert f"share group {group}  state Empty" in described, described
+    rows = sorted(line.split("\t") for line in described.splitlines() if line.startswith(topic + "\t"))
+    assert rows == [[topic, "0", "200", "200", "0"], [topic, "1", "200", "200", "0"]], described
 
 
 def test_release_reject_delivery_limit_and_lock_expiry(broker, java_cp):

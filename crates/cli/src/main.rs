@@ -3,6 +3,7 @@
 mod dev_cluster;
 mod security_tools;
 mod serve;
+mod share_tools;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Command {
     Consume(tools::ConsumeArgs),
     /// List, describe (members, lag), reset the offsets of, or delete consumer groups.
     Group(tools::GroupArgs),
+    /// List share groups (queues, KIP-932) and describe one (members, start offsets, lag).
+    Share(share_tools::ShareArgs),
     /// List, add or remove ACLs (Kafka's kafka-acls), over a PLAINTEXT listener.
     Acl(security_tools::AclArgs),
     /// List, add or delete SCRAM users (kafka-configs --entity-type users), over a PLAINTEXT listener.
@@ -51,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Topic(args) => tools::topic(args),
         Command::Produce(args) => tools::produce(args),
         Command::Group(args) => tools::group(args),
+        Command::Share(args) => share_tools::share(args),
         Command::Acl(args) => security_tools::acl(args),
         Command::User(args) => security_tools::user(args),
         Command::Consume(args) => tools::consume(args),

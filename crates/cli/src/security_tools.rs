@@ -30,7 +30,7 @@ const SCRAM_VERSION: i16 = 0;
 pub const SCRAM_ITERATIONS_DEFAULT: i32 = 8192;
 
 /// One request and its answer on a fresh plaintext connection.
-fn call(bootstrap: &str, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<ResponseKind> {
+pub(crate) fn call(bootstrap: &str, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<ResponseKind> {
     let address = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
     let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
     stream.set_read_timeout(Some(TIMEOUT))?;
@@ -49,7 +49,7 @@ fn call(bootstrap: &str, api_key: ApiKey, version: i16, body: RequestKind) -> an
     Ok(response)
 }
 
-fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> anyhow::Result<()> {
+pub(crate) fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> anyhow::Result<()> {
     if error_code == 0 {
         return Ok(());
     }
