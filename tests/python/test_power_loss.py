@@ -5,7 +5,7 @@ switched off; these tests do not.
 
 - Levels 1 and 3 (fsync before acknowledging) lose nothing acknowledged, records or
   idempotent-producer state (retries are neither lost nor duplicated), over repeated power
-  losses under load.
+  losses under load, with the write-ahead log (the default) and with per-file fsyncs.
 - The same check fails when fsync is switched off (the test-only SKIP_FSYNC switch): proof
   that the harness can see a lost fsync.
 - Levels 2 and 4 (acknowledged from the page cache) lose only what was acknowledged within
@@ -43,9 +43,10 @@ def lossy(tmp_path):
     mount = LossyMount(tmp_path / "fs").start()
     brokers: list[Broker] = []
 
-    def start_broker(env=None) -> Broker:
+    def start_broker(env=None, wal=True) -> Broker:
         broker = Broker(mount.mount / "data", log_dir=tmp_path, env=env,
-                        extra_args=["--log-retention-check-interval-ms", str(UPKEEP_MS)])
+                        extra_args=["--log-retention-check-interval-ms", str(UPKEEP_MS),
+                                    "--log-wal", "true" if wal else "false"])
         brokers.append(broker)
         return broker.start()
 
@@ -62,9 +63,10 @@ def power_loss(broker: Broker, mount: LossyMount) -> None:
     broker.start()
 
 
-@pytest.mark.parametrize("level", [1, 3])
-def test_fsynced_levels_lose_nothing_over_repeated_power_losses(lossy, level):
-    broker = lossy.start_broker()
+@pytest.mark.parametrize("level,wal", [(1, True), (3, True), (1, False)],
+                         ids=["level-1-wal", "level-3-wal", "level-1-per-file-fsync"])
+def test_fsynced_levels_lose_nothing_over_repeated_power_losses(lossy, level, wal):
+    broker = lossy.start_broker(wal=wal)
     topic = f"power-{level}-{uuid.uuid4().hex[:8]}"
     create_topic(broker.bootstrap, topic, PARTITIONS, config={"sluice.durability.level": str(level)})
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", "4242")) + level)
@@ -102,11 +104,13 @@ def present_keys(bootstrap: str, topic: str) -> dict[bytes, tuple[int, int]]:
     return {m.key(): (p, m.offset()) for p, msgs in read.items() for m in msgs}
 
 
+@pytest.mark.parametrize("wal", [True, False], ids=["wal", "per-file-fsync"])
 @pytest.mark.parametrize("skip_fsync", [False, True], ids=["fsync", "fsync-switched-off"])
-def test_power_loss_after_acknowledgement_is_caught_only_without_fsync(lossy, skip_fsync):
+def test_power_loss_after_acknowledgement_is_caught_only_without_fsync(lossy, skip_fsync, wal):
     """The harness's own proof: records acknowledged at level 1 survive a power loss, and the
-    very same check reports them lost when the broker skips its fsyncs."""
-    broker = lossy.start_broker(env={SKIP_FSYNC_ENV: "1"} if skip_fsync else None)
+    very same check reports them lost when the broker skips its fsyncs; both with the
+    write-ahead log (the default) and with one fsync per partition file."""
+    broker = lossy.start_broker(env={SKIP_FSYNC_ENV: "1"} if skip_fsync else None, wal=wal)
     topic = f"proof-{uuid.uuid4().hex[:8]}"
     create_topic(broker.bootstrap, topic, PARTITIONS)
     # The topic itself is made durable by hand, so that only the records' fsyncs are on trial

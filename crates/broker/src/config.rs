@@ -75,6 +75,10 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     pub max_inflight_requests_per_connection: usize,
     pub produce_memory_bytes: usize,
+    /// Acknowledged appends are made durable through one write-ahead log (one fsync per
+    /// group-commit round, whatever the number of partitions) instead of one fsync per
+    /// partition file (storage `wal.rs`).
+    pub log_wal: bool,
     /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` are served over HTTP; off when unset.
     pub metrics_listen: Option<SocketAddr>,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
@@ -343,6 +347,7 @@ impl Default for BrokerConfig {
             max_connections: CONNECTIONS_MAX_DEFAULT,
             max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
             produce_memory_bytes: PRODUCE_MEMORY_BYTES_DEFAULT,
+            log_wal: true,
             metrics_listen: None,
             listeners: None,
             advertised_listeners: None,

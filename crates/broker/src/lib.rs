@@ -90,7 +90,8 @@ impl Broker {
         let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
         sluice_storage::durable::check_data_dir(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
-        let logs = LogManager::new(&config.data_dir.join("logs"))?;
+        let logs_dir = config.data_dir.join("logs");
+        let logs = if config.log_wal { LogManager::with_wal(&logs_dir)? } else { LogManager::new(&logs_dir)? };
         let metrics = metrics::Metrics::new();
         logs.syncer().observe(metrics.fsync_observer());
         let (replicas, cluster) = match &config.cluster {

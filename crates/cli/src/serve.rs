@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Produce bytes buffered across all connections while awaiting durability.
     #[arg(long, env = "SLUICE_PRODUCE_MEMORY_BYTES")]
     produce_memory_bytes: Option<usize>,
+    /// Make acknowledged appends durable through one write-ahead log (one fsync per
+    /// group-commit round; the default) or, with `false`, one fsync per partition file.
+    #[arg(long, env = "SLUICE_LOG_WAL")]
+    log_wal: Option<bool>,
     /// Create topics on first metadata request (Kafka's auto.create.topics.enable).
     #[arg(long, env = "SLUICE_AUTO_CREATE_TOPICS")]
     auto_create_topics: Option<bool>,
@@ -137,7 +141,7 @@ impl ServeArgs {
             ($($field:ident),*) => { $(if let Some(value) = self.$field { config.$field = value; })* };
         }
         set!(listen, data_dir, node_id, max_request_bytes, max_connections, max_inflight_requests_per_connection);
-        set!(produce_memory_bytes, auto_create_topics, num_partitions, log_retention_check_interval_ms);
+        set!(produce_memory_bytes, log_wal, auto_create_topics, num_partitions, log_retention_check_interval_ms);
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);

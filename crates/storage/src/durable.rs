@@ -35,6 +35,12 @@ pub fn fsync_skipped() -> bool {
 #[error("fsync failed: {0}")]
 pub struct FsyncFailed(#[source] io::Error);
 
+impl From<io::Error> for FsyncFailed {
+    fn from(error: io::Error) -> FsyncFailed {
+        FsyncFailed(error)
+    }
+}
+
 fn fsync_failed(error: io::Error) -> io::Error {
     io::Error::new(error.kind(), FsyncFailed(error))
 }

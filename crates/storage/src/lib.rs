@@ -23,6 +23,7 @@ pub mod producer_state;
 pub mod records;
 pub mod segment;
 mod syncer;
+pub mod wal;
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -28,6 +28,8 @@ use tokio::sync::watch;
 use crate::batch::{self, BatchError, BatchHeader, BatchIter};
 use crate::producer_state::{ProducerStateTable, SequenceCheck};
 use crate::segment::{index_file_name, ReadMode, Segment, INDEX_INTERVAL_BYTES};
+use crate::syncer::WalLink;
+use crate::wal::Control;
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
 /// The aborted transactions still in the log (JSON; written before their abort marker).
@@ -262,6 +264,15 @@ struct LogState {
     unflushed_messages: u64,
     oldest_unflushed_ms: Option<i64>,
     failed: bool,
+    /// Batches appended under fsync-per-write and not yet handed to the syncer: what the
+    /// next WAL record of this partition holds (see [`crate::wal`]).
+    wal_pending: Vec<u8>,
+    /// (end in `wal_pending`, offset after the batch) of each pending batch.
+    wal_pending_ends: Vec<(usize, i64)>,
+    /// Bumped when the log is cut or reset: a sync captured before then covers nothing now.
+    sync_generation: u64,
+    /// Deleted: nothing more is appended or logged.
+    retired: bool,
 }
 
 /// A partition's log. Shared between request handlers and the syncer as `Arc<Partition>`.
@@ -270,7 +281,12 @@ pub struct Partition {
     state: Mutex<LogState>,
     visible: watch::Sender<Visible>,
     progress: watch::Sender<Progress>,
+    /// Queued for the WAL thread (or, without a WAL, for a per-file fsync).
     pub(crate) sync_queued: AtomicBool,
+    /// Queued for a per-file fsync (a page-cache topic's flush).
+    pub(crate) flush_queued: AtomicBool,
+    /// Set once the partition first logs into the WAL.
+    wal: OnceLock<WalLink>,
     /// `config.cleanup_compact`, readable without the lock (the append path checks it
     /// before taking the lock); written with the config under the lock.
     compacted: AtomicBool,
@@ -300,7 +316,17 @@ pub(crate) struct CleanableSegment {
 /// What one fsync must cover and what it makes visible.
 pub(crate) struct SyncTarget {
     pub(crate) file: Arc<std::fs::File>,
-    end_offset: i64,
+    pub(crate) end_offset: i64,
+    pub(crate) generation: u64,
+}
+
+/// A partition's batches for its next WAL record.
+pub(crate) struct WalPending {
+    pub(crate) path: Arc<str>,
+    pub(crate) batches: Vec<u8>,
+    /// The offset after the last batch: durable once the record is.
+    pub(crate) end_offset: i64,
+    pub(crate) generation: u64,
 }
 
 impl Partition {
@@ -318,6 +344,8 @@ impl Partition {
             visible,
             progress,
             sync_queued: AtomicBool::new(false),
+            flush_queued: AtomicBool::new(false),
+            wal: OnceLock::new(),
             compacted,
             failures: OnceLock::new(),
         })
@@ -360,6 +388,15 @@ impl Partition {
     pub fn set_config(&self, config: LogConfig) {
         let mut state = self.state.lock();
         self.compacted.store(config.cleanup_compact, Ordering::Release);
+        if config.fsync_before_ack() && !state.config.fsync_before_ack() && state.local_end < state.log_end_offset {
+            // From page-cache to fsync-per-write: what was appended before is not among the
+            // batches the WAL will log, so it is made durable here, once.
+            let active = state.segments.values().next_back().expect("active segment").file().clone();
+            match crate::durable::sync_data(&active) {
+                Ok(()) => state.local_end = state.log_end_offset,
+                Err(error) => self.fail(&mut state, "fdatasync", &error),
+            }
+        }
         state.config = config;
     }
 
@@ -398,7 +435,7 @@ impl Partition {
             }
         }
         let mut state = self.state.lock();
-        if state.failed {
+        if state.failed || state.retired {
             return Err(AppendError::Offline);
         }
         if batch.len() > state.config.max_message_bytes {
@@ -543,7 +580,12 @@ impl Partition {
         assert!(header.last_offset() >= state.log_end_offset, "an append moves the log end forward");
         state.log_end_offset = header.last_offset() + 1;
         let fsync = state.config.fsync_before_ack();
-        if !fsync {
+        if fsync {
+            state.wal_pending.extend_from_slice(prefix);
+            state.wal_pending.extend_from_slice(rest);
+            let (end, offset) = (state.wal_pending.len(), state.log_end_offset);
+            state.wal_pending_ends.push((end, offset));
+        } else {
             state.local_end = state.log_end_offset;
             if !state.replicated {
                 state.high_watermark = state.local_end;
@@ -564,10 +606,13 @@ impl Partition {
             return Ok(());
         }
         let new_base = state.log_end_offset;
-        // Create the new file first: if that fails (disk full) the old segment stays active.
-        let segment = Segment::create(&self.dir, new_base).map_err(|e| self.fail_if_fsync(state, e))?;
+        // Seal (fsync) the old segment before the new file exists: recovery takes the last
+        // segment's base as the least log end, so a new segment must never be durable while
+        // batches before it are only in the WAL. If creating the new file fails (disk
+        // full), the sealed segment stays active and takes appends again.
         let active = state.segments.values_mut().next_back().expect("active segment");
         active.seal(false).map_err(|e| self.fail_if_fsync(state, e))?;
+        let segment = Segment::create(&self.dir, new_base).map_err(|e| self.fail_if_fsync(state, e))?;
         // Everything in the sealed segment is now durable.
         if state.local_end < new_base {
             state.local_end = new_base;
@@ -591,24 +636,86 @@ impl Partition {
 
     /// Captures what an fsync issued now would make durable. Called by the syncer.
     pub(crate) fn sync_target(&self) -> SyncTarget {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
+        // The file's fsync covers whatever waited for a WAL record too.
+        state.wal_pending.clear();
+        state.wal_pending_ends.clear();
         let active = state.segments.values().next_back().expect("active segment");
-        SyncTarget { file: active.file().clone(), end_offset: state.log_end_offset }
+        SyncTarget { file: active.file().clone(), end_offset: state.log_end_offset, generation: state.sync_generation }
     }
 
-    /// Advances the high watermark after an fsync covering `target` finished with
-    /// `result`. Called by the syncer.
-    pub(crate) fn finish_sync(&self, target: SyncTarget, result: &io::Result<()>) {
+    /// Hands the batches appended since the last call to the WAL thread (`None` when there
+    /// are none, or the partition is offline or deleted).
+    pub(crate) fn take_wal_pending(&self) -> Option<WalPending> {
+        let mut state = self.state.lock();
+        let &(_, end_offset) = state.wal_pending_ends.last()?;
+        state.wal_pending_ends.clear();
+        let batches = std::mem::take(&mut state.wal_pending);
+        if state.failed || state.retired {
+            return None;
+        }
+        let path = self.wal.get().expect("a partition is linked to the WAL before it is queued").path.clone();
+        Some(WalPending { path, batches, end_offset, generation: state.sync_generation })
+    }
+
+    /// Links the partition to the WAL it logs into (once).
+    pub(crate) fn link_wal(&self, link: impl FnOnce() -> WalLink) {
+        self.wal.get_or_init(link);
+    }
+
+    /// The WAL checkpoint: makes the segment files durable (everything the WAL held for
+    /// this partition up to now). False when the fsync failed, which takes the log offline.
+    pub(crate) fn sync_for_wal_checkpoint(&self) -> bool {
+        let active = {
+            let state = self.state.lock();
+            if state.failed || state.retired {
+                return !state.failed;
+            }
+            state.segments.values().next_back().expect("active segment").file().clone()
+        };
+        match crate::durable::sync_data(&active) {
+            Ok(()) => true,
+            Err(error) => {
+                let mut state = self.state.lock();
+                self.fail(&mut state, "fdatasync (WAL checkpoint)", &error);
+                self.publish(&state);
+                false
+            }
+        }
+    }
+
+    /// Deleted: refuses appends and logs nothing more, then logs [`Control::Forget`] so the
+    /// WAL never replays this partition's records into a later one of the same name.
+    pub(crate) fn retire(&self) -> io::Result<()> {
+        {
+            let mut state = self.state.lock();
+            state.retired = true;
+            state.wal_pending.clear();
+            state.wal_pending_ends.clear();
+            state.sync_generation += 1;
+        }
+        match self.wal.get() {
+            Some(link) => link.log(Control::Forget),
+            None => Ok(()),
+        }
+    }
+
+    /// Advances the high watermark after an fsync (of the segment, or of the WAL record)
+    /// covering everything up to `end_offset` finished with `result`. Called by the syncer.
+    /// A sync captured before the log was cut (`generation`) moves nothing.
+    pub(crate) fn finish_sync(&self, end_offset: i64, generation: u64, result: &io::Result<()>) {
         let mut state = self.state.lock();
         match result {
+            Ok(()) if generation != state.sync_generation => return,
             Ok(()) => {
-                if target.end_offset > state.local_end {
-                    state.local_end = target.end_offset;
+                assert!(end_offset <= state.log_end_offset, "a sync covers only appended batches");
+                if end_offset > state.local_end {
+                    state.local_end = end_offset;
                     if !state.replicated {
-                        state.high_watermark = target.end_offset;
+                        state.high_watermark = end_offset;
                     }
                 }
-                if target.end_offset >= state.log_end_offset {
+                if end_offset >= state.log_end_offset {
                     state.unflushed_messages = 0;
                     state.oldest_unflushed_ms = None;
                 }
@@ -690,9 +797,24 @@ impl Partition {
     /// follower dropping the tail it does not share with its new leader. The high
     /// watermark never moves back past what replication committed, except onto the cut.
     pub fn truncate_to(&self, offset: i64) -> io::Result<()> {
+        let cut = self.truncate_locked(offset)?;
+        // Logged after the cut, before anything is appended past it: a crash in between
+        // replays the old tail, which the leader has the follower cut again.
+        let (Some(offset), Some(link)) = (cut, self.wal.get()) else { return Ok(()) };
+        link.log(Control::Truncate(offset)).inspect_err(|error| {
+            // Without the record a replay could put the old tail back under new batches:
+            // nothing more is appended until a restart (which replays and cuts again).
+            let mut state = self.state.lock();
+            self.fail(&mut state, "logging a truncation in the WAL", error);
+            self.publish(&state);
+        })
+    }
+
+    /// [`Partition::truncate_to`] under the lock; returns where the log now ends when it cut.
+    fn truncate_locked(&self, offset: i64) -> io::Result<Option<i64>> {
         let mut state = self.state.lock();
         if offset >= state.log_end_offset {
-            return Ok(());
+            return Ok(None);
         }
         let offset = offset.max(state.log_start_offset);
         let bases: Vec<i64> = state.segments.keys().copied().collect();
@@ -731,13 +853,16 @@ impl Partition {
         let mut reloaded = load_state(&self.dir, config)?;
         reloaded.replicated = replicated;
         reloaded.high_watermark = high_watermark.min(reloaded.log_end_offset);
+        // The reload fsynced what is left, so no batch waits for a WAL record any more,
+        // and a sync captured before the cut moves nothing.
+        reloaded.sync_generation = state.sync_generation + 1;
         if reloaded.epochs.len() != state.epochs.len() {
             write_leader_epochs(&self.dir, &reloaded.epochs)?;
         }
         *state = reloaded;
         tracing::info!(dir = %self.dir.display(), log_end_offset = state.log_end_offset, "truncated log");
         self.publish(&state);
-        Ok(())
+        Ok(Some(state.log_end_offset))
     }
 
     /// Drops the whole log and starts it empty at `offset`: a follower whose log ends
@@ -764,6 +889,8 @@ impl Partition {
         let mut reloaded = load_state(&self.dir, config)?;
         assert_eq!(reloaded.log_end_offset, offset);
         reloaded.replicated = replicated;
+        // Pending batches lie below `offset`: replay skips them, nothing to log.
+        reloaded.sync_generation = state.sync_generation + 1;
         *state = reloaded;
         tracing::info!(dir = %self.dir.display(), offset, "log reset to the leader's log start");
         self.publish(&state);
@@ -1282,6 +1409,10 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         unflushed_messages: 0,
         oldest_unflushed_ms: None,
         failed: false,
+        wal_pending: Vec::new(),
+        wal_pending_ends: Vec::new(),
+        sync_generation: 0,
+        retired: false,
     })
 }
 

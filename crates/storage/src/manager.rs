@@ -78,9 +78,34 @@ pub struct LogManager {
 }
 
 impl LogManager {
-    /// `root` holds one directory per partition.
+    /// `root` holds one directory per partition; acknowledged appends are made durable by
+    /// per-file fsyncs.
     pub fn new(root: &Path) -> io::Result<LogManager> {
+        LogManager::start(root, false)
+    }
+
+    /// Like [`LogManager::new`], with acknowledged appends made durable through the
+    /// write-ahead log in `<root>/wal` (see [`crate::wal`]).
+    pub fn with_wal(root: &Path) -> io::Result<LogManager> {
+        LogManager::start(root, true)
+    }
+
+    fn start(root: &Path, wal: bool) -> io::Result<LogManager> {
         crate::durable::create_dir_all(root)?;
+        // Whatever a previous run left in the WAL goes into the logs before any opens.
+        let wal_dir = root.join(crate::wal::WAL_DIR);
+        let base = root.parent().unwrap_or(root);
+        let replayed = crate::wal::replay(&wal_dir, base)?;
+        if replayed.files > 0 {
+            tracing::info!(
+                files = replayed.files,
+                records = replayed.records,
+                partitions_extended = replayed.partitions_extended,
+                batches_appended = replayed.batches_appended,
+                "replayed the write-ahead log"
+            );
+        }
+        let syncer = if wal { Syncer::start_with_wal(&wal_dir, base)? } else { Syncer::start() };
         let recovered = read_high_watermark_checkpoint(root);
         Ok(LogManager {
             root: root.to_path_buf(),
@@ -88,7 +113,7 @@ impl LogManager {
             cleaner: Mutex::new(None),
             cleaner_lock: Arc::new(Mutex::new(())),
             cleaner_abort: Arc::new(AtomicBool::new(false)),
-            syncer: Syncer::start(),
+            syncer,
             fsync_failures: Arc::new(watch::Sender::new(0)),
             last_checkpoint: Mutex::new((0, recovered.clone())),
             recovered_high_watermarks: recovered,
@@ -174,6 +199,7 @@ impl LogManager {
         let removed = self.partitions.write().remove(tp);
         let _cleaner = self.pause_cleaner();
         if let Some(partition) = removed {
+            partition.retire()?;
             std::fs::remove_dir_all(partition.dir())?;
         }
         Ok(())
@@ -192,7 +218,8 @@ impl LogManager {
         let mut unopened = Vec::new();
         for entry in std::fs::read_dir(&self.root)? {
             let entry = entry?;
-            if entry.file_type()?.is_dir() && !open.contains(&entry.file_name()) {
+            let is_wal = entry.file_name() == crate::wal::WAL_DIR;
+            if entry.file_type()?.is_dir() && !open.contains(&entry.file_name()) && !is_wal {
                 unopened.push(entry.path());
             }
         }
@@ -217,7 +244,7 @@ impl LogManager {
                 tracing::info!(topic = %tp.topic, partition = tp.partition, deleted, "retention deleted segments");
             }
             if partition.flush_due(now_ms) {
-                self.syncer.schedule(&partition);
+                self.syncer.schedule_flush(&partition);
             }
         }
     }

@@ -1,69 +1,146 @@
-//! Group commit: one `fdatasync` of a partition covers every batch that arrived on it
-//! since the previous one.
+//! Group commit: what makes appended batches durable before they are acknowledged.
 //!
 //! A produce handler appends to the page cache, queues its partition here (at most once
-//! however many batches arrive) and waits for the high watermark. A worker takes its share
-//! of the queue, captures each partition's log end, `fdatasync`s each partition's active
-//! segment and advances that partition's high watermark as soon as its own fsync is done.
-//! Data is made durable file by file, never with `syncfs` (see [`crate::durable`]).
-//! [`SYNC_THREADS`] workers keep that many fsyncs in flight, which the filesystem's
-//! journal batches into shared commits, while the next round gathers.
+//! however many batches arrive) and waits for the high watermark. Two ways to make the
+//! batches durable, chosen per node ([`Syncer::start`] / [`Syncer::start_with_wal`]):
+//! - **Per-file fsync**: [`SYNC_THREADS`] workers each take a share of the queue, capture
+//!   each partition's log end, `fdatasync` its active segment and advance its high
+//!   watermark as soon as its own fsync is done; the filesystem's journal batches the
+//!   concurrent fsyncs into shared commits.
+//! - **Write-ahead log** ([`crate::wal`]): one thread takes the whole queue, writes every
+//!   covered partition's new batches as one WAL record each, makes the round durable with
+//!   one `fdatasync` of the WAL file and then advances every partition in it. One fsync per
+//!   round whatever the number of partitions; the segment files are fsynced later by the
+//!   WAL's checkpointer.
 //!
-//! A failed fsync takes its partition offline ([`Partition::finish_sync`]; counted in
+//! Page-cache topics (`flush.messages` > 1) are flushed by count or age through
+//! [`Syncer::schedule_flush`] on the per-file workers in both modes, so their fsyncs never
+//! delay the acknowledgements of fsync-per-write topics in WAL mode.
+//! Data is made durable file by file, never with `syncfs` (see [`crate::durable`]).
+//!
+//! A failed fsync takes its partitions offline ([`Partition::finish_sync`]; counted in
 //! [`crate::LogManager::fsync_failures`]).
 
 use std::collections::VecDeque;
+use std::io;
+use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::log::Partition;
+use crate::wal::{self, Control, WalWriter};
 
-/// Concurrent group-commit workers (fsyncs in flight at once).
+/// Concurrent per-file group-commit workers (fsyncs in flight at once).
 pub const SYNC_THREADS: usize = 8;
 /// Partitions made durable by one round at most (bounds the work done between wake-ups).
 pub const SYNC_ROUND_PARTITIONS_MAX: usize = 16_384;
 
+/// A change logged in the WAL before it takes effect, and who waits for it to be durable.
+struct ControlRequest {
+    path: String,
+    control: Control,
+    done: mpsc::SyncSender<io::Result<()>>,
+}
+
+#[derive(Default)]
 struct Queue {
     partitions: VecDeque<Arc<Partition>>,
+    controls: Vec<ControlRequest>,
     shutdown: bool,
 }
 
 struct Shared {
-    queue: Mutex<Queue>,
-    ready: Condvar,
+    /// Per-file fsyncs (every schedule without a WAL; page-cache flushes always).
+    files: Mutex<Queue>,
+    files_ready: Condvar,
+    /// The WAL thread's queue (WAL mode only).
+    wal: Mutex<Queue>,
+    wal_ready: Condvar,
+    /// The data directory WAL record paths are relative to; set in WAL mode.
+    wal_base: Option<std::path::PathBuf>,
     observer: OnceLock<FsyncObserver>,
 }
 
 /// Told how long each group-commit fsync took (the broker's metrics).
 pub type FsyncObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
-/// The group-commit worker pool.
+/// What a partition logging into the WAL uses to log a [`Control`] record.
+#[derive(Clone)]
+pub(crate) struct WalLink {
+    shared: Arc<Shared>,
+    /// The partition's directory as WAL records name it.
+    pub(crate) path: Arc<str>,
+}
+
+impl WalLink {
+    /// Logs `control` for this partition and waits until it is durable.
+    pub(crate) fn log(&self, control: Control) -> io::Result<()> {
+        let (done, wait) = mpsc::sync_channel(1);
+        {
+            let mut queue = self.shared.wal.lock();
+            if queue.shutdown {
+                return Err(io::Error::other("the WAL is shut down"));
+            }
+            queue.controls.push(ControlRequest { path: self.path.to_string(), control, done });
+        }
+        self.shared.wal_ready.notify_one();
+        wait.recv().map_err(|_| io::Error::other("the WAL thread stopped"))?
+    }
+}
+
+/// The group-commit threads.
 pub struct Syncer {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Syncer {
+    /// Per-file fsyncs only.
     pub fn start() -> Syncer {
+        Syncer::start_threads(None, None).expect("no WAL to open")
+    }
+
+    /// Acknowledged appends go through a write-ahead log in `dir` (emptied by
+    /// [`crate::wal::replay`] first); record paths are relative to `base`.
+    pub fn start_with_wal(dir: &Path, base: &Path) -> io::Result<Syncer> {
+        let writer = WalWriter::start(dir, base)?;
+        Syncer::start_threads(Some(writer), Some(base))
+    }
+
+    fn start_threads(writer: Option<WalWriter>, base: Option<&Path>) -> io::Result<Syncer> {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue { partitions: VecDeque::new(), shutdown: false }),
-            ready: Condvar::new(),
+            files: Mutex::new(Queue::default()),
+            files_ready: Condvar::new(),
+            wal: Mutex::new(Queue::default()),
+            wal_ready: Condvar::new(),
+            wal_base: base.map(Path::to_path_buf),
             observer: OnceLock::new(),
         });
-        let workers = (0..SYNC_THREADS)
+        let mut workers: Vec<JoinHandle<()>> = (0..SYNC_THREADS)
             .map(|i| {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("sluice-sync-{i}"))
-                    .spawn(move || worker(&shared))
+                    .spawn(move || file_worker(&shared))
                     .expect("spawn sync worker")
             })
             .collect();
-        Syncer { shared, workers: Mutex::new(workers) }
+        if let Some(writer) = writer {
+            let shared = shared.clone();
+            workers.push(
+                std::thread::Builder::new().name("sluice-wal".into()).spawn(move || wal_worker(&shared, writer))?,
+            );
+        }
+        Ok(Syncer { shared, workers: Mutex::new(workers) })
+    }
+
+    /// True when acknowledged appends go through the WAL.
+    pub fn uses_wal(&self) -> bool {
+        self.shared.wal_base.is_some()
     }
 
     /// Sets what is told each fsync's duration (once; later calls are ignored).
@@ -71,47 +148,71 @@ impl Syncer {
         let _ = self.shared.observer.set(observer);
     }
 
-    /// Asks for an fsync of `partition` covering everything appended so far.
+    /// Asks for everything appended to `partition` so far to be made durable (an
+    /// fsync-per-write topic waiting to acknowledge).
     pub fn schedule(&self, partition: &Arc<Partition>) {
+        let Some(base) = &self.shared.wal_base else {
+            return self.schedule_flush(partition);
+        };
+        partition
+            .link_wal(|| WalLink { shared: self.shared.clone(), path: wal::record_path(base, partition.dir()).into() });
         if partition.sync_queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.shared.queue.lock().partitions.push_back(partition.clone());
-        self.shared.ready.notify_one();
+        self.shared.wal.lock().partitions.push_back(partition.clone());
+        self.shared.wal_ready.notify_one();
     }
 
-    /// Finishes queued work and stops the workers.
+    /// Asks for an fsync of `partition`'s active segment (a page-cache topic's flush).
+    pub fn schedule_flush(&self, partition: &Arc<Partition>) {
+        if partition.flush_queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.files.lock().partitions.push_back(partition.clone());
+        self.shared.files_ready.notify_one();
+    }
+
+    /// Finishes queued work and stops the threads.
     pub fn shutdown(&self) {
-        self.shared.queue.lock().shutdown = true;
-        self.shared.ready.notify_all();
+        self.shared.files.lock().shutdown = true;
+        self.shared.files_ready.notify_all();
+        self.shared.wal.lock().shutdown = true;
+        self.shared.wal_ready.notify_all();
         for handle in self.workers.lock().drain(..) {
             let _ = handle.join();
         }
     }
 }
 
-fn worker(shared: &Shared) {
-    loop {
-        let round: Vec<Arc<Partition>> = {
-            let mut queue = shared.queue.lock();
-            while queue.partitions.is_empty() {
-                if queue.shutdown {
-                    return;
-                }
-                shared.ready.wait(&mut queue);
-            }
-            // An even share, so idle workers take the rest and the fsyncs run in parallel.
-            let take = queue.partitions.len().div_ceil(SYNC_THREADS).min(SYNC_ROUND_PARTITIONS_MAX);
-            let round: Vec<_> = queue.partitions.drain(..take).collect();
-            if !queue.partitions.is_empty() {
-                shared.ready.notify_one();
-            }
-            round
-        };
+/// Takes the next round from `queue`: `share` of its partitions (at least one) and every
+/// control request. `None` at shutdown once the queue is empty.
+fn next_round(
+    queue: &Mutex<Queue>,
+    ready: &Condvar,
+    share: impl Fn(usize) -> usize,
+) -> Option<(Vec<Arc<Partition>>, Vec<ControlRequest>)> {
+    let mut queue = queue.lock();
+    while queue.partitions.is_empty() && queue.controls.is_empty() {
+        if queue.shutdown {
+            return None;
+        }
+        ready.wait(&mut queue);
+    }
+    let take = share(queue.partitions.len()).min(SYNC_ROUND_PARTITIONS_MAX);
+    let round: Vec<_> = queue.partitions.drain(..take).collect();
+    if !queue.partitions.is_empty() {
+        ready.notify_one();
+    }
+    Some((round, std::mem::take(&mut queue.controls)))
+}
+
+fn file_worker(shared: &Shared) {
+    // An even share, so idle workers take the rest and the fsyncs run in parallel.
+    while let Some((round, _)) = next_round(&shared.files, &shared.files_ready, |n| n.div_ceil(SYNC_THREADS)) {
         // Clear the flags before capturing targets: an append after this point queues its
         // partition again, so no write is left without a covering fsync.
         for partition in &round {
-            partition.sync_queued.store(false, Ordering::Release);
+            partition.flush_queued.store(false, Ordering::Release);
         }
         let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
         for (partition, target) in round.iter().zip(targets) {
@@ -120,7 +221,65 @@ fn worker(shared: &Shared) {
             if let Some(observe) = shared.observer.get() {
                 observe(started.elapsed());
             }
-            partition.finish_sync(target, &result);
+            partition.finish_sync(target.end_offset, target.generation, &result);
         }
     }
+}
+
+fn wal_worker(shared: &Shared, mut writer: WalWriter) {
+    let mut records = Vec::new();
+    while let Some((round, controls)) = next_round(&shared.wal, &shared.wal_ready, |n| n) {
+        for partition in &round {
+            partition.sync_queued.store(false, Ordering::Release);
+        }
+        records.clear();
+        let mut logged = Vec::with_capacity(round.len());
+        for partition in &round {
+            if let Some(pending) = partition.take_wal_pending() {
+                wal::encode_batches(&mut records, writer.sequence(), &pending.path, &pending.batches);
+                logged.push((partition, pending.end_offset, pending.generation));
+            }
+        }
+        // Controls after the batches: a batch taken before a cut is logged before the cut.
+        for control in &controls {
+            wal::encode_control(&mut records, writer.sequence(), &control.path, control.control);
+        }
+        let result = if records.is_empty() {
+            Ok(())
+        } else {
+            let started = Instant::now();
+            let partitions: Vec<&Arc<Partition>> = logged.iter().map(|(p, _, _)| *p).collect();
+            let result = writer.write_round(&records, &partitions);
+            if let Some(observe) = shared.observer.get() {
+                observe(started.elapsed());
+            }
+            result
+        };
+        match &result {
+            Err(error) if !crate::durable::is_fsync_failure(error) => {
+                // The WAL could not take the round (a full disk): the batches are in their
+                // segments' page cache, so each partition is made durable by its own fsync.
+                tracing::warn!(%error, "WAL write failed; fsyncing this round's partitions one by one");
+                for (partition, _, _) in logged {
+                    let target = partition.sync_target();
+                    let synced = crate::durable::sync_data(&target.file);
+                    partition.finish_sync(target.end_offset, target.generation, &synced);
+                }
+            }
+            _ => {
+                for (partition, end_offset, generation) in logged {
+                    partition.finish_sync(end_offset, generation, &result);
+                }
+            }
+        }
+        for control in controls {
+            let answer = result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
+            let _ = control.done.send(answer);
+        }
+        if records.capacity() > wal::WAL_FILE_BYTES as usize {
+            records = Vec::new();
+        }
+    }
+    tracing::debug!(base = %writer.base().display(), "WAL thread stopped");
+    writer.shutdown();
 }

@@ -1,0 +1,524 @@
+//! The write-ahead log: one `fdatasync` per group-commit round, whatever the number of
+//! partitions it covers.
+//!
+//! Without it, a round fsyncs every partition it covers, one file each: at 100 partitions
+//! and 10k small batches a second that is ~10k fsyncs a second, each a device flush and two
+//! context switches, and at 10,000 partitions a produce request that touches 40 partitions
+//! waits for 40 of them. With it, the syncer copies each covered partition's batches
+//! (appended to its segment's page cache as before) into one record of the WAL, writes the
+//! round's records with one `pwrite` and makes them durable with one `fdatasync` of the
+//! WAL file; only then do the partitions' high watermarks move. The segment files are made
+//! durable later, off the acknowledgement path, by the checkpointer: when a WAL file is
+//! full, every partition it holds records of is fsynced, and then the file is deleted.
+//!
+//! Durability contract: a batch is acknowledged only once its WAL record is fsynced (and
+//! the WAL file's directory entry was fsynced when the file was created). At startup,
+//! before any partition opens, [`replay`] appends every batch of the WAL that its
+//! partition's recovered log lacks, closes (fsyncs) those partitions and deletes the WAL.
+//!
+//! What makes replay exact:
+//! - WAL files are deleted strictly in order, so the files left are a suffix of the log;
+//!   records are applied in WAL order.
+//! - A batch already in the recovered log (by offset) is skipped; the segment files and
+//!   the WAL hold the same bytes for it.
+//! - A follower that cuts its log ([`crate::Partition::truncate_to`]) logs a
+//!   [`Control::Truncate`] record before it appends anything past the cut, so the old tail
+//!   replayed from earlier records is cut again before the new one is appended.
+//! - A deleted partition logs [`Control::Forget`] before its directory goes: its earlier
+//!   records never replay into a later partition of the same name.
+//!
+//! WAL files are recycled: a checkpointed file becomes the spare that the next rotation
+//! renames into place (the first spare is zero-filled in the background), so an `fdatasync`
+//! of the WAL overwrites allocated blocks and never waits for a journal commit of the
+//! file's size. Each record names its file's sequence number, so what an earlier use of a
+//! recycled file left behind is never read as a record.
+//!
+//! Record layout (little-endian): `len: u32` (bytes after this field), `crc32c: u32` (of the
+//! body), body = `sequence: u64` (its file's), `kind: u8`, `path_len: u16`, `path` (the
+//! partition directory relative to the data directory), payload (batches, or the
+//! truncation offset). A zero length ends a file; so does a record whose length, CRC or
+//! sequence does not hold (an earlier use's bytes, or the torn tail of the newest file,
+//! written but never acknowledged).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::log::{LogConfig, Partition};
+
+/// A WAL file is closed (and handed to the checkpointer) once it holds this much.
+pub const WAL_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// The WAL directory's name inside a [`crate::LogManager`]'s root.
+pub const WAL_DIR: &str = "wal";
+const WAL_SUFFIX: &str = ".wal";
+const RECORD_PREFIX_BYTES: usize = 8;
+/// sequence + kind + path length.
+const BODY_HEADER_BYTES: usize = 8 + 1 + 2;
+/// The recycled (or zero-filled) file the next rotation renames into place.
+const SPARE_FILE: &str = "spare";
+const SPARE_TMP_FILE: &str = "spare.tmp";
+/// A zero-filled spare is prepared only when the disk has this much free (a spare takes
+/// [`WAL_FILE_BYTES`]; without one, the next file grows as it is written).
+const SPARE_FREE_BYTES_MIN: u64 = 16 * WAL_FILE_BYTES;
+/// Threads fsyncing partitions in parallel for a checkpoint.
+const CHECKPOINT_THREADS: usize = 8;
+/// The largest record replay accepts (a round's batches of one partition).
+const RECORD_BYTES_MAX: usize = 1 << 30;
+
+const KIND_BATCHES: u8 = 1;
+const KIND_TRUNCATE: u8 = 2;
+const KIND_FORGET: u8 = 3;
+
+/// A change of a partition's log other than an append, logged before it takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// The log is cut to end at or before this offset.
+    Truncate(i64),
+    /// The partition is deleted: its earlier records must not replay.
+    Forget,
+}
+
+/// Appends one record of WAL file `sequence` to `buf`.
+fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
+    let path_len = u16::try_from(path.len()).expect("partition paths are short");
+    let body_len = BODY_HEADER_BYTES + path.len() + payload.len();
+    let len = u32::try_from(4 + body_len).expect("a WAL record fits in 4 GiB");
+    let start = buf.len();
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(&sequence.to_le_bytes());
+    buf.push(kind);
+    buf.extend_from_slice(&path_len.to_le_bytes());
+    buf.extend_from_slice(path.as_bytes());
+    buf.extend_from_slice(payload);
+    let crc = crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]);
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+pub(crate) fn encode_batches(buf: &mut Vec<u8>, sequence: u64, path: &str, batches: &[u8]) {
+    encode_record(buf, sequence, path, KIND_BATCHES, batches);
+}
+
+pub(crate) fn encode_control(buf: &mut Vec<u8>, sequence: u64, path: &str, control: Control) {
+    match control {
+        Control::Truncate(offset) => encode_record(buf, sequence, path, KIND_TRUNCATE, &offset.to_le_bytes()),
+        Control::Forget => encode_record(buf, sequence, path, KIND_FORGET, &[]),
+    }
+}
+
+/// One decoded record (borrowing the file's bytes).
+#[derive(Debug, PartialEq)]
+enum Record<'a> {
+    Batches(&'a [u8]),
+    Truncate(i64),
+    Forget,
+}
+
+/// Decodes the records of WAL file `sequence`, up to the first byte that is not one of its
+/// records. Returns them with the position where decoding stopped.
+fn decode_records(data: &[u8], sequence: u64) -> (Vec<(&str, Record<'_>)>, usize) {
+    let mut records = Vec::new();
+    let mut position = 0;
+    loop {
+        let Some(prefix) = data.get(position..position + RECORD_PREFIX_BYTES) else {
+            return (records, position);
+        };
+        let len = u32::from_le_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
+        let end = position + 4 + len;
+        let body = match data.get(position + RECORD_PREFIX_BYTES..end) {
+            Some(body) if len <= RECORD_BYTES_MAX && body.len() >= BODY_HEADER_BYTES && crc32c::crc32c(body) == crc => {
+                body
+            }
+            _ => return (records, position),
+        };
+        if u64::from_le_bytes(body[..8].try_into().expect("8 bytes")) != sequence {
+            return (records, position);
+        }
+        let path_len = u16::from_le_bytes([body[9], body[10]]) as usize;
+        let Some(path) =
+            body.get(BODY_HEADER_BYTES..BODY_HEADER_BYTES + path_len).and_then(|p| std::str::from_utf8(p).ok())
+        else {
+            return (records, position);
+        };
+        let payload = &body[BODY_HEADER_BYTES + path_len..];
+        let record = match (body[8], payload.len()) {
+            (KIND_BATCHES, _) => Record::Batches(payload),
+            (KIND_TRUNCATE, 8) => Record::Truncate(i64::from_le_bytes(payload.try_into().expect("8 bytes"))),
+            (KIND_FORGET, 0) => Record::Forget,
+            _ => return (records, position),
+        };
+        records.push((path, record));
+        position = end;
+    }
+}
+
+fn wal_file_name(sequence: u64) -> String {
+    format!("{sequence:020}{WAL_SUFFIX}")
+}
+
+/// The WAL files in `dir`, oldest first.
+fn list_wal_files(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut files = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(files),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(sequence) = name.to_str().and_then(|n| n.strip_suffix(WAL_SUFFIX)).and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        files.push((sequence, entry.path()));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The path a partition's records carry: its directory relative to `base` when below it.
+pub(crate) fn record_path(base: &Path, dir: &Path) -> String {
+    dir.strip_prefix(base).unwrap_or(dir).to_string_lossy().into_owned()
+}
+
+/// What [`replay`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReplayOutcome {
+    pub files: usize,
+    pub records: usize,
+    /// Partitions that took batches from the WAL (their recovered log lacked them).
+    pub partitions_extended: usize,
+    pub batches_appended: usize,
+}
+
+/// Applies the WAL in `dir` to the partitions (directories relative to `base`), makes
+/// them durable and deletes the WAL. Runs before anything opens those partitions.
+pub fn replay(dir: &Path, base: &Path) -> io::Result<ReplayOutcome> {
+    let files = list_wal_files(dir)?;
+    let mut outcome = ReplayOutcome { files: files.len(), ..ReplayOutcome::default() };
+    if files.is_empty() {
+        return Ok(outcome);
+    }
+    let contents: Vec<Vec<u8>> = files.iter().map(|(_, path)| std::fs::read(path)).collect::<io::Result<_>>()?;
+    let mut records = Vec::new();
+    for ((sequence, path), data) in files.iter().zip(&contents) {
+        let (decoded, stopped_at) = decode_records(data, *sequence);
+        tracing::debug!(file = %path.display(), records = decoded.len(), bytes = stopped_at, "read WAL file");
+        records.extend(decoded);
+    }
+    outcome.records = records.len();
+    // A partition deleted (and maybe created again) takes only the records after its last Forget.
+    let mut first_live: HashMap<&str, usize> = HashMap::new();
+    for (i, (path, record)) in records.iter().enumerate() {
+        if *record == Record::Forget {
+            first_live.insert(path, i + 1);
+        }
+    }
+    let mut open: HashMap<&str, (Partition, bool)> = HashMap::new();
+    let now_ms = crate::now_ms();
+    for (i, (path, record)) in records.iter().enumerate() {
+        if i < first_live.get(path).copied().unwrap_or(0) || *record == Record::Forget {
+            continue;
+        }
+        if !open.contains_key(path) {
+            let partition_dir = base.join(path);
+            if !partition_dir.is_dir() {
+                continue;
+            }
+            open.insert(path, (Partition::open(&partition_dir, LogConfig::default())?, false));
+        }
+        let (partition, extended) = open.get_mut(path).expect("opened above");
+        match record {
+            Record::Batches(batches) => {
+                let before = partition.offsets().log_end_offset;
+                let appended = partition
+                    .append_replica(&Bytes::copy_from_slice(batches), now_ms)
+                    .map_err(|error| io::Error::other(format!("replaying the WAL into {path}: {error}")))?;
+                if appended.log_end_offset > before {
+                    *extended = true;
+                    outcome.batches_appended += crate::batch::BatchIter::new(batches)
+                        .filter_map(Result::ok)
+                        .filter(|(header, _)| header.last_offset() >= before)
+                        .count();
+                }
+            }
+            Record::Truncate(offset) => partition.truncate_to(*offset)?,
+            Record::Forget => unreachable!("skipped above"),
+        }
+    }
+    for (path, (partition, extended)) in &open {
+        partition
+            .close()
+            .map_err(|error| io::Error::new(error.kind(), format!("closing {path} after WAL replay: {error}")))?;
+        outcome.partitions_extended += usize::from(*extended);
+    }
+    for (_, file) in &files {
+        std::fs::remove_file(file)?;
+    }
+    crate::durable::sync_dir(dir)?;
+    Ok(outcome)
+}
+
+/// A full WAL file and the partitions it holds records of, for the checkpointer.
+struct Checkpoint {
+    file: PathBuf,
+    partitions: Vec<Arc<Partition>>,
+}
+
+/// The WAL's file being written. Owned by the syncer's WAL thread.
+pub(crate) struct WalWriter {
+    dir: PathBuf,
+    /// The data directory, which record paths are relative to.
+    base: PathBuf,
+    file: File,
+    path: PathBuf,
+    sequence: u64,
+    position: u64,
+    /// Partitions with records in the current file (by address).
+    touched: HashMap<usize, Arc<Partition>>,
+    checkpoints: Option<mpsc::Sender<Checkpoint>>,
+    checkpointer: Option<std::thread::JoinHandle<()>>,
+    /// An fsync failed (or a rotation): nothing written since may be trusted, every round fails.
+    broken: bool,
+}
+
+impl WalWriter {
+    /// Starts a new WAL in `dir` (which replay has emptied) and its checkpointer thread.
+    pub(crate) fn start(dir: &Path, base: &Path) -> io::Result<WalWriter> {
+        crate::durable::create_dir_all(dir)?;
+        let sequence = list_wal_files(dir)?.last().map_or(0, |(sequence, _)| sequence + 1);
+        let (path, file) = next_wal_file(dir, sequence)?;
+        let (sender, receiver) = mpsc::channel();
+        let checkpoint_dir = dir.to_path_buf();
+        let checkpointer = std::thread::Builder::new()
+            .name("sluice-wal-checkpoint".into())
+            .spawn(move || checkpointer(&checkpoint_dir, &receiver))?;
+        Ok(WalWriter {
+            dir: dir.to_path_buf(),
+            base: base.to_path_buf(),
+            file,
+            path,
+            sequence,
+            position: 0,
+            touched: HashMap::new(),
+            checkpoints: Some(sender),
+            checkpointer: Some(checkpointer),
+            broken: false,
+        })
+    }
+
+    pub(crate) fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// The sequence number the next round's records must carry.
+    pub(crate) fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// Writes one round's records and makes them durable. `partitions` are those with
+    /// batches in it (the checkpointer fsyncs them before the file goes).
+    ///
+    /// A failed write (a full disk) is returned as it is and changes nothing: the next round
+    /// writes at the same position, and the caller makes this round durable file by file
+    /// instead. A failed fsync is marked as such ([`crate::durable::is_fsync_failure`]) and
+    /// breaks the WAL for good.
+    pub(crate) fn write_round(&mut self, records: &[u8], partitions: &[&Arc<Partition>]) -> io::Result<()> {
+        if self.broken {
+            let error = io::Error::other("the WAL's fsync failed earlier; restart the broker to recover");
+            return Err(io::Error::new(error.kind(), crate::durable::FsyncFailed::from(error)));
+        }
+        self.file.write_all_at(records, self.position)?;
+        if let Err(error) = crate::durable::sync_data(&self.file) {
+            self.broken = true;
+            tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
+            return Err(error);
+        }
+        self.position += records.len() as u64;
+        for partition in partitions {
+            self.touched.entry(Arc::as_ptr(partition) as usize).or_insert_with(|| (*partition).clone());
+        }
+        if self.position >= WAL_FILE_BYTES {
+            // This round is durable either way; a failed rotation fails the next ones.
+            if let Err(error) = self.rotate() {
+                self.broken = true;
+                tracing::error!(dir = %self.dir.display(), %error, "could not start the next WAL file");
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the next file and hands the full one to the checkpointer.
+    fn rotate(&mut self) -> io::Result<()> {
+        let (path, file) = next_wal_file(&self.dir, self.sequence + 1)?;
+        let full = std::mem::replace(&mut self.path, path);
+        self.file = file;
+        self.sequence += 1;
+        self.position = 0;
+        let partitions = self.touched.drain().map(|(_, partition)| partition).collect();
+        if let Some(checkpoints) = &self.checkpoints {
+            let _ = checkpoints.send(Checkpoint { file: full, partitions });
+        }
+        Ok(())
+    }
+
+    /// Stops the checkpointer after the files it was handed (the current file stays for
+    /// replay at the next start).
+    pub(crate) fn shutdown(&mut self) {
+        self.checkpoints = None;
+        if let Some(handle) = self.checkpointer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for WalWriter {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Puts WAL file `sequence` in place: the spare renamed (its stale bytes carry older
+/// sequence numbers), or a new empty file. Its directory entry is durable before any
+/// record in it can be acknowledged.
+fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File)> {
+    let path = dir.join(wal_file_name(sequence));
+    match std::fs::rename(dir.join(SPARE_FILE), &path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            OpenOptions::new().write(true).create_new(true).open(&path)?;
+        }
+        Err(error) => return Err(error),
+    }
+    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    crate::durable::sync_dir(dir)?;
+    Ok((path, file))
+}
+
+/// Writes a zero-filled spare (blocks allocated and durable), unless one is there or the
+/// disk has less than [`SPARE_FREE_BYTES_MIN`] free.
+fn prepare_spare(dir: &Path) -> io::Result<()> {
+    if dir.join(SPARE_FILE).exists() || free_bytes(dir)? < SPARE_FREE_BYTES_MIN {
+        return Ok(());
+    }
+    let tmp = dir.join(SPARE_TMP_FILE);
+    let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    let zeros = vec![0u8; 1 << 20];
+    for i in 0..WAL_FILE_BYTES / zeros.len() as u64 {
+        file.write_all_at(&zeros, i * zeros.len() as u64)?;
+    }
+    crate::durable::sync_data(&file)?;
+    std::fs::rename(&tmp, dir.join(SPARE_FILE))
+}
+
+/// Bytes available to this process on `dir`'s filesystem.
+fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: statvfs writes into the zeroed struct we own; `path` is a valid C string.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Makes full WAL files unnecessary, oldest first: fsyncs every partition the file holds
+/// records of, then recycles the file as the spare (or deletes it). A partition whose
+/// fsync fails goes offline and the file (and every later one) stays, for replay at the
+/// next start. Also zero-fills the first spare.
+fn checkpointer(dir: &Path, checkpoints: &mpsc::Receiver<Checkpoint>) {
+    if let Err(error) = prepare_spare(dir) {
+        tracing::warn!(dir = %dir.display(), %error, "could not prepare a spare WAL file (new ones grow instead)");
+        let _ = std::fs::remove_file(dir.join(SPARE_TMP_FILE));
+    }
+    let mut stuck = false;
+    while let Ok(checkpoint) = checkpoints.recv() {
+        if stuck {
+            continue;
+        }
+        let chunk = checkpoint.partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
+        let synced = std::thread::scope(|scope| {
+            let handles: Vec<_> = checkpoint
+                .partitions
+                .chunks(chunk)
+                .map(|part| scope.spawn(move || part.iter().filter(|p| !p.sync_for_wal_checkpoint()).count() == 0))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(false)).filter(|ok| !ok).count() == 0
+        });
+        if !synced {
+            stuck = true;
+            tracing::error!(file = %checkpoint.file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
+            continue;
+        }
+        let spare = dir.join(SPARE_FILE);
+        let recycled = if spare.exists() {
+            std::fs::remove_file(&checkpoint.file)
+        } else {
+            std::fs::rename(&checkpoint.file, &spare)
+        };
+        if let Err(error) = recycled {
+            tracing::warn!(file = %checkpoint.file.display(), %error, "could not recycle a checkpointed WAL file");
+        }
+    }
+    let _ = crate::durable::sync_dir(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_ends_the_file() {
+        let mut buf = Vec::new();
+        encode_batches(&mut buf, 7, "logs/a-0", b"batches");
+        encode_control(&mut buf, 7, "logs/a-0", Control::Truncate(42));
+        encode_control(&mut buf, 7, "logs/b-1", Control::Forget);
+        let whole = buf.len();
+        let (records, end) = decode_records(&buf, 7);
+        assert_eq!(
+            records,
+            vec![
+                ("logs/a-0", Record::Batches(b"batches")),
+                ("logs/a-0", Record::Truncate(42)),
+                ("logs/b-1", Record::Forget)
+            ]
+        );
+        assert_eq!(end, whole);
+
+        // Zeros after the records (a zero-filled spare) end the file.
+        buf.extend_from_slice(&[0; 64]);
+        assert_eq!(decode_records(&buf, 7).1, whole);
+
+        // A record cut short, or one whose bytes changed, ends it too.
+        let mut torn = buf[..whole].to_vec();
+        encode_batches(&mut torn, 7, "logs/a-0", b"more batches");
+        torn.truncate(torn.len() - 3);
+        assert_eq!(decode_records(&torn, 7).0.len(), 3);
+        let mut flipped = buf[..whole].to_vec();
+        flipped[20] ^= 1;
+        assert_eq!(decode_records(&flipped, 7), (vec![], 0));
+
+        // A recycled file: what its earlier use (sequence 3) left after the new records is
+        // not read, valid as it is.
+        let mut recycled = Vec::new();
+        encode_batches(&mut recycled, 7, "logs/a-0", b"new");
+        let new_end = recycled.len();
+        encode_batches(&mut recycled, 3, "logs/a-0", b"stale batches");
+        assert_eq!(decode_records(&recycled, 7), (vec![("logs/a-0", Record::Batches(b"new"))], new_end));
+        assert!(decode_records(&recycled, 3).0.is_empty());
+    }
+
+    #[test]
+    fn record_paths_are_relative_to_the_data_dir() {
+        assert_eq!(record_path(Path::new("/d"), Path::new("/d/logs/t-0")), "logs/t-0");
+        assert_eq!(record_path(Path::new("/d"), Path::new("/e/t-0")), "/e/t-0");
+    }
+}
