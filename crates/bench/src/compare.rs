@@ -567,7 +567,7 @@ mod tests {
         assert!(backlog_line(2.0, None).unwrap().contains("not memory-capped"));
         assert_eq!(backlog_line(0.0, Some(cap)), None);
         let line = memory_line(&cap, "1g").unwrap();
-        assert!(line.contains("limits: Sluice 768 MiB, Kafka 1792 MiB"), "{line}");
+        assert!(line.contains("limits: Sluice 832 MiB, Kafka 2048 MiB"), "{line}");
     }
 
     #[test]
