@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 
 use crate::kafka::broker_api_keys;
+use crate::memcap::{BrokerMemoryLimit, MemoryCap, MemoryCgroup, MemoryFigures};
 
 /// Kafka release installed by default (the newest complete one on Maven Central).
 pub const KAFKA_VERSION_DEFAULT: &str = "4.3.1";
@@ -64,6 +65,9 @@ pub struct BrokerProcess {
     data_dir: PathBuf,
     log_path: PathBuf,
     keep_data: bool,
+    /// The memory cgroup the process runs in (`--broker-memory-limit`); removed after the
+    /// process stopped (fields drop after [`BrokerProcess::stop`] ran).
+    cgroup: Option<MemoryCgroup>,
 }
 
 impl BrokerProcess {
@@ -85,6 +89,11 @@ impl BrokerProcess {
     /// The broker's log file.
     pub fn log_path(&self) -> &Path {
         &self.log_path
+    }
+
+    /// The memory cgroup the broker runs in, when capped.
+    pub fn memory_cgroup(&self) -> Option<&MemoryCgroup> {
+        self.cgroup.as_ref()
     }
 
     fn wait_ready(&mut self, log_marker: Option<&str>) -> anyhow::Result<()> {
@@ -189,6 +198,13 @@ impl BrokerSet {
         self.nodes.iter().map(BrokerProcess::log_path).collect()
     }
 
+    /// The memory cap's figures (limit, peak usage, limit hits) over the nodes, when capped.
+    pub fn memory_figures(&self) -> Option<MemoryFigures> {
+        let figures: Vec<MemoryFigures> =
+            self.nodes.iter().filter_map(|node| node.cgroup.as_ref().map(MemoryCgroup::figures)).collect();
+        crate::memcap::sum_figures(&figures)
+    }
+
     /// Waits until metadata lists every node (a cluster has formed and registered them).
     fn wait_registered(&self) -> anyhow::Result<()> {
         let mut config = rdkafka::ClientConfig::new();
@@ -214,6 +230,23 @@ impl From<BrokerProcess> for BrokerSet {
     }
 }
 
+/// `, memory cgroup ... limit N MiB` when the broker is capped.
+fn cap_note(broker: &BrokerProcess) -> String {
+    match &broker.cgroup {
+        Some(cgroup) => {
+            let limit = cgroup.limit();
+            format!(
+                " in memory cgroup {} (limit {} MiB = page-cache budget {} MiB + resident allowance {} MiB)",
+                cgroup.dir().display(),
+                limit.limit() >> 20,
+                limit.page_cache_budget >> 20,
+                limit.resident_allowance >> 20
+            )
+        }
+        None => String::new(),
+    }
+}
+
 fn tail_of(path: &Path) -> String {
     let mut text = String::new();
     if let Ok(mut file) = std::fs::File::open(path) {
@@ -235,20 +268,23 @@ impl SluiceBroker {
     /// As [`SluiceBroker::start`], with extra `serve` arguments.
     pub fn start_with_args(bin: &Path, extra: &[String]) -> anyhow::Result<BrokerProcess> {
         let port = free_port()?;
-        Self::start_node(bin, port, "sluice-bench-sluice", extra, None)
+        Self::start_node(bin, port, "sluice-bench-sluice", extra, None, None)
     }
 
     /// `nodes` `sluice serve` processes forming one cluster (controller quorum of all of
     /// them, as `sluice dev-cluster`), each with `extra`; one node is a plain broker.
-    /// With `tls`, each node also has an SSL listener, which the clients use.
+    /// With `tls`, each node also has an SSL listener, which the clients use. With
+    /// `memory`, each node runs in its own memory cgroup (see [`crate::memcap`]).
     pub fn start_cluster(
         bin: &Path,
         nodes: usize,
         extra: &[String],
         tls: Option<&crate::tls::BenchTls>,
+        memory: Option<MemoryCap>,
     ) -> anyhow::Result<BrokerSet> {
+        let memory = memory.map(|cap| cap.for_sluice());
         if nodes <= 1 {
-            return Ok(Self::start_node(bin, free_port()?, "sluice-bench-sluice", extra, tls)?.into());
+            return Ok(Self::start_node(bin, free_port()?, "sluice-bench-sluice", extra, tls, memory)?.into());
         }
         let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
         let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
@@ -263,7 +299,7 @@ impl SluiceBroker {
             ];
             args.extend(extra.iter().cloned());
             let prefix = format!("sluice-bench-sluice-node{}", i + 1);
-            started.push(Self::start_node(bin, ports[i], &prefix, &args, tls)?);
+            started.push(Self::start_node(bin, ports[i], &prefix, &args, tls, memory)?);
         }
         let set = BrokerSet { nodes: started };
         set.wait_registered()?;
@@ -276,6 +312,7 @@ impl SluiceBroker {
         dir_prefix: &str,
         extra: &[String],
         tls: Option<&crate::tls::BenchTls>,
+        memory: Option<BrokerMemoryLimit>,
     ) -> anyhow::Result<BrokerProcess> {
         let dir = fresh_dir(dir_prefix)?;
         let data_dir = dir.join("data");
@@ -296,7 +333,12 @@ impl SluiceBroker {
                 (args, Some(tls_listen))
             }
         };
-        let child = die_with_parent(&mut Command::new(bin))
+        let cgroup = memory.map(|limit| MemoryCgroup::create("sluice", limit)).transpose()?;
+        let mut command = Command::new(bin);
+        if let Some(cgroup) = &cgroup {
+            cgroup.enter_on_spawn(&mut command);
+        }
+        let child = die_with_parent(&mut command)
             .arg("serve")
             .args(&listen_args)
             .arg("--data-dir")
@@ -315,9 +357,10 @@ impl SluiceBroker {
             data_dir: dir,
             log_path,
             keep_data: false,
+            cgroup,
         };
         broker.wait_ready(None)?;
-        println!("Started sluice (pid {}) on {}", broker.pid(), broker.bootstrap);
+        println!("Started sluice (pid {}) on {}{}", broker.pid(), broker.bootstrap, cap_note(&broker));
         Ok(broker)
     }
 }
@@ -390,20 +433,24 @@ impl KafkaInstall {
 
     /// Starts a fresh single-node KRaft broker on loopback.
     pub fn start(&self, heap: &str) -> anyhow::Result<BrokerProcess> {
-        let mut set = self.start_cluster(heap, 1, None)?;
+        let mut set = self.start_cluster(heap, 1, None, None)?;
         Ok(set.nodes.remove(0))
     }
 
     /// Starts `nodes` fresh KRaft nodes on loopback, each broker and controller (combined
     /// mode), all voters of one quorum.
     /// With `tls`, each node also has an SSL listener (PEM keystore), which clients use.
+    /// With `memory`, each JVM runs in its own memory cgroup whose limit includes the heap,
+    /// which is then pre-touched (see [`crate::memcap`]).
     pub fn start_cluster(
         &self,
         heap: &str,
         nodes: usize,
         tls: Option<&crate::tls::BenchTls>,
+        memory: Option<MemoryCap>,
     ) -> anyhow::Result<BrokerSet> {
         let nodes = nodes.max(1);
+        let memory = memory.map(|cap| cap.for_kafka(heap)).transpose()?;
         let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
         let tls_ports = match tls {
             Some(_) => Some((0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?),
@@ -430,7 +477,14 @@ impl KafkaInstall {
         for (i, dir) in dirs.into_iter().enumerate() {
             let log_path = dir.join("kafka.log");
             let log = std::fs::File::create(&log_path)?;
-            let child = die_with_parent(&mut Command::new("java"))
+            let cgroup = memory.map(|limit| MemoryCgroup::create("kafka", limit)).transpose()?;
+            let mut command = Command::new("java");
+            if let Some(cgroup) = &cgroup {
+                cgroup.enter_on_spawn(&mut command);
+                // The allowance counts the whole heap as resident: make it so from the start.
+                command.arg("-XX:+AlwaysPreTouch");
+            }
+            let child = die_with_parent(&mut command)
                 .arg(format!("-Xms{heap}"))
                 .arg(format!("-Xmx{heap}"))
                 .arg("-XX:+UseG1GC")
@@ -452,13 +506,20 @@ impl KafkaInstall {
                 data_dir: dir,
                 log_path,
                 keep_data: false,
+                cgroup,
             });
         }
         // A combined-mode node finishes starting only once its quorum has a leader, so
         // every node is started before any is waited for.
         for broker in &mut started {
             broker.wait_ready(Some("Kafka Server started"))?;
-            println!("Started Kafka {} (pid {}) on {}", self.version, broker.pid(), broker.bootstrap);
+            println!(
+                "Started Kafka {} (pid {}) on {}{}",
+                self.version,
+                broker.pid(),
+                broker.bootstrap,
+                cap_note(broker)
+            );
         }
         let set = BrokerSet { nodes: started };
         set.wait_registered()?;

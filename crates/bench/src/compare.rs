@@ -16,6 +16,14 @@
 //! [`crate::share`]) adds the acknowledged rate, redeliveries and acknowledgement errors; on
 //! Kafka its share groups need the `share.version` feature, on by default from 4.2 (the
 //! bench checks ApiVersions and says so otherwise).
+//!
+//! A catch-up workload (`consumerBacklogSizeGB`) adds the producers' publish latency
+//! before the drain (consumers paused while the backlog builds) and during it, their
+//! ratio, the catch-up MiB/s and the broker's disk reads during the drain, and the
+//! summary states issue 11's criterion (p99 during / before at most
+//! [`CATCH_UP_P99_RATIO_MAX`], catch-up MiB/s at least Kafka's). `--broker-memory-limit`
+//! runs each broker node in a memory cgroup by the same rule ([`crate::memcap`]) so the
+//! backlog is cold; the summary says the limits and adds the cgroups' peak usage.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -24,7 +32,8 @@ use anyhow::{bail, Context};
 
 use crate::brokers::{self, SluiceBroker};
 use crate::driver::Driver;
-use crate::result::TestResult;
+use crate::memcap::MemoryCap;
+use crate::result::{BacklogPhases, PhaseFigures, TestResult};
 use crate::workload::Workload;
 use crate::{chart, peak, runner, KafkaArgs, Overrides};
 
@@ -70,6 +79,12 @@ pub struct CompareArgs {
     /// certificate (PEM, in OUTPUT_DIR/tls), clients trust its CA.
     #[arg(long)]
     pub tls: bool,
+    /// Page cache each broker node may use (e.g. 512m, 1g): each node runs in a memory
+    /// cgroup limited to this plus the broker's own resident need (Sluice: a fixed
+    /// allowance; Kafka: its heap plus the JVM's non-heap allowance). Needs root and
+    /// memory cgroups.
+    #[arg(long, value_name = "SIZE")]
+    pub broker_memory_limit: Option<MemoryCap>,
     /// Kafka settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -77,6 +92,10 @@ pub struct CompareArgs {
     #[command(flatten)]
     pub overrides: Overrides,
 }
+
+/// Issue 11's catch-up criterion: the producers' p99 during the drain is at most this
+/// many times their p99 before it.
+pub const CATCH_UP_P99_RATIO_MAX: f64 = 1.5;
 
 /// One run's figures.
 #[derive(Debug, Clone, Default)]
@@ -106,12 +125,51 @@ const METRICS: &[Metric] = &[
     ("acknowledged msg/s", |r| queue(r).map(|q| q.aggregated_acknowledge_rate)),
     ("redelivered records", |r| queue(r).map(|q| q.measured_redelivered as f64)),
     ("acknowledgement errors", |r| queue(r).map(|q| q.measured_acknowledge_errors as f64)),
+    ("backlog build (s)", |r| r.sluice.as_ref().and_then(|e| e.backlog_build_seconds)),
+    ("publish p50 before drain (ms)", |r| build(r).map(|p| p.publish_latency_50pct)),
+    ("publish p99 before drain (ms)", |r| build(r).map(|p| p.publish_latency_99pct)),
+    ("publish p99.9 before drain (ms)", |r| build(r).map(|p| p.publish_latency_999pct)),
+    ("publish p50 during drain (ms)", |r| drain(r).map(|p| p.publish_latency_50pct)),
+    ("publish p99 during drain (ms)", |r| drain(r).map(|p| p.publish_latency_99pct)),
+    ("publish p99.9 during drain (ms)", |r| drain(r).map(|p| p.publish_latency_999pct)),
+    (P99_RATIO_ROW, |r| backlog_phases(r).and_then(|p| p.drain_to_build_publish_p99)),
+    ("publish delay p99 during drain (us)", |r| drain(r).map(|p| p.publish_delay_latency_99pct as f64)),
+    ("backlog drain (s)", |r| r.sluice.as_ref().and_then(|e| e.backlog_drain_seconds)),
+    (CATCH_UP_ROW, |r| r.sluice.as_ref().and_then(|e| e.backlog_drain_mb_per_second)),
+    ("broker disk reads during drain (MiB)", |r| drain(r).and_then(|p| p.broker_disk_read_bytes).map(mib)),
+    ("broker disk reads before drain (MiB)", |r| build(r).and_then(|p| p.broker_disk_read_bytes).map(mib)),
     ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
     ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
-    ("broker peak RSS (MiB)", |r| {
-        r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(|b| b as f64 / (1024.0 * 1024.0))
-    }),
+    ("broker peak RSS (MiB)", |r| r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(mib)),
+    ("broker cgroup limit (MiB)", |r| memory(r).map(|m| mib(m.limit_bytes))),
+    ("broker cgroup peak usage (MiB)", |r| memory(r).and_then(|m| m.peak_usage_bytes).map(mib)),
+    ("broker cgroup limit hits", |r| memory(r).and_then(|m| m.limit_hits).map(|hits| hits as f64)),
 ];
+
+/// The row of the producers' p99 ratio, during / before the drain.
+const P99_RATIO_ROW: &str = "publish p99 during / before drain";
+/// The row of the catch-up read rate.
+const CATCH_UP_ROW: &str = "catch-up MiB/s";
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+fn backlog_phases(result: &TestResult) -> Option<&BacklogPhases> {
+    result.sluice.as_ref().and_then(|extras| extras.backlog_phases.as_ref())
+}
+
+fn build(result: &TestResult) -> Option<&PhaseFigures> {
+    backlog_phases(result).and_then(|phases| phases.build.as_ref())
+}
+
+fn drain(result: &TestResult) -> Option<&PhaseFigures> {
+    backlog_phases(result).and_then(|phases| phases.drain.as_ref())
+}
+
+fn memory(result: &TestResult) -> Option<&crate::memcap::MemoryFigures> {
+    result.sluice.as_ref().and_then(|extras| extras.broker_memory.as_ref())
+}
 
 fn transactions(result: &TestResult) -> Option<&crate::result::TransactionFigures> {
     result.sluice.as_ref().and_then(|extras| extras.transactions.as_ref())
@@ -167,6 +225,14 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let tls = if args.tls { Some(crate::tls::BenchTls::generate(&args.output_dir.join("tls"))?) } else { None };
     let transport = if tls.is_some() { "TLS (SSL listeners, both brokers)" } else { "plaintext" };
     println!("Transport: {transport}");
+    let memory = match args.broker_memory_limit {
+        Some(cap) => Some(memory_line(&cap, &args.kafka.kafka_heap)?),
+        None => None,
+    };
+    if let Some(line) = &memory {
+        println!("Memory: {line}");
+    }
+    let backlog = backlog_line(workload.workload.consumer_backlog_size_gb, args.broker_memory_limit);
 
     let mut runs: Vec<(String, u32, anyhow::Result<TestResult>)> = Vec::new();
     for round in 1..=args.rounds {
@@ -195,6 +261,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         transport,
         records_per_transaction: driver.driver.records_per_transaction,
         isolation_level: driver.driver.isolation_level(),
+        memory: memory.as_deref(),
+        backlog: backlog.as_deref(),
     };
     let table = summary_table(&runs, &header);
     println!("\n{table}");
@@ -220,8 +288,8 @@ fn run_one(
 ) -> anyhow::Result<TestResult> {
     let nodes = usize::from(args.nodes);
     let process = match broker {
-        "kafka" => args.kafka.start(nodes, tls)?,
-        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg, tls)?,
+        "kafka" => args.kafka.start(nodes, tls, args.broker_memory_limit)?,
+        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg, tls, args.broker_memory_limit)?,
     };
     let mut options = args.overrides.run_options();
     options.bootstrap = Some(process.client_bootstrap());
@@ -238,8 +306,42 @@ fn run_one(
             println!("broker log: {}", log.display());
         }
     }
+    let memory = process.memory_figures();
     drop(process);
-    outcome
+    let mut result = outcome?;
+    if let (Some(extras), Some(memory)) = (result.sluice.as_mut(), memory) {
+        extras.broker_memory = Some(memory);
+    }
+    Ok(result)
+}
+
+/// The memory cap's rule and each broker's limit, for the summary.
+fn memory_line(cap: &MemoryCap, kafka_heap: &str) -> anyhow::Result<String> {
+    let sluice = cap.for_sluice();
+    let kafka = cap.for_kafka(kafka_heap)?;
+    Ok(format!(
+        "each broker node in a memory cgroup limited to a page-cache budget of {} MiB plus its resident \
+         allowance: Sluice {} MiB, Kafka heap {kafka_heap} (pre-touched) + {} MiB JVM non-heap; limits: Sluice {} MiB, \
+         Kafka {} MiB",
+        cap.page_cache_budget >> 20,
+        sluice.resident_allowance >> 20,
+        crate::memcap::JVM_NON_HEAP_ALLOWANCE >> 20,
+        sluice.limit() >> 20,
+        kafka.limit() >> 20,
+    ))
+}
+
+/// The backlog's size, and its multiple of the page-cache budget when capped.
+fn backlog_line(backlog_gb: f64, cap: Option<MemoryCap>) -> Option<String> {
+    if backlog_gb <= 0.0 {
+        return None;
+    }
+    let bytes = backlog_gb * (1u64 << 30) as f64;
+    let multiple = match cap {
+        Some(cap) => format!(" = {:.1}x the page-cache budget", bytes / cap.page_cache_budget as f64),
+        None => " (brokers not memory-capped: it may be read from the page cache)".to_string(),
+    };
+    Some(format!("{:.0} MiB{multiple}", bytes / (1024.0 * 1024.0)))
 }
 
 /// What the summary says about the runs above its table.
@@ -250,6 +352,10 @@ struct TableHeader<'a> {
     transport: &'a str,
     records_per_transaction: Option<u32>,
     isolation_level: &'a str,
+    /// The memory cap, when the brokers had one.
+    memory: Option<&'a str>,
+    /// The backlog of a catch-up workload.
+    backlog: Option<&'a str>,
 }
 
 fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &TableHeader<'_>) -> String {
@@ -272,6 +378,12 @@ fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &Ta
             "Transactions: {records} records each, one transactional.id per producer; consumers' isolation.level {}",
             header.isolation_level
         );
+    }
+    if let Some(memory) = header.memory {
+        let _ = writeln!(table, "Memory: {memory}");
+    }
+    if let Some(backlog) = header.backlog {
+        let _ = writeln!(table, "Backlog: {backlog}");
     }
     let _ = writeln!(
         table,
@@ -300,7 +412,38 @@ fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &Ta
         };
         let _ = writeln!(table, "| {name} | {} | {} | {ratio} |", cell(k), cell(s));
     }
+    if let Some(verdict) = catch_up_verdict(&kafka, &sluice) {
+        let _ = writeln!(table, "\n{verdict}");
+    }
     table
+}
+
+/// Issue 11's catch-up criterion from the medians, when the runs drained a backlog.
+fn catch_up_verdict(kafka: &[Figures], sluice: &[Figures]) -> Option<String> {
+    let median = |figures: &[Figures], row: &str| -> Option<f64> {
+        let index = METRICS.iter().position(|(name, _)| *name == row)?;
+        spread(&figures.iter().filter_map(|f| f.values[index]).collect::<Vec<_>>()).map(|(_, median, _)| median)
+    };
+    let sluice_ratio = median(sluice, P99_RATIO_ROW)?;
+    let mut text = format!(
+        "Catch-up criterion (issue 11): publish p99 during / before drain <= {CATCH_UP_P99_RATIO_MAX}: Sluice {:.2} ({})",
+        sluice_ratio,
+        if sluice_ratio <= CATCH_UP_P99_RATIO_MAX { "met" } else { "not met" }
+    );
+    if let Some(kafka_ratio) = median(kafka, P99_RATIO_ROW) {
+        let _ = write!(text, ", Kafka {kafka_ratio:.2}");
+    }
+    if let (Some(s), Some(k)) = (median(sluice, CATCH_UP_ROW), median(kafka, CATCH_UP_ROW)) {
+        let _ = write!(
+            text,
+            "; catch-up MiB/s >= Kafka's: Sluice {} vs Kafka {} = {:.2}x ({})",
+            num(s),
+            num(k),
+            s / k.max(1e-9),
+            if s >= k { "met" } else { "not met" }
+        );
+    }
+    Some(text)
 }
 
 fn num(value: f64) -> String {
@@ -332,6 +475,8 @@ mod tests {
             transport: "plaintext",
             records_per_transaction,
             isolation_level: "read_committed",
+            memory: None,
+            backlog: None,
         }
     }
 
@@ -348,6 +493,81 @@ mod tests {
         assert!(table.contains("1 failed"));
         assert!(!table.contains("peak stable rate"), "no run has it: {table}");
         assert!(!table.contains("transactions/s"), "no run has it: {table}");
+    }
+
+    #[test]
+    fn table_has_catch_up_rows_and_the_criterion() {
+        let result = |before: f64, during: f64, catch_up: f64| {
+            let phase = |p99: f64| crate::result::PhaseFigures { publish_latency_99pct: p99, ..Default::default() };
+            let mut phases =
+                BacklogPhases { build: Some(phase(before)), drain: Some(phase(during)), ..Default::default() };
+            phases.set_ratio();
+            let memory =
+                crate::memcap::MemoryFigures { limit_bytes: 768 << 20, limit_hits: Some(3), ..Default::default() };
+            let extras = crate::result::SluiceExtras {
+                backlog_phases: Some(phases),
+                backlog_drain_mb_per_second: Some(catch_up),
+                broker_memory: Some(memory),
+                ..Default::default()
+            };
+            TestResult { sluice: Some(extras), ..TestResult::default() }
+        };
+        let runs = vec![
+            ("kafka".to_string(), 1, Ok(result(10.0, 40.0, 50.0))),
+            ("sluice".to_string(), 1, Ok(result(10.0, 12.0, 60.0))),
+        ];
+        let mut header = header(None);
+        header.memory = Some("cap rule");
+        header.backlog = Some("2048 MiB = 4.0x the page-cache budget");
+        let table = summary_table(&runs, &header);
+        assert!(
+            table
+                .contains("| publish p99 before drain (ms) | 10.00 (10.00 .. 10.00) | 10.00 (10.00 .. 10.00) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table
+                .contains("| publish p99 during drain (ms) | 40.00 (40.00 .. 40.00) | 12.00 (12.00 .. 12.00) | 0.30 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| publish p99 during / before drain | 4.00 (4.00 .. 4.00) | 1.20 (1.20 .. 1.20) | 0.30 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| catch-up MiB/s | 50.00 (50.00 .. 50.00) | 60.00 (60.00 .. 60.00) | 1.20 |"),
+            "{table}"
+        );
+        assert!(table.contains("| broker cgroup limit (MiB) | 768 (768 .. 768) |"), "{table}");
+        assert!(table.contains("Memory: cap rule\nBacklog: 2048 MiB = 4.0x"), "{table}");
+        assert!(
+            table.contains(
+                "Sluice 1.20 (met), Kafka 4.00; catch-up MiB/s >= Kafka's: Sluice 60.00 vs Kafka 50.00 = 1.20x (met)"
+            ),
+            "{table}"
+        );
+        // Over the bound and slower than Kafka: not met.
+        let runs = vec![
+            ("kafka".to_string(), 1, Ok(result(10.0, 12.0, 80.0))),
+            ("sluice".to_string(), 1, Ok(result(10.0, 20.0, 60.0))),
+        ];
+        let table = summary_table(&runs, &header);
+        assert!(table.contains("Sluice 2.00 (not met)"), "{table}");
+        assert!(table.contains("= 0.75x (not met)"), "{table}");
+        // No backlog, no rows and no criterion.
+        let plain = vec![("sluice".to_string(), 1, Ok(TestResult::default()))];
+        let table = summary_table(&plain, &super::tests::header(None));
+        assert!(!table.contains("drain") && !table.contains("Catch-up"), "{table}");
+    }
+
+    #[test]
+    fn backlog_line_says_the_multiple_of_the_budget() {
+        let cap: MemoryCap = "512m".parse().unwrap();
+        assert_eq!(backlog_line(2.0, Some(cap)).unwrap(), "2048 MiB = 4.0x the page-cache budget");
+        assert!(backlog_line(2.0, None).unwrap().contains("not memory-capped"));
+        assert_eq!(backlog_line(0.0, Some(cap)), None);
+        let line = memory_line(&cap, "1g").unwrap();
+        assert!(line.contains("limits: Sluice 832 MiB, Kafka 2048 MiB"), "{line}");
     }
 
     #[test]

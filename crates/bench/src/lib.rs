@@ -5,7 +5,8 @@
 //! OMB producer and consumer ([`kafka`]), runs OMB's phases ([`runner`]) and writes
 //! OMB's result JSON ([`result`]), so numbers can be set beside published ones. It also
 //! draws charts ([`chart`]) and runs side-by-side comparisons with Apache Kafka
-//! ([`compare`], [`brokers`]).
+//! ([`compare`], [`brokers`]). Brokers it starts can be held to the same memory cap
+//! ([`memcap`]), so that a catch-up read of a large backlog comes from disk.
 //!
 //! ```text
 //! sluice bench --driver bench/drivers/kafka-latency.yaml bench/workloads/1-topic-100-partitions-1kb.yaml
@@ -21,6 +22,7 @@ pub mod chart;
 pub mod compare;
 pub mod driver;
 pub mod kafka;
+pub mod memcap;
 pub mod peak;
 pub mod procstat;
 pub mod rate;
@@ -99,6 +101,11 @@ pub struct RunArgs {
     /// set automatically with --start-*.
     #[arg(long)]
     pub broker_pid: Vec<u32>,
+    /// With --start-*: page cache each broker node may use (e.g. 512m, 1g); the node runs
+    /// in a memory cgroup limited to this plus the broker's own resident need (see
+    /// bench/README.md). Needs root and memory cgroups.
+    #[arg(long, value_name = "SIZE")]
+    pub broker_memory_limit: Option<memcap::MemoryCap>,
     /// Run overrides shared with `compare`.
     #[command(flatten)]
     pub overrides: Overrides,
@@ -119,11 +126,17 @@ pub struct KafkaArgs {
 }
 
 impl KafkaArgs {
-    /// Installs (if needed) and starts a fresh Kafka of `nodes` nodes.
-    pub fn start(&self, nodes: usize, tls: Option<&tls::BenchTls>) -> anyhow::Result<brokers::BrokerSet> {
+    /// Installs (if needed) and starts a fresh Kafka of `nodes` nodes, each in a memory
+    /// cgroup when `memory` is given.
+    pub fn start(
+        &self,
+        nodes: usize,
+        tls: Option<&tls::BenchTls>,
+        memory: Option<memcap::MemoryCap>,
+    ) -> anyhow::Result<brokers::BrokerSet> {
         let cache = self.cache_dir.clone().unwrap_or_else(brokers::cache_dir_default);
         let install = brokers::KafkaInstall::ensure(&cache, &self.kafka_version)?;
-        install.start_cluster(&self.kafka_heap, nodes, tls)
+        install.start_cluster(&self.kafka_heap, nodes, tls, memory)
     }
 }
 
@@ -188,6 +201,9 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
     if args.drivers.is_empty() {
         bail!("no driver file given (--driver DRIVER.yaml)");
     }
+    if args.broker_memory_limit.is_some() && !args.start_sluice && !args.start_kafka {
+        bail!("--broker-memory-limit caps a broker the bench starts: add --start-sluice or --start-kafka");
+    }
     let runs_count = args.workloads.len() * args.drivers.len();
     if args.output.is_some() && runs_count > 1 {
         bail!("--output names one file but {runs_count} runs were asked for: use --output-dir");
@@ -207,13 +223,19 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
                     Some(bin) => bin.clone(),
                     None => std::env::current_exe()?,
                 };
-                let started = brokers::SluiceBroker::start_cluster(&bin, usize::from(args.nodes), &[], None)?;
+                let started = brokers::SluiceBroker::start_cluster(
+                    &bin,
+                    usize::from(args.nodes),
+                    &[],
+                    None,
+                    args.broker_memory_limit,
+                )?;
                 options.bootstrap = Some(started.bootstrap());
                 options.broker_pids = started.pids();
                 options.broker_label = Some("sluice".into());
                 broker = Some(started);
             } else if args.start_kafka {
-                let started = args.kafka.start(usize::from(args.nodes), None)?;
+                let started = args.kafka.start(usize::from(args.nodes), None, args.broker_memory_limit)?;
                 options.bootstrap = Some(started.bootstrap());
                 options.broker_pids = started.pids();
                 options.broker_label = Some("kafka".into());
@@ -224,8 +246,12 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
             } else {
                 runner::run_workload(workload, driver, &options)
             };
+            let memory = broker.as_ref().and_then(brokers::BrokerSet::memory_figures);
             drop(broker);
-            let result = outcome?;
+            let mut result = outcome?;
+            if let (Some(extras), Some(memory)) = (result.sluice.as_mut(), memory) {
+                extras.broker_memory = Some(memory);
+            }
             let path = match &args.output {
                 Some(path) => path.clone(),
                 None => args.output_dir.join(result_file_name(&result.workload, &result.driver, unix_seconds())),

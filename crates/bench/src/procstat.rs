@@ -3,7 +3,9 @@
 //! CPU seconds are `utime + stime` of `/proc/PID/stat` (the process and all its
 //! threads) at the end minus at the start of the measured phase. Peak RSS is `VmHWM`
 //! from `/proc/PID/status`, the kernel's high-water mark since the process started,
-//! which is the figure for a broker started fresh for the run.
+//! which is the figure for a broker started fresh for the run. Disk reads are `read_bytes`
+//! of `/proc/PID/io` (what reached the block layer, so page-cache hits are not counted),
+//! which tells a cold catch-up read from a cached one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,6 +77,19 @@ pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM:").map(|kib| kib * 1024)
 }
 
+/// Bytes `pids` have read from the block layer so far (`read_bytes` of `/proc/PID/io`,
+/// all threads), summed; `None` unless every process could be read (it needs the same
+/// user or root).
+pub fn io_read_bytes(pids: &[u32]) -> Option<u64> {
+    pids.iter().map(|pid| io_field(*pid, "read_bytes:")).sum()
+}
+
+fn io_field(pid: u32, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let line = text.lines().find(|line| line.starts_with(key))?;
+    line[key.len()..].trim().parse().ok()
+}
+
 fn ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -115,6 +130,14 @@ mod tests {
     fn stat_line_with_odd_name() {
         let line = "1234 (java (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0";
         assert_eq!(parse_stat_ticks(line), Some(300));
+    }
+
+    #[test]
+    fn own_disk_reads_are_readable() {
+        let pid = std::process::id();
+        assert!(io_read_bytes(&[pid]).is_some());
+        assert_eq!(io_read_bytes(&[]), Some(0));
+        assert_eq!(io_read_bytes(&[pid, u32::MAX]), None, "a missing process spoils the sum");
     }
 
     #[test]

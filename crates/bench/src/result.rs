@@ -4,8 +4,9 @@
 //! histograms), publish delay is whole microseconds, rates are messages per second,
 //! as upstream, so OMB's own chart script can read our files and we can read theirs.
 //! What OMB does not have (the clock used for end-to-end latency, the consumer mode,
-//! broker CPU and memory, transaction rates and commit latency) goes in one extra object,
-//! `sluice`, at the end.
+//! broker CPU and memory, transaction rates and commit latency, the producers' latency
+//! per backlog phase, the broker's memory cap) goes in one extra object, `sluice`, at the
+//! end.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -88,6 +89,90 @@ pub struct SluiceExtras {
     /// Share consumers' figures (queue workloads); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueFigures>,
+    /// Producers' latency and the broker's disk reads per backlog phase (workloads with
+    /// `consumerBacklogSizeGB`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backlog_phases: Option<BacklogPhases>,
+    /// The broker's memory cgroup (`--broker-memory-limit`); absent when uncapped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker_memory: Option<crate::memcap::MemoryFigures>,
+}
+
+/// A catch-up run's phases: what the producers saw before the drain (consumers paused
+/// while the backlog builds), during it, and after it. Issue 11's criterion reads
+/// `drain.publishLatency99pct / build.publishLatency99pct` (at most 1.5) and the
+/// catch-up MiB/s (`backlogDrainMbPerSecond`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BacklogPhases {
+    /// Consumers paused, producers at the workload's rate, until the backlog has its size.
+    pub build: Option<PhaseFigures>,
+    /// Consumers reading the backlog from its start while producers go on.
+    pub drain: Option<PhaseFigures>,
+    /// After the drain, one more test duration (consumers tailing).
+    pub tail: Option<PhaseFigures>,
+    /// Publish p99 during the drain over publish p99 before it.
+    pub drain_to_build_publish_p99: Option<f64>,
+}
+
+impl BacklogPhases {
+    /// Sets the ratio from the phases present.
+    pub fn set_ratio(&mut self) {
+        self.drain_to_build_publish_p99 = match (&self.build, &self.drain) {
+            (Some(build), Some(drain)) if build.publish_latency_99pct > 0.0 => {
+                Some(drain.publish_latency_99pct / build.publish_latency_99pct)
+            }
+            _ => None,
+        };
+    }
+}
+
+/// One backlog phase's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PhaseFigures {
+    /// Length, seconds.
+    pub seconds: f64,
+    /// Messages acknowledged to the producers.
+    pub messages_sent: u64,
+    /// Messages consumed (every subscription's copy).
+    pub messages_received: u64,
+    /// Publish rate, msg/s.
+    pub publish_rate: f64,
+    /// Consume rate, MiB/s.
+    pub consume_mb_per_second: f64,
+    /// Publish latency, ms.
+    pub publish_latency_avg: f64,
+    /// Median publish latency, ms.
+    #[serde(rename = "publishLatency50pct")]
+    pub publish_latency_50pct: f64,
+    /// 99th percentile publish latency, ms.
+    #[serde(rename = "publishLatency99pct")]
+    pub publish_latency_99pct: f64,
+    /// 99.9th percentile publish latency, ms.
+    #[serde(rename = "publishLatency999pct")]
+    pub publish_latency_999pct: f64,
+    /// Longest publish, ms.
+    pub publish_latency_max: f64,
+    /// 99th percentile publish delay (behind the send schedule), us.
+    #[serde(rename = "publishDelayLatency99pct")]
+    pub publish_delay_latency_99pct: u64,
+    /// Bytes the broker processes read from the block layer in the phase (`read_bytes`
+    /// of `/proc/PID/io`, summed over nodes): the catch-up read's cold part.
+    pub broker_disk_read_bytes: Option<u64>,
+}
+
+impl PhaseFigures {
+    /// Fills the publish latencies from the phase's histograms.
+    pub fn set_latency(&mut self, latency: &LatencySet) {
+        let publish = Summary::of(&latency.publish_us);
+        self.publish_latency_avg = publish.mean / 1000.0;
+        self.publish_latency_50pct = ms(publish.p50);
+        self.publish_latency_99pct = ms(publish.p99);
+        self.publish_latency_999pct = ms(publish.p999);
+        self.publish_latency_max = ms(publish.max);
+        self.publish_delay_latency_99pct = Summary::of(&latency.publish_delay_us).p99;
+    }
 }
 
 /// What the share consumers of a queue workload did in the measured phase. Their

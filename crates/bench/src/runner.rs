@@ -10,7 +10,12 @@
 //!    (counters keep running, as upstream).
 //! 5. With `consumerBacklogSizeGB`, consumers pause until the backlog reaches the size,
 //!    then resume; the measured phase lasts until the backlog is drained plus the test
-//!    duration.
+//!    duration. The producers' latency is also kept per backlog phase (build, drain, tail:
+//!    `sluice.backlogPhases`), split exactly where the phase changes (the clients'
+//!    histograms are drained at that tick, not at the next sample), because issue 11's
+//!    catch-up criterion compares the producers' p99 during the drain with the p99 before
+//!    it, and a whole-run percentile mixes the two. Each phase also records the broker's
+//!    disk reads (`/proc/PID/io`), which tell a cold catch-up read from a cached one.
 //! 6. With `producerRate: 0`, OMB's [`RateController`] adjusts the rate every 3 s.
 //!
 //! With a transactional driver (`requestsPerTransaction`) every producer gets its own
@@ -43,9 +48,11 @@ use crate::kafka::{
     self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, TransactionSpec,
     XorShift, KEY_POOL_SIZE,
 };
-use crate::procstat::ProcessSampler;
+use crate::procstat::{self, ProcessSampler};
 use crate::rate::{RateController, RateControllerConfig};
-use crate::result::{QueueFigures, SampleRates, SluiceExtras, TestResult, TransactionFigures};
+use crate::result::{
+    BacklogPhases, PhaseFigures, QueueFigures, SampleRates, SluiceExtras, TestResult, TransactionFigures,
+};
 use crate::share::{QueueCounters, QueueStats, ShareConsumerSpec};
 use crate::stats::{total_counters, ClientStats, Counters, LatencySet, Summary};
 use crate::workload::{LoadedWorkload, Workload};
@@ -145,10 +152,14 @@ impl Clients {
 
     fn drain_period(&self) -> LatencySet {
         let mut period = LatencySet::default();
-        for stats in self.producer_stats.iter().chain(self.consumer_stats.iter()) {
-            stats.drain_period_into(&mut period);
-        }
+        self.drain_period_into(&mut period);
         period
+    }
+
+    fn drain_period_into(&self, period: &mut LatencySet) {
+        for stats in self.producer_stats.iter().chain(self.consumer_stats.iter()) {
+            stats.drain_period_into(period);
+        }
     }
 
     fn queue_counters(&self) -> QueueCounters {
@@ -535,6 +546,52 @@ enum BacklogState {
     Done,
 }
 
+/// The phases of a backlog run that get their own figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BacklogPhase {
+    Build,
+    Drain,
+    Tail,
+}
+
+impl BacklogState {
+    fn phase(&self) -> Option<BacklogPhase> {
+        match self {
+            BacklogState::Building { .. } => Some(BacklogPhase::Build),
+            BacklogState::Draining { .. } => Some(BacklogPhase::Drain),
+            BacklogState::Tail { .. } => Some(BacklogPhase::Tail),
+            BacklogState::None | BacklogState::Done => None,
+        }
+    }
+}
+
+/// The backlog phase in progress: where it started and its latency so far.
+struct PhaseTracker {
+    phase: BacklogPhase,
+    started_ns: u64,
+    counters: Counters,
+    disk_read_bytes: Option<u64>,
+    latency: LatencySet,
+}
+
+impl PhaseTracker {
+    fn finish(self, now_ns: u64, counters: Counters, disk_read_bytes: Option<u64>) -> PhaseFigures {
+        let seconds = (now_ns - self.started_ns) as f64 / 1e9;
+        let delta = counters.since(&self.counters);
+        let mut figures = PhaseFigures {
+            seconds,
+            messages_sent: delta.messages_sent,
+            messages_received: delta.messages_received,
+            publish_rate: delta.messages_sent as f64 / seconds.max(1e-9),
+            consume_mb_per_second: delta.bytes_received as f64 / seconds.max(1e-9) / (1024.0 * 1024.0),
+            broker_disk_read_bytes: disk_read_bytes.zip(self.disk_read_bytes).map(|(end, start)| end - start),
+            ..PhaseFigures::default()
+        };
+        figures.set_latency(&self.latency);
+        figures
+    }
+}
+
 struct Phase<'a> {
     workload: &'a Workload,
     clients: &'a Clients,
@@ -547,6 +604,12 @@ struct Phase<'a> {
     queue_at_sample: QueueCounters,
     extras: SluiceExtras,
     is_terminal: bool,
+    /// Broker processes, for disk reads per backlog phase.
+    broker_pids: Vec<u32>,
+    /// The backlog phase in progress.
+    backlog_phase: Option<PhaseTracker>,
+    /// Latency drained at a phase change, added to the sample in progress.
+    pending: LatencySet,
 }
 
 fn run_phases(
@@ -595,6 +658,9 @@ fn run_phases(
             ..SluiceExtras::default()
         },
         is_terminal: std::io::stderr().is_terminal(),
+        broker_pids: options.broker_pids.clone(),
+        backlog_phase: None,
+        pending: LatencySet::default(),
     };
     clients.set_total_rate(target_rate);
     println!("End-to-end latency clock: {}", kafka::END_TO_END_CLOCK);
@@ -613,6 +679,9 @@ fn run_phases(
     println!("----- Starting benchmark traffic ({:.1}s) ------", test.as_secs_f64());
     let sampler = (!options.broker_pids.is_empty()).then(|| ProcessSampler::start(&options.broker_pids));
     let mut result = phase.collect(test, backlog, sampler.as_ref())?;
+    if let Some(phases) = &phase.extras.backlog_phases {
+        print_backlog_phases(phases, phase.extras.backlog_drain_mb_per_second);
+    }
     if let Some(sampler) = sampler {
         let usage = sampler.finish();
         let gib_sent = phase.extras.measured_bytes_sent as f64 / (1024.0 * 1024.0 * 1024.0);
@@ -661,16 +730,25 @@ impl Phase<'_> {
         self.counters_at_sample = phase_counters_start;
         let phase_queue_start = self.clients.queue_counters();
         self.queue_at_sample = phase_queue_start;
+        self.pending.reset();
+        self.backlog_phase = None;
         if let BacklogState::Building { .. } = backlog {
             println!("Stopping all consumers to build backlog");
             self.clients.consumer_control.paused.store(true, Ordering::Relaxed);
             backlog = BacklogState::Building { since_ns: start_ns };
+            self.extras.backlog_phases = Some(BacklogPhases::default());
+            self.clients.drain_period_into(&mut self.pending);
+            self.switch_backlog_phase(Some(BacklogPhase::Build), start_ns);
         }
         loop {
             std::thread::sleep(TICK);
             let now_ns = monotonic_ns();
             self.steer_rate(now_ns);
+            let before = backlog.phase();
             backlog = self.step_backlog(backlog, now_ns, duration);
+            if backlog.phase() != before {
+                self.switch_backlog_phase(backlog.phase(), now_ns);
+            }
             if let Some(sampler) = sampler {
                 sampler.tick();
             }
@@ -683,13 +761,21 @@ impl Phase<'_> {
             }
             let elapsed_s = (now_ns - sample_start_ns) as f64 / 1e9;
             sample_start_ns = now_ns;
-            let period = self.clients.drain_period();
+            let mut period = self.clients.drain_period();
+            if let Some(tracker) = self.backlog_phase.as_mut() {
+                tracker.latency.merge(&period);
+            }
+            period.merge(&self.pending);
+            self.pending.reset();
             self.sample(&mut result, &period, elapsed_s);
             cumulative.merge(&period);
             let backlog_done = matches!(backlog, BacklogState::None | BacklogState::Done);
             if now_ns >= end_ns && backlog_done {
                 break;
             }
+        }
+        if self.backlog_phase.is_some() {
+            self.switch_backlog_phase(None, monotonic_ns());
         }
         let counters = self.clients.counters().since(&phase_counters_start);
         self.extras.measured_messages_sent = counters.messages_sent;
@@ -721,6 +807,35 @@ impl Phase<'_> {
             );
         }
         Ok(result)
+    }
+
+    /// Ends the backlog phase in progress (its latency up to this tick: the clients'
+    /// histograms are drained now, and what is drained also goes to the sample in
+    /// progress) and starts `next`.
+    fn switch_backlog_phase(&mut self, next: Option<BacklogPhase>, now_ns: u64) {
+        let counters = self.clients.counters();
+        let disk_read_bytes = procstat::io_read_bytes(&self.broker_pids).filter(|_| !self.broker_pids.is_empty());
+        if let Some(mut tracker) = self.backlog_phase.take() {
+            let chunk = self.clients.drain_period();
+            tracker.latency.merge(&chunk);
+            self.pending.merge(&chunk);
+            let phase = tracker.phase;
+            let figures = tracker.finish(now_ns, counters, disk_read_bytes);
+            let phases = self.extras.backlog_phases.get_or_insert_with(BacklogPhases::default);
+            match phase {
+                BacklogPhase::Build => phases.build = Some(figures),
+                BacklogPhase::Drain => phases.drain = Some(figures),
+                BacklogPhase::Tail => phases.tail = Some(figures),
+            }
+            phases.set_ratio();
+        }
+        self.backlog_phase = next.map(|phase| PhaseTracker {
+            phase,
+            started_ns: now_ns,
+            counters,
+            disk_read_bytes,
+            latency: LatencySet::default(),
+        });
     }
 
     fn sample(&mut self, result: &mut TestResult, period: &LatencySet, elapsed_s: f64) {
@@ -893,6 +1008,29 @@ fn set_queue_figures(queue: &mut QueueFigures, measured: &QueueCounters, seconds
     queue.measured_fetches = measured.fetches;
     queue.measured_restarts = measured.restarts;
     queue.aggregated_acknowledge_rate = measured.acknowledged as f64 / seconds.max(1e-9);
+}
+
+fn print_backlog_phases(phases: &BacklogPhases, catch_up_mb_per_second: Option<f64>) {
+    let line = |name: &str, figures: &Option<PhaseFigures>| match figures {
+        Some(f) => format!(
+            "{name} {:.1} s: publish p50 {:.2} / p99 {:.2} / p99.9 {:.2} ms, consume {:.1} MB/s, broker disk reads {}",
+            f.seconds,
+            f.publish_latency_50pct,
+            f.publish_latency_99pct,
+            f.publish_latency_999pct,
+            f.consume_mb_per_second,
+            f.broker_disk_read_bytes.map(|b| format!("{:.1} MB", b as f64 / (1024.0 * 1024.0))).unwrap_or("-".into()),
+        ),
+        None => format!("{name}: -"),
+    };
+    println!("----- Backlog {}", line("build (consumers paused)", &phases.build));
+    println!("----- Backlog {}", line("drain", &phases.drain));
+    println!("----- Backlog {}", line("tail", &phases.tail));
+    println!(
+        "----- Catch-up: {} MB/s; publish p99 during drain / before: {}",
+        catch_up_mb_per_second.map(|v| format!("{v:.1}")).unwrap_or("-".into()),
+        phases.drain_to_build_publish_p99.map(|v| format!("{v:.2}")).unwrap_or("-".into()),
+    );
 }
 
 fn print_aggregated(cumulative: &LatencySet, transactions: Option<&TransactionFigures>) {

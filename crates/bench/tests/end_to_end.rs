@@ -5,7 +5,9 @@
 //! `target/debug/sluice` of the workspace. Set `SLUICE_BENCH_KAFKA_TEST=1` to also run
 //! the same workload against Apache Kafka (installed from Maven Central on first use).
 //! The transactional driver runs the same workload once more, with producers committing
-//! every 100 records and read_committed consumers.
+//! every 100 records and read_committed consumers. The catch-up smoke checks the
+//! producers' latency per backlog phase; the memory cap (a cgroup, root only) is checked
+//! on its own by starting a capped broker, without a run.
 
 use std::path::{Path, PathBuf};
 
@@ -43,6 +45,7 @@ fn smoke_args(output_dir: &Path) -> RunArgs {
         },
         nodes: 1,
         broker_pid: Vec::new(),
+        broker_memory_limit: None,
         overrides: Overrides::default(),
     }
 }
@@ -200,4 +203,96 @@ fn queue_smoke_workload_against_sluice() {
     assert!(result.aggregated_end_to_end_latency_50pct > 0.0);
     assert!(result.aggregated_end_to_end_latency_99pct >= result.aggregated_end_to_end_latency_50pct);
     assert!(result.aggregated_publish_latency_99pct > 0.0);
+}
+
+/// The catch-up workload's shape in seconds: the producers' figures are split at the
+/// phase changes (build with consumers paused, drain, tail), the drain read the whole
+/// backlog, the ratio is the two p99s', and an uncapped run records no memory cap.
+#[test]
+fn catch_up_smoke_workload_records_each_backlog_phase() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.workloads = vec![workspace().join("bench/local/workloads/catchup-smoke.yaml")];
+    args.charts = false;
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let written = sluice_bench::run_workloads(args).expect("bench run");
+    let result = TestResult::load(&written[0]).unwrap();
+    let extras = result.sluice.as_ref().expect("sluice extras");
+    assert_eq!(extras.broker_memory, None, "not capped");
+    let phases = extras.backlog_phases.as_ref().expect("backlog phases");
+    let build = phases.build.as_ref().expect("build phase");
+    let drain = phases.drain.as_ref().expect("drain phase");
+    let tail = phases.tail.as_ref().expect("tail phase");
+    // 8 MiB of 1 KiB messages: the build ends once that many wait, the drain reads them.
+    let backlog_messages = 8 * 1024;
+    assert!(build.messages_sent >= build.messages_received + backlog_messages * 9 / 10, "{build:?}");
+    assert!(drain.messages_received >= backlog_messages * 9 / 10, "{drain:?}");
+    assert!(drain.consume_mb_per_second > 0.0, "{drain:?}");
+    assert_eq!(Some(drain.seconds), extras.backlog_drain_seconds);
+    for phase in [build, drain, tail] {
+        assert!(phase.seconds > 0.0 && phase.messages_sent > 0, "{phase:?}");
+        assert!(phase.publish_latency_50pct > 0.0, "{phase:?}");
+        assert!(phase.publish_latency_50pct <= phase.publish_latency_99pct, "{phase:?}");
+        assert!(phase.publish_latency_99pct <= phase.publish_latency_999pct, "{phase:?}");
+        assert!(phase.broker_disk_read_bytes.is_some(), "the broker's pid is known: {phase:?}");
+    }
+    let ratio = phases.drain_to_build_publish_p99.expect("ratio");
+    assert!((ratio - drain.publish_latency_99pct / build.publish_latency_99pct).abs() < 1e-9);
+    // The phases cover the measured phase but for its last sample, and no message twice.
+    let in_phases = build.messages_sent + drain.messages_sent + tail.messages_sent;
+    assert!(in_phases <= extras.measured_messages_sent, "{in_phases} > {}", extras.measured_messages_sent);
+    let seconds = build.seconds + drain.seconds + tail.seconds;
+    assert!(
+        seconds <= extras.measured_seconds && seconds + 1.5 >= extras.measured_seconds,
+        "{seconds} {}",
+        extras.measured_seconds
+    );
+    assert!(in_phases as f64 >= extras.measured_messages_sent as f64 * (seconds / extras.measured_seconds) * 0.8);
+}
+
+/// `--broker-memory-limit` starts the broker inside a memory cgroup with the limit of the
+/// rule (budget + Sluice's allowance), reports it, and removes the cgroup after the
+/// broker stopped. Needs root and memory cgroups (CI here); skipped with a message
+/// elsewhere.
+#[test]
+fn capped_sluice_runs_inside_its_memory_cgroup() {
+    use sluice_bench::memcap::{self, MemoryCap};
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    // SAFETY: geteuid(2) has no preconditions.
+    if memcap::memory_cgroup_parent().is_err() || unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: needs root and memory cgroups");
+        return;
+    }
+    let cap: MemoryCap = "64m".parse().unwrap();
+    let set = sluice_bench::brokers::SluiceBroker::start_cluster(&bin, 1, &[], None, Some(cap)).expect("capped start");
+    let figures = set.memory_figures().expect("memory figures");
+    assert_eq!(figures.limit_bytes, (64 << 20) + memcap::SLUICE_RESIDENT_ALLOWANCE);
+    assert_eq!(figures.page_cache_budget_bytes, 64 << 20);
+    assert!(figures.peak_usage_bytes.is_some_and(|peak| peak > 0 && peak <= figures.limit_bytes), "{figures:?}");
+    let pid = set.pids()[0];
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(own.contains("sluice-bench-"), "broker not in a bench cgroup: {own}");
+    let cgroup_dir = {
+        let line = own.lines().find(|line| line.contains("sluice-bench-")).unwrap();
+        let relative = line.splitn(3, ':').nth(2).unwrap().to_string();
+        let parent = memcap::memory_cgroup_parent().unwrap();
+        let name = relative.rsplit('/').next().unwrap().to_string();
+        parent.dir.join(name)
+    };
+    assert!(cgroup_dir.join("cgroup.procs").is_file(), "{}", cgroup_dir.display());
+    drop(set);
+    assert!(!cgroup_dir.exists(), "cgroup {} left behind", cgroup_dir.display());
+}
+
+/// A cap needs a broker the bench starts.
+#[test]
+fn memory_limit_without_a_started_broker_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.broker_memory_limit = Some("512m".parse().unwrap());
+    let error = sluice_bench::run_workloads(args).unwrap_err();
+    assert!(format!("{error:#}").contains("--start-sluice"), "{error:#}");
 }
