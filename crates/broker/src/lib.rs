@@ -251,7 +251,7 @@ impl Broker {
     pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
         match &self.replicas {
             None if topics::is_internal(topic) => self.groups.offsets_partition(partition),
-            None => self.logs.get(&TopicPartition::new(topic, partition)),
+            None => self.logs.get_in(topic, partition),
             Some(replicas) => {
                 let replica = replicas.get(topic, partition)?;
                 replica.leader_epoch().map(|_| replica.log.clone())

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -287,11 +287,26 @@ pub struct Partition {
     pub(crate) flush_queued: AtomicBool,
     /// Set once the partition first logs into the WAL.
     wal: OnceLock<WalLink>,
+    /// The offsets as last published, readable without the lock (see [`Partition::published_offsets`]).
+    published: PublishedOffsets,
+    /// Notified whenever this partition publishes, shared by its topic's partitions: a fetch
+    /// over many partitions waits on its topics' signals, not on each partition.
+    signal: OnceLock<Arc<tokio::sync::Notify>>,
     /// `config.cleanup_compact`, readable without the lock (the append path checks it
     /// before taking the lock); written with the config under the lock.
     compacted: AtomicBool,
     /// Where fsync failures are counted (`LogManager::fsync_failures`), when set.
     failures: OnceLock<Arc<watch::Sender<u64>>>,
+}
+
+/// [`LogOffsets`] and the offline flag as of the last publish.
+#[derive(Default)]
+struct PublishedOffsets {
+    log_start_offset: AtomicI64,
+    high_watermark: AtomicI64,
+    log_end_offset: AtomicI64,
+    last_stable_offset: AtomicI64,
+    failed: AtomicBool,
 }
 
 /// What a cleaning pass may work on, taken under the log's lock (see [`crate::cleaner`]).
@@ -338,7 +353,8 @@ impl Partition {
         let end = state.log_end_offset;
         let (visible, _) = watch::channel(Visible { high_watermark: end, failed: false });
         let (progress, _) = watch::channel(Progress { log_end_offset: end, local_end: end });
-        Ok(Partition {
+        let published = PublishedOffsets::default();
+        let partition = Partition {
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             visible,
@@ -346,9 +362,13 @@ impl Partition {
             sync_queued: AtomicBool::new(false),
             flush_queued: AtomicBool::new(false),
             wal: OnceLock::new(),
+            published,
+            signal: OnceLock::new(),
             compacted,
             failures: OnceLock::new(),
-        })
+        };
+        partition.publish_offsets(&partition.state.lock());
+        Ok(partition)
     }
 
     /// Takes the log offline if `error` is a failed fsync (see [`Partition::fail`]); other
@@ -372,6 +392,7 @@ impl Partition {
     fn fail(&self, state: &mut LogState, what: &str, error: &io::Error) {
         tracing::error!(dir = %self.dir.display(), %error, "{what} failed; partition offline");
         state.failed = true;
+        self.published.failed.store(true, Ordering::Release);
         if let Some(counter) = self.failures.get() {
             counter.send_modify(|failures| *failures += 1);
         }
@@ -628,10 +649,48 @@ impl Partition {
 
     fn publish(&self, state: &LogState) {
         assert_invariants(&self.dir, state);
+        self.publish_offsets(state);
         let visible = Visible { high_watermark: state.high_watermark, failed: state.failed };
-        self.visible.send_if_modified(|current| std::mem::replace(current, visible) != visible);
+        let mut changed = self.visible.send_if_modified(|current| std::mem::replace(current, visible) != visible);
         let progress = Progress { log_end_offset: state.log_end_offset, local_end: state.local_end };
-        self.progress.send_if_modified(|current| std::mem::replace(current, progress) != progress);
+        changed |= self.progress.send_if_modified(|current| std::mem::replace(current, progress) != progress);
+        if changed {
+            if let Some(signal) = self.signal.get() {
+                signal.notify_waiters();
+            }
+        }
+    }
+
+    fn publish_offsets(&self, state: &LogState) {
+        let published = &self.published;
+        published.log_end_offset.store(state.log_end_offset, Ordering::Release);
+        published.high_watermark.store(state.high_watermark, Ordering::Release);
+        published.last_stable_offset.store(last_stable_offset(state), Ordering::Release);
+        published.log_start_offset.store(state.log_start_offset, Ordering::Release);
+        published.failed.store(state.failed, Ordering::Release);
+    }
+
+    /// The offsets as last published, without the lock: what a fetch of a partition with
+    /// nothing new answers. Each is exact; together they may be one publish apart.
+    pub fn published_offsets(&self) -> (LogOffsets, bool) {
+        let published = &self.published;
+        let offsets = LogOffsets {
+            log_start_offset: published.log_start_offset.load(Ordering::Acquire),
+            high_watermark: published.high_watermark.load(Ordering::Acquire),
+            log_end_offset: published.log_end_offset.load(Ordering::Acquire),
+            last_stable_offset: published.last_stable_offset.load(Ordering::Acquire),
+        };
+        (offsets, published.failed.load(Ordering::Acquire))
+    }
+
+    /// Shares `signal` with the rest of the topic (once): it is notified on every publish.
+    pub fn set_signal(&self, signal: Arc<tokio::sync::Notify>) {
+        let _ = self.signal.set(signal);
+    }
+
+    /// The topic's signal, when the partition has one (see [`Partition::set_signal`]).
+    pub fn signal(&self) -> Option<&Arc<tokio::sync::Notify>> {
+        self.signal.get()
     }
 
     /// Captures what an fsync issued now would make durable. Called by the syncer.
@@ -1063,6 +1122,7 @@ impl Partition {
             crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
             state.log_start_offset = offset;
             delete_segments(&mut state, |segment, state_start| segment.next_offset() <= state_start);
+            self.publish_offsets(&state);
         }
         Ok(state.log_start_offset)
     }
@@ -1100,6 +1160,9 @@ impl Partition {
                 }
                 excess
             });
+        }
+        if deleted > 0 {
+            self.publish_offsets(&state);
         }
         deleted
     }

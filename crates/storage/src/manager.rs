@@ -51,6 +51,14 @@ impl TopicPartition {
 
 type Partitions = Arc<RwLock<HashMap<TopicPartition, Arc<Partition>>>>;
 
+/// A topic's open partitions by index, and the signal they share (see
+/// [`Partition::set_signal`]): looked up by `&str` without building a [`TopicPartition`].
+#[derive(Default)]
+struct TopicLogs {
+    partitions: Vec<Option<Arc<Partition>>>,
+    signal: Arc<tokio::sync::Notify>,
+}
+
 /// The log cleaner's thread and what stops it.
 struct CleanerThread {
     handle: std::thread::JoinHandle<()>,
@@ -64,6 +72,7 @@ type CleanerLock = Arc<Mutex<()>>;
 pub struct LogManager {
     root: PathBuf,
     partitions: Partitions,
+    by_topic: RwLock<HashMap<String, TopicLogs>>,
     cleaner: Mutex<Option<CleanerThread>>,
     cleaner_lock: CleanerLock,
     /// Asks a cleaning pass to stop at its next segment.
@@ -110,6 +119,7 @@ impl LogManager {
         Ok(LogManager {
             root: root.to_path_buf(),
             partitions: Arc::new(RwLock::new(HashMap::new())),
+            by_topic: RwLock::new(HashMap::new()),
             cleaner: Mutex::new(None),
             cleaner_lock: Arc::new(Mutex::new(())),
             cleaner_abort: Arc::new(AtomicBool::new(false)),
@@ -156,7 +166,33 @@ impl LogManager {
     }
 
     pub fn get(&self, tp: &TopicPartition) -> Option<Arc<Partition>> {
-        self.partitions.read().get(tp).cloned()
+        self.get_in(&tp.topic, tp.partition)
+    }
+
+    /// Like [`LogManager::get`], without allocating: the fetch path looks up every
+    /// partition it serves on every pass.
+    pub fn get_in(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
+        let index = usize::try_from(partition).ok()?;
+        self.by_topic.read().get(topic)?.partitions.get(index)?.clone()
+    }
+
+    /// Adds an opened partition to the maps and gives it its topic's signal.
+    fn insert(
+        &self,
+        partitions: &mut HashMap<TopicPartition, Arc<Partition>>,
+        tp: TopicPartition,
+        partition: Arc<Partition>,
+    ) {
+        let mut by_topic = self.by_topic.write();
+        let topic = by_topic.entry(tp.topic.clone()).or_default();
+        partition.set_signal(topic.signal.clone());
+        if let Ok(index) = usize::try_from(tp.partition) {
+            if topic.partitions.len() <= index {
+                topic.partitions.resize(index + 1, None);
+            }
+            topic.partitions[index] = Some(partition.clone());
+        }
+        partitions.insert(tp, partition);
     }
 
     /// Opens (recovering) or creates the given partitions, several at a time.
@@ -178,7 +214,7 @@ impl LogManager {
         let mut partitions = self.partitions.write();
         for result in results {
             for (tp, partition) in result? {
-                partitions.insert(tp, Arc::new(partition));
+                self.insert(&mut partitions, tp, Arc::new(partition));
             }
         }
         Ok(())
@@ -190,13 +226,24 @@ impl LogManager {
             return Ok(existing);
         }
         let partition = Arc::new(self.open_partition(tp, config)?);
-        self.partitions.write().insert(tp.clone(), partition.clone());
+        self.insert(&mut self.partitions.write(), tp.clone(), partition.clone());
         Ok(partition)
     }
 
     /// Forgets a partition and deletes its directory.
     pub fn delete(&self, tp: &TopicPartition) -> io::Result<()> {
         let removed = self.partitions.write().remove(tp);
+        {
+            let mut by_topic = self.by_topic.write();
+            if let Some(topic) = by_topic.get_mut(&tp.topic) {
+                if let Some(slot) = usize::try_from(tp.partition).ok().and_then(|i| topic.partitions.get_mut(i)) {
+                    *slot = None;
+                }
+                if topic.partitions.iter().all(Option::is_none) {
+                    by_topic.remove(&tp.topic);
+                }
+            }
+        }
         let _cleaner = self.pause_cleaner();
         if let Some(partition) = removed {
             partition.retire()?;

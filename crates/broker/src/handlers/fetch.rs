@@ -127,13 +127,28 @@ pub(super) async fn handle(
             diverging,
         });
     }
+    // The topics' signals the fetch waits on (a handful, however many partitions), and the
+    // partitions without one, waited on one by one.
+    let mut signals: Vec<Arc<tokio::sync::Notify>> = Vec::new();
+    for log in targets.iter().filter_map(|t| t.log.as_ref().ok()) {
+        if let Some(signal) = log.signal() {
+            if !signals.iter().any(|s| Arc::ptr_eq(s, signal)) {
+                signals.push(signal.clone());
+            }
+        }
+    }
     loop {
         // Subscribe before reading so a produce landing in between still wakes us. A
         // follower waits for the log end to move, a consumer for the high watermark.
+        let mut notified: Vec<_> = signals.iter().map(|s| Box::pin(s.notified())).collect();
+        for notified in &mut notified {
+            notified.as_mut().enable();
+        }
         let mut receivers: Vec<_> =
             targets
                 .iter()
                 .filter_map(|t| t.log.as_ref().ok())
+                .filter(|log| log.signal().is_none())
                 .map(|log| {
                     if follower.is_some() {
                         Wakeup::Progress(log.progress())
@@ -157,14 +172,20 @@ pub(super) async fn handle(
                 read.expect("a blocking read never would block")
             }
         };
-        if pass.bytes >= min_bytes || pass.has_error || receivers.is_empty() || Instant::now() >= deadline {
+        let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
+        if pass.bytes >= min_bytes || pass.has_error || nothing_to_wait_for || Instant::now() >= deadline {
             let answered = broker.fetch_sessions.finish(session, items, pass.partitions);
             let mut response = build_response(answered, version);
             count_fetched_bytes(broker, &response, version);
             response.session_id = session.id();
             return response;
         }
-        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()));
+        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()).chain(
+            notified.iter_mut().map(|n| {
+                let wait: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> = Box::pin(n.as_mut());
+                wait
+            }),
+        ));
         tokio::select! {
             _ = any_changed => {}
             () = tokio::time::sleep_until(deadline) => {}
@@ -255,6 +276,14 @@ struct ReadPass {
 
 /// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
 /// is not in the page cache.
+/// True when a consumer's fetch offset is where its reads stop (the high watermark; the
+/// last stable offset is never past it), on a log that is online: the common case of a
+/// fetch over many partitions, most of them without news.
+fn caught_up(log: &Partition, fetch_offset: i64, read_limit: ReadLimit) -> bool {
+    let (offsets, failed) = log.published_offsets();
+    read_limit != ReadLimit::LogEnd && !failed && fetch_offset == offsets.high_watermark
+}
+
 fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: ReadMode) -> Option<ReadPass> {
     let mut used = 0usize;
     let mut has_error = false;
@@ -272,6 +301,15 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
                 data.diverging_epoch.epoch = epoch;
                 data.diverging_epoch.end_offset = end_offset;
                 has_error = true;
+            }
+            Ok(log) if caught_up(log, target.fetch_offset, read_limit) => {
+                // Nothing new: answered from the published offsets, without the log's lock.
+                let (offsets, _) = log.published_offsets();
+                data.high_watermark = offsets.high_watermark;
+                data.last_stable_offset = offsets.last_stable_offset;
+                data.log_start_offset = offsets.log_start_offset;
+                data.aborted_transactions = Some(Vec::new());
+                data.records = Some(Bytes::new());
             }
             Ok(log) => {
                 let offsets = log.offsets();
