@@ -266,10 +266,13 @@ pub fn replay(dir: &Path, base: &Path) -> io::Result<ReplayOutcome> {
     Ok(outcome)
 }
 
-/// A full WAL file and the partitions it holds records of, for the checkpointer.
-struct Checkpoint {
-    file: PathBuf,
-    partitions: Vec<Arc<Partition>>,
+/// Work for the checkpointer thread.
+enum Job {
+    /// Zero-fill the first spare (asked once the first file is a quarter full, so a broker
+    /// that writes little never writes a spare).
+    PrepareSpare,
+    /// A full WAL file and the partitions it holds records of.
+    Checkpoint { file: PathBuf, partitions: Vec<Arc<Partition>> },
 }
 
 /// The WAL's file being written. Owned by the syncer's WAL thread.
@@ -283,7 +286,8 @@ pub(crate) struct WalWriter {
     position: u64,
     /// Partitions with records in the current file (by address).
     touched: HashMap<usize, Arc<Partition>>,
-    checkpoints: Option<mpsc::Sender<Checkpoint>>,
+    checkpoints: Option<mpsc::Sender<Job>>,
+    spare_asked: bool,
     checkpointer: Option<std::thread::JoinHandle<()>>,
     /// An fsync failed (or a rotation): nothing written since may be trusted, every round fails.
     broken: bool,
@@ -309,6 +313,7 @@ impl WalWriter {
             position: 0,
             touched: HashMap::new(),
             checkpoints: Some(sender),
+            spare_asked: false,
             checkpointer: Some(checkpointer),
             broken: false,
         })
@@ -345,6 +350,12 @@ impl WalWriter {
         for partition in partitions {
             self.touched.entry(Arc::as_ptr(partition) as usize).or_insert_with(|| (*partition).clone());
         }
+        if !self.spare_asked && self.position >= WAL_FILE_BYTES / 4 {
+            self.spare_asked = true;
+            if let Some(checkpoints) = &self.checkpoints {
+                let _ = checkpoints.send(Job::PrepareSpare);
+            }
+        }
         if self.position >= WAL_FILE_BYTES {
             // This round is durable either way; a failed rotation fails the next ones.
             if let Err(error) = self.rotate() {
@@ -364,7 +375,7 @@ impl WalWriter {
         self.position = 0;
         let partitions = self.touched.drain().map(|(_, partition)| partition).collect();
         if let Some(checkpoints) = &self.checkpoints {
-            let _ = checkpoints.send(Checkpoint { file: full, partitions });
+            let _ = checkpoints.send(Job::Checkpoint { file: full, partitions });
         }
         Ok(())
     }
@@ -434,20 +445,25 @@ fn free_bytes(dir: &Path) -> io::Result<u64> {
 /// records of, then recycles the file as the spare (or deletes it). A partition whose
 /// fsync fails goes offline and the file (and every later one) stays, for replay at the
 /// next start. Also zero-fills the first spare.
-fn checkpointer(dir: &Path, checkpoints: &mpsc::Receiver<Checkpoint>) {
-    if let Err(error) = prepare_spare(dir) {
-        tracing::warn!(dir = %dir.display(), %error, "could not prepare a spare WAL file (new ones grow instead)");
-        let _ = std::fs::remove_file(dir.join(SPARE_TMP_FILE));
-    }
+fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
     let mut stuck = false;
-    while let Ok(checkpoint) = checkpoints.recv() {
+    while let Ok(job) = jobs.recv() {
+        let (file, partitions) = match job {
+            Job::PrepareSpare => {
+                if let Err(error) = prepare_spare(dir) {
+                    tracing::warn!(dir = %dir.display(), %error, "could not prepare a spare WAL file (new ones grow instead)");
+                    let _ = std::fs::remove_file(dir.join(SPARE_TMP_FILE));
+                }
+                continue;
+            }
+            Job::Checkpoint { file, partitions } => (file, partitions),
+        };
         if stuck {
             continue;
         }
-        let chunk = checkpoint.partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
+        let chunk = partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
         let synced = std::thread::scope(|scope| {
-            let handles: Vec<_> = checkpoint
-                .partitions
+            let handles: Vec<_> = partitions
                 .chunks(chunk)
                 .map(|part| scope.spawn(move || part.iter().filter(|p| !p.sync_for_wal_checkpoint()).count() == 0))
                 .collect();
@@ -455,17 +471,13 @@ fn checkpointer(dir: &Path, checkpoints: &mpsc::Receiver<Checkpoint>) {
         });
         if !synced {
             stuck = true;
-            tracing::error!(file = %checkpoint.file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
+            tracing::error!(file = %file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
             continue;
         }
         let spare = dir.join(SPARE_FILE);
-        let recycled = if spare.exists() {
-            std::fs::remove_file(&checkpoint.file)
-        } else {
-            std::fs::rename(&checkpoint.file, &spare)
-        };
+        let recycled = if spare.exists() { std::fs::remove_file(&file) } else { std::fs::rename(&file, &spare) };
         if let Err(error) = recycled {
-            tracing::warn!(file = %checkpoint.file.display(), %error, "could not recycle a checkpointed WAL file");
+            tracing::warn!(file = %file.display(), %error, "could not recycle a checkpointed WAL file");
         }
     }
     let _ = crate::durable::sync_dir(dir);

@@ -577,3 +577,39 @@ fn wal_never_replays_a_deleted_partition_into_its_successor() {
     assert_eq!(read_offsets(&new, 0), vec![(0, 3)]);
     manager.close();
 }
+
+#[test]
+fn wal_files_are_checkpointed_and_recycled_as_they_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("logs");
+    let manager = LogManager::with_wal(&root).unwrap();
+    let t = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    // ~150 MB through 64 MiB WAL files: two rotations, each checkpointed.
+    let big = batch(120_000, 10, None);
+    let batches = 2 * sluice_storage::wal::WAL_FILE_BYTES as usize / big.len() + 10;
+    for _ in 0..batches {
+        append_acknowledged(&manager, &t, std::slice::from_ref(&big));
+    }
+    let wal_dir = root.join(sluice_storage::wal::WAL_DIR);
+    let wal_files = || {
+        std::fs::read_dir(&wal_dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "wal"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while wal_files() > 1 {
+        assert!(std::time::Instant::now() < deadline, "full WAL files were never checkpointed: {} left", wal_files());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(wal_dir.join("spare").exists(), "a checkpointed file is kept as the next spare");
+    let end = t.offsets().log_end_offset;
+    assert_eq!(end, batches as i64 * 120_000);
+    std::mem::forget(manager);
+
+    let manager = LogManager::with_wal(&root).unwrap();
+    let t = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    assert_eq!(t.offsets().log_end_offset, end);
+    assert_eq!(read_offsets(&t, end - 1), vec![(end - 120_000, end - 1)]);
+    manager.close();
+}
