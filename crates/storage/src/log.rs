@@ -911,7 +911,10 @@ impl Partition {
         state.segments.clear();
         let mut reloaded = load_state(&self.dir, config)?;
         reloaded.replicated = replicated;
-        reloaded.high_watermark = high_watermark.min(reloaded.log_end_offset);
+        // The reload fsynced what is left: unreplicated, all of it is visible (WAL replay
+        // cuts such logs); replicated, never more than replication had committed.
+        reloaded.high_watermark =
+            if replicated { high_watermark.min(reloaded.log_end_offset) } else { reloaded.local_end };
         // The reload fsynced what is left, so no batch waits for a WAL record any more,
         // and a sync captured before the cut moves nothing.
         reloaded.sync_generation = state.sync_generation + 1;
