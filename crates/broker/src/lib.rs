@@ -247,6 +247,25 @@ impl Broker {
         })
     }
 
+    /// [`Broker::partition`], or the error a client gets when it is not led here: a
+    /// partition of a known topic led elsewhere (or not yet taken over after a failover) is
+    /// NOT_LEADER_OR_FOLLOWER, which clients retry after refreshing their metadata, as Kafka
+    /// answers; anything else is UNKNOWN_TOPIC_OR_PARTITION.
+    pub(crate) fn led_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Arc<Partition>, kafka_protocol::ResponseError> {
+        self.partition(topic, partition).ok_or_else(|| {
+            let known = self.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&partition));
+            if known && self.replicas.is_some() {
+                kafka_protocol::ResponseError::NotLeaderOrFollower
+            } else {
+                kafka_protocol::ResponseError::UnknownTopicOrPartition
+            }
+        })
+    }
+
     /// The log of a partition this node leads (on a single node: every partition).
     pub(crate) fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
         match &self.replicas {

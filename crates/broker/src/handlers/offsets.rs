@@ -35,12 +35,12 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
                 && broker.replicas.as_ref().is_some_and(|replicas| {
                     replicas.get(&topic.name, partition.partition_index).is_some_and(|r| !r.high_watermark_settled())
                 });
-            match broker.partition(&topic.name, partition.partition_index) {
-                None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
+            match broker.led_partition(&topic.name, partition.partition_index) {
+                Err(error) => result.error_code = error.code(),
                 // A new leader whose high watermark has not caught up with what the previous
                 // leader acknowledged: the client retries (KIP-207).
-                Some(_) if unsettled => result.error_code = ResponseError::OffsetNotAvailable.code(),
-                Some(log) => match lookup(&log, partition.timestamp, read_committed) {
+                Ok(_) if unsettled => result.error_code = ResponseError::OffsetNotAvailable.code(),
+                Ok(log) => match lookup(&log, partition.timestamp, read_committed) {
                     Ok((offset, timestamp)) => {
                         result.offset = offset;
                         result.timestamp = timestamp;
