@@ -107,7 +107,7 @@ impl Syncer {
     /// Acknowledged appends go through a write-ahead log in `dir` (emptied by
     /// [`crate::wal::replay`] first); record paths are relative to `base`.
     pub fn start_with_wal(dir: &Path, base: &Path) -> io::Result<Syncer> {
-        let writer = WalWriter::start(dir, base)?;
+        let writer = WalWriter::start(dir)?;
         Syncer::start_threads(Some(writer), Some(base))
     }
 
@@ -280,6 +280,5 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             records = Vec::new();
         }
     }
-    tracing::debug!(base = %writer.base().display(), "WAL thread stopped");
     writer.shutdown();
 }

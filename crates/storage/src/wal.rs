@@ -278,8 +278,6 @@ enum Job {
 /// The WAL's file being written. Owned by the syncer's WAL thread.
 pub(crate) struct WalWriter {
     dir: PathBuf,
-    /// The data directory, which record paths are relative to.
-    base: PathBuf,
     file: File,
     path: PathBuf,
     sequence: u64,
@@ -295,7 +293,7 @@ pub(crate) struct WalWriter {
 
 impl WalWriter {
     /// Starts a new WAL in `dir` (which replay has emptied) and its checkpointer thread.
-    pub(crate) fn start(dir: &Path, base: &Path) -> io::Result<WalWriter> {
+    pub(crate) fn start(dir: &Path) -> io::Result<WalWriter> {
         crate::durable::create_dir_all(dir)?;
         let sequence = list_wal_files(dir)?.last().map_or(0, |(sequence, _)| sequence + 1);
         let (path, file) = next_wal_file(dir, sequence)?;
@@ -306,7 +304,6 @@ impl WalWriter {
             .spawn(move || checkpointer(&checkpoint_dir, &receiver))?;
         Ok(WalWriter {
             dir: dir.to_path_buf(),
-            base: base.to_path_buf(),
             file,
             path,
             sequence,
@@ -317,10 +314,6 @@ impl WalWriter {
             checkpointer: Some(checkpointer),
             broken: false,
         })
-    }
-
-    pub(crate) fn base(&self) -> &Path {
-        &self.base
     }
 
     /// The sequence number the next round's records must carry.
