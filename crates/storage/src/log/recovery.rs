@@ -1,0 +1,424 @@
+//! Recovery: opening a partition from what its directory holds, and the operations that
+//! rebuild the log's state from disk the same way — cutting a divergent tail
+//! ([`Partition::truncate_to`]), starting over at the leader's log start
+//! ([`Partition::reset_to`]) — plus the clean shutdown ([`Partition::close`]) that lets the
+//! next open skip the scan. The files beside the segments are read and written here:
+//! producer snapshots, the leader-epoch cache, aborted transactions, the log start offset
+//! and the cleaner's checkpoint.
+//!
+//! Why a module: what a crash left behind is decided in one place, and truncation and
+//! reset reuse it instead of patching the state by hand.
+//!
+//! Durability contract: [`Partition::open`] returns with a torn tail cut (and the cut
+//! fsynced), the active segment fdatasynced, stale producer snapshots beyond the log end
+//! removed (directory fsynced) and a cleaning pass cut short discarded: the state then
+//! describes exactly what is on disk, with the high watermark at the log end (the WAL
+//! replay by [`crate::LogManager`] may add to it). Producer snapshots and segment indexes
+//! are written unsynced and validated when read: a lost one means a longer scan, never a
+//! wrong state. [`Partition::truncate_to`] fsyncs the cut segment before it reloads, and is
+//! logged in the WAL after; [`Partition::reset_to`] makes the new log start durable before
+//! it deletes anything, so a crash leaves the old log or an empty one at the new start;
+//! [`Partition::close`] makes the data, the index, a producer snapshot and the directory
+//! durable.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{
+    AbortedTransaction, LogConfig, LogState, Partition, Progress, PublishedOffsets, Visible, ABORTED_TRANSACTIONS_FILE,
+    CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LOG_START_OFFSET_FILE, SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
+};
+use crate::batch::BatchHeader;
+use crate::producer_state::ProducerStateTable;
+use crate::segment::{index_file_name, Segment};
+use crate::wal::Control;
+
+impl Partition {
+    /// Opens (recovering) or creates the partition log in `dir`.
+    pub fn open(dir: &Path, config: LogConfig) -> io::Result<Partition> {
+        crate::durable::create_dir_all(dir)?;
+        let compacted = AtomicBool::new(config.cleanup_compact);
+        let state = load_state(dir, config)?;
+        let end = state.log_end_offset;
+        let (visible, _) = watch::channel(Visible { high_watermark: end, failed: false });
+        let (progress, _) = watch::channel(Progress { log_end_offset: end, local_end: end });
+        let published = PublishedOffsets::default();
+        let partition = Partition {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(state),
+            visible,
+            progress,
+            sync_queued: AtomicBool::new(false),
+            flush_queued: AtomicBool::new(false),
+            wal: OnceLock::new(),
+            published,
+            signal: OnceLock::new(),
+            compacted,
+            failures: OnceLock::new(),
+        };
+        partition.publish_offsets(&partition.state.lock());
+        Ok(partition)
+    }
+
+    /// The latest leader epoch written to this log, if any.
+    pub fn latest_epoch(&self) -> Option<i32> {
+        self.state.lock().epochs.last().map(|&(epoch, _)| epoch)
+    }
+
+    /// The leader epoch of the batch holding `offset` (the latest epoch starting at or
+    /// before it), if the log knows one.
+    pub fn epoch_at(&self, offset: i64) -> Option<i32> {
+        let state = self.state.lock();
+        let index = state.epochs.partition_point(|&(_, start)| start <= offset);
+        index.checked_sub(1).map(|i| state.epochs[i].0)
+    }
+
+    /// Kafka's OffsetForLeaderEpoch: the largest epoch <= `epoch` this log knows and the
+    /// offset where it ended (the start of the next epoch, or the log end). `None` when
+    /// the log knows no epoch that old.
+    pub fn epoch_end_offset(&self, epoch: i32) -> Option<(i32, i64)> {
+        let state = self.state.lock();
+        let index = state.epochs.partition_point(|&(e, _)| e <= epoch);
+        if index == 0 {
+            return None;
+        }
+        let found = state.epochs[index - 1].0;
+        let end = state.epochs.get(index).map_or(state.log_end_offset, |&(_, start)| start);
+        Some((found, end))
+    }
+
+    /// Cuts the log so that it ends at or before `offset` (at a batch boundary): a
+    /// follower dropping the tail it does not share with its new leader. The high
+    /// watermark never moves back past what replication committed, except onto the cut.
+    pub fn truncate_to(&self, offset: i64) -> io::Result<()> {
+        let cut = self.truncate_locked(offset)?;
+        // Logged after the cut, before anything is appended past it: a crash in between
+        // replays the old tail, which the leader has the follower cut again.
+        let (Some(offset), Some(link)) = (cut, self.wal.get()) else { return Ok(()) };
+        link.log(Control::Truncate(offset)).inspect_err(|error| {
+            // Without the record a replay could put the old tail back under new batches:
+            // nothing more is appended until a restart (which replays and cuts again).
+            let mut state = self.state.lock();
+            self.fail(&mut state, "logging a truncation in the WAL", error);
+            self.publish(&state);
+        })
+    }
+
+    /// [`Partition::truncate_to`] under the lock; returns where the log now ends when it cut.
+    fn truncate_locked(&self, offset: i64) -> io::Result<Option<i64>> {
+        let mut state = self.state.lock();
+        if offset >= state.log_end_offset {
+            return Ok(None);
+        }
+        let offset = offset.max(state.log_start_offset);
+        let bases: Vec<i64> = state.segments.keys().copied().collect();
+        let first_base = bases[0];
+        for base in bases.into_iter().rev() {
+            let segment = &state.segments[&base];
+            if base >= offset && base > first_base {
+                segment.delete_files()?;
+                state.segments.remove(&base);
+                continue;
+            }
+            // The segment holding the cut: keep its batches before `offset`.
+            let mut cut = 0;
+            segment.scan_from(segment.position_at_or_before(offset.max(base)), &mut |header, position| {
+                if header.last_offset() >= offset {
+                    cut = position;
+                    return false;
+                }
+                cut = position + header.total_bytes() as u64;
+                true
+            })?;
+            segment.file().set_len(cut)?;
+            crate::durable::sync_all(segment.file())?;
+            let _ = std::fs::remove_file(self.dir.join(index_file_name(base)));
+            break;
+        }
+        for snapshot in list_snapshots(&self.dir) {
+            if snapshot > offset {
+                let _ = std::fs::remove_file(self.dir.join(snapshot_file_name(snapshot)));
+            }
+        }
+        let config = state.config.clone();
+        let replicated = state.replicated;
+        let high_watermark = state.high_watermark;
+        state.segments.clear();
+        let mut reloaded = load_state(&self.dir, config)?;
+        reloaded.replicated = replicated;
+        // The reload fsynced what is left: unreplicated, all of it is visible (WAL replay
+        // cuts such logs); replicated, never more than replication had committed.
+        reloaded.high_watermark =
+            if replicated { high_watermark.min(reloaded.log_end_offset) } else { reloaded.local_end };
+        // The reload fsynced what is left, so no batch waits for a WAL record any more,
+        // and a sync captured before the cut moves nothing.
+        reloaded.sync_generation = state.sync_generation + 1;
+        if reloaded.epochs.len() != state.epochs.len() {
+            write_leader_epochs(&self.dir, &reloaded.epochs)?;
+        }
+        *state = reloaded;
+        tracing::info!(dir = %self.dir.display(), log_end_offset = state.log_end_offset, "truncated log");
+        self.publish(&state);
+        Ok(Some(state.log_end_offset))
+    }
+
+    /// Drops the whole log and starts it empty at `offset`: a follower whose log ends
+    /// before its leader's log start offset (a new replica of a partition whose head was
+    /// deleted by retention or DeleteRecords) cannot fetch what it lacks, so it restarts
+    /// where the leader's log starts, as Kafka's follower does on OFFSET_OUT_OF_RANGE.
+    pub fn reset_to(&self, offset: i64) -> io::Result<()> {
+        assert!(offset >= 0, "a log cannot start at a negative offset");
+        let mut state = self.state.lock();
+        assert!(offset > state.log_end_offset, "reset_to only moves a log forward past its end");
+        // The start offset is written first: a crash part way leaves either the old log
+        // (fetched from and reset again) or an empty one that recovery opens at `offset`.
+        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+        for segment in state.segments.values() {
+            segment.delete_files()?;
+        }
+        state.segments.clear();
+        for snapshot in list_snapshots(&self.dir) {
+            let _ = std::fs::remove_file(self.dir.join(snapshot_file_name(snapshot)));
+        }
+        write_leader_epochs(&self.dir, &[])?;
+        let config = state.config.clone();
+        let replicated = state.replicated;
+        let mut reloaded = load_state(&self.dir, config)?;
+        assert_eq!(reloaded.log_end_offset, offset);
+        reloaded.replicated = replicated;
+        // Pending batches lie below `offset`: replay skips them, nothing to log.
+        reloaded.sync_generation = state.sync_generation + 1;
+        *state = reloaded;
+        tracing::info!(dir = %self.dir.display(), offset, "log reset to the leader's log start");
+        self.publish(&state);
+        Ok(())
+    }
+
+    /// Clean shutdown: fsync the data, cut preallocation, persist the index and producer
+    /// state, and make all of it durable, so the next start trusts the index and loads
+    /// producer state without a scan.
+    pub fn close(&self) -> io::Result<()> {
+        let mut state = self.state.lock();
+        let log_end_offset = state.log_end_offset;
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        active.seal(true)?;
+        write_snapshot(&self.dir, log_end_offset, &state.producers)?;
+        crate::durable::sync_path(&self.dir.join(snapshot_file_name(log_end_offset)))?;
+        crate::durable::sync_dir(&self.dir)
+    }
+}
+
+/// Recovers a partition's state from its directory (see [`Partition::open`]).
+fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
+    loop {
+        let state = load_state_once(dir, config.clone())?;
+        // A producer snapshot describes the log up to its offset; one beyond the recovered
+        // log end (its data was lost) would answer a retry of a lost batch as a duplicate
+        // at an offset that does not exist. Drop it and replay from an older one.
+        let stale: Vec<i64> = list_snapshots(dir).into_iter().filter(|&o| o > state.log_end_offset).collect();
+        if stale.is_empty() {
+            return Ok(state);
+        }
+        for offset in stale {
+            tracing::warn!(dir = %dir.display(), offset, log_end_offset = state.log_end_offset, "dropping producer snapshot beyond the log end");
+            std::fs::remove_file(dir.join(snapshot_file_name(offset)))?;
+        }
+        crate::durable::sync_dir(dir)?;
+    }
+}
+
+fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
+    // A cleaning pass cut short: the originals are still in place (or already replaced).
+    match std::fs::remove_dir_all(dir.join(CLEANING_DIR)) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    let (snapshot_offset, producers) = load_latest_snapshot(dir);
+    let mut replay = ProducerReplay { from: snapshot_offset, producers };
+    let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
+    for base_offset in list_segment_bases(dir)? {
+        let (segment, trusted) = Segment::open(dir, base_offset, &mut |header| replay.apply(header))?;
+        if trusted && segment.next_offset() > replay.from {
+            let start = segment.position_at_or_before(replay.from);
+            segment.scan_from(start, &mut |header, _| {
+                replay.apply(header);
+                true
+            })?;
+        }
+        if let Some(previous) = segments.values().next_back().map(|s| s.next_offset()) {
+            // A compacted segment may end before the next one starts, never after.
+            if previous > base_offset {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: segment {base_offset} overlaps offsets up to {previous}", dir.display()),
+                ));
+            }
+        }
+        segments.insert(base_offset, segment);
+    }
+    let producers = replay.producers;
+    let stored_start = read_log_start_offset(dir);
+    if segments.is_empty() {
+        let base = stored_start.unwrap_or(0);
+        segments.insert(base, Segment::create(dir, base)?);
+    }
+    let active = segments.values().next_back().expect("at least one segment");
+    // The active segment will be appended to: its index file would go stale.
+    let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
+    crate::durable::sync_data(active.file())?;
+    let first_base = *segments.keys().next().expect("at least one segment");
+    let log_end_offset = active.next_offset();
+    let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
+    let mut epochs = read_leader_epochs(dir);
+    epochs.retain(|&(_, start)| start < log_end_offset);
+    let cleaned_up_to = read_offset_file(&dir.join(CLEANER_CHECKPOINT_FILE)).unwrap_or(first_base);
+    let aborted = read_aborted_transactions(dir, log_start_offset, log_end_offset);
+    // Kept tombstones' deadlines are not stored: one pass after a start finds them again.
+    let tombstones_due_ms = config.cleanup_compact.then_some(0);
+    Ok(LogState {
+        config,
+        segments,
+        log_start_offset,
+        log_end_offset,
+        high_watermark: log_end_offset,
+        local_end: log_end_offset,
+        replicated: false,
+        recovered_high_watermark: None,
+        epochs,
+        producers,
+        aborted,
+        cleaned_up_to,
+        tombstones_due_ms,
+        unflushed_messages: 0,
+        oldest_unflushed_ms: None,
+        failed: false,
+        wal_pending: Vec::new(),
+        wal_pending_ends: Vec::new(),
+        sync_generation: 0,
+        retired: false,
+    })
+}
+
+/// Rebuilds producer state from batch headers at or after `from`, each applied once.
+struct ProducerReplay {
+    from: i64,
+    producers: ProducerStateTable,
+}
+
+impl ProducerReplay {
+    fn apply(&mut self, header: &BatchHeader) {
+        if header.base_offset >= self.from {
+            self.producers.record(header);
+            self.from = header.last_offset() + 1;
+        }
+    }
+}
+
+fn list_segment_bases(dir: &Path) -> io::Result<Vec<i64>> {
+    let mut bases = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(stem) = name.strip_suffix(".log") {
+            if let Ok(base) = stem.parse::<i64>() {
+                bases.push(base);
+            }
+        }
+    }
+    bases.sort_unstable();
+    Ok(bases)
+}
+
+fn read_leader_epochs(dir: &Path) -> Vec<(i32, i64)> {
+    let Ok(body) = std::fs::read(dir.join(LEADER_EPOCHS_FILE)) else { return Vec::new() };
+    match serde_json::from_slice::<Vec<(i32, i64)>>(&body) {
+        Ok(epochs) if epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1) => epochs,
+        _ => {
+            tracing::warn!(dir = %dir.display(), "ignoring unreadable leader-epoch cache");
+            Vec::new()
+        }
+    }
+}
+
+pub(super) fn write_leader_epochs(dir: &Path, epochs: &[(i32, i64)]) -> io::Result<()> {
+    let body = serde_json::to_vec(epochs).map_err(io::Error::other)?;
+    crate::write_file_atomically(&dir.join(LEADER_EPOCHS_FILE), &body)
+}
+
+/// The aborted transactions recorded for `dir` whose markers are within the log.
+fn read_aborted_transactions(dir: &Path, log_start: i64, log_end: i64) -> Vec<AbortedTransaction> {
+    let Ok(body) = std::fs::read(dir.join(ABORTED_TRANSACTIONS_FILE)) else { return Vec::new() };
+    let mut aborted: Vec<AbortedTransaction> = serde_json::from_slice(&body).unwrap_or_else(|error| {
+        tracing::error!(dir = %dir.display(), %error, "unreadable aborted-transactions file");
+        Vec::new()
+    });
+    // An abort recorded whose marker a crash took back is recorded again when the
+    // coordinator writes the marker anew.
+    aborted.retain(|a| a.last_offset >= log_start && a.last_offset < log_end);
+    aborted
+}
+
+fn read_offset_file(path: &Path) -> Option<i64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn read_log_start_offset(dir: &Path) -> Option<i64> {
+    read_offset_file(&dir.join(LOG_START_OFFSET_FILE))
+}
+
+#[derive(Serialize, Deserialize)]
+struct ProducerSnapshot {
+    version: u32,
+    offset: i64,
+    producers: ProducerStateTable,
+}
+
+pub(super) fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io::Result<()> {
+    let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
+    let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
+    // Unsynced: a lost snapshot only means a longer replay from an older one.
+    crate::write_file_unsynced(&dir.join(snapshot_file_name(offset)), &body)?;
+    let mut snapshots = list_snapshots(dir);
+    while snapshots.len() > SNAPSHOTS_KEPT {
+        let oldest = snapshots.remove(0);
+        let _ = std::fs::remove_file(dir.join(snapshot_file_name(oldest)));
+    }
+    Ok(())
+}
+
+fn snapshot_file_name(offset: i64) -> String {
+    format!("{offset:020}{SNAPSHOT_SUFFIX}")
+}
+
+fn list_snapshots(dir: &Path) -> Vec<i64> {
+    let mut offsets: Vec<i64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(SNAPSHOT_SUFFIX)?.parse().ok())
+        .collect();
+    offsets.sort_unstable();
+    offsets
+}
+
+/// The newest readable producer snapshot, or an empty table replayed from offset 0.
+fn load_latest_snapshot(dir: &Path) -> (i64, ProducerStateTable) {
+    for offset in list_snapshots(dir).into_iter().rev() {
+        let path = dir.join(snapshot_file_name(offset));
+        let parsed = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice::<ProducerSnapshot>(&b).ok());
+        match parsed {
+            Some(snapshot) if snapshot.version == 1 && snapshot.offset == offset => {
+                return (offset, snapshot.producers)
+            }
+            _ => tracing::warn!(path = %path.display(), "ignoring unreadable producer snapshot"),
+        }
+    }
+    (0, ProducerStateTable::default())
+}

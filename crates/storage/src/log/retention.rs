@@ -1,0 +1,205 @@
+//! Retention: what leaves the log, at its head — segments past `retention.ms` or
+//! `retention.bytes`, records below a DeleteRecords offset — and the hooks the cleaner
+//! ([`crate::cleaner`]) compacts a log through.
+//!
+//! Why a module: this is the only code that removes data already committed, so its rules
+//! live together: only sealed segments wholly below the high watermark go, never the
+//! active one, and the log start offset only moves forward.
+//!
+//! Durability contract: [`Partition::delete_records_before`] writes and fsyncs the
+//! log-start-offset file (atomically) before it moves the offset or deletes a segment: a
+//! crash leaves the old start or the new one, and segments a crash brings back lie below
+//! the durable start. [`Partition::apply_retention`] deletes whole segment files, then
+//! fsyncs the directory before returning; a crash before that may bring the oldest segments
+//! back (the log start moves back to them, and the next pass deletes them again), never
+//! lose one it did not delete. A cleaned segment replaces its original by an atomic rename
+//! made durable before it is used ([`crate::segment::Segment::move_into`]); the cleaner's
+//! checkpoint is written atomically and fsynced after, so a crash only means cleaning again.
+
+use std::io;
+use std::sync::Arc;
+
+use super::{
+    last_stable_offset, AbortedTransaction, LogConfig, LogState, Partition, ReadError, CLEANER_CHECKPOINT_FILE,
+    LOG_START_OFFSET_FILE,
+};
+use crate::segment::Segment;
+
+/// What a cleaning pass may work on, taken under the log's lock (see [`crate::cleaner`]).
+pub(crate) struct CleaningPlan {
+    /// Sealed, committed segments old enough to clean, oldest first.
+    pub(crate) segments: Vec<CleanableSegment>,
+    /// Segments from this base offset on are dirty (never cleaned).
+    pub(crate) cleaned_up_to: i64,
+    pub(crate) config: LogConfig,
+    /// Aborted transactions: their records are dropped, never kept as a key's latest.
+    pub(crate) aborted: Vec<AbortedTransaction>,
+}
+
+pub(crate) struct CleanableSegment {
+    pub(crate) base: i64,
+    /// The next segment's base offset: this segment covers `[base, end)`.
+    pub(crate) end: i64,
+    pub(crate) file: Arc<std::fs::File>,
+    pub(crate) size: u64,
+}
+
+impl Partition {
+    /// Moves the log start offset forward (DeleteRecords). `offset` must be <= the high watermark.
+    pub fn delete_records_before(&self, offset: i64) -> Result<i64, ReadError> {
+        let mut state = self.state.lock();
+        if offset < 0 || offset > state.high_watermark {
+            return Err(ReadError::OffsetOutOfRange {
+                offset,
+                log_start_offset: state.log_start_offset,
+                log_end_offset: state.high_watermark,
+            });
+        }
+        if offset > state.log_start_offset {
+            crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+            state.log_start_offset = offset;
+            delete_segments(&mut state, |segment, state_start| segment.next_offset() <= state_start);
+            self.publish_offsets(&state);
+        }
+        Ok(state.log_start_offset)
+    }
+
+    /// Applies `retention.ms` and `retention.bytes`. Returns the number of segments deleted.
+    pub fn apply_retention(&self, now_ms: i64) -> usize {
+        let deleted = self.delete_expired_segments(now_ms);
+        if deleted > 0 {
+            // Deleted segments must stay deleted: a power loss that brought them back would
+            // move the log start offset back.
+            if let Err(error) = crate::durable::sync_dir(&self.dir) {
+                tracing::warn!(dir = %self.dir.display(), %error, "fsync of the log directory after retention failed");
+            }
+        }
+        deleted
+    }
+
+    fn delete_expired_segments(&self, now_ms: i64) -> usize {
+        let mut state = self.state.lock();
+        if !state.config.cleanup_delete {
+            return 0;
+        }
+        let retention_ms = state.config.retention_ms;
+        let mut deleted = 0;
+        if retention_ms >= 0 {
+            deleted += delete_segments(&mut state, |segment, _| segment.max_timestamp() < now_ms - retention_ms);
+        }
+        let retention_bytes = state.config.retention_bytes;
+        if retention_bytes >= 0 {
+            let mut total: u64 = state.segments.values().map(|s| s.size_bytes()).sum();
+            deleted += delete_segments(&mut state, |segment, _| {
+                let excess = total.saturating_sub(segment.size_bytes()) >= retention_bytes as u64;
+                if excess {
+                    total -= segment.size_bytes();
+                }
+                excess
+            });
+        }
+        if deleted > 0 {
+            self.publish_offsets(&state);
+        }
+        deleted
+    }
+
+    /// The cleaner's next pass over this log, if one is due: the log is compacted and its
+    /// dirty share reached `min.cleanable.dirty.ratio`, or dirty data is older than
+    /// `max.compaction.lag.ms`, or a kept tombstone's `delete.retention.ms` ran out. Only
+    /// sealed segments wholly below the last stable offset and older than
+    /// `min.compaction.lag.ms` are cleanable: the active segment is never touched.
+    pub(crate) fn cleaning_plan(&self, now_ms: i64) -> Option<CleaningPlan> {
+        let state = self.state.lock();
+        let config = &state.config;
+        if !config.cleanup_compact || state.failed {
+            return None;
+        }
+        let bases: Vec<i64> = state.segments.keys().copied().collect();
+        let mut segments = Vec::new();
+        let (mut dirty_bytes, mut total_bytes, mut lag_due) = (0u64, 0u64, false);
+        for (&base, &end) in bases.iter().zip(bases.iter().skip(1)) {
+            let segment = &state.segments[&base];
+            let too_young = config.min_compaction_lag_ms > 0
+                && segment.max_timestamp() > now_ms.saturating_sub(config.min_compaction_lag_ms);
+            // Never past the last stable offset: an open transaction may still abort.
+            if end > last_stable_offset(&state) || too_young {
+                break;
+            }
+            total_bytes += segment.size_bytes();
+            if base >= state.cleaned_up_to {
+                dirty_bytes += segment.size_bytes();
+                lag_due |= segment
+                    .first_append_ms()
+                    .is_some_and(|first| first <= now_ms.saturating_sub(config.max_compaction_lag_ms));
+            }
+            segments.push(CleanableSegment { base, end, file: segment.file().clone(), size: segment.size_bytes() });
+        }
+        let ratio_due = dirty_bytes > 0 && dirty_bytes as f64 >= config.min_cleanable_dirty_ratio * total_bytes as f64;
+        let tombstones_due = state.tombstones_due_ms.is_some_and(|due| due <= now_ms);
+        if segments.is_empty() || !(ratio_due || lag_due || tombstones_due) {
+            return None;
+        }
+        Some(CleaningPlan {
+            segments,
+            cleaned_up_to: state.cleaned_up_to,
+            config: config.clone(),
+            aborted: state.aborted.clone(),
+        })
+    }
+
+    /// Base offset of `producer_id`'s last batch in this log.
+    pub(crate) fn last_producer_batch(&self, producer_id: i64) -> Option<i64> {
+        self.state.lock().producers.last_batch_base(producer_id)
+    }
+
+    /// Puts a cleaned copy in place of `original`, unless the log changed under the
+    /// cleaner (the segment was deleted by retention or truncation): then the copy is
+    /// dropped and false returned.
+    pub(crate) fn install_cleaned(&self, original: &CleanableSegment, mut cleaned: Segment) -> io::Result<bool> {
+        let mut state = self.state.lock();
+        let unchanged = state.segments.get(&original.base).is_some_and(|s| Arc::ptr_eq(s.file(), &original.file));
+        if !unchanged || state.failed {
+            cleaned.delete_files()?;
+            return Ok(false);
+        }
+        assert_eq!(cleaned.base_offset(), original.base);
+        assert!(cleaned.next_offset() <= original.end, "a cleaned segment stays within its offsets");
+        cleaned.move_into(&self.dir)?;
+        state.segments.insert(original.base, cleaned);
+        Ok(true)
+    }
+
+    /// Records a finished pass: segments below `cleaned_up_to` are clean, and the next
+    /// pass is due at `tombstones_due_ms` for the tombstones it kept.
+    pub(crate) fn finish_cleaning(&self, cleaned_up_to: i64, tombstones_due_ms: Option<i64>) -> io::Result<()> {
+        crate::write_file_atomically(&self.dir.join(CLEANER_CHECKPOINT_FILE), cleaned_up_to.to_string().as_bytes())?;
+        let mut state = self.state.lock();
+        state.cleaned_up_to = state.cleaned_up_to.max(cleaned_up_to);
+        state.tombstones_due_ms = tombstones_due_ms;
+        Ok(())
+    }
+}
+
+/// Deletes oldest sealed segments while `expired` says so, then moves the log start offset.
+/// Only segments wholly below the high watermark go: what is not yet committed is not
+/// history to expire (a follower still has to fetch it, a failover may still need it).
+fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) -> bool) -> usize {
+    let mut deleted = 0;
+    while state.segments.len() > 1 {
+        let (base, segment) = state.segments.iter().next().expect("non-empty");
+        if segment.next_offset() > state.high_watermark || !expired(segment, state.log_start_offset) {
+            break;
+        }
+        if let Err(error) = segment.delete_files() {
+            tracing::warn!(%error, "failed to delete segment files");
+            break;
+        }
+        let base = *base;
+        state.segments.remove(&base);
+        deleted += 1;
+    }
+    let first_base = *state.segments.keys().next().expect("non-empty");
+    state.log_start_offset = state.log_start_offset.max(first_base);
+    deleted
+}
