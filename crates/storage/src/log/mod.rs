@@ -247,7 +247,7 @@ pub enum ReadError {
     Storage(#[from] io::Error),
     #[error("partition log is offline after an I/O error")]
     Offline,
-    /// A [`ReadMode::CachedOnly`] read of data that is not in the page cache.
+    /// A [`ReadMode::CachedOnly`](crate::ReadMode::CachedOnly) read of data that is not in the page cache.
     #[error("the data is not in the page cache")]
     WouldBlock,
 }
