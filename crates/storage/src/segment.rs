@@ -33,6 +33,9 @@ const SCAN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
 const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
 const INDEX_FILE_VERSION: u32 = 1;
+/// A recovery image of the active segment's index is written here, then renamed over
+/// the index file (see `log.rs`, `Partition::sync_for_wal_checkpoint`).
+pub(crate) const STAGED_IMAGE_EXTENSION: &str = "image";
 
 /// Whether a read may wait for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,28 +150,44 @@ impl Segment {
     }
 
     /// Opens an existing segment. A segment with a valid index file matching its size is
-    /// trusted; otherwise it is scanned and truncated after its last valid batch.
+    /// trusted; one whose index vouches for a prefix (a recovery image of the active
+    /// segment) is scanned from there; any other is scanned from the start. A scan
+    /// truncates the file after its last valid batch.
     /// `on_batch` sees every batch header of a scanned segment (for producer-state replay).
     pub fn open(dir: &Path, base_offset: i64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<(Segment, bool)> {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
         let file_len = file.metadata()?.len();
         let mut segment = Segment::empty(dir, base_offset, log_path, file);
-        if segment.load_index_file(file_len).is_ok() {
-            segment.allocated_bytes = file_len;
-            return Ok((segment, true));
+        // A recovery image staged by a checkpoint that a crash cut short.
+        let _ = std::fs::remove_file(segment.index_path.with_extension(STAGED_IMAGE_EXTENSION));
+        match segment.load_index_file(file_len) {
+            Ok(covered) if covered == file_len => {
+                segment.allocated_bytes = file_len;
+                return Ok((segment, true));
+            }
+            // A checkpoint image of the active segment: only what was appended after it
+            // is scanned. Its batches are not shown to `on_batch` (the caller replays
+            // producer state from its snapshot, in offset order, over the indexed segment).
+            Ok(covered) if segment.indexed_batch_is_in_place() => {
+                segment.recover_from(covered, file_len, &mut |_| {})?;
+                return Ok((segment, true));
+            }
+            // No index, or one that does not fit the file: scan it all from a clean start.
+            _ => segment.forget_index(),
         }
-        segment.recover(file_len, on_batch)?;
+        let _ = std::fs::remove_file(&segment.index_path);
+        segment.recover_from(0, file_len, on_batch)?;
         Ok((segment, false))
     }
 
-    /// Scans the file from the start, rebuilding indexes, and truncates a torn or
-    /// preallocated tail. Returns the number of bytes cut.
-    fn recover(&mut self, file_len: u64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<u64> {
-        let _ = std::fs::remove_file(&self.index_path);
-        let mut expected_offset = self.base_offset;
+    /// Scans the file from `start` (0, or the end an index vouches for), extending the
+    /// indexes, and truncates a torn or preallocated tail. Returns the number of bytes cut.
+    fn recover_from(&mut self, start: u64, file_len: u64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<u64> {
+        assert_eq!(start, self.size_bytes, "a scan continues where the index stops");
+        let mut expected_offset = self.next_offset;
         let file = self.file.clone();
-        let valid_end = scan_batches(&file, 0, file_len, true, &mut |header, position| {
+        let valid_end = scan_batches(&file, start, file_len, true, &mut |header, position| {
             // Offsets only grow; a compacted segment has gaps between batches.
             if header.base_offset < expected_offset {
                 return false;
@@ -185,6 +204,28 @@ impl Segment {
         }
         self.allocated_bytes = valid_end;
         Ok(file_len - valid_end)
+    }
+
+    /// Back to the state of an empty segment (before a full scan rebuilds it).
+    fn forget_index(&mut self) {
+        self.size_bytes = 0;
+        self.next_offset = self.base_offset;
+        self.max_timestamp = -1;
+        self.offset_of_max_timestamp = -1;
+        self.first_append_ms = None;
+        self.offset_index.clear();
+        self.time_index.clear();
+        self.bytes_since_index_entry = 0;
+    }
+
+    /// A cheap check that an index's last entry still names the batch at its position
+    /// (a file cut and rewritten below an index's reach would not).
+    fn indexed_batch_is_in_place(&self) -> bool {
+        let Some(last) = self.offset_index.last() else { return self.size_bytes == 0 };
+        let mut header = [0u8; BATCH_HEADER_BYTES];
+        self.file.read_exact_at(&mut header, u64::from(last.position)).is_ok()
+            && BatchHeader::parse(&header)
+                .is_ok_and(|h| h.base_offset == self.base_offset + i64::from(last.relative_offset))
     }
 
     pub fn base_offset(&self) -> i64 {
@@ -384,10 +425,17 @@ impl Segment {
     /// Deletes the segment's files.
     pub fn delete_files(&self) -> io::Result<()> {
         let _ = std::fs::remove_file(&self.index_path);
+        let _ = std::fs::remove_file(self.index_path.with_extension(STAGED_IMAGE_EXTENSION));
         std::fs::remove_file(&self.log_path)
     }
 
     fn write_index_file(&self) -> io::Result<()> {
+        crate::write_file_unsynced(&self.index_path, &self.index_image())
+    }
+
+    /// The index file's bytes as of now: they vouch for the first `size_bytes` of the
+    /// segment, so they may be written only once those bytes are durable.
+    pub(crate) fn index_image(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.offset_index.len() * 8 + self.time_index.len() * 16);
         out.extend_from_slice(INDEX_FILE_MAGIC);
         out.extend_from_slice(&INDEX_FILE_VERSION.to_le_bytes());
@@ -409,10 +457,16 @@ impl Segment {
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
-        crate::write_file_unsynced(&self.index_path, &out)
+        out
     }
 
-    fn load_index_file(&mut self, file_len: u64) -> io::Result<()> {
+    pub(crate) fn index_path(&self) -> &Path {
+        &self.index_path
+    }
+
+    /// Loads the index file; returns how many bytes of the segment it vouches for: all
+    /// of it (a sealed segment), or a prefix (a checkpoint image of the active segment).
+    fn load_index_file(&mut self, file_len: u64) -> io::Result<u64> {
         let mut data = Vec::new();
         File::open(&self.index_path)?.read_to_end(&mut data)?;
         let invalid = || io::Error::new(io::ErrorKind::InvalidData, "invalid index file");
@@ -424,10 +478,14 @@ impl Segment {
             return Err(invalid());
         }
         let mut reader = LeReader { data: body, position: 4 };
-        if reader.u32()? != INDEX_FILE_VERSION || reader.u64()? != file_len {
+        if reader.u32()? != INDEX_FILE_VERSION {
             return Err(invalid());
         }
-        self.size_bytes = file_len;
+        let covered = reader.u64()?;
+        if covered > file_len {
+            return Err(invalid());
+        }
+        self.size_bytes = covered;
         self.next_offset = reader.u64()? as i64;
         self.max_timestamp = reader.u64()? as i64;
         self.offset_of_max_timestamp = reader.u64()? as i64;
@@ -441,11 +499,13 @@ impl Segment {
             self.time_index.push(TimeEntry { max_timestamp, relative_offset: reader.u32()?, position: reader.u32()? });
         }
         if self.next_offset < self.base_offset
-            || self.offset_index.iter().any(|e| u64::from(e.position) >= file_len.max(1))
+            || self.offset_index.iter().any(|e| u64::from(e.position) >= covered.max(1))
+            || (covered > 0) == self.offset_index.is_empty()
         {
             return Err(invalid());
         }
-        Ok(())
+        self.bytes_since_index_entry = self.offset_index.last().map_or(0, |e| covered - u64::from(e.position));
+        Ok(covered)
     }
 }
 
@@ -480,7 +540,8 @@ fn scan_batches(
     check_crc: bool,
     visit: &mut dyn FnMut(&BatchHeader, u64) -> bool,
 ) -> io::Result<u64> {
-    let mut buffer = vec![0u8; SCAN_BUFFER_BYTES];
+    // Sized to what is scanned: a small segment must not cost a large zeroed buffer.
+    let mut buffer = vec![0u8; (end.saturating_sub(start) as usize).min(SCAN_BUFFER_BYTES)];
     let mut position = start;
     while position + (BATCH_HEADER_BYTES as u64) <= end {
         let want = ((end - position) as usize).min(buffer.len());

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::recovery::{write_leader_epochs, write_snapshot};
+use super::recovery::{capture_recovery_image, recovery_image_due, write_leader_epochs, write_snapshot};
 use super::{
     AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend,
     ABORTED_TRANSACTIONS_FILE, LEADER_EPOCHS_MAX,
@@ -350,16 +350,29 @@ impl Partition {
 
     /// The WAL checkpoint: makes the segment files durable (everything the WAL held for
     /// this partition up to now). False when the fsync failed, which takes the log offline.
+    ///
+    /// When the active segment has grown enough, it also writes a recovery image: the
+    /// index of what the fsync made durable and the producer state there, so a restart
+    /// after a crash scans only the bytes appended since.
     pub(crate) fn sync_for_wal_checkpoint(&self) -> bool {
-        let active = {
+        let (active, image) = {
             let state = self.state.lock();
             if state.failed || state.retired {
                 return !state.failed;
             }
-            state.segments.values().next_back().expect("active segment").file().clone()
+            let active = state.segments.values().next_back().expect("active segment");
+            (active.file().clone(), recovery_image_due(&state).then(|| capture_recovery_image(&state)))
         };
         match crate::durable::sync_data(&active) {
-            Ok(()) => true,
+            Ok(()) => {
+                if let Some(image) = image {
+                    if let Err(error) = self.write_recovery_image(image) {
+                        // Only a longer scan at the next start.
+                        tracing::warn!(dir = %self.dir.display(), %error, "could not write a recovery image");
+                    }
+                }
+                true
+            }
             Err(error) => {
                 let mut state = self.state.lock();
                 self.fail(&mut state, "fdatasync (WAL checkpoint)", &error);

@@ -62,6 +62,12 @@ const LEADER_EPOCHS_MAX: usize = 1024;
 const SNAPSHOT_SUFFIX: &str = ".snapshot";
 /// Producer snapshots kept per partition (older ones are deleted).
 const SNAPSHOTS_KEPT: usize = 2;
+/// A WAL checkpoint writes a recovery image of the active segment (its index and the
+/// producer state, see [`Partition::sync_for_wal_checkpoint`]) once the segment has grown
+/// by this much, and by a sixteenth of what the last image covered, since that image: a
+/// restart after a crash scans only what came after it, at a cost per image that stays a
+/// small fraction of the bytes written.
+const RECOVERY_IMAGE_GROWTH_BYTES_MIN: u64 = 256 * 1024;
 
 /// The per-topic settings storage acts on, in Kafka's names and units.
 #[derive(Debug, Clone, PartialEq)]
@@ -287,6 +293,9 @@ struct LogState {
     sync_generation: u64,
     /// Deleted: nothing more is appended or logged.
     retired: bool,
+    /// (base offset, bytes covered) of the last recovery image written for the active
+    /// segment (see `recovery.rs`, [`RECOVERY_IMAGE_GROWTH_BYTES_MIN`]).
+    recovery_image: (i64, u64),
 }
 
 /// A partition's log. Shared between request handlers and the syncer as `Arc<Partition>`.

@@ -33,11 +33,12 @@ use tokio::sync::watch;
 
 use super::{
     AbortedTransaction, LogConfig, LogState, Partition, Progress, PublishedOffsets, Visible, ABORTED_TRANSACTIONS_FILE,
-    CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LOG_START_OFFSET_FILE, SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
+    CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LOG_START_OFFSET_FILE, RECOVERY_IMAGE_GROWTH_BYTES_MIN,
+    SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
 };
 use crate::batch::BatchHeader;
 use crate::producer_state::ProducerStateTable;
-use crate::segment::{index_file_name, Segment};
+use crate::segment::{index_file_name, Segment, STAGED_IMAGE_EXTENSION};
 use crate::wal::Control;
 
 impl Partition {
@@ -137,9 +138,14 @@ impl Partition {
                 cut = position + header.total_bytes() as u64;
                 true
             })?;
+            // The index goes first, durably: it may vouch for bytes past the cut (a
+            // recovery image), which later appends would replace.
+            match std::fs::remove_file(self.dir.join(index_file_name(base))) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => crate::durable::sync_dir(&self.dir)?,
+            }
             segment.file().set_len(cut)?;
             crate::durable::sync_all(segment.file())?;
-            let _ = std::fs::remove_file(self.dir.join(index_file_name(base)));
             break;
         }
         for snapshot in list_snapshots(&self.dir) {
@@ -270,8 +276,9 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         segments.insert(base, Segment::create(dir, base)?);
     }
     let active = segments.values().next_back().expect("at least one segment");
-    // The active segment will be appended to: its index file would go stale.
-    let _ = std::fs::remove_file(dir.join(index_file_name(active.base_offset())));
+    // The active segment's index file (if any) stays: appends go past the bytes it
+    // vouches for, and only a cut (`truncate_locked`) changes those.
+    let active_base = active.base_offset();
     crate::durable::sync_data(active.file())?;
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_end_offset = active.next_offset();
@@ -303,6 +310,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         wal_pending_ends: Vec::new(),
         sync_generation: 0,
         retired: false,
+        recovery_image: (active_base, 0),
     })
 }
 
@@ -421,4 +429,171 @@ fn load_latest_snapshot(dir: &Path) -> (i64, ProducerStateTable) {
         }
     }
     (0, ProducerStateTable::default())
+}
+
+/// What a WAL checkpoint captured of the active segment, written once its bytes are durable.
+pub(super) struct RecoveryImage {
+    base_offset: i64,
+    covered: u64,
+    generation: u64,
+    index_path: std::path::PathBuf,
+    index: Vec<u8>,
+    log_end_offset: i64,
+    producers: ProducerStateTable,
+}
+
+/// True when the active segment grew enough since its last recovery image.
+pub(super) fn recovery_image_due(state: &LogState) -> bool {
+    let active = state.segments.values().next_back().expect("active segment");
+    let (base, covered) = state.recovery_image;
+    let last = if base == active.base_offset() { covered } else { 0 };
+    active.size_bytes().saturating_sub(last) >= RECOVERY_IMAGE_GROWTH_BYTES_MIN.max(last / 16)
+}
+
+/// The active segment's index and the producer state at its end, captured under the lock.
+pub(super) fn capture_recovery_image(state: &LogState) -> RecoveryImage {
+    let active = state.segments.values().next_back().expect("active segment");
+    assert_eq!(active.next_offset(), state.log_end_offset, "the active segment ends the log");
+    RecoveryImage {
+        base_offset: active.base_offset(),
+        covered: active.size_bytes(),
+        generation: state.sync_generation,
+        index_path: active.index_path().to_path_buf(),
+        index: active.index_image(),
+        log_end_offset: state.log_end_offset,
+        producers: state.producers.clone(),
+    }
+}
+
+impl Partition {
+    /// Puts a recovery image in place, unless the log was cut, reset or rolled since it
+    /// was captured (its bytes may no longer be the segment's). Call only once the bytes
+    /// it covers are durable. Its files are not synced: a crash that loses them only
+    /// means a longer scan at the next start.
+    pub(super) fn write_recovery_image(&self, image: RecoveryImage) -> io::Result<()> {
+        let staged = image.index_path.with_extension(STAGED_IMAGE_EXTENSION);
+        std::fs::write(&staged, &image.index)?;
+        let mut state = self.state.lock();
+        let active_base = state.segments.keys().next_back().copied();
+        if state.failed
+            || state.retired
+            || state.sync_generation != image.generation
+            || active_base != Some(image.base_offset)
+        {
+            drop(state);
+            return std::fs::remove_file(&staged);
+        }
+        // Under the lock: a cut, which removes the index, cannot come in between.
+        std::fs::rename(&staged, &image.index_path)?;
+        write_snapshot(&self.dir, image.log_end_offset, &image.producers)?;
+        state.recovery_image = (image.base_offset, image.covered);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod recovery_image_tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::batch::{self, tests::make_batch, BatchIter};
+    use crate::segment::ReadMode;
+
+    /// Visible at once, so the test needs no syncer.
+    fn page_cache_config() -> LogConfig {
+        LogConfig { flush_messages: u64::MAX, ..LogConfig::default() }
+    }
+
+    fn append(partition: &Partition, batches: usize, records: i32, timestamp: i64) {
+        for _ in 0..batches {
+            partition.append(&Bytes::from(make_batch(records, timestamp, None)), 0, 0).unwrap();
+        }
+    }
+
+    /// (first, last offset) of every batch from `from` to the log end.
+    fn batch_ranges(partition: &Partition) -> Vec<(i64, i64)> {
+        let mut ranges = Vec::new();
+        let mut from = partition.offsets().log_start_offset;
+        while from < partition.offsets().log_end_offset {
+            let bytes = partition.read(from, 1 << 20, true, ReadMode::MayBlock).unwrap();
+            for item in BatchIter::new(&bytes) {
+                let (header, range) = item.unwrap();
+                batch::validate_stored_batch(&bytes[range]).unwrap();
+                ranges.push((header.base_offset, header.last_offset()));
+                from = header.last_offset() + 1;
+            }
+        }
+        ranges
+    }
+
+    fn expected(layout: &[(usize, i64)]) -> Vec<(i64, i64)> {
+        let mut next = 0;
+        let mut ranges = Vec::new();
+        for &(batches, records) in layout {
+            for _ in 0..batches {
+                ranges.push((next, next + records - 1));
+                next += records;
+            }
+        }
+        ranges
+    }
+
+    #[test]
+    fn a_restart_after_a_crash_scans_only_what_came_after_the_recovery_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        append(&partition, 400, 100, 10);
+        assert!(partition.sync_for_wal_checkpoint());
+        let covered = partition.state.lock().recovery_image.1;
+        assert!(covered >= RECOVERY_IMAGE_GROWTH_BYTES_MIN, "a checkpoint of a grown segment writes an image");
+        append(&partition, 50, 100, 20);
+        // A crash: no close. Then a byte under the image goes bad: a scan from the start
+        // would stop at that batch's CRC and cut everything after it.
+        drop(partition);
+        let segment = dir.path().join(crate::segment::log_file_name(0));
+        let file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, b"?", covered / 2).unwrap();
+
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        assert_eq!(partition.offsets().log_end_offset, 450 * 100);
+        assert_eq!(
+            partition.batch_with_max_timestamp().unwrap().map(|b| BatchHeader::parse(&b).unwrap().max_timestamp),
+            Some(20)
+        );
+        append(&partition, 1, 100, 30);
+        assert_eq!(partition.offsets().log_end_offset, 451 * 100);
+        partition.close().unwrap();
+    }
+
+    #[test]
+    fn a_cut_below_a_recovery_image_is_never_undone_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        append(&partition, 400, 100, 10);
+        assert!(partition.sync_for_wal_checkpoint());
+        partition.truncate_to(100 * 100).unwrap();
+        // Smaller batches past the cut, beyond what the image covered.
+        append(&partition, 900, 50, 20);
+        drop(partition);
+
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        assert_eq!(batch_ranges(&partition), expected(&[(100, 100), (900, 50)]));
+        partition.close().unwrap();
+    }
+
+    #[test]
+    fn an_image_captured_before_a_cut_is_not_put_in_place_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        append(&partition, 400, 100, 10);
+        let image = capture_recovery_image(&partition.state.lock());
+        partition.truncate_to(100 * 100).unwrap();
+        append(&partition, 900, 50, 20);
+        partition.write_recovery_image(image).unwrap();
+        assert!(!dir.path().join(index_file_name(0)).exists(), "a stale image is dropped");
+        drop(partition);
+
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        assert_eq!(batch_ranges(&partition), expected(&[(100, 100), (900, 50)]));
+    }
 }
