@@ -221,20 +221,57 @@ pub fn replay(dir: &Path, base: &Path) -> io::Result<ReplayOutcome> {
             first_live.insert(path, i + 1);
         }
     }
-    let mut open: HashMap<&str, (Partition, bool)> = HashMap::new();
-    let now_ms = crate::now_ms();
+    // Each partition's records, in WAL order; partitions are independent of each other.
+    let mut by_partition: HashMap<&str, Vec<&Record>> = HashMap::new();
     for (i, (path, record)) in records.iter().enumerate() {
         if i < first_live.get(path).copied().unwrap_or(0) || *record == Record::Forget {
             continue;
         }
-        if !open.contains_key(path) {
-            let partition_dir = base.join(path);
-            if !partition_dir.is_dir() {
-                continue;
-            }
-            open.insert(path, (Partition::open(&partition_dir, LogConfig::default())?, false));
-        }
-        let (partition, extended) = open.get_mut(path).expect("opened above");
+        by_partition.entry(path).or_default().push(record);
+    }
+    let work: Vec<(&str, Vec<&Record>)> = by_partition.into_iter().collect();
+    let chunk = work.len().div_ceil(CHECKPOINT_THREADS).max(1);
+    let replayed: Vec<io::Result<(usize, usize)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = work
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut totals = (0, 0);
+                    for (path, records) in part {
+                        let batches = replay_partition(&base.join(path), path, records)?;
+                        totals.0 += usize::from(batches > 0);
+                        totals.1 += batches;
+                    }
+                    Ok(totals)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("WAL replay thread panicked")).collect()
+    });
+    for result in replayed {
+        let (extended, batches) = result?;
+        outcome.partitions_extended += extended;
+        outcome.batches_appended += batches;
+    }
+    for (_, file) in &files {
+        std::fs::remove_file(file)?;
+    }
+    crate::durable::sync_dir(dir)?;
+    Ok(outcome)
+}
+
+/// Applies one partition's records (in WAL order) to its recovered log; returns how many
+/// batches it lacked. A log that changed is made durable before the WAL may go; one that
+/// did not was made durable by opening it.
+fn replay_partition(dir: &Path, path: &str, records: &[&Record]) -> io::Result<usize> {
+    if !dir.is_dir() {
+        return Ok(0);
+    }
+    let partition = Partition::open(dir, LogConfig::default())?;
+    let now_ms = crate::now_ms();
+    let mut appended_batches = 0;
+    let mut changed = false;
+    for record in records {
         match record {
             Record::Batches(batches) => {
                 let before = partition.offsets().log_end_offset;
@@ -242,28 +279,24 @@ pub fn replay(dir: &Path, base: &Path) -> io::Result<ReplayOutcome> {
                     .append_replica(&Bytes::copy_from_slice(batches), now_ms)
                     .map_err(|error| io::Error::other(format!("replaying the WAL into {path}: {error}")))?;
                 if appended.log_end_offset > before {
-                    *extended = true;
-                    outcome.batches_appended += crate::batch::BatchIter::new(batches)
+                    changed = true;
+                    appended_batches += crate::batch::BatchIter::new(batches)
                         .filter_map(Result::ok)
                         .filter(|(header, _)| header.last_offset() >= before)
                         .count();
                 }
             }
-            Record::Truncate(offset) => partition.truncate_to(*offset)?,
-            Record::Forget => unreachable!("skipped above"),
+            Record::Truncate(offset) => {
+                partition.truncate_to(*offset)?;
+                changed = true;
+            }
+            Record::Forget => unreachable!("skipped by the caller"),
         }
     }
-    for (path, (partition, extended)) in &open {
-        partition
-            .close()
-            .map_err(|error| io::Error::new(error.kind(), format!("closing {path} after WAL replay: {error}")))?;
-        outcome.partitions_extended += usize::from(*extended);
+    if changed && !partition.sync_for_wal_checkpoint() {
+        return Err(io::Error::other(format!("fsync of {path} after WAL replay failed")));
     }
-    for (_, file) in &files {
-        std::fs::remove_file(file)?;
-    }
-    crate::durable::sync_dir(dir)?;
-    Ok(outcome)
+    Ok(appended_batches)
 }
 
 /// Work for the checkpointer thread.
