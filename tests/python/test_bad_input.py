@@ -301,6 +301,34 @@ def test_requests_charged_to_memory_budget_before_bodies_are_buffered(broker_fac
     assert "panicked" not in b.log()
 
 
+def test_large_request_before_sasl_authentication_closes_the_connection(broker_factory):
+    """Kafka's sasl.server.max.receive.size: before authenticating, a client may not announce
+    a request larger than 512 KiB (it would be charged to the memory budget on its size
+    prefix alone); the connection is closed at once, without waiting for the body."""
+    from conftest import free_port
+
+    port, sasl_port = free_port(), free_port()
+    b = broker_factory(extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+    ], port=port)
+    handshake = kw.request_header(17, 1, 7)  # SaslHandshake v1
+    with socket.create_connection(("127.0.0.1", sasl_port), timeout=10) as s:
+        s.sendall(struct.pack(">i", (512 << 10) + 1) + handshake)
+        assert wait_closed(s, 5) == b"", "announcing a request over the limit before authentication closes unanswered"
+    # At the limit the request is read; a SASL handshake then proceeds as before.
+    mechanism = b"SCRAM-SHA-256"
+    with socket.create_connection(("127.0.0.1", sasl_port), timeout=10) as s:
+        s.sendall(kw.frame(handshake + struct.pack(">h", len(mechanism)) + mechanism))
+        size, correlation_id, error_code = struct.unpack(">iih", s.recv(10))
+        assert (correlation_id, error_code) == (7, 0)
+    # The limit is only for unauthenticated clients: PLAINTEXT clients may send more.
+    topic = unique("big")
+    create_topic(b.bootstrap, topic, 1)
+    with Conn.to(b.bootstrap) as c:
+        assert c.produce(topic, 0, record_batch([Record(b"x" * (600 << 10))]))[:2] == (0, 0)
+    assert b.is_running()
+
+
 def test_garbage_bytes_close_connection(broker, traffic):
     # An HTTP request: "GET " read as a length is ~1.1 GiB.
     got = send_and_expect_close(broker, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", logged_once=True)

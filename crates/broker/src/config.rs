@@ -26,6 +26,11 @@ pub const QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE: usize = 8;
 /// Request bytes one connection may have admitted (buffered and in flight) before the
 /// broker stops reading from it. A request larger than this is still served, alone.
 pub const QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT: usize = 64 * 1024 * 1024;
+/// Kafka's default `sasl.server.max.receive.size`: the largest request a client may send on
+/// a SASL listener before it has authenticated. Requests are charged to the memory budget
+/// from their size prefix, so without it an anonymous client could hold
+/// `max_request_bytes` of the budget per connection by sending 4 bytes.
+pub const SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT: usize = 512 * 1024;
 pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
@@ -150,6 +155,10 @@ pub struct BrokerConfig {
     /// connection before then, or it is closed at their next request. 0: sessions never end.
     #[serde(rename = "connections.max.reauth.ms")]
     pub connections_max_reauth_ms: u64,
+    /// Kafka's `sasl.server.max.receive.size`: larger requests before authentication close
+    /// the connection ([`SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT`]).
+    #[serde(rename = "sasl.server.max.receive.size")]
+    pub sasl_server_max_receive_size: usize,
     /// Kafka's `log.cleaner.enable`: compacted topics are cleaned.
     #[serde(rename = "log.cleaner.enable")]
     pub log_cleaner_enable: bool,
@@ -381,6 +390,7 @@ impl Default for BrokerConfig {
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
             connections_max_reauth_ms: 0,
+            sasl_server_max_receive_size: SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT,
             log_cleaner_enable: cleaner.enabled,
             log_cleaner_backoff_ms: cleaner.backoff_ms,
             log_cleaner_io_max_bytes_per_second: cleaner.io_max_bytes_per_second,
@@ -461,6 +471,9 @@ impl BrokerConfig {
                 "queued_max_request_bytes_per_connection must be at least {QUEUED_REQUEST_BYTES_MIN} (or max_request_bytes, if smaller), got {}",
                 self.queued_max_request_bytes_per_connection
             ));
+        }
+        if self.sasl_server_max_receive_size == 0 {
+            return Err("sasl.server.max.receive.size must be > 0".into());
         }
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.num_partitions) {
             return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));

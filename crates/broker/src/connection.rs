@@ -16,7 +16,8 @@
 //!
 //! The stream is a TCP socket or a TLS session over one. On a SASL listener only
 //! ApiVersions and the SASL exchange are served until the client authenticated
-//! (security/sasl.rs); any other request before that closes the connection, as in Kafka.
+//! (security/sasl.rs); any other request before that closes the connection, as in Kafka,
+//! and so does one larger than `sasl.server.max.receive.size`.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -56,6 +57,8 @@ pub(crate) async fn run(
     let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
     let mut session = Session { peer, listener, principal: Arc::from(""), throttle: Default::default() };
     let frame_bytes_max = broker.config().max_request_bytes;
+    // Before SASL authentication, Kafka's sasl.server.max.receive.size.
+    let unauthenticated_frame_bytes_max = frame_bytes_max.min(broker.config().sasl_server_max_receive_size);
     let inflight_max = broker.config().max_inflight_requests_per_connection;
     let connection_bytes_max = broker.config().queued_max_request_bytes_per_connection;
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
@@ -76,7 +79,11 @@ pub(crate) async fn run(
             let charge = match head.take() {
                 Some(charge) => charge,
                 None => {
-                    let next = match peek_frame(&buffer, frame_bytes_max) {
+                    let limit = match authenticator.user() {
+                        Some(_) => frame_bytes_max,
+                        None => unauthenticated_frame_bytes_max,
+                    };
+                    let next = match peek_frame(&buffer, limit) {
                         Ok(Some(next)) => next,
                         Ok(None) => break,
                         Err(error) => {
