@@ -215,6 +215,120 @@ def test_max_request_bytes_flag(broker_factory):
     bg.stop_and_check()
 
 
+def vm_rss_kib(broker) -> int:
+    with open(f"/proc/{broker.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def send_what_fits(socks: list[socket.socket], data: bytes, seconds: float) -> None:
+    """Writes `data` to every socket for up to `seconds`, as far as each will take it (a
+    broker that stops reading a socket fills its TCP window: the write then waits)."""
+    for s in socks:
+        s.setblocking(False)
+    sent = {s: 0 for s in socks}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(n < len(data) for n in sent.values()):
+        for s in socks:
+            if sent[s] < len(data):
+                try:
+                    sent[s] += s.send(data[sent[s]:sent[s] + (256 << 10)])
+                except BlockingIOError:
+                    pass
+        time.sleep(0.005)
+
+
+def test_requests_charged_to_memory_budget_before_bodies_are_buffered(broker_factory):
+    """Kafka's queued.max.request.bytes: a request is charged its size as soon as its size
+    prefix is read, and a connection that cannot be charged is not read from. 24 clients
+    each announce a 1 MiB produce request, send all of it but its last byte, and hang. With a
+    2 MiB budget the broker must not buffer 24 MiB (as it did when only whole frames were
+    charged); the budget's non-produce share still serves other requests meanwhile, new
+    produce requests wait for memory, and all proceed once the hung clients go away."""
+    max_request = 1 << 20
+    b = broker_factory(extra_args=[
+        "--max-request-bytes", str(max_request),
+        "--queued-max-request-bytes", str(2 << 20),
+    ])
+    topic = unique("budget")
+    create_topic(b.bootstrap, topic, 1)
+    probe = Conn.to(b.bootstrap)
+    v = probe.pick(kw.PRODUCE, [8, 7, 6, 5, 4, 3])
+    assert probe.produce(topic, 0, record_batch([Record(b"warm-up")]))[:2] == (0, 0)
+    time.sleep(0.5)
+    rss_before = vm_rss_kib(b)
+
+    stalled_count = 24
+    # A produce frame of exactly max_request_bytes, all but its last byte.
+    stalled_frame = struct.pack(">i", max_request) + kw.request_header(kw.PRODUCE, 3, 1)
+    stalled_frame += b"\x00" * (4 + max_request - len(stalled_frame) - 1)
+    stalled = [raw_socket(b) for _ in range(stalled_count)]
+    try:
+        send_what_fits(stalled, stalled_frame, seconds=3.0)
+        time.sleep(1.0)
+        grown_mib = (vm_rss_kib(b) - rss_before) / 1024
+        assert grown_mib < stalled_count / 3, (
+            f"broker RSS grew by {grown_mib:.1f} MiB with {stalled_count} hung 1 MiB requests and a 2 MiB budget")
+
+        # Requests other than Produce still have their share of the budget.
+        with Conn.to(b.bootstrap, timeout=5) as c:
+            err, versions = c.api_versions(0)
+            assert err == 0 and kw.PRODUCE in versions
+        # A new produce request is charged too: it waits for memory, unanswered.
+        probe.send_request(kw.PRODUCE, v, kw.produce_body(v, topic, 0, record_batch([Record(b"waits")])))
+        probe.sock.settimeout(1.5)
+        with pytest.raises(socket.timeout):
+            probe.sock.recv(1)
+    finally:
+        for s in stalled:
+            s.close()
+    # Their memory comes back when they close: the waiting request is answered.
+    probe.sock.settimeout(15)
+    r = kw.Reader(probe.recv_frame(), False)
+    assert r.i32() == probe.correlation_id
+    assert kw.parse_produce_response(r, v)[:2] == (0, 1)
+    with Conn.to(b.bootstrap) as c:
+        assert watermarks(b.bootstrap, topic, 0) == (0, 2)
+        assert c.produce(topic, 0, record_batch([Record(b"after")]))[:2] == (0, 2)
+    probe.close()
+    producer = Producer({"bootstrap.servers": b.bootstrap, "broker.address.family": "v4", "acks": "all"})
+    producer.produce(topic, value=b"x" * 500_000)
+    assert producer.flush(15) == 0, "a client producing near max_request_bytes is served"
+    assert watermarks(b.bootstrap, topic, 0) == (0, 4)
+    assert b.is_running(), f"broker exited; log:\n{b.log()}"
+    assert "panicked" not in b.log()
+
+
+def test_large_request_before_sasl_authentication_closes_the_connection(broker_factory):
+    """Kafka's sasl.server.max.receive.size: before authenticating, a client may not announce
+    a request larger than 512 KiB (it would be charged to the memory budget on its size
+    prefix alone); the connection is closed at once, without waiting for the body."""
+    from conftest import free_port
+
+    port, sasl_port = free_port(), free_port()
+    b = broker_factory(extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+    ], port=port)
+    handshake = kw.request_header(17, 1, 7)  # SaslHandshake v1
+    with socket.create_connection(("127.0.0.1", sasl_port), timeout=10) as s:
+        s.sendall(struct.pack(">i", (512 << 10) + 1) + handshake)
+        assert wait_closed(s, 5) == b"", "announcing a request over the limit before authentication closes unanswered"
+    # At the limit the request is read; a SASL handshake then proceeds as before.
+    mechanism = b"SCRAM-SHA-256"
+    with socket.create_connection(("127.0.0.1", sasl_port), timeout=10) as s:
+        s.sendall(kw.frame(handshake + struct.pack(">h", len(mechanism)) + mechanism))
+        size, correlation_id, error_code = struct.unpack(">iih", s.recv(10))
+        assert (correlation_id, error_code) == (7, 0)
+    # The limit is only for unauthenticated clients: PLAINTEXT clients may send more.
+    topic = unique("big")
+    create_topic(b.bootstrap, topic, 1)
+    with Conn.to(b.bootstrap) as c:
+        assert c.produce(topic, 0, record_batch([Record(b"x" * (600 << 10))]))[:2] == (0, 0)
+    assert b.is_running()
+
+
 def test_garbage_bytes_close_connection(broker, traffic):
     # An HTTP request: "GET " read as a length is ~1.1 GiB.
     got = send_and_expect_close(broker, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", logged_once=True)

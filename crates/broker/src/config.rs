@@ -14,8 +14,23 @@ pub const REQUEST_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
 pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
 /// Requests a connection may have in flight before the broker stops reading from it.
 pub const INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT: usize = 16;
-/// Produce payload bytes buffered across all connections, awaiting durability.
-pub const PRODUCE_MEMORY_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
+/// Request bytes admitted across all connections (Kafka's `queued.max.request.bytes`): a
+/// request is charged its size as soon as its size prefix is read, before its body is, and
+/// until its response is written. Bounds what all connections together buffer.
+pub const QUEUED_MAX_REQUEST_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
+/// Of the broker-wide budget, this fraction (1/n) is kept from Produce requests for all
+/// other requests: produce requests held while awaiting durability or replication must not
+/// take the memory the followers' and consumers' fetches need to be read, or acks=all
+/// produce would wait for fetches that wait for memory.
+pub const QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE: usize = 8;
+/// Request bytes one connection may have admitted (buffered and in flight) before the
+/// broker stops reading from it. A request larger than this is still served, alone.
+pub const QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT: usize = 64 * 1024 * 1024;
+/// Kafka's default `sasl.server.max.receive.size`: the largest request a client may send on
+/// a SASL listener before it has authenticated. Requests are charged to the memory budget
+/// from their size prefix, so without it an anonymous client could hold
+/// `max_request_bytes` of the budget per connection by sending 4 bytes.
+pub const SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT: usize = 512 * 1024;
 pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
@@ -74,7 +89,12 @@ pub struct BrokerConfig {
     pub max_request_bytes: usize,
     pub max_connections: usize,
     pub max_inflight_requests_per_connection: usize,
-    pub produce_memory_bytes: usize,
+    /// Request bytes admitted broker-wide ([`QUEUED_MAX_REQUEST_BYTES_DEFAULT`]); the old
+    /// key `produce_memory_bytes` (which bounded only produce requests) still reads.
+    #[serde(alias = "queued.max.request.bytes", alias = "produce_memory_bytes")]
+    pub queued_max_request_bytes: usize,
+    /// Request bytes one connection may have admitted ([`QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT`]).
+    pub queued_max_request_bytes_per_connection: usize,
     /// Acknowledged appends are made durable through one write-ahead log (one fsync per
     /// group-commit round, whatever the number of partitions) instead of one fsync per
     /// partition file (storage `wal.rs`).
@@ -135,6 +155,10 @@ pub struct BrokerConfig {
     /// connection before then, or it is closed at their next request. 0: sessions never end.
     #[serde(rename = "connections.max.reauth.ms")]
     pub connections_max_reauth_ms: u64,
+    /// Kafka's `sasl.server.max.receive.size`: larger requests before authentication close
+    /// the connection ([`SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT`]).
+    #[serde(rename = "sasl.server.max.receive.size")]
+    pub sasl_server_max_receive_size: usize,
     /// Kafka's `log.cleaner.enable`: compacted topics are cleaned.
     #[serde(rename = "log.cleaner.enable")]
     pub log_cleaner_enable: bool,
@@ -346,7 +370,8 @@ impl Default for BrokerConfig {
             max_request_bytes: REQUEST_BYTES_MAX_DEFAULT,
             max_connections: CONNECTIONS_MAX_DEFAULT,
             max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
-            produce_memory_bytes: PRODUCE_MEMORY_BYTES_DEFAULT,
+            queued_max_request_bytes: QUEUED_MAX_REQUEST_BYTES_DEFAULT,
+            queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
             log_wal: true,
             metrics_listen: None,
             listeners: None,
@@ -365,6 +390,7 @@ impl Default for BrokerConfig {
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
             connections_max_reauth_ms: 0,
+            sasl_server_max_receive_size: SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT,
             log_cleaner_enable: cleaner.enabled,
             log_cleaner_backoff_ms: cleaner.backoff_ms,
             log_cleaner_io_max_bytes_per_second: cleaner.io_max_bytes_per_second,
@@ -403,6 +429,9 @@ impl Default for BrokerConfig {
     }
 }
 
+/// The smallest request memory budgets accepted (unless `max_request_bytes` is smaller).
+const QUEUED_REQUEST_BYTES_MIN: usize = 1024 * 1024;
+
 /// The smallest `log.cleaner.dedupe.buffer.size` (Kafka's minimum is 1 MiB per thread).
 const LOG_CLEANER_DEDUPE_BUFFER_MIN: u64 = 1024 * 1024;
 
@@ -428,8 +457,23 @@ impl BrokerConfig {
         if self.max_connections == 0 || self.max_inflight_requests_per_connection == 0 {
             return Err("max_connections and max_inflight_requests_per_connection must be > 0".into());
         }
-        if self.produce_memory_bytes < self.max_request_bytes.min(1 << 20) {
-            return Err("produce_memory_bytes must hold at least one request of 1 MiB".into());
+        // A request larger than a budget is charged the whole budget (connection.rs), so a
+        // budget below max_request_bytes still serves the largest request, one at a time;
+        // but a budget smaller than common requests would serialise everything.
+        if self.queued_max_request_bytes < self.max_request_bytes.min(QUEUED_REQUEST_BYTES_MIN) {
+            return Err(format!(
+                "queued_max_request_bytes must be at least {QUEUED_REQUEST_BYTES_MIN} (or max_request_bytes, if smaller), got {}",
+                self.queued_max_request_bytes
+            ));
+        }
+        if self.queued_max_request_bytes_per_connection < self.max_request_bytes.min(QUEUED_REQUEST_BYTES_MIN) {
+            return Err(format!(
+                "queued_max_request_bytes_per_connection must be at least {QUEUED_REQUEST_BYTES_MIN} (or max_request_bytes, if smaller), got {}",
+                self.queued_max_request_bytes_per_connection
+            ));
+        }
+        if self.sasl_server_max_receive_size == 0 {
+            return Err("sasl.server.max.receive.size must be > 0".into());
         }
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.num_partitions) {
             return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
@@ -567,6 +611,33 @@ mod tests {
             (Err(error), Err(part)) => assert!(error.contains(part), "{error}"),
             (got, expected) => panic!("got {got:?}, expected {expected:?}"),
         }
+    }
+
+    #[test]
+    fn request_memory_budgets() {
+        let config = BrokerConfig::default();
+        assert!(config.validate().is_ok());
+        assert!(config.queued_max_request_bytes >= config.max_request_bytes);
+        // Kafka's name and the former produce-only name both set the broker-wide budget.
+        for key in ["queued_max_request_bytes", "queued.max.request.bytes", "produce_memory_bytes"] {
+            let parsed: BrokerConfig = serde_json::from_value(serde_json::json!({ key: 3 << 20 })).unwrap();
+            assert_eq!(parsed.queued_max_request_bytes, 3 << 20, "{key}");
+        }
+        // Below max_request_bytes is allowed (a larger request is charged the whole budget,
+        // and runs alone), but not below 1 MiB.
+        let small = BrokerConfig { queued_max_request_bytes: 2 << 20, ..BrokerConfig::default() };
+        assert!(small.validate().is_ok());
+        let tiny = BrokerConfig { queued_max_request_bytes: 64 << 10, ..BrokerConfig::default() };
+        assert!(tiny.validate().unwrap_err().contains("queued_max_request_bytes"));
+        let tiny = BrokerConfig { queued_max_request_bytes_per_connection: 1000, ..BrokerConfig::default() };
+        assert!(tiny.validate().unwrap_err().contains("queued_max_request_bytes_per_connection"));
+        // Unless every request is smaller.
+        let small_requests = BrokerConfig {
+            max_request_bytes: 4096,
+            queued_max_request_bytes_per_connection: 4096,
+            ..BrokerConfig::default()
+        };
+        assert!(small_requests.validate().is_ok());
     }
 
     #[test]

@@ -5,10 +5,21 @@
 //! sizes, undecodable headers or bodies, unknown APIs and unsupported versions. The one
 //! exception is ApiVersions at an unsupported version, answered with UNSUPPORTED_VERSION.
 //!
+//! Memory (Kafka's `queued.max.request.bytes`): as soon as the size prefix and API key of
+//! the next frame are read, the request is charged its size in the broker-wide
+//! [`RequestMemory`] budget and in this connection's `queued_max_request_bytes_per_connection`,
+//! before its body is read; the charge is held until its response is written (or the
+//! connection closes). A connection that cannot be charged reads nothing more from its
+//! socket (TCP pushes back on the client). It waits for the broker-wide budget only when
+//! none of its own requests are in flight; otherwise it first lets them finish, since
+//! they may hold what it waits for. Unread bytes are bounded by `READ_BUFFER_BYTES`.
+//!
 //! The stream is a TCP socket or a TLS session over one. On a SASL listener only
 //! ApiVersions and the SASL exchange are served until the client authenticated
-//! (security/sasl.rs); any other request before that closes the connection, as in Kafka.
+//! (security/sasl.rs); any other request before that closes the connection, as in Kafka,
+//! and so does one larger than `sasl.server.max.receive.size`.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,14 +27,20 @@ use bytes::BytesMut;
 use futures::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
-use sluice_protocol::{api_versions_response, decode_frame, encode_response, parse_request, Request, RequestError};
+use sluice_protocol::{
+    api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FrameHead, Request, RequestError,
+    FRAME_SIZE_PREFIX_BYTES,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::handlers::{self, ResponseFuture, Session};
 use crate::security::sasl::{Authenticator, Next};
 use crate::Broker;
 
+/// Bytes read from a socket beyond the frame being admitted: enough for the size prefix and
+/// header of the next frame and many small pipelined requests. Not charged to the budget;
+/// bounded per connection (with `max_connections`).
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Serves one connection of listener `listener` (index in [`Broker::listeners`]) until
@@ -40,9 +57,18 @@ pub(crate) async fn run(
     let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
     let mut session = Session { peer, listener, principal: Arc::from(""), throttle: Default::default() };
     let frame_bytes_max = broker.config().max_request_bytes;
+    // Before SASL authentication, Kafka's sasl.server.max.receive.size.
+    let unauthenticated_frame_bytes_max = frame_bytes_max.min(broker.config().sasl_server_max_receive_size);
     let inflight_max = broker.config().max_inflight_requests_per_connection;
+    let connection_bytes_max = broker.config().queued_max_request_bytes_per_connection;
     let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
     let mut inflight: FuturesOrdered<ResponseFuture> = FuturesOrdered::new();
+    // The memory charged for each request in `inflight`, in the same order.
+    let mut charges: VecDeque<Charge> = VecDeque::new();
+    // Bytes charged to this connection: `charges` and `head`.
+    let mut connection_bytes = 0;
+    // The charge of the frame at the front of `buffer`, admitted but not yet whole.
+    let mut head: Option<Charge> = None;
     let mut read_closed = false;
     loop {
         // Over a quota: take no new request until the throttle time has passed (KIP-219).
@@ -50,23 +76,46 @@ pub(crate) async fn run(
         // Turn buffered bytes into requests while there is room in flight.
         let mut blocked_on_memory = false;
         while muted.is_none() && inflight.len() < inflight_max {
-            let frame = match decode_frame(&mut buffer, frame_bytes_max) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => break,
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "closing connection: bad frame");
-                    return;
+            let charge = match head.take() {
+                Some(charge) => charge,
+                None => {
+                    let limit = match authenticator.user() {
+                        Some(_) => frame_bytes_max,
+                        None => unauthenticated_frame_bytes_max,
+                    };
+                    let next = match peek_frame(&buffer, limit) {
+                        Ok(Some(next)) => next,
+                        Ok(None) => break,
+                        Err(error) => {
+                            tracing::warn!(%peer, %error, "closing connection: bad frame");
+                            return;
+                        }
+                    };
+                    // Alone, a connection may take any request up to max_request_bytes.
+                    let over_connection = connection_bytes + next.size > connection_bytes_max;
+                    let now = match over_connection && !inflight.is_empty() {
+                        true => None,
+                        false => broker.request_memory.try_charge(next),
+                    };
+                    let charged = match now {
+                        Some(charge) => charge,
+                        None if inflight.is_empty() => broker.request_memory.charge(next).await,
+                        None => {
+                            // Our own requests hold memory: let them finish first.
+                            blocked_on_memory = true;
+                            break;
+                        }
+                    };
+                    connection_bytes += charged.bytes;
+                    charged
                 }
             };
-            let permit = match reserve_produce_memory(&broker, &frame, inflight.is_empty()).await {
-                Ok(permit) => permit,
-                Err(()) => {
-                    // Other requests of ours hold the memory: finish them first.
-                    buffer = rejoin(frame, buffer);
-                    blocked_on_memory = true;
-                    break;
-                }
-            };
+            if buffer.len() < FRAME_SIZE_PREFIX_BYTES + charge.bytes {
+                head = Some(charge);
+                break;
+            }
+            let frame = decode_frame(&mut buffer, frame_bytes_max).ok().flatten().expect("a whole checked frame");
+            charges.push_back(charge);
             let request = match parse_request(frame) {
                 Ok(request) => request,
                 Err(error) => match reject(error, &peer) {
@@ -88,7 +137,7 @@ pub(crate) async fn run(
                         session.principal = Arc::from(format!("User:{user}"));
                     }
                 }
-                inflight.push_back(handlers::dispatch(&broker, request, permit, &session));
+                inflight.push_back(handlers::dispatch(&broker, request, &session));
                 continue;
             }
             match authenticate(&broker, &mut authenticator, request, &peer) {
@@ -103,10 +152,20 @@ pub(crate) async fn run(
                 }
             }
         }
-        let can_read = !read_closed && !blocked_on_memory && muted.is_none() && inflight.len() < inflight_max;
+        // Read at most the rest of the admitted frame and READ_BUFFER_BYTES beyond it.
+        let admitted = head.as_ref().map_or(0, |charge| FRAME_SIZE_PREFIX_BYTES + charge.bytes);
+        let read_max = (admitted + READ_BUFFER_BYTES).saturating_sub(buffer.len());
+        let can_read =
+            !read_closed && !blocked_on_memory && muted.is_none() && inflight.len() < inflight_max && read_max > 0;
         if inflight.is_empty() && !can_read && muted.is_none() {
             return;
         }
+        if can_read && admitted > buffer.len() {
+            // Room for the admitted frame, allocated only now that it is charged. (Other
+            // reads go to the buffer's spare capacity, as BytesMut grows it.)
+            buffer.reserve(admitted - buffer.len());
+        }
+        let mut limited = (&mut reader).take(read_max as u64);
         tokio::select! {
             () = tokio::time::sleep(muted.unwrap_or_default()), if muted.is_some() => {}
             Some(response) = inflight.next(), if !inflight.is_empty() => {
@@ -116,8 +175,11 @@ pub(crate) async fn run(
                         return;
                     }
                 }
+                // Answered: its memory goes back to the budgets.
+                let charge = charges.pop_front().expect("one charge per request in flight");
+                connection_bytes -= charge.bytes;
             }
-            read = reader.read_buf(&mut buffer), if can_read => match read {
+            read = limited.read_buf(&mut buffer), if can_read => match read {
                 Ok(0) => read_closed = true,
                 Ok(_) => {}
                 Err(error) => {
@@ -126,6 +188,82 @@ pub(crate) async fn run(
                 }
             },
         }
+    }
+}
+
+/// The broker-wide budget of request bytes (`queued_max_request_bytes`, Kafka's
+/// `queued.max.request.bytes`), charged by every request from when its size is read until
+/// its response is written. Produce requests, held while awaiting durability or
+/// replication, may take only part of it (`QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE`): the
+/// rest stays for the fetches (of followers, of consumers) that let them complete.
+pub(crate) struct RequestMemory {
+    all: Arc<Semaphore>,
+    all_bytes: usize,
+    produce: Arc<Semaphore>,
+    produce_bytes: usize,
+}
+
+/// Memory charged for one request; given back when dropped.
+pub(crate) struct Charge {
+    /// The request's size (frame body bytes), as charged to its connection.
+    bytes: usize,
+    _all: OwnedSemaphorePermit,
+    _produce: Option<OwnedSemaphorePermit>,
+}
+
+impl RequestMemory {
+    pub(crate) fn new(all_bytes: usize) -> RequestMemory {
+        let produce_bytes = all_bytes - all_bytes / crate::config::QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE;
+        RequestMemory {
+            all: Arc::new(Semaphore::new(all_bytes)),
+            all_bytes,
+            produce: Arc::new(Semaphore::new(produce_bytes)),
+            produce_bytes,
+        }
+    }
+
+    /// Bytes charged by requests in flight: (all requests, produce requests).
+    pub(crate) fn held(&self) -> (usize, usize) {
+        (
+            self.all_bytes.saturating_sub(self.all.available_permits()),
+            self.produce_bytes.saturating_sub(self.produce.available_permits()),
+        )
+    }
+
+    /// Permits a request of `size` bytes takes from a budget of `budget`: its size, or the
+    /// whole budget for a request larger than it (which then runs alone rather than never).
+    fn permits(size: usize, budget: usize) -> u32 {
+        // max_request_bytes <= i32::MAX (config validation).
+        size.min(budget) as u32
+    }
+
+    /// Charges the request now, or returns `None` when the budget is short.
+    fn try_charge(&self, head: FrameHead) -> Option<Charge> {
+        let produce = match head.api_key == Some(ApiKey::Produce as i16) {
+            true => {
+                let permits = Self::permits(head.size, self.produce_bytes);
+                Some(self.produce.clone().try_acquire_many_owned(permits).ok()?)
+            }
+            false => None,
+        };
+        let all = self.all.clone().try_acquire_many_owned(Self::permits(head.size, self.all_bytes)).ok()?;
+        Some(Charge { bytes: head.size, _all: all, _produce: produce })
+    }
+
+    /// Charges the request, waiting (in arrival order) for memory to be given back. The
+    /// produce share is taken first: a produce request waiting for it holds nothing the
+    /// other requests need.
+    async fn charge(&self, head: FrameHead) -> Charge {
+        let produce = match head.api_key == Some(ApiKey::Produce as i16) {
+            true => {
+                let permits = Self::permits(head.size, self.produce_bytes);
+                Some(self.produce.clone().acquire_many_owned(permits).await.expect("never closed"))
+            }
+            false => None,
+        };
+        let permits = Self::permits(head.size, self.all_bytes);
+        let all = self.all.clone().acquire_many_owned(permits).await.expect("never closed");
+        Charge { bytes: head.size, _all: all, _produce: produce }
     }
 }
 
@@ -162,27 +300,6 @@ fn authenticate(
     Some((Box::pin(async move { bytes }), next))
 }
 
-/// Produce frames take permits from the broker-wide produce memory budget for as long
-/// as the request is in flight. Waits only when this connection has nothing in flight
-/// (otherwise its own requests could hold what it waits for).
-async fn reserve_produce_memory(
-    broker: &Arc<Broker>,
-    frame: &bytes::Bytes,
-    may_wait: bool,
-) -> Result<Option<OwnedSemaphorePermit>, ()> {
-    let is_produce = frame.len() >= 2 && i16::from_be_bytes([frame[0], frame[1]]) == ApiKey::Produce as i16;
-    if !is_produce {
-        return Ok(None);
-    }
-    let wanted = (frame.len().min(broker.config().produce_memory_bytes)) as u32;
-    let memory = broker.produce_memory.clone();
-    match memory.clone().try_acquire_many_owned(wanted) {
-        Ok(permit) => Ok(Some(permit)),
-        Err(_) if may_wait => Ok(memory.acquire_many_owned(wanted).await.ok()),
-        Err(_) => Err(()),
-    }
-}
-
 /// Writes all chunks of a response with vectored writes (record batches of a fetch are
 /// separate chunks, sent without another copy).
 async fn write_chunks(writer: &mut (impl AsyncWrite + Unpin), mut chunks: Vec<bytes::Bytes>) -> std::io::Result<()> {
@@ -207,15 +324,6 @@ async fn write_chunks(writer: &mut (impl AsyncWrite + Unpin), mut chunks: Vec<by
     Ok(())
 }
 
-/// Puts a frame back in front of the unread bytes (rare: only when memory is short).
-fn rejoin(frame: bytes::Bytes, rest: BytesMut) -> BytesMut {
-    let mut joined = BytesMut::with_capacity(4 + frame.len() + rest.len());
-    joined.extend_from_slice(&(frame.len() as i32).to_be_bytes());
-    joined.extend_from_slice(&frame);
-    joined.extend_from_slice(&rest);
-    joined
-}
-
 /// What to do with a request that could not be decoded: an answer for ApiVersions at an
 /// unsupported version, otherwise `None` (close the connection).
 fn reject(error: RequestError, peer: &SocketAddr) -> Option<ResponseFuture> {
@@ -227,4 +335,40 @@ fn reject(error: RequestError, peer: &SocketAddr) -> Option<ResponseFuture> {
     }
     tracing::warn!(%peer, %error, "closing connection: bad request");
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(size: usize, api_key: ApiKey) -> FrameHead {
+        FrameHead { size, api_key: Some(api_key as i16) }
+    }
+
+    #[tokio::test]
+    async fn requests_are_charged_and_produce_leaves_room_for_the_others() {
+        let memory = RequestMemory::new(8 << 20);
+        // Produce requests take at most 7/8 of the budget...
+        let first = memory.try_charge(head(4 << 20, ApiKey::Produce)).expect("room");
+        assert!(memory.try_charge(head((3 << 20) + 1, ApiKey::Produce)).is_none(), "over the produce share");
+        assert_eq!(memory.held(), (4 << 20, 4 << 20));
+        // ...the rest is for the fetches that complete them; every kind is charged.
+        let fetch = memory.try_charge(head(3 << 20, ApiKey::Fetch)).expect("room for fetches");
+        let small = memory.try_charge(head(1 << 20, ApiKey::Metadata)).expect("room");
+        assert_eq!(memory.held(), (8 << 20, 4 << 20));
+        assert!(memory.try_charge(head(1, ApiKey::ApiVersions)).is_none(), "budget spent");
+        drop((fetch, small));
+        assert_eq!(memory.held(), (4 << 20, 4 << 20));
+        // A request larger than the budget is charged the whole of it: it waits for all the
+        // memory, then runs alone.
+        let waiting = tokio::spawn(async move {
+            let big = memory.charge(head(100 << 20, ApiKey::Metadata)).await;
+            assert_eq!(big.bytes, 100 << 20);
+            assert_eq!(memory.held(), (8 << 20, 0));
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "charged while the budget is held");
+        drop(first);
+        waiting.await.unwrap();
+    }
 }

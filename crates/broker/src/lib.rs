@@ -54,8 +54,9 @@ pub struct Broker {
     authorizer: Option<security::acl::Authorizer>,
     topics: TopicRegistry,
     logs: LogManager,
-    /// Bytes of produce requests being processed; bounds buffered produce data.
-    produce_memory: Arc<Semaphore>,
+    /// Bytes of requests admitted and not yet answered (`queued_max_request_bytes`):
+    /// bounds what connections buffer, produce data awaiting durability included.
+    request_memory: connection::RequestMemory,
     /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
     fetch_disk_reads: Arc<Semaphore>,
     /// Prometheus metrics (`metrics.rs`).
@@ -144,7 +145,7 @@ impl Broker {
             Some(_) => security::store::SecurityStore::replicated(),
         };
         security.with_local_quotas(|local| quotas.set_configured(local));
-        let produce_memory = Arc::new(Semaphore::new(config.produce_memory_bytes));
+        let request_memory = connection::RequestMemory::new(config.queued_max_request_bytes);
         let timing = group::state::Timing {
             initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
             consumer_heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms as i32,
@@ -190,7 +191,7 @@ impl Broker {
             quotas,
             topics,
             logs,
-            produce_memory,
+            request_memory,
             fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
             fetch_sessions: fetch_session::FetchSessions::default(),
             metrics,

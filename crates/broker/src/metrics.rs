@@ -96,6 +96,7 @@ pub(crate) struct Metrics {
     under_replicated_partitions: Gauge,
     fetch_sessions: Gauge,
     produce_memory_bytes: Gauge,
+    queued_request_bytes: Gauge,
     active_controller: Gauge,
 }
 
@@ -176,6 +177,11 @@ impl Metrics {
         let fetch_sessions = gauge(&mut registry, "fetch_sessions", "Fetch sessions (KIP-227) cached");
         let produce_memory_bytes =
             gauge(&mut registry, "produce_memory_bytes", "Produce request bytes held while awaiting durability");
+        let queued_request_bytes = gauge(
+            &mut registry,
+            "queued_request_bytes",
+            "Request bytes admitted and not yet answered, of queued_max_request_bytes (produce included)",
+        );
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
         Metrics {
@@ -200,6 +206,7 @@ impl Metrics {
             under_replicated_partitions,
             fetch_sessions,
             produce_memory_bytes,
+            queued_request_bytes,
             active_controller,
         }
     }
@@ -278,9 +285,9 @@ impl Metrics {
         self.leader_partitions.set(leading as i64);
         self.under_replicated_partitions.set(under_replicated as i64);
         self.fetch_sessions.set(broker.fetch_sessions.len() as i64);
-        let produce_memory =
-            broker.config.produce_memory_bytes.saturating_sub(broker.produce_memory.available_permits());
+        let (queued, produce_memory) = broker.request_memory.held();
         self.produce_memory_bytes.set(produce_memory as i64);
+        self.queued_request_bytes.set(queued as i64);
         let active = match &broker.cluster {
             None => true,
             Some(cluster) => {

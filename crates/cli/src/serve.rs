@@ -32,8 +32,16 @@ pub struct ServeArgs {
     max_connections: Option<usize>,
     #[arg(long, env = "SLUICE_MAX_INFLIGHT_REQUESTS_PER_CONNECTION")]
     max_inflight_requests_per_connection: Option<usize>,
-    /// Produce bytes buffered across all connections while awaiting durability.
-    #[arg(long, env = "SLUICE_PRODUCE_MEMORY_BYTES")]
+    /// Request bytes admitted across all connections, charged from when a request's size is
+    /// read until it is answered (Kafka's queued.max.request.bytes) [default: 536870912].
+    #[arg(long, env = "SLUICE_QUEUED_MAX_REQUEST_BYTES")]
+    queued_max_request_bytes: Option<usize>,
+    /// Request bytes one connection may have admitted before the broker stops reading from
+    /// it (a larger request is served alone) [default: 67108864].
+    #[arg(long, env = "SLUICE_QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION")]
+    queued_max_request_bytes_per_connection: Option<usize>,
+    /// Former name of --queued-max-request-bytes (which wins when both are given).
+    #[arg(long, env = "SLUICE_PRODUCE_MEMORY_BYTES", hide = true)]
     produce_memory_bytes: Option<usize>,
     /// Make acknowledged appends durable through one write-ahead log (one fsync per
     /// group-commit round; the default) or, with `false`, one fsync per partition file.
@@ -141,7 +149,11 @@ impl ServeArgs {
             ($($field:ident),*) => { $(if let Some(value) = self.$field { config.$field = value; })* };
         }
         set!(listen, data_dir, node_id, max_request_bytes, max_connections, max_inflight_requests_per_connection);
-        set!(produce_memory_bytes, log_wal, auto_create_topics, num_partitions, log_retention_check_interval_ms);
+        if let Some(value) = self.produce_memory_bytes {
+            config.queued_max_request_bytes = value;
+        }
+        set!(queued_max_request_bytes, queued_max_request_bytes_per_connection);
+        set!(log_wal, auto_create_topics, num_partitions, log_retention_check_interval_ms);
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);

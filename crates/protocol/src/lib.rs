@@ -17,7 +17,7 @@ mod versions;
 pub use crate::alloc_guard::{GuardedAllocator, LAZY_ALLOCATION_BYTES_MIN};
 pub use crate::chunked::{ChunkedBuf, ZERO_COPY_BYTES_MIN};
 pub use crate::client::{decode_response, encode_request};
-pub use crate::frame::{decode_frame, FrameError, FRAME_SIZE_PREFIX_BYTES};
+pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_API_KEY_BYTES, FRAME_SIZE_PREFIX_BYTES};
 pub use crate::request::{encode_response, parse_request, Request, RequestError};
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;

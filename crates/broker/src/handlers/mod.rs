@@ -27,7 +27,6 @@ use bytes::Bytes;
 use kafka_protocol::messages::{RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 use sluice_protocol::{api_versions_response, encode_response, Request};
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::Broker;
 
@@ -70,13 +69,9 @@ struct Exchange {
     authorized_operations: authorize::OperationsWanted,
 }
 
-/// Runs one request of an authenticated client.
-pub(crate) fn dispatch(
-    broker: &Arc<Broker>,
-    request: Request,
-    permit: Option<OwnedSemaphorePermit>,
-    session: &Session,
-) -> ResponseFuture {
+/// Runs one request of an authenticated client. The memory the request was charged
+/// (connection.rs) is held by the connection until the response is written.
+pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session) -> ResponseFuture {
     let peer = &session.peer;
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
     let arrived = std::time::Instant::now();
@@ -115,11 +110,7 @@ pub(crate) fn dispatch(
         RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
         RequestKind::Produce(request) => {
             let pending = produce::append(&broker, request, session);
-            Box::pin(async move {
-                let response = pending.await;
-                drop(permit);
-                response.map(ResponseKind::Produce)
-            })
+            Box::pin(async move { pending.await.map(ResponseKind::Produce) })
         }
         RequestKind::Fetch(request) => {
             let session = session.clone();
