@@ -17,7 +17,7 @@ use crate::log::{LogConfig, Partition};
 use crate::syncer::Syncer;
 
 /// Threads used to recover partitions in parallel at startup.
-const RECOVERY_THREADS: usize = 4;
+const RECOVERY_THREADS: usize = 16;
 /// Threads sealing and fsyncing partitions in parallel at clean shutdown (fsync-bound).
 const CLOSE_THREADS: usize = 16;
 /// Every partition's high watermark, as of the last checkpoint (Kafka's file name).

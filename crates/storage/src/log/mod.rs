@@ -67,7 +67,7 @@ const SNAPSHOTS_KEPT: usize = 2;
 /// by this much, and by a sixteenth of what the last image covered, since that image: a
 /// restart after a crash scans only what came after it, at a cost per image that stays a
 /// small fraction of the bytes written.
-const RECOVERY_IMAGE_GROWTH_BYTES_MIN: u64 = 256 * 1024;
+const RECOVERY_IMAGE_GROWTH_BYTES_MIN: u64 = 128 * 1024;
 
 /// The per-topic settings storage acts on, in Kafka's names and units.
 #[derive(Debug, Clone, PartialEq)]
