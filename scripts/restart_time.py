@@ -12,14 +12,18 @@ it again and measures:
         [--data-dir DIR] [--kafka]
 
 The data directory must be on a real disk (default: a fresh directory under ./target).
-With --kafka the same run is made against Apache Kafka 4.3.1 (tests/kafka-tools installs
-it) for the side-by-side figure. Needs SLUICE_BIN (or a release build).
+With --kafka the same run is made against Apache Kafka 4.3.1 at its defaults, single node
+KRaft, from the jars `sluice bench` installs (run any `sluice bench compare --against
+kafka` once first; ~/.cache/sluice-bench/kafka-4.3.1, or $SLUICE_BENCH_CACHE). Kafka's
+controller refuses 10,000 partitions in one CreateTopics, so the topic grows in steps.
+Needs SLUICE_BIN (or a release build).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import random
 import shutil
 import subprocess
@@ -30,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
 
 import conftest  # noqa: E402
 from conftest import Broker  # noqa: E402
@@ -40,15 +44,85 @@ RECORD_BYTES = 1024
 SAMPLED_PARTITIONS = 200
 TOPIC = "restart-time"
 READY_TIMEOUT_S = 600.0
+KAFKA_VERSION = "4.3.1"
+# Partitions per CreateTopics / CreatePartitions step (Kafka's controller caps one batch).
+CREATE_STEP = 1000
+
+
+class KafkaBroker:
+    """Apache Kafka, single node KRaft (broker and controller), on loopback ports."""
+
+    def __init__(self, home: Path, work: Path):
+        self.classpath = f"{home}/lib/*"
+        self.work = work
+        self.port, controller = conftest.free_port(), conftest.free_port()
+        self.proc: subprocess.Popen | None = None
+        self.properties = work / "server.properties"
+        self.log_path = work / "kafka.log"
+        self.properties.write_text(
+            "process.roles=broker,controller\nnode.id=1\n"
+            f"controller.quorum.voters=1@127.0.0.1:{controller}\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller}\n"
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}\n"
+            "controller.listener.names=CONTROLLER\ninter.broker.listener.name=PLAINTEXT\n"
+            f"log.dirs={work / 'data'}\noffsets.topic.replication.factor=1\n"
+            "transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n"
+            "share.coordinator.state.topic.replication.factor=1\nshare.coordinator.state.topic.min.isr=1\n"
+            "group.initial.rebalance.delay.ms=0\n")
+        cluster_id = self._tool("random-uuid").strip()
+        self._tool("format", "-t", cluster_id, "-c", str(self.properties))
+
+    def _tool(self, *args: str) -> str:
+        return subprocess.run(["java", "-cp", self.classpath, "kafka.tools.StorageTool", *args],
+                              check=True, capture_output=True, text=True).stdout
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            ["java", "-Xms1g", "-Xmx1g", "-XX:+UseG1GC", "-cp", self.classpath, "kafka.Kafka", str(self.properties)],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"kafka exited; see {self.log_path}"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"kafka did not listen within {READY_TIMEOUT_S} s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def create_topic(bootstrap: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    first = min(partitions, CREATE_STEP)
+    admin.create_topics([NewTopic(TOPIC, first, 1)])[TOPIC].result(timeout=120)
+    for total in range(first + CREATE_STEP, partitions + CREATE_STEP, CREATE_STEP):
+        total = min(total, partitions)
+        admin.create_partitions([NewPartitions(TOPIC, total)])[TOPIC].result(timeout=120)
+    deadline = time.monotonic() + 120
+    while len(admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions) < partitions:
+        assert time.monotonic() < deadline, "the topic's partitions never all appeared"
+        time.sleep(0.5)
 
 
 def fill(bootstrap: str, partitions: int, gib: float) -> dict[int, int]:
     """Writes gib GiB round-robin over the partitions; returns the acknowledged end of each."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(timeout=120)
+    create_topic(bootstrap, partitions)
     producer = Producer({
         "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 50, "batch.size": 1 << 20,
         "queue.buffering.max.kbytes": 1 << 20, "queue.buffering.max.messages": 1_000_000,
+        # No delivery deadline: a broker slow to take 10 GiB over 10,000 partitions (Kafka
+        # here) only makes the fill longer.
+        "message.timeout.ms": 0,
     })
     ends = [0] * partitions
     failed = []
@@ -117,13 +191,18 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=REPO / "target" / "restart-time")
     parser.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
     parser.add_argument("--broker-arg", action="append", default=[], help="extra `sluice serve` argument")
+    parser.add_argument("--kafka", action="store_true", help=f"run Apache Kafka {KAFKA_VERSION} instead of Sluice")
     args = parser.parse_args()
     # Recovery is what is measured here: let it take as long as it takes.
     conftest.START_TIMEOUT_S = READY_TIMEOUT_S
 
     shutil.rmtree(args.data_dir, ignore_errors=True)
     args.data_dir.mkdir(parents=True)
-    broker = Broker(args.data_dir / "data", extra_args=args.broker_arg, log_dir=args.data_dir)
+    if args.kafka:
+        cache = Path(os.environ.get("SLUICE_BENCH_CACHE", Path.home() / ".cache" / "sluice-bench"))
+        broker = KafkaBroker(cache / f"kafka-{KAFKA_VERSION}", args.data_dir)
+    else:
+        broker = Broker(args.data_dir / "data", extra_args=args.broker_arg, log_dir=args.data_dir)
     broker.start()
     try:
         ends = fill(broker.bootstrap, args.partitions, args.gib)
@@ -137,7 +216,8 @@ def main() -> None:
         read_back_ends(broker.bootstrap, sample, ends, started + READY_TIMEOUT_S)
         serving = time.monotonic() - started
         cache = "cold" if args.cold else "warm"
-        print(f"restart after SIGKILL, {args.partitions} partitions, {args.gib} GiB, {cache} page cache: "
+        name = f"Kafka {KAFKA_VERSION}" if args.kafka else "Sluice"
+        print(f"{name}: restart after SIGKILL, {args.partitions} partitions, {args.gib} GiB, {cache} page cache: "
               f"listening after {listening:.2f} s, serving every sampled log end after {serving:.2f} s")
     finally:
         broker.kill()

@@ -37,6 +37,11 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
 /// wide); the others wait. Each holds at most one fetch response's bytes.
 pub const FETCH_DISK_READS_MAX: usize = 8;
+/// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
+/// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): with
+/// `FETCH_DISK_READS_MAX`, the read buffers of cold fetches stay under 32 MiB broker-wide,
+/// so a catch-up never makes producers' writes wait for memory.
+pub const FETCH_DISK_READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Kafka's default `group.initial.rebalance.delay.ms`.
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
 /// Longest initial rebalance delay accepted (it holds up every new group's first join).

@@ -50,24 +50,31 @@ pub enum ReadMode {
 }
 
 /// `read_exact_at` from the page cache only (see [`ReadMode::CachedOnly`]).
-fn read_exact_cached(file: &File, buffer: &mut [u8], position: u64) -> io::Result<()> {
-    let mut done = 0;
-    while done < buffer.len() {
-        let rest = &mut buffer[done..];
+/// Fills `buffer`'s spare capacity up to `length` bytes from `position` with `preadv2`
+/// (`flags`: 0, or `RWF_NOWAIT` to fail with `WouldBlock` rather than wait for the disk),
+/// without zeroing it first. On error `buffer` may hold part of the bytes.
+fn read_exact_into(file: &File, buffer: &mut BytesMut, length: usize, position: u64, flags: libc::c_int) -> io::Result<()> {
+    buffer.clear();
+    buffer.reserve(length);
+    while buffer.len() < length {
+        let done = buffer.len();
+        let rest = &mut buffer.spare_capacity_mut()[..length - done];
         let iov = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
         let at =
             libc::off_t::try_from(position + done as u64).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: `iov` describes `rest`, valid for writes of its length for the whole call.
-        let read = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        // SAFETY: `iov` describes spare capacity of `buffer`, valid for writes of its length
+        // for the whole call; the kernel writes at most that many bytes.
+        let read = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, flags) };
         match read {
             0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            n if n > 0 => done += n as usize,
+            // SAFETY: the kernel initialised the `n` bytes after `done`.
+            n if n > 0 => unsafe { buffer.set_len(done + n as usize) },
             _ => {
                 let error = io::Error::last_os_error();
                 match error.raw_os_error() {
                     Some(libc::EINTR) => continue,
-                    // Not (all) cached, or RWF_NOWAIT unsupported here: the caller blocks elsewhere.
-                    Some(libc::EAGAIN | libc::EOPNOTSUPP) => return Err(io::ErrorKind::WouldBlock.into()),
+                    // Not (all) cached: the caller blocks elsewhere, or reads with flags 0.
+                    Some(libc::EAGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
                     _ => return Err(error),
                 }
             }
@@ -362,14 +369,31 @@ impl Segment {
         }
     }
 
-    /// Reads `length` bytes at `position` into a fresh buffer (one copy, from the page cache).
-    /// With [`ReadMode::CachedOnly`] a read that would wait for the disk fails with
-    /// [`io::ErrorKind::WouldBlock`] instead.
+    /// Reads `length` bytes at `position` into a fresh buffer (one copy, from the page cache,
+    /// into memory that is not zeroed first). With [`ReadMode::CachedOnly`] a read that would
+    /// wait for the disk fails with [`io::ErrorKind::WouldBlock`] instead.
+    ///
+    /// With [`ReadMode::MayBlock`], bytes that had to come from the disk (a consumer or a
+    /// follower catching up on a cold backlog) are dropped from the page cache once read:
+    /// they would otherwise push out what producers and tailing consumers need (the log's
+    /// recent tail, the WAL), and under a memory limit make every write wait for reclaim.
+    /// A second reader of the same backlog reads it from the disk again.
     pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode) -> io::Result<Bytes> {
-        let mut buffer = BytesMut::zeroed(length);
-        match mode {
-            ReadMode::MayBlock => file.read_exact_at(&mut buffer, position)?,
-            ReadMode::CachedOnly => read_exact_cached(file, &mut buffer, position)?,
+        let mut buffer = BytesMut::new();
+        match (mode, read_exact_into(file, &mut buffer, length, position, libc::RWF_NOWAIT)) {
+            (_, Ok(())) => {}
+            (ReadMode::MayBlock, Err(error)) if error.kind() == io::ErrorKind::WouldBlock => {
+                read_exact_into(file, &mut buffer, length, position, 0)?;
+                drop_from_page_cache(file, position, length);
+            }
+            // RWF_NOWAIT unsupported (FUSE): whether the bytes were cached is unknown.
+            (ReadMode::MayBlock, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                read_exact_into(file, &mut buffer, length, position, 0)?;
+            }
+            (ReadMode::CachedOnly, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            (_, Err(error)) => return Err(error),
         }
         Ok(buffer.freeze())
     }
@@ -529,6 +553,14 @@ impl LeReader<'_> {
     }
 }
 
+/// Asks the kernel to drop the clean cached pages of `[position, position + length)`
+/// (advice: a failure changes nothing but the cache).
+fn drop_from_page_cache(file: &File, position: u64, length: usize) {
+    let (Ok(at), Ok(len)) = (libc::off_t::try_from(position), libc::off_t::try_from(length)) else { return };
+    // SAFETY: advice on an open file descriptor we own, with in-range arguments.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };
+}
+
 /// Reads batches between `start` and `end` in large buffers and calls `visit` with each
 /// header and position until it returns false or the bytes stop forming whole batches.
 /// With `check_crc`, each batch's CRC is validated and a bad one ends the scan.
@@ -613,7 +645,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cached_only_reads_refuse_what_is_not_in_the_page_cache() {
+    fn cached_only_reads_refuse_what_is_not_in_the_page_cache_and_cold_reads_leave_it_so() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cold");
         let content: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
@@ -627,8 +659,16 @@ mod tests {
         assert_eq!(cold.kind(), io::ErrorKind::WouldBlock);
         let read = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::MayBlock).unwrap();
         assert_eq!(&read[..], &content[1 << 20..(1 << 20) + 64 * 1024]);
-        // What the blocking read brought into the cache is served without waiting.
-        let cached = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap();
+        // What a blocking read had to fetch from the disk is not kept in the cache (a
+        // catch-up read must not push out the tail that producers and consumers use)...
+        let dropped = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap_err();
+        assert_eq!(dropped.kind(), io::ErrorKind::WouldBlock);
+        // ...while what was cached already stays cached.
+        let mut warm = vec![0; 64 * 1024];
+        file.read_exact_at(&mut warm, 2 << 20).unwrap();
+        let read = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::MayBlock).unwrap();
+        assert_eq!(&read[..], &content[2 << 20..(2 << 20) + 64 * 1024]);
+        let cached = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap();
         assert_eq!(cached, read);
     }
 }

@@ -9,8 +9,10 @@
 //! Reads never wait for the disk on an async runtime thread: a fetch first reads from the
 //! page cache only (`ReadMode::CachedOnly`); if anything it needs is not cached (a consumer
 //! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
-//! `FETCH_DISK_READS_MAX` at once, so producers' requests on the runtime threads never queue
-//! behind a disk read.
+//! `FETCH_DISK_READS_MAX` at once and `FETCH_DISK_READ_BYTES_MAX` each, so producers'
+//! requests on the runtime threads never queue behind a disk read, and cold reads hold
+//! little memory. What a cold read brought into the page cache is dropped from it (see
+//! `sluice_storage::Segment::read_at`).
 //!
 //! Fetch sessions (KIP-227, `crate::fetch_session`): a fetch reads the partitions its
 //! session holds, and an incremental one answers only those with news.
@@ -163,7 +165,8 @@ pub(super) async fn handle(
                 tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
                 let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
                 let (returned, read) = tokio::task::spawn_blocking(move || {
-                    let read = read_all(&targets, max_bytes, limit, ReadMode::MayBlock);
+                    let cold_max_bytes = max_bytes.min(crate::config::FETCH_DISK_READ_BYTES_MAX);
+                    let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock);
                     (targets, read)
                 })
                 .await
