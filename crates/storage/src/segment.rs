@@ -53,7 +53,13 @@ pub enum ReadMode {
 /// Fills `buffer`'s spare capacity up to `length` bytes from `position` with `preadv2`
 /// (`flags`: 0, or `RWF_NOWAIT` to fail with `WouldBlock` rather than wait for the disk),
 /// without zeroing it first. On error `buffer` may hold part of the bytes.
-fn read_exact_into(file: &File, buffer: &mut BytesMut, length: usize, position: u64, flags: libc::c_int) -> io::Result<()> {
+fn read_exact_into(
+    file: &File,
+    buffer: &mut BytesMut,
+    length: usize,
+    position: u64,
+    flags: libc::c_int,
+) -> io::Result<()> {
     buffer.clear();
     buffer.reserve(length);
     while buffer.len() < length {
