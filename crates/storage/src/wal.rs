@@ -68,6 +68,8 @@ const SPARE_TMP_FILE: &str = "spare.tmp";
 const SPARE_FREE_BYTES_MIN: u64 = 16 * WAL_FILE_BYTES;
 /// Threads fsyncing partitions in parallel for a checkpoint.
 const CHECKPOINT_THREADS: usize = 8;
+/// Rounds are written in whole pages of this size (see [`WalWriter::write_round`]).
+const WAL_PAGE_BYTES: u64 = 4096;
 /// The largest record replay accepts (a round's batches of one partition).
 const RECORD_BYTES_MAX: usize = 1 << 30;
 
@@ -315,6 +317,9 @@ pub(crate) struct WalWriter {
     path: PathBuf,
     sequence: u64,
     position: u64,
+    /// The bytes of the current file from the start of `position`'s page up to `position`:
+    /// the next round rewrites them (unchanged) ahead of its records.
+    tail_page: Vec<u8>,
     /// Partitions with records in the current file (by address).
     touched: HashMap<usize, Arc<Partition>>,
     checkpoints: Option<mpsc::Sender<Job>>,
@@ -341,6 +346,7 @@ impl WalWriter {
             path,
             sequence,
             position: 0,
+            tail_page: Vec::new(),
             touched: HashMap::new(),
             checkpoints: Some(sender),
             spare_asked: false,
@@ -357,6 +363,12 @@ impl WalWriter {
     /// Writes one round's records and makes them durable. `partitions` are those with
     /// batches in it (the checkpointer fsyncs them before the file goes).
     ///
+    /// The write covers whole pages: it starts at the page holding the current end (whose
+    /// earlier bytes it rewrites as they are) and is padded with zeros to a page end (where
+    /// replay stops, as at any byte that is not a record). A partial-page write to a page
+    /// the kernel evicted would first read it from the disk, and a producer's round would
+    /// then queue behind a catch-up reader's reads.
+    ///
     /// A failed write (a full disk) is returned as it is and changes nothing: the next round
     /// writes at the same position, and the caller makes this round durable file by file
     /// instead. A failed fsync is marked as such ([`crate::durable::is_fsync_failure`]) and
@@ -366,13 +378,24 @@ impl WalWriter {
             let error = io::Error::other("the WAL's fsync failed earlier; restart the broker to recover");
             return Err(io::Error::new(error.kind(), crate::durable::FsyncFailed::from(error)));
         }
-        self.file.write_all_at(records, self.position)?;
+        let page_start = self.position - self.tail_page.len() as u64;
+        debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
+        let end = self.position + records.len() as u64;
+        let padded = end.div_ceil(WAL_PAGE_BYTES) * WAL_PAGE_BYTES;
+        let mut pages = Vec::with_capacity((padded - page_start) as usize);
+        pages.extend_from_slice(&self.tail_page);
+        pages.extend_from_slice(records);
+        pages.resize((padded - page_start) as usize, 0);
+        self.file.write_all_at(&pages, page_start)?;
         if let Err(error) = crate::durable::sync_data(&self.file) {
             self.broken = true;
             tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
             return Err(error);
         }
-        self.position += records.len() as u64;
+        self.position = end;
+        let new_page_start = end / WAL_PAGE_BYTES * WAL_PAGE_BYTES;
+        pages.truncate((end - page_start) as usize);
+        self.tail_page = pages.split_off((new_page_start - page_start) as usize);
         for partition in partitions {
             self.touched.entry(Arc::as_ptr(partition) as usize).or_insert_with(|| (*partition).clone());
         }
@@ -399,6 +422,7 @@ impl WalWriter {
         self.file = file;
         self.sequence += 1;
         self.position = 0;
+        self.tail_page.clear();
         let partitions = self.touched.drain().map(|(_, partition)| partition).collect();
         if let Some(checkpoints) = &self.checkpoints {
             let _ = checkpoints.send(Job::Checkpoint { file: full, partitions });
