@@ -16,6 +16,7 @@ pub mod security;
 pub mod server;
 mod share;
 mod state_log;
+mod tiered;
 mod topic_config;
 pub mod topics;
 mod txn;
@@ -73,6 +74,9 @@ pub struct Broker {
     replicas: Option<Arc<replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
     cluster: Option<Arc<cluster_link::ClusterLink>>,
+    /// The object store of tiered topics (`tiered/`); `None` when `tiered_storage.enabled`
+    /// is off, and in cluster mode (not yet supported there).
+    tiered: Option<Arc<tiered::TieredStorage>>,
     /// Held for the broker's life: a second broker on the same data dir fails to start.
     _data_dir_lock: sluice_storage::DirLock,
 }
@@ -125,6 +129,19 @@ impl Broker {
             .collect();
         let partition_count = wanted.len();
         logs.open_all(wanted)?;
+        let tiered = if config.tiered_storage.enabled && config.cluster.is_none() {
+            let tiered = tiered::TieredStorage::open(&config.tiered_storage, &config.data_dir)?;
+            for topic in topics.all().into_iter().filter(tiered::is_tiered) {
+                for p in 0..topic.partitions {
+                    if let Some(log) = logs.get_in(&topic.name, p) {
+                        tiered.attach(&topic, &log, p);
+                    }
+                }
+            }
+            Some(Arc::new(tiered))
+        } else {
+            None
+        };
         logs.start_cleaner(config.cleaner_settings())?;
         tracing::info!(
             partitions = partition_count,
@@ -200,6 +217,7 @@ impl Broker {
             shares,
             replicas,
             cluster,
+            tiered,
             _data_dir_lock: data_dir_lock,
         }))
     }
@@ -293,6 +311,9 @@ impl Broker {
         let Some(topic) = self.topics.remove(name)? else { return Ok(None) };
         for p in 0..topic.partitions {
             self.logs.delete(&TopicPartition::new(name, p))?;
+        }
+        if let Some(tiered) = self.tiered.as_ref().filter(|_| tiered::is_tiered(&topic)) {
+            tiered.forget_topic(topic.clone());
         }
         Ok(Some(topic))
     }

@@ -39,6 +39,7 @@ pub async fn serve(
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));
     let shares_upkeep = tokio::spawn(shares_upkeep_loop(broker.clone()));
+    let tiering = broker.tiered.clone().map(|tiered| tokio::spawn(tiered.run(broker.clone())));
     let shares_writer = {
         let broker = broker.clone();
         tokio::spawn(async move { broker.shares.run_background_writes(&broker).await })
@@ -66,6 +67,9 @@ pub async fn serve(
     transactions_upkeep.abort();
     shares_upkeep.abort();
     shares_writer.abort();
+    if let Some(tiering) = tiering {
+        tiering.abort();
+    }
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }

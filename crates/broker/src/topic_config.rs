@@ -55,6 +55,10 @@ pub struct TopicDefaults {
     pub min_compaction_lag_ms: i64,
     /// `max.compaction.lag.ms`
     pub max_compaction_lag_ms: i64,
+    /// `local.retention.ms` of tiered topics (Kafka's `log.local.retention.ms`); -2 = `retention.ms`
+    pub local_retention_ms: i64,
+    /// `local.retention.bytes` of tiered topics (Kafka's `log.local.retention.bytes`); -2 = `retention.bytes`
+    pub local_retention_bytes: i64,
 }
 
 impl Default for TopicDefaults {
@@ -78,6 +82,8 @@ impl Default for TopicDefaults {
             min_cleanable_dirty_ratio: log.min_cleanable_dirty_ratio,
             min_compaction_lag_ms: log.min_compaction_lag_ms,
             max_compaction_lag_ms: log.max_compaction_lag_ms,
+            local_retention_ms: LOCAL_RETENTION_AS_TOTAL,
+            local_retention_bytes: LOCAL_RETENTION_AS_TOTAL,
         }
     }
 }
@@ -107,6 +113,9 @@ const SEGMENT_BYTES_MIN: i64 = 1024;
 const MESSAGE_TIMESTAMP_TYPES: &[&str] = &["CreateTime", "LogAppendTime"];
 pub const DURABILITY_LEVEL_CONFIG: &str = "sluice.durability.level";
 const DURABILITY_LEVEL_CONFIG_DEFAULT: i64 = 1;
+
+/// `local.retention.ms` / `local.retention.bytes` value meaning "as the whole log's".
+const LOCAL_RETENTION_AS_TOTAL: i64 = -2;
 
 const DEFS: &[ConfigDef] = &[
     ConfigDef {
@@ -138,6 +147,18 @@ const DEFS: &[ConfigDef] = &[
         config_type: ConfigType::Long,
         check: Check::Range(0, i64::MAX),
         default: |d| d.flush_ms.to_string(),
+    },
+    ConfigDef {
+        name: "local.retention.bytes",
+        config_type: ConfigType::Long,
+        check: Check::Range(LOCAL_RETENTION_AS_TOTAL, i64::MAX),
+        default: |d| d.local_retention_bytes.to_string(),
+    },
+    ConfigDef {
+        name: "local.retention.ms",
+        config_type: ConfigType::Long,
+        check: Check::Range(LOCAL_RETENTION_AS_TOTAL, i64::MAX),
+        default: |d| d.local_retention_ms.to_string(),
     },
     ConfigDef {
         name: "max.message.bytes",
@@ -186,6 +207,12 @@ const DEFS: &[ConfigDef] = &[
         config_type: ConfigType::Int,
         check: Check::Range(1, i32::MAX as i64),
         default: |d| d.min_insync_replicas.to_string(),
+    },
+    ConfigDef {
+        name: crate::tiered::REMOTE_STORAGE_ENABLE,
+        config_type: ConfigType::Boolean,
+        check: Check::OneOf(&["false", "true"]),
+        default: |_| "false".into(),
     },
     ConfigDef {
         name: "retention.bytes",
@@ -275,6 +302,46 @@ pub fn validate(name: &str, value: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// Kafka's rules between a tiered topic's configs, checked when a topic is created
+/// (`before` = `None`) and when its configs change: no compaction, local retention within
+/// the whole log's, and no way back once tiered (its remote part would be orphaned).
+/// `tiering_available` is false when the broker cannot tier (disabled, or a cluster).
+pub fn check_tiering(
+    defaults: &TopicDefaults,
+    before: Option<&BTreeMap<String, String>>,
+    after: &BTreeMap<String, String>,
+    tiering_available: bool,
+) -> Result<(), String> {
+    let tiered = |configs: &BTreeMap<String, String>| {
+        configs.get(crate::tiered::REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true")
+    };
+    if before.is_some_and(tiered) && !tiered(after) {
+        return Err("remote.storage.enable cannot be turned off once a topic is tiered".into());
+    }
+    if !tiered(after) {
+        return Ok(());
+    }
+    if !tiering_available {
+        return Err("remote.storage.enable=true needs tiered storage, which is off on this broker ([tiered_storage] \
+             enabled = false) or not yet supported in cluster mode"
+            .into());
+    }
+    let log = defaults.log_config(after);
+    if log.cleanup_compact {
+        return Err("remote.storage.enable=true is not supported with cleanup.policy=compact".into());
+    }
+    for (name, local, total) in [
+        ("local.retention.ms", log.local_retention_ms, log.retention_ms),
+        ("local.retention.bytes", log.local_retention_bytes, log.retention_bytes),
+    ] {
+        let total_name = name.trim_start_matches("local.");
+        if total >= 0 && (local < 0 || local > total) {
+            return Err(format!("{name} ({local}) must be at most {total_name} ({total}) and not -1"));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `name` is a list-typed config (for APPEND/SUBTRACT).
 pub fn is_list(name: &str) -> bool {
     def(name).is_some_and(|d| d.config_type == ConfigType::List)
@@ -294,6 +361,12 @@ impl TopicDefaults {
             overrides.get(name).and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(default)
         };
         let level = self.durability(overrides);
+        let retention_ms = number("retention.ms", self.retention_ms);
+        let retention_bytes = number("retention.bytes", self.retention_bytes);
+        let local = |name: &str, default: i64, total: i64| match number(name, default) {
+            LOCAL_RETENTION_AS_TOTAL => total,
+            value => value,
+        };
         let flush_messages = number("flush.messages", self.flush_messages) as u64;
         let policy = overrides.get("cleanup.policy").unwrap_or(&self.cleanup_policy);
         LogConfig {
@@ -301,8 +374,11 @@ impl TopicDefaults {
             flush_messages: if level.fsyncs() { flush_messages } else { flush_messages.max(i64::MAX as u64) },
             segment_bytes: number("segment.bytes", self.segment_bytes) as u64,
             segment_ms: number("segment.ms", self.segment_ms),
-            retention_ms: number("retention.ms", self.retention_ms),
-            retention_bytes: number("retention.bytes", self.retention_bytes),
+            retention_ms,
+            retention_bytes,
+            remote_storage: overrides.get(crate::tiered::REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true"),
+            local_retention_ms: local("local.retention.ms", self.local_retention_ms, retention_ms),
+            local_retention_bytes: local("local.retention.bytes", self.local_retention_bytes, retention_bytes),
             max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,
             flush_ms: number("flush.ms", self.flush_ms),
             timestamp_before_max_ms: number("message.timestamp.before.max.ms", self.message_timestamp_before_max_ms),

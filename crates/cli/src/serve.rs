@@ -205,7 +205,7 @@ impl ServeArgs {
 }
 
 /// `KEY=VALUE` into the config table. A KEY that is not a top-level key but starts with
-/// `cluster.` or `topic_defaults.` sets a key of that table. VALUE is read as a TOML value
+/// `cluster.`, `topic_defaults.` or `tiered_storage.` sets a key of that table. VALUE is read as a TOML value
 /// (number, boolean, quoted string) or else taken as a string.
 fn apply_override(table: &mut toml::Table, entry: &str) -> anyhow::Result<()> {
     let (key, value) = entry.split_once('=').with_context(|| format!("--override {entry:?} is not KEY=VALUE"))?;
@@ -215,7 +215,7 @@ fn apply_override(table: &mut toml::Table, entry: &str) -> anyhow::Result<()> {
         .ok()
         .and_then(|mut parsed| parsed.remove("value"))
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    let nested = ["cluster.", "topic_defaults."]
+    let nested = ["cluster.", "topic_defaults.", "tiered_storage."]
         .iter()
         .find_map(|prefix| key.strip_prefix(prefix).map(|inner| (prefix.trim_end_matches('.'), inner)));
     match nested {

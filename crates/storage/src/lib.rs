@@ -31,10 +31,10 @@ use std::path::Path;
 
 pub use crate::log::{
     AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReadLimit,
-    ReplicaAppend, Visible,
+    ReplicaAppend, SealedSegment, Visible,
 };
 pub use crate::manager::{LogManager, TopicPartition};
-pub use crate::segment::ReadMode;
+pub use crate::segment::{ReadMode, SegmentIndex};
 pub use crate::syncer::{FsyncObserver, Syncer};
 
 /// Writes a small file so that a crash leaves either the old or the new content.

@@ -465,7 +465,7 @@ impl Segment {
 
     /// The index file's bytes as of now: they vouch for the first `size_bytes` of the
     /// segment, so they may be written only once those bytes are durable.
-    pub(crate) fn index_image(&self) -> Vec<u8> {
+    pub fn index_image(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.offset_index.len() * 8 + self.time_index.len() * 16);
         out.extend_from_slice(INDEX_FILE_MAGIC);
         out.extend_from_slice(&INDEX_FILE_VERSION.to_le_bytes());
@@ -499,6 +499,40 @@ impl Segment {
     fn load_index_file(&mut self, file_len: u64) -> io::Result<u64> {
         let mut data = Vec::new();
         File::open(&self.index_path)?.read_to_end(&mut data)?;
+        let index = SegmentIndex::parse(&data)?;
+        if index.covered_bytes > file_len || index.next_offset < self.base_offset {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "invalid index file"));
+        }
+        let covered = index.covered_bytes;
+        self.size_bytes = covered;
+        self.next_offset = index.next_offset;
+        self.max_timestamp = index.max_timestamp;
+        self.offset_of_max_timestamp = index.offset_of_max_timestamp;
+        self.first_append_ms = index.first_append_ms;
+        self.offset_index = index.offset_index;
+        self.time_index = index.time_index;
+        self.bytes_since_index_entry = self.offset_index.last().map_or(0, |e| covered - u64::from(e.position));
+        Ok(covered)
+    }
+}
+
+/// A segment's index file, decoded and checked (magic, version, CRC, positions within the
+/// bytes it covers): loaded at open, and read back from the remote tier, where a copied
+/// segment's index locates a fetch offset without reading the segment from its start.
+#[derive(Debug, Clone)]
+pub struct SegmentIndex {
+    /// How many bytes of the segment the index vouches for.
+    pub covered_bytes: u64,
+    pub next_offset: i64,
+    pub max_timestamp: i64,
+    offset_of_max_timestamp: i64,
+    first_append_ms: Option<i64>,
+    offset_index: Vec<OffsetEntry>,
+    time_index: Vec<TimeEntry>,
+}
+
+impl SegmentIndex {
+    pub fn parse(data: &[u8]) -> io::Result<SegmentIndex> {
         let invalid = || io::Error::new(io::ErrorKind::InvalidData, "invalid index file");
         if data.len() < 56 || &data[0..4] != INDEX_FILE_MAGIC {
             return Err(invalid());
@@ -511,31 +545,55 @@ impl Segment {
         if reader.u32()? != INDEX_FILE_VERSION {
             return Err(invalid());
         }
-        let covered = reader.u64()?;
-        if covered > file_len {
-            return Err(invalid());
-        }
-        self.size_bytes = covered;
-        self.next_offset = reader.u64()? as i64;
-        self.max_timestamp = reader.u64()? as i64;
-        self.offset_of_max_timestamp = reader.u64()? as i64;
+        let covered_bytes = reader.u64()?;
+        let next_offset = reader.u64()? as i64;
+        let max_timestamp = reader.u64()? as i64;
+        let offset_of_max_timestamp = reader.u64()? as i64;
         let first_append_ms = reader.u64()? as i64;
-        self.first_append_ms = (first_append_ms >= 0).then_some(first_append_ms);
+        let mut offset_index = Vec::new();
         for _ in 0..reader.u32()? {
-            self.offset_index.push(OffsetEntry { relative_offset: reader.u32()?, position: reader.u32()? });
+            offset_index.push(OffsetEntry { relative_offset: reader.u32()?, position: reader.u32()? });
         }
+        let mut time_index = Vec::new();
         for _ in 0..reader.u32()? {
             let max_timestamp = reader.u64()? as i64;
-            self.time_index.push(TimeEntry { max_timestamp, relative_offset: reader.u32()?, position: reader.u32()? });
+            time_index.push(TimeEntry { max_timestamp, relative_offset: reader.u32()?, position: reader.u32()? });
         }
-        if self.next_offset < self.base_offset
-            || self.offset_index.iter().any(|e| u64::from(e.position) >= covered.max(1))
-            || (covered > 0) == self.offset_index.is_empty()
+        if offset_index.iter().any(|e| u64::from(e.position) >= covered_bytes.max(1))
+            || (covered_bytes > 0) == offset_index.is_empty()
         {
             return Err(invalid());
         }
-        self.bytes_since_index_entry = self.offset_index.last().map_or(0, |e| covered - u64::from(e.position));
-        Ok(covered)
+        Ok(SegmentIndex {
+            covered_bytes,
+            next_offset,
+            max_timestamp,
+            offset_of_max_timestamp,
+            first_append_ms: (first_append_ms >= 0).then_some(first_append_ms),
+            offset_index,
+            time_index,
+        })
+    }
+
+    /// File position of a batch at or before `offset` in the segment based at `base_offset`.
+    pub fn position_at_or_before(&self, base_offset: i64, offset: i64) -> u64 {
+        let relative = (offset - base_offset).max(0) as u32;
+        let index = self.offset_index.partition_point(|e| e.relative_offset <= relative);
+        if index == 0 {
+            0
+        } else {
+            u64::from(self.offset_index[index - 1].position)
+        }
+    }
+
+    /// File position from which to scan for the first batch with max timestamp >= `timestamp`.
+    pub fn position_for_timestamp(&self, timestamp: i64) -> u64 {
+        let index = self.time_index.partition_point(|e| e.max_timestamp < timestamp);
+        if index == 0 {
+            0
+        } else {
+            u64::from(self.time_index[index - 1].position)
+        }
     }
 }
 

@@ -263,6 +263,8 @@ fn validate_creatable(broker: &Broker, topic: &CreatableTopic) -> Result<(TopicM
             configs.insert(config.name.to_string(), value.to_string());
         }
     }
+    topic_config::check_tiering(&broker.config().topic_defaults, None, &configs, broker.tiered.is_some())
+        .map_err(|e| (ResponseError::InvalidConfig, e))?;
     Ok((TopicMeta { name: name.to_string(), id: Uuid::new_v4(), partitions, configs }, assignment))
 }
 

@@ -368,6 +368,13 @@ fn new_overrides(
     for (key, operation, value) in changes {
         apply_one(&mut configs, key, *operation, value.as_deref(), &broker.config().topic_defaults)?;
     }
+    topic_config::check_tiering(
+        &broker.config().topic_defaults,
+        Some(&topic.configs),
+        &configs,
+        broker.tiered.is_some(),
+    )
+    .map_err(|e| (ResponseError::InvalidConfig, e))?;
     Ok((topic.configs.clone(), configs))
 }
 

@@ -32,6 +32,7 @@ use uuid::Uuid;
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::fetch_session::FetchItem;
 use crate::security::acl;
+use crate::tiered;
 use crate::Broker;
 
 /// First Fetch version that names topics by id.
@@ -175,8 +176,14 @@ pub(super) async fn handle(
                 read.expect("a blocking read never would block")
             }
         };
+        let mut pass = pass;
+        if !pass.remote.is_empty() {
+            read_remote(broker, &items, &targets, &mut pass, max_bytes, limit, version).await;
+        }
         let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
-        if pass.bytes >= min_bytes || pass.has_error || nothing_to_wait_for || Instant::now() >= deadline {
+        let remote_read = !pass.remote.is_empty();
+        if pass.bytes >= min_bytes || pass.has_error || remote_read || nothing_to_wait_for || Instant::now() >= deadline
+        {
             let answered = broker.fetch_sessions.finish(session, items, pass.partitions);
             let mut response = build_response(answered, version);
             count_fetched_bytes(broker, &response, version);
@@ -192,6 +199,77 @@ pub(super) async fn handle(
         tokio::select! {
             _ = any_changed => {}
             () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// Reads the partitions of `pass` whose fetch offset is in the remote tier (`tiered/`), all
+/// at once, within what the fetch may still return; a read not done within
+/// `tiered_storage.fetch_max_wait_ms` is answered empty (the client fetches again, and the
+/// chunk it waited for is then cached), a failed one with a retriable error.
+async fn read_remote(
+    broker: &Arc<Broker>,
+    items: &[FetchItem],
+    targets: &[Target],
+    pass: &mut ReadPass,
+    max_bytes: usize,
+    limit: ReadLimit,
+    version: i16,
+) {
+    let Some(tiered) = &broker.tiered else {
+        for &index in &pass.remote {
+            pass.partitions[index].error_code = ResponseError::OffsetOutOfRange.code();
+        }
+        return;
+    };
+    let mut budget = max_bytes.saturating_sub(pass.bytes);
+    let mut reads = Vec::with_capacity(pass.remote.len());
+    for &index in &pass.remote {
+        let (item, target) = (&items[index], &targets[index]);
+        let name = if version >= TOPIC_ID_VERSION {
+            broker.topics.name_for_id(&item.topic_id)
+        } else {
+            Some(item.topic.to_string())
+        };
+        let topic = name.and_then(|name| broker.topics.get(&name));
+        let partition_max = target.partition_max_bytes.min(budget);
+        let min_one_batch = pass.bytes == 0 && reads.is_empty();
+        budget -= partition_max;
+        let (partition, fetch_offset) = (target.partition, target.fetch_offset);
+        reads.push(async move {
+            let Some(topic) = topic else { return Err(tiered::RemoteReadError::NotRemote) };
+            tiered.read(&topic, partition, fetch_offset, partition_max, min_one_batch).await
+        });
+    }
+    let wait = Duration::from_millis(broker.config().tiered_storage.fetch_max_wait_ms);
+    let results = tokio::time::timeout(wait, futures::future::join_all(reads)).await;
+    for (position, &index) in pass.remote.iter().enumerate() {
+        let data = &mut pass.partitions[index];
+        match results.as_ref().map(|results| &results[position]) {
+            Err(_elapsed) => data.records = Some(Bytes::new()),
+            Ok(Ok(read)) => {
+                let from = targets[index].fetch_offset;
+                if limit == ReadLimit::LastStable {
+                    let aborted = read.aborted.iter().filter(|a| a.last_offset >= from).map(|aborted| {
+                        let mut entry = AbortedTransaction::default();
+                        entry.producer_id = ProducerId(aborted.producer_id);
+                        entry.first_offset = aborted.first_offset;
+                        entry
+                    });
+                    data.aborted_transactions = Some(aborted.collect());
+                }
+                pass.bytes += read.records.len();
+                data.records = Some(read.records.clone());
+            }
+            Ok(Err(tiered::RemoteReadError::NotRemote)) => {
+                data.error_code = ResponseError::OffsetOutOfRange.code();
+                pass.has_error = true;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, partition = targets[index].partition, "remote fetch read failed");
+                data.error_code = ResponseError::KafkaStorageError.code();
+                pass.has_error = true;
+            }
         }
     }
 }
@@ -275,6 +353,8 @@ struct ReadPass {
     partitions: Vec<PartitionData>,
     bytes: usize,
     has_error: bool,
+    /// Partitions (by index) whose fetch offset is in the remote tier: read by [`read_remote`].
+    remote: Vec<usize>,
 }
 
 /// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
@@ -291,6 +371,7 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
     let mut used = 0usize;
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
+    let mut remote = Vec::new();
     for target in targets {
         let mut data = PartitionData::default();
         data.partition_index = target.partition;
@@ -318,7 +399,12 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
                 let offsets = log.offsets();
                 data.high_watermark = offsets.high_watermark;
                 data.last_stable_offset = offsets.last_stable_offset;
-                data.log_start_offset = offsets.log_start_offset;
+                // A follower copies the local log only (the remote tier is shared).
+                data.log_start_offset = if read_limit == ReadLimit::LogEnd {
+                    offsets.local_log_start_offset
+                } else {
+                    offsets.log_start_offset
+                };
                 data.aborted_transactions = Some(if read_limit == ReadLimit::LastStable {
                     aborted_transactions(log, target.fetch_offset, offsets.last_stable_offset)
                 } else {
@@ -338,6 +424,12 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
                         data.records = Some(records);
                     }
                     Err(ReadError::OffsetOutOfRange { .. }) => data.error_code = ResponseError::OffsetOutOfRange.code(),
+                    // A follower starts over at the local log start (KIP-405's
+                    // OFFSET_MOVED_TO_TIERED_STORAGE, which Sluice's followers take as this).
+                    Err(ReadError::InRemoteTier { .. }) if read_limit == ReadLimit::LogEnd => {
+                        data.error_code = ResponseError::OffsetOutOfRange.code()
+                    }
+                    Err(ReadError::InRemoteTier { .. }) => remote.push(partitions.len()),
                     Err(ReadError::WouldBlock) => return None,
                     Err(error) => {
                         tracing::warn!(%error, partition = target.partition, "fetch read failed");
@@ -349,7 +441,7 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
         has_error |= data.error_code != 0;
         partitions.push(data);
     }
-    Some(ReadPass { partitions, bytes: used, has_error })
+    Some(ReadPass { partitions, bytes: used, has_error, remote })
 }
 
 /// Adds each topic's record bytes in the answer to its fetch-bytes metric.

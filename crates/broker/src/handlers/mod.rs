@@ -118,11 +118,11 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
                 async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version, &session).await)) },
             )
         }
-        RequestKind::ListOffsets(request) => {
-            ready(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version)))
-        }
+        RequestKind::ListOffsets(request) => Box::pin(async move {
+            Some(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version).await))
+        }),
         RequestKind::DeleteRecords(request) => {
-            ready(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request)))
+            Box::pin(async move { Some(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request).await)) })
         }
         RequestKind::Metadata(request) => {
             ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))

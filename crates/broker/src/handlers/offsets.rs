@@ -20,7 +20,11 @@ const LATEST_TIERED_TIMESTAMP: i64 = -5;
 /// ListOffsets v4 added the leader epoch to the response.
 const LEADER_EPOCH_VERSION: i16 = 4;
 
-pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+pub(super) async fn list_offsets(
+    broker: &Arc<Broker>,
+    request: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let mut response = ListOffsetsResponse::default();
     let read_committed = request.isolation_level == 1;
     for topic in request.topics {
@@ -40,7 +44,16 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
                 // A new leader whose high watermark has not caught up with what the previous
                 // leader acknowledged: the client retries (KIP-207).
                 Ok(_) if unsettled => result.error_code = ResponseError::OffsetNotAvailable.code(),
-                Ok(log) => match lookup(&log, partition.timestamp, read_committed) {
+                Ok(log) => match lookup(
+                    broker,
+                    topic.name.as_str(),
+                    partition.partition_index,
+                    &log,
+                    partition.timestamp,
+                    read_committed,
+                )
+                .await
+                {
                     Ok((offset, timestamp)) => {
                         result.offset = offset;
                         result.timestamp = timestamp;
@@ -62,24 +75,53 @@ pub(super) fn list_offsets(broker: &Arc<Broker>, request: ListOffsetsRequest, ve
 }
 
 /// (offset, timestamp) for a ListOffsets query; (-1, -1) when no record matches. The
-/// latest offset of a read_committed client is the last stable offset.
-fn lookup(log: &Partition, query: i64, read_committed: bool) -> Result<(i64, i64), ReadError> {
+/// latest offset of a read_committed client is the last stable offset. On a tiered topic
+/// the earliest offset and timestamp lookups cover the remote part too (KIP-405's
+/// EARLIEST_LOCAL and LATEST_TIERED name the local start and the remote end).
+async fn lookup(
+    broker: &Broker,
+    topic: &str,
+    partition: i32,
+    log: &Partition,
+    query: i64,
+    read_committed: bool,
+) -> Result<(i64, i64), ReadError> {
     let offsets = log.offsets();
     match query {
         LATEST_TIMESTAMP if read_committed => Ok((offsets.last_stable_offset, -1)),
         LATEST_TIMESTAMP => Ok((offsets.high_watermark, -1)),
-        EARLIEST_TIMESTAMP | EARLIEST_LOCAL_TIMESTAMP => Ok((offsets.log_start_offset, -1)),
-        LATEST_TIERED_TIMESTAMP => Ok((-1, -1)),
+        EARLIEST_TIMESTAMP => Ok((offsets.log_start_offset, -1)),
+        EARLIEST_LOCAL_TIMESTAMP => Ok((offsets.local_log_start_offset, -1)),
+        LATEST_TIERED_TIMESTAMP => Ok(match log.remote_tier() {
+            Some((_, end)) if end > 0 => (end - 1, -1),
+            _ => (-1, -1),
+        }),
         MAX_TIMESTAMP => Ok(match log.batch_with_max_timestamp()? {
             None => (-1, -1),
             Some(batch) => record_matching(batch, |records| records.iter().max_by_key(|(_, ts)| *ts).copied()),
         }),
-        timestamp if timestamp >= 0 => Ok(match log.batch_for_timestamp(timestamp)? {
-            None => (-1, -1),
-            Some(batch) => record_matching(batch, |records| {
-                records.iter().find(|(offset, ts)| *ts >= timestamp && *offset >= offsets.log_start_offset).copied()
-            }),
-        }),
+        timestamp if timestamp >= 0 => {
+            let remote = match (&broker.tiered, log.remote_tier()) {
+                (Some(tiered), Some(_)) => match broker.topics.get(topic) {
+                    Some(topic) => tiered
+                        .batch_for_timestamp(&topic, partition, timestamp)
+                        .await
+                        .map_err(|e| ReadError::Storage(std::io::Error::other(e.to_string())))?,
+                    None => None,
+                },
+                _ => None,
+            };
+            let batch = match remote {
+                Some(batch) => Some(batch),
+                None => log.batch_for_timestamp(timestamp)?,
+            };
+            Ok(match batch {
+                None => (-1, -1),
+                Some(batch) => record_matching(batch, |records| {
+                    records.iter().find(|(offset, ts)| *ts >= timestamp && *offset >= offsets.log_start_offset).copied()
+                }),
+            })
+        }
         _ => Ok((-1, -1)),
     }
 }
@@ -105,7 +147,7 @@ fn record_matching(mut batch: Bytes, pick: impl FnOnce(&[(i64, i64)]) -> Option<
     }
 }
 
-pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
+pub(super) async fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let mut response = DeleteRecordsResponse::default();
     for topic in request.topics {
         let mut topic_result = DeleteRecordsTopicResult::default();
@@ -121,7 +163,9 @@ pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest
                 None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
                 Some(log) => {
                     let target = if partition.offset == -1 { log.offsets().high_watermark } else { partition.offset };
-                    match log.delete_records_before(target) {
+                    match delete_records_before(broker, topic.name.as_str(), partition.partition_index, &log, target)
+                        .await
+                    {
                         Ok(low_watermark) => result.low_watermark = low_watermark,
                         Err(ReadError::OffsetOutOfRange { .. }) => {
                             result.error_code = ResponseError::OffsetOutOfRange.code()
@@ -138,4 +182,31 @@ pub(super) fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsRequest
         response.topics.push(topic_result);
     }
     response
+}
+
+/// DeleteRecords on one partition: on a tiered topic the remote start moves first (made
+/// durable), then the local log's; a crash between leaves the request undone where it
+/// matters (the first readable offset is the lower one), never half-applied upward.
+async fn delete_records_before(
+    broker: &Broker,
+    topic: &str,
+    partition: i32,
+    log: &Partition,
+    target: i64,
+) -> Result<i64, ReadError> {
+    let offsets = log.offsets();
+    if target < 0 || target > offsets.high_watermark {
+        return Err(ReadError::OffsetOutOfRange {
+            offset: target,
+            log_start_offset: offsets.log_start_offset,
+            log_end_offset: offsets.high_watermark,
+        });
+    }
+    if let (Some(tiered), Some(_)) = (&broker.tiered, log.remote_tier()) {
+        if let Some(meta) = broker.topics.get(topic) {
+            tiered.delete_records_before(&meta, partition, log, target).await?;
+        }
+    }
+    log.delete_records_before(target.max(offsets.local_log_start_offset))?;
+    Ok(log.first_readable_offset())
 }

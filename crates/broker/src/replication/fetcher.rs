@@ -168,7 +168,7 @@ fn fetch_request(node_id: i32, cluster_id: &str, partitions: &[(Arc<Replica>, i3
         partition.current_leader_epoch = *leader_epoch;
         partition.fetch_offset = fetch_offset;
         partition.last_fetched_epoch = replica.log.epoch_at(fetch_offset - 1).unwrap_or(-1);
-        partition.log_start_offset = offsets.log_start_offset;
+        partition.log_start_offset = offsets.local_log_start_offset;
         partition.partition_max_bytes = REPLICA_FETCH_PARTITION_BYTES_MAX;
         match topics.iter_mut().find(|t| t.topic.as_str() == replica.topic) {
             Some(topic) => topic.partitions.push(partition),
@@ -241,7 +241,7 @@ fn apply_partition(
         // Follow the leader's log start offset (DeleteRecords, offsets-log compaction), as
         // Kafka's followers do, never past what this follower knows to be committed.
         let leader_start = data.log_start_offset.min(high_watermark);
-        if leader_start > replica.log.offsets().log_start_offset {
+        if leader_start > replica.log.offsets().local_log_start_offset {
             if let Err(error) = replica.log.delete_records_before(leader_start) {
                 tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "log start not moved");
             }

@@ -6,6 +6,8 @@
 //!   its hand-off to the syncer, which moves the locally durable end;
 //! - [`read`]: the reader (batches up to a read limit, timestamp lookups, transaction state);
 //! - [`retention`]: what leaves the log at its head (retention, DeleteRecords, the cleaner's hooks);
+//! - [`tier`]: what the tiering layer (KIP-405, the broker's `tiered` module) copies to
+//!   the object store, and the remote range it reports back;
 //! - [`recovery`]: opening from disk, truncation, reset, clean shutdown, and the files
 //!   beside the segments (producer snapshots, leader epochs, aborted transactions);
 //! - this module: the shared types, the offsets and their publication to readers, waiting
@@ -29,6 +31,7 @@ mod append;
 mod read;
 mod recovery;
 mod retention;
+mod tier;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -46,6 +49,7 @@ use crate::segment::Segment;
 use crate::syncer::WalLink;
 
 pub(crate) use self::retention::{CleanableSegment, CleaningPlan};
+pub use self::tier::SealedSegment;
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";
 /// The aborted transactions still in the log (JSON; written before their abort marker).
@@ -108,6 +112,15 @@ pub struct LogConfig {
     pub min_compaction_lag_ms: i64,
     /// `max.compaction.lag.ms`: a record older than this is cleaned whatever the dirty ratio
     pub max_compaction_lag_ms: i64,
+    /// `remote.storage.enable`: sealed segments are copied to the object store (KIP-405,
+    /// see the broker's `tiered` module) and leave the local disk only once copied, by
+    /// `local_retention_ms` / `local_retention_bytes`; `retention_ms` / `retention_bytes`
+    /// then bound the whole log, remote part included, and are applied by the tiering layer.
+    pub remote_storage: bool,
+    /// `local.retention.ms` (resolved: -2 in Kafka's config means `retention.ms`)
+    pub local_retention_ms: i64,
+    /// `local.retention.bytes` (resolved: -2 means `retention.bytes`)
+    pub local_retention_bytes: i64,
 }
 
 /// Kafka's default `delete.retention.ms`: one day.
@@ -137,6 +150,9 @@ impl Default for LogConfig {
             min_cleanable_dirty_ratio: MIN_CLEANABLE_DIRTY_RATIO_DEFAULT,
             min_compaction_lag_ms: 0,
             max_compaction_lag_ms: i64::MAX,
+            remote_storage: false,
+            local_retention_ms: 7 * 24 * 3600 * 1000,
+            local_retention_bytes: -1,
         }
     }
 }
@@ -176,7 +192,12 @@ pub struct ReplicaAppend {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogOffsets {
+    /// The first offset a consumer can read: in the remote tier when the topic is tiered
+    /// and its oldest segments left the local disk (see [`Partition::set_remote_tier`]).
     pub log_start_offset: i64,
+    /// The first offset on the local disk (Kafka's local log start offset): a follower
+    /// copies from here, and reads below it go to the remote tier.
+    pub local_log_start_offset: i64,
     pub high_watermark: i64,
     pub log_end_offset: i64,
     /// Where `read_committed` consumers stop: the first offset of the oldest open
@@ -256,6 +277,9 @@ pub enum ReadError {
     /// A [`ReadMode::CachedOnly`](crate::ReadMode::CachedOnly) read of data that is not in the page cache.
     #[error("the data is not in the page cache")]
     WouldBlock,
+    /// The offset left the local disk and lives in the remote tier only (read it there).
+    #[error("offset {offset} is in the remote tier, below the local log start {local_log_start_offset}")]
+    InRemoteTier { offset: i64, local_log_start_offset: i64 },
 }
 
 struct LogState {
@@ -296,6 +320,10 @@ struct LogState {
     /// (base offset, bytes covered) of the last recovery image written for the active
     /// segment (see `recovery.rs`, [`RECOVERY_IMAGE_GROWTH_BYTES_MIN`]).
     recovery_image: (i64, u64),
+    /// The offsets `[start, end)` held in the remote tier, as the tiering layer committed
+    /// them (`None` when nothing is): local segments below `end` may be deleted by local
+    /// retention, and reads below the local log start but at or above `start` go there.
+    remote_tier: Option<(i64, i64)>,
 }
 
 /// A partition's log. Shared between request handlers and the syncer as `Arc<Partition>`.
@@ -326,6 +354,7 @@ pub struct Partition {
 #[derive(Default)]
 struct PublishedOffsets {
     log_start_offset: AtomicI64,
+    local_log_start_offset: AtomicI64,
     high_watermark: AtomicI64,
     log_end_offset: AtomicI64,
     last_stable_offset: AtomicI64,
@@ -386,7 +415,8 @@ impl Partition {
     pub fn offsets(&self) -> LogOffsets {
         let state = self.state.lock();
         LogOffsets {
-            log_start_offset: state.log_start_offset,
+            log_start_offset: first_readable_offset(&state),
+            local_log_start_offset: state.log_start_offset,
             high_watermark: state.high_watermark,
             log_end_offset: state.log_end_offset,
             last_stable_offset: last_stable_offset(&state),
@@ -422,7 +452,8 @@ impl Partition {
         published.log_end_offset.store(state.log_end_offset, Ordering::Release);
         published.high_watermark.store(state.high_watermark, Ordering::Release);
         published.last_stable_offset.store(last_stable_offset(state), Ordering::Release);
-        published.log_start_offset.store(state.log_start_offset, Ordering::Release);
+        published.log_start_offset.store(first_readable_offset(state), Ordering::Release);
+        published.local_log_start_offset.store(state.log_start_offset, Ordering::Release);
         published.failed.store(state.failed, Ordering::Release);
     }
 
@@ -432,6 +463,7 @@ impl Partition {
         let published = &self.published;
         let offsets = LogOffsets {
             log_start_offset: published.log_start_offset.load(Ordering::Acquire),
+            local_log_start_offset: published.local_log_start_offset.load(Ordering::Acquire),
             high_watermark: published.high_watermark.load(Ordering::Acquire),
             log_end_offset: published.log_end_offset.load(Ordering::Acquire),
             last_stable_offset: published.last_stable_offset.load(Ordering::Acquire),
@@ -516,6 +548,12 @@ fn assert_invariants(dir: &Path, state: &LogState) {
         state.local_end,
     );
     debug_assert!(state.replicated || state.high_watermark == state.local_end, "{}: unreplicated hw", dir.display());
+    assert!(
+        state.remote_tier.is_none_or(|(start, end)| start <= end),
+        "{}: remote tier {:?} runs backwards",
+        dir.display(),
+        state.remote_tier
+    );
     debug_assert!(
         state.epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
         "{}: leader epochs not monotonic: {:?}",
@@ -524,9 +562,19 @@ fn assert_invariants(dir: &Path, state: &LogState) {
     );
 }
 
+/// The first offset readers can have: the remote tier's start when the tier reaches the
+/// local log (a tier that ends below the local start, as after DeleteRecords moved past
+/// it, holds nothing readable).
+fn first_readable_offset(state: &LogState) -> i64 {
+    match state.remote_tier {
+        Some((start, end)) if start < state.log_start_offset && end >= state.log_start_offset => start,
+        _ => state.log_start_offset,
+    }
+}
+
 /// The offset `read_committed` readers stop at: the first offset of the oldest open
 /// transaction, or the high watermark.
 fn last_stable_offset(state: &LogState) -> i64 {
     let open = state.producers.first_open_transaction_offset().unwrap_or(i64::MAX);
-    open.min(state.high_watermark).max(state.log_start_offset)
+    open.min(state.high_watermark).max(first_readable_offset(state))
 }

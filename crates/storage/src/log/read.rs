@@ -16,7 +16,7 @@ use std::io;
 
 use bytes::Bytes;
 
-use super::{last_stable_offset, AbortedTransaction, Partition, ReadError, ReadLimit};
+use super::{first_readable_offset, last_stable_offset, AbortedTransaction, Partition, ReadError, ReadLimit};
 use crate::batch::{self, BatchIter};
 use crate::segment::{ReadMode, Segment, INDEX_INTERVAL_BYTES};
 
@@ -73,10 +73,13 @@ impl Partition {
             if state.failed {
                 return Err(ReadError::Offline);
             }
+            if offset < state.log_start_offset && offset >= first_readable_offset(&state) {
+                return Err(ReadError::InRemoteTier { offset, local_log_start_offset: state.log_start_offset });
+            }
             if offset < state.log_start_offset || offset > state.log_end_offset {
                 return Err(ReadError::OffsetOutOfRange {
                     offset,
-                    log_start_offset: state.log_start_offset,
+                    log_start_offset: first_readable_offset(&state),
                     log_end_offset: state.log_end_offset,
                 });
             }

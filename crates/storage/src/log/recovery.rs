@@ -311,6 +311,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         sync_generation: 0,
         retired: false,
         recovery_image: (active_base, 0),
+        remote_tier: None,
     })
 }
 
@@ -401,7 +402,7 @@ pub(super) fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateT
     Ok(())
 }
 
-fn snapshot_file_name(offset: i64) -> String {
+pub(super) fn snapshot_file_name(offset: i64) -> String {
     format!("{offset:020}{SNAPSHOT_SUFFIX}")
 }
 

@@ -82,16 +82,25 @@ impl Partition {
         if !state.config.cleanup_delete {
             return 0;
         }
-        let retention_ms = state.config.retention_ms;
+        // A tiered log keeps locally what is not yet in the remote tier, and applies its
+        // local retention to the rest; the whole log's retention is the tiering layer's.
+        let (retention_ms, retention_bytes, uploaded_end) = if state.config.remote_storage {
+            let uploaded_end = state.remote_tier.map_or(i64::MIN, |(_, end)| end);
+            (state.config.local_retention_ms, state.config.local_retention_bytes, uploaded_end)
+        } else {
+            (state.config.retention_ms, state.config.retention_bytes, i64::MAX)
+        };
         let mut deleted = 0;
         if retention_ms >= 0 {
-            deleted += delete_segments(&mut state, |segment, _| segment.max_timestamp() < now_ms - retention_ms);
+            deleted += delete_segments(&mut state, |segment, _| {
+                segment.next_offset() <= uploaded_end && segment.max_timestamp() < now_ms - retention_ms
+            });
         }
-        let retention_bytes = state.config.retention_bytes;
         if retention_bytes >= 0 {
             let mut total: u64 = state.segments.values().map(|s| s.size_bytes()).sum();
             deleted += delete_segments(&mut state, |segment, _| {
-                let excess = total.saturating_sub(segment.size_bytes()) >= retention_bytes as u64;
+                let excess = segment.next_offset() <= uploaded_end
+                    && total.saturating_sub(segment.size_bytes()) >= retention_bytes as u64;
                 if excess {
                     total -= segment.size_bytes();
                 }

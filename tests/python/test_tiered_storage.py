@@ -1,0 +1,224 @@
+"""Tiered storage (KIP-405): a topic with remote.storage.enable=true copies its sealed
+segments to an object store, keeps only a local tail on disk (local.retention.*), and reads
+its whole history back through the ordinary Fetch and ListOffsets, from a local-directory
+store (the default) and from a real S3-compatible server (s3s-fs, tests/python/s3_server.py),
+across a kill -9 and an object-store outage."""
+
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from kafka_wire import Conn, admin_client, consume_until, create_topic, watermarks
+from s3_server import start_s3_server
+
+RECORD_BYTES = 10_000
+SEGMENT_BYTES = 1 << 20
+LOCAL_RETENTION_BYTES = 2 * SEGMENT_BYTES
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+FAST = ["--log-retention-check-interval-ms", "200", "--override", "tiered_storage.task_interval_ms=200"]
+
+
+def value(partition: int, offset: int) -> bytes:
+    return b"%d:%08d" % (partition, offset) + b"t" * (RECORD_BYTES - 11)
+
+
+def produce(bootstrap: str, topic: str, partitions: int, start: int, count: int) -> None:
+    """`count` records into each partition, record n of partition p at offset start + n."""
+    p = Producer({"bootstrap.servers": bootstrap, "broker.address.family": "v4", "acks": "all", "linger.ms": 5,
+                  "compression.type": "none"})
+    errs = []
+    for n in range(start, start + count):
+        for part in range(partitions):
+            p.produce(topic, partition=part, value=value(part, n), on_delivery=lambda err, msg: errs.append(err))
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert errs == [None] * (count * partitions), [e for e in errs if e][:3]
+
+
+def local_start(bootstrap: str, topic: str, partition: int) -> int:
+    host, port = bootstrap.split(":")
+    with Conn(host, int(port)) as conn:
+        err, _, offset = conn.list_offsets(topic, partition, EARLIEST_LOCAL, version=8)
+        assert err == 0, err
+        return offset
+
+
+def latest_tiered(bootstrap: str, topic: str, partition: int) -> int:
+    host, port = bootstrap.split(":")
+    with Conn(host, int(port)) as conn:
+        err, _, offset = conn.list_offsets(topic, partition, LATEST_TIERED, version=9)
+        assert err == 0, err
+        return offset
+
+
+def local_bytes(data_dir: Path, topic: str, partition: int) -> int:
+    return sum(f.stat().st_size for f in (data_dir / "logs" / f"{topic}-{partition}").glob("*.log"))
+
+
+def wait_until(what: str, check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def check_all(bootstrap: str, topic: str, partitions: int, end: int) -> None:
+    """Every record of every partition reads back from offset 0, dense and byte for byte."""
+    got = consume_until(bootstrap, topic, {p: end for p in range(partitions)}, timeout=120)
+    for p in range(partitions):
+        offsets = [m.offset() for m in got[p]]
+        assert offsets == list(range(end)), f"partition {p}: {len(offsets)} records, first gaps at " \
+            f"{[o for i, o in enumerate(offsets) if o != i][:3]}"
+        bad = [m.offset() for m in got[p] if m.value() != value(p, m.offset())]
+        assert not bad, f"partition {p}: records differ at offsets {bad[:5]}"
+
+
+def tiered_topic(bootstrap: str, partitions: int, **extra) -> str:
+    topic = f"tiered-{uuid.uuid4().hex[:8]}"
+    config = {"remote.storage.enable": "true", "segment.bytes": str(SEGMENT_BYTES),
+              "local.retention.bytes": str(LOCAL_RETENTION_BYTES)}
+    config.update(extra)
+    create_topic(bootstrap, topic, partitions, config)
+    return topic
+
+
+def test_tiered_topic_keeps_a_local_tail_and_reads_its_whole_history(broker_factory, tmp_path):
+    """40 MiB per partition with 2 MiB of local retention: the disk keeps only the tail, the
+    local directory store holds the rest, and librdkafka reads all of it back from offset 0,
+    before and after a kill -9."""
+    b = broker_factory(extra_args=FAST)
+    partitions, records = 2, 4000
+    topic = tiered_topic(b.bootstrap, partitions)
+    produce(b.bootstrap, topic, partitions, 0, records)
+    for p in range(partitions):
+        wait_until(f"partition {p}'s local log to shrink to its retention",
+                   lambda: local_start(b.bootstrap, topic, p) > records // 2
+                   and local_bytes(b.data_dir, topic, p) <= LOCAL_RETENTION_BYTES + 2 * SEGMENT_BYTES)
+        assert watermarks(b.bootstrap, topic, p) == (0, records), "the earliest offset is the remote tier's start"
+        tiered_end = latest_tiered(b.bootstrap, topic, p)
+        assert local_start(b.bootstrap, topic, p) <= tiered_end + 1 < records
+    remote = list((b.data_dir / "remote-store").rglob("*.log"))
+    assert len(remote) >= 2 * (records * RECORD_BYTES // SEGMENT_BYTES - 4), f"only {len(remote)} remote segments"
+    check_all(b.bootstrap, topic, partitions, records)
+
+    b.kill()
+    b.start()
+    for p in range(partitions):
+        assert watermarks(b.bootstrap, topic, p, timeout=30) == (0, records)
+    produce(b.bootstrap, topic, partitions, records, 100)
+    check_all(b.bootstrap, topic, partitions, records + 100)
+    assert b.is_running(), b.log()[-4000:]
+
+
+def test_timestamps_delete_records_and_total_retention_cover_the_remote_tier(broker_factory):
+    """offsetsForTimes finds records that live only in the remote tier; DeleteRecords below
+    the local start moves the earliest offset there; retention.ms deletes remote segments."""
+    b = broker_factory(extra_args=FAST)
+    topic = tiered_topic(b.bootstrap, 1, **{"retention.ms": "600000", "local.retention.ms": "300000"})
+    now = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": b.bootstrap, "broker.address.family": "v4", "acks": "all", "linger.ms": 5})
+    # 1000 records stamped 9 minutes ago going forward by 1 ms each, then 1000 fresh ones.
+    old = now - 540_000
+    for n in range(2000):
+        ts = old + n if n < 1000 else now + n
+        p.produce(topic, partition=0, value=value(0, n), timestamp=ts)
+        p.poll(0)
+    assert p.flush(60) == 0
+    wait_until("the old segments to leave the local disk", lambda: local_start(b.bootstrap, topic, 0) >= 500)
+    consumer_offsets = admin_offsets_for_time(b.bootstrap, topic, old + 100)
+    assert consumer_offsets == 100, f"offsetsForTimes found {consumer_offsets}, not the remote record 100"
+
+    a = admin_client(b.bootstrap)
+    from confluent_kafka import TopicPartition
+    a.delete_records([TopicPartition(topic, 0, 250)])[TopicPartition(topic, 0, 250)].result(10)
+    assert watermarks(b.bootstrap, topic, 0)[0] == 250
+    got = consume_until(b.bootstrap, topic, {0: 2000})[0]
+    assert [m.offset() for m in got] == list(range(250, 2000))
+
+    # Shorten retention.ms: the old records (9 minutes old) expire from the remote tier too.
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", "480000", incremental_operation=AlterConfigOpType.SET)])
+    a.incremental_alter_configs([resource])[resource].result(10)
+    wait_until("remote retention to expire the old segments", lambda: watermarks(b.bootstrap, topic, 0)[0] >= 900)
+    low = watermarks(b.bootstrap, topic, 0)[0]
+    got = consume_until(b.bootstrap, topic, {0: 2000})[0]
+    assert [m.offset() for m in got] == list(range(low, 2000))
+
+
+def admin_offsets_for_time(bootstrap: str, topic: str, timestamp: int) -> int:
+    from kafka_wire import consumer
+    from confluent_kafka import TopicPartition
+    c = consumer(bootstrap)
+    try:
+        return c.offsets_for_times([TopicPartition(topic, 0, timestamp)], timeout=10)[0].offset
+    finally:
+        c.close()
+
+
+def test_tiered_configs_are_checked(broker_factory):
+    """Kafka's rules: no compaction on a tiered topic, local retention within the total, and
+    no turning tiering off; a plain topic is unaffected."""
+    b = broker_factory()
+    a = admin_client(b.bootstrap)
+    from confluent_kafka.admin import NewTopic
+    bad = [
+        {"remote.storage.enable": "true", "cleanup.policy": "compact"},
+        {"remote.storage.enable": "true", "retention.bytes": "1000000", "local.retention.bytes": "2000000"},
+        {"remote.storage.enable": "true", "retention.ms": "1000", "local.retention.ms": "-1"},
+        {"remote.storage.enable": "maybe"},
+    ]
+    for n, config in enumerate(bad):
+        name = f"bad-tiered-{n}-{uuid.uuid4().hex[:6]}"
+        try:
+            a.create_topics([NewTopic(name, 1, 1, config=config)])[name].result(10)
+            raise AssertionError(f"{config} was accepted")
+        except Exception as e:  # noqa: BLE001
+            assert e.args[0].code() == KafkaError.INVALID_CONFIG, e
+    topic = tiered_topic(b.bootstrap, 1)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("remote.storage.enable", "false", incremental_operation=AlterConfigOpType.SET)])
+    try:
+        a.incremental_alter_configs([resource])[resource].result(10)
+        raise AssertionError("tiering was turned off")
+    except Exception as e:  # noqa: BLE001
+        assert e.args[0].code() == KafkaError.INVALID_CONFIG, e
+
+
+def test_s3_store_outage_never_blocks_producers_and_loses_nothing(broker_factory, tmp_path):
+    """Against a real S3-compatible server: segments are uploaded there; while the server is
+    down producers keep going (acks=all, nothing lost) and the local log keeps what is not
+    uploaded; once it is back the uploads resume and every record reads back from offset 0."""
+    s3 = start_s3_server(tmp_path)
+    try:
+        store = [f"tiered_storage.url=s3://{s3.bucket}/cluster-a", f"tiered_storage.endpoint={s3.endpoint}",
+                 "tiered_storage.allow_http=true", f"tiered_storage.access_key_id={s3.access_key}",
+                 f"tiered_storage.secret_access_key={s3.secret_key}"]
+        b = broker_factory(extra_args=FAST + [x for o in store for x in ("--override", o)])
+        topic = tiered_topic(b.bootstrap, 1)
+        produce(b.bootstrap, topic, 1, 0, 1000)
+        wait_until("the first uploads", lambda: latest_tiered(b.bootstrap, topic, 0) > 0)
+        assert list(s3.bucket_dir.rglob("*.log")), "nothing uploaded to the S3 server"
+
+        s3.stop()
+        started = time.monotonic()
+        produce(b.bootstrap, topic, 1, 1000, 1000)
+        assert time.monotonic() - started < 30, "producers were held up by the store outage"
+        stalled_at = latest_tiered(b.bootstrap, topic, 0)
+        time.sleep(2)
+        assert local_start(b.bootstrap, topic, 0) <= stalled_at + 1, "local data left before it was uploaded"
+        s3.start()
+        wait_until("uploads to resume after the outage", lambda: latest_tiered(b.bootstrap, topic, 0) > 1500,
+                   timeout=90)
+        wait_until("the local log to shrink", lambda: local_start(b.bootstrap, topic, 0) > 1000)
+        check_all(b.bootstrap, topic, 1, 2000)
+        assert b.is_running(), b.log()[-4000:]
+    finally:
+        s3.stop()
