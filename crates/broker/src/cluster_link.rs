@@ -264,6 +264,14 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
                 partition_epoch: partition.partition_epoch,
             };
             replicas.apply(&broker.logs, name, tp.partition, &assignment, &config)?;
+            if config.log.remote_storage {
+                // Leaders and followers alike: local retention keeps what is not yet remote,
+                // and a new leader serves the remote part from its first fetch.
+                if let Some(replica) = replicas.get(name, tp.partition) {
+                    let remote = metadata.remote_log(&topic.topic_id, tp.partition);
+                    replica.log.set_remote_tier(remote.and_then(|r| r.range()));
+                }
+            }
             if unmarked {
                 mark_dir(&broker.logs, &tp, topic.topic_id)?;
             }

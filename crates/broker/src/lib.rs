@@ -75,7 +75,8 @@ pub struct Broker {
     /// This node's controller, in a cluster.
     cluster: Option<Arc<cluster_link::ClusterLink>>,
     /// The object store of tiered topics (`tiered/`); `None` when `tiered_storage.enabled`
-    /// is off, and in cluster mode (not yet supported there).
+    /// is off, or in a cluster without a `tiered_storage.url` (every node must reach the
+    /// same store).
     tiered: Option<Arc<tiered::TieredStorage>>,
     /// Held for the broker's life: a second broker on the same data dir fails to start.
     _data_dir_lock: sluice_storage::DirLock,
@@ -129,8 +130,10 @@ impl Broker {
             .collect();
         let partition_count = wanted.len();
         logs.open_all(wanted)?;
-        let tiered = if config.tiered_storage.enabled && config.cluster.is_none() {
-            let tiered = tiered::TieredStorage::open(&config.tiered_storage, &config.data_dir)?;
+        // A cluster's nodes must share one store: the per-node default directory cannot be it.
+        let shared_store = config.cluster.is_none() || config.tiered_storage.url.is_some();
+        let tiered = if config.tiered_storage.enabled && shared_store {
+            let tiered = tiered::TieredStorage::open(&config.tiered_storage, &config.data_dir, cluster.clone())?;
             for topic in topics.all().into_iter().filter(tiered::is_tiered) {
                 for p in 0..topic.partitions {
                     if let Some(log) = logs.get_in(&topic.name, p) {

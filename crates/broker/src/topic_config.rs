@@ -322,8 +322,8 @@ pub fn check_tiering(
         return Ok(());
     }
     if !tiering_available {
-        return Err("remote.storage.enable=true needs tiered storage, which is off on this broker ([tiered_storage] \
-             enabled = false) or not yet supported in cluster mode"
+        return Err("remote.storage.enable=true needs tiered storage, which is off on this broker: \
+             [tiered_storage] enabled = false, or a cluster without tiered_storage.url (a store every node shares)"
             .into());
     }
     let log = defaults.log_config(after);

@@ -469,6 +469,25 @@ impl Controller {
         }
     }
 
+    /// Replaces a tiered partition's remote log metadata; refused unless this node leads
+    /// the partition at `leader_epoch`.
+    pub async fn set_remote_log(
+        &self,
+        topic: &str,
+        partition: i32,
+        leader_epoch: i32,
+        remote_log: crate::metadata::RemoteLog,
+    ) -> Result<(), ControllerError> {
+        let command = Command::SetRemoteLog {
+            topic: topic.to_string(),
+            partition,
+            leader_id: self.shared.config.node_id,
+            leader_epoch,
+            remote_log,
+        };
+        self.write(command).await.map(drop)
+    }
+
     /// Allocates `count` producer ids; returns the first.
     pub async fn allocate_producer_ids(&self, count: i64) -> Result<i64, ControllerError> {
         match self.write(Command::AllocateProducerIds { count }).await? {

@@ -49,8 +49,8 @@ pub use crate::controller::{
 pub use crate::error::ControllerError;
 pub use crate::metadata::{
     AclBinding, BrokerInfo, ClusterMetadata, Command, CommandOutput, Endpoint, MetadataError, PartitionInfo,
-    QuotaEntity, QuotaEntityName, Reassignment, ScramCredential, TopicInfo, METADATA_VERSION_INITIAL,
-    METADATA_VERSION_LATEST, NO_LEADER,
+    QuotaEntity, QuotaEntityName, Reassignment, RemoteLog, RemoteLogSegment, ScramCredential, TopicInfo,
+    METADATA_VERSION_INITIAL, METADATA_VERSION_LATEST, NO_LEADER,
 };
 pub use crate::rpc::{RpcTls, FRAME_BYTES_MAX, RPC_SECRET_BYTES_MIN};
 pub use crate::types::{Proposal, TypeConfig};

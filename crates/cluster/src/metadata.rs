@@ -39,8 +39,9 @@ use uuid::Uuid;
 /// report none): topics, partitions, brokers, producer ids, reassignments.
 pub const METADATA_VERSION_INITIAL: u16 = 1;
 /// The newest `metadata.version` this binary understands: 2 adds SCRAM credentials, ACLs,
-/// client quotas and broker listener endpoints; 3 adds share groups' configs.
-pub const METADATA_VERSION_LATEST: u16 = 3;
+/// client quotas and broker listener endpoints; 3 adds share groups' configs; 4 adds the
+/// remote log metadata of tiered topics.
+pub const METADATA_VERSION_LATEST: u16 = 4;
 
 /// Most groups with configs of their own the cluster holds.
 pub const GROUP_CONFIGS_MAX: usize = 100_000;
@@ -179,6 +180,70 @@ pub struct ClusterMetadata {
     /// needs them.
     #[serde(default)]
     pub group_configs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Tiered topics' remote log metadata (KIP-405): topic id -> partition -> what the
+    /// object store holds. Written by each partition's leader, dropped with the topic.
+    #[serde(default)]
+    pub remote_logs: BTreeMap<Uuid, BTreeMap<i32, RemoteLog>>,
+}
+
+/// One segment copied to the object store (Kafka's RemoteLogSegmentMetadata).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLogSegment {
+    /// Names its objects: a segment copied twice (a retry after a crash, a new leader) gets
+    /// two ids, and only the listed one is read.
+    pub id: Uuid,
+    /// First offset.
+    pub base_offset: i64,
+    /// The segment covers `[base_offset, end_offset)`.
+    pub end_offset: i64,
+    /// Largest record timestamp.
+    pub max_timestamp: i64,
+    /// Bytes of record batches.
+    pub size_bytes: u64,
+    /// (leader epoch, first offset) of the epochs with records in the segment.
+    pub leader_epochs: Vec<(i32, i64)>,
+    /// A producer snapshot at `end_offset` was copied beside it.
+    pub has_producer_snapshot: bool,
+    /// Aborted transactions were copied beside it.
+    pub has_aborted_transactions: bool,
+}
+
+/// A tiered partition's remote part.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLog {
+    /// The first readable offset of the remote part (moved by DeleteRecords and retention).
+    pub start_offset: i64,
+    /// By base offset.
+    pub segments: BTreeMap<i64, RemoteLogSegment>,
+}
+
+impl RemoteLog {
+    /// `[start, end)` the remote part holds, `None` when it holds nothing.
+    pub fn range(&self) -> Option<(i64, i64)> {
+        let first = self.segments.values().next()?;
+        let end = self.segments.values().map(|s| s.end_offset).max().expect("non-empty");
+        Some((self.start_offset.max(first.base_offset).min(end), end))
+    }
+
+    /// The segment holding `offset`, if the remote part has it.
+    pub fn segment_for(&self, offset: i64) -> Option<&RemoteLogSegment> {
+        if offset < self.start_offset {
+            return None;
+        }
+        let (_, segment) = self.segments.range(..=offset).next_back()?;
+        (offset < segment.end_offset).then_some(segment)
+    }
+
+    /// Bytes of all remote segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.values().map(|s| s.size_bytes).sum()
+    }
+
+    /// Whether the segments are well formed: each non-empty, keyed by its base offset.
+    fn is_valid(&self) -> bool {
+        self.start_offset >= 0
+            && self.segments.iter().all(|(&base, s)| s.base_offset == base && base >= 0 && s.end_offset > base)
+    }
 }
 
 /// The name part of a quota entity: a specific user or client id, or the default.
@@ -367,6 +432,20 @@ pub enum Command {
         /// Move leadership back to the first replica where possible.
         preferred: bool,
     },
+    /// A tiered partition's leader replaces its remote log metadata (after copying a
+    /// segment to the object store, or to expire remote segments).
+    SetRemoteLog {
+        /// Topic name.
+        topic: String,
+        /// Partition index.
+        partition: i32,
+        /// The broker asking: must be the current leader.
+        leader_id: i32,
+        /// Must equal the current leader epoch: a deposed leader cannot write.
+        leader_epoch: i32,
+        /// The partition's remote part, all of it.
+        remote_log: RemoteLog,
+    },
     /// Start (`Some`) or cancel (`None`) a reassignment.
     Reassign {
         /// Topic name.
@@ -385,6 +464,7 @@ impl Command {
         match self {
             Command::AlterScramCredentials { .. } | Command::AlterAcls { .. } | Command::AlterClientQuotas { .. } => 2,
             Command::AlterGroupConfigs { .. } => 3,
+            Command::SetRemoteLog { .. } => 4,
             _ => METADATA_VERSION_INITIAL,
         }
     }
@@ -563,6 +643,9 @@ impl ClusterMetadata {
             }
             Command::AlterPartition { topic, partition, leader_id, leader_epoch, partition_epoch, new_isr } => {
                 self.alter_partition(&topic, partition, leader_id, leader_epoch, partition_epoch, new_isr)
+            }
+            Command::SetRemoteLog { topic, partition, leader_id, leader_epoch, remote_log } => {
+                self.set_remote_log(&topic, partition, leader_id, leader_epoch, remote_log)
             }
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(count),
             Command::ElectLeaders { preferred } => Ok(CommandOutput::Elected(self.elect_leaders(preferred))),
@@ -864,11 +947,48 @@ impl ClusterMetadata {
     }
 
     fn delete_topic(&mut self, name: &str) -> CommandResult {
-        if self.topics.remove(name).is_none() {
+        let Some(topic) = self.topics.remove(name) else {
             return Err(MetadataError::UnknownTopic(name.to_string()));
-        }
+        };
         self.reassignments.remove(name);
+        self.remote_logs.remove(&topic.topic_id);
         Ok(CommandOutput::Done)
+    }
+
+    fn set_remote_log(
+        &mut self,
+        topic: &str,
+        index: i32,
+        leader_id: i32,
+        leader_epoch: i32,
+        remote_log: RemoteLog,
+    ) -> CommandResult {
+        let partition = self.partition(topic, index).ok_or_else(|| unknown_partition(topic, index))?;
+        if leader_epoch != partition.leader_epoch {
+            return Err(MetadataError::StaleEpoch { given: leader_epoch, current: partition.leader_epoch });
+        }
+        if leader_id != partition.leader {
+            return Err(MetadataError::NotLeader { given: leader_id, current: partition.leader });
+        }
+        if !remote_log.is_valid() {
+            return Err(MetadataError::InvalidRequest(format!("malformed remote log of {topic}-{index}")));
+        }
+        let topic_id = self.topics[topic].topic_id;
+        let logs = self.remote_logs.entry(topic_id).or_default();
+        if remote_log == RemoteLog::default() {
+            logs.remove(&index);
+        } else {
+            logs.insert(index, remote_log);
+        }
+        if logs.is_empty() {
+            self.remote_logs.remove(&topic_id);
+        }
+        Ok(CommandOutput::Done)
+    }
+
+    /// A tiered partition's remote part (empty when it has none).
+    pub fn remote_log(&self, topic_id: &Uuid, partition: i32) -> Option<&RemoteLog> {
+        self.remote_logs.get(topic_id)?.get(&partition)
     }
 
     /// Checks a CreatePartitions as [`ClusterMetadata::apply`] does, without changing anything:

@@ -203,8 +203,9 @@ async fn delete_records_before(
         });
     }
     if let (Some(tiered), Some(_)) = (&broker.tiered, log.remote_tier()) {
-        if let Some(meta) = broker.topics.get(topic) {
-            tiered.delete_records_before(&meta, partition, log, target).await?;
+        let led = crate::tiered::led_log(broker, topic, partition);
+        if let (Some(meta), Some((_, epoch))) = (broker.topics.get(topic), led) {
+            tiered.delete_records_before(&meta, partition, epoch, log, target).await?;
         }
     }
     log.delete_records_before(target.max(offsets.local_log_start_offset))?;

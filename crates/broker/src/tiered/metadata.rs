@@ -11,63 +11,18 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+pub use sluice_cluster::{RemoteLog as RemotePartition, RemoteLogSegment as RemoteSegment};
 use uuid::Uuid;
+
+use crate::cluster_link::ClusterLink;
+use crate::topics::TopicMeta;
 
 const METADATA_FILE: &str = "remote-log.json";
 const METADATA_VERSION: u32 = 1;
-
-/// One segment copied to the object store (Kafka's RemoteLogSegmentMetadata).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteSegment {
-    /// Names its objects: a segment copied twice (a retry after a crash) gets two ids,
-    /// and only the committed one is read.
-    pub id: Uuid,
-    pub base_offset: i64,
-    /// The segment covers `[base_offset, end_offset)`.
-    pub end_offset: i64,
-    pub max_timestamp: i64,
-    pub size_bytes: u64,
-    /// (leader epoch, first offset) of the epochs with records in the segment.
-    pub leader_epochs: Vec<(i32, i64)>,
-    /// A producer snapshot at `end_offset` was copied beside it.
-    pub has_producer_snapshot: bool,
-    /// Aborted transactions were copied beside it (read_committed reads need them).
-    pub has_aborted_transactions: bool,
-}
-
-/// A tiered partition's remote part.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemotePartition {
-    /// The first readable offset of the remote part (moved by DeleteRecords and retention).
-    pub start_offset: i64,
-    /// By base offset.
-    pub segments: BTreeMap<i64, RemoteSegment>,
-}
-
-impl RemotePartition {
-    /// `[start, end)` the remote part holds, `None` when it holds nothing.
-    pub fn range(&self) -> Option<(i64, i64)> {
-        let first = self.segments.values().next()?;
-        let end = self.segments.values().map(|s| s.end_offset).max().expect("non-empty");
-        Some((self.start_offset.max(first.base_offset).min(end), end))
-    }
-
-    /// The segment holding `offset`, if the remote part has it.
-    pub fn segment_for(&self, offset: i64) -> Option<&RemoteSegment> {
-        if offset < self.start_offset {
-            return None;
-        }
-        let (_, segment) = self.segments.range(..=offset).next_back()?;
-        (offset < segment.end_offset).then_some(segment)
-    }
-
-    pub fn size_bytes(&self) -> u64 {
-        self.segments.values().map(|s| s.size_bytes).sum()
-    }
-}
 
 #[derive(Serialize, Deserialize)]
 struct MetadataFile {
@@ -84,8 +39,17 @@ struct PartitionEntry {
 
 type Partitions = BTreeMap<(Uuid, i32), RemotePartition>;
 
-/// The remote log metadata of this node's tiered partitions.
-pub struct RemoteLogMetadata {
+/// Where the remote log metadata lives: a file on a single node, the controller's
+/// replicated metadata in a cluster (where only a partition's leader at its current epoch
+/// may change it, so a deposed leader's late commit is refused).
+pub enum RemoteLogMetadata {
+    Local(LocalMetadata),
+    /// With the lock that serialises this node's commits (each is a read-modify-write).
+    Replicated(Arc<ClusterLink>, tokio::sync::Mutex<()>),
+}
+
+/// A single node's remote log metadata, in `meta/remote-log.json`.
+pub struct LocalMetadata {
     path: PathBuf,
     partitions: Mutex<Partitions>,
     /// Serialises commits: each writes the whole file, so two must not interleave.
@@ -93,7 +57,11 @@ pub struct RemoteLogMetadata {
 }
 
 impl RemoteLogMetadata {
-    pub fn open(data_dir: &Path) -> io::Result<RemoteLogMetadata> {
+    pub fn replicated(link: Arc<ClusterLink>) -> RemoteLogMetadata {
+        RemoteLogMetadata::Replicated(link, tokio::sync::Mutex::new(()))
+    }
+
+    pub fn open_local(data_dir: &Path) -> io::Result<RemoteLogMetadata> {
         let dir = data_dir.join("meta");
         std::fs::create_dir_all(&dir)?;
         let path = dir.join(METADATA_FILE);
@@ -112,34 +80,94 @@ impl RemoteLogMetadata {
             Err(error) if error.kind() == io::ErrorKind::NotFound => Partitions::new(),
             Err(error) => return Err(error),
         };
-        Ok(RemoteLogMetadata { path, partitions: Mutex::new(partitions), commit_lock: tokio::sync::Mutex::new(()) })
+        Ok(RemoteLogMetadata::Local(LocalMetadata {
+            path,
+            partitions: Mutex::new(partitions),
+            commit_lock: tokio::sync::Mutex::new(()),
+        }))
     }
 
     /// A copy of one partition's remote part (empty when it has none).
     pub fn partition(&self, topic_id: Uuid, partition: i32) -> RemotePartition {
-        self.partitions.lock().get(&(topic_id, partition)).cloned().unwrap_or_default()
+        match self {
+            RemoteLogMetadata::Local(local) => {
+                local.partitions.lock().get(&(topic_id, partition)).cloned().unwrap_or_default()
+            }
+            RemoteLogMetadata::Replicated(link, _) => {
+                link.metadata().remote_log(&topic_id, partition).cloned().unwrap_or_default()
+            }
+        }
     }
 
     /// The remote segment holding `offset` of a partition.
     pub fn segment_for(&self, topic_id: Uuid, partition: i32, offset: i64) -> Option<RemoteSegment> {
-        self.partitions.lock().get(&(topic_id, partition))?.segment_for(offset).cloned()
+        self.partition(topic_id, partition).segment_for(offset).cloned()
     }
 
     /// The first remote segment with a record at or after `timestamp` (and at or after the
     /// remote start).
     pub fn segment_for_timestamp(&self, topic_id: Uuid, partition: i32, timestamp: i64) -> Option<RemoteSegment> {
-        let partitions = self.partitions.lock();
-        let remote = partitions.get(&(topic_id, partition))?;
+        let remote = self.partition(topic_id, partition);
         remote.segments.values().find(|s| s.end_offset > remote.start_offset && s.max_timestamp >= timestamp).cloned()
     }
 
-    /// Applies `change` to every partition's remote part and makes it durable before it is
-    /// visible. Returns what `change` returned.
-    pub async fn commit<T>(&self, change: impl FnOnce(&mut Partitions) -> T) -> io::Result<T> {
-        let _serialised = self.commit_lock.lock().await;
-        let mut next = self.partitions.lock().clone();
-        let result = change(&mut next);
-        next.retain(|_, remote| !remote.segments.is_empty() || remote.start_offset > 0);
+    /// Applies `change` to one partition's remote part and makes it durable (a file write,
+    /// or a controller commit applied on this node) before it is visible; `leader_epoch` is
+    /// the epoch this node leads the partition at. Returns what `change` returned and the
+    /// remote range after.
+    pub async fn commit<T>(
+        &self,
+        topic: &TopicMeta,
+        partition: i32,
+        leader_epoch: i32,
+        change: impl FnOnce(&mut RemotePartition) -> T,
+    ) -> io::Result<(T, Option<(i64, i64)>)> {
+        match self {
+            RemoteLogMetadata::Local(local) => {
+                let _serialised = local.commit_lock.lock().await;
+                let mut next = local.partitions.lock().clone();
+                let remote = next.entry((topic.id, partition)).or_default();
+                let result = change(remote);
+                let range = remote.range();
+                next.retain(|_, remote| *remote != RemotePartition::default());
+                local.write(next).await?;
+                Ok((result, range))
+            }
+            RemoteLogMetadata::Replicated(link, commit_lock) => {
+                let _serialised = commit_lock.lock().await;
+                let controller = link.controller().ok_or_else(|| io::Error::other("controller not started"))?;
+                let mut remote = self.partition(topic.id, partition);
+                let result = change(&mut remote);
+                let range = remote.range();
+                controller
+                    .set_remote_log(&topic.name, partition, leader_epoch, remote)
+                    .await
+                    .map_err(|e| io::Error::other(format!("remote log metadata not committed: {e}")))?;
+                let applied = link.controller_version();
+                if !link.wait_applied(applied, crate::cluster_link::ADMIN_TIMEOUT).await {
+                    return Err(io::Error::other("remote log metadata committed but not applied here in time"));
+                }
+                Ok((result, range))
+            }
+        }
+    }
+
+    /// Forgets a deleted topic's remote parts (a cluster's controller does so itself).
+    pub async fn forget_topic(&self, topic_id: Uuid) -> io::Result<()> {
+        match self {
+            RemoteLogMetadata::Local(local) => {
+                let _serialised = local.commit_lock.lock().await;
+                let mut next = local.partitions.lock().clone();
+                next.retain(|(id, _), _| *id != topic_id);
+                local.write(next).await
+            }
+            RemoteLogMetadata::Replicated(..) => Ok(()),
+        }
+    }
+}
+
+impl LocalMetadata {
+    async fn write(&self, next: Partitions) -> io::Result<()> {
         let file = MetadataFile {
             version: METADATA_VERSION,
             partitions: next
@@ -153,7 +181,7 @@ impl RemoteLogMetadata {
             .await
             .map_err(io::Error::other)??;
         *self.partitions.lock() = next;
-        Ok(result)
+        Ok(())
     }
 }
 
@@ -177,25 +205,27 @@ mod tests {
     #[tokio::test]
     async fn commits_survive_a_reopen_and_ranges_follow_the_start() {
         let dir = tempfile::tempdir().unwrap();
-        let topic = Uuid::new_v4();
-        let metadata = RemoteLogMetadata::open(dir.path()).unwrap();
-        metadata
-            .commit(|partitions| {
-                let remote = partitions.entry((topic, 3)).or_default();
+        let topic = TopicMeta { name: "t".into(), id: Uuid::new_v4(), partitions: 4, configs: BTreeMap::new() };
+        let metadata = RemoteLogMetadata::open_local(dir.path()).unwrap();
+        let ((), range) = metadata
+            .commit(&topic, 3, 0, |remote| {
                 remote.segments.insert(0, segment(0, 10));
                 remote.segments.insert(10, segment(10, 25));
             })
             .await
             .unwrap();
-        let reopened = RemoteLogMetadata::open(dir.path()).unwrap();
-        let remote = reopened.partition(topic, 3);
+        assert_eq!(range, Some((0, 25)));
+        let reopened = RemoteLogMetadata::open_local(dir.path()).unwrap();
+        let remote = reopened.partition(topic.id, 3);
         assert_eq!(remote.range(), Some((0, 25)));
         assert_eq!(remote.segment_for(12).map(|s| s.base_offset), Some(10));
         assert!(remote.segment_for(25).is_none());
-        reopened.commit(|partitions| partitions.get_mut(&(topic, 3)).unwrap().start_offset = 12).await.unwrap();
-        let remote = RemoteLogMetadata::open(dir.path()).unwrap().partition(topic, 3);
+        reopened.commit(&topic, 3, 0, |remote| remote.start_offset = 12).await.unwrap();
+        let remote = RemoteLogMetadata::open_local(dir.path()).unwrap().partition(topic.id, 3);
         assert_eq!(remote.range(), Some((12, 25)));
         assert!(remote.segment_for(11).is_none(), "below the remote start nothing is readable");
-        assert!(RemoteLogMetadata::open(dir.path()).unwrap().partition(Uuid::new_v4(), 3).range().is_none());
+        assert!(RemoteLogMetadata::open_local(dir.path()).unwrap().partition(Uuid::new_v4(), 3).range().is_none());
+        reopened.forget_topic(topic.id).await.unwrap();
+        assert!(RemoteLogMetadata::open_local(dir.path()).unwrap().partition(topic.id, 3).range().is_none());
     }
 }

@@ -20,9 +20,13 @@
 //! local log keeps the segments meanwhile), and fetches of remote data are answered with a
 //! retriable error.
 //!
-//! Not yet in cluster mode: the remote log metadata lives on the node (the controller's
-//! replicated metadata is where it belongs in a cluster), so `remote.storage.enable` is
-//! refused there (`topic_config::check_tiering`).
+//! The remote log metadata (`metadata.rs`) is the controller's replicated metadata in a
+//! cluster, where only a partition's leader at its current epoch may change it, and a file
+//! on a single node. Followers never copy; they apply the metadata as it comes
+//! (`cluster_link.rs`), so their local retention also keeps only what is not yet remote,
+//! and a new replica (a reassignment, a replaced broker) copies only the leader's local
+//! tail: it asks for offset 0, is told to start at the leader's local log start
+//! (`handlers/fetch.rs`), and reads older offsets from the object store like any reader.
 
 mod metadata;
 mod read;
@@ -88,7 +92,11 @@ pub const REMOTE_STORAGE_ENABLE: &str = "remote.storage.enable";
 impl TieredStorage {
     /// Opens the object store of `settings` (a directory under `data_dir` by default) and
     /// this node's remote log metadata.
-    pub fn open(settings: &TieredStorageConfig, data_dir: &FsPath) -> io::Result<TieredStorage> {
+    pub fn open(
+        settings: &TieredStorageConfig,
+        data_dir: &FsPath,
+        cluster: Option<Arc<crate::cluster_link::ClusterLink>>,
+    ) -> io::Result<TieredStorage> {
         let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("tiered_storage: {e}"));
         let url = match &settings.url {
             Some(url) => store_url(url).map_err(invalid)?,
@@ -133,7 +141,10 @@ impl TieredStorage {
             reader: read::RemoteReader::new(store.clone(), settings.read_cache_bytes),
             store,
             root,
-            metadata: metadata::RemoteLogMetadata::open(data_dir)?,
+            metadata: match cluster {
+                None => metadata::RemoteLogMetadata::open_local(data_dir)?,
+                Some(link) => metadata::RemoteLogMetadata::replicated(link),
+            },
             settings: settings.clone(),
             backoff: Mutex::new(HashMap::new()),
         })
@@ -154,10 +165,10 @@ impl TieredStorage {
             interval.tick().await;
             for topic in broker.topics.all().into_iter().filter(is_tiered) {
                 for p in 0..topic.partitions {
-                    let Some(log) = broker.partition(&topic.name, p) else { continue };
+                    let Some((log, epoch)) = led_log(&broker, &topic.name, p) else { continue };
                     self.attach(&topic, &log, p);
-                    self.copy_segments(&topic, p, &log).await;
-                    if let Err(error) = self.expire(&topic, p, &log).await {
+                    self.copy_segments(&topic, p, epoch, &log).await;
+                    if let Err(error) = self.expire(&topic, p, epoch, &log).await {
                         tracing::warn!(topic = %topic.name, partition = p, %error, "remote retention failed; retrying");
                     }
                 }
@@ -167,13 +178,13 @@ impl TieredStorage {
 
     /// Copies every sealed segment of the partition that is due, oldest first, stopping at
     /// the first failure (the next pass retries after a backoff).
-    async fn copy_segments(&self, topic: &TopicMeta, partition: i32, log: &Arc<Partition>) {
+    async fn copy_segments(&self, topic: &TopicMeta, partition: i32, epoch: i32, log: &Arc<Partition>) {
         let key = (topic.id, partition);
         if self.backoff.lock().get(&key).is_some_and(|&(_, next)| tokio::time::Instant::now() < next) {
             return;
         }
         while let Some(segment) = log.next_segment_to_upload() {
-            match self.copy_segment(topic, partition, segment).await {
+            match self.copy_segment(topic, partition, epoch, segment).await {
                 Ok(copied) => {
                     self.backoff.lock().remove(&key);
                     log.set_remote_tier(copied);
@@ -196,6 +207,7 @@ impl TieredStorage {
         &self,
         topic: &TopicMeta,
         partition: i32,
+        epoch: i32,
         segment: SealedSegment,
     ) -> io::Result<Option<(i64, i64)>> {
         let started = std::time::Instant::now();
@@ -221,15 +233,13 @@ impl TieredStorage {
         if let Some(snapshot) = segment.producer_snapshot {
             self.put(&keys.producer_snapshot, snapshot.into()).await?;
         }
-        let range = self
+        let ((), range) = self
             .metadata
-            .commit(|partitions| {
-                let entry = partitions.entry((topic.id, partition)).or_default();
+            .commit(topic, partition, epoch, |entry| {
                 if entry.segments.is_empty() {
                     entry.start_offset = entry.start_offset.max(remote.base_offset);
                 }
                 entry.segments.insert(remote.base_offset, remote.clone());
-                entry.range()
             })
             .await?;
         tracing::debug!(topic = %topic.name, partition, base = remote.base_offset, end = remote.end_offset,
@@ -268,7 +278,7 @@ impl TieredStorage {
 
     /// Applies the whole log's `retention.ms` / `retention.bytes` to the remote part, and
     /// deletes remote segments wholly below the remote start (DeleteRecords).
-    async fn expire(&self, topic: &TopicMeta, partition: i32, log: &Arc<Partition>) -> io::Result<()> {
+    async fn expire(&self, topic: &TopicMeta, partition: i32, epoch: i32, log: &Arc<Partition>) -> io::Result<()> {
         let config = log.config();
         let remote = self.metadata.partition(topic.id, partition);
         if remote.segments.is_empty() {
@@ -296,7 +306,7 @@ impl TieredStorage {
         if expired.is_empty() {
             return Ok(());
         }
-        self.delete_remote(topic, partition, log, expired).await
+        self.delete_remote(topic, partition, epoch, log, expired).await
     }
 
     /// Unlists `segments` (the oldest of the partition), moving the remote start past
@@ -305,18 +315,17 @@ impl TieredStorage {
         &self,
         topic: &TopicMeta,
         partition: i32,
+        epoch: i32,
         log: &Arc<Partition>,
         segments: Vec<RemoteSegment>,
     ) -> io::Result<()> {
-        let range = self
+        let ((), range) = self
             .metadata
-            .commit(|partitions| {
-                let entry = partitions.entry((topic.id, partition)).or_default();
+            .commit(topic, partition, epoch, |entry| {
                 for segment in &segments {
                     entry.segments.remove(&segment.base_offset);
                     entry.start_offset = entry.start_offset.max(segment.end_offset);
                 }
-                entry.range()
             })
             .await?;
         log.set_remote_tier(range);
@@ -342,16 +351,13 @@ impl TieredStorage {
         &self,
         topic: &TopicMeta,
         partition: i32,
+        epoch: i32,
         log: &Partition,
         offset: i64,
     ) -> io::Result<i64> {
-        let range = self
+        let ((), range) = self
             .metadata
-            .commit(|partitions| {
-                let entry = partitions.entry((topic.id, partition)).or_default();
-                entry.start_offset = entry.start_offset.max(offset);
-                entry.range()
-            })
+            .commit(topic, partition, epoch, |entry| entry.start_offset = entry.start_offset.max(offset))
             .await?;
         log.set_remote_tier(range);
         Ok(log.first_readable_offset())
@@ -393,9 +399,7 @@ impl TieredStorage {
     pub fn forget_topic(self: &Arc<Self>, topic: TopicMeta) {
         let tiered = self.clone();
         tokio::spawn(async move {
-            if let Err(error) =
-                tiered.metadata.commit(|partitions| partitions.retain(|(id, _), _| *id != topic.id)).await
-            {
+            if let Err(error) = tiered.metadata.forget_topic(topic.id).await {
                 tracing::warn!(topic = %topic.name, %error, "could not unlist a deleted topic's remote segments");
                 return;
             }
@@ -408,6 +412,18 @@ impl TieredStorage {
                 }
             }
         });
+    }
+}
+
+/// The log of a partition this node leads and the epoch it leads at (a single node leads
+/// every partition, at [`crate::LEADER_EPOCH`]).
+pub(crate) fn led_log(broker: &Broker, topic: &str, partition: i32) -> Option<(Arc<Partition>, i32)> {
+    match &broker.replicas {
+        None => broker.partition(topic, partition).map(|log| (log, crate::LEADER_EPOCH)),
+        Some(replicas) => {
+            let replica = replicas.get(topic, partition)?;
+            Some((replica.log.clone(), replica.leader_epoch()?))
+        }
     }
 }
 

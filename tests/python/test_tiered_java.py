@@ -1,0 +1,113 @@
+"""The official Java consumer (kafka-clients 4.3.1) reads a tiered topic (KIP-405,
+remote.storage.enable=true) back from offset 0, most of it from the object store, byte for
+byte, before and after a kill -9 of the broker.
+
+The checks live in tests/java/src/main/java/sluice/tests/TieredReader.java; a run exits
+non-zero with "FAIL: <what differed>" on the first mismatch.
+"""
+
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
+from kafka_wire import Conn, ConnectionClosed, create_topic
+
+RECORD_BYTES = 10_000
+SEGMENT_BYTES = 1 << 20
+LOCAL_RETENTION_BYTES = 2 * SEGMENT_BYTES
+EARLIEST_LOCAL = -4
+FAST = ["--log-retention-check-interval-ms", "200", "--override", "tiered_storage.task_interval_ms=200"]
+PARTITIONS = 2
+RECORDS = 3000
+
+
+def value(partition: int, offset: int) -> bytes:
+    """Same as value() in test_tiered_storage.py and TieredReader.value()."""
+    return b"%d:%08d" % (partition, offset) + b"t" * (RECORD_BYTES - 11)
+
+
+def produce(bootstrap: str, topic: str, partitions: int, count: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "broker.address.family": "v4", "acks": "all", "linger.ms": 5,
+                  "compression.type": "none"})
+    errs = []
+    for n in range(count):
+        for part in range(partitions):
+            p.produce(topic, partition=part, value=value(part, n), on_delivery=lambda err, msg: errs.append(err))
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert errs == [None] * (count * partitions), [e for e in errs if e][:3]
+
+
+def local_start(bootstrap: str, topic: str, partition: int) -> int:
+    """The local log start offset (ListOffsets v8, timestamp -4 = EARLIEST_LOCAL)."""
+    host, port = bootstrap.split(":")
+    with Conn(host, int(port)) as conn:
+        err, _, offset = conn.list_offsets(topic, partition, EARLIEST_LOCAL, version=8)
+        assert err == 0, err
+        return offset
+
+
+def local_bytes(data_dir: Path, topic: str, partition: int) -> int:
+    return sum(f.stat().st_size for f in (data_dir / "logs" / f"{topic}-{partition}").glob("*.log"))
+
+
+def wait_until(what: str, check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def read_all(java_cp, b, topic: str, what: str) -> None:
+    res = run_java(java_cp, "sluice.tests.TieredReader",
+                   ["--bootstrap", b.bootstrap, "--topic", topic, "--partitions", PARTITIONS, "--records", RECORDS],
+                   timeout=180)
+    assert res.returncode == 0 and "PASS tiered" in res.stdout, (
+        f"TieredReader {what} failed\n{res.report()}\n--- broker log (tail) ---\n{b.log()[-6000:]}")
+    assert f"consumed and verified {PARTITIONS * RECORDS} records" in res.stdout, res.report()
+    assert b.is_running(), f"broker died\n{b.log()[-6000:]}"
+
+
+def test_java_consumer_reads_a_tiered_topic_from_offset_0(broker_factory, java_cp):
+    """2 partitions x 3000 records of 10 kB (~30 MB each) with 2 MiB of local retention: once
+    the local log starts past offset 1500 and keeps at most 4 MiB of segments, the Java
+    consumer (assign + seekToBeginning, auto.offset.reset=none) sees beginningOffsets 0 and
+    endOffsets 3000 and reads every offset 0..2999 of both partitions, dense and identical,
+    through the remote tier; again after a kill -9 and restart."""
+    b = broker_factory(extra_args=FAST)
+    topic = f"tiered-java-{uuid.uuid4().hex[:8]}"
+    create_topic(b.bootstrap, topic, PARTITIONS, {"remote.storage.enable": "true",
+                                                   "segment.bytes": str(SEGMENT_BYTES),
+                                                   "local.retention.bytes": str(LOCAL_RETENTION_BYTES)})
+    produce(b.bootstrap, topic, PARTITIONS, RECORDS)
+
+    def shrunk(p):
+        return (local_start(b.bootstrap, topic, p) > RECORDS // 2
+                and local_bytes(b.data_dir, topic, p) <= LOCAL_RETENTION_BYTES + 2 * SEGMENT_BYTES)
+
+    for p in range(PARTITIONS):
+        wait_until(f"partition {p}'s local log to start past {RECORDS // 2} and hold <= 4 MiB", lambda: shrunk(p))
+    read_all(java_cp, b, topic, "before the kill -9")
+
+    b.kill()
+    b.start()
+    for p in range(PARTITIONS):
+        (start,) = wait_until(f"partition {p} to answer ListOffsets after the restart",
+                              lambda: _try_local_start(b.bootstrap, topic, p), timeout=30)
+        assert start > RECORDS // 2, f"partition {p}: local log start {start} after the restart"
+    read_all(java_cp, b, topic, "after the kill -9")
+
+
+def _try_local_start(bootstrap: str, topic: str, partition: int) -> tuple[int] | None:
+    """(local log start,), or None while the restarted broker does not answer it yet."""
+    try:
+        return (local_start(bootstrap, topic, partition),)
+    except (AssertionError, OSError, ConnectionClosed):
+        return None
