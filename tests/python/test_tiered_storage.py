@@ -12,7 +12,10 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kafka_wire import Conn, admin_client, consume_until, create_topic, watermarks
+from conftest import free_port
 from s3_server import start_s3_server
+from test_metrics import scrape
+from test_metrics import value as metric
 
 RECORD_BYTES = 10_000
 SEGMENT_BYTES = 1 << 20
@@ -94,7 +97,8 @@ def test_tiered_topic_keeps_a_local_tail_and_reads_its_whole_history(broker_fact
     """40 MiB per partition with 2 MiB of local retention: the disk keeps only the tail, the
     local directory store holds the rest, and librdkafka reads all of it back from offset 0,
     before and after a kill -9."""
-    b = broker_factory(extra_args=FAST)
+    metrics_port = free_port()
+    b = broker_factory(extra_args=FAST + ["--metrics-listen", f"127.0.0.1:{metrics_port}"])
     partitions, records = 2, 4000
     topic = tiered_topic(b.bootstrap, partitions)
     produce(b.bootstrap, topic, partitions, 0, records)
@@ -108,6 +112,11 @@ def test_tiered_topic_keeps_a_local_tail_and_reads_its_whole_history(broker_fact
     remote = list((b.data_dir / "remote-store").rglob("*.log"))
     assert len(remote) >= 2 * (records * RECORD_BYTES // SEGMENT_BYTES - 4), f"only {len(remote)} remote segments"
     check_all(b.bootstrap, topic, partitions, records)
+    metrics = scrape(metrics_port)
+    assert metric(metrics, "sluice_remote_copy_bytes_total") >= len(remote) * SEGMENT_BYTES * 0.9
+    assert metric(metrics, "sluice_remote_fetch_bytes_total") >= records // 2 * RECORD_BYTES, "not read remotely"
+    assert metric(metrics, "sluice_remote_log_size_bytes") >= len(remote) * SEGMENT_BYTES * 0.9
+    assert metric(metrics, "sluice_remote_copy_failures_total") == 0
 
     b.kill()
     b.start()

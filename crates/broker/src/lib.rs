@@ -133,7 +133,12 @@ impl Broker {
         // A cluster's nodes must share one store: the per-node default directory cannot be it.
         let shared_store = config.cluster.is_none() || config.tiered_storage.url.is_some();
         let tiered = if config.tiered_storage.enabled && shared_store {
-            let tiered = tiered::TieredStorage::open(&config.tiered_storage, &config.data_dir, cluster.clone())?;
+            let tiered = tiered::TieredStorage::open(
+                &config.tiered_storage,
+                &config.data_dir,
+                cluster.clone(),
+                metrics.tiered.clone(),
+            )?;
             for topic in topics.all().into_iter().filter(tiered::is_tiered) {
                 for p in 0..topic.partitions {
                     if let Some(log) = logs.get_in(&topic.name, p) {

@@ -98,6 +98,26 @@ pub(crate) struct Metrics {
     produce_memory_bytes: Gauge,
     queued_request_bytes: Gauge,
     active_controller: Gauge,
+    /// Tiered storage's counters (`tiered/`), handed to it at startup.
+    pub(crate) tiered: TieredMetrics,
+    remote_log_size_bytes: Gauge,
+}
+
+/// What tiered storage counts (`tiered/`).
+#[derive(Clone, Default)]
+pub(crate) struct TieredMetrics {
+    /// Segment bytes copied to the object store.
+    pub(crate) copied_bytes: Counter,
+    /// Segments copied and committed.
+    pub(crate) copied_segments: Counter,
+    /// Copies that failed (each is retried after a backoff).
+    pub(crate) copy_failures: Counter,
+    /// Record bytes read from the object store for fetches.
+    pub(crate) fetched_bytes: Counter,
+    /// Remote reads that failed (answered with a retriable error).
+    pub(crate) fetch_failures: Counter,
+    /// Remote segments deleted by retention or DeleteRecords.
+    pub(crate) expired_segments: Counter,
 }
 
 fn histogram((start, factor, count): (f64, f64, u16)) -> Histogram {
@@ -184,6 +204,34 @@ impl Metrics {
         );
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
+        let tiered = TieredMetrics::default();
+        for (name, help, counter) in [
+            ("remote_copy_bytes", "Segment bytes copied to the object store (tiered topics)", &tiered.copied_bytes),
+            ("remote_copy_segments", "Segments copied to the object store and committed", &tiered.copied_segments),
+            (
+                "remote_copy_failures",
+                "Copies to the object store that failed (retried after a backoff)",
+                &tiered.copy_failures,
+            ),
+            ("remote_fetch_bytes", "Record bytes read from the object store for fetches", &tiered.fetched_bytes),
+            (
+                "remote_fetch_failures",
+                "Reads from the object store that failed (answered with a retriable error)",
+                &tiered.fetch_failures,
+            ),
+            (
+                "remote_expired_segments",
+                "Remote segments deleted by retention or DeleteRecords",
+                &tiered.expired_segments,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
+        let remote_log_size_bytes = gauge(
+            &mut registry,
+            "remote_log_size_bytes",
+            "Bytes in the object store of the tiered partitions this node leads",
+        );
         Metrics {
             registry,
             apis,
@@ -208,6 +256,8 @@ impl Metrics {
             produce_memory_bytes,
             queued_request_bytes,
             active_controller,
+            tiered,
+            remote_log_size_bytes,
         }
     }
 
@@ -285,6 +335,9 @@ impl Metrics {
         self.leader_partitions.set(leading as i64);
         self.under_replicated_partitions.set(under_replicated as i64);
         self.fetch_sessions.set(broker.fetch_sessions.len() as i64);
+        if let Some(tiered) = &broker.tiered {
+            self.remote_log_size_bytes.set(tiered.led_remote_bytes(broker) as i64);
+        }
         let (queued, produce_memory) = broker.request_memory.held();
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);

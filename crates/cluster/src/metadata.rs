@@ -1577,6 +1577,47 @@ mod tests {
     }
 
     #[test]
+    fn only_the_current_leader_sets_a_remote_log_and_it_goes_with_its_topic() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        with_partition(&mut metadata, &[1, 2, 3], 1, &[1, 2, 3]);
+        let topic_id = metadata.topics["t"].topic_id;
+        let segment = RemoteLogSegment {
+            id: Uuid::new_v4(),
+            base_offset: 0,
+            end_offset: 100,
+            max_timestamp: 7,
+            size_bytes: 4096,
+            leader_epochs: vec![(5, 0)],
+            has_producer_snapshot: true,
+            has_aborted_transactions: false,
+        };
+        let remote_log = RemoteLog { start_offset: 0, segments: BTreeMap::from([(0, segment.clone())]) };
+        let set = |leader_id, leader_epoch, remote_log: &RemoteLog| Command::SetRemoteLog {
+            topic: "t".into(),
+            partition: 0,
+            leader_id,
+            leader_epoch,
+            remote_log: remote_log.clone(),
+        };
+        assert_eq!(
+            metadata.apply(set(1, 5, &remote_log)),
+            Err(MetadataError::UnsupportedMetadataVersion { required: 4, finalized: 1 }),
+            "refused until every node understands it"
+        );
+        metadata.apply(Command::FinalizeMetadataVersion { version: METADATA_VERSION_LATEST }).unwrap();
+        assert_eq!(metadata.apply(set(1, 4, &remote_log)), Err(MetadataError::StaleEpoch { given: 4, current: 5 }));
+        assert_eq!(metadata.apply(set(2, 5, &remote_log)), Err(MetadataError::NotLeader { given: 2, current: 1 }));
+        let misplaced = RemoteLog { start_offset: 0, segments: BTreeMap::from([(50, segment)]) };
+        assert!(matches!(metadata.apply(set(1, 5, &misplaced)), Err(MetadataError::InvalidRequest(_))));
+        assert!(metadata.remote_log(&topic_id, 0).is_none(), "refused commands change nothing");
+        metadata.apply(set(1, 5, &remote_log)).unwrap();
+        assert_eq!(metadata.remote_log(&topic_id, 0).and_then(RemoteLog::range), Some((0, 100)));
+        assert_eq!(set(1, 5, &remote_log).required_metadata_version(), 4);
+        metadata.apply(Command::DeleteTopic { name: "t".into() }).unwrap();
+        assert!(metadata.remote_logs.is_empty(), "a deleted topic's remote log metadata stays behind");
+    }
+
+    #[test]
     fn preferred_election_moves_leadership_back() {
         let mut metadata = cluster(&[1, 2, 3]);
         with_partition(&mut metadata, &[1, 2, 3], 2, &[2, 3, 1]);

@@ -48,6 +48,7 @@ use uuid::Uuid;
 pub use self::metadata::RemoteSegment;
 pub use self::read::{RemoteRead, RemoteReadError, READ_CHUNK_BYTES};
 use crate::config::TieredStorageConfig;
+use crate::metrics::TieredMetrics;
 use crate::topics::TopicMeta;
 use crate::Broker;
 
@@ -70,6 +71,7 @@ pub struct TieredStorage {
     settings: TieredStorageConfig,
     /// Partitions whose last copy failed: (failures in a row, next try).
     backoff: Mutex<HashMap<(Uuid, i32), (u32, tokio::time::Instant)>>,
+    metrics: TieredMetrics,
 }
 
 /// The object store a `tiered_storage.url` names (checked at config validation).
@@ -96,6 +98,7 @@ impl TieredStorage {
         settings: &TieredStorageConfig,
         data_dir: &FsPath,
         cluster: Option<Arc<crate::cluster_link::ClusterLink>>,
+        metrics: TieredMetrics,
     ) -> io::Result<TieredStorage> {
         let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("tiered_storage: {e}"));
         let url = match &settings.url {
@@ -147,6 +150,7 @@ impl TieredStorage {
             },
             settings: settings.clone(),
             backoff: Mutex::new(HashMap::new()),
+            metrics,
         })
     }
 
@@ -186,10 +190,12 @@ impl TieredStorage {
         while let Some(segment) = log.next_segment_to_upload() {
             match self.copy_segment(topic, partition, epoch, segment).await {
                 Ok(copied) => {
+                    self.metrics.copied_segments.inc();
                     self.backoff.lock().remove(&key);
                     log.set_remote_tier(copied);
                 }
                 Err(error) => {
+                    self.metrics.copy_failures.inc();
                     let mut backoff = self.backoff.lock();
                     let failures = backoff.get(&key).map_or(0, |&(n, _)| n) + 1;
                     let wait = UPLOAD_BACKOFF_MIN.saturating_mul(1 << failures.min(5)).min(UPLOAD_BACKOFF_MAX);
@@ -266,6 +272,7 @@ impl TieredStorage {
             }
             writer.put(part);
             position += length as u64;
+            self.metrics.copied_bytes.inc_by(length as u64);
         }
         writer.finish().await.map_err(store_error)?;
         Ok(())
@@ -340,6 +347,7 @@ impl TieredStorage {
                 }
             }
         }
+        self.metrics.expired_segments.inc_by(segments.len() as u64);
         tracing::info!(topic = %topic.name, partition, segments = segments.len(), "remote segments expired");
         Ok(())
     }
@@ -377,7 +385,29 @@ impl TieredStorage {
             return Err(read::RemoteReadError::NotRemote);
         };
         let keys = SegmentKeys::new(&self.root, topic, partition, &segment);
-        self.reader.read(&keys, &segment, offset, max_bytes, min_one_batch).await
+        let read = self.reader.read(&keys, &segment, offset, max_bytes, min_one_batch).await;
+        match &read {
+            Ok(read) => {
+                self.metrics.fetched_bytes.inc_by(read.records.len() as u64);
+            }
+            Err(_) => {
+                self.metrics.fetch_failures.inc();
+            }
+        }
+        read
+    }
+
+    /// Bytes in the object store of the tiered partitions this node leads (`/metrics`).
+    pub fn led_remote_bytes(&self, broker: &Broker) -> u64 {
+        let mut total = 0;
+        for topic in broker.topics.all().into_iter().filter(is_tiered) {
+            for p in 0..topic.partitions {
+                if led_log(broker, &topic.name, p).is_some() {
+                    total += self.metadata.partition(topic.id, p).size_bytes();
+                }
+            }
+        }
+        total
     }
 
     /// The first batch with a record at or after `timestamp` in the remote part, for
