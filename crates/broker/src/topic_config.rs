@@ -335,8 +335,11 @@ pub fn check_tiering(
         ("local.retention.bytes", log.local_retention_bytes, log.retention_bytes),
     ] {
         let total_name = name.trim_start_matches("local.");
-        if total >= 0 && (local < 0 || local > total) {
-            return Err(format!("{name} ({local}) must be at most {total_name} ({total}) and not -1"));
+        if total >= 0 && local < 0 {
+            return Err(format!("{name} cannot be -1 (unlimited) when {total_name} is {total}"));
+        }
+        if total >= 0 && local > total {
+            return Err(format!("{name} ({local}) must be at most {total_name} ({total})"));
         }
     }
     Ok(())

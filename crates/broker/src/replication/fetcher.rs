@@ -260,7 +260,8 @@ fn restart_at_leader_start(replica: &Replica, leader_log_start: i64) -> Result<O
         tracing::debug!(topic = %replica.topic, partition = replica.partition, ours, leader_log_start, "offset out of range");
         return Err(());
     }
-    tracing::warn!(
+    // A new replica of a tiered partition (or one whose head was deleted) starts here.
+    tracing::info!(
         topic = %replica.topic,
         partition = replica.partition,
         ours,
