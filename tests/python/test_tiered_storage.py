@@ -4,6 +4,8 @@ its whole history back through the ordinary Fetch and ListOffsets, from a local-
 store (the default) and from a real S3-compatible server (s3s-fs, tests/python/s3_server.py),
 across a kill -9 and an object-store outage."""
 
+import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -202,9 +204,11 @@ def test_tiered_configs_are_checked(broker_factory):
 
 
 def test_s3_store_outage_never_blocks_producers_and_loses_nothing(broker_factory, tmp_path):
-    """Against a real S3-compatible server: segments are uploaded there; while the server is
-    down producers keep going (acks=all, nothing lost) and the local log keeps what is not
-    uploaded; once it is back the uploads resume and every record reads back from offset 0."""
+    """Against a real S3-compatible server, stopped for OUTAGE_S under a steady acks=all
+    load: producers keep going at their latency (nothing waits for the store), the local
+    log keeps what is not uploaded, a consumer reading remote history meanwhile is held up
+    but not failed; once the store is back uploads resume and every record reads back from
+    offset 0. (The slow tier stops the store for 60 s.)"""
     s3 = start_s3_server(tmp_path)
     try:
         store = [f"tiered_storage.url=s3://{s3.bucket}/cluster-a", f"tiered_storage.endpoint={s3.endpoint}",
@@ -213,21 +217,103 @@ def test_s3_store_outage_never_blocks_producers_and_loses_nothing(broker_factory
         b = broker_factory(extra_args=FAST + [x for o in store for x in ("--override", o)])
         topic = tiered_topic(b.bootstrap, 1)
         produce(b.bootstrap, topic, 1, 0, 1000)
-        wait_until("the first uploads", lambda: latest_tiered(b.bootstrap, topic, 0) > 0)
+        wait_until("the first uploads", lambda: local_start(b.bootstrap, topic, 0) > 500)
         assert list(s3.bucket_dir.rglob("*.log")), "nothing uploaded to the S3 server"
 
+        load = SteadyProducer(b.bootstrap, topic, first=1000, rate=200)
+        time.sleep(3)
         s3.stop()
-        started = time.monotonic()
-        produce(b.bootstrap, topic, 1, 1000, 1000)
-        assert time.monotonic() - started < 30, "producers were held up by the store outage"
+        load.phase = "outage"
+        reader = ReaderThread(b.bootstrap, topic, end=1000)  # offsets 0..~500 are remote only
+        time.sleep(OUTAGE_S)
         stalled_at = latest_tiered(b.bootstrap, topic, 0)
-        time.sleep(2)
         assert local_start(b.bootstrap, topic, 0) <= stalled_at + 1, "local data left before it was uploaded"
         s3.start()
-        wait_until("uploads to resume after the outage", lambda: latest_tiered(b.bootstrap, topic, 0) > 1500,
-                   timeout=90)
-        wait_until("the local log to shrink", lambda: local_start(b.bootstrap, topic, 0) > 1000)
-        check_all(b.bootstrap, topic, 1, 2000)
+        load.phase = "after"
+        time.sleep(2)
+        end = load.stop()
+        before, during = load.p99("before"), load.p99("outage")
+        print(f"producer p99 before the outage {before * 1000:.1f} ms, during {during * 1000:.1f} ms "
+              f"({load.count('outage')} records in {OUTAGE_S} s)")
+        assert load.count("outage") >= OUTAGE_S * 200 * 0.8, "producers slowed down while the store was down"
+        assert during < max(10 * before, 0.5), f"producer p99 {during:.3f} s during the outage vs {before:.3f} s"
+        reader.join(120)
+        assert reader.error is None, f"the consumer failed instead of waiting for the store: {reader.error}"
+        wait_until("uploads to resume after the outage", lambda: latest_tiered(b.bootstrap, topic, 0) > end - 300,
+                   timeout=120)
+        check_all(b.bootstrap, topic, 1, end)
         assert b.is_running(), b.log()[-4000:]
     finally:
         s3.stop()
+
+
+OUTAGE_S = 60 if os.environ.get("SLUICE_SLOW_TESTS") == "1" else 6
+
+
+class SteadyProducer:
+    """Produces value(0, n) for n = first, first + 1, ... at `rate` per second from a thread,
+    recording each record's acknowledgement latency under the current `phase`."""
+
+    def __init__(self, bootstrap: str, topic: str, first: int, rate: int):
+        self.producer = Producer({"bootstrap.servers": bootstrap, "broker.address.family": "v4", "acks": "all",
+                                  "linger.ms": 1, "compression.type": "none"})
+        self.topic, self.next, self.rate = topic, first, rate
+        self.phase = "before"
+        self.latencies: dict[str, list[float]] = {}
+        self.failed: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self):
+        started = time.monotonic()
+        sent = 0
+        while not self._stop.is_set():
+            due = started + sent / self.rate
+            now = time.monotonic()
+            if now < due:
+                self.producer.poll(min(due - now, 0.01))
+                continue
+            phase, at = self.phase, time.monotonic()
+
+            def delivered(err, msg, phase=phase, at=at):
+                if err:
+                    self.failed.append(err)
+                else:
+                    self.latencies.setdefault(phase, []).append(time.monotonic() - at)
+            self.producer.produce(self.topic, partition=0, value=value(0, self.next), on_delivery=delivered)
+            self.next += 1
+            sent += 1
+            self.producer.poll(0)
+
+    def stop(self) -> int:
+        """Stops, waits for every acknowledgement; returns the offset after the last record."""
+        self._stop.set()
+        self._thread.join(30)
+        assert self.producer.flush(60) == 0
+        assert not self.failed, self.failed[:3]
+        return self.next
+
+    def count(self, phase: str) -> int:
+        return len(self.latencies.get(phase, []))
+
+    def p99(self, phase: str) -> float:
+        got = sorted(self.latencies.get(phase, []))
+        assert got, f"no records acknowledged in phase {phase}"
+        return got[int(len(got) * 0.99) - 1 if len(got) >= 100 else -1]
+
+
+class ReaderThread(threading.Thread):
+    """Reads offsets 0..end-1 in the background; `error` holds what failed it, if anything."""
+
+    def __init__(self, bootstrap: str, topic: str, end: int):
+        super().__init__()
+        self.bootstrap, self.topic, self.end = bootstrap, topic, end
+        self.error = None
+        self.start()
+
+    def run(self):
+        try:
+            check_all(self.bootstrap, self.topic, 1, self.end)
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
