@@ -325,6 +325,12 @@ fn create_topics(
     let mut random = XorShift::seeded(11);
     let suffix = random.string(7);
     let mut topic_config = driver.topic_config.clone();
+    if options.broker_label.as_deref() == Some("kafka") && driver.topic_config.iter().any(|(k, _)| is_tiering(k)) {
+        // Apache Kafka ships no RemoteStorageManager: its side of a comparison runs the
+        // same topic untiered (all of it on local disk).
+        println!("note: Kafka runs the topic without tiered storage (it ships no remote storage plugin)");
+        topic_config.retain(|(key, _)| !is_tiering(key));
+    }
     for (key, value) in topic_config.iter_mut() {
         let asked: Option<i32> = value.parse().ok();
         if key == "min.insync.replicas" && asked.is_some_and(|n| n > replication_factor) {
@@ -339,6 +345,11 @@ fn create_topics(
     admin.create_topics(&topics, replication_factor, &topic_config)?;
     println!("Created {} topics in {} ms", topics.len(), started.elapsed().as_millis());
     Ok(topics)
+}
+
+/// Topic configs of tiered storage (KIP-405).
+fn is_tiering(key: &str) -> bool {
+    matches!(key, "remote.storage.enable" | "local.retention.ms" | "local.retention.bytes")
 }
 
 /// The payload pool: the payload file, a randomized pool, or zeros.
