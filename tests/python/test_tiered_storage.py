@@ -174,10 +174,10 @@ def admin_offsets_for_time(bootstrap: str, topic: str, timestamp: int) -> int:
         c.close()
 
 
-def test_tiered_configs_are_checked(broker_factory):
+def test_tiered_configs_are_checked_and_deleting_a_topic_deletes_its_objects(broker_factory):
     """Kafka's rules: no compaction on a tiered topic, local retention within the total, and
-    no turning tiering off; a plain topic is unaffected."""
-    b = broker_factory()
+    no turning tiering off. Deleting a tiered topic deletes its objects in the store."""
+    b = broker_factory(extra_args=FAST)
     a = admin_client(b.bootstrap)
     from confluent_kafka.admin import NewTopic
     bad = [
@@ -201,6 +201,13 @@ def test_tiered_configs_are_checked(broker_factory):
         raise AssertionError("tiering was turned off")
     except Exception as e:  # noqa: BLE001
         assert e.args[0].code() == KafkaError.INVALID_CONFIG, e
+
+    produce(b.bootstrap, topic, 1, 0, 400)
+    store = b.data_dir / "remote-store"
+    wait_until("segments copied", lambda: len(list(store.rglob("*.log"))) >= 2)
+    a.delete_topics([topic])[topic].result(10)
+    wait_until("the deleted topic's objects deleted", lambda: not [f for f in store.rglob("*") if f.is_file()],
+               timeout=30)
 
 
 def test_s3_store_outage_never_blocks_producers_and_loses_nothing(broker_factory, tmp_path):

@@ -387,6 +387,8 @@ pub(super) async fn delete_topics_in_cluster(
     let mut response = DeleteTopicsResponse::default();
     for (name, id) in wanted_deletions(&request) {
         let (mut result, target) = deletion_target(&broker, name, id);
+        // A tiered topic's objects are deleted by the node that deleted it, once committed.
+        let tiered = target.as_ref().ok().and_then(|name| broker.topics.get(name)).filter(crate::tiered::is_tiered);
         let outcome = match target {
             Ok(name) => match controller(&broker) {
                 Ok(controller) => controller_write(&broker, controller.delete_topic(&name)).await.map(|()| name),
@@ -395,7 +397,12 @@ pub(super) async fn delete_topics_in_cluster(
             Err(failure) => Err(failure),
         };
         match outcome {
-            Ok(name) => tracing::info!(topic = %name, "deleted topic in cluster"),
+            Ok(name) => {
+                tracing::info!(topic = %name, "deleted topic in cluster");
+                if let (Some(store), Some(topic)) = (&broker.tiered, tiered) {
+                    store.forget_topic(topic);
+                }
+            }
             Err((error, text)) => {
                 result.error_code = error.code();
                 result.error_message = message(text);
