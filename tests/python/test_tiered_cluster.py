@@ -178,3 +178,36 @@ def test_reassigning_a_tiered_partition_copies_only_its_local_tail(tmp_path):
     finally:
         cluster.kill_all()
         s3.stop()
+
+
+def test_a_broker_replaced_by_an_empty_one_fetches_only_the_tails(tmp_path):
+    """A node whose disk was lost comes back empty: it rejoins the quorum and its replicas of a
+    tiered partition copy only the leader's local tail, not the history."""
+    import shutil
+
+    s3, cluster = start(tmp_path)
+    try:
+        topic = tiered_topic(cluster)
+        produce(cluster.bootstrap, topic, 0, RECORDS)
+        leader, replicas, _ = cluster.partition_state(topic, 0)
+        cluster.wait_for("the leader's local log to shrink to its retention",
+                         lambda: local_start_at(cluster, leader, topic) > RECORDS // 2
+                         and local_bytes(cluster, leader, topic) <= LOCAL_RETENTION_BYTES + 2 * SEGMENT_BYTES,
+                         timeout=60)
+        (lost,) = [n for n in replicas if n != leader][:1]
+        node = cluster.nodes[lost]
+        node.kill()
+        shutil.rmtree(node.data_dir)
+        node.start()
+        tail = local_bytes(cluster, leader, topic)
+        cluster.wait_for("the empty node to copy the leader's tail",
+                         lambda: local_bytes(cluster, lost, topic) >= tail - SEGMENT_BYTES, timeout=60)
+        cluster.wait_for("the empty node back in the ISR",
+                         lambda: sorted(cluster.partition_state(topic, 0)[2]) == sorted(replicas), timeout=60)
+        copied = local_bytes(cluster, lost, topic)
+        assert 0 < copied <= LOCAL_RETENTION_BYTES + 3 * SEGMENT_BYTES, \
+            f"the empty node copied {copied} bytes of a {RECORDS * RECORD_BYTES}-byte partition"
+        check_all(cluster.bootstrap, topic, RECORDS)
+    finally:
+        cluster.kill_all()
+        s3.stop()
