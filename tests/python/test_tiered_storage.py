@@ -324,3 +324,21 @@ class ReaderThread(threading.Thread):
             check_all(self.bootstrap, self.topic, 1, self.end)
         except BaseException as e:  # noqa: BLE001
             self.error = e
+
+
+def test_copies_keep_to_copy_max_bytes_per_second(broker_factory):
+    """tiered_storage.copy_max_bytes_per_second bounds the node's copies: at 1 MiB/s, eight
+    sealed 1 MiB segments take about eight seconds to copy, not a fraction of one."""
+    metrics_port = free_port()
+    b = broker_factory(extra_args=FAST + ["--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                          "--override", f"tiered_storage.copy_max_bytes_per_second={1 << 20}"])
+    topic = tiered_topic(b.bootstrap, 1)
+    produce(b.bootstrap, topic, 1, 0, 900)  # ~9 MiB: 8 sealed segments
+    copied = lambda: metric(scrape(metrics_port), "sluice_remote_copy_bytes_total")  # noqa: E731
+    wait_until("copying to start", lambda: copied() > 0, timeout=10)
+    first, started = copied(), time.monotonic()
+    time.sleep(3)
+    rate = (copied() - first) / (time.monotonic() - started)
+    assert rate <= 1.5 * (1 << 20), f"copies ran at {rate / (1 << 20):.1f} MiB/s with a 1 MiB/s limit"
+    assert latest_tiered(b.bootstrap, topic, 0) < 700, "every segment was copied within seconds"
+    wait_until("every sealed segment copied", lambda: latest_tiered(b.bootstrap, topic, 0) >= 700, timeout=30)

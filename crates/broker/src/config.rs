@@ -272,6 +272,9 @@ pub struct TieredStorageConfig {
     /// Kafka's `remote.fetch.max.wait.ms`: a fetch waits at most this long for remote data
     /// before it is answered without it (the client fetches again).
     pub fetch_max_wait_ms: u64,
+    /// Kafka's `remote.log.manager.copy.max.bytes.per.second`: the node's copies to the
+    /// object store never go faster (they read the local disk producers write to).
+    pub copy_max_bytes_per_second: u64,
 }
 
 impl Default for TieredStorageConfig {
@@ -287,6 +290,7 @@ impl Default for TieredStorageConfig {
             task_interval_ms: 1_000,
             read_cache_bytes: 256 * 1024 * 1024,
             fetch_max_wait_ms: 500,
+            copy_max_bytes_per_second: u64::MAX,
         }
     }
 }
@@ -562,8 +566,10 @@ impl BrokerConfig {
 
     fn validate_tiered_storage(&self) -> Result<(), String> {
         let tiered = &self.tiered_storage;
-        if tiered.task_interval_ms == 0 || tiered.fetch_max_wait_ms == 0 {
-            return Err("tiered_storage.task_interval_ms and tiered_storage.fetch_max_wait_ms must be > 0".into());
+        if tiered.task_interval_ms == 0 || tiered.fetch_max_wait_ms == 0 || tiered.copy_max_bytes_per_second == 0 {
+            return Err(
+                "tiered_storage.task_interval_ms, fetch_max_wait_ms and copy_max_bytes_per_second must be > 0".into()
+            );
         }
         if tiered.read_cache_bytes < TIERED_READ_CACHE_BYTES_MIN {
             return Err(format!("tiered_storage.read_cache_bytes must be at least {TIERED_READ_CACHE_BYTES_MIN}"));

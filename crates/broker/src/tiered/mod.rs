@@ -71,6 +71,8 @@ pub struct TieredStorage {
     settings: TieredStorageConfig,
     /// Partitions whose last copy failed: (failures in a row, next try).
     backoff: Mutex<HashMap<(Uuid, i32), (u32, tokio::time::Instant)>>,
+    /// When the node's next copied part may start (`copy_max_bytes_per_second`).
+    copy_pace: Mutex<tokio::time::Instant>,
     metrics: TieredMetrics,
 }
 
@@ -150,6 +152,7 @@ impl TieredStorage {
             },
             settings: settings.clone(),
             backoff: Mutex::new(HashMap::new()),
+            copy_pace: Mutex::new(tokio::time::Instant::now()),
             metrics,
         })
     }
@@ -259,8 +262,19 @@ impl TieredStorage {
         let upload = self.store.put_multipart_opts(key, PutMultipartOptions::default()).await.map_err(store_error)?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
         let mut position = 0u64;
+        let rate = self.settings.copy_max_bytes_per_second;
         while position < segment.size_bytes {
             let length = (segment.size_bytes - position).min(UPLOAD_PART_BYTES as u64) as usize;
+            // copy_max_bytes_per_second: each part waits for its turn on the node's pace.
+            if rate != u64::MAX {
+                let turn = {
+                    let mut next = self.copy_pace.lock();
+                    let turn = (*next).max(tokio::time::Instant::now());
+                    *next = turn + Duration::from_secs_f64(length as f64 / rate as f64);
+                    turn
+                };
+                tokio::time::sleep_until(turn).await;
+            }
             let file = segment.file.clone();
             let part = tokio::task::spawn_blocking(move || {
                 sluice_storage::segment::Segment::read_at(&file, position, length, ReadMode::MayBlock)
