@@ -342,3 +342,30 @@ def test_copies_keep_to_copy_max_bytes_per_second(broker_factory):
     assert rate <= 1.5 * (1 << 20), f"copies ran at {rate / (1 << 20):.1f} MiB/s with a 1 MiB/s limit"
     assert latest_tiered(b.bootstrap, topic, 0) < 700, "every segment was copied within seconds"
     wait_until("every sealed segment copied", lambda: latest_tiered(b.bootstrap, topic, 0) >= 700, timeout=30)
+
+
+def test_objects_of_copies_never_committed_are_deleted(broker_factory):
+    """A crash between a copy and its commit leaves objects no segment lists: the leader
+    deletes them once they are an hour old (at startup, then every ten minutes), and never
+    an object a listed segment names."""
+    b = broker_factory(extra_args=FAST)
+    topic = tiered_topic(b.bootstrap, 1)
+    produce(b.bootstrap, topic, 1, 0, 400)
+    wait_until("segments copied", lambda: latest_tiered(b.bootstrap, topic, 0) >= 200)
+    b.stop()
+    store = b.data_dir / "remote-store"
+    listed = sorted(f for f in store.rglob("*") if f.is_file())
+    partition_dir = listed[0].parent
+    old = time.time() - 7200
+    stale = partition_dir / f"{0:020d}-{uuid.uuid4().hex}.log"
+    fresh = partition_dir / f"{0:020d}-{uuid.uuid4().hex}.index"
+    for f in (stale, fresh):
+        f.write_bytes(b"left by a copy that was never committed")
+    os.utime(stale, (old, old))
+    for f in listed:
+        os.utime(f, (old, old))  # listed objects are kept whatever their age
+    b.start()
+    wait_until("the stale orphan deleted", lambda: not stale.exists(), timeout=30)
+    assert fresh.exists(), "an object young enough to be a copy in flight was deleted"
+    assert all(f.exists() for f in listed), "an object of a listed segment was deleted"
+    check_all(b.bootstrap, topic, 1, 400)

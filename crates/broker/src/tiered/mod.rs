@@ -60,6 +60,12 @@ const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
 /// failure up to [`UPLOAD_BACKOFF_MAX`].
 const UPLOAD_BACKOFF_MIN: Duration = Duration::from_secs(1);
 const UPLOAD_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// An object no listed segment names, older than this, is left from a copy that was never
+/// committed (a crash between copy and commit, a deposed leader's late copy) and is deleted.
+/// Far longer than any copy takes, so a copy in flight is never mistaken for one.
+const ORPHAN_AGE_MS: i64 = 3_600_000;
+/// How often leaders look for such objects (and once at startup).
+const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Where a node's tiered partitions keep their remote segments, and what it knows of them.
 pub struct TieredStorage {
@@ -168,11 +174,21 @@ impl TieredStorage {
     pub async fn run(self: Arc<Self>, broker: Arc<Broker>) {
         let mut interval = tokio::time::interval(Duration::from_millis(self.settings.task_interval_ms));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_sweep = tokio::time::Instant::now();
         loop {
             interval.tick().await;
+            let sweep = tokio::time::Instant::now() >= next_sweep;
+            if sweep {
+                next_sweep = tokio::time::Instant::now() + ORPHAN_SWEEP_INTERVAL;
+            }
             for topic in broker.topics.all().into_iter().filter(is_tiered) {
                 for p in 0..topic.partitions {
                     let Some((log, epoch)) = led_log(&broker, &topic.name, p) else { continue };
+                    if sweep {
+                        if let Err(error) = self.sweep_orphans(&topic, p).await {
+                            tracing::warn!(topic = %topic.name, partition = p, %error, "looking for orphaned objects failed");
+                        }
+                    }
                     self.attach(&topic, &log, p);
                     self.copy_segments(&topic, p, epoch, &log).await;
                     if let Err(error) = self.expire(&topic, p, epoch, &log).await {
@@ -364,6 +380,34 @@ impl TieredStorage {
         self.metrics.expired_segments.inc_by(segments.len() as u64);
         tracing::info!(topic = %topic.name, partition, segments = segments.len(), "remote segments expired");
         Ok(())
+    }
+
+    /// Deletes the partition's objects that no listed segment names and that are older than
+    /// [`ORPHAN_AGE_MS`]. Returns how many were deleted.
+    async fn sweep_orphans(&self, topic: &TopicMeta, partition: i32) -> io::Result<usize> {
+        let prefix = topic_prefix(&self.root, topic).join(partition.to_string());
+        let listed: std::collections::HashSet<String> =
+            self.metadata.partition(topic.id, partition).segments.values().map(|s| s.id.simple().to_string()).collect();
+        let now_ms = sluice_storage::now_ms();
+        let mut orphans = Vec::new();
+        let mut objects = self.store.list(Some(&prefix));
+        while let Some(object) = objects.next().await {
+            let object = object.map_err(store_error)?;
+            let id = object.location.filename().and_then(|name| name.split_once('-')?.1.split('.').next());
+            let old = now_ms - object.last_modified.timestamp_millis() > ORPHAN_AGE_MS;
+            if old && id.is_some_and(|id| !listed.contains(id)) {
+                orphans.push(object.location);
+            }
+        }
+        let count = orphans.len();
+        if count > 0 {
+            let mut deleted = self.store.delete_stream(futures::stream::iter(orphans.into_iter().map(Ok)).boxed());
+            while let Some(result) = deleted.next().await {
+                result.map_err(store_error)?;
+            }
+            tracing::info!(topic = %topic.name, partition, objects = count, "deleted objects of copies never committed");
+        }
+        Ok(count)
     }
 
     /// DeleteRecords below the local log start: moves the remote start to `offset`
