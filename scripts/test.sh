@@ -2,7 +2,8 @@
 # The whole test suite: style, unit and property tests, then end-to-end tests with real
 # clients (librdkafka via confluent-kafka, the Java client, Kafka's own tools) against a
 # real `sluice serve` process. Installs what it needs (Python venv, Maven artifacts).
-# SLUICE_SLOW_TESTS=1 adds the slow tier (the 10-minute mixed fault run, test_faults.py).
+# SLUICE_SLOW_TESTS=1 adds the slow tier (the 10-minute mixed fault run, test_faults.py;
+# tiered storage with 2 GiB of history and a 60 s object-store outage).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
