@@ -17,7 +17,7 @@ from cluster_support import Cluster, create_topic
 from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
 from s3_server import start_s3_server
 from test_cluster_admin import alter_reassignment, list_reassignments, partition_dirs
-from test_tiered_java import value
+from test_tiered_storage import value
 
 SLOW = os.environ.get("SLUICE_SLOW_TESTS") == "1"
 RECORD_BYTES = 10_000

@@ -6,63 +6,16 @@ The checks live in tests/java/src/main/java/sluice/tests/TieredReader.java; a ru
 non-zero with "FAIL: <what differed>" on the first mismatch.
 """
 
-import time
 import uuid
-from pathlib import Path
-
-from confluent_kafka import Producer
 
 from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
-from kafka_wire import Conn, ConnectionClosed, create_topic
+from kafka_wire import ConnectionClosed, create_topic
+from test_tiered_storage import (
+    FAST, LOCAL_RETENTION_BYTES, SEGMENT_BYTES, local_bytes, local_start, produce, wait_until,
+)
 
-RECORD_BYTES = 10_000
-SEGMENT_BYTES = 1 << 20
-LOCAL_RETENTION_BYTES = 2 * SEGMENT_BYTES
-EARLIEST_LOCAL = -4
-FAST = ["--log-retention-check-interval-ms", "200", "--override", "tiered_storage.task_interval_ms=200"]
 PARTITIONS = 2
 RECORDS = 3000
-
-
-def value(partition: int, offset: int) -> bytes:
-    """Same as value() in test_tiered_storage.py and TieredReader.value()."""
-    return b"%d:%08d" % (partition, offset) + b"t" * (RECORD_BYTES - 11)
-
-
-def produce(bootstrap: str, topic: str, partitions: int, count: int) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "broker.address.family": "v4", "acks": "all", "linger.ms": 5,
-                  "compression.type": "none"})
-    errs = []
-    for n in range(count):
-        for part in range(partitions):
-            p.produce(topic, partition=part, value=value(part, n), on_delivery=lambda err, msg: errs.append(err))
-        p.poll(0)
-    assert p.flush(60) == 0
-    assert errs == [None] * (count * partitions), [e for e in errs if e][:3]
-
-
-def local_start(bootstrap: str, topic: str, partition: int) -> int:
-    """The local log start offset (ListOffsets v8, timestamp -4 = EARLIEST_LOCAL)."""
-    host, port = bootstrap.split(":")
-    with Conn(host, int(port)) as conn:
-        err, _, offset = conn.list_offsets(topic, partition, EARLIEST_LOCAL, version=8)
-        assert err == 0, err
-        return offset
-
-
-def local_bytes(data_dir: Path, topic: str, partition: int) -> int:
-    return sum(f.stat().st_size for f in (data_dir / "logs" / f"{topic}-{partition}").glob("*.log"))
-
-
-def wait_until(what: str, check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def read_all(java_cp, b, topic: str, what: str) -> None:
@@ -86,7 +39,7 @@ def test_java_consumer_reads_a_tiered_topic_from_offset_0(broker_factory, java_c
     create_topic(b.bootstrap, topic, PARTITIONS, {"remote.storage.enable": "true",
                                                    "segment.bytes": str(SEGMENT_BYTES),
                                                    "local.retention.bytes": str(LOCAL_RETENTION_BYTES)})
-    produce(b.bootstrap, topic, PARTITIONS, RECORDS)
+    produce(b.bootstrap, topic, PARTITIONS, 0, RECORDS)
 
     def shrunk(p):
         return (local_start(b.bootstrap, topic, p) > RECORDS // 2
