@@ -312,9 +312,7 @@ pub fn check_tiering(
     after: &BTreeMap<String, String>,
     tiering_available: bool,
 ) -> Result<(), String> {
-    let tiered = |configs: &BTreeMap<String, String>| {
-        configs.get(crate::tiered::REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true")
-    };
+    let tiered = crate::tiered::tiers;
     if before.is_some_and(tiered) && !tiered(after) {
         return Err("remote.storage.enable cannot be turned off once a topic is tiered".into());
     }
@@ -379,7 +377,7 @@ impl TopicDefaults {
             segment_ms: number("segment.ms", self.segment_ms),
             retention_ms,
             retention_bytes,
-            remote_storage: overrides.get(crate::tiered::REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true"),
+            remote_storage: crate::tiered::tiers(overrides),
             local_retention_ms: local("local.retention.ms", self.local_retention_ms, retention_ms),
             local_retention_bytes: local("local.retention.bytes", self.local_retention_bytes, retention_bytes),
             max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,

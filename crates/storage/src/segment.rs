@@ -356,23 +356,12 @@ impl Segment {
 
     /// File position of a batch at or before `offset` (a place to start scanning).
     pub fn position_at_or_before(&self, offset: i64) -> u64 {
-        let relative = (offset - self.base_offset).max(0) as u32;
-        let index = self.offset_index.partition_point(|e| e.relative_offset <= relative);
-        if index == 0 {
-            0
-        } else {
-            u64::from(self.offset_index[index - 1].position)
-        }
+        position_at_or_before(&self.offset_index, self.base_offset, offset)
     }
 
     /// File position from which to scan for the first batch with max timestamp >= `timestamp`.
     pub fn position_for_timestamp(&self, timestamp: i64) -> u64 {
-        let index = self.time_index.partition_point(|e| e.max_timestamp < timestamp);
-        if index == 0 {
-            0
-        } else {
-            u64::from(self.time_index[index - 1].position)
-        }
+        position_for_timestamp(&self.time_index, timestamp)
     }
 
     /// Reads `length` bytes at `position` into a fresh buffer (one copy, from the page cache,
@@ -577,23 +566,29 @@ impl SegmentIndex {
 
     /// File position of a batch at or before `offset` in the segment based at `base_offset`.
     pub fn position_at_or_before(&self, base_offset: i64, offset: i64) -> u64 {
-        let relative = (offset - base_offset).max(0) as u32;
-        let index = self.offset_index.partition_point(|e| e.relative_offset <= relative);
-        if index == 0 {
-            0
-        } else {
-            u64::from(self.offset_index[index - 1].position)
-        }
+        position_at_or_before(&self.offset_index, base_offset, offset)
     }
 
     /// File position from which to scan for the first batch with max timestamp >= `timestamp`.
     pub fn position_for_timestamp(&self, timestamp: i64) -> u64 {
-        let index = self.time_index.partition_point(|e| e.max_timestamp < timestamp);
-        if index == 0 {
-            0
-        } else {
-            u64::from(self.time_index[index - 1].position)
-        }
+        position_for_timestamp(&self.time_index, timestamp)
+    }
+}
+
+/// The position of the last offset-index entry at or before `offset` (0 when none is).
+fn position_at_or_before(entries: &[OffsetEntry], base_offset: i64, offset: i64) -> u64 {
+    let relative = (offset - base_offset).max(0) as u32;
+    match entries.partition_point(|e| e.relative_offset <= relative) {
+        0 => 0,
+        index => u64::from(entries[index - 1].position),
+    }
+}
+
+/// The position of the last time-index entry before the first with max timestamp >= `timestamp`.
+fn position_for_timestamp(entries: &[TimeEntry], timestamp: i64) -> u64 {
+    match entries.partition_point(|e| e.max_timestamp < timestamp) {
+        0 => 0,
+        index => u64::from(entries[index - 1].position),
     }
 }
 

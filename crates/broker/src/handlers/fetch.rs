@@ -250,12 +250,7 @@ async fn read_remote(
             Ok(Ok(read)) => {
                 let from = targets[index].fetch_offset;
                 if limit == ReadLimit::LastStable {
-                    let aborted = read.aborted.iter().filter(|a| a.last_offset >= from).map(|aborted| {
-                        let mut entry = AbortedTransaction::default();
-                        entry.producer_id = ProducerId(aborted.producer_id);
-                        entry.first_offset = aborted.first_offset;
-                        entry
-                    });
+                    let aborted = read.aborted.iter().filter(|a| a.last_offset >= from).map(aborted_on_the_wire);
                     data.aborted_transactions = Some(aborted.collect());
                 }
                 pass.bytes += read.records.len();
@@ -336,15 +331,14 @@ const READ_COMMITTED: i8 = 1;
 /// The aborted transactions a read_committed client needs for `[from, to)`: it drops
 /// their records (those of the producer from the first offset up to the abort marker).
 fn aborted_transactions(log: &Partition, from: i64, to: i64) -> Vec<AbortedTransaction> {
-    log.aborted_transactions(from, to)
-        .into_iter()
-        .map(|aborted| {
-            let mut entry = AbortedTransaction::default();
-            entry.producer_id = ProducerId(aborted.producer_id);
-            entry.first_offset = aborted.first_offset;
-            entry
-        })
-        .collect()
+    log.aborted_transactions(from, to).iter().map(aborted_on_the_wire).collect()
+}
+
+fn aborted_on_the_wire(aborted: &sluice_storage::AbortedTransaction) -> AbortedTransaction {
+    let mut entry = AbortedTransaction::default();
+    entry.producer_id = ProducerId(aborted.producer_id);
+    entry.first_offset = aborted.first_offset;
+    entry
 }
 
 /// What one pass over a fetch's partitions read.

@@ -93,7 +93,12 @@ pub fn store_url(url: &str) -> Result<url::Url, String> {
 
 /// Whether a topic's overrides make it tiered.
 pub fn is_tiered(topic: &TopicMeta) -> bool {
-    topic.configs.get(REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true")
+    tiers(&topic.configs)
+}
+
+/// Whether these config overrides tier a topic (`remote.storage.enable=true`).
+pub fn tiers(configs: &std::collections::BTreeMap<String, String>) -> bool {
+    configs.get(REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true")
 }
 
 /// Kafka's topic config that tiers a topic.

@@ -117,11 +117,7 @@ impl RemoteReader {
         // (first, end) of the batches chosen, as positions in `data`.
         let (mut first, mut end) = (None, 0usize);
         'load: while loaded_to < segment.size_bytes {
-            let chunk_index = loaded_to / READ_CHUNK_BYTES as u64;
-            let chunk = self.chunk(&keys.data, segment, chunk_index).await?;
-            let within = (loaded_to - chunk_index * READ_CHUNK_BYTES as u64) as usize;
-            data.extend_from_slice(&chunk[within..]);
-            loaded_to = chunk_index * READ_CHUNK_BYTES as u64 + chunk.len() as u64;
+            loaded_to = self.append_chunk(keys, segment, loaded_to, &mut data).await?;
             let base = end;
             for batch in BatchIter::new(&data[base..]) {
                 let (header, range) =
@@ -173,11 +169,7 @@ impl RemoteReader {
         let mut data = BytesMut::new();
         let mut parsed_to = 0usize;
         while loaded_to < segment.size_bytes {
-            let chunk_index = loaded_to / READ_CHUNK_BYTES as u64;
-            let chunk = self.chunk(&keys.data, segment, chunk_index).await?;
-            let within = (loaded_to - chunk_index * READ_CHUNK_BYTES as u64) as usize;
-            data.extend_from_slice(&chunk[within..]);
-            loaded_to = chunk_index * READ_CHUNK_BYTES as u64 + chunk.len() as u64;
+            loaded_to = self.append_chunk(keys, segment, loaded_to, &mut data).await?;
             let base = parsed_to;
             for batch in BatchIter::new(&data[base..]) {
                 let (header, range) =
@@ -190,6 +182,22 @@ impl RemoteReader {
             }
         }
         Ok(None)
+    }
+
+    /// Appends the segment's bytes from `position` to the end of the chunk holding it;
+    /// returns the position after them.
+    async fn append_chunk(
+        &self,
+        keys: &SegmentKeys,
+        segment: &RemoteSegment,
+        position: u64,
+        data: &mut BytesMut,
+    ) -> Result<u64, RemoteReadError> {
+        let chunk_index = position / READ_CHUNK_BYTES as u64;
+        let chunk_start = chunk_index * READ_CHUNK_BYTES as u64;
+        let chunk = self.chunk(&keys.data, segment, chunk_index).await?;
+        data.extend_from_slice(&chunk[(position - chunk_start) as usize..]);
+        Ok(chunk_start + chunk.len() as u64)
     }
 
     /// Starts fetching the chunks after `position` that are not cached yet.
