@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// group-commit round; the default) or, with `false`, one fsync per partition file.
     #[arg(long, env = "SLUICE_LOG_WAL")]
     log_wal: Option<bool>,
+    /// Threads serving connections and request handlers; 0 = half the cores, at least 1
+    /// [default: 0].
+    #[arg(long, env = "SLUICE_IO_THREADS")]
+    io_threads: Option<usize>,
     /// Create topics on first metadata request (Kafka's auto.create.topics.enable).
     #[arg(long, env = "SLUICE_AUTO_CREATE_TOPICS")]
     auto_create_topics: Option<bool>,
@@ -153,7 +157,7 @@ impl ServeArgs {
             config.queued_max_request_bytes = value;
         }
         set!(queued_max_request_bytes, queued_max_request_bytes_per_connection);
-        set!(log_wal, auto_create_topics, num_partitions, log_retention_check_interval_ms);
+        set!(log_wal, io_threads, auto_create_topics, num_partitions, log_retention_check_interval_ms);
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);
@@ -288,7 +292,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, log_format) = args.into_config()?;
     init_logging(&log_format)?;
     raise_open_files_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("sluice-io").build()?;
+    let io_threads = match config.io_threads {
+        0 => sluice_broker::config::io_threads_auto(),
+        threads => threads,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(io_threads)
+        .enable_all()
+        .thread_name("sluice-io")
+        .build()?;
     runtime.block_on(async move {
         let listeners = config.listeners().map_err(anyhow::Error::msg)?;
         let metrics_listen = config.metrics_listen;

@@ -166,8 +166,14 @@ impl Segment {
     /// trusted; one whose index vouches for a prefix (a recovery image of the active
     /// segment) is scanned from there; any other is scanned from the start. A scan
     /// truncates the file after its last valid batch.
-    /// `on_batch` sees every batch header of a scanned segment (for producer-state replay).
-    pub fn open(dir: &Path, base_offset: i64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<(Segment, bool)> {
+    /// `on_batch` sees every batch header scanned: with `true` when the whole segment is
+    /// scanned (producer-state replay takes those), with `false` for the tail after a
+    /// recovery image (leader epochs are rebuilt from every scanned header).
+    pub fn open(
+        dir: &Path,
+        base_offset: i64,
+        on_batch: &mut dyn FnMut(&BatchHeader, bool),
+    ) -> io::Result<(Segment, bool)> {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
         let file_len = file.metadata()?.len();
@@ -180,17 +186,17 @@ impl Segment {
                 return Ok((segment, true));
             }
             // A checkpoint image of the active segment: only what was appended after it
-            // is scanned. Its batches are not shown to `on_batch` (the caller replays
+            // is scanned. Its batches are shown to `on_batch` as a tail (the caller replays
             // producer state from its snapshot, in offset order, over the indexed segment).
             Ok(covered) if segment.indexed_batch_is_in_place() => {
-                segment.recover_from(covered, file_len, &mut |_| {})?;
+                segment.recover_from(covered, file_len, &mut |header| on_batch(header, false))?;
                 return Ok((segment, true));
             }
             // No index, or one that does not fit the file: scan it all from a clean start.
             _ => segment.forget_index(),
         }
         let _ = std::fs::remove_file(&segment.index_path);
-        segment.recover_from(0, file_len, on_batch)?;
+        segment.recover_from(0, file_len, &mut |header| on_batch(header, true))?;
         Ok((segment, false))
     }
 

@@ -98,8 +98,7 @@ pub(super) async fn handle(
     let mut resolved: Option<(&FetchItem, Option<String>, bool)> = None;
     for item in &items {
         // Consecutive partitions of one topic resolve its name once.
-        let same_topic =
-            resolved.as_ref().is_some_and(|(last, _, _)| last.topic_id == item.topic_id && last.topic == item.topic);
+        let same_topic = resolved.as_ref().is_some_and(|(last, _, _)| last.same_topic(item));
         if !same_topic {
             let name = if version >= TOPIC_ID_VERSION {
                 broker.topics.name_for_id(&item.topic_id)
@@ -459,7 +458,15 @@ fn count_fetched_bytes(broker: &Broker, response: &FetchResponse, version: i16) 
 fn build_response(answered: Vec<(FetchItem, PartitionData)>, version: i16) -> FetchResponse {
     let mut responses: Vec<FetchableTopicResponse> = Vec::new();
     let mut index_of: HashMap<(Uuid, TopicName), usize> = HashMap::new();
+    // Items come grouped by topic (request order): look up the map only when it changes.
+    let mut last: Option<(FetchItem, usize)> = None;
     for (item, data) in answered {
+        if let Some((last_item, index)) = &last {
+            if last_item.same_topic(&item) {
+                responses[*index].partitions.push(data);
+                continue;
+            }
+        }
         let index = *index_of.entry((item.topic_id, item.topic.clone())).or_insert_with(|| {
             let mut topic = FetchableTopicResponse::default();
             if version >= TOPIC_ID_VERSION {
@@ -471,6 +478,7 @@ fn build_response(answered: Vec<(FetchItem, PartitionData)>, version: i16) -> Fe
             responses.len() - 1
         });
         responses[index].partitions.push(data);
+        last = Some((item, index));
     }
     let mut response = FetchResponse::default();
     response.responses = responses;

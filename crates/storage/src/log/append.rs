@@ -25,10 +25,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::recovery::{capture_recovery_image, recovery_image_due, write_leader_epochs, write_snapshot};
+use super::recovery::{
+    capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs_if_unwritten, write_snapshot,
+};
 use super::{
     AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend,
-    ABORTED_TRANSACTIONS_FILE, LEADER_EPOCHS_MAX,
+    ABORTED_TRANSACTIONS_FILE,
 };
 use crate::batch::{self, BatchHeader, BatchIter};
 use crate::producer_state::SequenceCheck;
@@ -200,11 +202,10 @@ impl Partition {
     ) -> Result<bool, AppendError> {
         self.roll_if_needed(state, header, now_ms)?;
         if state.epochs.last().is_none_or(|&(epoch, _)| header.partition_leader_epoch > epoch) {
-            state.epochs.push((header.partition_leader_epoch, header.base_offset));
-            if state.epochs.len() > LEADER_EPOCHS_MAX {
-                state.epochs.remove(0);
-            }
-            write_leader_epochs(&self.dir, &state.epochs)?;
+            // Written (fsynced) before this part of the log is trusted at open, not here
+            // on the append path: until then a restart finds it again in the batches.
+            note_leader_epoch(&mut state.epochs, header);
+            state.epochs_unwritten = true;
         }
         let segment_bytes = state.config.segment_bytes;
         let segment = state.segments.values_mut().next_back().expect("active segment");
@@ -243,6 +244,7 @@ impl Partition {
         // segment's base as the least log end, so a new segment must never be durable while
         // batches before it are only in the WAL. If creating the new file fails (disk
         // full), the sealed segment stays active and takes appends again.
+        write_leader_epochs_if_unwritten(&self.dir, state).map_err(|e| self.fail_if_fsync(state, e))?;
         let active = state.segments.values_mut().next_back().expect("active segment");
         active.seal(false).map_err(|e| self.fail_if_fsync(state, e))?;
         let segment = Segment::create(&self.dir, new_base).map_err(|e| self.fail_if_fsync(state, e))?;

@@ -298,6 +298,9 @@ struct LogState {
     recovered_high_watermark: Option<i64>,
     /// (leader epoch, first offset written in it), ascending in both.
     epochs: Vec<(i32, i64)>,
+    /// `epochs` holds entries the leader-epochs file lacks (noted by appends, or found by
+    /// the scan at open); see [`recovery::write_leader_epochs_if_unwritten`].
+    epochs_unwritten: bool,
     producers: ProducerStateTable,
     /// Aborted transactions whose abort marker is still in the log, by marker offset.
     aborted: Vec<AbortedTransaction>,

@@ -33,8 +33,8 @@ use tokio::sync::watch;
 
 use super::{
     AbortedTransaction, LogConfig, LogState, Partition, Progress, PublishedOffsets, Visible, ABORTED_TRANSACTIONS_FILE,
-    CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LOG_START_OFFSET_FILE, RECOVERY_IMAGE_GROWTH_BYTES_MIN,
-    SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
+    CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LEADER_EPOCHS_MAX, LOG_START_OFFSET_FILE,
+    RECOVERY_IMAGE_GROWTH_BYTES_MIN, SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
 };
 use crate::batch::BatchHeader;
 use crate::producer_state::ProducerStateTable;
@@ -166,9 +166,8 @@ impl Partition {
         // The reload fsynced what is left, so no batch waits for a WAL record any more,
         // and a sync captured before the cut moves nothing.
         reloaded.sync_generation = state.sync_generation + 1;
-        if reloaded.epochs.len() != state.epochs.len() {
-            write_leader_epochs(&self.dir, &reloaded.epochs)?;
-        }
+        write_leader_epochs(&self.dir, &reloaded.epochs)?;
+        reloaded.epochs_unwritten = false;
         *state = reloaded;
         tracing::info!(dir = %self.dir.display(), log_end_offset = state.log_end_offset, "truncated log");
         self.publish(&state);
@@ -212,6 +211,7 @@ impl Partition {
     /// producer state without a scan.
     pub fn close(&self) -> io::Result<()> {
         let mut state = self.state.lock();
+        write_leader_epochs_if_unwritten(&self.dir, &mut state)?;
         let log_end_offset = state.log_end_offset;
         let active = state.segments.values_mut().next_back().expect("active segment");
         active.seal(true)?;
@@ -248,13 +248,24 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     }
     let (snapshot_offset, producers) = load_latest_snapshot(dir);
     let mut replay = ProducerReplay { from: snapshot_offset, producers };
+    // The file holds every epoch that began in a trusted part of the log (it is written
+    // before a segment is sealed and before a recovery image is put in place); epochs that
+    // began later are found again in the batches scanned here.
+    let mut epochs = read_leader_epochs(dir);
+    let epochs_in_file = epochs.clone();
     let mut segments: BTreeMap<i64, Segment> = BTreeMap::new();
     for base_offset in list_segment_bases(dir)? {
-        let (segment, trusted) = Segment::open(dir, base_offset, &mut |header| replay.apply(header))?;
+        let (segment, trusted) = Segment::open(dir, base_offset, &mut |header, whole_segment| {
+            if whole_segment {
+                replay.apply(header);
+            }
+            note_leader_epoch(&mut epochs, header);
+        })?;
         if trusted && segment.next_offset() > replay.from {
             let start = segment.position_at_or_before(replay.from);
             segment.scan_from(start, &mut |header, _| {
                 replay.apply(header);
+                note_leader_epoch(&mut epochs, header);
                 true
             })?;
         }
@@ -283,8 +294,8 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_end_offset = active.next_offset();
     let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);
-    let mut epochs = read_leader_epochs(dir);
     epochs.retain(|&(_, start)| start < log_end_offset);
+    let epochs_unwritten = epochs != epochs_in_file;
     let cleaned_up_to = read_offset_file(&dir.join(CLEANER_CHECKPOINT_FILE)).unwrap_or(first_base);
     let aborted = read_aborted_transactions(dir, log_start_offset, log_end_offset);
     // Kept tombstones' deadlines are not stored: one pass after a start finds them again.
@@ -299,6 +310,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         replicated: false,
         recovered_high_watermark: None,
         epochs,
+        epochs_unwritten,
         producers,
         aborted,
         cleaned_up_to,
@@ -313,6 +325,19 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         recovery_image: (active_base, 0),
         remote_tier: None,
     })
+}
+
+/// Records the epoch of a batch in `epochs` if it is the first seen of a newer one.
+pub(super) fn note_leader_epoch(epochs: &mut Vec<(i32, i64)>, header: &BatchHeader) {
+    let newer = epochs
+        .last()
+        .is_none_or(|&(epoch, start)| header.partition_leader_epoch > epoch && header.base_offset >= start);
+    if newer {
+        epochs.push((header.partition_leader_epoch, header.base_offset));
+        if epochs.len() > LEADER_EPOCHS_MAX {
+            epochs.remove(0);
+        }
+    }
 }
 
 /// Rebuilds producer state from batch headers at or after `from`, each applied once.
@@ -359,6 +384,17 @@ fn read_leader_epochs(dir: &Path) -> Vec<(i32, i64)> {
 pub(super) fn write_leader_epochs(dir: &Path, epochs: &[(i32, i64)]) -> io::Result<()> {
     let body = serde_json::to_vec(epochs).map_err(io::Error::other)?;
     crate::write_file_atomically(&dir.join(LEADER_EPOCHS_FILE), &body)
+}
+
+/// Makes the epochs that appends noted durable: due before any part of the log becomes
+/// trusted at open (a sealed segment, a recovery image), since only the rest is scanned
+/// for them again.
+pub(super) fn write_leader_epochs_if_unwritten(dir: &Path, state: &mut LogState) -> io::Result<()> {
+    if state.epochs_unwritten {
+        write_leader_epochs(dir, &state.epochs)?;
+        state.epochs_unwritten = false;
+    }
+    Ok(())
 }
 
 /// The aborted transactions recorded for `dir` whose markers are within the log.
@@ -485,6 +521,7 @@ impl Partition {
             return std::fs::remove_file(&staged);
         }
         // Under the lock: a cut, which removes the index, cannot come in between.
+        write_leader_epochs_if_unwritten(&self.dir, &mut state)?;
         std::fs::rename(&staged, &image.index_path)?;
         write_snapshot(&self.dir, image.log_end_offset, &image.producers)?;
         state.recovery_image = (image.base_offset, image.covered);
@@ -564,6 +601,56 @@ mod recovery_image_tests {
         append(&partition, 1, 100, 30);
         assert_eq!(partition.offsets().log_end_offset, 451 * 100);
         partition.close().unwrap();
+    }
+
+    fn append_in_epoch(partition: &Partition, batches: usize, epoch: i32) {
+        for _ in 0..batches {
+            partition.append(&Bytes::from(make_batch(100, 10, None)), epoch, 0).unwrap();
+        }
+    }
+
+    fn epochs_in_file(dir: &Path) -> Vec<(i32, i64)> {
+        read_leader_epochs(dir)
+    }
+
+    #[test]
+    fn leader_epochs_begun_by_appends_are_written_with_the_image_and_found_again_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        append_in_epoch(&partition, 10, 0);
+        append_in_epoch(&partition, 400, 3);
+        assert_eq!(epochs_in_file(dir.path()), vec![], "no epochs file write on the append path");
+        assert!(partition.sync_for_wal_checkpoint());
+        assert_eq!(epochs_in_file(dir.path()), vec![(0, 0), (3, 1000)], "written before the image");
+        append_in_epoch(&partition, 5, 7);
+        // A crash: no close. Epoch 7 began after the image: only its batches tell.
+        drop(partition);
+
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        assert_eq!(partition.epoch_at(999), Some(0));
+        assert_eq!(partition.epoch_at(1000), Some(3));
+        assert_eq!(partition.epoch_at(41_000), Some(7));
+        assert_eq!(partition.epoch_end_offset(3), Some((3, 41_000)));
+        partition.close().unwrap();
+        assert_eq!(epochs_in_file(dir.path()), vec![(0, 0), (3, 1000), (7, 41_000)], "close writes them");
+    }
+
+    #[test]
+    fn a_leader_epoch_begun_in_a_sealed_segment_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { segment_bytes: 64 * 1024, ..page_cache_config() };
+        let partition = Partition::open(dir.path(), config.clone()).unwrap();
+        append_in_epoch(&partition, 1, 0);
+        // Epoch 5 begins at 100 and runs on into later segments; the first is sealed and
+        // trusted at the next open (not scanned).
+        append_in_epoch(&partition, 200, 5);
+        assert!(partition.state.lock().segments.len() > 2, "rolled");
+        drop(partition);
+
+        let partition = Partition::open(dir.path(), config).unwrap();
+        assert_eq!(partition.epoch_at(99), Some(0));
+        assert_eq!(partition.epoch_at(100), Some(5));
+        assert_eq!(partition.epoch_end_offset(0), Some((0, 100)));
     }
 
     #[test]
