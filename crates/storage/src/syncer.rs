@@ -227,24 +227,36 @@ fn file_worker(shared: &Shared) {
 }
 
 fn wal_worker(shared: &Shared, mut writer: WalWriter) {
-    let mut records = Vec::new();
+    // Record headers (and whole control records); the batches stay in the buffers taken
+    // from the partitions and are written from there.
+    let mut headers = Vec::new();
     while let Some((round, controls)) = next_round(&shared.wal, &shared.wal_ready, |n| n) {
         for partition in &round {
             partition.sync_queued.store(false, Ordering::Release);
         }
-        records.clear();
+        headers.clear();
         let mut logged = Vec::with_capacity(round.len());
+        let mut batches = Vec::with_capacity(round.len());
         for partition in &round {
             if let Some(pending) = partition.take_wal_pending() {
-                wal::encode_batches(&mut records, writer.sequence(), &pending.path, &pending.batches);
+                let start = headers.len();
+                wal::encode_batches_header(&mut headers, writer.sequence(), &pending.path, &pending.batches);
+                batches.push((start..headers.len(), pending.batches));
                 logged.push((partition, pending.end_offset, pending.generation));
             }
         }
         // Controls after the batches: a batch taken before a cut is logged before the cut.
+        let controls_start = headers.len();
         for control in &controls {
-            wal::encode_control(&mut records, writer.sequence(), &control.path, control.control);
+            wal::encode_control(&mut headers, writer.sequence(), &control.path, control.control);
         }
-        let result = if records.is_empty() {
+        let mut records: Vec<&[u8]> = Vec::with_capacity(batches.len() * 2 + 1);
+        for (header, batches) in &batches {
+            records.push(&headers[header.clone()]);
+            records.push(batches);
+        }
+        records.push(&headers[controls_start..]);
+        let result = if headers.is_empty() {
             Ok(())
         } else {
             let started = Instant::now();
@@ -276,8 +288,8 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             let answer = result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
             let _ = control.done.send(answer);
         }
-        if records.capacity() > wal::WAL_FILE_BYTES as usize {
-            records = Vec::new();
+        if headers.capacity() > wal::WAL_FILE_BYTES as usize {
+            headers = Vec::new();
         }
     }
     writer.shutdown();

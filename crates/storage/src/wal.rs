@@ -86,8 +86,9 @@ pub(crate) enum Control {
     Forget,
 }
 
-/// Appends one record of WAL file `sequence` to `buf`.
-fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
+/// Appends to `buf` the header of one record of WAL file `sequence`, up to where its
+/// `payload` starts: the payload is written from where it lies ([`WalWriter::write_round`]).
+fn encode_header(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
     let path_len = u16::try_from(path.len()).expect("partition paths are short");
     let body_len = BODY_HEADER_BYTES + path.len() + payload.len();
     let len = u32::try_from(4 + body_len).expect("a WAL record fits in 4 GiB");
@@ -98,12 +99,23 @@ fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload
     buf.push(kind);
     buf.extend_from_slice(&path_len.to_le_bytes());
     buf.extend_from_slice(path.as_bytes());
-    buf.extend_from_slice(payload);
-    let crc = crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]), payload);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-pub(crate) fn encode_batches(buf: &mut Vec<u8>, sequence: u64, path: &str, batches: &[u8]) {
+/// Appends one whole record of WAL file `sequence` to `buf`.
+fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
+    encode_header(buf, sequence, path, kind, payload);
+    buf.extend_from_slice(payload);
+}
+
+/// The header of a record of `batches`, which follow it in the round.
+pub(crate) fn encode_batches_header(buf: &mut Vec<u8>, sequence: u64, path: &str, batches: &[u8]) {
+    encode_header(buf, sequence, path, KIND_BATCHES, batches);
+}
+
+#[cfg(test)]
+fn encode_batches(buf: &mut Vec<u8>, sequence: u64, path: &str, batches: &[u8]) {
     encode_record(buf, sequence, path, KIND_BATCHES, batches);
 }
 
@@ -373,29 +385,43 @@ impl WalWriter {
     /// writes at the same position, and the caller makes this round durable file by file
     /// instead. A failed fsync is marked as such ([`crate::durable::is_fsync_failure`]) and
     /// breaks the WAL for good.
-    pub(crate) fn write_round(&mut self, records: &[u8], partitions: &[&Arc<Partition>]) -> io::Result<()> {
+    ///
+    /// `records` are the round's records, in parts written one after another with one
+    /// vectored write (headers and the partitions' pending batches are not gathered into
+    /// one buffer first).
+    pub(crate) fn write_round(&mut self, records: &[&[u8]], partitions: &[&Arc<Partition>]) -> io::Result<()> {
         if self.broken {
             let error = io::Error::other("the WAL's fsync failed earlier; restart the broker to recover");
             return Err(io::Error::new(error.kind(), crate::durable::FsyncFailed::from(error)));
         }
         let page_start = self.position - self.tail_page.len() as u64;
         debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
-        let end = self.position + records.len() as u64;
+        let end = self.position + records.iter().map(|part| part.len() as u64).sum::<u64>();
         let padded = end.div_ceil(WAL_PAGE_BYTES) * WAL_PAGE_BYTES;
-        let mut pages = Vec::with_capacity((padded - page_start) as usize);
-        pages.extend_from_slice(&self.tail_page);
-        pages.extend_from_slice(records);
-        pages.resize((padded - page_start) as usize, 0);
-        self.file.write_all_at(&pages, page_start)?;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(records.len() + 2);
+        parts.push(&self.tail_page);
+        parts.extend_from_slice(records);
+        parts.push(&ZERO_PAGE[..(padded - end) as usize]);
+        write_all_vectored_at(&self.file, &parts, page_start)?;
+        // What of the round lies in its last, partly filled page: rewritten by the next.
+        let mut tail_len = (end % WAL_PAGE_BYTES) as usize;
+        let mut tail_parts = Vec::new();
+        for part in parts[..parts.len() - 1].iter().rev() {
+            if tail_len == 0 {
+                break;
+            }
+            let take = tail_len.min(part.len());
+            tail_parts.push(&part[part.len() - take..]);
+            tail_len -= take;
+        }
+        let tail_page: Vec<u8> = tail_parts.into_iter().rev().flatten().copied().collect();
         if let Err(error) = crate::durable::sync_data(&self.file) {
             self.broken = true;
             tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
             return Err(error);
         }
         self.position = end;
-        let new_page_start = end / WAL_PAGE_BYTES * WAL_PAGE_BYTES;
-        pages.truncate((end - page_start) as usize);
-        self.tail_page = pages.split_off((new_page_start - page_start) as usize);
+        self.tail_page = tail_page;
         for partition in partitions {
             self.touched.entry(Arc::as_ptr(partition) as usize).or_insert_with(|| (*partition).clone());
         }
@@ -443,6 +469,61 @@ impl WalWriter {
 impl Drop for WalWriter {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Zeros that pad a round to a whole page.
+static ZERO_PAGE: [u8; WAL_PAGE_BYTES as usize] = [0; WAL_PAGE_BYTES as usize];
+
+/// Writes `parts`, one after another, at `offset`, with `pwritev` (at most `IOV_MAX` parts
+/// per call).
+fn write_all_vectored_at(file: &File, mut parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const IOV_MAX: usize = 1024;
+    // Bytes of parts[0] already written.
+    let mut written_of_first = 0;
+    loop {
+        while parts.first().is_some_and(|part| part.len() == written_of_first) {
+            parts = &parts[1..];
+            written_of_first = 0;
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let iovecs: Vec<libc::iovec> = parts
+            .iter()
+            .take(IOV_MAX)
+            .enumerate()
+            .map(|(i, part)| {
+                let part = if i == 0 { &part[written_of_first..] } else { part };
+                libc::iovec { iov_base: part.as_ptr() as *mut libc::c_void, iov_len: part.len() }
+            })
+            .collect();
+        let file_offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+        // SAFETY: the iovecs point into `parts`, alive and unchanged for the call.
+        let written = unsafe { libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as i32, file_offset) };
+        if written < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut written = written as usize;
+        offset += written as u64;
+        while written > 0 {
+            let left = parts[0].len() - written_of_first;
+            if written < left {
+                written_of_first += written;
+                break;
+            }
+            written -= left;
+            parts = &parts[1..];
+            written_of_first = 0;
+        }
     }
 }
 
@@ -576,6 +657,48 @@ mod tests {
         encode_batches(&mut recycled, 3, "logs/a-0", b"stale batches");
         assert_eq!(decode_records(&recycled, 7), (vec![("logs/a-0", Record::Batches(b"new"))], new_end));
         assert!(decode_records(&recycled, 3).0.is_empty());
+    }
+
+    #[test]
+    fn rounds_written_in_parts_read_back_as_their_records_in_whole_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = WalWriter::start(dir.path()).unwrap();
+        let sequence = writer.sequence();
+        let mut expected = Vec::new();
+        // Rounds of odd sizes: within a page, across pages, and more parts than one
+        // pwritev takes.
+        for (round, (records, payload_bytes)) in
+            [(1, 10), (3, 5000), (700, 3), (2, 9000), (1, 1)].into_iter().enumerate()
+        {
+            let payloads: Vec<Vec<u8>> = (0..records).map(|i| vec![(round * 31 + i) as u8; payload_bytes]).collect();
+            let mut headers = Vec::new();
+            let mut ranges = Vec::new();
+            for payload in &payloads {
+                let start = headers.len();
+                encode_batches_header(&mut headers, sequence, "logs/a-0", payload);
+                ranges.push(start..headers.len());
+            }
+            let mut parts: Vec<&[u8]> = vec![&[]];
+            for (range, payload) in ranges.iter().zip(&payloads) {
+                parts.push(&headers[range.clone()]);
+                parts.push(payload);
+            }
+            writer.write_round(&parts, &[]).unwrap();
+            expected.extend(payloads);
+            assert_eq!(writer.file.metadata().unwrap().len() % WAL_PAGE_BYTES, 0, "whole pages");
+        }
+        let data = std::fs::read(&writer.path).unwrap();
+        let (records, end) = decode_records(&data, sequence);
+        assert_eq!(end as u64, writer.position);
+        let read: Vec<&[u8]> = records
+            .iter()
+            .map(|(_, record)| match record {
+                Record::Batches(bytes) => *bytes,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(read, expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        assert!(data[end..].iter().all(|&b| b == 0), "padded with zeros");
     }
 
     #[test]
