@@ -201,10 +201,9 @@ impl Partition {
         now_ms: i64,
     ) -> Result<bool, AppendError> {
         self.roll_if_needed(state, header, now_ms)?;
-        if state.epochs.last().is_none_or(|&(epoch, _)| header.partition_leader_epoch > epoch) {
-            // Written (fsynced) before this part of the log is trusted at open, not here
-            // on the append path: until then a restart finds it again in the batches.
-            note_leader_epoch(&mut state.epochs, header);
+        // A new epoch is written (fsynced) before this part of the log is trusted at open,
+        // not here on the append path: until then a restart finds it again in the batches.
+        if note_leader_epoch(&mut state.epochs, header) {
             state.epochs_unwritten = true;
         }
         let segment_bytes = state.config.segment_bytes;

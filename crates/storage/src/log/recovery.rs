@@ -327,8 +327,9 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     })
 }
 
-/// Records the epoch of a batch in `epochs` if it is the first seen of a newer one.
-pub(super) fn note_leader_epoch(epochs: &mut Vec<(i32, i64)>, header: &BatchHeader) {
+/// Records the epoch of a batch in `epochs` if it is the first seen of a newer one;
+/// returns whether it did.
+pub(super) fn note_leader_epoch(epochs: &mut Vec<(i32, i64)>, header: &BatchHeader) -> bool {
     let newer = epochs
         .last()
         .is_none_or(|&(epoch, start)| header.partition_leader_epoch > epoch && header.base_offset >= start);
@@ -338,6 +339,7 @@ pub(super) fn note_leader_epoch(epochs: &mut Vec<(i32, i64)>, header: &BatchHead
             epochs.remove(0);
         }
     }
+    newer
 }
 
 /// Rebuilds producer state from batch headers at or after `from`, each applied once.
