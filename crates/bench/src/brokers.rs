@@ -27,10 +27,47 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a broker may take to stop after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(30);
 
-/// A free TCP port on 127.0.0.1 (free when asked; the broker binds it right after).
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+/// Where the kernel's ephemeral (bind 0, outgoing connection) ports begin.
+const EPHEMERAL_PORTS: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+/// Listen ports are picked from this many ports below the ephemeral range, below the
+/// span the Python tests pick from (12,000), so a bench run inside a test does not
+/// collide with the test's own brokers.
+const LISTEN_PORTS_BELOW_EPHEMERAL: (u16, u16) = (24_000, 12_000);
+/// The next listen port to try, shared by every broker this process starts, so no
+/// port is handed out twice; 0 until the first pick.
+static NEXT_LISTEN_PORT: std::sync::Mutex<u16> = std::sync::Mutex::new(0);
+
+/// `count` distinct free TCP ports on 127.0.0.1 for brokers to listen on (each free
+/// when asked; the broker binds it right after). They lie below the ephemeral range: a
+/// port the kernel hands out for bind 0 can be taken by any outgoing connection before
+/// the broker binds it. None is handed out twice in one process, as ports picked
+/// together (a cluster's client and controller ports) are bound only later.
+pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let ephemeral_low = std::fs::read_to_string(EPHEMERAL_PORTS)
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let low = ephemeral_low.saturating_sub(LISTEN_PORTS_BELOW_EPHEMERAL.0).max(1024);
+    let high = ephemeral_low.saturating_sub(LISTEN_PORTS_BELOW_EPHEMERAL.1).max(low + 1);
+    let span = high - low;
+    let mut next = NEXT_LISTEN_PORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if *next == 0 {
+        // Processes started together begin at different places.
+        *next = low + (std::process::id() % u32::from(span)) as u16;
+    }
+    let mut ports = Vec::with_capacity(count);
+    for _ in 0..span {
+        if ports.len() == count {
+            break;
+        }
+        let port = *next;
+        *next = if port + 1 >= high { low } else { port + 1 };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    anyhow::ensure!(ports.len() == count, "fewer than {count} free ports in [{low}, {high})");
+    Ok(ports)
 }
 
 /// Makes `command`'s process receive SIGTERM when the bench dies, so an interrupted
@@ -267,8 +304,8 @@ impl SluiceBroker {
 
     /// As [`SluiceBroker::start`], with extra `serve` arguments.
     pub fn start_with_args(bin: &Path, extra: &[String]) -> anyhow::Result<BrokerProcess> {
-        let port = free_port()?;
-        Self::start_node(bin, port, "sluice-bench-sluice", extra, None, None)
+        let ports = free_ports(1)?;
+        Self::start_node(bin, ports[0], None, "sluice-bench-sluice", extra, None, None)
     }
 
     /// `nodes` `sluice serve` processes forming one cluster (controller quorum of all of
@@ -283,11 +320,14 @@ impl SluiceBroker {
         memory: Option<MemoryCap>,
     ) -> anyhow::Result<BrokerSet> {
         let memory = memory.map(|cap| cap.for_sluice());
+        // Per node: client, TLS and controller ports, all distinct.
+        let all_ports = free_ports(3 * nodes.max(1))?;
+        let (ports, rest) = all_ports.split_at(nodes.max(1));
+        let (tls_ports, controller_ports) = rest.split_at(nodes.max(1));
+        let tls_port = |i: usize| tls.map(|_| tls_ports[i]);
         if nodes <= 1 {
-            return Ok(Self::start_node(bin, free_port()?, "sluice-bench-sluice", extra, tls, memory)?.into());
+            return Ok(Self::start_node(bin, ports[0], tls_port(0), "sluice-bench-sluice", extra, tls, memory)?.into());
         }
-        let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
-        let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
         let voters = (0..nodes).map(|i| format!("{}@127.0.0.1:{}", i + 1, controller_ports[i])).collect::<Vec<_>>();
         let voters = voters.join(",");
         let mut started = Vec::with_capacity(nodes);
@@ -299,7 +339,7 @@ impl SluiceBroker {
             ];
             args.extend(extra.iter().cloned());
             let prefix = format!("sluice-bench-sluice-node{}", i + 1);
-            started.push(Self::start_node(bin, ports[i], &prefix, &args, tls, memory)?);
+            started.push(Self::start_node(bin, ports[i], tls_port(i), &prefix, &args, tls, memory)?);
         }
         let set = BrokerSet { nodes: started };
         set.wait_registered()?;
@@ -309,6 +349,7 @@ impl SluiceBroker {
     fn start_node(
         bin: &Path,
         port: u16,
+        tls_port: Option<u16>,
         dir_prefix: &str,
         extra: &[String],
         tls: Option<&crate::tls::BenchTls>,
@@ -323,7 +364,8 @@ impl SluiceBroker {
         let (listen_args, tls_bootstrap) = match tls {
             None => (vec!["--listen".to_string(), listen.clone()], None),
             Some(tls) => {
-                let tls_listen = format!("127.0.0.1:{}", free_port()?);
+                let tls_port = tls_port.context("a TLS listener needs a port")?;
+                let tls_listen = format!("127.0.0.1:{tls_port}");
                 let args = vec![
                     "--override".to_string(),
                     format!("listeners=PLAINTEXT://{listen},SSL://{tls_listen}"),
@@ -451,12 +493,11 @@ impl KafkaInstall {
     ) -> anyhow::Result<BrokerSet> {
         let nodes = nodes.max(1);
         let memory = memory.map(|cap| cap.for_kafka(heap)).transpose()?;
-        let ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
-        let tls_ports = match tls {
-            Some(_) => Some((0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?),
-            None => None,
-        };
-        let controller_ports = (0..nodes).map(|_| free_port()).collect::<anyhow::Result<Vec<_>>>()?;
+        // Per node: client, TLS and controller ports, all distinct.
+        let all_ports = free_ports(3 * nodes)?;
+        let ports = all_ports[..nodes].to_vec();
+        let tls_ports = tls.map(|_| all_ports[nodes..2 * nodes].to_vec());
+        let controller_ports = all_ports[2 * nodes..].to_vec();
         let cluster_id = self.storage_tool(&["random-uuid"])?.trim().to_string();
         let mut dirs = Vec::with_capacity(nodes);
         for i in 0..nodes {

@@ -77,10 +77,14 @@ async fn spawn_all(voters: &str, dirs: &BTreeMap<i32, tempfile::TempDir>) -> BTr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_processes_come_back_with_their_log() {
+    // All three held bound until each is chosen, so no port is handed out twice.
+    let listeners: Vec<_> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
     let voters = (1..=3)
-        .map(|id| format!("{id}=127.0.0.1:{}", TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()))
+        .zip(&listeners)
+        .map(|(id, listener)| format!("{id}=127.0.0.1:{}", listener.local_addr().unwrap().port()))
         .collect::<Vec<_>>()
         .join(",");
+    drop(listeners);
     let dirs: BTreeMap<i32, tempfile::TempDir> = (1..=3).map(|id| (id, tempfile::tempdir().unwrap())).collect();
     let mut nodes = spawn_all(&voters, &dirs).await;
     assert_eq!(nodes.get_mut(&2).unwrap().ask("create a 3 3").await, "OK");

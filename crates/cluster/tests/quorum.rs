@@ -25,8 +25,11 @@ struct Cluster {
     nodes: BTreeMap<i32, Arc<Controller>>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `count` distinct free ports: all are held bound until every one is chosen, so none
+/// is handed out twice.
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..count).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 fn init_tracing() {
@@ -42,7 +45,9 @@ impl Cluster {
 
     async fn start_with(count: i32, auto_rebalance_ms: Option<u64>) -> Cluster {
         init_tracing();
-        let voters: BTreeMap<i32, String> = (1..=count).map(|id| (id, format!("127.0.0.1:{}", free_port()))).collect();
+        let ports = free_ports(count as usize);
+        let voters: BTreeMap<i32, String> =
+            (1..=count).zip(ports).map(|(id, port)| (id, format!("127.0.0.1:{port}"))).collect();
         let dirs = (1..=count).map(|id| (id, tempfile::tempdir().unwrap())).collect();
         let mut cluster = Cluster { auto_rebalance_ms, voters, dirs, nodes: BTreeMap::new() };
         let starts: Vec<_> = (1..=count).map(|id| Controller::start(cluster.config(id))).collect();
