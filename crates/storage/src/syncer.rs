@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::log::Partition;
+use crate::log::{Partition, TopicSignals};
 use crate::wal::{self, Control, WalWriter};
 
 /// Concurrent per-file group-commit workers (fsyncs in flight at once).
@@ -221,7 +221,10 @@ fn file_worker(shared: &Shared) {
             if let Some(observe) = shared.observer.get() {
                 observe(started.elapsed());
             }
-            partition.finish_sync(target.end_offset, target.generation, &result);
+            // One fsync per partition here: its fetches need not wait for the next.
+            let mut signals = TopicSignals::default();
+            partition.finish_sync(target.end_offset, target.generation, &result, &mut signals);
+            signals.notify();
         }
     }
 }
@@ -267,6 +270,9 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             }
             result
         };
+        // Every partition of the round is published (its acknowledgements woken) before
+        // the fetches waiting on its topics are.
+        let mut signals = TopicSignals::default();
         match &result {
             Err(error) if !crate::durable::is_fsync_failure(error) => {
                 // The WAL could not take the round (a full disk): the batches are in their
@@ -275,15 +281,16 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
                 for (partition, _, _) in logged {
                     let target = partition.sync_target();
                     let synced = crate::durable::sync_data(&target.file);
-                    partition.finish_sync(target.end_offset, target.generation, &synced);
+                    partition.finish_sync(target.end_offset, target.generation, &synced, &mut signals);
                 }
             }
             _ => {
                 for (partition, end_offset, generation) in logged {
-                    partition.finish_sync(end_offset, generation, &result);
+                    partition.finish_sync(end_offset, generation, &result, &mut signals);
                 }
             }
         }
+        signals.notify();
         for control in controls {
             let answer = result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
             let _ = control.done.send(answer);

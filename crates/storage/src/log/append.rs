@@ -29,7 +29,7 @@ use super::recovery::{
     capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs_if_unwritten, write_snapshot,
 };
 use super::{
-    AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend,
+    AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend, TopicSignals,
     ABORTED_TRANSACTIONS_FILE,
 };
 use crate::batch::{self, BatchHeader, BatchIter};
@@ -400,9 +400,16 @@ impl Partition {
     }
 
     /// Advances the high watermark after an fsync (of the segment, or of the WAL record)
-    /// covering everything up to `end_offset` finished with `result`. Called by the syncer.
+    /// covering everything up to `end_offset` finished with `result`. Called by the syncer,
+    /// which notifies `signals` once the round's partitions are all published.
     /// A sync captured before the log was cut (`generation`) moves nothing.
-    pub(crate) fn finish_sync(&self, end_offset: i64, generation: u64, result: &io::Result<()>) {
+    pub(crate) fn finish_sync(
+        &self,
+        end_offset: i64,
+        generation: u64,
+        result: &io::Result<()>,
+        signals: &mut TopicSignals,
+    ) {
         let mut state = self.state.lock();
         match result {
             Ok(()) if generation != state.sync_generation => return,
@@ -421,7 +428,7 @@ impl Partition {
             }
             Err(error) => self.fail(&mut state, "fdatasync", error),
         }
-        self.publish(&state);
+        self.publish_deferring(&state, signals);
     }
 
     /// In page-cache mode, true when `flush.messages` or `flush.ms` asks for an fsync now.
@@ -447,4 +454,46 @@ fn check_timestamps(header: &BatchHeader, config: &LogConfig, now_ms: i64) -> Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod finish_sync_tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+
+    use super::*;
+    use crate::batch::tests::make_batch;
+
+    #[test]
+    fn a_round_wakes_its_acknowledgements_before_the_fetches_waiting_on_the_topic() {
+        let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+        let signal = Arc::new(tokio::sync::Notify::new());
+        let partitions: Vec<_> = dirs
+            .iter()
+            .map(|dir| {
+                let partition = Partition::open(dir.path(), LogConfig::default()).unwrap();
+                partition.set_signal(signal.clone());
+                partition.append(&Bytes::from(make_batch(3, 10, None)), 0, 0).unwrap();
+                partition
+            })
+            .collect();
+        let mut acks: Vec<_> = partitions.iter().map(|p| p.subscribe()).collect();
+        let mut fetch = pin!(signal.notified());
+        fetch.as_mut().enable();
+        let mut cx = Context::from_waker(Waker::noop());
+
+        let mut signals = TopicSignals::default();
+        for (partition, ack) in partitions.iter().zip(&mut acks) {
+            let target = partition.sync_target();
+            partition.finish_sync(target.end_offset, target.generation, &Ok(()), &mut signals);
+            assert!(ack.has_changed().unwrap(), "the acknowledgement is woken at once");
+            assert_eq!(ack.borrow_and_update().high_watermark, 3);
+            assert!(fetch.as_mut().poll(&mut cx).is_pending(), "the fetch waits for the whole round");
+        }
+        signals.notify();
+        assert!(fetch.as_mut().poll(&mut cx).is_ready(), "the fetch wakes once the round is published");
+        // The fetch finds every partition of the round readable.
+        assert!(partitions.iter().all(|p| p.offsets().high_watermark == 3));
+    }
 }

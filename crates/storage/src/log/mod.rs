@@ -437,6 +437,15 @@ impl Partition {
     }
 
     fn publish(&self, state: &LogState) {
+        let mut signals = TopicSignals::default();
+        self.publish_deferring(state, &mut signals);
+        signals.notify();
+    }
+
+    /// As [`Partition::publish`], but the topic's signal (fetches waiting on the topic) is
+    /// added to `signals` rather than notified: the watchers of this partition's offsets
+    /// (produce acknowledgements) are woken now, the fetches when the caller is done.
+    fn publish_deferring(&self, state: &LogState, signals: &mut TopicSignals) {
         assert_invariants(&self.dir, state);
         self.publish_offsets(state);
         let visible = Visible { high_watermark: state.high_watermark, failed: state.failed };
@@ -445,7 +454,7 @@ impl Partition {
         changed |= self.progress.send_if_modified(|current| std::mem::replace(current, progress) != progress);
         if changed {
             if let Some(signal) = self.signal.get() {
-                signal.notify_waiters();
+                signals.add(signal);
             }
         }
     }
@@ -538,6 +547,33 @@ impl Partition {
 /// moves the high watermark, every fsync round, truncation and reset):
 /// log start <= high watermark <= log end, and locally durable end <= log end. A partition
 /// whose high watermark follows local durability has it exactly at the durable end.
+/// Topic signals owed a notification, each once however many of its partitions moved.
+/// A group-commit round publishes every partition it made durable first, waking their
+/// produce acknowledgements, and only then the fetches waiting on those topics: the
+/// acknowledgements run before the fetch responses on a busy thread, and each fetch
+/// wakes once per round and finds the whole round readable.
+#[derive(Default)]
+pub(crate) struct TopicSignals {
+    signals: Vec<Arc<tokio::sync::Notify>>,
+    /// The signals' addresses, so a round over many topics adds each in O(1).
+    seen: std::collections::HashSet<usize>,
+}
+
+impl TopicSignals {
+    fn add(&mut self, signal: &Arc<tokio::sync::Notify>) {
+        if self.seen.insert(Arc::as_ptr(signal) as usize) {
+            self.signals.push(signal.clone());
+        }
+    }
+
+    /// Wakes every fetch waiting on the added topics.
+    pub(crate) fn notify(self) {
+        for signal in self.signals {
+            signal.notify_waiters();
+        }
+    }
+}
+
 fn assert_invariants(dir: &Path, state: &LogState) {
     assert!(
         state.log_start_offset <= state.high_watermark
