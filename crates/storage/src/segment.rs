@@ -139,6 +139,7 @@ impl Segment {
         assert!(base_offset >= 0);
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
+        without_readahead(&file);
         // The file's name must be durable before any data fsynced into it is acknowledged.
         crate::durable::sync_dir(dir)?;
         Ok(Segment::empty(dir, base_offset, log_path, file))
@@ -176,6 +177,7 @@ impl Segment {
     ) -> io::Result<(Segment, bool)> {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
+        without_readahead(&file);
         let file_len = file.metadata()?.len();
         let mut segment = Segment::empty(dir, base_offset, log_path, file);
         // A recovery image staged by a checkpoint that a crash cut short.
@@ -618,6 +620,16 @@ impl LeReader<'_> {
     }
 }
 
+/// Turns the kernel's readahead off for `file` (advice: a failure changes nothing but the
+/// cache). Every read of a segment asks for the bytes it will use, in large reads where
+/// that is much (a catch-up read takes up to 4 MiB); readahead of the disk's window
+/// (8 MiB here) beyond them would only be dropped, under memory pressure, before the next
+/// read wants it, and the cache-only probe of a fetch would start it on the async thread.
+fn without_readahead(file: &File) {
+    // SAFETY: advice on an open file descriptor we own.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+}
+
 /// Asks the kernel to drop the clean cached pages of `[position, position + length)`
 /// (advice: a failure changes nothing but the cache).
 fn drop_from_page_cache(file: &File, position: u64, length: usize) {
@@ -708,6 +720,28 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cold_read_of_a_segment_brings_in_only_what_it_asked_for() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let segment = Segment::create(dir.path(), 0).unwrap();
+        let content: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+        segment.file().write_all_at(&content, 0).unwrap();
+        segment.file().sync_all().unwrap();
+        // SAFETY: advice on a file descriptor the segment owns.
+        assert_eq!(unsafe { libc::posix_fadvise(segment.file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        // A reader going through the file in order, as a catch-up consumer does.
+        const STEP: usize = 64 * 1024;
+        for position in (0..1 << 20).step_by(STEP) {
+            let read = Segment::read_at(segment.file(), position as u64, STEP, ReadMode::MayBlock).unwrap();
+            assert_eq!(&read[..], &content[position..position + STEP]);
+        }
+        // No readahead: the bytes after the reads were not fetched from the disk (they would
+        // be dropped again before a catch-up reader's next fetch asks for them).
+        let after = Segment::read_at(segment.file(), 1 << 20, STEP, ReadMode::CachedOnly);
+        assert_eq!(after.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
 
     #[test]
     fn cached_only_reads_refuse_what_is_not_in_the_page_cache_and_cold_reads_leave_it_so() {
