@@ -437,26 +437,30 @@ impl Partition {
     }
 
     fn publish(&self, state: &LogState) {
-        let mut signals = TopicSignals::default();
-        self.publish_deferring(state, &mut signals);
-        signals.notify();
+        if let Some(signal) = self.publish_to_watchers(state) {
+            signal.notify_waiters();
+        }
     }
 
     /// As [`Partition::publish`], but the topic's signal (fetches waiting on the topic) is
     /// added to `signals` rather than notified: the watchers of this partition's offsets
     /// (produce acknowledgements) are woken now, the fetches when the caller is done.
     fn publish_deferring(&self, state: &LogState, signals: &mut TopicSignals) {
+        if let Some(signal) = self.publish_to_watchers(state) {
+            signals.add(signal);
+        }
+    }
+
+    /// Publishes the offsets and wakes the watchers of this partition's own channels; the
+    /// topic's signal when something changed and the fetches waiting on it are owed a wake.
+    fn publish_to_watchers(&self, state: &LogState) -> Option<&Arc<tokio::sync::Notify>> {
         assert_invariants(&self.dir, state);
         self.publish_offsets(state);
         let visible = Visible { high_watermark: state.high_watermark, failed: state.failed };
         let mut changed = self.visible.send_if_modified(|current| std::mem::replace(current, visible) != visible);
         let progress = Progress { log_end_offset: state.log_end_offset, local_end: state.local_end };
         changed |= self.progress.send_if_modified(|current| std::mem::replace(current, progress) != progress);
-        if changed {
-            if let Some(signal) = self.signal.get() {
-                signals.add(signal);
-            }
-        }
+        changed.then(|| self.signal.get()).flatten()
     }
 
     fn publish_offsets(&self, state: &LogState) {
