@@ -380,7 +380,9 @@ impl Segment {
     /// follower catching up on a cold backlog) are dropped from the page cache once read:
     /// they would otherwise push out what producers and tailing consumers need (the log's
     /// recent tail, the WAL), and under a memory limit make every write wait for reclaim.
-    /// A second reader of the same backlog reads it from the disk again.
+    /// A second reader of the same backlog reads it from the disk again. (A partition's
+    /// reads far behind its log end drop what they read however it was served, see
+    /// `BACKLOG_DISTANCE_BYTES` in `log/read.rs`.)
     pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode) -> io::Result<Bytes> {
         let mut buffer = BytesMut::new();
         match (mode, read_exact_into(file, &mut buffer, length, position, libc::RWF_NOWAIT)) {
@@ -632,7 +634,7 @@ fn without_readahead(file: &File) {
 
 /// Asks the kernel to drop the clean cached pages of `[position, position + length)`
 /// (advice: a failure changes nothing but the cache).
-fn drop_from_page_cache(file: &File, position: u64, length: usize) {
+pub(crate) fn drop_from_page_cache(file: &File, position: u64, length: usize) {
     let (Ok(at), Ok(len)) = (libc::off_t::try_from(position), libc::off_t::try_from(length)) else { return };
     // SAFETY: advice on an open file descriptor we own, with in-range arguments.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };

@@ -613,3 +613,43 @@ fn wal_files_are_checkpointed_and_recycled_as_they_fill() {
     assert_eq!(read_offsets(&t, end - 1), vec![(end - 120_000, end - 1)]);
     manager.close();
 }
+
+/// True when the first `bytes` from `offset` can be read from the page cache alone.
+fn cached(partition: &Partition, offset: i64, bytes: usize) -> bool {
+    match partition.read(offset, bytes, true, ReadMode::CachedOnly) {
+        Ok(_) => true,
+        Err(sluice_storage::ReadError::WouldBlock) => false,
+        Err(error) => panic!("read failed: {error}"),
+    }
+}
+
+#[test]
+fn a_blocking_read_far_behind_the_log_end_drops_the_backlog_from_the_page_cache_and_one_near_it_keeps_it() {
+    const RECORDS_PER_BATCH: i32 = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(&dir.path().join("t-0"), page_cache_config()).unwrap();
+    // About 6.4 MB: the first batches are further behind the log end than any tailing reader.
+    for i in 0..80 {
+        partition.append(&batch(RECORDS_PER_BATCH, i, None), 0, i).unwrap();
+    }
+    let log_end = partition.offsets().log_end_offset;
+    assert_eq!(log_end, 80 * i64::from(RECORDS_PER_BATCH));
+    // Clean pages, all cached: written moments ago and synced (only clean pages can be dropped).
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    assert!(cached(&partition, 0, 64 * 1024));
+    let near_end = log_end - i64::from(RECORDS_PER_BATCH);
+    assert!(cached(&partition, near_end, 64 * 1024));
+
+    // A consumer catching up (a blocking read, as the fetch's disk path does) reads the start:
+    // those pages leave the cache although they were served from it...
+    let backlog = partition.read(0, 64 * 1024, true, ReadMode::MayBlock).unwrap();
+    assert_eq!(BatchIter::new(&backlog).next().unwrap().unwrap().0.base_offset, 0);
+    assert!(!cached(&partition, 0, 64 * 1024), "a read of the backlog left it in the page cache");
+    // ...and read again, from the disk, they are the same batches.
+    assert_eq!(partition.read(0, 64 * 1024, true, ReadMode::MayBlock).unwrap(), backlog);
+    // A blocking read near the log end keeps the tail that other readers will want.
+    let tail = partition.read(near_end, 64 * 1024, true, ReadMode::MayBlock).unwrap();
+    assert_eq!(BatchIter::new(&tail).next().unwrap().unwrap().0.base_offset, near_end);
+    assert!(cached(&partition, near_end, 64 * 1024));
+}

@@ -11,8 +11,9 @@
 //! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
 //! `FETCH_DISK_READS_MAX` at once and `FETCH_DISK_READ_BYTES_MAX` each, so producers'
 //! requests on the runtime threads never queue behind a disk read, and cold reads hold
-//! little memory. What a cold read brought into the page cache is dropped from it (see
-//! `sluice_storage::Segment::read_at`).
+//! little memory. What a cold read brought into the page cache is dropped from it, and so
+//! is whatever a blocking read finds far behind the log end (see
+//! `BACKLOG_DISTANCE_BYTES` in `sluice_storage`'s reader).
 //!
 //! Fetch sessions (KIP-227, `crate::fetch_session`): a fetch reads the partitions its
 //! session holds, and an incremental one answers only those with news.

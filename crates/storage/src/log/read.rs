@@ -22,6 +22,14 @@ use crate::segment::{ReadMode, Segment, INDEX_INTERVAL_BYTES};
 
 /// A read never returns more than this, whatever the client asks for.
 pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// A blocking read that ends at least this far before the log end serves a reader catching
+/// up on a backlog: what it read is dropped from the page cache, however it was served.
+/// Its pages are often cached only because the fetch's cache-only probe started reading
+/// them (`RWF_NOWAIT` starts the I/O of what it misses); kept, they would fill a capped page
+/// cache with consumed backlog and push out the log tails that producers and tailing
+/// consumers use. Reads nearer the end keep what was cached (only what came from the disk is
+/// dropped, see [`Segment::read_at`]).
+pub const BACKLOG_DISTANCE_BYTES: u64 = 4 * 1024 * 1024;
 
 impl Partition {
     /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
@@ -98,17 +106,23 @@ impl Partition {
             if let Some(next) = next.filter(|&next| past_last_batch && next < limit) {
                 return Ok((Bytes::new(), Some(next)));
             }
-            (segment.file().clone(), segment.position_at_or_before(offset), segment.size_bytes(), limit)
+            // At least this many bytes lie past the segment's end (the active segment's).
+            let bytes_after = match next {
+                None => 0,
+                Some(_) => state.segments.values().next_back().map_or(0, Segment::size_bytes),
+            };
+            let read =
+                SegmentRead { start: segment.position_at_or_before(offset), end: segment.size_bytes(), bytes_after };
+            (segment.file().clone(), read, limit)
         };
-        let (file, start, end, limit) = located;
-        let batches =
-            read_batches(&file, start, end, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
-                if error.kind() == io::ErrorKind::WouldBlock {
-                    ReadError::WouldBlock
-                } else {
-                    ReadError::Storage(error)
-                }
-            })?;
+        let (file, read, limit) = located;
+        let batches = read_batches(&file, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
+            if error.kind() == io::ErrorKind::WouldBlock {
+                ReadError::WouldBlock
+            } else {
+                ReadError::Storage(error)
+            }
+        })?;
         Ok((batches, None))
     }
 
@@ -194,22 +208,47 @@ impl Partition {
     }
 }
 
-/// Reads whole batches holding `offsets` from `start` (a batch boundary at or before
-/// `offsets.start`) to the file position `end`. Batches at or past `offsets.end` are left out.
+/// Where in a segment a read goes: from `start` (a batch boundary) to the file position
+/// `end`, with at least `bytes_after` more bytes of the log past the segment.
+struct SegmentRead {
+    start: u64,
+    end: u64,
+    bytes_after: u64,
+}
+
+/// Reads `length` bytes at `position`, then, for a blocking read of the backlog (see
+/// [`BACKLOG_DISTANCE_BYTES`]), drops them from the page cache.
+fn read_chunk(
+    file: &std::fs::File,
+    read: &SegmentRead,
+    position: u64,
+    length: usize,
+    mode: ReadMode,
+) -> io::Result<Bytes> {
+    let chunk = Segment::read_at(file, position, length, mode)?;
+    let behind_log_end = read.end.saturating_sub(position + length as u64) + read.bytes_after;
+    if mode == ReadMode::MayBlock && behind_log_end >= BACKLOG_DISTANCE_BYTES {
+        crate::segment::drop_from_page_cache(file, position, length);
+    }
+    Ok(chunk)
+}
+
+/// Reads whole batches holding `offsets` from `read.start` (a batch boundary at or before
+/// `offsets.start`) to `read.end`. Batches at or past `offsets.end` are left out.
 fn read_batches(
     file: &std::fs::File,
-    mut start: u64,
-    end: u64,
+    read: SegmentRead,
     offsets: std::ops::Range<i64>,
     max_bytes: usize,
     min_one_batch: bool,
     mode: ReadMode,
 ) -> io::Result<Bytes> {
     let offset = offsets.start;
+    let (mut start, end) = (read.start, read.end);
     while start < end {
         let length =
             ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
-        let chunk = Segment::read_at(file, start, length, mode)?;
+        let chunk = read_chunk(file, &read, start, length, mode)?;
         let mut taken: Option<(usize, usize)> = None;
         let mut iter = BatchIter::new(&chunk);
         for item in iter.by_ref() {
@@ -242,7 +281,7 @@ fn read_batches(
                     if !min_one_batch && header.total_bytes() > max_bytes {
                         return Ok(Bytes::new());
                     }
-                    return Segment::read_at(file, start, header.total_bytes(), mode);
+                    return read_chunk(file, &read, start, header.total_bytes(), mode);
                 }
                 start += header.total_bytes() as u64;
             }
