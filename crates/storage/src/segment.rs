@@ -380,25 +380,29 @@ impl Segment {
     /// follower catching up on a cold backlog) are dropped from the page cache once read:
     /// they would otherwise push out what producers and tailing consumers need (the log's
     /// recent tail, the WAL), and under a memory limit make every write wait for reclaim.
-    /// A second reader of the same backlog reads it from the disk again. (A partition's
-    /// reads far behind its log end drop what they read however it was served, see
-    /// `BACKLOG_DISTANCE_BYTES` in `log/read.rs`.)
-    pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode) -> io::Result<Bytes> {
+    /// A second reader of the same backlog reads it from the disk again. A `backlog` read
+    /// (far behind its partition's log end, see `BACKLOG_DISTANCE_BYTES` in `log/read.rs`)
+    /// with [`ReadMode::MayBlock`] drops what it read however it was served.
+    pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode, backlog: bool) -> io::Result<Bytes> {
         let mut buffer = BytesMut::new();
-        match (mode, read_exact_into(file, &mut buffer, length, position, libc::RWF_NOWAIT)) {
-            (_, Ok(())) => {}
+        let from_disk = match (mode, read_exact_into(file, &mut buffer, length, position, libc::RWF_NOWAIT)) {
+            (_, Ok(())) => false,
             (ReadMode::MayBlock, Err(error)) if error.kind() == io::ErrorKind::WouldBlock => {
                 read_exact_into(file, &mut buffer, length, position, 0)?;
-                drop_from_page_cache(file, position, length);
+                true
             }
             // RWF_NOWAIT unsupported (FUSE): whether the bytes were cached is unknown.
             (ReadMode::MayBlock, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                 read_exact_into(file, &mut buffer, length, position, 0)?;
+                false
             }
             (ReadMode::CachedOnly, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             (_, Err(error)) => return Err(error),
+        };
+        if from_disk || (backlog && mode == ReadMode::MayBlock) {
+            drop_from_page_cache(file, position, length);
         }
         Ok(buffer.freeze())
     }
@@ -634,7 +638,7 @@ fn without_readahead(file: &File) {
 
 /// Asks the kernel to drop the clean cached pages of `[position, position + length)`
 /// (advice: a failure changes nothing but the cache).
-pub(crate) fn drop_from_page_cache(file: &File, position: u64, length: usize) {
+fn drop_from_page_cache(file: &File, position: u64, length: usize) {
     let (Ok(at), Ok(len)) = (libc::off_t::try_from(position), libc::off_t::try_from(length)) else { return };
     // SAFETY: advice on an open file descriptor we own, with in-range arguments.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };
@@ -736,12 +740,12 @@ mod tests {
         // A reader going through the file in order, as a catch-up consumer does.
         const STEP: usize = 64 * 1024;
         for position in (0..1 << 20).step_by(STEP) {
-            let read = Segment::read_at(segment.file(), position as u64, STEP, ReadMode::MayBlock).unwrap();
+            let read = Segment::read_at(segment.file(), position as u64, STEP, ReadMode::MayBlock, false).unwrap();
             assert_eq!(&read[..], &content[position..position + STEP]);
         }
         // No readahead: the bytes after the reads were not fetched from the disk (they would
         // be dropped again before a catch-up reader's next fetch asks for them).
-        let after = Segment::read_at(segment.file(), 1 << 20, STEP, ReadMode::CachedOnly);
+        let after = Segment::read_at(segment.file(), 1 << 20, STEP, ReadMode::CachedOnly, false);
         assert_eq!(after.unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
@@ -756,20 +760,20 @@ mod tests {
         // Clean pages can be dropped from the cache: the data is now only on the disk.
         // SAFETY: advice on a file descriptor we own.
         assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
-        let cold = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap_err();
+        let cold = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly, false).unwrap_err();
         assert_eq!(cold.kind(), io::ErrorKind::WouldBlock);
-        let read = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::MayBlock).unwrap();
+        let read = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::MayBlock, false).unwrap();
         assert_eq!(&read[..], &content[1 << 20..(1 << 20) + 64 * 1024]);
         // What a blocking read had to fetch from the disk is not kept in the cache (a
         // catch-up read must not push out the tail that producers and consumers use)...
-        let dropped = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap_err();
+        let dropped = Segment::read_at(&file, 1 << 20, 64 * 1024, ReadMode::CachedOnly, false).unwrap_err();
         assert_eq!(dropped.kind(), io::ErrorKind::WouldBlock);
         // ...while what was cached already stays cached.
         let mut warm = vec![0; 64 * 1024];
         file.read_exact_at(&mut warm, 2 << 20).unwrap();
-        let read = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::MayBlock).unwrap();
+        let read = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::MayBlock, false).unwrap();
         assert_eq!(&read[..], &content[2 << 20..(2 << 20) + 64 * 1024]);
-        let cached = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::CachedOnly).unwrap();
+        let cached = Segment::read_at(&file, 2 << 20, 64 * 1024, ReadMode::CachedOnly, false).unwrap();
         assert_eq!(cached, read);
     }
 }

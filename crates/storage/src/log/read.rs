@@ -157,7 +157,9 @@ impl Partition {
         };
         match located {
             None => Ok(None),
-            Some((file, position, length)) => Ok(Some(Segment::read_at(&file, position, length, ReadMode::MayBlock)?)),
+            Some((file, position, length)) => {
+                Ok(Some(Segment::read_at(&file, position, length, ReadMode::MayBlock, false)?))
+            }
         }
     }
 
@@ -216,8 +218,8 @@ struct SegmentRead {
     bytes_after: u64,
 }
 
-/// Reads `length` bytes at `position`, then, for a blocking read of the backlog (see
-/// [`BACKLOG_DISTANCE_BYTES`]), drops them from the page cache.
+/// Reads `length` bytes at `position`; a blocking read of the backlog (see
+/// [`BACKLOG_DISTANCE_BYTES`]) drops them from the page cache.
 fn read_chunk(
     file: &std::fs::File,
     read: &SegmentRead,
@@ -225,12 +227,8 @@ fn read_chunk(
     length: usize,
     mode: ReadMode,
 ) -> io::Result<Bytes> {
-    let chunk = Segment::read_at(file, position, length, mode)?;
     let behind_log_end = read.end.saturating_sub(position + length as u64) + read.bytes_after;
-    if mode == ReadMode::MayBlock && behind_log_end >= BACKLOG_DISTANCE_BYTES {
-        crate::segment::drop_from_page_cache(file, position, length);
-    }
-    Ok(chunk)
+    Segment::read_at(file, position, length, mode, behind_log_end >= BACKLOG_DISTANCE_BYTES)
 }
 
 /// Reads whole batches holding `offsets` from `read.start` (a batch boundary at or before
