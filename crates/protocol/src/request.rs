@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::chunked::ChunkedBuf;
+use crate::chunked::{ChunkedBuf, ZERO_COPY_BYTES_MIN};
 use crate::versions::supported_range;
 
 /// A decoded request.
@@ -71,8 +71,10 @@ pub fn encode_response(
     let mut header = ResponseHeader::default();
     header.correlation_id = correlation_id;
     if let ResponseKind::Fetch(fetch) = body {
-        let payloads =
-            fetch.responses.iter().flat_map(|t| t.partitions.iter().filter_map(|p| p.records.clone())).collect();
+        // Only payloads large enough to be referenced rather than copied are registered.
+        let large = |records: &&Bytes| records.len() >= ZERO_COPY_BYTES_MIN;
+        let partitions = fetch.responses.iter().flat_map(|t| t.partitions.iter());
+        let payloads = partitions.filter_map(|p| p.records.as_ref().filter(large).cloned()).collect();
         let mut out = ChunkedBuf::new(payloads);
         header.encode(&mut out, header_version)?;
         fetch.encode(&mut out, api_version)?;

@@ -160,6 +160,14 @@ pub(super) async fn handle(
                     }
                 })
                 .collect();
+        // A wake-up (or a fetch arriving) with nothing new for any of its partitions waits
+        // again without building an answer: a round wakes every fetch of its topics, most of
+        // them for partitions it did not touch.
+        let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
+        if min_bytes > 0 && !nothing_to_wait_for && nothing_new(&targets, limit) && Instant::now() < deadline {
+            wait_for_news(&mut receivers, &mut notified, deadline).await;
+            continue;
+        }
         let pass = match read_all(&targets, max_bytes, limit, ReadMode::CachedOnly) {
             Some(read) => read,
             None => {
@@ -180,7 +188,6 @@ pub(super) async fn handle(
         if !pass.remote.is_empty() {
             read_remote(broker, &items, &targets, &mut pass, max_bytes, limit, version).await;
         }
-        let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
         let remote_read = !pass.remote.is_empty();
         if pass.bytes >= min_bytes || pass.has_error || remote_read || nothing_to_wait_for || Instant::now() >= deadline
         {
@@ -190,17 +197,34 @@ pub(super) async fn handle(
             response.session_id = session.id();
             return response;
         }
-        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| r.changed()).chain(
-            notified.iter_mut().map(|n| {
-                let wait: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> = Box::pin(n.as_mut());
-                wait
-            }),
-        ));
-        tokio::select! {
-            _ = any_changed => {}
-            () = tokio::time::sleep_until(deadline) => {}
-        }
+        wait_for_news(&mut receivers, &mut notified, deadline).await;
     }
+}
+
+/// Waits until one of the fetch's channels or topic signals fires, or the deadline.
+async fn wait_for_news<'a>(
+    receivers: &mut [Wakeup],
+    notified: &mut [std::pin::Pin<Box<tokio::sync::futures::Notified<'a>>>],
+    deadline: Instant,
+) {
+    let any_changed =
+        futures::future::select_all(receivers.iter_mut().map(|r| r.changed()).chain(notified.iter_mut().map(|n| {
+            let wait: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> = Box::pin(n.as_mut());
+            wait
+        })));
+    tokio::select! {
+        _ = any_changed => {}
+        () = tokio::time::sleep_until(deadline) => {}
+    }
+}
+
+/// True when every partition of a consumer's fetch is online and caught up: a read would
+/// return nothing and no error, so a fetch waiting for `min_bytes` keeps waiting.
+fn nothing_new(targets: &[Target], read_limit: ReadLimit) -> bool {
+    targets.iter().all(|target| {
+        target.diverging.is_none()
+            && target.log.as_ref().is_ok_and(|log| caught_up(log, target.fetch_offset, read_limit))
+    })
 }
 
 /// Reads the partitions of `pass` whose fetch offset is in the remote tier (`tiered/`), all
@@ -455,33 +479,91 @@ fn count_fetched_bytes(broker: &Broker, response: &FetchResponse, version: i16) 
     }
 }
 
-/// The response: partitions grouped by topic, topics in order of first appearance.
+/// The response: partitions grouped by topic, topics in order of first appearance. Items
+/// come in runs of one topic (request order), so each topic's partitions are allocated
+/// once, at their size, and a map of topics is built only when there is more than one run.
 fn build_response(answered: Vec<(FetchItem, PartitionData)>, version: i16) -> FetchResponse {
-    let mut responses: Vec<FetchableTopicResponse> = Vec::new();
-    let mut index_of: HashMap<(Uuid, TopicName), usize> = HashMap::new();
-    // Items come grouped by topic (request order): look up the map only when it changes.
-    let mut last: Option<(FetchItem, usize)> = None;
-    for (item, data) in answered {
-        if let Some((last_item, index)) = &last {
-            if last_item.same_topic(&item) {
-                responses[*index].partitions.push(data);
-                continue;
-            }
+    let mut runs: Vec<usize> = Vec::with_capacity(1);
+    for (position, (item, _)) in answered.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if answered[position - 1].0.same_topic(item) => *run += 1,
+            _ => runs.push(1),
         }
-        let index = *index_of.entry((item.topic_id, item.topic.clone())).or_insert_with(|| {
+    }
+    let mut responses: Vec<FetchableTopicResponse> = Vec::with_capacity(runs.len());
+    let mut index_of: HashMap<(Uuid, TopicName), usize> = HashMap::new();
+    let mut answered = answered.into_iter();
+    for &run in &runs {
+        let (item, data) = answered.next().expect("every run has a first item");
+        let index = match runs.len() {
+            1 => None,
+            _ => index_of.get(&(item.topic_id, item.topic.clone())).copied(),
+        };
+        let index = index.unwrap_or_else(|| {
             let mut topic = FetchableTopicResponse::default();
             if version >= TOPIC_ID_VERSION {
                 topic.topic_id = item.topic_id;
             } else {
                 topic.topic = item.topic.clone();
             }
+            topic.partitions = Vec::with_capacity(run);
             responses.push(topic);
+            if runs.len() > 1 {
+                index_of.insert((item.topic_id, item.topic.clone()), responses.len() - 1);
+            }
             responses.len() - 1
         });
-        responses[index].partitions.push(data);
-        last = Some((item, index));
+        let partitions = &mut responses[index].partitions;
+        partitions.reserve(run);
+        partitions.push(data);
+        partitions.extend(answered.by_ref().take(run - 1).map(|(_, data)| data));
     }
     let mut response = FetchResponse::default();
     response.responses = responses;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::fetch_request::FetchPartition;
+    use kafka_protocol::protocol::StrBytes;
+
+    fn answered(topic: &str, partition: i32) -> (FetchItem, PartitionData) {
+        let mut request = FetchPartition::default();
+        request.partition = partition;
+        let item = FetchItem {
+            topic: TopicName(StrBytes::from_string(topic.to_string())),
+            topic_id: Uuid::from_u128(topic.len() as u128),
+            partition: request,
+        };
+        let mut data = PartitionData::default();
+        data.partition_index = partition;
+        (item, data)
+    }
+
+    fn layout(response: &FetchResponse) -> Vec<(String, Uuid, Vec<i32>)> {
+        let topics = response.responses.iter();
+        topics
+            .map(|t| (t.topic.to_string(), t.topic_id, t.partitions.iter().map(|p| p.partition_index).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn a_response_groups_partitions_by_topic_in_order_of_first_appearance() {
+        let one_topic = vec![answered("a", 0), answered("a", 1), answered("a", 2)];
+        assert_eq!(layout(&build_response(one_topic, 12)), vec![("a".into(), Uuid::nil(), vec![0, 1, 2])]);
+        // An incremental session moves partitions that returned records to the end, so a
+        // topic's partitions may come in more than one run.
+        let interleaved = vec![answered("a", 0), answered("a", 1), answered("bb", 0), answered("a", 3)];
+        assert_eq!(
+            layout(&build_response(interleaved.clone(), 12)),
+            vec![("a".into(), Uuid::nil(), vec![0, 1, 3]), ("bb".into(), Uuid::nil(), vec![0])]
+        );
+        assert_eq!(
+            layout(&build_response(interleaved, TOPIC_ID_VERSION)),
+            vec![(String::new(), Uuid::from_u128(1), vec![0, 1, 3]), (String::new(), Uuid::from_u128(2), vec![0])]
+        );
+        assert!(build_response(Vec::new(), 12).responses.is_empty());
+    }
 }
