@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
-# target/upgrade-base, in the background at the lowest CPU and I/O priority, so that it
-# takes only the cores the steps below leave idle (the end-to-end tests mostly wait on
-# sockets and timers). Its test runs last, once the build is done.
+# target/upgrade-base, in the background on one core at the lowest CPU and I/O priority,
+# so that it takes only what the steps below leave idle (the end-to-end tests mostly wait
+# on sockets and timers). Its test runs last, once the build is done.
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
 base_build_pid=""
@@ -20,7 +20,7 @@ if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$ba
   git archive "$base_rev" | tar -x -C "$base_dir/src"
   echo "== previous version ($base_rev): building in the background, log in $base_dir/build.log"
   # Its own session, so that an early exit stops the whole build (cargo and its rustc jobs).
-  setsid nice -n 19 ionice -c 3 cargo build --release -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
+  setsid nice -n 19 ionice -c 3 cargo build --release -j 1 -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
     --target-dir "$base_dir/target" > "$base_dir/build.log" 2>&1 &
   base_build_pid=$!
   trap 'kill -- "-$base_build_pid" 2>/dev/null || true' EXIT

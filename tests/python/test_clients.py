@@ -534,7 +534,7 @@ def test_acks_0_and_1(broker, acks):
 
 def test_fetch_long_poll_wakes_on_produce(broker):
     topic = unique("longpoll")
-    create_topic(broker.bootstrap, topic, 1)
+    create_topic(broker.bootstrap, topic, 2)
     with kw.Conn.to(broker.bootstrap) as c:
         # Nothing to read: the broker holds the fetch for about max_wait, then answers empty.
         t0 = time.monotonic()
@@ -543,7 +543,8 @@ def test_fetch_long_poll_wakes_on_produce(broker):
         assert (err, hw, data) == (0, 0, b"")
         assert 0.45 <= waited < 3.0, f"empty fetch with max_wait 600 ms returned after {waited:.2f}s"
 
-        # A fetch waiting 10 s is answered as soon as a record arrives.
+        # A fetch waiting 10 s is answered as soon as a record arrives in its partition; a
+        # record in another partition of the topic wakes it, and it goes on waiting.
         result = {}
 
         def waiting_fetch():
@@ -554,6 +555,9 @@ def test_fetch_long_poll_wakes_on_produce(broker):
         t.start()
         time.sleep(0.5)
         with kw.Conn.to(broker.bootstrap) as producer_conn:
+            assert producer_conn.produce(topic, 1, kw.record_batch([kw.Record(b"elsewhere")]))[:2] == (0, 0)
+            time.sleep(0.5)
+            assert "fetch" not in result, f"answered after a record in another partition: {result}"
             assert producer_conn.produce(topic, 0, kw.record_batch([kw.Record(b"wake-up")]))[:2] == (0, 0)
             acked_at = time.monotonic()
         t.join(15)
