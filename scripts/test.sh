@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
-# target/upgrade-base, in the background on one core at the lowest CPU and I/O priority,
-# so that it takes only what the steps below leave idle (the end-to-end tests mostly wait
-# on sockets and timers). Its test runs last, once the build is done.
+# target/upgrade-base, in the background on one core at nice 19 and idle I/O priority.
+# Its test runs last, once the build is done. (Its own session is an autogroup of its own,
+# which the scheduler weighs equally with this one whatever the nice: it still takes a
+# core from the steps below.)
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
 base_build_pid=""
