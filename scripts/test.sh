@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
-# target/upgrade-base, in the background on one core at nice 19 and idle I/O priority.
-# Its test runs last, once the build is done. (Its own session is an autogroup of its own,
-# which the scheduler weighs equally with this one whatever the nice: it still takes a
-# core from the steps below.)
+# target/upgrade-base, in the background on one core, at idle I/O priority, in a session of
+# its own whose autogroup has nice 19. (The scheduler weighs autogroups equally whatever a
+# process's own nice, so only the autogroup's nice keeps it off the cores the steps below
+# use; it is written from inside the new session, since writing it from here would race
+# with setsid and renice this script's group.) Its test runs last, once the build is done.
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
 base_build_pid=""
@@ -21,7 +22,8 @@ if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$ba
   git archive "$base_rev" | tar -x -C "$base_dir/src"
   echo "== previous version ($base_rev): building in the background, log in $base_dir/build.log"
   # Its own session, so that an early exit stops the whole build (cargo and its rustc jobs).
-  setsid nice -n 19 ionice -c 3 cargo build --release -j 1 -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
+  setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
+    nice -n 19 ionice -c 3 cargo build --release -j 1 -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
     --target-dir "$base_dir/target" > "$base_dir/build.log" 2>&1 &
   base_build_pid=$!
   trap 'kill -- "-$base_build_pid" 2>/dev/null || true' EXIT
@@ -48,7 +50,10 @@ if [ ! -x .venv/bin/pytest ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q -r tests/python/requirements.txt
-.venv/bin/pytest -q --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
+# Two worker processes (pytest-xdist): most tests wait on sockets, timers and child
+# processes, and one process at a time left the 2 cores three-quarters idle. Each worker
+# picks listen ports from a range of its own (conftest.free_port).
+.venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
 
 echo "== rolling upgrade from the previous version"
 if [ -n "$base_build_pid" ]; then

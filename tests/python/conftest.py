@@ -37,9 +37,9 @@ def free_port() -> int:
             ephemeral_low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_low = 32768
-    low = max(1024, ephemeral_low - LISTEN_PORTS_SPAN)
+    low, high = worker_port_range(max(1024, ephemeral_low - LISTEN_PORTS_SPAN), ephemeral_low)
     for _ in range(1000):
-        port = random.randrange(low, ephemeral_low)
+        port = random.randrange(low, high)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:
@@ -49,7 +49,21 @@ def free_port() -> int:
                 continue
             _HANDED_OUT.add(port)
             return port
-    raise RuntimeError(f"no free port in [{low}, {ephemeral_low})")
+    raise RuntimeError(f"no free port in [{low}, {high})")
+
+
+def worker_port_range(low: int, high: int) -> tuple[int, int]:
+    """This process's share of [low, high): the suite runs in parallel processes
+    (pytest-xdist), and `_HANDED_OUT` only keeps the ports of one process apart, so each
+    worker picks from a slice of its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return low, high
+    index = int(worker[2:])
+    assert 0 <= index < count, (worker, count)
+    span = (high - low) // count
+    return low + index * span, low + (index + 1) * span
 
 
 class Broker:
