@@ -33,7 +33,7 @@ use anyhow::{bail, Context};
 use crate::brokers::{self, SluiceBroker};
 use crate::driver::Driver;
 use crate::memcap::MemoryCap;
-use crate::result::{BacklogPhases, PhaseFigures, TestResult};
+use crate::result::{BacklogPhases, PhaseFigures, SluiceExtras, TestResult};
 use crate::workload::Workload;
 use crate::{chart, peak, runner, KafkaArgs, Overrides};
 
@@ -141,6 +141,9 @@ const METRICS: &[Metric] = &[
     ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
     ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
     ("broker peak RSS (MiB)", |r| r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(mib)),
+    ("clients CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.client_cpu_seconds))),
+    ("broker CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.broker_cpu_seconds))),
+    ("machine busy (cores)", |r| r.sluice.as_ref().and_then(|e| e.machine_busy_cores)),
     ("broker cgroup limit (MiB)", |r| memory(r).map(|m| mib(m.limit_bytes))),
     ("broker cgroup peak usage (MiB)", |r| memory(r).and_then(|m| m.peak_usage_bytes).map(mib)),
     ("broker cgroup limit hits", |r| memory(r).and_then(|m| m.limit_hits).map(|hits| hits as f64)),
@@ -150,6 +153,11 @@ const METRICS: &[Metric] = &[
 const P99_RATIO_ROW: &str = "publish p99 during / before drain";
 /// The row of the catch-up read rate.
 const CATCH_UP_ROW: &str = "catch-up MiB/s";
+
+/// CPU seconds of the measured phase as cores busy on average.
+fn cores_of(seconds: fn(&SluiceExtras) -> Option<f64>) -> impl Fn(&SluiceExtras) -> Option<f64> {
+    move |extras| seconds(extras).zip(Some(extras.measured_seconds).filter(|&s| s > 0.0)).map(|(cpu, s)| cpu / s)
+}
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)

@@ -6,6 +6,10 @@
 //! which is the figure for a broker started fresh for the run. Disk reads are `read_bytes`
 //! of `/proc/PID/io` (what reached the block layer, so page-cache hits are not counted),
 //! which tells a cold catch-up read from a cached one.
+//!
+//! The clients' CPU (the bench process's own) and the whole machine's busy time (`/proc/stat`)
+//! say whether a figure is the broker's or the machine's: on a small machine the clients of
+//! a many-partition workload can take most of the cores themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -65,6 +69,72 @@ impl ProcessSampler {
         }
         usage
     }
+}
+
+/// The bench process's CPU and the machine's busy time over a measured phase.
+#[derive(Debug)]
+pub struct MachineSampler {
+    own_ticks_start: Option<u64>,
+    machine_start: Option<MachineTicks>,
+    started: std::time::Instant,
+}
+
+/// What [`MachineSampler`] measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineUsage {
+    /// CPU seconds of this process (the clients).
+    pub own_cpu_seconds: Option<f64>,
+    /// Cores busy on average, all processes.
+    pub busy_cores: Option<f64>,
+    /// The machine's online cores.
+    pub cores: Option<u32>,
+}
+
+impl MachineSampler {
+    /// Starts measuring.
+    pub fn start() -> Self {
+        Self {
+            own_ticks_start: cpu_ticks(std::process::id()),
+            machine_start: machine_ticks(),
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// Ends the measurement.
+    pub fn finish(self) -> MachineUsage {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let own = self.own_ticks_start.zip(cpu_ticks(std::process::id()));
+        let machine = self.machine_start.zip(machine_ticks());
+        MachineUsage {
+            own_cpu_seconds: own.map(|(start, end)| end.saturating_sub(start) as f64 / ticks_per_second()),
+            busy_cores: machine
+                .filter(|_| elapsed > 0.0)
+                .map(|(start, end)| end.busy.saturating_sub(start.busy) as f64 / ticks_per_second() / elapsed),
+            cores: std::thread::available_parallelism().ok().and_then(|n| u32::try_from(n.get()).ok()),
+        }
+    }
+}
+
+/// The machine's CPU time so far, in ticks, from the `cpu` line of `/proc/stat`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MachineTicks {
+    /// user, nice, system, irq, softirq and steal: all but idle and iowait.
+    busy: u64,
+}
+
+fn machine_ticks() -> Option<MachineTicks> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
+    let line = text.lines().find(|line| line.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line.split_whitespace().skip(1).map(|t| t.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already in user and nice]
+    let field = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    if ticks.len() < 4 {
+        return None;
+    }
+    Some(MachineTicks { busy: field(0) + field(1) + field(2) + field(5) + field(6) + field(7) })
 }
 
 /// Total CPU seconds used so far by `pid`.
@@ -130,6 +200,29 @@ mod tests {
     fn stat_line_with_odd_name() {
         let line = "1234 (java (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0";
         assert_eq!(parse_stat_ticks(line), Some(300));
+    }
+
+    #[test]
+    fn machine_busy_time_leaves_out_idle_iowait_and_guests() {
+        let text = "cpu  100 5 20 900 40 3 2 1 7 0\ncpu0 50 2 10 450 20 1 1 0 0 0\n";
+        assert_eq!(parse_machine_ticks(text), Some(MachineTicks { busy: 100 + 5 + 20 + 3 + 2 + 1 }));
+        assert_eq!(parse_machine_ticks("cpu0 1 2 3 4\n"), None);
+    }
+
+    #[test]
+    fn own_cpu_and_machine_busy_time_are_measured() {
+        let sampler = MachineSampler::start();
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            x = x.wrapping_add(std::hint::black_box(x) | 1);
+        }
+        assert!(x > 0);
+        let usage = sampler.finish();
+        let own = usage.own_cpu_seconds.unwrap();
+        assert!(own >= 0.1, "a 300 ms busy loop used {own} CPU s");
+        assert!(usage.busy_cores.unwrap() >= 0.3, "{usage:?}");
+        assert!(usage.cores.unwrap() >= 1);
     }
 
     #[test]

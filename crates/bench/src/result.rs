@@ -77,6 +77,14 @@ pub struct SluiceExtras {
     pub broker_peak_rss_bytes: Option<u64>,
     /// Broker CPU seconds per GiB published in the measured phase.
     pub broker_cpu_seconds_per_gb: Option<f64>,
+    /// CPU seconds of the bench process during the measured phase: every producer and
+    /// consumer of the run (they run in it), so a machine the clients saturate shows.
+    pub client_cpu_seconds: Option<f64>,
+    /// Cores busy on the whole machine during the measured phase, on average (all
+    /// processes: broker, clients and anything else), of [`SluiceExtras::machine_cores`].
+    pub machine_busy_cores: Option<f64>,
+    /// The machine's online cores.
+    pub machine_cores: Option<u32>,
     /// Which broker was measured, when the bench knows (`sluice`, `kafka`).
     pub broker: Option<String>,
     /// Peak stable throughput (msg/s) found by `--find-peak`; this result is its best trial.

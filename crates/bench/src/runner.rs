@@ -48,7 +48,7 @@ use crate::kafka::{
     self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, TransactionSpec,
     XorShift, KEY_POOL_SIZE,
 };
-use crate::procstat::{self, ProcessSampler};
+use crate::procstat::{self, MachineSampler, ProcessSampler};
 use crate::rate::{RateController, RateControllerConfig};
 use crate::result::{
     BacklogPhases, PhaseFigures, QueueFigures, SampleRates, SluiceExtras, TestResult, TransactionFigures,
@@ -689,7 +689,12 @@ fn run_phases(
     let test = options.test_duration.unwrap_or_else(|| minutes(workload.test_duration_minutes));
     println!("----- Starting benchmark traffic ({:.1}s) ------", test.as_secs_f64());
     let sampler = (!options.broker_pids.is_empty()).then(|| ProcessSampler::start(&options.broker_pids));
+    let machine = MachineSampler::start();
     let mut result = phase.collect(test, backlog, sampler.as_ref())?;
+    let machine = machine.finish();
+    phase.extras.client_cpu_seconds = machine.own_cpu_seconds;
+    phase.extras.machine_busy_cores = machine.busy_cores;
+    phase.extras.machine_cores = machine.cores;
     if let Some(phases) = &phase.extras.backlog_phases {
         print_backlog_phases(phases, phase.extras.backlog_drain_mb_per_second);
     }
