@@ -89,8 +89,12 @@ def test_share_groups_on_three_nodes_survive_leader_kills(tmp_path, java_cp, too
                             txn_partition(f"{group}:{topic}:{partition}", SHARE_STATE_PARTITIONS)))
         killed = []
         for role, victim_topic, victim_partition in victims:
-            leader = wait_for(f"a leader of {victim_topic}/{victim_partition}",
-                              lambda: (s := cluster.partition_state(victim_topic, victim_partition))[0] > 0 and s[0],
+            # A leader is killed only once its followers are in sync, as a failover assumes: a
+            # node restarted for an earlier kill may not have caught up on this partition yet,
+            # and with no other replica in the ISR no leader could be elected.
+            leader = wait_for(f"a leader of {victim_topic}/{victim_partition} with every replica in its ISR",
+                              lambda: (s := cluster.partition_state(victim_topic, victim_partition))[0] > 0
+                              and sorted(s[2]) == sorted(s[1]) and s[0],
                               timeout=60)
             if leader in killed[-1:]:
                 continue
