@@ -80,6 +80,8 @@ struct CachedPartition {
     item: FetchItem,
     /// (high watermark, last stable offset, log start) last sent; `None` before any answer.
     last_sent: Option<(i64, i64, i64)>,
+    /// Returned records in the answer being recorded: moves to the end of the order.
+    had_records: bool,
 }
 
 #[derive(Debug)]
@@ -88,6 +90,9 @@ struct Session {
     /// The epoch the next incremental fetch must carry.
     next_epoch: i32,
     last_used: Instant,
+    /// Counts the fetches begun on this session: `finish` finds the partitions of the fetch
+    /// it records by their place in the order only if no other fetch changed it since.
+    generation: u64,
 }
 
 /// How a fetch relates to a session.
@@ -97,8 +102,9 @@ pub(crate) enum SessionUse {
     None,
     /// A full fetch that opened session `id` (answer every partition).
     Opened { id: i32 },
-    /// An incremental fetch on session `id` (answer only partitions with news).
-    Incremental { id: i32 },
+    /// An incremental fetch on session `id` at `generation` (answer only partitions with
+    /// news).
+    Incremental { id: i32, generation: u64 },
 }
 
 impl SessionUse {
@@ -106,7 +112,7 @@ impl SessionUse {
     pub(crate) fn id(self) -> i32 {
         match self {
             SessionUse::None => 0,
-            SessionUse::Opened { id } | SessionUse::Incremental { id } => id,
+            SessionUse::Opened { id } | SessionUse::Incremental { id, .. } => id,
         }
     }
 }
@@ -159,10 +165,12 @@ impl FetchSessions {
                     return Err(ResponseError::InvalidRequest);
                 }
                 for item in requested {
-                    match session.partitions.get_mut(&item.key()) {
+                    let item_key = item.key();
+                    match session.partitions.get_mut(&item_key) {
                         Some(cached) => cached.item = item,
                         None => {
-                            session.partitions.insert(item.key(), CachedPartition { item, last_sent: None });
+                            let cached = CachedPartition { item, last_sent: None, had_records: false };
+                            session.partitions.insert(item_key, cached);
                         }
                     }
                 }
@@ -175,8 +183,9 @@ impl FetchSessions {
                 }
                 session.next_epoch = if epoch == i32::MAX { 1 } else { epoch + 1 };
                 session.last_used = Instant::now();
+                session.generation += 1;
                 let items = session.partitions.values().map(|cached| cached.item.clone()).collect();
-                Ok((SessionUse::Incremental { id: session_id }, items))
+                Ok((SessionUse::Incremental { id: session_id, generation: session.generation }, items))
             }
             _ => Err(ResponseError::InvalidFetchSessionEpoch),
         }
@@ -192,41 +201,54 @@ impl FetchSessions {
         answered: Vec<PartitionData>,
     ) -> Vec<(FetchItem, PartitionData)> {
         assert_eq!(items.len(), answered.len(), "one answer per partition read");
-        let id = match session {
+        let (id, incremental) = match session {
             SessionUse::None => return items.into_iter().zip(answered).collect(),
-            SessionUse::Opened { id } | SessionUse::Incremental { id } => id,
+            SessionUse::Opened { id } => (id, None),
+            SessionUse::Incremental { id, generation } => (id, Some(generation)),
         };
-        let incremental = matches!(session, SessionUse::Incremental { .. });
         let mut sessions = self.sessions.lock();
         let Some(cached) = sessions.get_mut(&id) else {
             // Evicted or closed meanwhile: the client learns it at its next fetch.
             return items.into_iter().zip(answered).collect();
         };
+        // An incremental fetch read the session's partitions in the session's order: the
+        // i-th item is the i-th cached partition, unless another fetch on the session (a
+        // client that does not wait for answers) changed the order in between. A full
+        // fetch's items may name a partition twice, so they are looked up by key.
+        let in_order = incremental == Some(cached.generation) && items.len() == cached.partitions.len();
         let mut out = Vec::new();
-        let mut had_records = Vec::new();
-        for (item, data) in items.into_iter().zip(answered) {
-            let key = item.key();
+        let mut any_records = false;
+        for (index, (item, data)) in items.into_iter().zip(answered).enumerate() {
             let has_records = data.records.as_ref().is_some_and(|records| !records.is_empty());
             let now = (data.high_watermark, data.last_stable_offset, data.log_start_offset);
-            let news = match cached.partitions.get_mut(&key) {
+            let partition = match in_order {
+                true => cached.partitions.get_index_mut(index).map(|(_, partition)| partition),
+                false => cached.partitions.get_mut(&item.key()),
+            };
+            let news = match partition {
                 None => true,
                 Some(partition) => {
+                    assert!(
+                        !in_order
+                            || partition.item.partition.partition == item.partition.partition
+                                && partition.item.same_topic(&item),
+                        "an in-order answer is recorded on the partition it was read from"
+                    );
                     let changed = partition.last_sent != Some(now);
                     partition.last_sent = Some(now);
+                    partition.had_records |= has_records;
+                    any_records |= has_records;
                     changed || has_records || data.error_code != 0 || data.diverging_epoch.epoch >= 0
                 }
             };
-            if has_records {
-                had_records.push(key);
-            }
-            if news || !incremental {
+            if news || incremental.is_none() {
                 out.push((item, data));
             }
         }
-        for key in had_records {
-            if let Some(partition) = cached.partitions.shift_remove(&key) {
-                cached.partitions.insert(key, partition);
-            }
+        if any_records {
+            // One stable pass, whatever the number of partitions that returned records.
+            cached.partitions.sort_by(|_, a, _, b| a.had_records.cmp(&b.had_records));
+            cached.partitions.values_mut().for_each(|partition| partition.had_records = false);
         }
         out
     }
@@ -257,9 +279,11 @@ fn open(sessions: &mut HashMap<i32, Session>, items: &[FetchItem]) -> Option<i32
             break candidate;
         }
     };
-    let partitions =
-        items.iter().map(|item| (item.key(), CachedPartition { item: item.clone(), last_sent: None })).collect();
-    sessions.insert(id, Session { partitions, next_epoch: 1, last_used: Instant::now() });
+    let partitions = items
+        .iter()
+        .map(|item| (item.key(), CachedPartition { item: item.clone(), last_sent: None, had_records: false }))
+        .collect();
+    sessions.insert(id, Session { partitions, next_epoch: 1, last_used: Instant::now(), generation: 0 });
     Some(id)
 }
 
@@ -321,7 +345,7 @@ mod tests {
         // Epoch 1 moves partition 0's offset; the session still reads all three, partition 0
         // (which returned records) now last. Only partition 2's high watermark moved.
         let (session, items) = sessions.begin(fetch(id, 1, &[(0, 5)], &[])).unwrap();
-        assert_eq!(session, SessionUse::Incremental { id });
+        assert!(matches!(session, SessionUse::Incremental { id: same, .. } if same == id));
         assert_eq!(
             items.iter().map(|i| (i.partition.partition, i.partition.fetch_offset)).collect::<Vec<_>>(),
             [(1, 0), (2, 0), (0, 5)]
@@ -340,6 +364,45 @@ mod tests {
         let (session, _) = sessions.begin(fetch(id, -1, &[(0, 5)], &[])).unwrap();
         assert_eq!(session, SessionUse::None);
         assert_eq!(sessions.len(), 0);
+    }
+
+    #[test]
+    fn partitions_that_returned_records_move_to_the_end_in_their_order() {
+        let sessions = FetchSessions::default();
+        let all: Vec<(i32, i64)> = (0..6).map(|p| (p, 0)).collect();
+        let (session, items) = sessions.begin(fetch(0, 0, &all, &[])).unwrap();
+        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        let answers = (0..6).map(|p| data(0, p == 1 || p == 4)).collect();
+        sessions.finish(session, items, answers);
+
+        let (session, items) = sessions.begin(fetch(id, 1, &[], &[])).unwrap();
+        assert_eq!(items.iter().map(|i| i.partition.partition).collect::<Vec<_>>(), [0, 2, 3, 5, 1, 4]);
+        // Records from 0 and 5 (the first and the last but two), a moved high watermark on 3.
+        let answers = [0, 2, 3, 5, 1, 4].iter().map(|&p| data(if p == 3 { 7 } else { 0 }, p == 0 || p == 5)).collect();
+        let out = sessions.finish(session, items, answers);
+        assert_eq!(answered(&out), [0, 3, 5]);
+
+        let (session, items) = sessions.begin(fetch(id, 2, &[], &[])).unwrap();
+        assert_eq!(items.iter().map(|i| i.partition.partition).collect::<Vec<_>>(), [2, 3, 1, 4, 0, 5]);
+        sessions.finish(session, items, (0..6).map(|_| data(0, false)).collect());
+    }
+
+    #[test]
+    fn a_fetch_begun_before_the_previous_one_finished_is_recorded_by_partition() {
+        let sessions = FetchSessions::default();
+        let (session, items) = sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
+        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        sessions.finish(session, items, vec![data(0, false), data(0, false), data(0, false)]);
+
+        // Epoch 1 and epoch 2 (which forgets partition 1) begin before epoch 1 finishes.
+        let (first, first_items) = sessions.begin(fetch(id, 1, &[], &[])).unwrap();
+        let (second, second_items) = sessions.begin(fetch(id, 2, &[], &[1])).unwrap();
+        let out = sessions.finish(first, first_items, vec![data(0, false), data(0, false), data(4, false)]);
+        // Partition 2's news, recorded on partition 2; partition 1, forgotten meanwhile, is
+        // answered as read.
+        assert_eq!(answered(&out), [1, 2]);
+        let out = sessions.finish(second, second_items, vec![data(0, false), data(4, false)]);
+        assert!(out.is_empty(), "partition 2's high watermark was already sent: {:?}", answered(&out));
     }
 
     #[test]
