@@ -28,8 +28,8 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
 use sluice_protocol::{
-    api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FrameHead, Request, RequestError,
-    FRAME_SIZE_PREFIX_BYTES,
+    api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FileChunk, FrameHead, Request,
+    RequestError, ResponseChunk, FRAME_SIZE_PREFIX_BYTES,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -49,7 +49,7 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 pub(crate) async fn run(
     broker: Arc<Broker>,
     mut reader: impl AsyncRead + Unpin,
-    mut writer: impl AsyncWrite + Unpin,
+    mut writer: impl ResponseWriter,
     peer: SocketAddr,
     listener: usize,
     certificate_user: Option<String>,
@@ -170,7 +170,7 @@ pub(crate) async fn run(
             () = tokio::time::sleep(muted.unwrap_or_default()), if muted.is_some() => {}
             Some(response) = inflight.next(), if !inflight.is_empty() => {
                 if let Some(chunks) = response {
-                    if let Err(error) = write_chunks(&mut writer, chunks).await {
+                    if let Err(error) = write_chunks(&mut writer, chunks, &broker).await {
                         tracing::debug!(%peer, %error, "write failed");
                         return;
                     }
@@ -290,7 +290,7 @@ fn authenticate(
             return None;
         }
     };
-    let bytes = match encode_response(api_key, api_version, correlation_id, &body) {
+    let bytes = match encode_response(api_key, api_version, correlation_id, &body, Vec::new()) {
         Ok(bytes) => Some(bytes),
         Err(error) => {
             tracing::error!(?api_key, %error, "failed to encode a SASL response");
@@ -300,9 +300,44 @@ fn authenticate(
     Some((Box::pin(async move { bytes }), next))
 }
 
-/// Writes all chunks of a response with vectored writes (record batches of a fetch are
-/// separate chunks, sent without another copy).
-async fn write_chunks(writer: &mut (impl AsyncWrite + Unpin), mut chunks: Vec<bytes::Bytes>) -> std::io::Result<()> {
+/// The writing half of a connection: a TCP socket can also send file ranges with
+/// `sendfile`; a TLS session cannot (it must encrypt the bytes).
+pub(crate) trait ResponseWriter: AsyncWrite + Unpin {
+    fn socket(&self) -> Option<&tokio::net::TcpStream> {
+        None
+    }
+}
+
+impl ResponseWriter for tokio::net::tcp::OwnedWriteHalf {
+    fn socket(&self) -> Option<&tokio::net::TcpStream> {
+        Some(self.as_ref())
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite> ResponseWriter for tokio::io::WriteHalf<T> {}
+
+/// Writes all chunks of a response: runs of bytes with vectored writes (record batches of a
+/// fetch are separate chunks, sent without another copy), file ranges with `sendfile`.
+async fn write_chunks(
+    writer: &mut impl ResponseWriter,
+    chunks: Vec<ResponseChunk>,
+    broker: &Broker,
+) -> std::io::Result<()> {
+    let mut run: Vec<bytes::Bytes> = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        match chunk {
+            ResponseChunk::Bytes(bytes) => run.push(bytes),
+            ResponseChunk::File(file) => {
+                write_all_vectored(writer, std::mem::take(&mut run)).await?;
+                send_file(writer, &file).await?;
+                broker.metrics.sendfile_bytes.inc_by(file.length as u64);
+            }
+        }
+    }
+    write_all_vectored(writer, run).await
+}
+
+async fn write_all_vectored(writer: &mut impl ResponseWriter, mut chunks: Vec<bytes::Bytes>) -> std::io::Result<()> {
     use bytes::Buf;
     let mut first = 0;
     while first < chunks.len() {
@@ -324,13 +359,43 @@ async fn write_chunks(writer: &mut (impl AsyncWrite + Unpin), mut chunks: Vec<by
     Ok(())
 }
 
+/// Sends a file range: from the page cache straight to the socket on TCP, through memory
+/// otherwise. A file shorter than the range (it never is: the range is below the high
+/// watermark) fails the write, which closes the connection rather than send a short frame.
+async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let Some(socket) = writer.socket() else {
+        let bytes = sluice_storage::read_file_range(&chunk.file, chunk.position, chunk.length)?;
+        return writer.write_all(&bytes).await;
+    };
+    let mut offset = libc::off_t::try_from(chunk.position).map_err(std::io::Error::other)?;
+    let mut left = chunk.length;
+    while left > 0 {
+        let sent = socket
+            .async_io(tokio::io::Interest::WRITABLE, || {
+                // SAFETY: both descriptors are open for the call; `offset` is a live local.
+                let sent = unsafe { libc::sendfile(socket.as_raw_fd(), chunk.file.as_raw_fd(), &mut offset, left) };
+                usize::try_from(sent).map_err(|_| std::io::Error::last_os_error())
+            })
+            .await?;
+        if sent == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "a segment file is shorter than its range",
+            ));
+        }
+        left -= sent;
+    }
+    Ok(())
+}
+
 /// What to do with a request that could not be decoded: an answer for ApiVersions at an
 /// unsupported version, otherwise `None` (close the connection).
 fn reject(error: RequestError, peer: &SocketAddr) -> Option<ResponseFuture> {
     if let RequestError::UnsupportedVersion { api_key: ApiKey::ApiVersions, api_version, correlation_id } = error {
         tracing::info!(%peer, api_version, "ApiVersions at an unsupported version: answering with our ranges");
         let body = ResponseKind::ApiVersions(api_versions_response(ResponseError::UnsupportedVersion.code()));
-        let bytes = encode_response(ApiKey::ApiVersions, 0, correlation_id, &body).ok();
+        let bytes = encode_response(ApiKey::ApiVersions, 0, correlation_id, &body, Vec::new()).ok();
         return Some(Box::pin(async move { bytes }));
     }
     tracing::warn!(%peer, %error, "closing connection: bad request");

@@ -101,6 +101,8 @@ pub(crate) struct Metrics {
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
     pub(crate) tiered: TieredMetrics,
     remote_log_size_bytes: Gauge,
+    /// Record bytes of fetch responses sent from the page cache with `sendfile`.
+    pub(crate) sendfile_bytes: Counter,
 }
 
 /// What tiered storage counts (`tiered/`).
@@ -232,6 +234,12 @@ impl Metrics {
             "remote_log_size_bytes",
             "Bytes in the object store of the tiered partitions this node leads",
         );
+        let sendfile_bytes = Counter::default();
+        registry.register(
+            "fetch_sendfile_bytes",
+            "Record bytes of fetch responses sent from the page cache without a copy (sendfile, plaintext listeners)",
+            sendfile_bytes.clone(),
+        );
         Metrics {
             registry,
             apis,
@@ -258,6 +266,7 @@ impl Metrics {
             active_controller,
             tiered,
             remote_log_size_bytes,
+            sendfile_bytes,
         }
     }
 

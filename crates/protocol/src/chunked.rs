@@ -6,6 +6,14 @@
 //! while a `put_slice` of a registered payload (same pointer and length) closes the chunk
 //! and appends the payload's `Bytes` itself. The chunks then go to the socket with a
 //! vectored write.
+//!
+//! Records to be sent straight from a segment file (`sendfile`, plaintext connections) are
+//! not in memory at all: the response carries a placeholder of their length
+//! ([`file_placeholder`], bytes that are never read) and the encoder swaps it for a
+//! [`ResponseChunk::File`]. The codec only sees a slice of the right length.
+
+use std::fs::File;
+use std::sync::Arc;
 
 use bytes::buf::UninitSlice;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -15,17 +23,77 @@ use kafka_protocol::protocol::buf::ByteBufMut;
 pub const ZERO_COPY_BYTES_MIN: usize = 4096;
 const CHUNK_CAPACITY_BYTES: usize = 4096;
 
+/// File chunks one response may carry (placeholders are told apart by their address).
+pub const FILE_CHUNKS_MAX: usize = 4096;
+/// The longest file chunk: a read never returns more (the storage's `READ_BYTES_MAX`).
+pub const FILE_CHUNK_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Placeholders are slices of this: placeholder `i` starts at byte `i`. It is never read
+/// (the encoder recognises placeholders by address), so its pages are never touched.
+static PLACEHOLDERS: [u8; FILE_CHUNKS_MAX + FILE_CHUNK_BYTES_MAX] = [0; FILE_CHUNKS_MAX + FILE_CHUNK_BYTES_MAX];
+
+/// A piece of an encoded response.
+#[derive(Debug, Clone)]
+pub enum ResponseChunk {
+    Bytes(Bytes),
+    /// `length` bytes of `file` from `position`, sent from the page cache.
+    File(FileChunk),
+}
+
+impl ResponseChunk {
+    pub fn len(&self) -> usize {
+        match self {
+            ResponseChunk::Bytes(bytes) => bytes.len(),
+            ResponseChunk::File(file) => file.length,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Bytes of a file that go into a response as they are.
+#[derive(Debug, Clone)]
+pub struct FileChunk {
+    pub file: Arc<File>,
+    pub position: u64,
+    pub length: usize,
+}
+
+/// The placeholder that stands for file chunk `index` (of `length` bytes) in a response's
+/// records; `None` beyond [`FILE_CHUNKS_MAX`] chunks or [`FILE_CHUNK_BYTES_MAX`] bytes.
+pub fn file_placeholder(index: usize, length: usize) -> Option<Bytes> {
+    (index < FILE_CHUNKS_MAX && length <= FILE_CHUNK_BYTES_MAX)
+        .then(|| Bytes::from_static(&PLACEHOLDERS[index..index + length]))
+}
+
+/// Which file chunk `src` stands for, if it is a placeholder.
+fn placeholder_index(src: &[u8]) -> Option<usize> {
+    let base = PLACEHOLDERS.as_ptr() as usize;
+    let at = (src.as_ptr() as usize).checked_sub(base)?;
+    (at < FILE_CHUNKS_MAX && !src.is_empty()).then_some(at)
+}
+
 pub struct ChunkedBuf {
-    done: Vec<Bytes>,
+    done: Vec<ResponseChunk>,
     current: BytesMut,
     /// Payloads that may be referenced rather than copied.
     payloads: Vec<Bytes>,
+    /// The file chunks placeholders stand for, by index.
+    files: Vec<FileChunk>,
     length: usize,
 }
 
 impl ChunkedBuf {
-    pub fn new(payloads: Vec<Bytes>) -> ChunkedBuf {
-        ChunkedBuf { done: Vec::new(), current: BytesMut::with_capacity(CHUNK_CAPACITY_BYTES), payloads, length: 0 }
+    pub fn new(payloads: Vec<Bytes>, files: Vec<FileChunk>) -> ChunkedBuf {
+        assert!(files.len() <= FILE_CHUNKS_MAX);
+        ChunkedBuf {
+            done: Vec::new(),
+            current: BytesMut::with_capacity(CHUNK_CAPACITY_BYTES),
+            payloads,
+            files,
+            length: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -36,14 +104,14 @@ impl ChunkedBuf {
         self.length == 0
     }
 
-    pub fn into_chunks(mut self) -> Vec<Bytes> {
+    pub fn into_chunks(mut self) -> Vec<ResponseChunk> {
         self.close_chunk();
         self.done
     }
 
     fn close_chunk(&mut self) {
         if !self.current.is_empty() {
-            self.done.push(self.current.split().freeze());
+            self.done.push(ResponseChunk::Bytes(self.current.split().freeze()));
         }
     }
 
@@ -75,9 +143,14 @@ unsafe impl BufMut for ChunkedBuf {
     }
 
     fn put_slice(&mut self, src: &[u8]) {
-        if let Some(payload) = self.registered(src) {
+        if let Some(index) = placeholder_index(src) {
+            let file = self.files.get(index).expect("a placeholder stands for a registered file chunk").clone();
+            assert_eq!(file.length, src.len(), "a placeholder has its file chunk's length");
             self.close_chunk();
-            self.done.push(payload);
+            self.done.push(ResponseChunk::File(file));
+        } else if let Some(payload) = self.registered(src) {
+            self.close_chunk();
+            self.done.push(ResponseChunk::Bytes(payload));
         } else {
             self.current.extend_from_slice(src);
         }
@@ -113,18 +186,57 @@ mod tests {
     #[test]
     fn registered_payloads_are_referenced_and_the_rest_copied() {
         let payload = Bytes::from(vec![7u8; 10_000]);
-        let mut buf = ChunkedBuf::new(vec![payload.clone()]);
+        let mut buf = ChunkedBuf::new(vec![payload.clone()], Vec::new());
         buf.put_u32(1);
         buf.put_slice(&payload);
         buf.put_slice(&vec![1u8; 5000]);
         buf.put_u8(9);
         assert_eq!(buf.len(), 4 + 10_000 + 5000 + 1);
-        let chunks = buf.into_chunks();
+        let chunks: Vec<Bytes> = buf
+            .into_chunks()
+            .into_iter()
+            .map(|chunk| match chunk {
+                ResponseChunk::Bytes(bytes) => bytes,
+                ResponseChunk::File(_) => panic!("no file chunk was registered"),
+            })
+            .collect();
         assert_eq!(chunks.len(), 3);
         assert_eq!(chunks[1].as_ptr(), payload.as_ptr(), "payload not copied");
         let joined: Vec<u8> = chunks.concat();
         assert_eq!(joined.len(), 15_005);
         assert_eq!(&joined[..4], &[0, 0, 0, 1]);
         assert_eq!(joined[15_004], 9);
+    }
+
+    #[test]
+    fn placeholders_become_their_file_chunks() {
+        let file = Arc::new(tempfile_with(b"0123456789"));
+        let chunk = |position, length| FileChunk { file: file.clone(), position, length };
+        let files = vec![chunk(0, 70_000), chunk(5, 70_000)];
+        let (first, second) = (file_placeholder(0, 70_000).unwrap(), file_placeholder(1, 70_000).unwrap());
+        let mut buf = ChunkedBuf::new(vec![first.clone(), second.clone()], files);
+        buf.put_u8(1);
+        buf.put_slice(&second);
+        buf.put_slice(&first);
+        assert_eq!(buf.len(), 1 + 140_000);
+        let chunks = buf.into_chunks();
+        let positions: Vec<Option<u64>> = chunks
+            .iter()
+            .map(|chunk| match chunk {
+                ResponseChunk::File(file) => Some(file.position),
+                ResponseChunk::Bytes(_) => None,
+            })
+            .collect();
+        assert_eq!(positions, [None, Some(5), Some(0)]);
+        assert!(file_placeholder(FILE_CHUNKS_MAX, 1).is_none());
+        assert!(file_placeholder(0, FILE_CHUNK_BYTES_MAX + 1).is_none());
+    }
+
+    fn tempfile_with(content: &[u8]) -> File {
+        let path = std::env::temp_dir().join(format!("sluice-chunked-{}", std::process::id()));
+        std::fs::write(&path, content).unwrap();
+        let file = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
     }
 }

@@ -56,8 +56,14 @@ mod tests {
 
         let mut response = FetchResponse::default();
         response.throttle_time_ms = 9;
-        let chunks = encode_response(ApiKey::Fetch, 12, 77, &ResponseKind::Fetch(response)).unwrap();
-        let whole: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        let chunks = encode_response(ApiKey::Fetch, 12, 77, &ResponseKind::Fetch(response), Vec::new()).unwrap();
+        let whole: Vec<u8> = chunks
+            .iter()
+            .flat_map(|chunk| match chunk {
+                crate::ResponseChunk::Bytes(bytes) => bytes.to_vec(),
+                crate::ResponseChunk::File(_) => panic!("no file chunks registered"),
+            })
+            .collect();
         let (correlation_id, body) = decode_response(ApiKey::Fetch, 12, Bytes::from(whole).slice(4..)).unwrap();
         assert_eq!(correlation_id, 77);
         let ResponseKind::Fetch(decoded) = body else { panic!("not a fetch response") };

@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::chunked::{ChunkedBuf, ZERO_COPY_BYTES_MIN};
+use crate::chunked::{ChunkedBuf, FileChunk, ResponseChunk, ZERO_COPY_BYTES_MIN};
 use crate::versions::supported_range;
 
 /// A decoded request.
@@ -66,7 +66,8 @@ pub fn encode_response(
     api_version: i16,
     correlation_id: i32,
     body: &ResponseKind,
-) -> anyhow::Result<Vec<Bytes>> {
+    files: Vec<FileChunk>,
+) -> anyhow::Result<Vec<ResponseChunk>> {
     let header_version = if api_key == ApiKey::ApiVersions { 0 } else { api_key.response_header_version(api_version) };
     let mut header = ResponseHeader::default();
     header.correlation_id = correlation_id;
@@ -75,21 +76,22 @@ pub fn encode_response(
         let large = |records: &&Bytes| records.len() >= ZERO_COPY_BYTES_MIN;
         let partitions = fetch.responses.iter().flat_map(|t| t.partitions.iter());
         let payloads = partitions.filter_map(|p| p.records.as_ref().filter(large).cloned()).collect();
-        let mut out = ChunkedBuf::new(payloads);
+        let mut out = ChunkedBuf::new(payloads, files);
         header.encode(&mut out, header_version)?;
         fetch.encode(&mut out, api_version)?;
         let size = i32::try_from(out.len())?;
-        let mut chunks = vec![Bytes::copy_from_slice(&size.to_be_bytes())];
+        let mut chunks = vec![ResponseChunk::Bytes(Bytes::copy_from_slice(&size.to_be_bytes()))];
         chunks.extend(out.into_chunks());
         return Ok(chunks);
     }
+    anyhow::ensure!(files.is_empty(), "only fetch responses carry file chunks");
     let mut out = BytesMut::with_capacity(256);
     out.put_i32(0);
     header.encode(&mut out, header_version)?;
     body.encode(&mut out, api_version)?;
     let size = i32::try_from(out.len() - 4)?;
     out[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(vec![out.freeze()])
+    Ok(vec![ResponseChunk::Bytes(out.freeze())])
 }
 
 #[cfg(test)]

@@ -30,8 +30,8 @@ use std::io::{self, Write};
 use std::path::Path;
 
 pub use crate::log::{
-    AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogOffsets, Partition, Progress, ReadError, ReadLimit,
-    ReplicaAppend, SealedSegment, Visible,
+    read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
+    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, FILE_RANGE_BYTES_MIN,
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::{ReadMode, SegmentIndex};

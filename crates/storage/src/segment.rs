@@ -367,6 +367,15 @@ impl Segment {
         position_at_or_before(&self.offset_index, self.base_offset, offset)
     }
 
+    /// The position of the last offset-index entry at or before file position `position`: a
+    /// batch boundary from which a scan finds the last batch ending by `position`.
+    pub fn boundary_at_or_before(&self, position: u64) -> u64 {
+        match self.offset_index.partition_point(|e| u64::from(e.position) <= position) {
+            0 => 0,
+            index => u64::from(self.offset_index[index - 1].position),
+        }
+    }
+
     /// File position from which to scan for the first batch with max timestamp >= `timestamp`.
     pub fn position_for_timestamp(&self, timestamp: i64) -> u64 {
         position_for_timestamp(&self.time_index, timestamp)

@@ -17,6 +17,13 @@
 //!
 //! Fetch sessions (KIP-227, `crate::fetch_session`): a fetch reads the partitions its
 //! session holds, and an incremental one answers only those with news.
+//!
+//! Zero copy: on a plaintext listener, a consumer's read of at least
+//! `FILE_RANGE_BYTES_MIN` that is all in the page cache is not read into memory. The
+//! response carries a placeholder of its length (`sluice_protocol::file_placeholder`) and
+//! the connection sends the segment file's bytes with `sendfile`, as Kafka does. TLS needs
+//! the bytes in memory to encrypt them, and a follower's reads may pass the high watermark
+//! (where a log can be truncated), so those are copied.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +33,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::ResponseError;
+use sluice_protocol::{file_placeholder, FileChunk};
 use sluice_storage::{Partition, ReadError, ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -55,7 +63,7 @@ pub(super) async fn handle(
     request: FetchRequest,
     version: i16,
     client: &super::Session,
-) -> FetchResponse {
+) -> (FetchResponse, Vec<FileChunk>) {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let min_bytes = request.min_bytes.max(0) as usize;
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
@@ -73,21 +81,23 @@ pub(super) async fn handle(
         tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::InconsistentClusterId.code();
-        return response;
+        return (response, Vec::new());
     }
     if follower.is_some() && !broker.may_replicate(client) {
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::ClusterAuthorizationFailed.code();
-        return response;
+        return (response, Vec::new());
     }
     let (session, items) = match broker.fetch_sessions.begin(request) {
         Ok(begun) => begun,
         Err(error) => {
             let mut response = FetchResponse::default();
             response.error_code = error.code();
-            return response;
+            return (response, Vec::new());
         }
     };
+    // Whether this fetch may send records as file ranges (see the module's doc).
+    let zero_copy = limit != ReadLimit::LogEnd && !broker.listeners()[client.listener].protocol.uses_tls();
     let now_ms = sluice_storage::now_ms();
     let unknown_error = if version >= TOPIC_ID_VERSION {
         ResponseError::UnknownTopicId
@@ -168,14 +178,14 @@ pub(super) async fn handle(
             wait_for_news(&mut receivers, &mut notified, deadline).await;
             continue;
         }
-        let pass = match read_all(&targets, max_bytes, limit, ReadMode::CachedOnly) {
+        let pass = match read_all(&targets, max_bytes, limit, ReadMode::CachedOnly, zero_copy) {
             Some(read) => read,
             None => {
                 tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
                 let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
                 let (returned, read) = tokio::task::spawn_blocking(move || {
                     let cold_max_bytes = max_bytes.min(crate::config::FETCH_DISK_READ_BYTES_MAX);
-                    let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock);
+                    let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock, false);
                     (targets, read)
                 })
                 .await
@@ -195,7 +205,7 @@ pub(super) async fn handle(
             let mut response = build_response(answered, version);
             count_fetched_bytes(broker, &response, version);
             response.session_id = session.id();
-            return response;
+            return (response, pass.files);
         }
         wait_for_news(&mut receivers, &mut notified, deadline).await;
     }
@@ -373,6 +383,8 @@ struct ReadPass {
     has_error: bool,
     /// Partitions (by index) whose fetch offset is in the remote tier: read by [`read_remote`].
     remote: Vec<usize>,
+    /// The file ranges the records' placeholders stand for (`zero_copy` reads).
+    files: Vec<FileChunk>,
 }
 
 /// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
@@ -385,8 +397,15 @@ fn caught_up(log: &Partition, fetch_offset: i64, read_limit: ReadLimit) -> bool 
     read_limit != ReadLimit::LogEnd && !failed && fetch_offset == offsets.high_watermark
 }
 
-fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: ReadMode) -> Option<ReadPass> {
+fn read_all(
+    targets: &[Target],
+    max_bytes: usize,
+    read_limit: ReadLimit,
+    mode: ReadMode,
+    zero_copy: bool,
+) -> Option<ReadPass> {
     let mut used = 0usize;
+    let mut files = Vec::new();
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
     let mut remote = Vec::new();
@@ -429,7 +448,14 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
                     Vec::new()
                 });
                 let limit = target.partition_max_bytes.min(max_bytes.saturating_sub(used));
-                let read = if limit == 0 && used > 0 {
+                let in_file = (zero_copy && limit > 0)
+                    .then(|| log.read_range_cached(target.fetch_offset, limit, used == 0, read_limit))
+                    .flatten()
+                    .and_then(|range| Some((file_placeholder(files.len(), range.length)?, range)));
+                let read = if let Some((placeholder, range)) = in_file {
+                    files.push(FileChunk { file: range.file, position: range.position, length: range.length });
+                    Ok(placeholder)
+                } else if limit == 0 && used > 0 {
                     Ok(Bytes::new())
                 } else if read_limit == ReadLimit::LogEnd {
                     log.read_for_replica(target.fetch_offset, limit.max(1), mode)
@@ -459,7 +485,7 @@ fn read_all(targets: &[Target], max_bytes: usize, read_limit: ReadLimit, mode: R
         has_error |= data.error_code != 0;
         partitions.push(data);
     }
-    Some(ReadPass { partitions, bytes: used, has_error, remote })
+    Some(ReadPass { partitions, bytes: used, has_error, remote, files })
 }
 
 /// Adds each topic's record bytes in the answer to its fetch-bytes metric.

@@ -23,10 +23,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use kafka_protocol::messages::{RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
-use sluice_protocol::{api_versions_response, encode_response, Request};
+use sluice_protocol::{api_versions_response, encode_response, FileChunk, Request, ResponseChunk};
 
 use crate::Broker;
 
@@ -34,7 +33,10 @@ pub(crate) use admin::{controller, controller_write, Failure};
 pub(crate) use groups::create_internal_topics_once_formed;
 
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
-pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<Bytes>>> + Send>>;
+pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<ResponseChunk>>> + Send>>;
+
+/// Where a fetch handler leaves the file chunks its response's placeholders stand for.
+type FileChunks = Arc<parking_lot::Mutex<Vec<FileChunk>>>;
 
 /// How Kafka shows a client's address in DescribeGroups (`InetAddress.toString()` of an
 /// address without a host name): "/127.0.0.1".
@@ -103,9 +105,10 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
     let (body, denied) = match authorize::before(&broker, session, body) {
         Ok(checked) => checked,
         Err(refused) => {
-            return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default());
+            return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default(), None);
         }
     };
+    let mut file_chunks: Option<FileChunks> = None;
     let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
         RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
         RequestKind::Produce(request) => {
@@ -114,9 +117,12 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
         }
         RequestKind::Fetch(request) => {
             let session = session.clone();
-            Box::pin(
-                async move { Some(ResponseKind::Fetch(fetch::handle(&broker, request, api_version, &session).await)) },
-            )
+            let files = file_chunks.insert(FileChunks::default()).clone();
+            Box::pin(async move {
+                let (response, chunks) = fetch::handle(&broker, request, api_version, &session).await;
+                *files.lock() = chunks;
+                Some(ResponseKind::Fetch(response))
+            })
         }
         RequestKind::ListOffsets(request) => Box::pin(async move {
             Some(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version).await))
@@ -403,7 +409,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
             Box::pin(async { None })
         }
     };
-    respond(metered, session.clone(), exchange, response, denied)
+    respond(metered, session.clone(), exchange, response, denied, file_chunks)
 }
 
 /// Awaits a handler's response, completes its authorization masks, charges quotas, meters
@@ -414,6 +420,7 @@ fn respond(
     exchange: Exchange,
     response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
     denied: authorize::Denied,
+    file_chunks: Option<FileChunks>,
 ) -> ResponseFuture {
     let Exchange { api_key, api_version, correlation_id, arrived, .. } = exchange;
     // Many handlers do their work in `dispatch`, before their future is first polled.
@@ -427,8 +434,9 @@ fn respond(
         authorize::after(&broker, &session, denied, &mut body);
         authorize::fill_operations(&broker, &session, exchange.authorized_operations, &mut body);
         charge_quota(&broker, &session, &exchange, &mut body, timed.busy);
-        match encode_response(api_key, api_version, correlation_id, &body) {
-            Ok(bytes) => Some(bytes),
+        let files = file_chunks.map(|files| std::mem::take(&mut *files.lock())).unwrap_or_default();
+        match encode_response(api_key, api_version, correlation_id, &body, files) {
+            Ok(chunks) => Some(chunks),
             Err(error) => {
                 tracing::error!(?api_key, api_version, %error, "failed to encode response");
                 None

@@ -48,6 +48,7 @@ use crate::producer_state::ProducerStateTable;
 use crate::segment::Segment;
 use crate::syncer::WalLink;
 
+pub use self::read::{read_file_range, FileRange, FILE_RANGE_BYTES_MIN};
 pub(crate) use self::retention::{CleanableSegment, CleaningPlan};
 pub use self::tier::SealedSegment;
 

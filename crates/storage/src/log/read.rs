@@ -12,7 +12,10 @@
 //! default moves only over fsynced data, a consumer never sees what a crash can take back;
 //! only a follower ([`ReadLimit::LogEnd`]) reads past it.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
@@ -30,6 +33,23 @@ pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// consumers use. Reads nearer the end keep what was cached (only what came from the disk is
 /// dropped, see [`Segment::read_at`]).
 pub const BACKLOG_DISTANCE_BYTES: u64 = 4 * 1024 * 1024;
+/// Reads shorter than this are copied into memory: locating a file range costs a few small
+/// reads of batch headers, more than copying a short read.
+pub const FILE_RANGE_BYTES_MIN: usize = 64 * 1024;
+/// A scan for batch boundaries reads this much at a time: one offset-index interval and the
+/// header after it, so locating a boundary from its index entry takes one read.
+const HEADER_SCAN_BYTES: usize = 2 * INDEX_INTERVAL_BYTES as usize + batch::BATCH_HEADER_BYTES;
+
+/// Whole batches as they lie in a segment file, for a response that sends them from the
+/// page cache without copying them through memory (`sendfile`). The bytes below the high
+/// watermark are never rewritten in place (compaction and retention replace or delete whole
+/// files, and the open file keeps its data), so the range stays valid while it is held.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub file: Arc<File>,
+    pub position: u64,
+    pub length: usize,
+}
 
 impl Partition {
     /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
@@ -124,6 +144,54 @@ impl Partition {
             }
         })?;
         Ok((batches, None))
+    }
+
+    /// Where the batches [`Partition::read_until`] would return lie in their segment file,
+    /// when they are at least [`FILE_RANGE_BYTES_MIN`] bytes, all in the page cache, and
+    /// below a high watermark or last stable offset (`limit` is not
+    /// [`ReadLimit::LogEnd`]: past the high watermark a log may be truncated). `None` in
+    /// every other case, errors included: the caller then reads with `read_until`, which
+    /// answers them. Only the locating happens under the log's lock; the header reads and
+    /// the page-cache check (`cachestat`) happen after, without waiting for a disk.
+    pub fn read_range_cached(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        min_one_batch: bool,
+        limit: ReadLimit,
+    ) -> Option<FileRange> {
+        assert!(limit != ReadLimit::LogEnd, "a follower's read may reach bytes a truncation rewrites");
+        let max_bytes = max_bytes.min(READ_BYTES_MAX);
+        let (file, hints) = {
+            let state = self.state.lock();
+            if state.failed || offset < state.log_start_offset || offset > state.log_end_offset {
+                return None;
+            }
+            let limit = match limit {
+                ReadLimit::LastStable => last_stable_offset(&state),
+                _ => state.high_watermark,
+            };
+            let (_, segment) = state.segments.range(..=offset).next_back()?;
+            let start = segment.position_at_or_before(offset);
+            let size = segment.size_bytes();
+            if offset >= limit || segment.next_offset() <= offset || size - start < FILE_RANGE_BYTES_MIN as u64 {
+                return None;
+            }
+            let hints = RangeHints {
+                offset,
+                limit,
+                start,
+                size,
+                limit_boundary: (limit < segment.next_offset()).then(|| segment.position_at_or_before(limit)),
+                cut_boundary: segment.boundary_at_or_before(start + max_bytes as u64),
+            };
+            (segment.file().clone(), hints)
+        };
+        let (position, length) = locate_range(&file, &hints, max_bytes, min_one_batch).ok()??;
+        if length < FILE_RANGE_BYTES_MIN || !all_cached(&file, position, length as u64) {
+            return None;
+        }
+        Some(FileRange { file, position, length })
     }
 
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
@@ -287,4 +355,134 @@ fn read_batches(
         }
     }
     Ok(Bytes::new())
+}
+
+/// Reads a [`FileRange`]'s bytes into memory (waiting for the disk if it must): for a
+/// connection that cannot send a file as it is.
+pub fn read_file_range(file: &File, position: u64, length: usize) -> io::Result<Bytes> {
+    Segment::read_at(file, position, length, ReadMode::MayBlock, false)
+}
+
+/// What [`Partition::read_range_cached`] learns under the log's lock: index entries (batch
+/// boundaries) from which to scan for the range's ends.
+struct RangeHints {
+    offset: i64,
+    /// The read limit (high watermark or last stable offset).
+    limit: i64,
+    /// A boundary at or before the batch holding `offset`.
+    start: u64,
+    /// The segment's size; every byte of it is below the read limit when `limit_boundary`
+    /// is `None`.
+    size: u64,
+    /// A boundary at or before the batch starting at `limit`, when that is in this segment.
+    limit_boundary: Option<u64>,
+    /// A boundary at or before `start + max_bytes`.
+    cut_boundary: u64,
+}
+
+/// (position, length) of the whole batches from the one holding `hints.offset`, below the
+/// read limit, within `max_bytes` (the first batch whole when `min_one_batch`); `None` when
+/// that is no batch at all. Reads only headers, from the page cache only.
+fn locate_range(
+    file: &File,
+    hints: &RangeHints,
+    max_bytes: usize,
+    min_one_batch: bool,
+) -> io::Result<Option<(u64, usize)>> {
+    let Some((start, first)) =
+        scan_headers(file, hints.start, hints.size, |header, _| header.last_offset() >= hints.offset)?
+    else {
+        return Ok(None);
+    };
+    if first.base_offset >= hints.limit {
+        return Ok(None);
+    }
+    let end = match hints.limit_boundary {
+        None => hints.size,
+        Some(boundary) => {
+            let found =
+                scan_headers(file, boundary.max(start), hints.size, |header, _| header.base_offset >= hints.limit)?;
+            found.map_or(hints.size, |(position, _)| position)
+        }
+    };
+    let cut = start + max_bytes as u64;
+    let end = if end <= cut {
+        end
+    } else {
+        // The first batch that does not end by `cut` starts where the range ends.
+        let from = hints.cut_boundary.max(start);
+        let found = scan_headers(file, from, end, |header, position| position + header.total_bytes() as u64 > cut)?;
+        match found {
+            Some((position, _)) if position > start => position,
+            Some(_) if min_one_batch => start + first.total_bytes() as u64,
+            Some(_) => return Ok(None),
+            None => end,
+        }
+    };
+    assert!(start < end && end <= hints.size, "a located range holds whole batches of the segment");
+    Ok(Some((start, (end - start) as usize)))
+}
+
+/// Scans batch headers from the boundary `position` up to `end`, reading from the page cache
+/// only; the first (position, header) for which `found` holds, `None` past `end`.
+fn scan_headers(
+    file: &File,
+    mut position: u64,
+    end: u64,
+    mut found: impl FnMut(&batch::BatchHeader, u64) -> bool,
+) -> io::Result<Option<(u64, batch::BatchHeader)>> {
+    let invalid = |e: batch::BatchError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+    while position < end {
+        let length = ((end - position) as usize).min(HEADER_SCAN_BYTES);
+        let chunk = Segment::read_at(file, position, length, ReadMode::CachedOnly, false)?;
+        let mut at = 0usize;
+        while at + batch::BATCH_HEADER_BYTES <= chunk.len() {
+            let header = batch::BatchHeader::parse(&chunk[at..]).map_err(invalid)?;
+            if found(&header, position + at as u64) {
+                return Ok(Some((position + at as u64, header)));
+            }
+            at += header.total_bytes();
+        }
+        if at == 0 {
+            // Fewer than a header's bytes before `end`: the segment ends mid-batch.
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a batch header runs past the segment's end"));
+        }
+        position += at as u64;
+    }
+    Ok(None)
+}
+
+/// Whether every page of `file` in [position, position + length) is in the page cache
+/// (`cachestat`, Linux 6.5). False when that cannot be told.
+fn all_cached(file: &File, position: u64, length: u64) -> bool {
+    #[repr(C)]
+    struct CachestatRange {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    /// The same number on every architecture (added after the tables were unified).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    static PAGE_BYTES: OnceLock<u64> = OnceLock::new();
+    let page = *PAGE_BYTES.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
+    });
+    assert!(length > 0);
+    let range = CachestatRange { off: position, len: length };
+    let mut stat = Cachestat::default();
+    // SAFETY: both pointers are to live, properly laid out structs for the call's duration.
+    let done = unsafe {
+        libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const CachestatRange, &mut stat as *mut Cachestat, 0)
+    };
+    let pages = (position + length - 1) / page - position / page + 1;
+    done == 0 && stat.nr_cache >= pages
 }
