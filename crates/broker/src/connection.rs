@@ -377,7 +377,11 @@ async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::
                 let sent = unsafe { libc::sendfile(socket.as_raw_fd(), chunk.file.as_raw_fd(), &mut offset, left) };
                 usize::try_from(sent).map_err(|_| std::io::Error::last_os_error())
             })
-            .await?;
+            .await;
+        let sent = match sent {
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            sent => sent?,
+        };
         if sent == 0 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,

@@ -90,7 +90,11 @@ fn a_located_range_holds_exactly_the_batches_a_read_returns() {
     for max_bytes in [boundary - 1, boundary, boundary + 1] {
         let copied = log.read_until(0, max_bytes, true, ReadLimit::HighWatermark, ReadMode::MayBlock).unwrap();
         let range = log.read_range_cached(0, max_bytes, true, ReadLimit::HighWatermark).expect("a long cached read");
-        assert_eq!(read_file_range(&range.file, range.position, range.length).unwrap(), copied, "max_bytes {max_bytes}");
+        assert_eq!(
+            read_file_range(&range.file, range.position, range.length).unwrap(),
+            copied,
+            "max_bytes {max_bytes}"
+        );
     }
     // A read near the end is short: it is copied.
     assert!(log.read_range_cached(end - 1, 1 << 20, true, ReadLimit::HighWatermark).is_none());
