@@ -29,9 +29,6 @@ pub struct ClusterLink {
     controller: OnceLock<Arc<Controller>>,
     /// The metadata version this broker has applied (topic registry and replica roles).
     applied_version: watch::Sender<u64>,
-    /// The last metadata this broker ran its apply over: what it tells clients about
-    /// leaders, so a node names itself leader only once it leads.
-    applied: Mutex<Arc<ClusterMetadata>>,
     /// The topic id each hosted topic had when last applied: a topic deleted and created
     /// again under the same name between two applies gets fresh, empty logs.
     applied_topic_ids: Mutex<HashMap<String, Uuid>>,
@@ -45,7 +42,6 @@ impl Default for ClusterLink {
         ClusterLink {
             controller: OnceLock::new(),
             applied_version: watch::channel(0).0,
-            applied: Mutex::new(Arc::new(ClusterMetadata::default())),
             applied_topic_ids: Mutex::new(HashMap::new()),
             strays_removed: AtomicBool::new(false),
         }
@@ -69,21 +65,12 @@ impl ClusterLink {
         self.controller.get()
     }
 
-    /// The newest metadata this node's controller knows (empty before it started): it may
-    /// be ahead of what this node has applied; see [`ClusterLink::applied_metadata`].
+    /// The metadata this node has applied (empty before the controller started).
     pub fn metadata(&self) -> Arc<ClusterMetadata> {
         match self.controller.get() {
             Some(controller) => controller.metadata().borrow().clone(),
             None => Arc::new(ClusterMetadata::default()),
         }
-    }
-
-    /// The last metadata this node has applied to its topic registry and partition roles.
-    /// Metadata responses come from it: a client told that this node leads a partition must
-    /// find it leading (the controller's newer metadata may name it leader before its role
-    /// is applied, and a request sent on that answer would get NOT_LEADER_OR_FOLLOWER).
-    pub fn applied_metadata(&self) -> Arc<ClusterMetadata> {
-        self.applied.lock().clone()
     }
 }
 
@@ -160,13 +147,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
             let Some(broker) = weak.upgrade() else { return };
             let version = current.version;
             let link = broker.cluster.clone().expect("cluster mode");
-            let applying = current.clone();
-            let applied = tokio::task::spawn_blocking(move || apply_blocking(&broker, &applying)).await;
-            // Even after a failed apply (a log that could not be opened), what the rest of the
-            // metadata says (brokers, other partitions) is served; the partitions whose role
-            // was not applied answer NOT_LEADER_OR_FOLLOWER, which clients retry.
-            *link.applied.lock() = current;
-            match applied {
+            match tokio::task::spawn_blocking(move || apply_blocking(&broker, &current)).await {
                 Ok(Ok(())) => {
                     link.applied_version.send_replace(version);
                 }

@@ -149,7 +149,7 @@ fn topic_metadata(broker: &Broker, topic: &TopicMeta) -> MetadataResponseTopic {
     // Clients skip internal topics in pattern subscriptions and listings (Kafka's rule).
     response.is_internal = crate::topics::is_internal(&topic.name);
     if let Some(cluster) = &broker.cluster {
-        let metadata = cluster.applied_metadata();
+        let metadata = cluster.metadata();
         let Some(info) = metadata.topics.get(&topic.name) else {
             response.error_code = ResponseError::LeaderNotAvailable.code();
             return response;
