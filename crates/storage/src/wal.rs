@@ -27,6 +27,14 @@
 //! - A deleted partition logs [`Control::Forget`] before its directory goes: its earlier
 //!   records never replay into a later partition of the same name.
 //!
+//! Rounds are written with direct I/O (`O_DIRECT`) where the filesystem takes it: the
+//! round is gathered into a page-aligned buffer and written straight to the device, so
+//! the `fdatasync` that follows is only the device's cache flush. Through the page cache
+//! each round would be copied into page-cache folios, written back by that `fdatasync`
+//! (the kernel's writeback path cost more CPU than the rest of the WAL thread), and kept
+//! in memory where it crowds out what consumers read. A filesystem that refuses direct
+//! I/O (tmpfs, some FUSE mounts) gets the same writes through the page cache.
+//!
 //! WAL files are recycled: a checkpointed file becomes the spare that the next rotation
 //! renames into place (the first spare is zero-filled in the background), so an `fdatasync`
 //! of the WAL overwrites allocated blocks and never waits for a journal commit of the
@@ -68,8 +76,13 @@ const SPARE_TMP_FILE: &str = "spare.tmp";
 const SPARE_FREE_BYTES_MIN: u64 = 16 * WAL_FILE_BYTES;
 /// Threads fsyncing partitions in parallel for a checkpoint.
 const CHECKPOINT_THREADS: usize = 8;
-/// Rounds are written in whole pages of this size (see [`WalWriter::write_round`]).
+/// Rounds are written in whole pages of this size (see [`WalWriter::write_round`]); it is
+/// also the alignment of the write buffer's memory, as direct I/O needs.
 const WAL_PAGE_BYTES: u64 = 4096;
+/// A round is written in pieces of at most this much (the write buffer's size; a multiple
+/// of [`WAL_PAGE_BYTES`]).
+const WAL_WRITE_CHUNK_BYTES: usize = 2 * 1024 * 1024;
+const _: () = assert!(WAL_WRITE_CHUNK_BYTES % WAL_PAGE_BYTES as usize == 0);
 /// The largest record replay accepts (a round's batches of one partition).
 const RECORD_BYTES_MAX: usize = 1 << 30;
 
@@ -327,6 +340,10 @@ pub(crate) struct WalWriter {
     dir: PathBuf,
     file: File,
     path: PathBuf,
+    /// `file` was opened with `O_DIRECT`.
+    direct: bool,
+    /// Where a round is gathered before it is written.
+    chunk: AlignedChunk,
     sequence: u64,
     position: u64,
     /// The bytes of the current file from the start of `position`'s page up to `position`:
@@ -346,7 +363,8 @@ impl WalWriter {
     pub(crate) fn start(dir: &Path) -> io::Result<WalWriter> {
         crate::durable::create_dir_all(dir)?;
         let sequence = list_wal_files(dir)?.last().map_or(0, |(sequence, _)| sequence + 1);
-        let (path, file) = next_wal_file(dir, sequence)?;
+        let (path, file, direct) = next_wal_file(dir, sequence)?;
+        tracing::info!(dir = %dir.display(), direct, "write-ahead log started");
         let (sender, receiver) = mpsc::channel();
         let checkpoint_dir = dir.to_path_buf();
         let checkpointer = std::thread::Builder::new()
@@ -356,6 +374,8 @@ impl WalWriter {
             dir: dir.to_path_buf(),
             file,
             path,
+            direct,
+            chunk: AlignedChunk::new(),
             sequence,
             position: 0,
             tail_page: Vec::new(),
@@ -386,9 +406,9 @@ impl WalWriter {
     /// instead. A failed fsync is marked as such ([`crate::durable::is_fsync_failure`]) and
     /// breaks the WAL for good.
     ///
-    /// `records` are the round's records, in parts written one after another with one
-    /// vectored write (headers and the partitions' pending batches are not gathered into
-    /// one buffer first).
+    /// `records` are the round's records, in parts written one after another (headers and
+    /// the partitions' pending batches); they are gathered into the page-aligned write
+    /// buffer, [`WAL_WRITE_CHUNK_BYTES`] at a time.
     pub(crate) fn write_round(&mut self, records: &[&[u8]], partitions: &[&Arc<Partition>]) -> io::Result<()> {
         if self.broken {
             let error = io::Error::other("the WAL's fsync failed earlier; restart the broker to recover");
@@ -397,24 +417,7 @@ impl WalWriter {
         let page_start = self.position - self.tail_page.len() as u64;
         debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
         let end = self.position + records.iter().map(|part| part.len() as u64).sum::<u64>();
-        let padded = end.div_ceil(WAL_PAGE_BYTES) * WAL_PAGE_BYTES;
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(records.len() + 2);
-        parts.push(&self.tail_page);
-        parts.extend_from_slice(records);
-        parts.push(&ZERO_PAGE[..(padded - end) as usize]);
-        write_all_vectored_at(&self.file, &parts, page_start)?;
-        // What of the round lies in its last, partly filled page: rewritten by the next.
-        let mut tail_len = (end % WAL_PAGE_BYTES) as usize;
-        let mut tail_parts = Vec::new();
-        for part in parts[..parts.len() - 1].iter().rev() {
-            if tail_len == 0 {
-                break;
-            }
-            let take = tail_len.min(part.len());
-            tail_parts.push(&part[part.len() - take..]);
-            tail_len -= take;
-        }
-        let tail_page: Vec<u8> = tail_parts.into_iter().rev().flatten().copied().collect();
+        let tail_page = self.write_pages(page_start, end, records)?;
         if let Err(error) = crate::durable::sync_data(&self.file) {
             self.broken = true;
             tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
@@ -441,11 +444,51 @@ impl WalWriter {
         Ok(())
     }
 
+    /// Writes the current file's tail page and then `records` from `page_start`, padded with
+    /// zeros to a page end (`end` is where the records end). Returns the bytes of the last,
+    /// partly filled page: the next round rewrites them ahead of its records.
+    fn write_pages(&mut self, page_start: u64, end: u64, records: &[&[u8]]) -> io::Result<Vec<u8>> {
+        let chunk = self.chunk.as_mut_slice();
+        // The file offset of chunk[0], and how much of the chunk is filled.
+        let mut offset = page_start;
+        let mut filled = 0;
+        for mut part in std::iter::once(self.tail_page.as_slice()).chain(records.iter().copied()) {
+            while !part.is_empty() {
+                let take = part.len().min(chunk.len() - filled);
+                chunk[filled..filled + take].copy_from_slice(&part[..take]);
+                filled += take;
+                part = &part[take..];
+                if filled == chunk.len() {
+                    write_pages_at(&mut self.file, &mut self.direct, &self.path, chunk, offset)?;
+                    offset += filled as u64;
+                    filled = 0;
+                }
+            }
+        }
+        debug_assert_eq!(offset + filled as u64, end);
+        // Chunks end on page boundaries, so the last partial page is in this chunk.
+        let tail_len = (end % WAL_PAGE_BYTES) as usize;
+        let tail_page = chunk[filled - tail_len..filled].to_vec();
+        let padded = filled.div_ceil(WAL_PAGE_BYTES as usize) * WAL_PAGE_BYTES as usize;
+        chunk[filled..padded].fill(0);
+        if padded > 0 {
+            write_pages_at(&mut self.file, &mut self.direct, &self.path, &chunk[..padded], offset)?;
+        }
+        Ok(tail_page)
+    }
+
+    /// The current file is written with direct I/O (for tests and the startup log).
+    #[cfg(test)]
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct
+    }
+
     /// Starts the next file and hands the full one to the checkpointer.
     fn rotate(&mut self) -> io::Result<()> {
-        let (path, file) = next_wal_file(&self.dir, self.sequence + 1)?;
+        let (path, file, direct) = next_wal_file(&self.dir, self.sequence + 1)?;
         let full = std::mem::replace(&mut self.path, path);
         self.file = file;
+        self.direct = direct;
         self.sequence += 1;
         self.position = 0;
         self.tail_page.clear();
@@ -472,65 +515,58 @@ impl Drop for WalWriter {
     }
 }
 
-/// Zeros that pad a round to a whole page.
-static ZERO_PAGE: [u8; WAL_PAGE_BYTES as usize] = [0; WAL_PAGE_BYTES as usize];
+/// A buffer of [`WAL_WRITE_CHUNK_BYTES`] whose memory starts on a page boundary, as direct
+/// I/O needs.
+struct AlignedChunk {
+    storage: Vec<u8>,
+    start: usize,
+}
 
-/// Writes `parts`, one after another, at `offset`, with `pwritev` (at most `IOV_MAX` parts
-/// per call).
-fn write_all_vectored_at(file: &File, mut parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    const IOV_MAX: usize = 1024;
-    // Bytes of parts[0] already written.
-    let mut written_of_first = 0;
-    loop {
-        while parts.first().is_some_and(|part| part.len() == written_of_first) {
-            parts = &parts[1..];
-            written_of_first = 0;
+impl AlignedChunk {
+    fn new() -> AlignedChunk {
+        let storage = vec![0; WAL_WRITE_CHUNK_BYTES + WAL_PAGE_BYTES as usize];
+        let start = storage.as_ptr().align_offset(WAL_PAGE_BYTES as usize);
+        AlignedChunk { storage, start }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + WAL_WRITE_CHUNK_BYTES]
+    }
+}
+
+/// Writes whole pages of `data` at `offset` (both page-aligned, as is `data`'s memory). A
+/// file opened with `O_DIRECT` whose filesystem then refuses the write (`EINVAL`) is
+/// reopened without it and written through the page cache from then on.
+fn write_pages_at(file: &mut File, direct: &mut bool, path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
+    debug_assert!(offset % WAL_PAGE_BYTES == 0 && data.len() as u64 % WAL_PAGE_BYTES == 0);
+    debug_assert_eq!(data.as_ptr() as usize % WAL_PAGE_BYTES as usize, 0);
+    match file.write_all_at(data, offset) {
+        Err(error) if *direct && error.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(file = %path.display(), %error, "direct I/O refused: WAL writes go through the page cache");
+            *file = OpenOptions::new().read(true).write(true).open(path)?;
+            *direct = false;
+            file.write_all_at(data, offset)
         }
-        if parts.is_empty() {
-            return Ok(());
+        result => result,
+    }
+}
+
+/// Opens a WAL file for rounds: with `O_DIRECT` unless the filesystem refuses it.
+fn open_for_rounds(path: &Path) -> io::Result<(File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path) {
+        Ok(file) => Ok((file, true)),
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+            Ok((OpenOptions::new().read(true).write(true).open(path)?, false))
         }
-        let iovecs: Vec<libc::iovec> = parts
-            .iter()
-            .take(IOV_MAX)
-            .enumerate()
-            .map(|(i, part)| {
-                let part = if i == 0 { &part[written_of_first..] } else { part };
-                libc::iovec { iov_base: part.as_ptr() as *mut libc::c_void, iov_len: part.len() }
-            })
-            .collect();
-        let file_offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: the iovecs point into `parts`, alive and unchanged for the call.
-        let written = unsafe { libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as i32, file_offset) };
-        if written < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        let mut written = written as usize;
-        offset += written as u64;
-        while written > 0 {
-            let left = parts[0].len() - written_of_first;
-            if written < left {
-                written_of_first += written;
-                break;
-            }
-            written -= left;
-            parts = &parts[1..];
-            written_of_first = 0;
-        }
+        Err(error) => Err(error),
     }
 }
 
 /// Puts WAL file `sequence` in place: the spare renamed (its stale bytes carry older
 /// sequence numbers), or a new empty file. Its directory entry is durable before any
-/// record in it can be acknowledged.
-fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File)> {
+/// record in it can be acknowledged. Returns whether it is written with direct I/O.
+fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File, bool)> {
     let path = dir.join(wal_file_name(sequence));
     match std::fs::rename(dir.join(SPARE_FILE), &path) {
         Ok(()) => {}
@@ -539,9 +575,9 @@ fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File)> {
         }
         Err(error) => return Err(error),
     }
-    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    let (file, direct) = open_for_rounds(&path)?;
     crate::durable::sync_dir(dir)?;
-    Ok((path, file))
+    Ok((path, file, direct))
 }
 
 /// Writes a zero-filled spare (blocks allocated and durable), unless one is there or the
@@ -663,13 +699,27 @@ mod tests {
     fn rounds_written_in_parts_read_back_as_their_records_in_whole_pages() {
         let dir = tempfile::tempdir().unwrap();
         let mut writer = WalWriter::start(dir.path()).unwrap();
+        // Where the filesystem takes direct I/O, the WAL uses it.
+        let probe = dir.path().join("probe");
+        std::fs::write(&probe, b"").unwrap();
+        let direct_supported = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok()
+        };
+        assert_eq!(writer.is_direct(), direct_supported);
         let sequence = writer.sequence();
         let mut expected = Vec::new();
-        // Rounds of odd sizes: within a page, across pages, and more parts than one
-        // pwritev takes.
-        for (round, (records, payload_bytes)) in
-            [(1, 10), (3, 5000), (700, 3), (2, 9000), (1, 1)].into_iter().enumerate()
+        // Rounds of odd sizes: within a page, across pages, of many parts, and across
+        // write chunks; `FILL` is a record that ends its round exactly on a chunk boundary.
+        const FILL: usize = usize::MAX;
+        for (round, (records, mut payload_bytes)) in
+            [(1, 10), (3, 5000), (700, 3), (2, 9000), (3, 1_500_000), (1, 1), (1, FILL), (1, 1)].into_iter().enumerate()
         {
+            if payload_bytes == FILL {
+                let tail = (writer.position % WAL_PAGE_BYTES) as usize;
+                payload_bytes =
+                    WAL_WRITE_CHUNK_BYTES - tail - RECORD_PREFIX_BYTES - BODY_HEADER_BYTES - "logs/a-0".len();
+            }
             let payloads: Vec<Vec<u8>> = (0..records).map(|i| vec![(round * 31 + i) as u8; payload_bytes]).collect();
             let mut headers = Vec::new();
             let mut ranges = Vec::new();
