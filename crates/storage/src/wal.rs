@@ -82,7 +82,7 @@ const WAL_PAGE_BYTES: u64 = 4096;
 /// A round is written in pieces of at most this much (the write buffer's size; a multiple
 /// of [`WAL_PAGE_BYTES`]).
 const WAL_WRITE_CHUNK_BYTES: usize = 2 * 1024 * 1024;
-const _: () = assert!(WAL_WRITE_CHUNK_BYTES % WAL_PAGE_BYTES as usize == 0);
+const _: () = assert!(WAL_WRITE_CHUNK_BYTES.is_multiple_of(WAL_PAGE_BYTES as usize));
 /// The largest record replay accepts (a round's batches of one partition).
 const RECORD_BYTES_MAX: usize = 1 << 30;
 
@@ -538,8 +538,8 @@ impl AlignedChunk {
 /// file opened with `O_DIRECT` whose filesystem then refuses the write (`EINVAL`) is
 /// reopened without it and written through the page cache from then on.
 fn write_pages_at(file: &mut File, direct: &mut bool, path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
-    debug_assert!(offset % WAL_PAGE_BYTES == 0 && data.len() as u64 % WAL_PAGE_BYTES == 0);
-    debug_assert_eq!(data.as_ptr() as usize % WAL_PAGE_BYTES as usize, 0);
+    debug_assert!(offset.is_multiple_of(WAL_PAGE_BYTES) && (data.len() as u64).is_multiple_of(WAL_PAGE_BYTES));
+    debug_assert!((data.as_ptr() as usize).is_multiple_of(WAL_PAGE_BYTES as usize));
     match file.write_all_at(data, offset) {
         Err(error) if *direct && error.raw_os_error() == Some(libc::EINVAL) => {
             tracing::warn!(file = %path.display(), %error, "direct I/O refused: WAL writes go through the page cache");
