@@ -97,6 +97,7 @@ pub(crate) struct Metrics {
     fetch_sessions: Gauge,
     produce_memory_bytes: Gauge,
     queued_request_bytes: Gauge,
+    segment_write_behind_bytes: Gauge,
     active_controller: Gauge,
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
     pub(crate) tiered: TieredMetrics,
@@ -204,6 +205,11 @@ impl Metrics {
             "queued_request_bytes",
             "Request bytes admitted and not yet answered, of queued_max_request_bytes (produce included)",
         );
+        let segment_write_behind_bytes = gauge(
+            &mut registry,
+            "segment_write_behind_bytes",
+            "Appended bytes held in memory before their segment file write (the WAL holds them)",
+        );
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
         let tiered = TieredMetrics::default();
@@ -263,6 +269,7 @@ impl Metrics {
             fetch_sessions,
             produce_memory_bytes,
             queued_request_bytes,
+            segment_write_behind_bytes,
             active_controller,
             tiered,
             remote_log_size_bytes,
@@ -350,6 +357,7 @@ impl Metrics {
         let (queued, produce_memory) = broker.request_memory.held();
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);
+        self.segment_write_behind_bytes.set(sluice_storage::segment::write_behind_bytes() as i64);
         let active = match &broker.cluster {
             None => true,
             Some(cluster) => {

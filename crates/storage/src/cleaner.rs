@@ -269,7 +269,7 @@ fn copy_cleaned(
                 changed = true;
                 return Ok(0);
             }
-            return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size).map(|_| written);
+            return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size, false).map(|_| written);
         }
         if is_aborted(filter.aborted, header) {
             // An aborted transaction's records go whole, as Kafka's cleaner drops them.
@@ -292,7 +292,7 @@ fn copy_cleaned(
             if header.is_transactional() {
                 filter.transactions_with_data.insert(header.producer_id);
             }
-            return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size).map(|_| written);
+            return cleaned.append(&bytes[..16], &bytes[16..], header, now_ms, segment.size, false).map(|_| written);
         }
         changed = true;
         removed += (header.record_count - kept_count) as u64;
@@ -309,7 +309,7 @@ fn copy_cleaned(
         let rebuilt_header = batch::validate_stored_batch(&rebuilt)
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))?;
         let written = rebuilt.len() as u64;
-        cleaned.append(&rebuilt[..16], &rebuilt[16..], &rebuilt_header, now_ms, segment.size).map(|_| written)
+        cleaned.append(&rebuilt[..16], &rebuilt[16..], &rebuilt_header, now_ms, segment.size, false).map(|_| written)
     })?;
     if !changed {
         cleaned.delete_files()?;

@@ -1,14 +1,27 @@
 //! One segment of a partition log: a file of consecutive record batches plus its sparse
 //! offset and time indexes.
 //!
-//! Durability contract: `append` returns when the bytes are in the page cache; the
-//! partition's syncer makes them durable with `fdatasync` on [`Segment::file`]. A sealed
-//! segment is fsynced, truncated to its logical size and has its index file written, so
-//! recovery trusts it without scanning; the active segment is scanned batch by batch
-//! (length, CRC, offset continuity) and cut at the first invalid byte.
+//! Durability contract: `append` returns when the bytes are in the page cache or, for a
+//! batch acknowledged only after an fsync round, in the write-behind buffer (below); the
+//! partition's syncer makes them durable, through the WAL or with `fdatasync` on the file
+//! after [`Segment::flush`]. A sealed segment is fsynced, truncated to its logical size
+//! and has its index file written, so recovery trusts it without scanning; the active
+//! segment is scanned batch by batch (length, CRC, offset continuity) and cut at the first
+//! invalid byte.
 //!
 //! The active segment's file is preallocated in chunks (`fallocate`), so most appends do not
 //! change the file size and an `fdatasync` does not have to commit size metadata.
+//!
+//! Write-behind: a batch acknowledged only after an fsync round may be kept in memory
+//! (`unwritten`, at most [`WRITE_BEHIND_BYTES`]) and written to the file with the ones
+//! after it, in one `pwrite` of ~64 KiB instead of one per batch of 1-2 KiB: the kernel's
+//! cost per write, not per byte, dominated the produce path. Readers of the active segment
+//! take bytes past `written_bytes` from memory ([`Segment::unwritten_from`]); everything
+//! that needs them in the file (an fsync, a seal, a scan, a cut) calls [`Segment::flush`]
+//! first, and [`Segment::file`] asserts there is nothing left in memory. A crash loses
+//! only what the WAL holds (replay appends it again) or what was not acknowledged yet.
+//! Memory is capped process-wide ([`WRITE_BEHIND_TOTAL_BYTES_MAX`]); past the cap,
+//! appends write through.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
@@ -31,7 +44,18 @@ pub const PREALLOCATE_AHEAD_BYTES_MAX: u64 = 16 * 1024 * 1024;
 const SCAN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Index positions are u32: a segment can never be larger than this.
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
+/// A segment keeps at most this many appended bytes in memory before writing them out.
+pub const WRITE_BEHIND_BYTES: usize = 64 * 1024;
+/// All segments of the process together keep at most this many bytes in memory.
+pub const WRITE_BEHIND_TOTAL_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Bytes held in memory by every segment's write-behind buffer.
+static WRITE_BEHIND_TOTAL_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
+
+/// Bytes all segments of the process hold in their write-behind buffers now.
+pub fn write_behind_bytes() -> usize {
+    WRITE_BEHIND_TOTAL_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
 const INDEX_FILE_VERSION: u32 = 1;
 /// A recovery image of the active segment's index is written here, then renamed over
 /// the index file (see `log.rs`, `Partition::sync_for_wal_checkpoint`).
@@ -114,7 +138,11 @@ pub struct Segment {
     log_path: PathBuf,
     index_path: PathBuf,
     file: Arc<File>,
+    /// The logical size: `written_bytes` in the file, then `unwritten` in memory.
     size_bytes: u64,
+    written_bytes: u64,
+    /// Appended bytes not yet in the file (write-behind; see the module comment).
+    unwritten: Vec<u8>,
     allocated_bytes: u64,
     next_offset: i64,
     max_timestamp: i64,
@@ -123,6 +151,13 @@ pub struct Segment {
     offset_index: Vec<OffsetEntry>,
     time_index: Vec<TimeEntry>,
     bytes_since_index_entry: u64,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // Bytes still in memory are in the WAL (or the segment was deleted or cut).
+        self.release_unwritten();
+    }
 }
 
 pub fn log_file_name(base_offset: i64) -> String {
@@ -152,6 +187,8 @@ impl Segment {
             log_path,
             file: Arc::new(file),
             size_bytes: 0,
+            written_bytes: 0,
+            unwritten: Vec::new(),
             allocated_bytes: 0,
             next_offset: base_offset,
             max_timestamp: -1,
@@ -185,6 +222,7 @@ impl Segment {
         match segment.load_index_file(file_len) {
             Ok(covered) if covered == file_len => {
                 segment.allocated_bytes = file_len;
+                segment.written_bytes = segment.size_bytes;
                 return Ok((segment, true));
             }
             // A checkpoint image of the active segment: only what was appended after it
@@ -192,6 +230,7 @@ impl Segment {
             // producer state from its snapshot, in offset order, over the indexed segment).
             Ok(covered) if segment.indexed_batch_is_in_place() => {
                 segment.recover_from(covered, file_len, &mut |header| on_batch(header, false))?;
+                segment.written_bytes = segment.size_bytes;
                 return Ok((segment, true));
             }
             // No index, or one that does not fit the file: scan it all from a clean start.
@@ -199,6 +238,7 @@ impl Segment {
         }
         let _ = std::fs::remove_file(&segment.index_path);
         segment.recover_from(0, file_len, &mut |header| on_batch(header, true))?;
+        segment.written_bytes = segment.size_bytes;
         Ok((segment, false))
     }
 
@@ -271,8 +311,45 @@ impl Segment {
     pub fn is_empty(&self) -> bool {
         self.size_bytes == 0
     }
+    /// The segment's file. Every appended byte must be in it ([`Segment::flush`] first).
     pub fn file(&self) -> &Arc<File> {
+        assert!(self.unwritten.is_empty(), "the file of a segment with bytes still in memory");
         &self.file
+    }
+
+    /// Writes the bytes kept in memory to the file (one `pwrite`). On error they stay in
+    /// memory (the WAL holds them) and the next flush tries again.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.unwritten.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all_at(&self.unwritten, self.written_bytes)?;
+        self.written_bytes += self.unwritten.len() as u64;
+        self.release_unwritten();
+        debug_assert_eq!(self.written_bytes, self.size_bytes);
+        Ok(())
+    }
+
+    /// The file after [`Segment::flush`].
+    pub fn flushed_file(&mut self) -> io::Result<&Arc<File>> {
+        self.flush()?;
+        Ok(&self.file)
+    }
+
+    /// The logical bytes from `position` (a batch boundary) to the end, when all of them
+    /// are still in memory; `None` when some are in the file (or none are appended past
+    /// `position`).
+    pub fn unwritten_from(&self, position: u64) -> Option<&[u8]> {
+        if self.unwritten.is_empty() || position < self.written_bytes || position >= self.size_bytes {
+            return None;
+        }
+        Some(&self.unwritten[(position - self.written_bytes) as usize..])
+    }
+
+    /// Frees the write-behind buffer (its bytes are written, or dropped with the segment).
+    fn release_unwritten(&mut self) {
+        WRITE_BEHIND_TOTAL_BYTES.fetch_sub(self.unwritten.len(), std::sync::atomic::Ordering::Relaxed);
+        self.unwritten = Vec::new();
     }
 
     /// True when a batch of `batch_bytes` would not fit under `segment_bytes` or would
@@ -283,8 +360,10 @@ impl Segment {
                 || last_offset - self.base_offset > i64::from(u32::MAX >> 1))
     }
 
-    /// Writes `prefix` followed by `rest` (one batch) at the logical end. On error nothing
-    /// is accounted: the bytes past the logical end are garbage that the next append
+    /// Appends `prefix` followed by `rest` (one batch) at the logical end: kept in memory
+    /// when `behind` (the WAL makes it durable; see the module comment) and the buffers
+    /// have room, else written to the file (after what memory held). On error nothing is
+    /// accounted: the bytes past the logical end are garbage that the next append
     /// overwrites and recovery cuts.
     pub fn append(
         &mut self,
@@ -293,16 +372,41 @@ impl Segment {
         header: &BatchHeader,
         now_ms: i64,
         segment_bytes: u64,
+        behind: bool,
     ) -> io::Result<u64> {
         let batch_bytes = (prefix.len() + rest.len()) as u64;
         assert_eq!(batch_bytes, header.total_bytes() as u64);
         assert!(header.base_offset >= self.next_offset, "appends move forward (a compacted log has gaps)");
+        debug_assert_eq!(self.written_bytes + self.unwritten.len() as u64, self.size_bytes);
         let position = self.size_bytes;
         if position + batch_bytes > SEGMENT_BYTES_MAX {
             return Err(io::Error::other("segment would exceed its maximum size"));
         }
         self.ensure_allocated(position + batch_bytes, segment_bytes)?;
-        write_all_vectored_at(&self.file, &[prefix, rest], position)?;
+        let batch_bytes = batch_bytes as usize;
+        if self.unwritten.len() + batch_bytes > WRITE_BEHIND_BYTES {
+            self.flush()?;
+        }
+        let room = behind
+            && batch_bytes <= WRITE_BEHIND_BYTES
+            && WRITE_BEHIND_TOTAL_BYTES.fetch_add(batch_bytes, std::sync::atomic::Ordering::Relaxed) + batch_bytes
+                <= WRITE_BEHIND_TOTAL_BYTES_MAX;
+        if room {
+            if self.unwritten.capacity() == 0 {
+                self.unwritten.reserve_exact(WRITE_BEHIND_BYTES);
+            }
+            self.unwritten.extend_from_slice(prefix);
+            self.unwritten.extend_from_slice(rest);
+        } else {
+            if behind && batch_bytes <= WRITE_BEHIND_BYTES {
+                // Counted above, but over the cap: not kept.
+                WRITE_BEHIND_TOTAL_BYTES.fetch_sub(batch_bytes, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.flush()?;
+            assert_eq!(self.written_bytes, position);
+            write_all_vectored_at(&self.file, &[prefix, rest], position)?;
+            self.written_bytes = position + batch_bytes as u64;
+        }
         self.first_append_ms.get_or_insert(now_ms);
         self.track_appended(header, position);
         Ok(position)
@@ -419,7 +523,7 @@ impl Segment {
     /// Visits batch headers from `position` to the logical end, stopping when `visit`
     /// returns false.
     pub fn scan_from(&self, position: u64, visit: &mut dyn FnMut(&BatchHeader, u64) -> bool) -> io::Result<()> {
-        scan_batches(&self.file, position, self.size_bytes, false, visit)?;
+        scan_batches(self.file(), position, self.size_bytes, false, visit)?;
         Ok(())
     }
 
@@ -429,6 +533,7 @@ impl Segment {
     /// synced (a crash before they reach the disk only means this segment is scanned at
     /// recovery) unless `sync_index`, for a clean shutdown.
     pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
+        self.flush()?;
         crate::durable::sync_data(&self.file)?;
         if self.allocated_bytes != self.size_bytes {
             self.file.set_len(self.size_bytes)?;

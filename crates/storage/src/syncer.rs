@@ -217,7 +217,7 @@ fn file_worker(shared: &Shared) {
         let targets: Vec<_> = round.iter().map(|p| p.sync_target()).collect();
         for (partition, target) in round.iter().zip(targets) {
             let started = Instant::now();
-            let result = crate::durable::sync_data(&target.file);
+            let result = target.sync();
             if let Some(observe) = shared.observer.get() {
                 observe(started.elapsed());
             }
@@ -276,11 +276,12 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         match &result {
             Err(error) if !crate::durable::is_fsync_failure(error) => {
                 // The WAL could not take the round (a full disk): the batches are in their
-                // segments' page cache, so each partition is made durable by its own fsync.
+                // segments (written out of memory by `sync_target`), so each partition is
+                // made durable by its own fsync.
                 tracing::warn!(%error, "WAL write failed; fsyncing this round's partitions one by one");
                 for (partition, _, _) in logged {
                     let target = partition.sync_target();
-                    let synced = crate::durable::sync_data(&target.file);
+                    let synced = target.sync();
                     partition.finish_sync(target.end_offset, target.generation, &synced, &mut signals);
                 }
             }

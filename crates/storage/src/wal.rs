@@ -737,6 +737,11 @@ mod tests {
             expected.extend(payloads);
             assert_eq!(writer.file.metadata().unwrap().len() % WAL_PAGE_BYTES, 0, "whole pages");
         }
+        if direct_supported {
+            // Written around the page cache: a round's pages are not kept in memory.
+            let cached = crate::log::cached_pages(&writer.file, 0, writer.position);
+            assert!(cached.is_none_or(|pages| pages == 0), "{cached:?} WAL pages cached");
+        }
         let data = std::fs::read(&writer.path).unwrap();
         let (records, end) = decode_records(&data, sequence);
         assert_eq!(end as u64, writer.position);

@@ -40,9 +40,21 @@ use crate::wal::Control;
 
 /// What one fsync must cover and what it makes visible.
 pub(crate) struct SyncTarget {
-    pub(crate) file: Arc<std::fs::File>,
+    /// The active segment's file, once the bytes it kept in memory are written (or why
+    /// they could not be).
+    file: io::Result<Arc<std::fs::File>>,
     pub(crate) end_offset: i64,
     pub(crate) generation: u64,
+}
+
+impl SyncTarget {
+    /// Makes the target's file durable (`fdatasync`).
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        match &self.file {
+            Ok(file) => crate::durable::sync_data(file),
+            Err(error) => Err(io::Error::new(error.kind(), format!("writing the segment's buffered batches: {error}"))),
+        }
+    }
 }
 
 /// A partition's batches for its next WAL record.
@@ -207,12 +219,14 @@ impl Partition {
             state.epochs_unwritten = true;
         }
         let segment_bytes = state.config.segment_bytes;
+        // Batches an fsync round makes durable may wait in memory for the next ones
+        // (write-behind); page-cache topics promise the page cache at the acknowledgement.
+        let fsync = state.config.fsync_before_ack();
         let segment = state.segments.values_mut().next_back().expect("active segment");
-        segment.append(prefix, rest, header, now_ms, segment_bytes)?;
+        segment.append(prefix, rest, header, now_ms, segment_bytes, fsync)?;
         state.producers.record(header);
         assert!(header.last_offset() >= state.log_end_offset, "an append moves the log end forward");
         state.log_end_offset = header.last_offset() + 1;
-        let fsync = state.config.fsync_before_ack();
         if fsync {
             state.wal_pending.extend_from_slice(prefix);
             state.wal_pending.extend_from_slice(rest);
@@ -326,8 +340,9 @@ impl Partition {
         // The file's fsync covers whatever waited for a WAL record too.
         state.wal_pending.clear();
         state.wal_pending_ends.clear();
-        let active = state.segments.values().next_back().expect("active segment");
-        SyncTarget { file: active.file().clone(), end_offset: state.log_end_offset, generation: state.sync_generation }
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        let file = active.flushed_file().cloned();
+        SyncTarget { file, end_offset: state.log_end_offset, generation: state.sync_generation }
     }
 
     /// Hands the batches appended since the last call to the WAL thread (`None` when there
@@ -356,16 +371,19 @@ impl Partition {
     /// index of what the fsync made durable and the producer state there, so a restart
     /// after a crash scans only the bytes appended since.
     pub(crate) fn sync_for_wal_checkpoint(&self) -> bool {
-        let (active, image) = {
-            let state = self.state.lock();
+        let flushed = {
+            let mut state = self.state.lock();
             if state.failed || state.retired {
                 return !state.failed;
             }
-            let active = state.segments.values().next_back().expect("active segment");
-            (active.file().clone(), recovery_image_due(&state).then(|| capture_recovery_image(&state)))
+            let active = state.segments.values_mut().next_back().expect("active segment");
+            active
+                .flushed_file()
+                .cloned()
+                .map(|file| (file, recovery_image_due(&state).then(|| capture_recovery_image(&state))))
         };
-        match crate::durable::sync_data(&active) {
-            Ok(()) => {
+        match flushed.and_then(|(active, image)| crate::durable::sync_data(&active).map(|()| image)) {
+            Ok(image) => {
                 if let Some(image) = image {
                     if let Err(error) = self.write_recovery_image(image) {
                         // Only a longer scan at the next start.

@@ -29,6 +29,8 @@
 
 mod append;
 mod read;
+#[cfg(test)]
+pub(crate) use read::cached_pages;
 mod recovery;
 mod retention;
 mod tier;
@@ -407,8 +409,8 @@ impl Partition {
         if config.fsync_before_ack() && !state.config.fsync_before_ack() && state.local_end < state.log_end_offset {
             // From page-cache to fsync-per-write: what was appended before is not among the
             // batches the WAL will log, so it is made durable here, once.
-            let active = state.segments.values().next_back().expect("active segment").file().clone();
-            match crate::durable::sync_data(&active) {
+            let active = state.segments.values_mut().next_back().expect("active segment").flushed_file().cloned();
+            match active.and_then(|active| crate::durable::sync_data(&active)) {
                 Ok(()) => state.local_end = state.log_end_offset,
                 Err(error) => self.fail(&mut state, "fdatasync", &error),
             }

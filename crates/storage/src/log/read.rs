@@ -97,7 +97,7 @@ impl Partition {
         mode: ReadMode,
     ) -> Result<(Bytes, Option<i64>), ReadError> {
         let located = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
             if state.failed {
                 return Err(ReadError::Offline);
             }
@@ -131,12 +131,21 @@ impl Partition {
                 None => 0,
                 Some(_) => state.segments.values().next_back().map_or(0, Segment::size_bytes),
             };
-            let read =
-                SegmentRead { start: segment.position_at_or_before(offset), end: segment.size_bytes(), bytes_after };
-            (segment.file().clone(), read, limit)
+            let start = segment.position_at_or_before(offset);
+            let end = segment.size_bytes();
+            // A tail read: the bytes still in memory (write-behind) are copied here, under
+            // the lock (at most `WRITE_BEHIND_BYTES`); a read that starts in the file
+            // has them written out first.
+            let base = segment.base_offset();
+            let segment = state.segments.get_mut(&base).expect("found above");
+            let source = match segment.unwritten_from(start) {
+                Some(tail) => ReadSource::Memory(Bytes::copy_from_slice(tail)),
+                None => ReadSource::File(segment.flushed_file().map_err(ReadError::Storage)?.clone()),
+            };
+            (source, SegmentRead { start, end, bytes_after }, limit)
         };
-        let (file, read, limit) = located;
-        let batches = read_batches(&file, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
+        let (source, read, limit) = located;
+        let batches = read_batches(&source, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
             if error.kind() == io::ErrorKind::WouldBlock {
                 ReadError::WouldBlock
             } else {
@@ -163,7 +172,7 @@ impl Partition {
         assert!(limit != ReadLimit::LogEnd, "a follower's read may reach bytes a truncation rewrites");
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let (file, hints) = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
             if state.failed || offset < state.log_start_offset || offset > state.log_end_offset {
                 return None;
             }
@@ -185,7 +194,10 @@ impl Partition {
                 limit_boundary: (limit < segment.next_offset()).then(|| segment.position_at_or_before(limit)),
                 cut_boundary: segment.boundary_at_or_before(start + max_bytes as u64),
             };
-            (segment.file().clone(), hints)
+            // A long read from the file: what the segment kept in memory is written first.
+            let base = segment.base_offset();
+            let segment = state.segments.get_mut(&base).expect("found above");
+            (segment.flushed_file().ok()?.clone(), hints)
         };
         let (position, length) = locate_range(&file, &hints, max_bytes, min_one_batch).ok()??;
         if length < FILE_RANGE_BYTES_MIN || !all_cached(&file, position, length as u64) {
@@ -197,7 +209,9 @@ impl Partition {
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
     pub fn batch_for_timestamp(&self, timestamp: i64) -> Result<Option<Bytes>, ReadError> {
         let located = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
+            // The scan reads the file: the active segment's bytes in memory are written first.
+            state.segments.values_mut().next_back().expect("active segment").flush()?;
             let mut found = None;
             for segment in state.segments.values() {
                 if segment.max_timestamp() < timestamp || segment.next_offset() <= state.log_start_offset {
@@ -286,23 +300,40 @@ struct SegmentRead {
     bytes_after: u64,
 }
 
+/// Where a read's bytes come from: the segment's file, or a copy of the bytes from the
+/// read's start to the segment's end that were still in memory (write-behind).
+enum ReadSource {
+    File(Arc<File>),
+    Memory(Bytes),
+}
+
 /// Reads `length` bytes at `position`; a blocking read of the backlog (see
 /// [`BACKLOG_DISTANCE_BYTES`]) drops them from the page cache.
 fn read_chunk(
-    file: &std::fs::File,
+    source: &ReadSource,
     read: &SegmentRead,
     position: u64,
     length: usize,
     mode: ReadMode,
 ) -> io::Result<Bytes> {
-    let behind_log_end = read.end.saturating_sub(position + length as u64) + read.bytes_after;
-    Segment::read_at(file, position, length, mode, behind_log_end >= BACKLOG_DISTANCE_BYTES)
+    match source {
+        ReadSource::File(file) => {
+            let behind_log_end = read.end.saturating_sub(position + length as u64) + read.bytes_after;
+            Segment::read_at(file, position, length, mode, behind_log_end >= BACKLOG_DISTANCE_BYTES)
+        }
+        ReadSource::Memory(tail) => {
+            let from = (position - read.start) as usize;
+            tail.get(from..from + length)
+                .map(|_| tail.slice(from..from + length))
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a batch runs past the segment's end"))
+        }
+    }
 }
 
 /// Reads whole batches holding `offsets` from `read.start` (a batch boundary at or before
 /// `offsets.start`) to `read.end`. Batches at or past `offsets.end` are left out.
 fn read_batches(
-    file: &std::fs::File,
+    source: &ReadSource,
     read: SegmentRead,
     offsets: std::ops::Range<i64>,
     max_bytes: usize,
@@ -314,7 +345,7 @@ fn read_batches(
     while start < end {
         let length =
             ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
-        let chunk = read_chunk(file, &read, start, length, mode)?;
+        let chunk = read_chunk(source, &read, start, length, mode)?;
         let mut taken: Option<(usize, usize)> = None;
         let mut iter = BatchIter::new(&chunk);
         for item in iter.by_ref() {
@@ -347,7 +378,7 @@ fn read_batches(
                     if !min_one_batch && header.total_bytes() > max_bytes {
                         return Ok(Bytes::new());
                     }
-                    return read_chunk(file, &read, start, header.total_bytes(), mode);
+                    return read_chunk(source, &read, start, header.total_bytes(), mode);
                 }
                 start += header.total_bytes() as u64;
             }
@@ -455,6 +486,23 @@ fn scan_headers(
 /// Whether every page of `file` in [position, position + length) is in the page cache
 /// (`cachestat`, Linux 6.5). False when that cannot be told.
 fn all_cached(file: &File, position: u64, length: u64) -> bool {
+    assert!(length > 0);
+    let page = page_bytes();
+    let pages = (position + length - 1) / page - position / page + 1;
+    cached_pages(file, position, length).is_some_and(|cached| cached >= pages)
+}
+
+fn page_bytes() -> u64 {
+    static PAGE_BYTES: OnceLock<u64> = OnceLock::new();
+    *PAGE_BYTES.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions.
+        u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
+    })
+}
+
+/// How many pages of `file` in [position, position + length) are in the page cache
+/// (`cachestat`, Linux 6.5); `None` when that cannot be told.
+pub(crate) fn cached_pages(file: &File, position: u64, length: u64) -> Option<u64> {
     #[repr(C)]
     struct CachestatRange {
         off: u64,
@@ -471,18 +519,11 @@ fn all_cached(file: &File, position: u64, length: u64) -> bool {
     }
     /// The same number on every architecture (added after the tables were unified).
     const SYS_CACHESTAT: libc::c_long = 451;
-    static PAGE_BYTES: OnceLock<u64> = OnceLock::new();
-    let page = *PAGE_BYTES.get_or_init(|| {
-        // SAFETY: sysconf has no preconditions.
-        u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
-    });
-    assert!(length > 0);
     let range = CachestatRange { off: position, len: length };
     let mut stat = Cachestat::default();
     // SAFETY: both pointers are to live, properly laid out structs for the call's duration.
     let done = unsafe {
         libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const CachestatRange, &mut stat as *mut Cachestat, 0)
     };
-    let pages = (position + length - 1) / page - position / page + 1;
-    done == 0 && stat.nr_cache >= pages
+    (done == 0).then_some(stat.nr_cache)
 }
