@@ -392,6 +392,11 @@ impl Segment {
             && WRITE_BEHIND_TOTAL_BYTES.fetch_add(batch_bytes, std::sync::atomic::Ordering::Relaxed) + batch_bytes
                 <= WRITE_BEHIND_TOTAL_BYTES_MAX;
         if room {
+            if self.unwritten.is_empty() {
+                // The buffer's first batch is indexed, so a read of it or of any later one
+                // starts in memory and does not have to write the buffer out.
+                self.bytes_since_index_entry = INDEX_INTERVAL_BYTES;
+            }
             if self.unwritten.capacity() == 0 {
                 self.unwritten.reserve_exact(WRITE_BEHIND_BYTES);
             }

@@ -177,3 +177,22 @@ fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
     assert_batches(&read, &round, last_round_start);
     manager.close();
 }
+
+#[test]
+fn a_tailing_read_takes_new_batches_from_memory_without_writing_the_buffer_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("logs");
+    let manager = LogManager::with_wal(&root).unwrap();
+    let log = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    // A consumer at the log end reads each batch once it is acknowledged, across several
+    // fillings of the buffer: no read may write the buffer out (only a full buffer does).
+    for i in 0..200 {
+        let appended = batch(b'a' + (i % 26) as u8, 1000);
+        append_acknowledged(&manager, &log, std::slice::from_ref(&appended));
+        let before = segment_file(&root);
+        let read = log.read(i64::from(i), 1 << 20, true, ReadMode::CachedOnly).unwrap();
+        assert_batches(&read, &[appended], i64::from(i));
+        assert!(segment_file(&root) == before, "reading batch {i} wrote the buffer out");
+    }
+    manager.close();
+}
