@@ -51,15 +51,15 @@ pub const WRITE_BEHIND_TOTAL_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Bytes held in memory by every segment's write-behind buffer.
 static WRITE_BEHIND_TOTAL_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
+const INDEX_FILE_VERSION: u32 = 1;
+/// A recovery image of the active segment's index is written here, then renamed over
+/// the index file (see `log.rs`, `Partition::sync_for_wal_checkpoint`).
+pub(crate) const STAGED_IMAGE_EXTENSION: &str = "image";
 
 /// Bytes all segments of the process hold in their write-behind buffers now.
 pub fn write_behind_bytes() -> usize {
     WRITE_BEHIND_TOTAL_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
-const INDEX_FILE_VERSION: u32 = 1;
-/// A recovery image of the active segment's index is written here, then renamed over
-/// the index file (see `log.rs`, `Partition::sync_for_wal_checkpoint`).
-pub(crate) const STAGED_IMAGE_EXTENSION: &str = "image";
 
 /// Whether a read may wait for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,8 +361,8 @@ impl Segment {
     }
 
     /// Appends `prefix` followed by `rest` (one batch) at the logical end: kept in memory
-    /// when `behind` (the WAL makes it durable; see the module comment) and the buffers
-    /// have room, else written to the file (after what memory held). On error nothing is
+    /// when `behind` (it is acknowledged only after an fsync round; see the module
+    /// comment) and the buffers have room, else written to the file (after what memory held). On error nothing is
     /// accounted: the bytes past the logical end are garbage that the next append
     /// overwrites and recovery cuts.
     pub fn append(
