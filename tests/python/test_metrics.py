@@ -66,6 +66,8 @@ def test_metrics_count_what_clients_did_and_probes_answer(broker_factory):
     assert value(after, "sluice_fsync_duration_seconds_count") >= 1
     # Small acknowledged batches wait in memory (the WAL holds them) for their segment write.
     assert value(after, "sluice_segment_write_behind_bytes") >= produced_bytes
+    # No segment has rolled on this new broker: only active segments' files are open.
+    assert value(after, "sluice_segment_files_open") == 0
     assert value(after, "sluice_partitions") == 2
     assert value(after, "sluice_leader_partitions") == 2
     assert value(after, "sluice_offline_partitions") == 0

@@ -98,6 +98,7 @@ pub(crate) struct Metrics {
     produce_memory_bytes: Gauge,
     queued_request_bytes: Gauge,
     segment_write_behind_bytes: Gauge,
+    segment_files_open: Gauge,
     active_controller: Gauge,
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
     pub(crate) tiered: TieredMetrics,
@@ -210,6 +211,11 @@ impl Metrics {
             "segment_write_behind_bytes",
             "Appended bytes held in memory before their segment file write (the WAL holds them)",
         );
+        let segment_files_open = gauge(
+            &mut registry,
+            "segment_files_open",
+            "Sealed segments' files held open, at most SEALED_SEGMENT_FILES_OPEN_MAX (active segments are always open)",
+        );
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
         let tiered = TieredMetrics::default();
@@ -270,6 +276,7 @@ impl Metrics {
             produce_memory_bytes,
             queued_request_bytes,
             segment_write_behind_bytes,
+            segment_files_open,
             active_controller,
             tiered,
             remote_log_size_bytes,
@@ -358,6 +365,7 @@ impl Metrics {
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);
         self.segment_write_behind_bytes.set(sluice_storage::segment::write_behind_bytes() as i64);
+        self.segment_files_open.set(sluice_storage::sealed_files_open() as i64);
         let active = match &broker.cluster {
             None => true,
             Some(cluster) => {

@@ -179,7 +179,7 @@ fn build_offset_map(
         if !map.is_empty() && map.len() + segment_record_estimate(segment) > keys_max {
             break;
         }
-        for_each_batch(&segment.file, segment.size, pacer, &mut |header, bytes| {
+        for_each_batch(&*segment.file()?, segment.size, pacer, &mut |header, bytes| {
             if header.is_control() || is_aborted(&plan.aborted, header) {
                 return Ok(0);
             }
@@ -262,7 +262,7 @@ fn copy_cleaned(
     let mut cleaned = Segment::create(cleaning_dir, segment.base)?;
     let mut changed = false;
     let mut removed = 0u64;
-    for_each_batch(&segment.file, segment.size, pacer, &mut |header, bytes| {
+    for_each_batch(&*segment.file()?, segment.size, pacer, &mut |header, bytes| {
         let written = bytes.len() as u64;
         if header.is_control() {
             if !filter.keeps_marker(header) {

@@ -22,6 +22,7 @@ mod manager;
 pub mod producer_state;
 pub mod records;
 pub mod segment;
+mod segment_file;
 mod syncer;
 pub mod wal;
 
@@ -35,6 +36,7 @@ pub use crate::log::{
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::{ReadMode, SegmentIndex};
+pub use crate::segment_file::{sealed_files_open, set_sealed_files_open_max, SEALED_SEGMENT_FILES_OPEN_MAX};
 pub use crate::syncer::{FsyncObserver, Syncer};
 
 /// Writes a small file so that a crash leaves either the old or the new content.

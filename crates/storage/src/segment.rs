@@ -33,6 +33,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::batch::{BatchHeader, BatchIter, BATCH_HEADER_BYTES};
+use crate::segment_file::SegmentFile;
 
 /// An index entry is added every this many bytes of appended batches.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
@@ -137,7 +138,8 @@ pub struct Segment {
     base_offset: i64,
     log_path: PathBuf,
     index_path: PathBuf,
-    file: Arc<File>,
+    /// Open while the segment is active; sealed, under the process's budget of open files.
+    file: Arc<SegmentFile>,
     /// The logical size: `written_bytes` in the file, then `unwritten` in memory.
     size_bytes: u64,
     written_bytes: u64,
@@ -175,17 +177,18 @@ impl Segment {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
         without_readahead(&file);
+        let file = SegmentFile::pinned(file)?;
         // The file's name must be durable before any data fsynced into it is acknowledged.
         crate::durable::sync_dir(dir)?;
         Ok(Segment::empty(dir, base_offset, log_path, file))
     }
 
-    fn empty(dir: &Path, base_offset: i64, log_path: PathBuf, file: File) -> Segment {
+    fn empty(dir: &Path, base_offset: i64, log_path: PathBuf, file: Arc<SegmentFile>) -> Segment {
         Segment {
             base_offset,
             index_path: dir.join(index_file_name(base_offset)),
             log_path,
-            file: Arc::new(file),
+            file,
             size_bytes: 0,
             written_bytes: 0,
             unwritten: Vec::new(),
@@ -216,7 +219,7 @@ impl Segment {
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
         without_readahead(&file);
         let file_len = file.metadata()?.len();
-        let mut segment = Segment::empty(dir, base_offset, log_path, file);
+        let mut segment = Segment::empty(dir, base_offset, log_path, SegmentFile::pinned(file)?);
         // A recovery image staged by a checkpoint that a crash cut short.
         let _ = std::fs::remove_file(segment.index_path.with_extension(STAGED_IMAGE_EXTENSION));
         match segment.load_index_file(file_len) {
@@ -247,7 +250,7 @@ impl Segment {
     fn recover_from(&mut self, start: u64, file_len: u64, on_batch: &mut dyn FnMut(&BatchHeader)) -> io::Result<u64> {
         assert_eq!(start, self.size_bytes, "a scan continues where the index stops");
         let mut expected_offset = self.next_offset;
-        let file = self.file.clone();
+        let file = self.writable_file()?;
         let valid_end = scan_batches(&file, start, file_len, true, &mut |header, position| {
             // Offsets only grow; a compacted segment has gaps between batches.
             if header.base_offset < expected_offset {
@@ -260,8 +263,8 @@ impl Segment {
         })?;
         assert_eq!(valid_end, self.size_bytes);
         if valid_end != file_len {
-            self.file.set_len(valid_end)?;
-            crate::durable::sync_all(&self.file)?;
+            file.set_len(valid_end)?;
+            crate::durable::sync_all(&file)?;
         }
         self.allocated_bytes = valid_end;
         Ok(file_len - valid_end)
@@ -284,7 +287,8 @@ impl Segment {
     fn indexed_batch_is_in_place(&self) -> bool {
         let Some(last) = self.offset_index.last() else { return self.size_bytes == 0 };
         let mut header = [0u8; BATCH_HEADER_BYTES];
-        self.file.read_exact_at(&mut header, u64::from(last.position)).is_ok()
+        let Ok(file) = self.writable_file() else { return false };
+        file.read_exact_at(&mut header, u64::from(last.position)).is_ok()
             && BatchHeader::parse(&header)
                 .is_ok_and(|h| h.base_offset == self.base_offset + i64::from(last.relative_offset))
     }
@@ -311,10 +315,38 @@ impl Segment {
     pub fn is_empty(&self) -> bool {
         self.size_bytes == 0
     }
-    /// The segment's file. Every appended byte must be in it ([`Segment::flush`] first).
-    pub fn file(&self) -> &Arc<File> {
+    /// The segment's file, opened if the budget of open files had closed it. Every
+    /// appended byte must be in it ([`Segment::flush`] first).
+    pub fn file(&self) -> io::Result<Arc<File>> {
         assert!(self.unwritten.is_empty(), "the file of a segment with bytes still in memory");
-        &self.file
+        self.file.open(&self.log_path)
+    }
+
+    /// The file if it is open now: what a read that must not wait for the disk may use.
+    pub(crate) fn cached_file(&self) -> Option<Arc<File>> {
+        assert!(self.unwritten.is_empty(), "the file of a segment with bytes still in memory");
+        self.file.cached()
+    }
+
+    /// What opens the file without the log's lock: the slot and the path to open it from
+    /// (see [`SegmentFile::open`]; `NotFound` if the segment is gone by then).
+    pub(crate) fn file_slot(&self) -> (Arc<SegmentFile>, PathBuf) {
+        (self.file.clone(), self.log_path.clone())
+    }
+
+    /// True when `slot` is this segment's file slot (the segment was not replaced).
+    pub(crate) fn has_file_slot(&self, slot: &Arc<SegmentFile>) -> bool {
+        Arc::ptr_eq(&self.file, slot)
+    }
+
+    /// The file of a segment that takes writes: pinned open, out of the budget.
+    fn writable_file(&self) -> io::Result<Arc<File>> {
+        self.file.pin(&self.log_path)
+    }
+
+    /// Puts a sealed segment's file under the process's budget of open files.
+    pub(crate) fn release_file(&self) {
+        self.file.unpin();
     }
 
     /// Writes the bytes kept in memory to the file (one `pwrite`). On error they stay in
@@ -323,7 +355,7 @@ impl Segment {
         if self.unwritten.is_empty() {
             return Ok(());
         }
-        self.file.write_all_at(&self.unwritten, self.written_bytes)?;
+        self.writable_file()?.write_all_at(&self.unwritten, self.written_bytes)?;
         self.written_bytes += self.unwritten.len() as u64;
         self.release_unwritten();
         debug_assert_eq!(self.written_bytes, self.size_bytes);
@@ -331,9 +363,9 @@ impl Segment {
     }
 
     /// The file after [`Segment::flush`].
-    pub fn flushed_file(&mut self) -> io::Result<&Arc<File>> {
+    pub fn flushed_file(&mut self) -> io::Result<Arc<File>> {
         self.flush()?;
-        Ok(&self.file)
+        self.file()
     }
 
     /// The logical bytes from `position` (a batch boundary) to the end, when all of them
@@ -409,7 +441,7 @@ impl Segment {
             }
             self.flush()?;
             assert_eq!(self.written_bytes, position);
-            write_all_vectored_at(&self.file, &[prefix, rest], position)?;
+            write_all_vectored_at(&*self.writable_file()?, &[prefix, rest], position)?;
             self.written_bytes = position + batch_bytes as u64;
         }
         self.first_append_ms.get_or_insert(now_ms);
@@ -435,7 +467,8 @@ impl Segment {
     fn fallocate(&mut self, new_allocated: u64) -> io::Result<()> {
         let length = (new_allocated - self.allocated_bytes) as libc::off_t;
         // SAFETY: fallocate on an owned, open file descriptor with in-range arguments.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, self.allocated_bytes as libc::off_t, length) };
+        let file = self.writable_file()?;
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, self.allocated_bytes as libc::off_t, length) };
         if rc != 0 {
             let error = io::Error::last_os_error();
             // Filesystems without fallocate still work, appends just change the size.
@@ -528,7 +561,7 @@ impl Segment {
     /// Visits batch headers from `position` to the logical end, stopping when `visit`
     /// returns false.
     pub fn scan_from(&self, position: u64, visit: &mut dyn FnMut(&BatchHeader, u64) -> bool) -> io::Result<()> {
-        scan_batches(self.file(), position, self.size_bytes, false, visit)?;
+        scan_batches(&*self.file()?, position, self.size_bytes, false, visit)?;
         Ok(())
     }
 
@@ -539,16 +572,18 @@ impl Segment {
     /// recovery) unless `sync_index`, for a clean shutdown.
     pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
         self.flush()?;
-        crate::durable::sync_data(&self.file)?;
+        let file = self.writable_file()?;
+        crate::durable::sync_data(&file)?;
         if self.allocated_bytes != self.size_bytes {
-            self.file.set_len(self.size_bytes)?;
+            file.set_len(self.size_bytes)?;
             self.allocated_bytes = self.size_bytes;
         }
         self.write_index_file()?;
         if sync_index {
-            crate::durable::sync_all(&self.file)?;
+            crate::durable::sync_all(&file)?;
             crate::durable::sync_path(&self.index_path)?;
         }
+        self.release_file();
         Ok(())
     }
 
@@ -750,7 +785,7 @@ impl LeReader<'_> {
 /// that is much (a catch-up read takes up to 4 MiB); readahead of the disk's window
 /// (8 MiB here) beyond them would only be dropped, under memory pressure, before the next
 /// read wants it, and the cache-only probe of a fetch would start it on the async thread.
-fn without_readahead(file: &File) {
+pub(crate) fn without_readahead(file: &File) {
     // SAFETY: advice on an open file descriptor we own.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
 }
@@ -852,19 +887,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let segment = Segment::create(dir.path(), 0).unwrap();
         let content: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
-        segment.file().write_all_at(&content, 0).unwrap();
-        segment.file().sync_all().unwrap();
+        let file = segment.file().unwrap();
+        file.write_all_at(&content, 0).unwrap();
+        file.sync_all().unwrap();
         // SAFETY: advice on a file descriptor the segment owns.
-        assert_eq!(unsafe { libc::posix_fadvise(segment.file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
         // A reader going through the file in order, as a catch-up consumer does.
         const STEP: usize = 64 * 1024;
         for position in (0..1 << 20).step_by(STEP) {
-            let read = Segment::read_at(segment.file(), position as u64, STEP, ReadMode::MayBlock, false).unwrap();
+            let read = Segment::read_at(&file, position as u64, STEP, ReadMode::MayBlock, false).unwrap();
             assert_eq!(&read[..], &content[position..position + STEP]);
         }
         // No readahead: the bytes after the reads were not fetched from the disk (they would
         // be dropped again before a catch-up reader's next fetch asks for them).
-        let after = Segment::read_at(segment.file(), 1 << 20, STEP, ReadMode::CachedOnly, false);
+        let after = Segment::read_at(&file, 1 << 20, STEP, ReadMode::CachedOnly, false);
         assert_eq!(after.unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 

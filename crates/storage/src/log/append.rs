@@ -341,7 +341,7 @@ impl Partition {
         state.wal_pending.clear();
         state.wal_pending_ends.clear();
         let active = state.segments.values_mut().next_back().expect("active segment");
-        let file = active.flushed_file().cloned();
+        let file = active.flushed_file();
         SyncTarget { file, end_offset: state.log_end_offset, generation: state.sync_generation }
     }
 
@@ -377,10 +377,7 @@ impl Partition {
                 return !state.failed;
             }
             let active = state.segments.values_mut().next_back().expect("active segment");
-            active
-                .flushed_file()
-                .cloned()
-                .map(|file| (file, recovery_image_due(&state).then(|| capture_recovery_image(&state))))
+            active.flushed_file().map(|file| (file, recovery_image_due(&state).then(|| capture_recovery_image(&state))))
         };
         match flushed.and_then(|(active, image)| crate::durable::sync_data(&active).map(|()| image)) {
             Ok(image) => {

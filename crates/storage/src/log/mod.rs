@@ -409,7 +409,7 @@ impl Partition {
         if config.fsync_before_ack() && !state.config.fsync_before_ack() && state.local_end < state.log_end_offset {
             // From page-cache to fsync-per-write: what was appended before is not among the
             // batches the WAL will log, so it is made durable here, once.
-            let active = state.segments.values_mut().next_back().expect("active segment").flushed_file().cloned();
+            let active = state.segments.values_mut().next_back().expect("active segment").flushed_file();
             match active.and_then(|active| crate::durable::sync_data(&active)) {
                 Ok(()) => state.local_end = state.log_end_offset,
                 Err(error) => self.fail(&mut state, "fdatasync", &error),

@@ -39,6 +39,9 @@ pub const FILE_RANGE_BYTES_MIN: usize = 64 * 1024;
 /// A scan for batch boundaries reads this much at a time: one offset-index interval and the
 /// header after it, so locating a boundary from its index entry takes one read.
 const HEADER_SCAN_BYTES: usize = 2 * INDEX_INTERVAL_BYTES as usize + batch::BATCH_HEADER_BYTES;
+/// A read locates its segment again at most this many times when the segment's file, closed
+/// by the budget of open files, was removed before it could be reopened.
+const LOCATE_AGAIN_MAX: u32 = 3;
 
 /// Whole batches as they lie in a segment file, for a response that sends them from the
 /// page cache without copying them through memory (`sendfile`). The bytes below the high
@@ -75,13 +78,21 @@ impl Partition {
     ) -> Result<Bytes, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let mut offset = offset;
+        let mut located_again = 0;
         loop {
-            let (batches, next_segment) = self.read_segment(offset, max_bytes, min_one_batch, limit, mode)?;
-            match next_segment {
+            match self.read_segment(offset, max_bytes, min_one_batch, limit, mode) {
                 // Nothing at or after `offset` in its segment (compaction left a gap at
                 // its end): continue in the next one, as a consumer expects.
-                Some(next) => offset = next,
-                None => return Ok(batches),
+                Ok((_, Some(next))) => offset = next,
+                Ok((batches, None)) => return Ok(batches),
+                // The segment's file was closed, and retention or compaction removed or
+                // replaced it before it could be opened again: locate the offset again.
+                Err(ReadError::Storage(error))
+                    if error.kind() == io::ErrorKind::NotFound && located_again < LOCATE_AGAIN_MAX =>
+                {
+                    located_again += 1;
+                }
+                Err(error) => return Err(error),
             }
         }
     }
@@ -139,12 +150,25 @@ impl Partition {
             let base = segment.base_offset();
             let segment = state.segments.get_mut(&base).expect("found above");
             let source = match segment.unwritten_from(start) {
-                Some(tail) => ReadSource::Memory(Bytes::copy_from_slice(tail)),
-                None => ReadSource::File(segment.flushed_file().map_err(ReadError::Storage)?.clone()),
+                Some(tail) => Ok(ReadSource::Memory(Bytes::copy_from_slice(tail))),
+                None => {
+                    segment.flush().map_err(ReadError::Storage)?;
+                    match segment.cached_file() {
+                        Some(file) => Ok(ReadSource::File(file)),
+                        // Closed by the budget of open files: opening may wait for the disk.
+                        None if mode == ReadMode::CachedOnly => return Err(ReadError::WouldBlock),
+                        None => Err(segment.file_slot()),
+                    }
+                }
             };
             (source, SegmentRead { start, end, bytes_after }, limit)
         };
         let (source, read, limit) = located;
+        // A closed file is opened without the lock (`NotFound` if the segment went since).
+        let source = match source {
+            Ok(source) => source,
+            Err((slot, path)) => ReadSource::File(slot.open(&path).map_err(ReadError::Storage)?),
+        };
         let batches = read_batches(&source, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
             if error.kind() == io::ErrorKind::WouldBlock {
                 ReadError::WouldBlock
@@ -195,9 +219,11 @@ impl Partition {
                 cut_boundary: segment.boundary_at_or_before(start + max_bytes as u64),
             };
             // A long read from the file: what the segment kept in memory is written first.
+            // A file the budget of open files closed is left to `read_until`'s blocking read.
             let base = segment.base_offset();
             let segment = state.segments.get_mut(&base).expect("found above");
-            (segment.flushed_file().ok()?.clone(), hints)
+            segment.flush().ok()?;
+            (segment.cached_file()?, hints)
         };
         let (position, length) = locate_range(&file, &hints, max_bytes, min_one_batch).ok()??;
         if length < FILE_RANGE_BYTES_MIN || !all_cached(&file, position, length as u64) {
@@ -231,7 +257,7 @@ impl Partition {
                     true
                 })?;
                 if let Some((position, length)) = hit {
-                    found = Some((segment.file().clone(), position, length));
+                    found = Some((segment.file()?, position, length));
                     break;
                 }
             }

@@ -146,8 +146,9 @@ impl Partition {
                 Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
                 _ => crate::durable::sync_dir(&self.dir)?,
             }
-            segment.file().set_len(cut)?;
-            crate::durable::sync_all(segment.file())?;
+            let file = segment.file()?;
+            file.set_len(cut)?;
+            crate::durable::sync_all(&file)?;
             break;
         }
         for snapshot in list_snapshots(&self.dir) {
@@ -280,6 +281,11 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
                 ));
             }
         }
+        // Only the last segment stays pinned open: the others are sealed, under the budget
+        // of open files (so a log of many segments does not hold a descriptor for each).
+        if let Some(previous) = segments.values().next_back() {
+            previous.release_file();
+        }
         segments.insert(base_offset, segment);
     }
     let producers = replay.producers;
@@ -292,7 +298,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
     // The active segment's index file (if any) stays: appends go past the bytes it
     // vouches for, and only a cut (`truncate_locked`) changes those.
     let active_base = active.base_offset();
-    crate::durable::sync_data(active.file())?;
+    crate::durable::sync_data(&*active.file()?)?;
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_end_offset = active.next_offset();
     let log_start_offset = stored_start.unwrap_or(first_base).max(first_base).min(log_end_offset);

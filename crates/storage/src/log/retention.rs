@@ -24,6 +24,7 @@ use super::{
     LOG_START_OFFSET_FILE,
 };
 use crate::segment::Segment;
+use crate::segment_file::SegmentFile;
 
 /// What a cleaning pass may work on, taken under the log's lock (see [`crate::cleaner`]).
 pub(crate) struct CleaningPlan {
@@ -40,8 +41,18 @@ pub(crate) struct CleanableSegment {
     pub(crate) base: i64,
     /// The next segment's base offset: this segment covers `[base, end)`.
     pub(crate) end: i64,
-    pub(crate) file: Arc<std::fs::File>,
+    /// The segment's file slot (its identity while the cleaner works) and path.
+    slot: Arc<SegmentFile>,
+    path: std::path::PathBuf,
     pub(crate) size: u64,
+}
+
+impl CleanableSegment {
+    /// The segment's file, opened without the log's lock if the budget had closed it
+    /// (`NotFound` when retention or a truncation removed it since the plan).
+    pub(crate) fn file(&self) -> io::Result<Arc<std::fs::File>> {
+        self.slot.open(&self.path)
+    }
 }
 
 impl Partition {
@@ -142,7 +153,8 @@ impl Partition {
                     .first_append_ms()
                     .is_some_and(|first| first <= now_ms.saturating_sub(config.max_compaction_lag_ms));
             }
-            segments.push(CleanableSegment { base, end, file: segment.file().clone(), size: segment.size_bytes() });
+            let (slot, path) = segment.file_slot();
+            segments.push(CleanableSegment { base, end, slot, path, size: segment.size_bytes() });
         }
         let ratio_due = dirty_bytes > 0 && dirty_bytes as f64 >= config.min_cleanable_dirty_ratio * total_bytes as f64;
         let tombstones_due = state.tombstones_due_ms.is_some_and(|due| due <= now_ms);
@@ -167,7 +179,7 @@ impl Partition {
     /// dropped and false returned.
     pub(crate) fn install_cleaned(&self, original: &CleanableSegment, mut cleaned: Segment) -> io::Result<bool> {
         let mut state = self.state.lock();
-        let unchanged = state.segments.get(&original.base).is_some_and(|s| Arc::ptr_eq(s.file(), &original.file));
+        let unchanged = state.segments.get(&original.base).is_some_and(|s| s.has_file_slot(&original.slot));
         if !unchanged || state.failed {
             cleaned.delete_files()?;
             return Ok(false);

@@ -67,7 +67,13 @@ impl Partition {
                     end_offset: end,
                     size_bytes: segment.size_bytes(),
                     max_timestamp: segment.max_timestamp(),
-                    file: segment.file().clone(),
+                    file: match segment.file() {
+                        Ok(file) => file,
+                        Err(error) => {
+                            tracing::warn!(dir = %self.dir.display(), base, %error, "cannot open a sealed segment to upload it");
+                            return None;
+                        }
+                    },
                     index: segment.index_image(),
                     leader_epochs,
                     aborted,

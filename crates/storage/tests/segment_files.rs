@@ -1,0 +1,169 @@
+//! The budget of open files: a log of many sealed segments holds descriptors for at most
+//! `sealed_files_open_max` of them (plus its active segment), reads every byte back through
+//! files closed and reopened, and never reads a file that replaced a segment's own.
+//!
+//! Its own test binary: the budget and the count of open files are process-wide.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use sluice_storage::batch::BatchIter;
+use sluice_storage::{
+    sealed_files_open, set_sealed_files_open_max, LogConfig, LogManager, Partition, ReadError, ReadMode, TopicPartition,
+};
+
+const BUDGET: usize = 4;
+const BATCHES: usize = 300;
+/// About 8 batches per segment: ~38 sealed segments.
+const SEGMENT_BYTES: u64 = 8 * 1024;
+
+fn batch(i: usize) -> Bytes {
+    let record = Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: sluice_storage::now_ms(),
+        key: None,
+        value: Some(Bytes::from(vec![(i % 251) as u8; 1000])),
+        headers: Default::default(),
+    };
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &[record],
+        &RecordEncodeOptions { version: 2, compression: Compression::None },
+    )
+    .unwrap();
+    buf.freeze()
+}
+
+/// Descriptors this process holds on files under `dir`.
+fn descriptors_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .count()
+}
+
+/// Reads the whole log from offset 0 (a consumer catching up) and checks every batch.
+fn read_all(log: &Partition, batches: &[Bytes], dir: &Path) {
+    let mut offset = 0;
+    while (offset as usize) < batches.len() {
+        let read = log.read(offset, 4096, true, ReadMode::MayBlock).unwrap();
+        for item in BatchIter::new(&read) {
+            let (header, range) = item.unwrap();
+            assert_eq!(header.base_offset, offset);
+            assert_eq!(&read[range][16..], &batches[offset as usize][16..], "batch {offset}");
+            offset += 1;
+        }
+        assert!(descriptors_under(dir) <= BUDGET + 1, "open files within the budget while reading");
+    }
+}
+
+fn open_log(manager: &LogManager) -> Arc<Partition> {
+    let config = LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() };
+    manager.open(&TopicPartition::new("t", 0), config).unwrap()
+}
+
+#[test]
+fn a_log_of_many_segments_holds_few_descriptors_and_reads_through_reopened_files() {
+    set_sealed_files_open_max(BUDGET);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("logs");
+    let partition_dir = root.join("t-0");
+    let batches: Vec<Bytes> = (0..BATCHES).map(batch).collect();
+    {
+        let manager = LogManager::new(&root).unwrap();
+        let log = open_log(&manager);
+        let mut visible_at = 0;
+        for batch in &batches {
+            visible_at = log.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
+        }
+        // Acknowledged: the group commit made them durable and visible.
+        manager.syncer().schedule(&log);
+        let mut visible = log.subscribe();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
+        let segments = std::fs::read_dir(&partition_dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
+            .count();
+        assert!(segments > 10 * BUDGET, "{segments} segments");
+        assert!(sealed_files_open() <= BUDGET);
+        assert!(descriptors_under(&partition_dir) <= BUDGET + 1, "{} open", descriptors_under(&partition_dir));
+        read_all(&log, &batches, &partition_dir);
+
+        // A read that may not wait for the disk finds the first segment's file closed (the
+        // catch-up above moved on past the budget) and leaves it to a blocking read.
+        assert!(matches!(log.read(0, 4096, true, ReadMode::CachedOnly), Err(ReadError::WouldBlock)));
+
+        // DeleteRecords removes the oldest segments: a read there is out of range, not an
+        // error of a missing file.
+        log.delete_records_before(100).unwrap();
+        assert!(matches!(log.read(5, 4096, true, ReadMode::MayBlock), Err(ReadError::OffsetOutOfRange { .. })));
+        let kept = log.read(100, 1 << 20, true, ReadMode::MayBlock).unwrap();
+        assert_eq!(BatchIter::new(&kept).next().unwrap().unwrap().0.base_offset, 100);
+
+        // A closed segment's file replaced by another under its name is never read as the
+        // segment: the read fails instead of returning someone else's bytes.
+        let closed =
+            (100..200).find(|&o| matches!(log.read(o, 1, true, ReadMode::CachedOnly), Err(ReadError::WouldBlock)));
+        let closed = closed.expect("a segment past the log start whose file is closed");
+        let path = std::fs::read_dir(&partition_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .filter(|p| p.file_stem().unwrap().to_str().unwrap().parse::<i64>().unwrap() <= closed)
+            .max()
+            .unwrap();
+        let original = std::fs::read(&path).unwrap();
+        let mut impostor = original.clone();
+        impostor.iter_mut().skip(61).for_each(|b| *b = b.wrapping_add(1));
+        let staged = path.with_extension("staged");
+        std::fs::write(&staged, &impostor).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        match log.read(closed, 1, true, ReadMode::MayBlock) {
+            Err(ReadError::Storage(error)) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound),
+            other => panic!("a replaced segment file was read: {:?}", other.map(|b| b.len())),
+        }
+        // Put back (same bytes, new file): still not the segment's own file.
+        std::fs::write(&staged, &original).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        assert!(log.read(closed, 1, true, ReadMode::MayBlock).is_err());
+        manager.close();
+    }
+    assert_eq!(sealed_files_open(), 0, "every sealed file closed with its log");
+
+    // Reopened, the log loads all its segments within the budget and reads them all.
+    let manager = LogManager::new(&root).unwrap();
+    let log = open_log(&manager);
+    assert!(
+        descriptors_under(&partition_dir) <= BUDGET + 1,
+        "{} open after loading",
+        descriptors_under(&partition_dir)
+    );
+    let from = 100;
+    let read = log.read(from, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    let first = BatchIter::new(&read).next().unwrap().unwrap().0.base_offset;
+    assert_eq!(first, from);
+    let mut offset = from;
+    while (offset as usize) < BATCHES {
+        let read = log.read(offset, 4096, true, ReadMode::MayBlock).unwrap();
+        for item in BatchIter::new(&read) {
+            let (header, range) = item.unwrap();
+            assert_eq!(header.base_offset, offset);
+            assert_eq!(&read[range][16..], &batches[offset as usize][16..], "batch {offset} after the restart");
+            offset += 1;
+        }
+        assert!(descriptors_under(&partition_dir) <= BUDGET + 1);
+    }
+}
