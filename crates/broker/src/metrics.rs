@@ -214,7 +214,7 @@ impl Metrics {
         let segment_files_open = gauge(
             &mut registry,
             "segment_files_open",
-            "Sealed segments' files held open, at most SEALED_SEGMENT_FILES_OPEN_MAX (active segments are always open)",
+            "Segment files held open under the budget of SEALED_SEGMENT_FILES_OPEN_MAX (sealed segments, idle partitions' active ones; active segments taking writes are not counted)",
         );
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");

@@ -32,7 +32,8 @@ use std::path::Path;
 
 pub use crate::log::{
     read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
-    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, FILE_RANGE_BYTES_MIN,
+    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
+    FILE_RANGE_BYTES_MIN,
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::{ReadMode, SegmentIndex};

@@ -277,7 +277,8 @@ impl LogManager {
         self.partitions.read().iter().map(|(tp, p)| (tp.clone(), p.clone())).collect()
     }
 
-    /// Periodic upkeep: retention, flushes due in page-cache mode, the high-watermark checkpoint.
+    /// Periodic upkeep: retention, flushes due in page-cache mode, the high-watermark
+    /// checkpoint, idle partitions' files released to the budget of open files.
     pub fn tick(&self, now_ms: i64) {
         let checkpoint_due = now_ms - self.last_checkpoint.lock().0 >= HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS;
         if checkpoint_due {
@@ -293,6 +294,7 @@ impl LogManager {
             if partition.flush_due(now_ms) {
                 self.syncer.schedule_flush(&partition);
             }
+            partition.release_file_if_idle(now_ms);
         }
     }
 

@@ -150,6 +150,8 @@ pub struct Segment {
     max_timestamp: i64,
     offset_of_max_timestamp: i64,
     first_append_ms: Option<i64>,
+    /// When a batch was last appended, or the segment created or loaded if none was since.
+    last_write_ms: i64,
     offset_index: Vec<OffsetEntry>,
     time_index: Vec<TimeEntry>,
     bytes_since_index_entry: u64,
@@ -197,6 +199,7 @@ impl Segment {
             max_timestamp: -1,
             offset_of_max_timestamp: -1,
             first_append_ms: None,
+            last_write_ms: crate::now_ms(),
             offset_index: Vec::new(),
             time_index: Vec::new(),
             bytes_since_index_entry: 0,
@@ -311,6 +314,14 @@ impl Segment {
     }
     pub fn first_append_ms(&self) -> Option<i64> {
         self.first_append_ms
+    }
+    /// When a batch was last appended, or the segment created or loaded if none was since.
+    pub fn last_write_ms(&self) -> i64 {
+        self.last_write_ms
+    }
+    /// True while appended bytes wait in memory for their file write.
+    pub fn has_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
     }
     pub fn is_empty(&self) -> bool {
         self.size_bytes == 0
@@ -445,6 +456,7 @@ impl Segment {
             self.written_bytes = position + batch_bytes as u64;
         }
         self.first_append_ms.get_or_insert(now_ms);
+        self.last_write_ms = self.last_write_ms.max(now_ms);
         self.track_appended(header, position);
         Ok(position)
     }

@@ -4,7 +4,8 @@
 //! Why: a broker keeps every segment of every partition, and with thousands of partitions
 //! and small or many segments one descriptor per segment file would grow without bound
 //! (Kafka asks for `ulimit -n` in the hundreds of thousands). Only the active segment of each
-//! partition is written, so only it is always open ("pinned"). A sealed segment's file is
+//! partition is written, so only it is kept open ("pinned"), and only while its partition
+//! takes writes (`Partition::release_file_if_idle`). A sealed segment's file is
 //! opened when something reads it and stays open while recently used; at most
 //! [`SEALED_SEGMENT_FILES_OPEN_MAX`] of them are open at once across the process, and the
 //! least recently used beyond that are closed (a CLOCK sweep: a file read since the hand

@@ -1,6 +1,7 @@
 //! The budget of open files: a log of many sealed segments holds descriptors for at most
 //! `sealed_files_open_max` of them (plus its active segment), reads every byte back through
-//! files closed and reopened, and never reads a file that replaced a segment's own.
+//! files closed and reopened, never reads a file that replaced a segment's own, and idle
+//! partitions give their active segment's descriptor back until they are written again.
 //!
 //! Its own test binary: the budget and the count of open files are process-wide.
 
@@ -11,7 +12,8 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use sluice_storage::batch::BatchIter;
 use sluice_storage::{
-    sealed_files_open, set_sealed_files_open_max, LogConfig, LogManager, Partition, ReadError, ReadMode, TopicPartition,
+    sealed_files_open, set_sealed_files_open_max, LogConfig, LogManager, Partition, ReadError, ReadMode,
+    TopicPartition, ACTIVE_SEGMENT_IDLE_MS,
 };
 
 const BUDGET: usize = 4;
@@ -45,6 +47,18 @@ fn batch(i: usize) -> Bytes {
     buf.freeze()
 }
 
+/// Appends `batches` and waits for their acknowledgement (the group commit's fsync).
+fn append_acknowledged(manager: &LogManager, log: &Arc<Partition>, batches: &[Bytes]) {
+    let mut visible_at = 0;
+    for batch in batches {
+        visible_at = log.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
+    }
+    manager.syncer().schedule(log);
+    let mut visible = log.subscribe();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
+}
+
 /// Descriptors this process holds on files under `dir`.
 fn descriptors_under(dir: &Path) -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -75,7 +89,7 @@ fn open_log(manager: &LogManager) -> Arc<Partition> {
 }
 
 #[test]
-fn a_log_of_many_segments_holds_few_descriptors_and_reads_through_reopened_files() {
+fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_partitions() {
     set_sealed_files_open_max(BUDGET);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
@@ -84,15 +98,7 @@ fn a_log_of_many_segments_holds_few_descriptors_and_reads_through_reopened_files
     {
         let manager = LogManager::new(&root).unwrap();
         let log = open_log(&manager);
-        let mut visible_at = 0;
-        for batch in &batches {
-            visible_at = log.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
-        }
-        // Acknowledged: the group commit made them durable and visible.
-        manager.syncer().schedule(&log);
-        let mut visible = log.subscribe();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
+        append_acknowledged(&manager, &log, &batches);
         let segments = std::fs::read_dir(&partition_dir)
             .unwrap()
             .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "log"))
@@ -166,4 +172,29 @@ fn a_log_of_many_segments_holds_few_descriptors_and_reads_through_reopened_files
         }
         assert!(descriptors_under(&partition_dir) <= BUDGET + 1);
     }
+
+    // Idle partitions: each holds its active segment open until a minute without appends
+    // puts it under the budget too; a write reopens it.
+    let idle: Vec<_> =
+        (0..20).map(|p| manager.open(&TopicPartition::new("idle", p), LogConfig::default()).unwrap()).collect();
+    for (p, log) in idle.iter().enumerate() {
+        append_acknowledged(&manager, log, &batches[p..p + 1]);
+    }
+    let idle_dirs = |root: &Path| (0..20).map(|p| descriptors_under(&root.join(format!("idle-{p}")))).sum::<usize>();
+    assert_eq!(idle_dirs(&root), 20, "active segments are open");
+    manager.tick(sluice_storage::now_ms() + ACTIVE_SEGMENT_IDLE_MS - 1_000);
+    assert_eq!(idle_dirs(&root), 20, "not idle long enough yet");
+    manager.tick(sluice_storage::now_ms() + ACTIVE_SEGMENT_IDLE_MS);
+    assert!(idle_dirs(&root) <= BUDGET, "{} idle partitions' files open", idle_dirs(&root));
+    for (p, log) in idle.iter().enumerate() {
+        append_acknowledged(&manager, log, &batches[p + 1..p + 2]);
+        let read = log.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap();
+        let found: Vec<_> = BatchIter::new(&read).map(|item| item.unwrap()).collect();
+        assert_eq!(found.len(), 2, "partition idle-{p}");
+        for (i, (header, range)) in found.into_iter().enumerate() {
+            assert_eq!(header.base_offset, i as i64);
+            assert_eq!(&read[range][16..], &batches[p + i][16..]);
+        }
+    }
+    assert_eq!(idle_dirs(&root), 20, "written again, they are pinned open");
 }

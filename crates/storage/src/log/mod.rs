@@ -75,6 +75,9 @@ const SNAPSHOTS_KEPT: usize = 2;
 /// restart after a crash scans only what came after it, at a cost per image that stays a
 /// small fraction of the bytes written.
 const RECOVERY_IMAGE_GROWTH_BYTES_MIN: u64 = 128 * 1024;
+/// A partition without appends for this long lets the budget of open files close its active
+/// segment's file ([`Partition::release_file_if_idle`]).
+pub const ACTIVE_SEGMENT_IDLE_MS: i64 = 60_000;
 
 /// The per-topic settings storage acts on, in Kafka's names and units.
 #[derive(Debug, Clone, PartialEq)]
@@ -401,6 +404,17 @@ impl Partition {
 
     pub fn config(&self) -> LogConfig {
         self.state.lock().config.clone()
+    }
+
+    /// After [`ACTIVE_SEGMENT_IDLE_MS`] without appends, puts the active segment's file
+    /// under the budget of open files like a sealed one's, so idle partitions hold no
+    /// descriptor once the budget is full; the next write reopens and pins it.
+    pub fn release_file_if_idle(&self, now_ms: i64) {
+        let state = self.state.lock();
+        let active = state.segments.values().next_back().expect("active segment");
+        if !active.has_unwritten() && now_ms - active.last_write_ms() >= ACTIVE_SEGMENT_IDLE_MS {
+            active.release_file();
+        }
     }
 
     pub fn set_config(&self, config: LogConfig) {
