@@ -8,56 +8,20 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use bytes::Bytes;
 use sluice_storage::batch::BatchIter;
 use sluice_storage::{
     sealed_files_open, set_sealed_files_open_max, LogConfig, LogManager, Partition, ReadError, ReadMode,
     TopicPartition, ACTIVE_SEGMENT_IDLE_MS,
 };
 
+mod common;
+use common::{append_acknowledged, batch};
+
 const BUDGET: usize = 4;
 const BATCHES: usize = 300;
 /// About 8 batches per segment: ~38 sealed segments.
 const SEGMENT_BYTES: u64 = 8 * 1024;
-
-fn batch(i: usize) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: sluice_storage::now_ms(),
-        key: None,
-        value: Some(Bytes::from(vec![(i % 251) as u8; 1000])),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &[record],
-        &RecordEncodeOptions { version: 2, compression: Compression::None },
-    )
-    .unwrap();
-    buf.freeze()
-}
-
-/// Appends `batches` and waits for their acknowledgement (the group commit's fsync).
-fn append_acknowledged(manager: &LogManager, log: &Arc<Partition>, batches: &[Bytes]) {
-    let mut visible_at = 0;
-    for batch in batches {
-        visible_at = log.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
-    }
-    manager.syncer().schedule(log);
-    let mut visible = log.subscribe();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
-}
 
 /// Descriptors this process holds on files under `dir`.
 fn descriptors_under(dir: &Path) -> usize {
@@ -94,7 +58,7 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let partition_dir = root.join("t-0");
-    let batches: Vec<Bytes> = (0..BATCHES).map(batch).collect();
+    let batches: Vec<Bytes> = (0..BATCHES).map(|i| batch((i % 251) as u8, 1000)).collect();
     {
         let manager = LogManager::new(&root).unwrap();
         let log = open_log(&manager);

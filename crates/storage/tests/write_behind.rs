@@ -3,54 +3,16 @@
 //! wherever they are, and a restart after a crash has them back from the WAL.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use bytes::Bytes;
 use sluice_storage::batch::BatchIter;
 use sluice_storage::segment::WRITE_BEHIND_BYTES;
 use sluice_storage::{
-    read_file_range, LogConfig, LogManager, Partition, ReadLimit, ReadMode, TopicPartition, FILE_RANGE_BYTES_MIN,
+    read_file_range, LogConfig, LogManager, ReadLimit, ReadMode, TopicPartition, FILE_RANGE_BYTES_MIN,
 };
 
-/// A batch of one record whose value is `value_bytes` copies of `fill`.
-fn batch(fill: u8, value_bytes: usize) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: sluice_storage::now_ms(),
-        key: None,
-        value: Some(Bytes::from(vec![fill; value_bytes])),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &[record],
-        &RecordEncodeOptions { version: 2, compression: Compression::None },
-    )
-    .unwrap();
-    buf.freeze()
-}
-
-/// Appends `batches` and waits until the WAL made them durable (their acknowledgement).
-fn append_acknowledged(manager: &LogManager, partition: &Arc<Partition>, batches: &[Bytes]) {
-    let mut visible_at = 0;
-    for batch in batches {
-        visible_at = partition.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
-    }
-    manager.syncer().schedule(partition);
-    let mut visible = partition.subscribe();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
-}
+mod common;
+use common::{append_acknowledged, batch};
 
 /// Checks that `read` holds `expected`, in order, at offsets from `first_offset` on: the
 /// bytes after the 16-byte prefix the broker fills in (base offset, length, leader epoch)
