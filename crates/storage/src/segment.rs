@@ -221,8 +221,14 @@ impl Segment {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
         without_readahead(&file);
-        let file_len = file.metadata()?.len();
+        let metadata = file.metadata()?;
+        let file_len = metadata.len();
         let mut segment = Segment::empty(dir, base_offset, log_path, SegmentFile::pinned(file)?);
+        // Last written before the restart, as far as the idle check goes: a partition idle
+        // for long before it gives its descriptor back at the first check, not a minute on.
+        if let Some(modified) = metadata.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()) {
+            segment.last_write_ms = segment.last_write_ms.min(modified.as_millis() as i64);
+        }
         // A recovery image staged by a checkpoint that a crash cut short.
         let _ = std::fs::remove_file(segment.index_path.with_extension(STAGED_IMAGE_EXTENSION));
         match segment.load_index_file(file_len) {

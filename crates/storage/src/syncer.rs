@@ -243,7 +243,7 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         for partition in &round {
             if let Some(pending) = partition.take_wal_pending() {
                 let start = headers.len();
-                wal::encode_batches_header(&mut headers, writer.sequence(), &pending.path, &pending.batches);
+                wal::encode_batches_header(&mut headers, writer.sequence(), &pending.path, pending.batches.parts());
                 batches.push((start..headers.len(), pending.batches));
                 logged.push((partition, pending.end_offset, pending.generation));
             }
@@ -256,7 +256,7 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         let mut records: Vec<&[u8]> = Vec::with_capacity(batches.len() * 2 + 1);
         for (header, batches) in &batches {
             records.push(&headers[header.clone()]);
-            records.push(batches);
+            records.extend(batches.parts());
         }
         records.push(&headers[controls_start..]);
         let result = if headers.is_empty() {

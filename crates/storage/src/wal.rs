@@ -101,9 +101,17 @@ pub(crate) enum Control {
 
 /// Appends to `buf` the header of one record of WAL file `sequence`, up to where its
 /// `payload` starts: the payload is written from where it lies ([`WalWriter::write_round`]).
-fn encode_header(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
+/// `payload` may come in parts (a partition's batches, each where it lies).
+fn encode_header<'a>(
+    buf: &mut Vec<u8>,
+    sequence: u64,
+    path: &str,
+    kind: u8,
+    payload: impl Iterator<Item = &'a [u8]> + Clone,
+) {
     let path_len = u16::try_from(path.len()).expect("partition paths are short");
-    let body_len = BODY_HEADER_BYTES + path.len() + payload.len();
+    let payload_len: usize = payload.clone().map(<[u8]>::len).sum();
+    let body_len = BODY_HEADER_BYTES + path.len() + payload_len;
     let len = u32::try_from(4 + body_len).expect("a WAL record fits in 4 GiB");
     let start = buf.len();
     buf.extend_from_slice(&len.to_le_bytes());
@@ -112,18 +120,23 @@ fn encode_header(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload
     buf.push(kind);
     buf.extend_from_slice(&path_len.to_le_bytes());
     buf.extend_from_slice(path.as_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]), payload);
+    let crc = payload.fold(crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]), crc32c::crc32c_append);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Appends one whole record of WAL file `sequence` to `buf`.
 fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
-    encode_header(buf, sequence, path, kind, payload);
+    encode_header(buf, sequence, path, kind, std::iter::once(payload));
     buf.extend_from_slice(payload);
 }
 
-/// The header of a record of `batches`, which follow it in the round.
-pub(crate) fn encode_batches_header(buf: &mut Vec<u8>, sequence: u64, path: &str, batches: &[u8]) {
+/// The header of a record of `batches` (in parts), which follow it in the round.
+pub(crate) fn encode_batches_header<'a>(
+    buf: &mut Vec<u8>,
+    sequence: u64,
+    path: &str,
+    batches: impl Iterator<Item = &'a [u8]> + Clone,
+) {
     encode_header(buf, sequence, path, KIND_BATCHES, batches);
 }
 
@@ -685,6 +698,14 @@ mod tests {
         flipped[20] ^= 1;
         assert_eq!(decode_records(&flipped, 7), (vec![], 0));
 
+        // A payload in parts (batches where they lie) gets the header of the whole.
+        let mut in_parts = Vec::new();
+        encode_batches_header(&mut in_parts, 7, "logs/a-0", [&b"bat"[..], b"", b"ches"].into_iter());
+        in_parts.extend_from_slice(b"batches");
+        let mut whole_record = Vec::new();
+        encode_batches(&mut whole_record, 7, "logs/a-0", b"batches");
+        assert_eq!(in_parts, whole_record);
+
         // A recycled file: what its earlier use (sequence 3) left after the new records is
         // not read, valid as it is.
         let mut recycled = Vec::new();
@@ -725,7 +746,7 @@ mod tests {
             let mut ranges = Vec::new();
             for payload in &payloads {
                 let start = headers.len();
-                encode_batches_header(&mut headers, sequence, "logs/a-0", payload);
+                encode_batches_header(&mut headers, sequence, "logs/a-0", std::iter::once(&payload[..]));
                 ranges.push(start..headers.len());
             }
             let mut parts: Vec<&[u8]> = vec![&[]];

@@ -161,4 +161,32 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
         }
     }
     assert_eq!(idle_dirs(&root), 20, "written again, they are pinned open");
+    manager.close();
+    drop((idle, manager));
+
+    // After a restart, a partition last written (by its file's modification time) more
+    // than a minute ago is idle at once: the first tick puts its file under the budget.
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_millis(2 * ACTIVE_SEGMENT_IDLE_MS as u64);
+    for p in 0..10 {
+        for entry in std::fs::read_dir(root.join(format!("idle-{p}"))).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                std::fs::File::options().write(true).open(&path).unwrap().set_modified(long_ago).unwrap();
+            }
+        }
+    }
+    let manager = LogManager::new(&root).unwrap();
+    let idle: Vec<_> =
+        (0..20).map(|p| manager.open(&TopicPartition::new("idle", p), LogConfig::default()).unwrap()).collect();
+    let open_under = |partitions: std::ops::Range<i32>| {
+        partitions.map(|p| descriptors_under(&root.join(format!("idle-{p}")))).sum::<usize>()
+    };
+    assert_eq!(open_under(0..20), 20, "loaded active segments are open");
+    manager.tick(sluice_storage::now_ms());
+    assert!(open_under(0..10) <= BUDGET, "{} long-idle partitions' files open after a restart", open_under(0..10));
+    assert_eq!(open_under(10..20), 10, "recently written partitions stay pinned");
+    for (p, log) in idle.iter().enumerate() {
+        let read = log.read(0, 1 << 20, true, ReadMode::MayBlock).unwrap();
+        assert_eq!(BatchIter::new(&read).count(), 2, "partition idle-{p} after the restart");
+    }
 }

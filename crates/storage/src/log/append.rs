@@ -8,7 +8,7 @@
 //!
 //! Durability contract: an append returns once the batch is written to the active segment
 //! (page cache); it fsyncs no batch data itself. Under fsync-per-write the batch also waits
-//! in `wal_pending` for the partition's next WAL record, and `local_end` (and, unreplicated,
+//! in `wal_pending` (by reference, [`PendingBatches`]) for the partition's next WAL record, and `local_end` (and, unreplicated,
 //! the high watermark) moves only in [`Partition::finish_sync`], after the WAL record or the
 //! segment `fdatasync` covering it returned; in page-cache mode it moves at once and the
 //! data is flushed by `flush.messages`/`flush.ms` ([`Partition::flush_due`]). Fsynced before
@@ -60,10 +60,44 @@ impl SyncTarget {
 /// A partition's batches for its next WAL record.
 pub(crate) struct WalPending {
     pub(crate) path: Arc<str>,
-    pub(crate) batches: Vec<u8>,
+    pub(crate) batches: PendingBatches,
     /// The offset after the last batch: durable once the record is.
     pub(crate) end_offset: i64,
     pub(crate) generation: u64,
+}
+
+/// Batches appended under fsync-per-write and not yet handed to the syncer: the payload of
+/// the partition's next WAL record, kept where the bytes already lie. Each batch is its
+/// rewritten header (copied into `heads`) and the rest as it arrived (a slice of the produce
+/// request, of the replica fetch or of the marker), so a batch is copied once on its way to
+/// the WAL, into the WAL's write buffer. The slices hold their request's buffer until the
+/// round that logs them, which the request waits for (its memory stays charged meanwhile).
+#[derive(Default)]
+pub(crate) struct PendingBatches {
+    heads: Vec<u8>,
+    /// (the batch's header in `heads`, the rest of the batch) in log order.
+    batches: Vec<(std::ops::Range<usize>, Bytes)>,
+    /// The offset after the last batch; `None` when there are none.
+    end_offset: Option<i64>,
+}
+
+impl PendingBatches {
+    fn push(&mut self, head: &[u8], rest: Bytes, end_offset: i64) {
+        assert!(self.end_offset.is_none_or(|end| end < end_offset), "pending batches are in log order");
+        let start = self.heads.len();
+        self.heads.extend_from_slice(head);
+        self.batches.push((start..self.heads.len(), rest));
+        self.end_offset = Some(end_offset);
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// The payload in the order it is logged: each batch's header, then its rest.
+    pub(crate) fn parts(&self) -> impl Iterator<Item = &[u8]> + Clone {
+        self.batches.iter().flat_map(|(head, rest)| [&self.heads[head.clone()], &rest[..]])
+    }
 }
 
 impl Partition {
@@ -125,12 +159,13 @@ impl Partition {
         let fsync = match log_append_time_ms {
             None => {
                 let prefix = batch::patched_prefix(batch, base_offset, leader_epoch);
-                self.append_at_end(&mut state, &prefix, &batch[16..], &header, now_ms)?
+                self.append_at_end(&mut state, &prefix, batch.slice(16..), &header, now_ms)?
             }
             Some(append_time) => {
                 let stamped = batch::log_append_time_header(batch, base_offset, leader_epoch, append_time);
                 let header = BatchHeader::parse(&stamped).expect("a stamped header parses");
-                self.append_at_end(&mut state, &stamped, &batch[batch::BATCH_HEADER_BYTES..], &header, now_ms)?
+                let rest = batch.slice(batch::BATCH_HEADER_BYTES..);
+                self.append_at_end(&mut state, &stamped, rest, &header, now_ms)?
             }
         };
         let end_offset = state.log_end_offset;
@@ -155,8 +190,8 @@ impl Partition {
         let mut needs_sync = false;
         for item in BatchIter::new(batches) {
             let (_, range) = item?;
-            let bytes = &batches[range];
-            let header = batch::validate_stored_batch(bytes)?;
+            let bytes = batches.slice(range);
+            let header = batch::validate_stored_batch(&bytes)?;
             if header.last_offset() < state.log_end_offset {
                 continue;
             }
@@ -172,13 +207,13 @@ impl Partition {
             // A copied abort marker is indexed as the leader indexed it, before it is
             // appended: a follower that becomes leader names it to read_committed fetches.
             if header.is_control() && header.has_producer_id() {
-                let commits = crate::records::marker_commits(&header, bytes)
+                let commits = crate::records::marker_commits(&header, &bytes)
                     .map_err(|_| AppendError::InvalidRecord("unreadable transaction marker"))?;
                 if commits == Some(false) {
                     self.record_abort(&mut state, header.producer_id, header.base_offset)?;
                 }
             }
-            needs_sync |= self.append_at_end(&mut state, &bytes[..16], &bytes[16..], &header, now_ms)?;
+            needs_sync |= self.append_at_end(&mut state, &bytes[..16], bytes.slice(16..), &header, now_ms)?;
         }
         Ok(ReplicaAppend { log_end_offset: state.log_end_offset, needs_sync })
     }
@@ -208,7 +243,7 @@ impl Partition {
         &self,
         state: &mut LogState,
         prefix: &[u8],
-        rest: &[u8],
+        rest: Bytes,
         header: &BatchHeader,
         now_ms: i64,
     ) -> Result<bool, AppendError> {
@@ -223,15 +258,13 @@ impl Partition {
         // (write-behind); page-cache topics promise the page cache at the acknowledgement.
         let fsync = state.config.fsync_before_ack();
         let segment = state.segments.values_mut().next_back().expect("active segment");
-        segment.append(prefix, rest, header, now_ms, segment_bytes, fsync)?;
+        segment.append(prefix, &rest, header, now_ms, segment_bytes, fsync)?;
         state.producers.record(header);
         assert!(header.last_offset() >= state.log_end_offset, "an append moves the log end forward");
         state.log_end_offset = header.last_offset() + 1;
         if fsync {
-            state.wal_pending.extend_from_slice(prefix);
-            state.wal_pending.extend_from_slice(rest);
-            let (end, offset) = (state.wal_pending.len(), state.log_end_offset);
-            state.wal_pending_ends.push((end, offset));
+            let end_offset = state.log_end_offset;
+            state.wal_pending.push(prefix, rest, end_offset);
         } else {
             state.local_end = state.log_end_offset;
             if !state.replicated {
@@ -309,7 +342,8 @@ impl Partition {
             now_ms,
         );
         let header = BatchHeader::parse(&marker).expect("a marker parses");
-        let fsync = self.append_at_end(&mut state, &marker[..16], &marker[16..], &header, now_ms)?;
+        let marker = Bytes::from(marker);
+        let fsync = self.append_at_end(&mut state, &marker[..16], marker.slice(16..), &header, now_ms)?;
         Ok(AppendOutcome {
             base_offset,
             log_start_offset: state.log_start_offset,
@@ -339,7 +373,6 @@ impl Partition {
         let mut state = self.state.lock();
         // The file's fsync covers whatever waited for a WAL record too.
         state.wal_pending.clear();
-        state.wal_pending_ends.clear();
         let active = state.segments.values_mut().next_back().expect("active segment");
         let file = active.flushed_file();
         SyncTarget { file, end_offset: state.log_end_offset, generation: state.sync_generation }
@@ -349,8 +382,7 @@ impl Partition {
     /// are none, or the partition is offline or deleted).
     pub(crate) fn take_wal_pending(&self) -> Option<WalPending> {
         let mut state = self.state.lock();
-        let &(_, end_offset) = state.wal_pending_ends.last()?;
-        state.wal_pending_ends.clear();
+        let end_offset = state.wal_pending.end_offset?;
         let batches = std::mem::take(&mut state.wal_pending);
         if state.failed || state.retired {
             return None;
@@ -405,7 +437,6 @@ impl Partition {
             let mut state = self.state.lock();
             state.retired = true;
             state.wal_pending.clear();
-            state.wal_pending_ends.clear();
             state.sync_generation += 1;
         }
         match self.wal.get() {

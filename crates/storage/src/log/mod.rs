@@ -319,9 +319,7 @@ struct LogState {
     failed: bool,
     /// Batches appended under fsync-per-write and not yet handed to the syncer: what the
     /// next WAL record of this partition holds (see [`crate::wal`]).
-    wal_pending: Vec<u8>,
-    /// (end in `wal_pending`, offset after the batch) of each pending batch.
-    wal_pending_ends: Vec<(usize, i64)>,
+    wal_pending: append::PendingBatches,
     /// Bumped when the log is cut or reset: a sync captured before then covers nothing now.
     sync_generation: u64,
     /// Deleted: nothing more is appended or logged.
