@@ -351,6 +351,11 @@ impl Segment {
         (self.file.clone(), self.log_path.clone())
     }
 
+    /// The slot and path of the file when it is closed now (see [`Segment::file_slot`]).
+    pub(crate) fn closed_file_slot(&self) -> Option<(Arc<SegmentFile>, PathBuf)> {
+        (!self.file.is_open()).then(|| self.file_slot())
+    }
+
     /// True when `slot` is this segment's file slot (the segment was not replaced).
     pub(crate) fn has_file_slot(&self, slot: &Arc<SegmentFile>) -> bool {
         Arc::ptr_eq(&self.file, slot)

@@ -152,7 +152,6 @@ impl SegmentFile {
     }
 
     /// True while the slot holds its file open.
-    #[cfg(test)]
     pub(crate) fn is_open(&self) -> bool {
         self.state.lock().file.is_some()
     }

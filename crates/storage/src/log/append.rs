@@ -6,18 +6,18 @@
 //! Why a module: what an acknowledged produce can rely on is decided by the append path and
 //! the sync that completes it; kept together, that contract reads in one place.
 //!
-//! Durability contract: an append returns once the batch is written to the active segment
-//! (page cache); it fsyncs no batch data itself. Under fsync-per-write the batch also waits
-//! in `wal_pending` (by reference, [`PendingBatches`]) for the partition's next WAL record, and `local_end` (and, unreplicated,
-//! the high watermark) moves only in [`Partition::finish_sync`], after the WAL record or the
-//! segment `fdatasync` covering it returned; in page-cache mode it moves at once and the
-//! data is flushed by `flush.messages`/`flush.ms` ([`Partition::flush_due`]). Fsynced before
-//! an append returns: the leader-epoch file when the batch opens a new epoch, the
-//! aborted-transactions file before an abort marker, and on a roll the sealed segment
-//! (before the new segment's file exists) and the new file's directory entry. A crash at any
-//! point leaves a prefix of the appended batches (recovery cuts a torn tail, the WAL replays
-//! what it logged): never less than the high watermark covered. A failed fsync takes the
-//! log offline.
+//! Durability contract: an append returns once the batch is written to the active segment (page
+//! cache); it fsyncs no batch data itself. Under fsync-per-write the batch also waits in
+//! `wal_pending` (by reference, [`PendingBatches`]) for the partition's next WAL record, and
+//! `local_end` (and, unreplicated, the high watermark) moves only in
+//! [`Partition::finish_sync`], after the WAL record or the segment `fdatasync` covering it
+//! returned; in page-cache mode it moves at once and the data is flushed by
+//! `flush.messages`/`flush.ms` ([`Partition::flush_due`]). Fsynced before an append returns:
+//! the leader-epoch file when the batch opens a new epoch, the aborted-transactions file before
+//! an abort marker, and on a roll the sealed segment (before the new segment's file exists) and
+//! the new file's directory entry. A crash at any point leaves a prefix of the appended batches
+//! (recovery cuts a torn tail, the WAL replays what it logged): never less than the high
+//! watermark covered. A failed fsync takes the log offline.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -115,7 +115,7 @@ impl Partition {
                 return Err(AppendError::KeylessRecords(keyless));
             }
         }
-        let mut state = self.state.lock();
+        let mut state = self.lock_for_append();
         if state.failed || state.retired {
             return Err(AppendError::Offline);
         }
@@ -179,11 +179,27 @@ impl Partition {
         })
     }
 
+    /// Takes the log's lock for an append. A partition idle for long gave its active
+    /// segment's file back (`release_file_if_idle`); the file is reopened first, without the
+    /// lock, so the appends, fetches and fsync rounds of this partition never wait for an
+    /// `open`. (Closed again by the budget meanwhile, rarely, the append reopens it under the
+    /// lock, as it would have.)
+    fn lock_for_append(&self) -> parking_lot::MutexGuard<'_, LogState> {
+        let state = self.state.lock();
+        let Some((slot, path)) = state.segments.values().next_back().and_then(Segment::closed_file_slot) else {
+            return state;
+        };
+        drop(state);
+        // An error (the file gone) is met again, and handled, by the append's own open.
+        let _ = slot.open(&path);
+        self.state.lock()
+    }
+
     /// Appends batches fetched from the leader, stored byte for byte (their offsets and
     /// leader epochs are already in their headers). They must follow this log's end, with
     /// a gap where the leader's log was compacted.
     pub fn append_replica(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_for_append();
         if state.failed {
             return Err(AppendError::Offline);
         }
@@ -321,7 +337,7 @@ impl Partition {
         leader_epoch: i32,
         now_ms: i64,
     ) -> Result<AppendOutcome, AppendError> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_for_append();
         if state.failed {
             return Err(AppendError::Offline);
         }
