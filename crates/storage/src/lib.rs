@@ -31,9 +31,9 @@ use std::io::{self, Write};
 use std::path::Path;
 
 pub use crate::log::{
-    read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
-    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
-    FILE_RANGE_BYTES_MIN,
+    cachestat, read_file_range, AbortedTransaction, AppendError, AppendOutcome, Cachestat, FileRange, LogConfig,
+    LogOffsets, Partition, Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible,
+    ACTIVE_SEGMENT_IDLE_MS, FILE_RANGE_BYTES_MIN,
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::{ReadMode, SegmentIndex};

@@ -143,6 +143,8 @@ pub struct Segment {
     /// The logical size: `written_bytes` in the file, then `unwritten` in memory.
     size_bytes: u64,
     written_bytes: u64,
+    /// How much of the file the steady writeback has claimed ([`Segment::claim_writeback`]).
+    written_back_bytes: u64,
     /// Appended bytes not yet in the file (write-behind; see the module comment).
     unwritten: Vec<u8>,
     allocated_bytes: u64,
@@ -193,6 +195,7 @@ impl Segment {
             file,
             size_bytes: 0,
             written_bytes: 0,
+            written_back_bytes: 0,
             unwritten: Vec::new(),
             allocated_bytes: 0,
             next_offset: base_offset,
@@ -235,6 +238,7 @@ impl Segment {
             Ok(covered) if covered == file_len => {
                 segment.allocated_bytes = file_len;
                 segment.written_bytes = segment.size_bytes;
+                segment.written_back_bytes = segment.size_bytes;
                 return Ok((segment, true));
             }
             // A checkpoint image of the active segment: only what was appended after it
@@ -243,6 +247,7 @@ impl Segment {
             Ok(covered) if segment.indexed_batch_is_in_place() => {
                 segment.recover_from(covered, file_len, &mut |header| on_batch(header, false))?;
                 segment.written_bytes = segment.size_bytes;
+                segment.written_back_bytes = segment.size_bytes;
                 return Ok((segment, true));
             }
             // No index, or one that does not fit the file: scan it all from a clean start.
@@ -251,6 +256,7 @@ impl Segment {
         let _ = std::fs::remove_file(&segment.index_path);
         segment.recover_from(0, file_len, &mut |header| on_batch(header, true))?;
         segment.written_bytes = segment.size_bytes;
+        segment.written_back_bytes = segment.size_bytes;
         Ok((segment, false))
     }
 
@@ -382,6 +388,21 @@ impl Segment {
         self.release_unwritten();
         debug_assert_eq!(self.written_bytes, self.size_bytes);
         Ok(())
+    }
+
+    /// The file bytes written since the last claim, for the steady writeback (see
+    /// `wal.rs`): the open file and the range `[from, to)`, marked as claimed. `None` when
+    /// nothing new is in the file, or the file is closed (the budget closes only idle
+    /// files, and the checkpoint's `fdatasync` writes back whatever is left).
+    pub(crate) fn claim_writeback(&mut self) -> Option<(Arc<File>, u64, u64)> {
+        // A cut (a follower's truncation) may have moved the end back.
+        self.written_back_bytes = self.written_back_bytes.min(self.written_bytes);
+        if self.written_back_bytes == self.written_bytes {
+            return None;
+        }
+        let file = self.file.cached()?;
+        let from = std::mem::replace(&mut self.written_back_bytes, self.written_bytes);
+        Some((file, from, self.written_bytes))
     }
 
     /// The file after [`Segment::flush`].

@@ -158,3 +158,34 @@ fn a_tailing_read_takes_new_batches_from_memory_without_writing_the_buffer_out()
     }
     manager.close();
 }
+
+#[test]
+fn segment_bytes_reach_the_disk_steadily_not_at_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("logs");
+    let manager = LogManager::with_wal(&root).unwrap();
+    let log = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
+    // 1 MiB acknowledged: through the WAL (far from a full WAL file, so no checkpoint) and
+    // into the segment file in write-behind writes.
+    let batches: Vec<Bytes> = (0..1000).map(|i| batch(b'a' + (i % 26) as u8, 1000)).collect();
+    append_acknowledged(&manager, &log, &batches);
+    let path = root.join("t-0").join(format!("{:020}.log", 0));
+    let file = std::fs::File::open(&path).unwrap();
+    let written = (batches.len() * 1000 - WRITE_BEHIND_BYTES) as u64;
+    let dirty = || sluice_storage::cachestat(&file, 0, written).map(|stat| stat.nr_dirty + stat.nr_writeback);
+    if dirty().is_none() {
+        return; // no cachestat (Linux < 6.5): nothing to observe
+    }
+    // The writeback runs on the WAL thread's schedule: rounds after its interval hand it
+    // the partitions logged since. Without it, the pages stay dirty until a checkpoint or
+    // the kernel's flusher (30 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut round = 0u8;
+    while dirty() != Some(0) {
+        assert!(std::time::Instant::now() < deadline, "{:?} pages of the segment still dirty", dirty());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        append_acknowledged(&manager, &log, &[batch(round, 100)]);
+        round = round.wrapping_add(1);
+    }
+    manager.close();
+}

@@ -412,6 +412,23 @@ impl Partition {
         self.wal.get_or_init(link);
     }
 
+    /// The WAL's steady writeback: starts the disk writes of what the active segment's
+    /// file took since the last call and waits for them ([`crate::wal::write_back`]), so
+    /// the checkpoint's `fdatasync` finds little left to write. Not a durability step (the
+    /// WAL holds these bytes until that `fdatasync`); a failure is left to it.
+    pub(crate) fn write_back(&self) {
+        let claimed = {
+            let mut state = self.state.lock();
+            if state.failed || state.retired {
+                return;
+            }
+            state.segments.values_mut().next_back().expect("active segment").claim_writeback()
+        };
+        if let Some((file, from, to)) = claimed {
+            crate::wal::write_back(&file, from, to);
+        }
+    }
+
     /// The WAL checkpoint: makes the segment files durable (everything the WAL held for
     /// this partition up to now). False when the fsync failed, which takes the log offline.
     ///

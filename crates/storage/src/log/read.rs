@@ -529,19 +529,27 @@ fn page_bytes() -> u64 {
 /// How many pages of `file` in [position, position + length) are in the page cache
 /// (`cachestat`, Linux 6.5); `None` when that cannot be told.
 pub(crate) fn cached_pages(file: &File, position: u64, length: u64) -> Option<u64> {
+    cachestat(file, position, length).map(|stat| stat.nr_cache)
+}
+
+/// The page-cache state of a file range, as `cachestat` (Linux 6.5) reports it.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Cachestat {
+    pub nr_cache: u64,
+    pub nr_dirty: u64,
+    pub nr_writeback: u64,
+    pub nr_evicted: u64,
+    pub nr_recently_evicted: u64,
+}
+
+/// `cachestat` of `file` in [position, position + length); `None` when the kernel cannot
+/// tell (before Linux 6.5).
+pub fn cachestat(file: &File, position: u64, length: u64) -> Option<Cachestat> {
     #[repr(C)]
     struct CachestatRange {
         off: u64,
         len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Cachestat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
     }
     /// The same number on every architecture (added after the tables were unified).
     const SYS_CACHESTAT: libc::c_long = 451;
@@ -551,5 +559,5 @@ pub(crate) fn cached_pages(file: &File, position: u64, length: u64) -> Option<u6
     let done = unsafe {
         libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const CachestatRange, &mut stat as *mut Cachestat, 0)
     };
-    (done == 0).then_some(stat.nr_cache)
+    (done == 0).then_some(stat)
 }
