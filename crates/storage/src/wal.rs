@@ -367,7 +367,9 @@ enum Job {
 /// device's queue. Written back as they come, in short writes, a round waits behind at
 /// most two of them. Not a durability step: `sync_file_range` flushes neither the
 /// device's cache nor metadata, and the checkpoint's `fdatasync` still follows. Skipped
-/// when fsyncs are (the power-loss tests must see unsynced bytes lost).
+/// when fsyncs are, like every other write to the disk that this crate asks for (on the
+/// power-loss tests' FUSE filesystem it would persist nothing either way: they fail as
+/// they should with or without the skip).
 pub(crate) fn write_back(file: &File, from: u64, to: u64) {
     use std::os::unix::io::AsRawFd;
     if crate::durable::fsync_skipped() || from >= to {
