@@ -153,3 +153,40 @@ fn last_offset_of(batches: &[u8]) -> i64 {
     assert_eq!(at, batches.len(), "whole batches");
     last
 }
+
+#[test]
+fn a_range_keeps_its_bytes_when_the_log_is_cut_below_the_high_watermark_and_written_again() {
+    // A replica cut below its high watermark (one that async replication or an unclean
+    // election lost) takes new batches where the cut ones lay, while a `sendfile` of the
+    // old ones may still be in flight.
+    let dir = tempfile::tempdir().unwrap();
+    let log = Partition::open(dir.path(), config()).unwrap();
+    for i in 0..100usize {
+        log.append(&batch(2, 600 + i, -1, 0), 0, NOW_MS).unwrap();
+    }
+    let end = log.offsets().high_watermark;
+    assert_eq!(end, 200);
+    let range = log.read_range_cached(0, 64 << 20, true, ReadLimit::HighWatermark).expect("a long cached read");
+    let located = read_file_range(&range.file, range.position, range.length).unwrap();
+    assert_eq!(last_offset_of(&located), end - 1);
+
+    log.truncate_to(end / 2).unwrap();
+    assert_eq!(log.offsets().log_end_offset, end / 2);
+    assert_eq!(log.offsets().high_watermark, end / 2);
+    for _ in 0..100 {
+        log.append(&batch(3, 700, -1, 0), 1, NOW_MS).unwrap();
+    }
+    let sent = read_file_range(&range.file, range.position, range.length).unwrap();
+    assert!(sent == located, "a range located before the cut still holds the batches it located");
+    // The log itself holds the new batches past the cut.
+    let now = log.read_until(end / 2, 1 << 20, true, ReadLimit::HighWatermark, ReadMode::MayBlock).unwrap();
+    assert_eq!(&now[..], &log.read_until(end / 2, 1 << 20, true, ReadLimit::LogEnd, ReadMode::MayBlock).unwrap()[..]);
+    assert_eq!(last_offset_of(&now), end / 2 + 300 - 1);
+    // And it reopens so.
+    log.close().unwrap();
+    drop(log);
+    let reopened = Partition::open(dir.path(), config()).unwrap();
+    assert_eq!(reopened.offsets().log_end_offset, end / 2 + 300);
+    let reread = reopened.read_until(end / 2, 1 << 20, true, ReadLimit::HighWatermark, ReadMode::MayBlock).unwrap();
+    assert_eq!(reread, now);
+}

@@ -45,8 +45,9 @@ const LOCATE_AGAIN_MAX: u32 = 3;
 
 /// Whole batches as they lie in a segment file, for a response that sends them from the
 /// page cache without copying them through memory (`sendfile`). The bytes below the high
-/// watermark are never rewritten in place (compaction and retention replace or delete whole
-/// files, and the open file keeps its data), so the range stays valid while it is held.
+/// watermark are never rewritten in place (compaction, retention and a cut below the high
+/// watermark replace or delete whole files, and the open file keeps its data), so the range
+/// stays valid while it is held.
 #[derive(Debug, Clone)]
 pub struct FileRange {
     pub file: Arc<File>,
@@ -85,8 +86,9 @@ impl Partition {
                 // its end): continue in the next one, as a consumer expects.
                 Ok((_, Some(next))) => offset = next,
                 Ok((batches, None)) => return Ok(batches),
-                // The segment's file was closed, and retention or compaction removed or
-                // replaced it before it could be opened again: locate the offset again.
+                // The segment's file was closed, and retention, compaction or a cut removed
+                // or replaced it before it could be opened again, or a follower's read
+                // raced a cut: locate the offset again.
                 Err(ReadError::Storage(error))
                     if error.kind() == io::ErrorKind::NotFound && located_again < LOCATE_AGAIN_MAX =>
                 {
@@ -122,6 +124,9 @@ impl Partition {
                     log_end_offset: state.log_end_offset,
                 });
             }
+            // A follower's read may reach past the high watermark, where a cut rewrites the
+            // file in place: it is checked against the log's generation once read.
+            let generation = (limit == ReadLimit::LogEnd).then_some(state.sync_generation);
             let limit = match limit {
                 ReadLimit::HighWatermark => state.high_watermark,
                 ReadLimit::LastStable => last_stable_offset(&state),
@@ -161,9 +166,9 @@ impl Partition {
                     }
                 }
             };
-            (source, SegmentRead { start, end, bytes_after }, limit)
+            (source, SegmentRead { start, end, bytes_after }, limit, generation)
         };
-        let (source, read, limit) = located;
+        let (source, read, limit, generation) = located;
         // A closed file is opened without the lock (`NotFound` if the segment went since).
         let source = match source {
             Ok(source) => source,
@@ -176,6 +181,10 @@ impl Partition {
                 ReadError::Storage(error)
             }
         })?;
+        if generation.is_some_and(|generation| generation != self.state.lock().sync_generation) {
+            // Cut (or reset) since it was located: what was read may mix two logs.
+            return Err(ReadError::Storage(io::Error::new(io::ErrorKind::NotFound, "the log was cut while read")));
+        }
         Ok((batches, None))
     }
 

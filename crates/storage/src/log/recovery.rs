@@ -22,7 +22,9 @@
 //! durable.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
@@ -40,6 +42,9 @@ use crate::batch::BatchHeader;
 use crate::producer_state::ProducerStateTable;
 use crate::segment::{index_file_name, Segment, STAGED_IMAGE_EXTENSION};
 use crate::wal::Control;
+
+/// A cut below the high watermark copies what its segment keeps in pieces of this size.
+const CUT_COPY_CHUNK_BYTES: usize = 1024 * 1024;
 
 impl Partition {
     /// Opens (recovering) or creates the partition log in `dir`.
@@ -147,8 +152,17 @@ impl Partition {
                 _ => crate::durable::sync_dir(&self.dir)?,
             }
             let file = segment.file()?;
-            file.set_len(cut)?;
-            crate::durable::sync_all(&file)?;
+            if offset < state.high_watermark {
+                // Readers may hold this file for bytes below the high watermark that the cut
+                // removes (a `sendfile` range, a read located before the cut): they keep the
+                // old file, and the log goes on in a copy of what it keeps.
+                replace_with_prefix(&self.dir, &segment.file_slot().1, &file, cut)?;
+            } else {
+                // Past the high watermark only a follower's read reaches, and such a read
+                // checks after it read that no cut came in between (`log/read.rs`).
+                file.set_len(cut)?;
+                crate::durable::sync_all(&file)?;
+            }
             break;
         }
         for snapshot in list_snapshots(&self.dir) {
@@ -241,6 +255,32 @@ fn load_state(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         }
         crate::durable::sync_dir(dir)?;
     }
+}
+
+/// Puts a copy of the first `length` bytes of `file` (the segment file at `path`) in its
+/// place, fsynced and renamed over it (the directory fsynced), so that whoever holds the old
+/// file open still reads the bytes it located there. The copy is made in the cleaning
+/// directory, which recovery removes, so a crash part way leaves the old file in place.
+fn replace_with_prefix(dir: &Path, path: &Path, file: &File, length: u64) -> io::Result<()> {
+    let staging = dir.join(CLEANING_DIR);
+    match std::fs::create_dir(&staging) {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
+        _ => {}
+    }
+    let name = path.file_name().expect("a segment file has a name").to_string_lossy();
+    let copy_path = staging.join(format!("{name}.cut"));
+    let copy = File::options().write(true).create(true).truncate(true).open(&copy_path)?;
+    let mut buffer = vec![0u8; CUT_COPY_CHUNK_BYTES];
+    let mut position = 0;
+    while position < length {
+        let chunk = (length - position).min(CUT_COPY_CHUNK_BYTES as u64) as usize;
+        file.read_exact_at(&mut buffer[..chunk], position)?;
+        copy.write_all_at(&buffer[..chunk], position)?;
+        position += chunk as u64;
+    }
+    crate::durable::sync_all(&copy)?;
+    std::fs::rename(&copy_path, path)?;
+    crate::durable::sync_dir(dir)
 }
 
 fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
