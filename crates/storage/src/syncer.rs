@@ -253,7 +253,9 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         for control in &controls {
             wal::encode_control(&mut headers, writer.sequence(), &control.path, control.control);
         }
-        let mut records: Vec<&[u8]> = Vec::with_capacity(batches.len() * 2 + 1);
+        // A header and the parts of each partition's batches, then the controls.
+        let parts = batches.iter().map(|(_, batches)| 1 + batches.parts().count()).sum::<usize>() + 1;
+        let mut records: Vec<&[u8]> = Vec::with_capacity(parts);
         for (header, batches) in &batches {
             records.push(&headers[header.clone()]);
             records.extend(batches.parts());

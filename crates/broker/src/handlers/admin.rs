@@ -15,7 +15,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
-use sluice_cluster::TopicInfo;
+use sluice_cluster::{ClusterMetadata, TopicInfo};
 use uuid::Uuid;
 
 use super::{message, str_bytes};
@@ -30,8 +30,12 @@ pub(super) const SOURCE_TOPIC: i8 = 1;
 pub(super) const SOURCE_DEFAULT: i8 = 5;
 
 pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest, listener: usize) -> MetadataResponse {
+    // One snapshot of the cluster's metadata for the whole response, so a client never sees
+    // a leader from one version beside the brokers of another.
+    let snapshot = broker.cluster.as_ref().map(|cluster| cluster.metadata());
+    let snapshot = snapshot.as_deref();
     let mut response = MetadataResponse::default();
-    response.brokers = live_brokers(broker, listener)
+    response.brokers = live_brokers(broker, snapshot, listener)
         .into_iter()
         .map(|(id, host, port)| {
             let mut node = MetadataResponseBroker::default();
@@ -45,14 +49,14 @@ pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest, listener:
     response.controller_id = BrokerId(controller_id(broker));
     let auto_create = request.allow_auto_topic_creation && broker.config().auto_create_topics;
     match request.topics {
-        None => response.topics = broker.topics.all().iter().map(|t| topic_metadata(broker, t)).collect(),
+        None => response.topics = broker.topics.all().iter().map(|t| topic_metadata(broker, snapshot, t)).collect(),
         Some(requested) => {
             for wanted in requested {
                 let name = match wanted.name {
                     Some(name) => name.to_string(),
                     None => broker.topics.name_for_id(&wanted.topic_id).unwrap_or_default(),
                 };
-                response.topics.push(lookup_or_create(broker, &name, wanted.topic_id, auto_create));
+                response.topics.push(lookup_or_create(broker, snapshot, &name, wanted.topic_id, auto_create));
             }
         }
     }
@@ -60,10 +64,9 @@ pub(super) fn metadata(broker: &Arc<Broker>, request: MetadataRequest, listener:
 }
 
 /// (node id, host, port) of every broker clients of `listener` may use: this one on a
-/// single node, the unfenced ones that have that listener in a cluster.
-fn live_brokers(broker: &Broker, listener: usize) -> Vec<(i32, String, i32)> {
-    if let Some(cluster) = &broker.cluster {
-        let metadata = cluster.metadata();
+/// single node, the unfenced ones that have that listener in a cluster (in `snapshot`).
+fn live_brokers(broker: &Broker, snapshot: Option<&ClusterMetadata>, listener: usize) -> Vec<(i32, String, i32)> {
+    if let Some(metadata) = snapshot {
         let name = &broker.listeners()[listener].name;
         let live: Vec<_> = metadata
             .brokers
@@ -86,7 +89,13 @@ fn controller_id(broker: &Broker) -> i32 {
     }
 }
 
-fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: bool) -> MetadataResponseTopic {
+fn lookup_or_create(
+    broker: &Arc<Broker>,
+    snapshot: Option<&ClusterMetadata>,
+    name: &str,
+    id: Uuid,
+    auto_create: bool,
+) -> MetadataResponseTopic {
     let failed = |error: ResponseError| {
         let mut topic = MetadataResponseTopic::default();
         topic.name = (!name.is_empty()).then(|| TopicName(str_bytes(name)));
@@ -95,7 +104,7 @@ fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: boo
         topic
     };
     if let Some(topic) = broker.topics.get(name) {
-        return topic_metadata(broker, &topic);
+        return topic_metadata(broker, snapshot, &topic);
     }
     if name.is_empty() {
         return failed(ResponseError::UnknownTopicId);
@@ -128,12 +137,12 @@ fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: boo
     match broker.create_topic(topic.clone()) {
         Ok(()) => {
             tracing::info!(topic = name, partitions = topic.partitions, "auto-created topic");
-            topic_metadata(broker, &topic)
+            topic_metadata(broker, snapshot, &topic)
         }
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => broker
             .topics
             .get(name)
-            .map_or_else(|| failed(ResponseError::LeaderNotAvailable), |t| topic_metadata(broker, &t)),
+            .map_or_else(|| failed(ResponseError::LeaderNotAvailable), |t| topic_metadata(broker, snapshot, &t)),
         Err(error) => {
             tracing::warn!(topic = name, %error, "auto-create failed");
             failed(ResponseError::KafkaStorageError)
@@ -141,15 +150,15 @@ fn lookup_or_create(broker: &Arc<Broker>, name: &str, id: Uuid, auto_create: boo
     }
 }
 
-fn topic_metadata(broker: &Broker, topic: &TopicMeta) -> MetadataResponseTopic {
+/// A topic's partitions as `snapshot` (a cluster's metadata; `None` on a single node) has them.
+fn topic_metadata(broker: &Broker, snapshot: Option<&ClusterMetadata>, topic: &TopicMeta) -> MetadataResponseTopic {
     let node = BrokerId(broker.node_id());
     let mut response = MetadataResponseTopic::default();
     response.name = Some(TopicName(str_bytes(&topic.name)));
     response.topic_id = topic.id;
     // Clients skip internal topics in pattern subscriptions and listings (Kafka's rule).
     response.is_internal = crate::topics::is_internal(&topic.name);
-    if let Some(cluster) = &broker.cluster {
-        let metadata = cluster.metadata();
+    if let Some(metadata) = snapshot {
         let Some(info) = metadata.topics.get(&topic.name) else {
             response.error_code = ResponseError::LeaderNotAvailable.code();
             return response;
@@ -566,7 +575,8 @@ pub(super) fn describe_cluster(
     response.controller_id = BrokerId(controller_id(broker));
     // Every live broker, as Metadata lists them: Kafka's tools (kafka-reassign-partitions)
     // check the broker ids of a plan against this list.
-    response.brokers = live_brokers(broker, listener)
+    let snapshot = broker.cluster.as_ref().map(|cluster| cluster.metadata());
+    response.brokers = live_brokers(broker, snapshot.as_deref(), listener)
         .into_iter()
         .map(|(id, host, port)| {
             let mut node = DescribeClusterBroker::default();
