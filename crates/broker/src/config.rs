@@ -52,8 +52,9 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// alone, and each answered read is a large response the async thread writes while
 /// produce requests wait behind it. Alternating Sluice-only catch-up runs (1 GiB cold
 /// backlog, 256 MiB page cache) drained at the same rate with 1 as with 8 (434-454 against
-/// 401-473 MiB/s) while the producers' p50 during the drain fell from 7.0-8.0 ms to
-/// 2.4-2.9 ms and their p99 from 34-39 ms to 17-35 ms.
+/// 401-473 MiB/s; a 2 GiB backlog 15% slower, 426 against 504) while the producers' p50
+/// during the drain fell from 7.0-10.2 ms to 2.4-4.4 ms and their p99 from 34-39 ms to
+/// 17-35 ms (`bench/results/2026-11-27/catchup-ab-session26`).
 pub const FETCH_DISK_READS_MAX: usize = 1;
 /// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
 /// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): with
