@@ -262,6 +262,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
             Ok(SessionStep::Open(partitions)) => partitions,
             Ok(SessionStep::Closed) => Vec::new(),
             Err(error) => {
+                tracing::debug!(member = %member_id, epoch = request.share_session_epoch, ?error, "share fetch session step refused");
                 response.error_code = error.code();
                 return response;
             }
@@ -422,7 +423,7 @@ fn acquire_pass(
         }
         let offsets = log.offsets();
         let share_key = (group_id.to_string(), name, key.1);
-        let plan = broker.shares.plan_fetch(&share_key, leader_epoch, offsets.log_start_offset);
+        let plan = broker.shares.plan_fetch(&share_key, member_id, leader_epoch, offsets.log_start_offset);
         let Some(plan) = plan else {
             answers.push((key, Fetched::default()));
             continue;
@@ -495,6 +496,7 @@ pub(super) async fn acknowledge_request(
     let epoch = if closing { -1 } else { request.share_session_epoch };
     if !closing {
         if let Err(error) = broker.shares.session_step(&group_id, &member_id, epoch, &[], &[], false) {
+            tracing::debug!(member = %member_id, epoch, ?error, "share acknowledge session step refused");
             response.error_code = error.code();
             return response;
         }

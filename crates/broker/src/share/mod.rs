@@ -748,11 +748,30 @@ impl ShareCoordinator {
         Ok(())
     }
 
-    /// Where a fetch should read a loaded share-partition from; `None` when it is not
-    /// served here at `leader_epoch` or the in-flight limit is reached. Skips past records
-    /// deleted below `log_start`.
-    pub(crate) fn plan_fetch(&self, key: &PartitionKey, leader_epoch: i32, log_start: i64) -> Option<FetchPlan> {
+    /// Where `member_id`'s fetch should read a loaded share-partition from; `None` when it
+    /// is not served here at `leader_epoch`, the in-flight limit is reached, or the group's
+    /// membership is kept here and the member's current assignment no longer holds the
+    /// partition. Skips past records deleted below `log_start`.
+    ///
+    /// The last case is the assignment race of consumers that start together: the first
+    /// member is given every partition, the next one joins a moment later and takes some
+    /// of them, and the first member's fetch still lists them until its next heartbeat.
+    /// Records acquired for it then are not processed by the member (the Java client drops
+    /// the acknowledgements of a partition it has already forgotten) and stay locked until
+    /// their acquisition lock expires, stalling the partition. Where membership lives on
+    /// another broker nothing is known here and the fetch is served, as in Kafka.
+    pub(crate) fn plan_fetch(
+        &self,
+        key: &PartitionKey,
+        member_id: &str,
+        leader_epoch: i32,
+        log_start: i64,
+    ) -> Option<FetchPlan> {
         let mut state = self.state.lock();
+        let member = state.groups.get(&key.0).and_then(|group| group.members.get(member_id));
+        if member.is_some_and(|m| !m.assignment.get(&key.1).is_some_and(|partitions| partitions.contains(&key.2))) {
+            return None;
+        }
         let loaded = state.partitions.get_mut(key).filter(|p| p.leader_epoch == leader_epoch)?;
         loaded.partition.skip_to(log_start);
         loaded
@@ -1056,8 +1075,8 @@ mod tests {
         let loaded =
             LoadedPartition { partition: SharePartition::starting_at(0), topic_id, leader_epoch: 0, version: 1 };
         shares.state.lock().partitions.insert(key.clone(), loaded);
-        assert_eq!(shares.plan_fetch(&key, 1, 0).map(|p| p.offset), None, "not served at another leader epoch");
-        assert_eq!(shares.plan_fetch(&key, 0, 0).map(|p| p.offset), Some(0));
+        assert_eq!(shares.plan_fetch(&key, "m", 1, 0).map(|p| p.offset), None, "not served at another leader epoch");
+        assert_eq!(shares.plan_fetch(&key, "m", 0, 0).map(|p| p.offset), Some(0));
         let batch = [BatchSpan { base_offset: 0, last_offset: 4, control: false }];
         assert_eq!(shares.acquire(&key, "m", &batch, 100, 0).0.len(), 1);
         let ack = |member: &str, batches: &[(i64, i64, Vec<i8>)]| {
@@ -1073,7 +1092,37 @@ mod tests {
         assert_eq!(ack("m", &[(0, 2, vec![1, 1])]).err(), Some(ResponseError::InvalidRequest), "types per offset");
         assert_eq!(ack("m", &[(3, 4, vec![1]), (0, 1, vec![1])]).err(), Some(ResponseError::InvalidRequest));
         assert_eq!(ack("m", &[(0, 4, vec![1])]), Ok((2, 5)), "one new version, the window moved past the five");
-        assert_eq!(shares.plan_fetch(&key, 0, 0).map(|p| p.offset), Some(5));
+        assert_eq!(shares.plan_fetch(&key, "m", 0, 0).map(|p| p.offset), Some(5));
+    }
+
+    #[test]
+    fn a_member_is_not_handed_records_of_a_partition_another_member_has_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let shares = ShareCoordinator::open_local(dir.path(), settings()).unwrap();
+        let catalog = catalog(&[("t", 2)]);
+        let topic_id = catalog.get("t").unwrap().0;
+        let join = |member: &str| {
+            shares.heartbeat("g", member, 0, None, Some(vec!["t".into()]), ("c", "h"), &catalog, 0).unwrap()
+        };
+        for partition in 0..2 {
+            let loaded =
+                LoadedPartition { partition: SharePartition::starting_at(0), topic_id, leader_epoch: 0, version: 1 };
+            shares.state.lock().partitions.insert(("g".into(), "t".into(), partition), loaded);
+        }
+        let plan = |member: &str, partition: i32| {
+            shares.plan_fetch(&("g".into(), "t".into(), partition), member, 0, 0).map(|p| p.offset)
+        };
+        assert_eq!(join("a").assignment.unwrap()["t"], vec![0, 1], "the first member gets both partitions");
+        assert_eq!((plan("a", 0), plan("a", 1)), (Some(0), Some(0)));
+        let taken = join("b").assignment.unwrap()["t"].clone();
+        assert_eq!(taken.len(), 1, "the second member takes one of them");
+        // Until its next heartbeat, `a`'s share session still lists the partition `b` took:
+        // its fetch gets nothing from it, `b`'s does.
+        assert_eq!(plan("a", taken[0]), None);
+        assert_eq!(plan("b", taken[0]), Some(0));
+        assert_eq!(plan("a", 1 - taken[0]), Some(0));
+        // A member whose membership is kept on another broker is served.
+        assert_eq!(plan("elsewhere", taken[0]), Some(0));
     }
 
     #[test]
