@@ -43,7 +43,8 @@ use crate::producer_state::ProducerStateTable;
 use crate::segment::{index_file_name, Segment, STAGED_IMAGE_EXTENSION};
 use crate::wal::Control;
 
-/// A cut below the high watermark copies what its segment keeps in pieces of this size.
+/// A cut below the high watermark copies what its segment keeps in pieces of this size
+/// (one `copy_file_range` call, or one buffer where the kernel cannot copy).
 const CUT_COPY_CHUNK_BYTES: usize = 1024 * 1024;
 
 impl Partition {
@@ -270,17 +271,48 @@ fn replace_with_prefix(dir: &Path, path: &Path, file: &File, length: u64) -> io:
     let name = path.file_name().expect("a segment file has a name").to_string_lossy();
     let copy_path = staging.join(format!("{name}.cut"));
     let copy = File::options().write(true).create(true).truncate(true).open(&copy_path)?;
-    let mut buffer = vec![0u8; CUT_COPY_CHUNK_BYTES];
-    let mut position = 0;
-    while position < length {
-        let chunk = (length - position).min(CUT_COPY_CHUNK_BYTES as u64) as usize;
-        file.read_exact_at(&mut buffer[..chunk], position)?;
-        copy.write_all_at(&buffer[..chunk], position)?;
-        position += chunk as u64;
-    }
+    copy_prefix(file, &copy, length)?;
     crate::durable::sync_all(&copy)?;
     std::fs::rename(&copy_path, path)?;
     crate::durable::sync_dir(dir)
+}
+
+/// Copies the first `length` bytes of `from` into `to` in the kernel (`copy_file_range`,
+/// with explicit offsets: neither file's cursor moves, no user-space buffer), where the
+/// kernel can; else through a buffer.
+fn copy_prefix(from: &File, to: &File, length: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (mut from_offset, mut to_offset): (libc::loff_t, libc::loff_t) = (0, 0);
+    while (from_offset as u64) < length {
+        let chunk = (length - from_offset as u64).min(CUT_COPY_CHUNK_BYTES as u64) as usize;
+        // SAFETY: both descriptors are open for the call; the offsets are local variables.
+        let copied = unsafe {
+            libc::copy_file_range(from.as_raw_fd(), &mut from_offset, to.as_raw_fd(), &mut to_offset, chunk, 0)
+        };
+        if copied > 0 {
+            continue;
+        }
+        if copied == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "segment shorter than the part it keeps"));
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL) => break,
+            _ => return Err(error),
+        }
+    }
+    debug_assert_eq!(from_offset, to_offset);
+    let mut position = from_offset as u64;
+    let mut buffer = Vec::new();
+    while position < length {
+        buffer.resize(CUT_COPY_CHUNK_BYTES, 0);
+        let chunk = (length - position).min(CUT_COPY_CHUNK_BYTES as u64) as usize;
+        from.read_exact_at(&mut buffer[..chunk], position)?;
+        to.write_all_at(&buffer[..chunk], position)?;
+        position += chunk as u64;
+    }
+    Ok(())
 }
 
 fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
