@@ -144,6 +144,7 @@ const METRICS: &[Metric] = &[
     ("clients CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.client_cpu_seconds))),
     ("broker CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.broker_cpu_seconds))),
     ("machine busy (cores)", |r| r.sluice.as_ref().and_then(|e| e.machine_busy_cores)),
+    ("machine steal (cores)", |r| r.sluice.as_ref().and_then(|e| e.machine_steal_cores)),
     ("broker cgroup limit (MiB)", |r| memory(r).map(|m| mib(m.limit_bytes))),
     ("broker cgroup peak usage (MiB)", |r| memory(r).and_then(|m| m.peak_usage_bytes).map(mib)),
     ("broker cgroup limit hits", |r| memory(r).and_then(|m| m.limit_hits).map(|hits| hits as f64)),
@@ -423,7 +424,32 @@ fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &Ta
     if let Some(verdict) = catch_up_verdict(&kafka, &sluice) {
         let _ = writeln!(table, "\n{verdict}");
     }
+    if let Some(note) = steal_note(runs) {
+        let _ = writeln!(table, "\n{note}");
+    }
     table
+}
+
+/// Steal time (cores, averaged over a measured phase) above which a round is called noisy.
+const STEAL_NOISY_CORES: f64 = 0.05;
+
+/// Names the rounds in which the hypervisor gave this machine's cores to other guests, whose
+/// latencies then measure those neighbours as well as the broker.
+fn steal_note(runs: &[(String, u32, anyhow::Result<TestResult>)]) -> Option<String> {
+    let noisy: Vec<String> = runs
+        .iter()
+        .filter_map(|(broker, round, outcome)| {
+            let steal = outcome.as_ref().ok()?.sluice.as_ref()?.machine_steal_cores?;
+            (steal > STEAL_NOISY_CORES).then(|| format!("{broker} round {round} ({steal:.2} cores)"))
+        })
+        .collect();
+    (!noisy.is_empty()).then(|| {
+        format!(
+            "Noisy host: the hypervisor ran other guests on this machine's cores (steal time) in {}; \
+             read those rounds' latencies with care.",
+            noisy.join(", ")
+        )
+    })
 }
 
 /// Issue 11's catch-up criterion from the medians, when the runs drained a backlog.
@@ -501,6 +527,23 @@ mod tests {
         assert!(table.contains("1 failed"));
         assert!(!table.contains("peak stable rate"), "no run has it: {table}");
         assert!(!table.contains("transactions/s"), "no run has it: {table}");
+    }
+
+    #[test]
+    fn rounds_with_steal_time_are_named() {
+        let result = |steal: f64| TestResult {
+            publish_rate: vec![100.0],
+            sluice: Some(SluiceExtras { machine_steal_cores: Some(steal), ..SluiceExtras::default() }),
+            ..TestResult::default()
+        };
+        let quiet = vec![("kafka".to_string(), 1, Ok(result(0.01))), ("sluice".to_string(), 1, Ok(result(0.0)))];
+        let table = summary_table(&quiet, &header(None));
+        assert!(table.contains("| machine steal (cores) |"), "{table}");
+        assert!(!table.contains("Noisy host"), "{table}");
+        let noisy = vec![("kafka".to_string(), 1, Ok(result(0.01))), ("sluice".to_string(), 2, Ok(result(0.2)))];
+        let table = summary_table(&noisy, &header(None));
+        assert!(table.contains("Noisy host") && table.contains("sluice round 2 (0.20 cores)"), "{table}");
+        assert!(!table.contains("kafka round 1"), "{table}");
     }
 
     #[test]

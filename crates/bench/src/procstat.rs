@@ -86,6 +86,9 @@ pub struct MachineUsage {
     pub own_cpu_seconds: Option<f64>,
     /// Cores busy on average, all processes.
     pub busy_cores: Option<f64>,
+    /// Cores the hypervisor took from this virtual machine on average (steal time): the
+    /// host's other guests. Included in `busy_cores`; a round with much of it was noisy.
+    pub steal_cores: Option<f64>,
     /// The machine's online cores.
     pub cores: Option<u32>,
 }
@@ -104,12 +107,12 @@ impl MachineSampler {
     pub fn finish(self) -> MachineUsage {
         let elapsed = self.started.elapsed().as_secs_f64();
         let own = self.own_ticks_start.zip(cpu_ticks(std::process::id()));
-        let machine = self.machine_start.zip(machine_ticks());
+        let machine = self.machine_start.zip(machine_ticks()).filter(|_| elapsed > 0.0);
+        let cores_of = |ticks: u64| ticks as f64 / ticks_per_second() / elapsed;
         MachineUsage {
             own_cpu_seconds: own.map(|(start, end)| end.saturating_sub(start) as f64 / ticks_per_second()),
-            busy_cores: machine
-                .filter(|_| elapsed > 0.0)
-                .map(|(start, end)| end.busy.saturating_sub(start.busy) as f64 / ticks_per_second() / elapsed),
+            busy_cores: machine.map(|(start, end)| cores_of(end.busy.saturating_sub(start.busy))),
+            steal_cores: machine.map(|(start, end)| cores_of(end.steal.saturating_sub(start.steal))),
             cores: std::thread::available_parallelism().ok().and_then(|n| u32::try_from(n.get()).ok()),
         }
     }
@@ -120,6 +123,8 @@ impl MachineSampler {
 struct MachineTicks {
     /// user, nice, system, irq, softirq and steal: all but idle and iowait.
     busy: u64,
+    /// steal: time the hypervisor ran something else while this machine wanted a core.
+    steal: u64,
 }
 
 fn machine_ticks() -> Option<MachineTicks> {
@@ -134,7 +139,7 @@ fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
     if ticks.len() < 4 {
         return None;
     }
-    Some(MachineTicks { busy: field(0) + field(1) + field(2) + field(5) + field(6) + field(7) })
+    Some(MachineTicks { busy: field(0) + field(1) + field(2) + field(5) + field(6) + field(7), steal: field(7) })
 }
 
 /// Total CPU seconds used so far by `pid`.
@@ -205,7 +210,7 @@ mod tests {
     #[test]
     fn machine_busy_time_leaves_out_idle_iowait_and_guests() {
         let text = "cpu  100 5 20 900 40 3 2 1 7 0\ncpu0 50 2 10 450 20 1 1 0 0 0\n";
-        assert_eq!(parse_machine_ticks(text), Some(MachineTicks { busy: 100 + 5 + 20 + 3 + 2 + 1 }));
+        assert_eq!(parse_machine_ticks(text), Some(MachineTicks { busy: 100 + 5 + 20 + 3 + 2 + 1, steal: 1 }));
         assert_eq!(parse_machine_ticks("cpu0 1 2 3 4\n"), None);
     }
 
@@ -222,6 +227,7 @@ mod tests {
         let own = usage.own_cpu_seconds.unwrap();
         assert!(own >= 0.1, "a 300 ms busy loop used {own} CPU s");
         assert!(usage.busy_cores.unwrap() >= 0.3, "{usage:?}");
+        assert!((0.0..=usage.busy_cores.unwrap()).contains(&usage.steal_cores.unwrap()), "{usage:?}");
         assert!(usage.cores.unwrap() >= 1);
     }
 

@@ -83,6 +83,10 @@ pub struct SluiceExtras {
     /// Cores busy on the whole machine during the measured phase, on average (all
     /// processes: broker, clients and anything else), of [`SluiceExtras::machine_cores`].
     pub machine_busy_cores: Option<f64>,
+    /// Cores the hypervisor gave to other guests while this machine wanted them (steal
+    /// time), on average over the measured phase; part of `machine_busy_cores`. Rounds
+    /// with much of it measured the host's neighbours as well as the broker.
+    pub machine_steal_cores: Option<f64>,
     /// The machine's online cores.
     pub machine_cores: Option<u32>,
     /// Which broker was measured, when the bench knows (`sluice`, `kafka`).

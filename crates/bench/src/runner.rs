@@ -694,6 +694,7 @@ fn run_phases(
     let machine = machine.finish();
     phase.extras.client_cpu_seconds = machine.own_cpu_seconds;
     phase.extras.machine_busy_cores = machine.busy_cores;
+    phase.extras.machine_steal_cores = machine.steal_cores;
     phase.extras.machine_cores = machine.cores;
     if let Some(phases) = &phase.extras.backlog_phases {
         print_backlog_phases(phases, phase.extras.backlog_drain_mb_per_second);
