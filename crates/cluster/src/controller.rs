@@ -521,8 +521,15 @@ impl Controller {
         if self.shared.shut_down.swap(true, Ordering::SeqCst) {
             return;
         }
-        for task in self.tasks.lock().expect("tasks lock poisoned").drain(..) {
+        let tasks: Vec<_> = self.tasks.lock().expect("tasks lock poisoned").drain(..).collect();
+        for task in &tasks {
             task.abort();
+        }
+        // `abort` only asks: a task running on another worker drops its future (and the RPC
+        // listener it owns) later. Waiting here frees the listen port before this returns,
+        // so a restart on the same address can bind it.
+        for task in tasks {
+            let _ = task.await;
         }
         if let Err(error) = self.shared.raft.shutdown().await {
             tracing::warn!(%error, "raft shutdown");

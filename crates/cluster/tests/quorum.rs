@@ -32,6 +32,24 @@ fn free_ports(count: usize) -> Vec<u16> {
     listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
+/// Starts a stopped node again on its old port. The tests take ports from the ephemeral
+/// range, so while the node was down another test's outgoing connection may have been
+/// given its port for a moment (CI saw AddrInUse once): retry for `SLACK`, like an
+/// operator would.
+async fn restart_on_same_port(config: ControllerConfig) -> Arc<Controller> {
+    let deadline = Instant::now() + SLACK;
+    loop {
+        match Controller::start(config.clone()).await {
+            Err(ControllerError::Io(error))
+                if error.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            started => return started.unwrap(),
+        }
+    }
+}
+
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()))
@@ -81,7 +99,7 @@ impl Cluster {
     }
 
     async fn restart(&mut self, id: i32) {
-        let controller = Controller::start(self.config(id)).await.unwrap();
+        let controller = restart_on_same_port(self.config(id)).await;
         controller.wait_ready(READY).await.unwrap();
         self.nodes.insert(id, controller);
     }
@@ -323,9 +341,9 @@ async fn whole_cluster_restart_keeps_the_metadata() {
     for id in 1..=3 {
         cluster.stop(id).await;
     }
-    let restarts: Vec<_> = (1..=3).map(|id| Controller::start(cluster.config(id))).collect();
+    let restarts: Vec<_> = (1..=3).map(|id| restart_on_same_port(cluster.config(id))).collect();
     for (id, started) in (1..=3).zip(futures_join_all(restarts).await) {
-        cluster.nodes.insert(id, started.unwrap());
+        cluster.nodes.insert(id, started);
     }
     for node in cluster.nodes.values() {
         node.wait_ready(READY).await.unwrap();
