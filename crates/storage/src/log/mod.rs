@@ -31,6 +31,7 @@ mod append;
 mod read;
 #[cfg(test)]
 pub(crate) use read::cached_pages;
+pub(crate) use read::missing_pages;
 pub use read::{cachestat, Cachestat};
 mod recovery;
 mod retention;

@@ -522,9 +522,7 @@ fn scan_headers(
 /// (`cachestat`, Linux 6.5). False when that cannot be told.
 fn all_cached(file: &File, position: u64, length: u64) -> bool {
     assert!(length > 0);
-    let page = page_bytes();
-    let pages = (position + length - 1) / page - position / page + 1;
-    cached_pages(file, position, length).is_some_and(|cached| cached >= pages)
+    missing_pages(file, position, length) == Some(0)
 }
 
 fn page_bytes() -> u64 {
@@ -533,6 +531,17 @@ fn page_bytes() -> u64 {
         // SAFETY: sysconf has no preconditions.
         u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
     })
+}
+
+/// How many pages of `file` in [position, position + length) are not in the page cache
+/// (`cachestat`, Linux 6.5); `None` when that cannot be told.
+pub(crate) fn missing_pages(file: &File, position: u64, length: u64) -> Option<u64> {
+    if length == 0 {
+        return Some(0);
+    }
+    let page = page_bytes();
+    let pages = (position + length - 1) / page - position / page + 1;
+    cached_pages(file, position, length).map(|cached| pages.saturating_sub(cached))
 }
 
 /// How many pages of `file` in [position, position + length) are in the page cache
