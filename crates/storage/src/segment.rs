@@ -1021,7 +1021,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_backlog_read_starts_no_disk_read_and_a_cold_read_comes_in_whole_pieces() {
+    fn a_refused_backlog_read_starts_no_disk_read_and_a_read_across_pieces_returns_its_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cold");
         let content: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
