@@ -74,23 +74,10 @@ pub enum ReadMode {
     MayBlock,
 }
 
-/// `read_exact_at` from the page cache only (see [`ReadMode::CachedOnly`]).
-/// Fills `buffer`'s spare capacity up to `length` bytes from `position` with `preadv2`
-/// (`flags`: 0, or `RWF_NOWAIT` to fail with `WouldBlock` rather than wait for the disk),
-/// without zeroing it first. On error `buffer` may hold part of the bytes.
-fn read_exact_into(
-    file: &File,
-    buffer: &mut BytesMut,
-    length: usize,
-    position: u64,
-    flags: libc::c_int,
-) -> io::Result<()> {
-    buffer.clear();
-    fill_to(file, buffer, length, position, flags)
-}
-
 /// Reads into `buffer` (whose first byte is the file's byte at `position`) until it holds
-/// `length` bytes; see [`read_exact_into`].
+/// `length` bytes, with `preadv2` into its spare capacity, without zeroing it first
+/// (`flags`: 0, or `RWF_NOWAIT` to fail with `WouldBlock` rather than wait for the disk).
+/// On error `buffer` may hold part of the bytes.
 fn fill_to(file: &File, buffer: &mut BytesMut, length: usize, position: u64, flags: libc::c_int) -> io::Result<()> {
     buffer.reserve(length.saturating_sub(buffer.len()));
     while buffer.len() < length {
@@ -628,7 +615,7 @@ impl Segment {
                 {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
-                match read_exact_into(file, &mut buffer, length, position, libc::RWF_NOWAIT) {
+                match fill_to(file, &mut buffer, length, position, libc::RWF_NOWAIT) {
                     Err(error) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                         return Err(io::ErrorKind::WouldBlock.into());
                     }
@@ -967,6 +954,21 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io:
 mod tests {
     use super::*;
 
+    /// Drops `file`'s clean pages from the page cache until none is left: one
+    /// `POSIX_FADV_DONTNEED` can miss pages another CPU still holds in its LRU batch.
+    fn evict(file: &File) {
+        for _ in 0..100 {
+            // SAFETY: advice on an open file descriptor.
+            assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+            let size = file.metadata().unwrap().len();
+            if crate::log::cached_pages(file, 0, size.max(1)).expect("cachestat (Linux 6.5)") == 0 {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("the file's pages stay in the page cache");
+    }
+
     #[test]
     fn a_cold_read_of_a_segment_brings_in_only_what_it_asked_for() {
         use std::os::unix::fs::FileExt;
@@ -976,8 +978,7 @@ mod tests {
         let file = segment.file().unwrap();
         file.write_all_at(&content, 0).unwrap();
         file.sync_all().unwrap();
-        // SAFETY: advice on a file descriptor the segment owns.
-        assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        evict(&file);
         // A reader going through the file in order, as a catch-up consumer does.
         const STEP: usize = 64 * 1024;
         for position in (0..1 << 20).step_by(STEP) {
@@ -999,8 +1000,7 @@ mod tests {
         let file = File::open(&path).unwrap();
         file.sync_all().unwrap();
         // Clean pages can be dropped from the cache: the data is now only on the disk.
-        // SAFETY: advice on a file descriptor we own.
-        assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        evict(&file);
         // (A refused probe starts the disk read of its range: probing the range read below
         // could make that read find it cached, as if it had been.)
         let cold = Segment::read_at(&file, 3 << 20, 64 * 1024, ReadMode::CachedOnly, false).unwrap_err();
@@ -1028,8 +1028,7 @@ mod tests {
         std::fs::write(&path, &content).unwrap();
         let file = File::open(&path).unwrap();
         file.sync_all().unwrap();
-        // SAFETY: advice on a file descriptor we own.
-        assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        evict(&file);
         let length = 3 * COLD_READ_PIECE_BYTES + 3 * 4096;
         let refused = Segment::read_at(&file, 4096, length, ReadMode::CachedOnly, true).unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
