@@ -242,6 +242,10 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         println!("Memory: {line}");
     }
     let backlog = backlog_line(workload.workload.consumer_backlog_size_gb, args.broker_memory_limit);
+    let neighbour = args.overrides.neighbour_plan().map(|plan| neighbour_line(&plan, args.no_drop_caches));
+    if let Some(line) = &neighbour {
+        println!("Neighbour: {line}");
+    }
 
     let mut runs: Vec<(String, u32, anyhow::Result<TestResult>)> = Vec::new();
     for round in 1..=args.rounds {
@@ -272,6 +276,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         isolation_level: driver.driver.isolation_level(),
         memory: memory.as_deref(),
         backlog: backlog.as_deref(),
+        neighbour: neighbour.as_deref(),
     };
     let table = summary_table(&runs, &header);
     println!("\n{table}");
@@ -324,6 +329,27 @@ fn run_one(
     Ok(result)
 }
 
+/// The noisy neighbour of every run, for the summary.
+fn neighbour_line(plan: &crate::neighbour::NeighbourPlan, no_drop_caches: bool) -> String {
+    let mut parts = Vec::new();
+    if plan.cached_bytes > 0 {
+        parts.push(format!(
+            "{} MiB of clean, unrelated file data in the page cache before each warm-up",
+            plan.cached_bytes >> 20
+        ));
+    }
+    if plan.write_bytes > 0 {
+        parts.push(format!(
+            "another process (dd) writes {} MiB into the page cache {:.0} s into each measured phase",
+            plan.write_bytes >> 20,
+            plan.write_at.as_secs_f64()
+        ));
+    }
+    let cache =
+        if no_drop_caches { "page cache not dropped between runs" } else { "page cache dropped before each run" };
+    format!("{} (in {}; {cache})", parts.join("; "), plan.dir.display())
+}
+
 /// The memory cap's rule and each broker's limit, for the summary.
 fn memory_line(cap: &MemoryCap, kafka_heap: &str) -> anyhow::Result<String> {
     let sluice = cap.for_sluice();
@@ -365,6 +391,8 @@ struct TableHeader<'a> {
     memory: Option<&'a str>,
     /// The backlog of a catch-up workload.
     backlog: Option<&'a str>,
+    /// The noisy neighbour, when the runs had one.
+    neighbour: Option<&'a str>,
 }
 
 fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &TableHeader<'_>) -> String {
@@ -393,6 +421,9 @@ fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &Ta
     }
     if let Some(backlog) = header.backlog {
         let _ = writeln!(table, "Backlog: {backlog}");
+    }
+    if let Some(neighbour) = header.neighbour {
+        let _ = writeln!(table, "Neighbour: {neighbour}");
     }
     let _ = writeln!(
         table,
@@ -511,6 +542,7 @@ mod tests {
             isolation_level: "read_committed",
             memory: None,
             backlog: None,
+            neighbour: None,
         }
     }
 

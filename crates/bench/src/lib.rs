@@ -23,6 +23,7 @@ pub mod compare;
 pub mod driver;
 pub mod kafka;
 pub mod memcap;
+pub mod neighbour;
 pub mod peak;
 pub mod procstat;
 pub mod rate;
@@ -166,9 +167,36 @@ pub struct Overrides {
     /// 10 s warm-up + 20 s unless the durations are overridden.
     #[arg(long)]
     pub find_peak: bool,
+    /// Noisy neighbour (a): put this much clean, unrelated file data in the page cache
+    /// before the warm-up (e.g. 6g), as other programs' files on a production machine.
+    #[arg(long, value_name = "SIZE", value_parser = memcap::parse_size)]
+    pub neighbour_cached: Option<u64>,
+    /// Noisy neighbour (b): another process (`dd`) writes this much (e.g. 3g) into the page
+    /// cache of the neighbour folder's filesystem during the measured phase.
+    #[arg(long, value_name = "SIZE", value_parser = memcap::parse_size)]
+    pub neighbour_writes: Option<u64>,
+    /// When the neighbour's writer starts, seconds into the measured phase.
+    #[arg(long, default_value_t = 25.0, value_name = "SECONDS")]
+    pub neighbour_writes_at: f64,
+    /// Folder of the neighbour's files: the broker's filesystem (default: the system's
+    /// temporary folder, where brokers the bench starts keep their data).
+    #[arg(long, value_name = "DIR")]
+    pub neighbour_dir: Option<PathBuf>,
 }
 
 impl Overrides {
+    /// The noisy neighbour asked for, if any.
+    pub fn neighbour_plan(&self) -> Option<neighbour::NeighbourPlan> {
+        let cached_bytes = self.neighbour_cached.unwrap_or(0);
+        let write_bytes = self.neighbour_writes.unwrap_or(0);
+        (cached_bytes > 0 || write_bytes > 0).then(|| neighbour::NeighbourPlan {
+            dir: self.neighbour_dir.clone().unwrap_or_else(std::env::temp_dir),
+            cached_bytes,
+            write_bytes,
+            write_at: Duration::from_secs_f64(self.neighbour_writes_at.max(0.0)),
+        })
+    }
+
     /// Run options from these overrides.
     pub fn run_options(&self) -> RunOptions {
         let seconds = |value: Option<f64>| value.map(|s| Duration::from_secs_f64(s.max(0.0)));
@@ -179,6 +207,7 @@ impl Overrides {
             warmup_duration: seconds(self.warmup_duration_seconds),
             sample_period: seconds(self.sample_period_seconds).map(|d| d.max(Duration::from_millis(100))),
             producer_rate: self.producer_rate,
+            neighbour: self.neighbour_plan(),
             ..RunOptions::default()
         }
     }

@@ -53,6 +53,9 @@ pub fn is_stable(result: &TestResult, target_rate: f64, subscriptions: u32) -> b
 /// Searches the peak stable rate; returns the best stable trial's result (with the
 /// search recorded in its `sluice` extras) or the last trial's when none was stable.
 pub fn find_peak(workload: &LoadedWorkload, driver: &LoadedDriver, options: &RunOptions) -> anyhow::Result<TestResult> {
+    if options.neighbour.is_some() {
+        anyhow::bail!("--find-peak runs many trials: give a noisy neighbour (--neighbour-*) to fixed-rate runs only");
+    }
     let mut trial_options = options.clone();
     trial_options.warmup_duration = options.warmup_duration.or(Some(Duration::from_secs(10)));
     trial_options.test_duration = options.test_duration.or(Some(Duration::from_secs(20)));

@@ -108,6 +108,10 @@ pub struct SluiceExtras {
     /// The broker's memory cgroup (`--broker-memory-limit`); absent when uncapped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub broker_memory: Option<crate::memcap::MemoryFigures>,
+    /// The noisy neighbour of the run (`--neighbour-cached`, `--neighbour-writes`); absent
+    /// when there was none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neighbour: Option<crate::neighbour::NeighbourFigures>,
 }
 
 /// A catch-up run's phases: what the producers saw before the drain (consumers paused

@@ -48,6 +48,7 @@ use crate::kafka::{
     self, monotonic_ns, ConsumerControl, ConsumerMode, ConsumerSpec, ProducerControl, ProducerSpec, TransactionSpec,
     XorShift, KEY_POOL_SIZE,
 };
+use crate::neighbour::{Neighbour, NeighbourPlan};
 use crate::procstat::{self, MachineSampler, ProcessSampler};
 use crate::rate::{RateController, RateControllerConfig};
 use crate::result::{
@@ -92,6 +93,8 @@ pub struct RunOptions {
     pub replication_factor_max: Option<i32>,
     /// Client settings added to the driver's common config (e.g. TLS).
     pub client_settings: Vec<(String, String)>,
+    /// A noisy neighbour during the run ([`crate::neighbour`]).
+    pub neighbour: Option<NeighbourPlan>,
 }
 
 impl Default for RunOptions {
@@ -107,6 +110,7 @@ impl Default for RunOptions {
             broker_label: None,
             replication_factor_max: None,
             client_settings: Vec::new(),
+            neighbour: None,
         }
     }
 }
@@ -676,10 +680,12 @@ fn run_phases(
     clients.set_total_rate(target_rate);
     println!("End-to-end latency clock: {}", kafka::END_TO_END_CLOCK);
 
+    // The neighbour's page-cache fill comes before the warm-up, so the run starts on a full cache.
+    let mut neighbour = options.neighbour.clone().map(Neighbour::prepare).transpose()?;
     let warmup = options.warmup_duration.unwrap_or_else(|| minutes(workload.warmup_duration_minutes));
     if !warmup.is_zero() {
         println!("----- Starting warm-up traffic ({:.1}s) ------", warmup.as_secs_f64());
-        phase.collect(warmup, BacklogState::None, None)?;
+        phase.collect(warmup, BacklogState::None, None, None)?;
     }
     let backlog = if workload.consumer_backlog_size_gb > 0.0 {
         BacklogState::Building { since_ns: 0 }
@@ -690,7 +696,9 @@ fn run_phases(
     println!("----- Starting benchmark traffic ({:.1}s) ------", test.as_secs_f64());
     let sampler = (!options.broker_pids.is_empty()).then(|| ProcessSampler::start(&options.broker_pids));
     let machine = MachineSampler::start();
-    let mut result = phase.collect(test, backlog, sampler.as_ref())?;
+    let mut result = phase.collect(test, backlog, sampler.as_ref(), neighbour.as_mut())?;
+    phase.extras.neighbour = neighbour.as_ref().map(Neighbour::figures);
+    drop(neighbour);
     let machine = machine.finish();
     phase.extras.client_cpu_seconds = machine.own_cpu_seconds;
     phase.extras.machine_busy_cores = machine.busy_cores;
@@ -717,6 +725,7 @@ impl Phase<'_> {
         duration: Duration,
         mut backlog: BacklogState,
         sampler: Option<&ProcessSampler>,
+        mut neighbour: Option<&mut Neighbour>,
     ) -> anyhow::Result<TestResult> {
         let workload = self.workload;
         let mut result = TestResult {
@@ -768,6 +777,9 @@ impl Phase<'_> {
             }
             if let Some(sampler) = sampler {
                 sampler.tick();
+            }
+            if let Some(neighbour) = neighbour.as_deref_mut() {
+                neighbour.tick(Duration::from_nanos(now_ns - start_ns))?;
             }
             if self.is_terminal && now_ns - last_progress_ns >= 1_000_000_000 {
                 self.progress(now_ns - start_ns, duration);

@@ -253,6 +253,52 @@ fn catch_up_smoke_workload_records_each_backlog_phase() {
     assert!(in_phases as f64 >= extras.measured_messages_sent as f64 * (seconds / extras.measured_seconds) * 0.8);
 }
 
+/// A noisy neighbour: clean file data in the page cache before the warm-up, and a `dd`
+/// writing during the measured phase; the result says what it did and when, and its
+/// files are gone once the run ends.
+#[test]
+fn smoke_workload_with_a_noisy_neighbour_records_it_and_cleans_up() {
+    let bin = sluice_bin().expect("no sluice binary: run `cargo build --release -p sluice-cli` or set SLUICE_BIN");
+    let dir = tempfile::tempdir().unwrap();
+    let neighbour_dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.charts = false;
+    args.start_sluice = true;
+    args.sluice_bin = Some(bin);
+    args.overrides.neighbour_cached = Some(16 << 20);
+    args.overrides.neighbour_writes = Some(32 << 20);
+    args.overrides.neighbour_writes_at = 1.0;
+    args.overrides.neighbour_dir = Some(neighbour_dir.path().to_path_buf());
+    let _serial = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let written = sluice_bench::run_workloads(args).expect("bench run");
+    let result = TestResult::load(&written[0]).unwrap();
+    check(&result);
+    let extras = result.sluice.as_ref().expect("sluice extras");
+    let neighbour = extras.neighbour.as_ref().expect("neighbour figures");
+    assert_eq!(neighbour.dir, neighbour_dir.path().display().to_string());
+    assert_eq!(neighbour.cached_bytes, 16 << 20);
+    assert!(neighbour.cache_fill_seconds > 0.0, "{neighbour:?}");
+    assert_eq!(neighbour.written_bytes, 32 << 20, "{neighbour:?}");
+    let start = neighbour.write_start_seconds.expect("the writer started");
+    assert!(start >= 1.0 && start < extras.measured_seconds, "{neighbour:?}");
+    assert!(neighbour.write_seconds.is_some_and(|s| s > 0.0), "{neighbour:?}");
+    let left: Vec<_> = std::fs::read_dir(neighbour_dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "neighbour files left behind: {left:?}");
+}
+
+/// A peak search runs many trials; a neighbour belongs to one fixed-rate run.
+#[test]
+fn a_peak_search_with_a_neighbour_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = smoke_args(dir.path());
+    args.start_sluice = true;
+    args.sluice_bin = sluice_bin();
+    args.overrides.find_peak = true;
+    args.overrides.neighbour_writes = Some(1 << 20);
+    let error = sluice_bench::run_workloads(args).unwrap_err();
+    assert!(format!("{error:#}").contains("--find-peak"), "{error:#}");
+}
+
 /// `--broker-memory-limit` starts the broker inside a memory cgroup with the limit of the
 /// rule (budget + Sluice's allowance), reports it, and removes the cgroup after the
 /// broker stopped. Needs root and memory cgroups (CI here); skipped with a message
