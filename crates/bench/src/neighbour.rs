@@ -8,8 +8,10 @@
 //! fsynced, so its pages sit in the page cache, clean, as another program's data would.
 //! (b) `--neighbour-writes SIZE`: `--neighbour-writes-at` seconds into the measured phase,
 //! a `dd` process writes SIZE into a file at full speed, through the page cache and without
-//! fsync, as a log shipper or a build would; the kernel writes it back while the broker
-//! fsyncs. Both files go to `--neighbour-dir` (default: the system's temporary folder,
+//! fsync, as a log shipper or a build would. The kernel writes it back by its own rules:
+//! with the default thresholds much of it stays dirty until it expires (30 s) and then goes
+//! to the disk at once, and the broker's next fsync waits for it (README, "Durability").
+//! Both files go to `--neighbour-dir` (default: the system's temporary folder,
 //! where the brokers the bench starts keep their data, so the same filesystem and disk)
 //! and are removed when the run ends. The result records what was done and when
 //! ([`NeighbourFigures`]); its per-sample latencies show the windows the writer touched.
