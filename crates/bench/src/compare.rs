@@ -225,11 +225,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         None => std::env::current_exe()?,
     };
     std::fs::create_dir_all(&args.output_dir).with_context(|| format!("creating {}", args.output_dir.display()))?;
-    let durability = if driver.driver.fsync_each_message() {
-        "topic flush.messages=1 (fsync per message) on both brokers"
-    } else {
-        "Kafka default (page cache, no fsync); Sluice at its own default"
-    };
+    let durability = durability_line(driver.driver.fsync_each_message(), &args.sluice_arg);
     println!("Durability: {durability}");
     let tls = if args.tls { Some(crate::tls::BenchTls::generate(&args.output_dir.join("tls"))?) } else { None };
     let transport = if tls.is_some() { "TLS (SSL listeners, both brokers)" } else { "plaintext" };
@@ -270,7 +266,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     let header = TableHeader {
         workload: &workload.workload.name,
         driver: &driver.driver.name,
-        durability,
+        durability: &durability,
         transport,
         records_per_transaction: driver.driver.records_per_transaction,
         isolation_level: driver.driver.isolation_level(),
@@ -393,6 +389,20 @@ struct TableHeader<'a> {
     backlog: Option<&'a str>,
     /// The noisy neighbour, when the runs had one.
     neighbour: Option<&'a str>,
+}
+
+/// What the summary says of each broker's durability. Extra `sluice serve` arguments
+/// (`--sluice-arg`, e.g. `--durability-level=2`) may change Sluice's, so they are named.
+fn durability_line(fsync_each_message: bool, sluice_args: &[String]) -> String {
+    let base = if fsync_each_message {
+        "topic flush.messages=1 (fsync per message) on both brokers"
+    } else {
+        "Kafka default (page cache, no fsync); Sluice at its own default"
+    };
+    match sluice_args.is_empty() {
+        true => base.to_string(),
+        false => format!("{base}, as changed by its serve arguments `{}`", sluice_args.join(" ")),
+    }
 }
 
 fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &TableHeader<'_>) -> String {
@@ -544,6 +554,16 @@ mod tests {
             backlog: None,
             neighbour: None,
         }
+    }
+
+    #[test]
+    fn the_durability_line_names_sluice_serve_arguments() {
+        let plain = durability_line(false, &[]);
+        assert_eq!(plain, "Kafka default (page cache, no fsync); Sluice at its own default");
+        let level_2 = durability_line(false, &["--durability-level=2".to_string()]);
+        assert!(level_2.starts_with(&plain), "{level_2}");
+        assert!(level_2.ends_with("as changed by its serve arguments `--durability-level=2`"), "{level_2}");
+        assert!(durability_line(true, &[]).starts_with("topic flush.messages=1"));
     }
 
     #[test]
