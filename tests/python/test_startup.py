@@ -27,6 +27,7 @@ def test_bad_configs_fail_with_the_setting_named(tmp_path):
         (["--num-partitions", "0"], "num_partitions"),
         (["--max-request-bytes", "10"], "max_request_bytes"),
         (["--io-threads", "100000"], "io_threads"),
+        (["--log-wal-round-interval-us", "10001"], "log_wal_round_interval_us"),
         (["--advertised-listener", "no-port"], "advertised_listener"),
         (["--flush-messages", "0"], "flush.messages"),
         (["--transaction-state-num-partitions", "0"], "transaction_state_num_partitions"),

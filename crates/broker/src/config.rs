@@ -25,6 +25,14 @@ pub fn io_threads_auto() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get() / 2).max(1)
 }
 
+/// `log_wal_round_interval_us` by default: 1 ms. At 10k msg/s of 1 KiB over 100
+/// partitions (4 producers, `linger.ms=1`) the WAL ran 2,400 rounds a second; paced at
+/// 1 ms, 930, and the broker took 0.29 cores instead of 0.43 (0.5 ms: 0.37; 2 ms: 0.24),
+/// with publish p50 1.8 ms instead of 1.3 and p99 3.3 instead of 2.7 (2 ms: 4.2).
+pub const WAL_ROUND_INTERVAL_US_DEFAULT: u64 = 1_000;
+/// Most `log_wal_round_interval_us` accepted.
+pub const WAL_ROUND_INTERVAL_US_MAX: u64 = sluice_storage::WAL_ROUND_INTERVAL_MAX.as_micros() as u64;
+
 pub const INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT: usize = 16;
 /// Request bytes admitted across all connections (Kafka's `queued.max.request.bytes`): a
 /// request is charged its size as soon as its size prefix is read, before its body is, and
@@ -123,6 +131,11 @@ pub struct BrokerConfig {
     /// group-commit round, whatever the number of partitions) instead of one fsync per
     /// partition file (storage `wal.rs`).
     pub log_wal: bool,
+    /// Least time, in microseconds, between the starts of two WAL rounds after a round
+    /// that logged several batches (`Syncer::set_wal_round_interval`): fewer, fuller rounds
+    /// for less CPU, for up to this much more acknowledgement latency. At most
+    /// [`WAL_ROUND_INTERVAL_US_MAX`]; 0 starts every round as soon as there is work.
+    pub log_wal_round_interval_us: u64,
     /// Threads that serve connections and run request handlers (the async runtime's
     /// workers); 0 = [`io_threads_auto`]. Disk waits (fsync, cold reads) run on their own
     /// threads, so these only compute and move bytes between sockets and memory.
@@ -457,6 +470,7 @@ impl Default for BrokerConfig {
             queued_max_request_bytes: QUEUED_MAX_REQUEST_BYTES_DEFAULT,
             queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
             log_wal: true,
+            log_wal_round_interval_us: WAL_ROUND_INTERVAL_US_DEFAULT,
             io_threads: 0,
             metrics_listen: None,
             listeners: None,
@@ -539,6 +553,12 @@ impl BrokerConfig {
         }
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
             return Err(format!("max_request_bytes must be in [1024, {}], got {}", i32::MAX, self.max_request_bytes));
+        }
+        if self.log_wal_round_interval_us > WAL_ROUND_INTERVAL_US_MAX {
+            return Err(format!(
+                "log_wal_round_interval_us must be at most {WAL_ROUND_INTERVAL_US_MAX}, got {}",
+                self.log_wal_round_interval_us
+            ));
         }
         if self.io_threads > IO_THREADS_MAX {
             return Err(format!(
@@ -747,6 +767,19 @@ mod tests {
             ..BrokerConfig::default()
         };
         assert!(small_requests.validate().is_ok());
+    }
+
+    #[test]
+    fn wal_round_interval_is_bounded() {
+        assert_eq!(BrokerConfig::default().log_wal_round_interval_us, WAL_ROUND_INTERVAL_US_DEFAULT);
+        for (interval, valid) in [(0, true), (WAL_ROUND_INTERVAL_US_MAX, true), (WAL_ROUND_INTERVAL_US_MAX + 1, false)]
+        {
+            let config = BrokerConfig { log_wal_round_interval_us: interval, ..BrokerConfig::default() };
+            match config.validate() {
+                Ok(()) => assert!(valid, "{interval} accepted"),
+                Err(error) => assert!(!valid && error.contains("log_wal_round_interval_us"), "{interval}: {error}"),
+            }
+        }
     }
 
     #[test]

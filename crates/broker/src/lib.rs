@@ -98,6 +98,7 @@ impl Broker {
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs_dir = config.data_dir.join("logs");
         let logs = if config.log_wal { LogManager::with_wal(&logs_dir)? } else { LogManager::new(&logs_dir)? };
+        logs.syncer().set_wal_round_interval(std::time::Duration::from_micros(config.log_wal_round_interval_us));
         let metrics = metrics::Metrics::new();
         logs.syncer().observe(metrics.fsync_observer());
         let (replicas, cluster) = match &config.cluster {

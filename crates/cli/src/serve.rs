@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// group-commit round; the default) or, with `false`, one fsync per partition file.
     #[arg(long, env = "SLUICE_LOG_WAL")]
     log_wal: Option<bool>,
+    /// Least microseconds between the starts of two WAL rounds after a round that logged
+    /// several batches: fewer, fuller rounds for less CPU; 0 = no wait, at most 10000
+    /// [default: 1000].
+    #[arg(long, env = "SLUICE_LOG_WAL_ROUND_INTERVAL_US")]
+    log_wal_round_interval_us: Option<u64>,
     /// Threads serving connections and request handlers; 0 = half the cores, at least 1
     /// [default: 0].
     #[arg(long, env = "SLUICE_IO_THREADS")]
@@ -157,7 +162,14 @@ impl ServeArgs {
             config.queued_max_request_bytes = value;
         }
         set!(queued_max_request_bytes, queued_max_request_bytes_per_connection);
-        set!(log_wal, io_threads, auto_create_topics, num_partitions, log_retention_check_interval_ms);
+        set!(
+            log_wal,
+            log_wal_round_interval_us,
+            io_threads,
+            auto_create_topics,
+            num_partitions,
+            log_retention_check_interval_ms
+        );
         set!(group_initial_rebalance_delay_ms, group_consumer_heartbeat_interval_ms, group_consumer_session_timeout_ms);
         set!(offsets_topic_num_partitions, offsets_topic_replication_factor, offsets_topic_segment_bytes);
         set!(offsets_retention_minutes, offsets_retention_check_interval_ms, offsets_snapshot_interval_bytes);

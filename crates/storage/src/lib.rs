@@ -38,7 +38,7 @@ pub use crate::log::{
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::segment::{ReadMode, SegmentIndex};
 pub use crate::segment_file::{sealed_files_open, set_sealed_files_open_max, SEALED_SEGMENT_FILES_OPEN_MAX};
-pub use crate::syncer::{FsyncObserver, Syncer};
+pub use crate::syncer::{FsyncObserver, Syncer, WAL_ROUND_INTERVAL_MAX};
 
 /// Writes a small file so that a crash leaves either the old or the new content.
 pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {

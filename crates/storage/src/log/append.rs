@@ -94,6 +94,11 @@ impl PendingBatches {
         *self = Self::default();
     }
 
+    /// How many batches are pending.
+    pub(crate) fn len(&self) -> usize {
+        self.batches.len()
+    }
+
     /// The payload in the order it is logged: each batch's header, then its rest.
     pub(crate) fn parts(&self) -> impl Iterator<Item = &[u8]> + Clone {
         self.batches.iter().flat_map(|(head, rest)| [&self.heads[head.clone()], &rest[..]])
