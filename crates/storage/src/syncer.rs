@@ -157,10 +157,10 @@ impl Syncer {
     /// Paces the WAL's rounds: after a round that logged several batches, the next starts
     /// no sooner than `interval` after it started (0, the default here: as soon as there
     /// is work). Each round costs the same CPU (a write, a device cache flush, a wake-up of
-    /// every acknowledgement and fetch it completes) whatever it carries, so at 10k small
-    /// batches a second over 100 partitions 1 ms took the broker from 0.43 to 0.29 cores,
-    /// and the producers' p50 from 1.3 to 1.8 ms (README, session 31). A round that
-    /// logged fewer than [`WAL_PACED_ROUND_BATCHES_MIN`] batches is not followed by a wait.
+    /// every acknowledgement and fetch it completes) whatever it carries, so fewer, fuller
+    /// rounds cost less (the broker's default and its measurements: `config.rs`). A round
+    /// that logged fewer than [`WAL_PACED_ROUND_BATCHES_MIN`] batches is not followed by a
+    /// wait. Acknowledgements still follow their round's fsync; only its start moves.
     pub fn set_wal_round_interval(&self, interval: Duration) {
         assert!(
             interval <= WAL_ROUND_INTERVAL_MAX,
