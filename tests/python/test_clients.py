@@ -532,6 +532,43 @@ def test_acks_0_and_1(broker, acks):
     assert [m.value() for m in got[0]] == [b"a%d" % i for i in range(2000)]
 
 
+def test_pipelined_requests_are_answered_in_order(broker):
+    """A client may send many requests before reading an answer (the Java producer pipelines
+    five). Answers come back in request order, one per request except acks=0 produce, even
+    when one group-commit round completes several at once (they share a write)."""
+    topic = unique("pipelined")
+    create_topic(broker.bootstrap, topic, 4)
+    with kw.Conn.to(broker.bootstrap) as c:
+        v = c.pick(kw.PRODUCE, [8, 7, 9])
+        expected = []  # (correlation id, what it asked)
+        frames = b""
+        for i in range(60):
+            partition, acks = i % 4, (0 if i % 7 == 3 else -1)
+            if i % 10 == 5:
+                c.correlation_id += 1
+                frames += kw.frame(kw.request_header(kw.API_VERSIONS, 0, c.correlation_id))
+                expected.append((c.correlation_id, "api_versions"))
+            c.correlation_id += 1
+            body = kw.produce_body(v, topic, partition, kw.record_batch([kw.Record(b"m%d" % i)]), acks)
+            frames += kw.frame(kw.request_header(kw.PRODUCE, v, c.correlation_id) + body)
+            if acks != 0:
+                expected.append((c.correlation_id, partition))
+        c.send_raw(frames)
+        next_offset = {p: 0 for p in range(4)}
+        for i, (cid, asked) in enumerate(expected):
+            r = kw.Reader(c.recv_frame(), False)
+            assert r.i32() == cid, f"answer {i}: correlation id out of order"
+            if asked == "api_versions":
+                assert kw.parse_api_versions_body(r, 0)[0] == 0
+                continue
+            err, base, _, _, _ = kw.parse_produce_response(r, v)
+            # acks=0 batches are appended too, in request order: the offset may skip them.
+            assert err == 0 and base >= next_offset[asked], (i, err, base)
+            next_offset[asked] = base + 1
+        assert [watermarks(broker.bootstrap, topic, p)[1] for p in range(4)] == [15] * 4
+    assert "panicked" not in broker.log()
+
+
 def test_fetch_long_poll_wakes_on_produce(broker):
     topic = unique("longpoll")
     create_topic(broker.bootstrap, topic, 2)

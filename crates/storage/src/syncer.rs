@@ -45,6 +45,12 @@ pub const WAL_ROUND_INTERVAL_MAX: Duration = Duration::from_millis(10);
 /// that waits for each acknowledgement before it sends again logs one batch a round, and
 /// pacing would only slow it down, with no other writer's batches to gather.
 pub const WAL_PACED_ROUND_BATCHES_MIN: usize = 2;
+/// A WAL round whose write and `fdatasync` take longer than this is logged (a round takes
+/// ~0.2 ms on an idle SSD): every acknowledgement of the round waited that long, and the
+/// log line says when, for tail latencies that need a cause.
+const WAL_ROUND_SLOW: Duration = Duration::from_millis(100);
+/// At most one slow-round line per this period; the line counts the rounds it stood for.
+const WAL_ROUND_SLOW_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// A change logged in the WAL before it takes effect, and who waits for it to be durable.
 struct ControlRequest {
@@ -260,12 +266,43 @@ fn file_worker(shared: &Shared) {
     }
 }
 
+/// Rate-limited logging of WAL rounds slower than [`WAL_ROUND_SLOW`].
+#[derive(Default)]
+struct SlowRounds {
+    last_logged: Option<Instant>,
+    /// Slow rounds since the last line, not logged yet.
+    unlogged: u64,
+}
+
+impl SlowRounds {
+    fn note(&mut self, took: Duration, batches: usize, partitions: usize) {
+        if took < WAL_ROUND_SLOW {
+            return;
+        }
+        self.unlogged += 1;
+        let now = Instant::now();
+        if self.last_logged.is_some_and(|last| now < last + WAL_ROUND_SLOW_LOG_PERIOD) {
+            return;
+        }
+        tracing::warn!(
+            took_ms = took.as_millis() as u64,
+            batches,
+            partitions,
+            slow_rounds = self.unlogged,
+            "slow WAL round: its write and fdatasync held every acknowledgement of the round (slow_rounds: since the last such line)"
+        );
+        self.last_logged = Some(now);
+        self.unlogged = 0;
+    }
+}
+
 fn wal_worker(shared: &Shared, mut writer: WalWriter) {
     // Record headers (and whole control records); the batches stay in the buffers taken
     // from the partitions and are written from there.
     let mut headers = Vec::new();
     // When the last round that logged several batches started.
     let mut paced_from: Option<Instant> = None;
+    let mut slow_rounds = SlowRounds::default();
     loop {
         let interval = Duration::from_micros(shared.wal_round_interval_us.load(Ordering::Relaxed));
         let not_before = paced_from.map(|started| started + interval);
@@ -308,9 +345,11 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             let started = Instant::now();
             let partitions: Vec<&Arc<Partition>> = logged.iter().map(|(p, _, _)| *p).collect();
             let result = writer.write_round(&records, &partitions);
+            let took = started.elapsed();
             if let Some(observe) = shared.observer.get() {
-                observe(started.elapsed());
+                observe(took);
             }
+            slow_rounds.note(took, round_batches, partitions.len());
             result
         };
         // Every partition of the round is published (its acknowledgements woken) before
@@ -345,4 +384,27 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         }
     }
     writer.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_rounds_are_logged_at_most_once_a_period_and_counted() {
+        let mut slow = SlowRounds::default();
+        slow.note(WAL_ROUND_SLOW - Duration::from_millis(1), 4, 2);
+        assert_eq!((slow.last_logged, slow.unlogged), (None, 0), "a round under the threshold is not slow");
+        slow.note(WAL_ROUND_SLOW, 4, 2);
+        let logged = slow.last_logged.expect("the first slow round is logged");
+        assert_eq!(slow.unlogged, 0);
+        slow.note(WAL_ROUND_SLOW * 3, 4, 2);
+        slow.note(WAL_ROUND_SLOW * 2, 4, 2);
+        assert_eq!((slow.last_logged, slow.unlogged), (Some(logged), 2), "held back within the period, counted");
+        // A period later the next slow round is logged with the two it stands for.
+        slow.last_logged = Some(logged - WAL_ROUND_SLOW_LOG_PERIOD);
+        slow.note(WAL_ROUND_SLOW, 4, 2);
+        assert_eq!(slow.unlogged, 0);
+        assert!(slow.last_logged.unwrap() >= logged);
+    }
 }
