@@ -1,7 +1,12 @@
 """Zero-copy fetches: a consumer catching up over a plaintext listener gets the stored
-batches straight from the segment files (`sendfile`), byte for byte what it would get
-otherwise; over TLS the same records are copied and encrypted. librdkafka checks every
-batch's CRC (`check.crcs`) and the test checks every value and its order."""
+batches straight from the segment files' page cache (`sendfile`), byte for byte what it would
+get otherwise; over TLS the same records are copied and encrypted. librdkafka checks every
+batch's CRC (`check.crcs`) and the test checks every value and its order.
+
+Segment bytes reach the page cache on page-cache topics (durability level 2 here); on
+fsync-per-write topics they are written with direct I/O from the partition's tail in memory
+(ARCHITECTURE.md), which serves tailing consumers, and a catching-up consumer past it reads
+them from the disk: the same bytes."""
 
 from __future__ import annotations
 
@@ -45,15 +50,21 @@ def read_everything(conf: dict, topic: str) -> dict[int, list[bytes]]:
 def test_a_catching_up_consumer_gets_the_stored_batches_from_the_file_on_plaintext_only(broker_factory, tmp_path):
     metrics_port = free_port()
     secure = start_secure_broker(broker_factory, tmp_path, "--metrics-listen", f"127.0.0.1:{metrics_port}")
-    topic = "backlog"
+    topic, fsynced = "backlog", "backlog-fsynced"
     plaintext = {"bootstrap.servers": secure.broker.bootstrap}
     admin = secure.admin()
-    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result(timeout=30)
+    created = admin.create_topics([
+        NewTopic(topic, num_partitions=PARTITIONS, config={"sluice.durability.level": "2"}),
+        NewTopic(fsynced, num_partitions=PARTITIONS),
+    ])
+    for future in created.values():
+        future.result(timeout=30)
     producer = Producer(dict(plaintext, **{"acks": "all", "linger.ms": 5}))
-    for index in range(RECORDS_PER_PARTITION):
-        for partition in range(PARTITIONS):
-            producer.produce(topic, record_value(partition, index), partition=partition)
-        producer.poll(0)
+    for name in (topic, fsynced):
+        for index in range(RECORDS_PER_PARTITION):
+            for partition in range(PARTITIONS):
+                producer.produce(name, record_value(partition, index), partition=partition)
+            producer.poll(0)
     assert producer.flush(60) == 0
     expected = {p: [record_value(p, i) for i in range(RECORDS_PER_PARTITION)] for p in range(PARTITIONS)}
     stored_bytes = PARTITIONS * RECORDS_PER_PARTITION * VALUE_BYTES
@@ -66,3 +77,7 @@ def test_a_catching_up_consumer_gets_the_stored_batches_from_the_file_on_plainte
     assert read_everything(plaintext, topic) == expected
     sent = value(scrape(metrics_port), SENDFILE_METRIC)
     assert sent >= stored_bytes / 2, f"only {sent} of about {stored_bytes} bytes were sent from the files"
+
+    # The fsync-per-write topic's backlog, from its tails and the disk, over both listeners.
+    assert read_everything(plaintext, fsynced) == expected
+    assert read_everything(secure.client("SSL"), fsynced) == expected

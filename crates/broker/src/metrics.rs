@@ -97,7 +97,7 @@ pub(crate) struct Metrics {
     fetch_sessions: Gauge,
     produce_memory_bytes: Gauge,
     queued_request_bytes: Gauge,
-    segment_write_behind_bytes: Gauge,
+    segment_tail_memory_bytes: Gauge,
     segment_files_open: Gauge,
     active_controller: Gauge,
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
@@ -206,10 +206,10 @@ impl Metrics {
             "queued_request_bytes",
             "Request bytes admitted and not yet answered, of queued_max_request_bytes (produce included)",
         );
-        let segment_write_behind_bytes = gauge(
+        let segment_tail_memory_bytes = gauge(
             &mut registry,
-            "segment_write_behind_bytes",
-            "Appended bytes held in memory before their segment file write (the WAL holds them)",
+            "segment_tail_memory_bytes",
+            "Memory of the active segments' tails: their newest bytes, read by tailing consumers and written to the segment files with direct I/O",
         );
         let segment_files_open = gauge(
             &mut registry,
@@ -275,7 +275,7 @@ impl Metrics {
             fetch_sessions,
             produce_memory_bytes,
             queued_request_bytes,
-            segment_write_behind_bytes,
+            segment_tail_memory_bytes,
             segment_files_open,
             active_controller,
             tiered,
@@ -364,7 +364,7 @@ impl Metrics {
         let (queued, produce_memory) = broker.request_memory.held();
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);
-        self.segment_write_behind_bytes.set(sluice_storage::segment::write_behind_bytes() as i64);
+        self.segment_tail_memory_bytes.set(sluice_storage::segment_tail::tail_memory_bytes() as i64);
         self.segment_files_open.set(sluice_storage::sealed_files_open() as i64);
         let active = match &broker.cluster {
             None => true,

@@ -23,6 +23,7 @@ pub mod producer_state;
 pub mod records;
 pub mod segment;
 mod segment_file;
+pub mod segment_tail;
 mod syncer;
 pub mod wal;
 

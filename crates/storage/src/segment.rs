@@ -2,7 +2,7 @@
 //! offset and time indexes.
 //!
 //! Durability contract: `append` returns when the bytes are in the page cache or, for a
-//! batch acknowledged only after an fsync round, in the write-behind buffer (below); the
+//! batch acknowledged only after an fsync round, in the segment's tail in memory (below); the
 //! partition's syncer makes them durable, through the WAL or with `fdatasync` on the file
 //! after [`Segment::flush`]. A sealed segment is fsynced, truncated to its logical size
 //! and has its index file written, so recovery trusts it without scanning; the active
@@ -12,16 +12,15 @@
 //! The active segment's file is preallocated in chunks (`fallocate`), so most appends do not
 //! change the file size and an `fdatasync` does not have to commit size metadata.
 //!
-//! Write-behind: a batch acknowledged only after an fsync round may be kept in memory
-//! (`unwritten`, at most [`WRITE_BEHIND_BYTES`]) and written to the file with the ones
-//! after it, in one `pwrite` of ~64 KiB instead of one per batch of 1-2 KiB: the kernel's
-//! cost per write, not per byte, dominated the produce path. Readers of the active segment
-//! take bytes past `written_bytes` from memory ([`Segment::unwritten_from`]); everything
-//! that needs them in the file (an fsync, a seal, a scan, a cut) calls [`Segment::flush`]
-//! first, and [`Segment::file`] asserts there is nothing left in memory. A crash loses
-//! only what the WAL holds (replay appends it again) or what was not acknowledged yet.
-//! Memory is capped process-wide ([`WRITE_BEHIND_TOTAL_BYTES_MAX`]); past the cap,
-//! appends write through.
+//! The tail: a batch acknowledged only after an fsync round (the WAL holds it) goes into
+//! the segment's tail in memory (`segment_tail.rs`), which reaches the file in direct-I/O
+//! writes of whole pages and which tailing readers take without a copy
+//! ([`Segment::memory_from`]). The file holds every byte before [`Segment::memory_start`];
+//! everything that needs all of them in the file (an fsync, a seal, a scan, a cut) calls
+//! [`Segment::flush`] first, and [`Segment::file`] asserts there is nothing left only in
+//! memory. A crash loses only what the WAL holds (replay appends it again) or what was not
+//! acknowledged yet. Other batches (page-cache topics, or when the process's tail memory is
+//! full) are written through the page cache.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
@@ -34,6 +33,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::batch::{BatchHeader, BatchIter, BATCH_HEADER_BYTES};
 use crate::segment_file::SegmentFile;
+use crate::segment_tail::{Appended, Tail, TailClaim, PAGE_BYTES, WRITEBACK_PAGES_BYTES_MIN};
 
 /// An index entry is added every this many bytes of appended batches.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
@@ -45,22 +45,11 @@ pub const PREALLOCATE_AHEAD_BYTES_MAX: u64 = 16 * 1024 * 1024;
 const SCAN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// Index positions are u32: a segment can never be larger than this.
 pub const SEGMENT_BYTES_MAX: u64 = u32::MAX as u64;
-/// A segment keeps at most this many appended bytes in memory before writing them out.
-pub const WRITE_BEHIND_BYTES: usize = 64 * 1024;
-/// All segments of the process together keep at most this many bytes in memory.
-pub const WRITE_BEHIND_TOTAL_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Bytes held in memory by every segment's write-behind buffer.
-static WRITE_BEHIND_TOTAL_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 const INDEX_FILE_MAGIC: &[u8; 4] = b"SLXI";
 const INDEX_FILE_VERSION: u32 = 1;
 /// A recovery image of the active segment's index is written here, then renamed over
 /// the index file (see `log.rs`, `Partition::sync_for_wal_checkpoint`).
 pub(crate) const STAGED_IMAGE_EXTENSION: &str = "image";
-
-/// Bytes all segments of the process hold in their write-behind buffers now.
-pub fn write_behind_bytes() -> usize {
-    WRITE_BEHIND_TOTAL_BYTES.load(std::sync::atomic::Ordering::Relaxed)
-}
 
 /// Whether a read may wait for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +140,9 @@ struct TimeEntry {
     position: u32,
 }
 
+/// Page-cache bytes of a segment file for the steady writeback: the file and `[from, to)`.
+pub(crate) type WritebackRange = (Arc<File>, u64, u64);
+
 /// A batch located by a scan: its header and where it starts in the segment file.
 #[derive(Debug, Clone, Copy)]
 pub struct LocatedBatch {
@@ -164,13 +156,14 @@ pub struct Segment {
     index_path: PathBuf,
     /// Open while the segment is active; sealed, under the process's budget of open files.
     file: Arc<SegmentFile>,
-    /// The logical size: `written_bytes` in the file, then `unwritten` in memory.
+    /// The logical size.
     size_bytes: u64,
+    /// The end of the bytes written through the page cache (not through the tail).
     written_bytes: u64,
-    /// How much of the file the steady writeback has claimed ([`Segment::claim_writeback`]).
+    /// How much of that the steady writeback has claimed ([`Segment::claim_writeback`]).
     written_back_bytes: u64,
-    /// Appended bytes not yet in the file (write-behind; see the module comment).
-    unwritten: Vec<u8>,
+    /// The newest bytes in memory (see the module comment).
+    tail: Tail,
     allocated_bytes: u64,
     next_offset: i64,
     max_timestamp: i64,
@@ -185,8 +178,9 @@ pub struct Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // Bytes still in memory are in the WAL (or the segment was deleted or cut).
-        self.release_unwritten();
+        // Bytes only in memory are in the WAL (or the segment was deleted or cut); a
+        // writeback claimed before must not land in a file that goes on without it.
+        self.tail.retire();
     }
 }
 
@@ -220,7 +214,7 @@ impl Segment {
             size_bytes: 0,
             written_bytes: 0,
             written_back_bytes: 0,
-            unwritten: Vec::new(),
+            tail: Tail::new(),
             allocated_bytes: 0,
             next_offset: base_offset,
             max_timestamp: -1,
@@ -357,7 +351,7 @@ impl Segment {
     }
     /// True while appended bytes wait in memory for their file write.
     pub fn has_unwritten(&self) -> bool {
-        !self.unwritten.is_empty()
+        self.tail.has_unwritten()
     }
     pub fn is_empty(&self) -> bool {
         self.size_bytes == 0
@@ -365,13 +359,13 @@ impl Segment {
     /// The segment's file, opened if the budget of open files had closed it. Every
     /// appended byte must be in it ([`Segment::flush`] first).
     pub fn file(&self) -> io::Result<Arc<File>> {
-        assert!(self.unwritten.is_empty(), "the file of a segment with bytes still in memory");
+        assert!(!self.has_unwritten(), "the file of a segment with bytes still in memory");
         self.file.open(&self.log_path)
     }
 
-    /// The file if it is open now: what a read that must not wait for the disk may use.
+    /// The file if it is open now: what a read that must not wait for the disk may use. It
+    /// holds the bytes before [`Segment::memory_start`].
     pub(crate) fn cached_file(&self) -> Option<Arc<File>> {
-        assert!(self.unwritten.is_empty(), "the file of a segment with bytes still in memory");
         self.file.cached()
     }
 
@@ -401,32 +395,32 @@ impl Segment {
         self.file.unpin();
     }
 
-    /// Writes the bytes kept in memory to the file (one `pwrite`). On error they stay in
-    /// memory (the WAL holds them) and the next flush tries again.
+    /// Writes what the tail holds that the file lacks. On error the bytes stay in memory
+    /// (the WAL holds them) and the next flush tries again.
     pub fn flush(&mut self) -> io::Result<()> {
-        if self.unwritten.is_empty() {
+        if !self.tail.has_unwritten() {
             return Ok(());
         }
-        self.writable_file()?.write_all_at(&self.unwritten, self.written_bytes)?;
-        self.written_bytes += self.unwritten.len() as u64;
-        self.release_unwritten();
-        debug_assert_eq!(self.written_bytes, self.size_bytes);
-        Ok(())
+        let file = self.writable_file()?;
+        self.tail.flush(&file)
     }
 
-    /// The file bytes written since the last claim, for the steady writeback (see
-    /// `wal.rs`): the open file and the range `[from, to)`, marked as claimed. `None` when
-    /// nothing new is in the file, or the file is closed (the budget closes only idle
-    /// files, and the checkpoint's `fdatasync` writes back whatever is left).
-    pub(crate) fn claim_writeback(&mut self) -> Option<(Arc<File>, u64, u64)> {
+    /// The steady writeback's share (see `wal.rs`): the page-cache bytes written since the
+    /// last claim, as the open file and the range `[from, to)` to write back, and the tail's
+    /// whole pages to write. `None` parts when nothing is due or the file is closed (the
+    /// budget closes only idle files; the checkpoint writes whatever is left). With
+    /// `all_pages`, the tail's last pages are claimed however few they are (a checkpoint
+    /// follows, which should find little to write under the log's lock).
+    pub(crate) fn claim_writeback(&mut self, all_pages: bool) -> (Option<WritebackRange>, Option<TailClaim>) {
+        let Some(file) = self.file.cached() else { return (None, None) };
+        let pages = self.tail.claim(file.clone(), if all_pages { 0 } else { WRITEBACK_PAGES_BYTES_MIN });
         // A cut (a follower's truncation) may have moved the end back.
         self.written_back_bytes = self.written_back_bytes.min(self.written_bytes);
         if self.written_back_bytes == self.written_bytes {
-            return None;
+            return (None, pages);
         }
-        let file = self.file.cached()?;
         let from = std::mem::replace(&mut self.written_back_bytes, self.written_bytes);
-        Some((file, from, self.written_bytes))
+        (Some((file, from, self.written_bytes)), pages)
     }
 
     /// The file after [`Segment::flush`].
@@ -435,20 +429,32 @@ impl Segment {
         self.file()
     }
 
-    /// The logical bytes from `position` (a batch boundary) to the end, when all of them
-    /// are still in memory; `None` when some are in the file (or none are appended past
-    /// `position`).
-    pub fn unwritten_from(&self, position: u64) -> Option<&[u8]> {
-        if self.unwritten.is_empty() || position < self.written_bytes || position >= self.size_bytes {
-            return None;
-        }
-        Some(&self.unwritten[(position - self.written_bytes) as usize..])
+    /// The bytes from `position` (a batch boundary) to the end of the tail chunk holding
+    /// it, without a copy; `None` when `position` is not in memory (it is in the file).
+    pub fn memory_from(&self, position: u64) -> Option<Bytes> {
+        self.tail.memory_from(position)
     }
 
-    /// Frees the write-behind buffer (its bytes are written, or dropped with the segment).
-    fn release_unwritten(&mut self) {
-        WRITE_BEHIND_TOTAL_BYTES.fetch_sub(self.unwritten.len(), std::sync::atomic::Ordering::Relaxed);
-        self.unwritten = Vec::new();
+    /// Where the bytes in memory start; the file holds every byte before it (all of them
+    /// when `None`).
+    pub fn memory_start(&self) -> Option<u64> {
+        self.tail.memory_start()
+    }
+
+    /// After a while without appends, an active segment lets go of its tail's memory, once
+    /// its bytes are in the file. True when it did.
+    pub(crate) fn release_tail(&mut self) -> bool {
+        if self.tail.has_unwritten() || self.tail.memory_start().is_none() {
+            return false;
+        }
+        self.tail.clear();
+        true
+    }
+
+    /// No writeback claimed before may land after this returns: for a cut, which changes
+    /// the file under the tail.
+    pub(crate) fn retire_tail(&self) {
+        self.tail.retire();
     }
 
     /// True when a batch of `batch_bytes` would not fit under `segment_bytes` or would
@@ -459,11 +465,11 @@ impl Segment {
                 || last_offset - self.base_offset > i64::from(u32::MAX >> 1))
     }
 
-    /// Appends `prefix` followed by `rest` (one batch) at the logical end: kept in memory
-    /// when `behind` (it is acknowledged only after an fsync round; see the module
-    /// comment) and the buffers have room, else written to the file (after what memory held). On error nothing is
-    /// accounted: the bytes past the logical end are garbage that the next append
-    /// overwrites and recovery cuts.
+    /// Appends `prefix` followed by `rest` (one batch) at the logical end: into the tail
+    /// when `behind` (it is acknowledged only after an fsync round; see the module comment)
+    /// and the process's tail memory has room, else written through the page cache (after
+    /// what the tail held). On error nothing is accounted: the bytes past the logical end
+    /// are garbage that the next append overwrites and recovery cuts.
     pub fn append(
         &mut self,
         prefix: &[u8],
@@ -476,44 +482,35 @@ impl Segment {
         let batch_bytes = (prefix.len() + rest.len()) as u64;
         assert_eq!(batch_bytes, header.total_bytes() as u64);
         assert!(header.base_offset >= self.next_offset, "appends move forward (a compacted log has gaps)");
-        debug_assert_eq!(self.written_bytes + self.unwritten.len() as u64, self.size_bytes);
         let position = self.size_bytes;
         if position + batch_bytes > SEGMENT_BYTES_MAX {
             return Err(io::Error::other("segment would exceed its maximum size"));
         }
-        self.ensure_allocated(position + batch_bytes, segment_bytes)?;
-        let batch_bytes = batch_bytes as usize;
-        if self.unwritten.len() + batch_bytes > WRITE_BEHIND_BYTES {
-            self.flush()?;
-        }
-        let room = behind
-            && batch_bytes <= WRITE_BEHIND_BYTES
-            && WRITE_BEHIND_TOTAL_BYTES.fetch_add(batch_bytes, std::sync::atomic::Ordering::Relaxed) + batch_bytes
-                <= WRITE_BEHIND_TOTAL_BYTES_MAX;
-        if room {
-            if self.unwritten.is_empty() {
-                // The buffer's first batch is indexed, so a read of it or of any later one
-                // starts in memory and does not have to write the buffer out.
-                self.bytes_since_index_entry = INDEX_INTERVAL_BYTES;
-            }
-            if self.unwritten.capacity() == 0 {
-                self.unwritten.reserve_exact(WRITE_BEHIND_BYTES);
-            }
-            self.unwritten.extend_from_slice(prefix);
-            self.unwritten.extend_from_slice(rest);
+        // Whole pages: a direct write of the last one pads it with zeros.
+        self.ensure_allocated((position + batch_bytes).next_multiple_of(PAGE_BYTES as u64), segment_bytes)?;
+        let appended = if behind {
+            let file = self.writable_file()?;
+            self.tail.append(position, &[prefix, rest], now_ms, |page, at| file.read_exact_at(page, at))?
         } else {
-            if behind && batch_bytes <= WRITE_BEHIND_BYTES {
-                // Counted above, but over the cap: not kept.
-                WRITE_BEHIND_TOTAL_BYTES.fetch_sub(batch_bytes, std::sync::atomic::Ordering::Relaxed);
+            Appended::NoRoom
+        };
+        match appended {
+            // The chunk's first batch is indexed, so a read of it or of any later one
+            // starts in memory.
+            Appended::StartedChunk => self.bytes_since_index_entry = INDEX_INTERVAL_BYTES,
+            Appended::Added => {}
+            Appended::NoRoom => {
+                // Through the page cache, after what the tail held (which it then lets go).
+                self.flush()?;
+                self.tail.clear();
+                write_all_vectored_at(&*self.writable_file()?, &[prefix, rest], position)?;
+                self.written_bytes = position + batch_bytes;
             }
-            self.flush()?;
-            assert_eq!(self.written_bytes, position);
-            write_all_vectored_at(&*self.writable_file()?, &[prefix, rest], position)?;
-            self.written_bytes = position + batch_bytes as u64;
         }
         self.first_append_ms.get_or_insert(now_ms);
         self.last_write_ms = self.last_write_ms.max(now_ms);
         self.track_appended(header, position);
+        self.tail.assert_ends_at(self.size_bytes);
         Ok(position)
     }
 
@@ -645,6 +642,9 @@ impl Segment {
     /// recovery) unless `sync_index`, for a clean shutdown.
     pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
         self.flush()?;
+        // Sealed, the segment is read from its file.
+        self.tail.retire();
+        self.tail.clear();
         let file = self.writable_file()?;
         crate::durable::sync_data(&file)?;
         if self.allocated_bytes != self.size_bytes {

@@ -705,7 +705,7 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
             }
             Job::WriteBack { partitions, queued } => {
                 for partition in &partitions {
-                    partition.write_back();
+                    partition.write_back(false);
                 }
                 queued.store(false, Ordering::Release);
                 continue;

@@ -22,6 +22,8 @@ const BUDGET: usize = 4;
 const BATCHES: usize = 300;
 /// About 8 batches per segment: ~38 sealed segments.
 const SEGMENT_BYTES: u64 = 8 * 1024;
+// Besides the sealed files within the budget: the active segment's file, and the same
+// file opened for direct I/O by its tail (`segment_tail.rs`), hence `BUDGET + 2`.
 
 /// Descriptors this process holds on files under `dir`.
 fn descriptors_under(dir: &Path) -> usize {
@@ -43,7 +45,7 @@ fn read_all(log: &Partition, batches: &[Bytes], dir: &Path) {
             assert_eq!(&read[range][16..], &batches[offset as usize][16..], "batch {offset}");
             offset += 1;
         }
-        assert!(descriptors_under(dir) <= BUDGET + 1, "open files within the budget while reading");
+        assert!(descriptors_under(dir) <= BUDGET + 2, "open files within the budget while reading");
     }
 }
 
@@ -69,7 +71,7 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
             .count();
         assert!(segments > 10 * BUDGET, "{segments} segments");
         assert!(sealed_files_open() <= BUDGET);
-        assert!(descriptors_under(&partition_dir) <= BUDGET + 1, "{} open", descriptors_under(&partition_dir));
+        assert!(descriptors_under(&partition_dir) <= BUDGET + 2, "{} open", descriptors_under(&partition_dir));
         read_all(&log, &batches, &partition_dir);
 
         // A read that may not wait for the disk finds the first segment's file closed (the
@@ -85,16 +87,26 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
 
         // A closed segment's file replaced by another under its name is never read as the
         // segment: the read fails instead of returning someone else's bytes.
-        let closed =
-            (100..200).find(|&o| matches!(log.read(o, 1, true, ReadMode::CachedOnly), Err(ReadError::WouldBlock)));
-        let closed = closed.expect("a segment past the log start whose file is closed");
-        let path = std::fs::read_dir(&partition_dir)
+        // (Closed: no descriptor of this process names it. A read that may not wait also
+        // refuses an open file whose bytes are not in the page cache, as direct-I/O writes
+        // leave them.)
+        let open_paths: Vec<_> = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .collect();
+        let mut segment_paths: Vec<_> = std::fs::read_dir(&partition_dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|x| x == "log"))
-            .filter(|p| p.file_stem().unwrap().to_str().unwrap().parse::<i64>().unwrap() <= closed)
-            .max()
-            .unwrap();
+            .collect();
+        segment_paths.sort();
+        let base = |p: &std::path::PathBuf| p.file_stem().unwrap().to_str().unwrap().parse::<i64>().unwrap();
+        let path = segment_paths
+            .into_iter()
+            .filter(|p| base(p) >= 100 && !open_paths.contains(p))
+            .find(|p| matches!(log.read(base(p), 1, true, ReadMode::CachedOnly), Err(ReadError::WouldBlock)))
+            .expect("a segment past the log start whose file is closed");
+        let closed = base(&path);
         let original = std::fs::read(&path).unwrap();
         let mut impostor = original.clone();
         impostor.iter_mut().skip(61).for_each(|b| *b = b.wrapping_add(1));
@@ -117,7 +129,7 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
     let manager = LogManager::new(&root).unwrap();
     let log = open_log(&manager);
     assert!(
-        descriptors_under(&partition_dir) <= BUDGET + 1,
+        descriptors_under(&partition_dir) <= BUDGET + 2,
         "{} open after loading",
         descriptors_under(&partition_dir)
     );
@@ -134,20 +146,21 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
             assert_eq!(&read[range][16..], &batches[offset as usize][16..], "batch {offset} after the restart");
             offset += 1;
         }
-        assert!(descriptors_under(&partition_dir) <= BUDGET + 1);
+        assert!(descriptors_under(&partition_dir) <= BUDGET + 2);
     }
 
-    // Idle partitions: each holds its active segment open until a minute without appends
-    // puts it under the budget too; a write reopens it.
+    // Idle partitions: each holds its active segment open (and, while it has a tail, the
+    // same file for direct I/O) until a minute without appends puts it under the budget
+    // too; a write reopens it. The tail and its descriptor go after 10 s.
     let idle: Vec<_> =
         (0..20).map(|p| manager.open(&TopicPartition::new("idle", p), LogConfig::default()).unwrap()).collect();
     for (p, log) in idle.iter().enumerate() {
         append_acknowledged(&manager, log, &batches[p..p + 1]);
     }
     let idle_dirs = |root: &Path| (0..20).map(|p| descriptors_under(&root.join(format!("idle-{p}")))).sum::<usize>();
-    assert_eq!(idle_dirs(&root), 20, "active segments are open");
+    assert!((20..=40).contains(&idle_dirs(&root)), "active segments are open: {}", idle_dirs(&root));
     manager.tick(sluice_storage::now_ms() + ACTIVE_SEGMENT_IDLE_MS - 1_000);
-    assert_eq!(idle_dirs(&root), 20, "not idle long enough yet");
+    assert_eq!(idle_dirs(&root), 20, "not idle long enough yet, but the tails are gone");
     manager.tick(sluice_storage::now_ms() + ACTIVE_SEGMENT_IDLE_MS);
     assert!(idle_dirs(&root) <= BUDGET, "{} idle partitions' files open", idle_dirs(&root));
     for (p, log) in idle.iter().enumerate() {
@@ -160,7 +173,7 @@ fn open_files_stay_within_the_budget_across_many_segments_a_restart_and_idle_par
             assert_eq!(&read[range][16..], &batches[p + i][16..]);
         }
     }
-    assert_eq!(idle_dirs(&root), 20, "written again, they are pinned open");
+    assert!((20..=40).contains(&idle_dirs(&root)), "written again, they are pinned open: {}", idle_dirs(&root));
     manager.close();
     drop((idle, manager));
 

@@ -275,8 +275,8 @@ impl Partition {
             state.epochs_unwritten = true;
         }
         let segment_bytes = state.config.segment_bytes;
-        // Batches an fsync round makes durable may wait in memory for the next ones
-        // (write-behind); page-cache topics promise the page cache at the acknowledgement.
+        // Batches an fsync round makes durable go to the segment's tail in memory, written
+        // to the file later; page-cache topics promise the page cache at the acknowledgement.
         let fsync = state.config.fsync_before_ack();
         let segment = state.segments.values_mut().next_back().expect("active segment");
         segment.append(prefix, &rest, header, now_ms, segment_bytes, fsync)?;
@@ -417,19 +417,24 @@ impl Partition {
         self.wal.get_or_init(link);
     }
 
-    /// The WAL's steady writeback: starts the disk writes of what the active segment's
-    /// file took since the last call and waits for them ([`crate::wal::write_back`]), so
-    /// the checkpoint's `fdatasync` finds little left to write. Not a durability step (the
-    /// WAL holds these bytes until that `fdatasync`); a failure is left to it.
-    pub(crate) fn write_back(&self) {
-        let claimed = {
+    /// The WAL's steady writeback, without the log's lock: writes the active segment's tail
+    /// pages that are due (direct I/O, `segment_tail.rs`), and starts the disk writes of what
+    /// its file took through the page cache since the last call and waits for them
+    /// ([`crate::wal::write_back`]), so the checkpoint finds little left to write. Not a
+    /// durability step (the WAL holds these bytes until the checkpoint's `fdatasync`); a
+    /// failure is left to the checkpoint. `all_pages`: see `Segment::claim_writeback`.
+    pub(crate) fn write_back(&self, all_pages: bool) {
+        let (range, pages) = {
             let mut state = self.state.lock();
             if state.failed || state.retired {
                 return;
             }
-            state.segments.values_mut().next_back().expect("active segment").claim_writeback()
+            state.segments.values_mut().next_back().expect("active segment").claim_writeback(all_pages)
         };
-        if let Some((file, from, to)) = claimed {
+        if let Some(pages) = pages {
+            pages.write();
+        }
+        if let Some((file, from, to)) = range {
             crate::wal::write_back(&file, from, to);
         }
     }
@@ -441,6 +446,8 @@ impl Partition {
     /// index of what the fsync made durable and the producer state there, so a restart
     /// after a crash scans only the bytes appended since.
     pub(crate) fn sync_for_wal_checkpoint(&self) -> bool {
+        // The tail's pages first, without the lock: producers wait for it meanwhile.
+        self.write_back(true);
         let flushed = {
             let mut state = self.state.lock();
             if state.failed || state.retired {

@@ -80,6 +80,9 @@ const RECOVERY_IMAGE_GROWTH_BYTES_MIN: u64 = 128 * 1024;
 /// A partition without appends for this long lets the budget of open files close its active
 /// segment's file ([`Partition::release_file_if_idle`]).
 pub const ACTIVE_SEGMENT_IDLE_MS: i64 = 60_000;
+/// An active segment without appends for this long lets go of its tail's memory
+/// (`segment_tail.rs`): a tailing reader has read it by then.
+pub const TAIL_IDLE_MS: i64 = 10_000;
 
 /// The per-topic settings storage acts on, in Kafka's names and units.
 #[derive(Debug, Clone, PartialEq)]
@@ -409,10 +412,16 @@ impl Partition {
     /// After [`ACTIVE_SEGMENT_IDLE_MS`] without appends, puts the active segment's file
     /// under the budget of open files like a sealed one's, so idle partitions hold no
     /// descriptor once the budget is full; the next write reopens and pins it.
+    /// After [`TAIL_IDLE_MS`] it lets go of its tail's memory, once the tail's bytes are in
+    /// the file.
     pub fn release_file_if_idle(&self, now_ms: i64) {
-        let state = self.state.lock();
-        let active = state.segments.values().next_back().expect("active segment");
-        if !active.has_unwritten() && now_ms - active.last_write_ms() >= ACTIVE_SEGMENT_IDLE_MS {
+        let mut state = self.state.lock();
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        let idle_ms = now_ms - active.last_write_ms();
+        if idle_ms >= TAIL_IDLE_MS {
+            active.release_tail();
+        }
+        if !active.has_unwritten() && idle_ms >= ACTIVE_SEGMENT_IDLE_MS {
             active.release_file();
         }
     }

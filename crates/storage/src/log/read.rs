@@ -80,12 +80,25 @@ impl Partition {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let mut offset = offset;
         let mut located_again = 0;
+        // A read stops where its source ends (a tail chunk, the file's part before the
+        // tail): the segment's next part is read on, up to `max_bytes`, so a reader crossing
+        // such an end gets what one read of the file would give it.
+        let mut parts: Vec<Bytes> = Vec::new();
+        let mut taken = 0;
         loop {
-            match self.read_segment(offset, max_bytes, min_one_batch, limit, mode) {
-                // Nothing at or after `offset` in its segment (compaction left a gap at
-                // its end): continue in the next one, as a consumer expects.
-                Ok((_, Some(next))) => offset = next,
-                Ok((batches, None)) => return Ok(batches),
+            let first = parts.is_empty();
+            match self.read_segment(offset, max_bytes - taken, min_one_batch && first, limit, mode) {
+                Ok((batches, next)) => {
+                    taken += batches.len();
+                    if !batches.is_empty() {
+                        parts.push(batches);
+                    }
+                    match next {
+                        // After a compaction gap at a segment's end, or a source's end.
+                        Some(next) if taken < max_bytes => offset = next,
+                        _ => break,
+                    }
+                }
                 // The segment's file was closed, and retention, compaction or a cut removed
                 // or replaced it before it could be opened again, or a follower's read
                 // raced a cut: locate the offset again.
@@ -94,13 +107,28 @@ impl Partition {
                 {
                     located_again += 1;
                 }
+                // What was read is answered; the rest is the next read's.
+                Err(_) if !first => break,
                 Err(error) => return Err(error),
             }
         }
+        Ok(match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.pop().expect("one part"),
+            _ => {
+                let mut joined = bytes::BytesMut::with_capacity(taken);
+                for part in &parts {
+                    joined.extend_from_slice(part);
+                }
+                joined.freeze()
+            }
+        })
     }
 
-    /// One segment's part of [`Partition::read_until`]: the batches, and the next
-    /// segment's base offset when that is still below the read limit.
+    /// One source's part of [`Partition::read_until`]: the batches, and where the log goes on
+    /// below the read limit when the read took its source (a tail chunk, or the file's part
+    /// before the tail) to the end and the segment goes on, or, with no batches, the next
+    /// segment's base offset after a compaction gap at a segment's end.
     fn read_segment(
         &self,
         offset: i64,
@@ -110,7 +138,7 @@ impl Partition {
         mode: ReadMode,
     ) -> Result<(Bytes, Option<i64>), ReadError> {
         let located = {
-            let mut state = self.state.lock();
+            let state = self.state.lock();
             if state.failed {
                 return Err(ReadError::Offline);
             }
@@ -148,44 +176,53 @@ impl Partition {
                 Some(_) => state.segments.values().next_back().map_or(0, Segment::size_bytes),
             };
             let start = segment.position_at_or_before(offset);
-            let end = segment.size_bytes();
-            // A tail read: the bytes still in memory (write-behind) are copied here, under
-            // the lock (at most `WRITE_BEHIND_BYTES`); a read that starts in the file
-            // has them written out first.
-            let base = segment.base_offset();
-            let segment = state.segments.get_mut(&base).expect("found above");
-            let source = match segment.unwritten_from(start) {
-                Some(tail) => Ok(ReadSource::Memory(Bytes::copy_from_slice(tail))),
+            let size = segment.size_bytes();
+            // A tail read takes the bytes of the tail chunk it starts in, without a copy
+            // (the first batch of every chunk is indexed, so `start` is in the chunk of
+            // `offset`'s batch or before it); a read that starts in the file reads up to
+            // where memory starts, all of which the file holds.
+            let (source, end) = match segment.memory_from(start) {
+                Some(tail) => {
+                    let end = start + tail.len() as u64;
+                    (Ok(ReadSource::Memory(tail)), end)
+                }
                 None => {
-                    segment.flush().map_err(ReadError::Storage)?;
-                    match segment.cached_file() {
+                    let end = segment.memory_start().unwrap_or(size);
+                    let source = match segment.cached_file() {
                         Some(file) => Ok(ReadSource::File(file)),
                         // Closed by the budget of open files: opening may wait for the disk.
                         None if mode == ReadMode::CachedOnly => return Err(ReadError::WouldBlock),
                         None => Err(segment.file_slot()),
-                    }
+                    };
+                    (source, end)
                 }
             };
-            (source, SegmentRead { start, end, bytes_after }, limit, generation)
+            // The segment goes on past this source (in memory): a read that takes the source
+            // to its end continues there (`read_until`). A segment's end stops a read, as in
+            // Kafka, and as a `sendfile` range stops (`read_range_cached`).
+            let goes_on = end < size;
+            let bytes_after = bytes_after + (size - end);
+            (source, SegmentRead { start, end, bytes_after }, limit, generation, goes_on)
         };
-        let (source, read, limit, generation) = located;
+        let (source, read, limit, generation, goes_on) = located;
         // A closed file is opened without the lock (`NotFound` if the segment went since).
         let source = match source {
             Ok(source) => source,
             Err((slot, path)) => ReadSource::File(slot.open(&path).map_err(ReadError::Storage)?),
         };
-        let batches = read_batches(&source, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
-            if error.kind() == io::ErrorKind::WouldBlock {
-                ReadError::WouldBlock
-            } else {
-                ReadError::Storage(error)
-            }
-        })?;
+        let (batches, next) =
+            read_batches(&source, read, offset..limit, max_bytes, min_one_batch, mode).map_err(|error| {
+                if error.kind() == io::ErrorKind::WouldBlock {
+                    ReadError::WouldBlock
+                } else {
+                    ReadError::Storage(error)
+                }
+            })?;
         if generation.is_some_and(|generation| generation != self.state.lock().sync_generation) {
             // Cut (or reset) since it was located: what was read may mix two logs.
             return Err(ReadError::Storage(io::Error::new(io::ErrorKind::NotFound, "the log was cut while read")));
         }
-        Ok((batches, None))
+        Ok((batches, next.filter(|&next| goes_on && next < limit)))
     }
 
     /// Where the batches [`Partition::read_until`] would return lie in their segment file,
@@ -205,7 +242,7 @@ impl Partition {
         assert!(limit != ReadLimit::LogEnd, "a follower's read may reach bytes a truncation rewrites");
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let (file, hints) = {
-            let mut state = self.state.lock();
+            let state = self.state.lock();
             if state.failed || offset < state.log_start_offset || offset > state.log_end_offset {
                 return None;
             }
@@ -215,8 +252,13 @@ impl Partition {
             };
             let (_, segment) = state.segments.range(..=offset).next_back()?;
             let start = segment.position_at_or_before(offset);
-            let size = segment.size_bytes();
-            if offset >= limit || segment.next_offset() <= offset || size - start < FILE_RANGE_BYTES_MIN as u64 {
+            // Only the file's part: bytes in memory are sent from there (`read_until`).
+            let size = segment.memory_start().unwrap_or(segment.size_bytes());
+            if offset >= limit
+                || segment.next_offset() <= offset
+                || start >= size
+                || size - start < FILE_RANGE_BYTES_MIN as u64
+            {
                 return None;
             }
             let hints = RangeHints {
@@ -227,11 +269,7 @@ impl Partition {
                 limit_boundary: (limit < segment.next_offset()).then(|| segment.position_at_or_before(limit)),
                 cut_boundary: segment.boundary_at_or_before(start + max_bytes as u64),
             };
-            // A long read from the file: what the segment kept in memory is written first.
             // A file the budget of open files closed is left to `read_until`'s blocking read.
-            let base = segment.base_offset();
-            let segment = state.segments.get_mut(&base).expect("found above");
-            segment.flush().ok()?;
             (segment.cached_file()?, hints)
         };
         let (position, length) = locate_range(&file, &hints, max_bytes, min_one_batch).ok()??;
@@ -335,8 +373,8 @@ struct SegmentRead {
     bytes_after: u64,
 }
 
-/// Where a read's bytes come from: the segment's file, or a copy of the bytes from the
-/// read's start to the segment's end that were still in memory (write-behind).
+/// Where a read's bytes come from: the segment's file, or the bytes from the read's start to
+/// the end of the tail chunk holding it (`segment_tail.rs`, no copy).
 enum ReadSource {
     File(Arc<File>),
     Memory(Bytes),
@@ -366,7 +404,9 @@ fn read_chunk(
 }
 
 /// Reads whole batches holding `offsets` from `read.start` (a batch boundary at or before
-/// `offsets.start`) to `read.end`. Batches at or past `offsets.end` are left out.
+/// `offsets.start`) to `read.end`. Batches at or past `offsets.end` are left out. With the
+/// batches, the offset after the last of them when they reach `read.end` (the log may go on
+/// in another source).
 fn read_batches(
     source: &ReadSource,
     read: SegmentRead,
@@ -374,7 +414,7 @@ fn read_batches(
     max_bytes: usize,
     min_one_batch: bool,
     mode: ReadMode,
-) -> io::Result<Bytes> {
+) -> io::Result<(Bytes, Option<i64>)> {
     let offset = offsets.start;
     let (mut start, end) = (read.start, read.end);
     while start < end {
@@ -382,24 +422,31 @@ fn read_batches(
             ((end - start) as usize).min(max_bytes.max(batch::BATCH_HEADER_BYTES) + INDEX_INTERVAL_BYTES as usize);
         let chunk = read_chunk(source, &read, start, length, mode)?;
         let mut taken: Option<(usize, usize)> = None;
+        let mut next_offset = offset;
         let mut iter = BatchIter::new(&chunk);
+        let mut stopped = false;
         for item in iter.by_ref() {
             let (header, range) = item.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             if header.last_offset() < offset {
                 continue;
             }
             if header.base_offset >= offsets.end {
-                return Ok(taken.map_or_else(Bytes::new, |(begin, end)| chunk.slice(begin..end)));
+                return Ok((taken.map_or_else(Bytes::new, |(begin, end)| chunk.slice(begin..end)), None));
             }
             match taken {
-                None if range.len() > max_bytes && !min_one_batch => return Ok(Bytes::new()),
+                None if range.len() > max_bytes && !min_one_batch => return Ok((Bytes::new(), None)),
                 None => taken = Some((range.start, range.end)),
-                Some((begin, _)) if range.end - begin > max_bytes => break,
+                Some((begin, _)) if range.end - begin > max_bytes => {
+                    stopped = true;
+                    break;
+                }
                 Some((begin, _)) => taken = Some((begin, range.end)),
             }
+            next_offset = header.last_offset() + 1;
         }
-        if let Some((begin, end)) = taken {
-            return Ok(chunk.slice(begin..end));
+        if let Some((begin, taken_end)) = taken {
+            let at_end = !stopped && start + taken_end as u64 == end;
+            return Ok((chunk.slice(begin..taken_end), at_end.then_some(next_offset)));
         }
         match iter.position() {
             0 => {
@@ -407,20 +454,22 @@ fn read_batches(
                 let header = batch::BatchHeader::parse(&chunk)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 if header.base_offset >= offsets.end {
-                    return Ok(Bytes::new());
+                    return Ok((Bytes::new(), None));
                 }
                 if header.last_offset() >= offset {
                     if !min_one_batch && header.total_bytes() > max_bytes {
-                        return Ok(Bytes::new());
+                        return Ok((Bytes::new(), None));
                     }
-                    return read_chunk(source, &read, start, header.total_bytes(), mode);
+                    let at_end = start + header.total_bytes() as u64 == end;
+                    let batch = read_chunk(source, &read, start, header.total_bytes(), mode)?;
+                    return Ok((batch, at_end.then_some(header.last_offset() + 1)));
                 }
                 start += header.total_bytes() as u64;
             }
             consumed => start += consumed as u64,
         }
     }
-    Ok(Bytes::new())
+    Ok((Bytes::new(), None))
 }
 
 /// Reads a [`FileRange`]'s bytes into memory (waiting for the disk if it must): for a

@@ -125,8 +125,11 @@ impl Partition {
             return Ok(None);
         }
         let offset = offset.max(state.log_start_offset);
-        // The cut is found by scanning the file: what the active segment kept in memory goes first.
-        state.segments.values_mut().next_back().expect("active segment").flush()?;
+        // The cut is found by scanning the file: what the active segment kept in memory goes
+        // first, and no writeback claimed before may land after the cut.
+        let active = state.segments.values_mut().next_back().expect("active segment");
+        active.flush()?;
+        active.retire_tail();
         let bases: Vec<i64> = state.segments.keys().copied().collect();
         let first_base = bases[0];
         for base in bases.into_iter().rev() {

@@ -1,0 +1,616 @@
+//! The active segment's newest bytes in Sluice's own memory (its tail), written to the
+//! segment file with direct I/O.
+//!
+//! Why: a batch acknowledged after a WAL round is already durable in the WAL; its segment
+//! file copy only serves readers and the WAL's checkpoint. Written through the page cache,
+//! that copy cost a quarter of the broker's CPU at 200k msg/s (the kernel's copy into
+//! page-cache folios, then `sync_file_range` to write them back; README, session 33). Here a
+//! batch is copied once, into a chunk of memory that tailing readers take without a copy
+//! (`Bytes` over the chunk), and the chunk reaches the file in `O_DIRECT` writes of whole
+//! pages, which the device copies by DMA.
+//!
+//! A tail is a run of chunks. A chunk is a page-aligned buffer whose first byte is the
+//! file's byte at a page-aligned position: it starts with the file's partial page before its
+//! first batch (copied from the chunk before, or read from the file), so its writes cover
+//! whole pages. The last chunk takes appends; the ones before it are frozen, end at a batch
+//! boundary and own their whole pages only (the last, partial one is the next chunk's first).
+//!
+//! Invariants (asserted): the chunks are contiguous (a chunk's first batch starts where the
+//! one before ends) and the last ends at the segment's logical end; bytes below a chunk's
+//! `len` never change (readers hold them); a page reaches the file only with content that
+//! extends what the file had there, so two writes of it in either order leave the same bytes.
+//!
+//! Writes happen in two places, both under the tail's write lock, so they never overlap:
+//! - [`TailClaim::write`], the WAL's steady writeback (every 100 ms, on the checkpointer
+//!   thread, without the log's lock): the frozen chunks, and the last chunk's whole pages
+//!   once at least [`WRITEBACK_PAGES_BYTES_MIN`] of them wait;
+//! - [`Tail::flush`], under the log's lock, when the file must hold everything (a
+//!   checkpoint, a seal, a cut, a scan): the last page padded with zeros (past the logical
+//!   end, where a scan stops).
+//!
+//! A retired tail ([`Tail::retire`]: its segment is cut, sealed or dropped) takes no more
+//! writeback, so a write claimed before a cut cannot land after it.
+//!
+//! Durability contract: none of its own. What a chunk holds that its file does not is in the
+//! WAL, which keeps it until the checkpoint has flushed and fsynced the file. A filesystem
+//! that refuses `O_DIRECT` (tmpfs, some FUSE) gets the same writes through the page cache.
+//!
+//! Memory: every chunk of the process counts against [`TAIL_MEMORY_BYTES_MAX`] until its
+//! last reader drops it; a chunk that does not fit is not made, and the segment writes
+//! through the page cache instead.
+
+use std::alloc::Layout;
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+/// The unit of a direct write: file offsets, lengths and memory are multiples of it.
+pub const PAGE_BYTES: usize = 4096;
+/// A segment's first chunk, and the smallest one.
+pub const TAIL_CHUNK_BYTES_MIN: usize = 64 * 1024;
+/// The largest chunk (a batch larger than this gets a chunk of its own size).
+pub const TAIL_CHUNK_BYTES_MAX: usize = 1024 * 1024;
+/// All chunks of the process together, readers' included.
+pub const TAIL_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// Frozen chunks a segment keeps for readers a little behind its end, once written.
+pub const TAIL_FROZEN_CHUNKS_MAX: usize = 1;
+/// The writeback writes the last chunk's whole pages once this many wait (fewer, larger
+/// writes: a 4 KiB direct write costs the device round trip of a 1 MiB one).
+pub const WRITEBACK_PAGES_BYTES_MIN: usize = 64 * 1024;
+/// Tails that keep their direct-I/O descriptor open between writes; past this many, a write
+/// opens one for itself (10,000 busy partitions would otherwise hold 10,000 more descriptors).
+pub const TAIL_DIRECT_FILES_OPEN_MAX: usize = 256;
+/// A chunk that filled within this time is followed by one twice its size, one that took
+/// longer by one half its size: busy partitions write large pieces, idle ones hold little.
+const CHUNK_GROW_WITHIN_MS: i64 = 1000;
+
+static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
+static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// A segment file opened with `O_DIRECT` that a tail keeps, counted against
+/// [`TAIL_DIRECT_FILES_OPEN_MAX`].
+struct KeptDirect(File);
+
+impl KeptDirect {
+    /// Keeps `file` if the process keeps fewer than the maximum; gives it back otherwise.
+    fn keep(file: File) -> Result<KeptDirect, File> {
+        if TAIL_DIRECT_FILES_OPEN.fetch_add(1, Ordering::Relaxed) >= TAIL_DIRECT_FILES_OPEN_MAX {
+            TAIL_DIRECT_FILES_OPEN.fetch_sub(1, Ordering::Relaxed);
+            return Err(file);
+        }
+        Ok(KeptDirect(file))
+    }
+}
+
+impl Drop for KeptDirect {
+    fn drop(&mut self) {
+        TAIL_DIRECT_FILES_OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes all segments' tail chunks hold now (readers' included).
+pub fn tail_memory_bytes() -> usize {
+    TAIL_MEMORY_BYTES.load(Ordering::Relaxed)
+}
+
+fn page_floor(n: usize) -> usize {
+    n / PAGE_BYTES * PAGE_BYTES
+}
+
+fn page_ceil(n: usize) -> usize {
+    n.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}
+
+/// A chunk's memory and how much of it is in the file; freed (and uncounted) when the
+/// segment and the last reader let go of it.
+struct ChunkShared {
+    ptr: NonNull<u8>,
+    capacity: usize,
+    /// Bytes from the chunk's start known to be in the file.
+    written: AtomicUsize,
+}
+
+// SAFETY: the memory is plain bytes owned by this value. Bytes below a chunk's `len` are
+// only read (by any thread); bytes at or past it are written only by the holder of the log's
+// lock, which never hands them out before they are below `len` (see `Chunk`).
+unsafe impl Send for ChunkShared {}
+// SAFETY: as above.
+unsafe impl Sync for ChunkShared {}
+
+impl ChunkShared {
+    /// `None` when the process's chunks would exceed [`TAIL_MEMORY_BYTES_MAX`].
+    fn allocate(capacity: usize) -> Option<Arc<ChunkShared>> {
+        assert!(capacity > 0 && capacity.is_multiple_of(PAGE_BYTES));
+        if TAIL_MEMORY_BYTES.fetch_add(capacity, Ordering::Relaxed) + capacity > TAIL_MEMORY_BYTES_MAX {
+            TAIL_MEMORY_BYTES.fetch_sub(capacity, Ordering::Relaxed);
+            return None;
+        }
+        let layout = Layout::from_size_align(capacity, PAGE_BYTES).expect("a page-aligned layout");
+        // SAFETY: the layout's size is not zero.
+        let Some(ptr) = NonNull::new(unsafe { std::alloc::alloc(layout) }) else {
+            TAIL_MEMORY_BYTES.fetch_sub(capacity, Ordering::Relaxed);
+            return None;
+        };
+        Some(Arc::new(ChunkShared { ptr, capacity, written: AtomicUsize::new(0) }))
+    }
+
+    /// The chunk's bytes `[from, to)`.
+    ///
+    /// # Safety
+    /// Nobody may write to `[from, to)` while the slice lives: it lies below the chunk's
+    /// `len`, or the caller holds the log's lock (the only writer) and does not write.
+    unsafe fn slice(&self, from: usize, to: usize) -> &[u8] {
+        assert!(from <= to && to <= self.capacity);
+        // SAFETY: in bounds (asserted); initialised, since bytes are read only below `len`
+        // or after `zero_padding`; not written meanwhile (the caller's promise).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(from), to - from) }
+    }
+}
+
+impl Drop for ChunkShared {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.capacity, PAGE_BYTES).expect("a page-aligned layout");
+        // SAFETY: allocated in `allocate` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        TAIL_MEMORY_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
+    }
+}
+
+/// The owner of a reader's `Bytes`: bytes below the chunk's `len` when it was made.
+struct ChunkView {
+    shared: Arc<ChunkShared>,
+    from: usize,
+    to: usize,
+}
+
+impl AsRef<[u8]> for ChunkView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `[from, to)` was below the chunk's `len` when the view was made: never
+        // written again.
+        unsafe { self.shared.slice(self.from, self.to) }
+    }
+}
+
+struct Chunk {
+    shared: Arc<ChunkShared>,
+    /// The file position of the chunk's first byte (page-aligned).
+    file_start: u64,
+    /// Where the chunk's first batch starts in it (the bytes before are the file's).
+    first_batch: usize,
+    /// Bytes appended (from the chunk's start); the rest is unused or padding.
+    len: usize,
+    /// Takes no more appends; owns only its whole pages.
+    frozen: bool,
+    created_ms: i64,
+}
+
+impl Chunk {
+    fn end(&self) -> u64 {
+        self.file_start + self.len as u64
+    }
+
+    fn first_batch_position(&self) -> u64 {
+        self.file_start + self.first_batch as u64
+    }
+
+    /// The bytes this chunk must put in the file.
+    fn owned_len(&self) -> usize {
+        if self.frozen {
+            page_floor(self.len)
+        } else {
+            self.len
+        }
+    }
+
+    fn written(&self) -> usize {
+        self.shared.written.load(Ordering::Acquire)
+    }
+
+    fn is_written(&self) -> bool {
+        self.written() >= self.owned_len()
+    }
+
+    /// Appends `parts` (the caller holds the log's lock and checked the room).
+    fn push(&mut self, parts: &[&[u8]]) {
+        for part in parts {
+            assert!(self.len + part.len() <= self.shared.capacity, "a chunk's room is checked before a push");
+            // SAFETY: the destination lies in the chunk's memory at or past `len`, which no
+            // reader holds and only the holder of the log's lock (the caller) writes.
+            unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), self.shared.ptr.as_ptr().add(self.len), part.len()) };
+            self.len += part.len();
+        }
+    }
+
+    /// Zeroes `[len, page_ceil(len))`, so a direct write of the last page pads with zeros.
+    fn zero_padding(&mut self) {
+        let end = page_ceil(self.len).min(self.shared.capacity);
+        // SAFETY: past `len`: no reader holds it, and the caller holds the log's lock.
+        unsafe { std::ptr::write_bytes(self.shared.ptr.as_ptr().add(self.len), 0, end - self.len) };
+    }
+}
+
+/// The state every write of a tail's chunks holds (see the module comment).
+struct WriterState {
+    retired: bool,
+    /// The segment file reopened with `O_DIRECT`, kept from one write to the next.
+    direct: Option<KeptDirect>,
+    /// The filesystem refused `O_DIRECT`: writes go through the page cache.
+    direct_refused: bool,
+}
+
+impl WriterState {
+    /// Writes the chunk's bytes `[from, to)` at their file position, with direct I/O widened
+    /// to whole pages (the caller made any padding past `len` zero), and notes them written.
+    fn write(&mut self, file: &File, shared: &ChunkShared, file_start: u64, from: usize, to: usize) -> io::Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let mut opened = None;
+        if !self.direct_refused && self.direct.is_none() {
+            // Reopened through /proc, so a renamed or replaced path cannot matter.
+            let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
+                Ok(direct) => match KeptDirect::keep(direct) {
+                    Ok(kept) => self.direct = Some(kept),
+                    Err(direct) => opened = Some(direct),
+                },
+                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => self.direct_refused = true,
+                Err(error) => return Err(error),
+            }
+        }
+        let direct_file = self.direct.as_ref().map(|kept| &kept.0).or(opened.as_ref());
+        let direct_result = direct_file.map(|direct| {
+            let (from, to) = (page_floor(from), page_ceil(to));
+            // SAFETY: the bytes are below `len` (fixed) or padding the caller zeroed under
+            // the log's lock, which it holds for a write past the last whole page.
+            direct.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)
+        });
+        match direct_result {
+            Some(Err(error)) if error.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!(%error, "direct I/O refused: segment writes go through the page cache");
+                self.direct = None;
+                self.direct_refused = true;
+                // SAFETY: as above, without the padding.
+                file.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)?;
+            }
+            Some(result) => result?,
+            // SAFETY: as above, without the padding.
+            None => file.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)?,
+        }
+        shared.written.fetch_max(to, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// One segment's tail. Methods that take `&mut self` run under the log's lock.
+pub(crate) struct Tail {
+    chunks: VecDeque<Chunk>,
+    writer: Arc<Mutex<WriterState>>,
+}
+
+/// What [`Tail::append`] did with a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// Into the last chunk.
+    Added,
+    /// Into a new chunk, which it starts (a read of it should find an index entry there).
+    StartedChunk,
+    /// Not taken (no memory for a chunk): the caller writes it through the page cache.
+    NoRoom,
+}
+
+impl Tail {
+    pub(crate) fn new() -> Tail {
+        Tail {
+            chunks: VecDeque::new(),
+            writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: false })),
+        }
+    }
+
+    /// True while some appended bytes are not in the file yet.
+    pub(crate) fn has_unwritten(&self) -> bool {
+        self.chunks.iter().any(|chunk| !chunk.is_written())
+    }
+
+    /// Where the bytes held in memory start: the file holds every byte before it (and the
+    /// whole log when `None`).
+    pub(crate) fn memory_start(&self) -> Option<u64> {
+        self.chunks.front().map(Chunk::first_batch_position)
+    }
+
+    /// The bytes from `position` (a batch boundary) to the end of the chunk holding it,
+    /// without a copy; `None` when `position` is not in memory.
+    pub(crate) fn memory_from(&self, position: u64) -> Option<Bytes> {
+        let chunk = self.chunks.iter().find(|c| c.first_batch_position() <= position && position < c.end())?;
+        let from = (position - chunk.file_start) as usize;
+        Some(Bytes::from_owner(ChunkView { shared: chunk.shared.clone(), from, to: chunk.len }))
+    }
+
+    /// Appends one batch (`parts`) at `position`, the segment's logical end. A new chunk
+    /// starts with the bytes of `position`'s page before it: from the chunk before, or read
+    /// by `read_file` (the file holds them then).
+    pub(crate) fn append(
+        &mut self,
+        position: u64,
+        parts: &[&[u8]],
+        now_ms: i64,
+        read_file: impl FnOnce(&mut [u8], u64) -> io::Result<()>,
+    ) -> io::Result<Appended> {
+        let batch_bytes: usize = parts.iter().map(|p| p.len()).sum();
+        if let Some(last) = self.chunks.back_mut().filter(|c| !c.frozen) {
+            assert_eq!(last.end(), position, "the last chunk ends at the log's end");
+            if last.len + batch_bytes <= last.shared.capacity {
+                last.push(parts);
+                return Ok(Appended::Added);
+            }
+        }
+        let file_start = page_floor(position as usize) as u64;
+        let prefix = (position - file_start) as usize;
+        let capacity = self.next_capacity(now_ms).max(page_ceil(prefix + batch_bytes));
+        let Some(shared) = ChunkShared::allocate(capacity) else { return Ok(Appended::NoRoom) };
+        let mut chunk = Chunk { shared, file_start, first_batch: prefix, len: 0, frozen: false, created_ms: now_ms };
+        if prefix > 0 {
+            match self.chunks.back().filter(|c| c.file_start <= file_start && c.end() == position) {
+                // The chunk before no longer owns this page: the new one writes all of it.
+                Some(before) => {
+                    let from = (file_start - before.file_start) as usize;
+                    // SAFETY: below `before.len`: never written again.
+                    chunk.push(&[unsafe { before.shared.slice(from, from + prefix) }]);
+                }
+                // The file holds the prefix: only what follows it is unwritten.
+                None => {
+                    let mut page = vec![0u8; prefix];
+                    read_file(&mut page, file_start)?;
+                    chunk.push(&[&page]);
+                    chunk.shared.written.store(prefix, Ordering::Release);
+                }
+            }
+        }
+        chunk.push(parts);
+        if let Some(last) = self.chunks.back_mut() {
+            assert_eq!(last.end(), position, "chunks are contiguous");
+            last.frozen = true;
+        }
+        self.chunks.push_back(chunk);
+        // Written frozen chunks beyond the few kept for readers go (readers keep theirs):
+        // once the file holds every byte before the next chunk's first batch, its partial
+        // last page included, which the next chunk writes.
+        while self.chunks.len() > TAIL_FROZEN_CHUNKS_MAX + 1
+            && self.chunks[0].is_written()
+            && self.chunks[1].written() >= self.chunks[1].first_batch
+        {
+            self.chunks.pop_front();
+        }
+        Ok(Appended::StartedChunk)
+    }
+
+    /// The size of the next chunk, from how fast the last one filled.
+    fn next_capacity(&self, now_ms: i64) -> usize {
+        match self.chunks.back() {
+            None => TAIL_CHUNK_BYTES_MIN,
+            Some(last) if now_ms - last.created_ms <= CHUNK_GROW_WITHIN_MS => {
+                (last.shared.capacity * 2).clamp(TAIL_CHUNK_BYTES_MIN, TAIL_CHUNK_BYTES_MAX)
+            }
+            Some(last) => (last.shared.capacity / 2).clamp(TAIL_CHUNK_BYTES_MIN, TAIL_CHUNK_BYTES_MAX),
+        }
+    }
+
+    /// Writes everything the file lacks (`file` is the segment file, for the page cache's
+    /// path and for finding the file to write directly).
+    pub(crate) fn flush(&mut self, file: &File) -> io::Result<()> {
+        if !self.has_unwritten() {
+            return Ok(());
+        }
+        let mut writer = self.writer.lock();
+        for chunk in self.chunks.iter_mut() {
+            let (from, to) = (chunk.written(), chunk.owned_len());
+            if from < to {
+                if !chunk.frozen {
+                    chunk.zero_padding();
+                }
+                writer.write(file, &chunk.shared, chunk.file_start, from, to)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The writeback's share (see the module comment): `None` when nothing is due. The
+    /// claim is written without the log's lock.
+    pub(crate) fn claim(&self, file: Arc<File>, at_least: usize) -> Option<TailClaim> {
+        let pieces: Vec<_> = self
+            .chunks
+            .iter()
+            .filter_map(|chunk| {
+                let from = chunk.written();
+                let to = page_floor(chunk.owned_len());
+                let due = if chunk.frozen { from < to } else { to > from && to - page_floor(from) >= at_least };
+                due.then(|| (chunk.shared.clone(), chunk.file_start, to))
+            })
+            .collect();
+        (!pieces.is_empty()).then(|| TailClaim { writer: self.writer.clone(), file, pieces })
+    }
+
+    /// No writeback after this returns (one in progress has finished).
+    pub(crate) fn retire(&self) {
+        self.writer.lock().retired = true;
+    }
+
+    /// Lets go of the chunks (every byte is in the file) and of the direct-I/O descriptor:
+    /// an idle or sealed segment holds no memory.
+    pub(crate) fn clear(&mut self) {
+        assert!(!self.has_unwritten(), "a tail is cleared once its bytes are in the file");
+        self.chunks.clear();
+        self.writer.lock().direct = None;
+    }
+
+    /// Checks the invariants of the module comment against the segment's logical size.
+    pub(crate) fn assert_ends_at(&self, size_bytes: u64) {
+        if let Some(last) = self.chunks.back() {
+            assert_eq!(last.end(), size_bytes, "the last chunk ends at the segment's end");
+        }
+        for pair in self.chunks.iter().collect::<Vec<_>>().windows(2) {
+            assert_eq!(pair[0].end(), pair[1].first_batch_position(), "chunks are contiguous");
+            assert!(pair[0].frozen, "only the last chunk takes appends");
+        }
+    }
+}
+
+/// Whole pages of a tail's chunks for the writeback to write (see [`Tail::claim`]).
+pub(crate) struct TailClaim {
+    writer: Arc<Mutex<WriterState>>,
+    file: Arc<File>,
+    /// (chunk, its file position, write up to this many of its bytes)
+    pieces: Vec<(Arc<ChunkShared>, u64, usize)>,
+}
+
+impl TailClaim {
+    /// Writes the claimed pages, unless the tail was retired since. A failure is left to the
+    /// next flush, which writes them again and reports it.
+    pub(crate) fn write(self) {
+        let mut writer = self.writer.lock();
+        if writer.retired {
+            return;
+        }
+        for (shared, file_start, to) in &self.pieces {
+            let from = shared.written.load(Ordering::Acquire);
+            if let Err(error) = writer.write(&self.file, shared, *file_start, from, *to) {
+                tracing::warn!(%error, "segment writeback failed (the checkpoint retries)");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tail over a fresh file, and the bytes appended to it so far (the file's expected
+    /// content).
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        file: Arc<File>,
+        tail: Tail,
+        appended: Vec<u8>,
+        now_ms: i64,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let file =
+                OpenOptions::new().read(true).write(true).create_new(true).open(dir.path().join("s.log")).unwrap();
+            Fixture { _dir: dir, file: Arc::new(file), tail: Tail::new(), appended: Vec::new(), now_ms: 0 }
+        }
+
+        /// Appends `n` bytes that say where they are (a "batch").
+        fn append(&mut self, n: usize) -> Appended {
+            let position = self.appended.len() as u64;
+            let bytes: Vec<u8> = (0..n).map(|i| ((position as usize + i) % 251) as u8).collect();
+            let file = self.file.clone();
+            let appended =
+                self.tail.append(position, &[&bytes], self.now_ms, |page, at| file.read_exact_at(page, at)).unwrap();
+            self.appended.extend_from_slice(&bytes);
+            self.tail.assert_ends_at(self.appended.len() as u64);
+            appended
+        }
+
+        fn file_bytes(&self) -> Vec<u8> {
+            let mut out = vec![0; self.appended.len()];
+            let len = self.file.metadata().unwrap().len() as usize;
+            self.file.read_exact_at(&mut out[..len.min(self.appended.len())], 0).unwrap();
+            out
+        }
+    }
+
+    #[test]
+    fn chunks_hold_what_was_appended_and_a_flush_puts_it_all_in_the_file_in_whole_pages() {
+        let mut f = Fixture::new();
+        assert_eq!(f.append(1000), Appended::StartedChunk);
+        assert_eq!(f.append(3000), Appended::Added);
+        // Filling the first chunk within a second: the next one is twice as large.
+        while f.append(5000) == Appended::Added {}
+        assert_eq!(f.tail.chunks.len(), 2);
+        assert_eq!(f.tail.chunks[1].shared.capacity, 2 * TAIL_CHUNK_BYTES_MIN);
+        for _ in 0..40 {
+            f.append(7000);
+        }
+        // Every position that starts an append reads back the bytes from there to its
+        // chunk's end, without a copy.
+        let start = f.tail.memory_start().unwrap() as usize;
+        let read = f.tail.memory_from(start as u64).unwrap();
+        assert_eq!(read[..], f.appended[start..start + read.len()]);
+        assert!(f.tail.memory_from(f.appended.len() as u64).is_none(), "nothing past the end");
+        assert!(f.tail.has_unwritten());
+        // Nothing was written yet: a flush writes it all, the last page padded with zeros.
+        f.tail.flush(&f.file).unwrap();
+        assert!(!f.tail.has_unwritten());
+        assert_eq!(f.file_bytes(), f.appended);
+        let file_len = f.file.metadata().unwrap().len() as usize;
+        assert!(file_len >= f.appended.len() && file_len <= f.appended.len().next_multiple_of(PAGE_BYTES));
+        // More appends rewrite the partial last page as it was, then go on.
+        f.append(10);
+        f.append(9000);
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
+    }
+
+    #[test]
+    fn the_writeback_writes_whole_pages_only_and_nothing_once_retired() {
+        let mut f = Fixture::new();
+        for _ in 0..30 {
+            f.append(5000);
+        }
+        let claim = f.tail.claim(f.file.clone(), 0).expect("whole pages are due");
+        claim.write();
+        let written = page_floor(f.appended.len());
+        let file = f.file_bytes();
+        assert_eq!(file[..written], f.appended[..written]);
+        assert!(file[written..].iter().all(|&b| b == 0), "the partial last page waits for a flush");
+        // A claim taken before a retire never lands.
+        for _ in 0..30 {
+            f.append(5000);
+        }
+        let claim = f.tail.claim(f.file.clone(), 0).expect("more pages are due");
+        f.tail.retire();
+        claim.write();
+        assert!(f.file_bytes()[written..].iter().all(|&b| b == 0));
+        // The flush still writes everything (a retired tail is flushed under the log's lock).
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
+    }
+
+    #[test]
+    fn frozen_chunks_go_once_written_and_a_new_chunk_after_a_clear_reads_its_page_from_the_file() {
+        let mut f = Fixture::new();
+        for _ in 0..100 {
+            f.append(6000);
+        }
+        // Nothing written: every chunk stays (readers and the file need them).
+        let kept = f.tail.chunks.len();
+        assert!(kept > TAIL_FROZEN_CHUNKS_MAX + 1);
+        f.tail.claim(f.file.clone(), 0).unwrap().write();
+        // The next chunk lets go of the written ones beyond those kept for readers.
+        while f.append(6000) == Appended::Added {}
+        assert!(f.tail.chunks.len() <= TAIL_FROZEN_CHUNKS_MAX + 2, "{} chunks", f.tail.chunks.len());
+        // The file holds everything before the memory's start.
+        let start = f.tail.memory_start().unwrap() as usize;
+        assert_eq!(f.file_bytes()[..start], f.appended[..start]);
+        // Idle: written out and let go; the next chunk starts from the file's partial page.
+        f.tail.flush(&f.file).unwrap();
+        f.tail.clear();
+        assert!(f.tail.memory_start().is_none());
+        f.now_ms += 10 * CHUNK_GROW_WITHIN_MS;
+        assert_eq!(f.append(777), Appended::StartedChunk);
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
+    }
+}
