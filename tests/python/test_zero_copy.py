@@ -3,10 +3,9 @@ batches straight from the segment files' page cache (`sendfile`), byte for byte 
 get otherwise; over TLS the same records are copied and encrypted. librdkafka checks every
 batch's CRC (`check.crcs`) and the test checks every value and its order.
 
-Segment bytes reach the page cache on page-cache topics (durability level 2 here); on
-fsync-per-write topics they are written with direct I/O from the partition's tail in memory
-(ARCHITECTURE.md), which serves tailing consumers, and a catching-up consumer past it reads
-them from the disk: the same bytes."""
+Both kinds of topic are read back: a page-cache topic (durability level 2), and a default
+one, whose batches go through the partition's tail in memory (ARCHITECTURE.md) on their way
+to the file."""
 
 from __future__ import annotations
 
@@ -78,6 +77,6 @@ def test_a_catching_up_consumer_gets_the_stored_batches_from_the_file_on_plainte
     sent = value(scrape(metrics_port), SENDFILE_METRIC)
     assert sent >= stored_bytes / 2, f"only {sent} of about {stored_bytes} bytes were sent from the files"
 
-    # The fsync-per-write topic's backlog, from its tails and the disk, over both listeners.
+    # The fsync-per-write topic's backlog, from its tails and the files, over both listeners.
     assert read_everything(plaintext, fsynced) == expected
     assert read_everything(secure.client("SSL"), fsynced) == expected

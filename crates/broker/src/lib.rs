@@ -97,6 +97,8 @@ impl Broker {
         sluice_storage::durable::check_data_dir(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs_dir = config.data_dir.join("logs");
+        // Before any log opens: every tail takes the mode.
+        sluice_storage::segment_tail::set_direct_writes(config.log_segment_direct_io);
         let logs = if config.log_wal { LogManager::with_wal(&logs_dir)? } else { LogManager::new(&logs_dir)? };
         logs.syncer().set_wal_round_interval(std::time::Duration::from_micros(config.log_wal_round_interval_us));
         let metrics = metrics::Metrics::new();

@@ -59,9 +59,12 @@ pub const TAIL_CHUNK_BYTES_MIN: usize = 64 * 1024;
 /// The largest chunk (a batch larger than this gets a chunk of its own size).
 pub const TAIL_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 /// All chunks of the process together, readers' included.
-pub const TAIL_MEMORY_BYTES_MAX: usize = 256 * 1024 * 1024;
-/// Frozen chunks a segment keeps for readers a little behind its end, once written.
-pub const TAIL_FROZEN_CHUNKS_MAX: usize = 1;
+pub const TAIL_MEMORY_BYTES_MAX: usize = 1024 * 1024 * 1024;
+/// Frozen chunks stay for readers behind the end (once written) while all chunks of the
+/// process hold less than this; past it, a segment that starts a chunk lets its go.
+pub const TAIL_RETAINED_BYTES_MAX: usize = 768 * 1024 * 1024;
+/// Frozen chunks a segment keeps at most, however much memory is free.
+pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// The writeback writes the last chunk's whole pages once this many wait (fewer, larger
 /// writes: a 4 KiB direct write costs the device round trip of a 1 MiB one).
 pub const WRITEBACK_PAGES_BYTES_MIN: usize = 64 * 1024;
@@ -74,6 +77,13 @@ const CHUNK_GROW_WITHIN_MS: i64 = 1000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
+static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether tails write with direct I/O (`log_segment_direct_io`) or through the page cache
+/// (the default). Set once at startup; tails made before keep their mode.
+pub fn set_direct_writes(direct: bool) {
+    DIRECT_WRITES.store(direct, Ordering::Relaxed);
+}
 
 /// A segment file opened with `O_DIRECT` that a tail keeps, counted against
 /// [`TAIL_DIRECT_FILES_OPEN_MAX`].
@@ -308,10 +318,15 @@ pub(crate) enum Appended {
 }
 
 impl Tail {
+    /// A tail in the process's mode ([`set_direct_writes`]).
     pub(crate) fn new() -> Tail {
+        Tail::with_direct_writes(DIRECT_WRITES.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn with_direct_writes(direct: bool) -> Tail {
         Tail {
             chunks: VecDeque::new(),
-            writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: false })),
+            writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: !direct })),
         }
     }
 
@@ -380,10 +395,11 @@ impl Tail {
             last.frozen = true;
         }
         self.chunks.push_back(chunk);
-        // Written frozen chunks beyond the few kept for readers go (readers keep theirs):
-        // once the file holds every byte before the next chunk's first batch, its partial
-        // last page included, which the next chunk writes.
-        while self.chunks.len() > TAIL_FROZEN_CHUNKS_MAX + 1
+        // Written frozen chunks go (readers keep theirs) when memory is short or a segment
+        // holds many: once the file holds every byte before the next chunk's first batch,
+        // its partial last page included, which the next chunk writes.
+        while self.chunks.len() > 1
+            && (self.chunks.len() > TAIL_FROZEN_CHUNKS_MAX + 1 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX)
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {
@@ -485,6 +501,11 @@ impl TailClaim {
                 tracing::warn!(%error, "segment writeback failed (the checkpoint retries)");
                 return;
             }
+            if writer.direct_refused && from < *to {
+                // Through the page cache: its disk writes start now, not in the checkpoint's
+                // burst (see `wal.rs::write_back`).
+                crate::wal::write_back(&self.file, file_start + from as u64, file_start + *to as u64);
+            }
         }
     }
 }
@@ -504,11 +525,13 @@ mod tests {
     }
 
     impl Fixture {
-        fn new() -> Fixture {
+        /// `direct`: with direct I/O, or through the page cache.
+        fn new(direct: bool) -> Fixture {
             let dir = tempfile::tempdir().unwrap();
             let file =
                 OpenOptions::new().read(true).write(true).create_new(true).open(dir.path().join("s.log")).unwrap();
-            Fixture { _dir: dir, file: Arc::new(file), tail: Tail::new(), appended: Vec::new(), now_ms: 0 }
+            let tail = Tail::with_direct_writes(direct);
+            Fixture { _dir: dir, file: Arc::new(file), tail, appended: Vec::new(), now_ms: 0 }
         }
 
         /// Appends `n` bytes that say where they are (a "batch").
@@ -533,84 +556,90 @@ mod tests {
 
     #[test]
     fn chunks_hold_what_was_appended_and_a_flush_puts_it_all_in_the_file_in_whole_pages() {
-        let mut f = Fixture::new();
-        assert_eq!(f.append(1000), Appended::StartedChunk);
-        assert_eq!(f.append(3000), Appended::Added);
-        // Filling the first chunk within a second: the next one is twice as large.
-        while f.append(5000) == Appended::Added {}
-        assert_eq!(f.tail.chunks.len(), 2);
-        assert_eq!(f.tail.chunks[1].shared.capacity, 2 * TAIL_CHUNK_BYTES_MIN);
-        for _ in 0..40 {
-            f.append(7000);
+        for direct in [true, false] {
+            let mut f = Fixture::new(direct);
+            assert_eq!(f.append(1000), Appended::StartedChunk);
+            assert_eq!(f.append(3000), Appended::Added);
+            // Filling the first chunk within a second: the next one is twice as large.
+            while f.append(5000) == Appended::Added {}
+            assert_eq!(f.tail.chunks.len(), 2);
+            assert_eq!(f.tail.chunks[1].shared.capacity, 2 * TAIL_CHUNK_BYTES_MIN);
+            for _ in 0..40 {
+                f.append(7000);
+            }
+            // Every position that starts an append reads back the bytes from there to its
+            // chunk's end, without a copy.
+            let start = f.tail.memory_start().unwrap() as usize;
+            let read = f.tail.memory_from(start as u64).unwrap();
+            assert_eq!(read[..], f.appended[start..start + read.len()]);
+            assert!(f.tail.memory_from(f.appended.len() as u64).is_none(), "nothing past the end");
+            assert!(f.tail.has_unwritten());
+            // Nothing was written yet: a flush writes it all, the last page padded with zeros.
+            f.tail.flush(&f.file).unwrap();
+            assert!(!f.tail.has_unwritten());
+            assert_eq!(f.file_bytes(), f.appended);
+            let file_len = f.file.metadata().unwrap().len() as usize;
+            assert!(file_len >= f.appended.len() && file_len <= f.appended.len().next_multiple_of(PAGE_BYTES));
+            // More appends rewrite the partial last page as it was, then go on.
+            f.append(10);
+            f.append(9000);
+            f.tail.flush(&f.file).unwrap();
+            assert_eq!(f.file_bytes(), f.appended);
         }
-        // Every position that starts an append reads back the bytes from there to its
-        // chunk's end, without a copy.
-        let start = f.tail.memory_start().unwrap() as usize;
-        let read = f.tail.memory_from(start as u64).unwrap();
-        assert_eq!(read[..], f.appended[start..start + read.len()]);
-        assert!(f.tail.memory_from(f.appended.len() as u64).is_none(), "nothing past the end");
-        assert!(f.tail.has_unwritten());
-        // Nothing was written yet: a flush writes it all, the last page padded with zeros.
-        f.tail.flush(&f.file).unwrap();
-        assert!(!f.tail.has_unwritten());
-        assert_eq!(f.file_bytes(), f.appended);
-        let file_len = f.file.metadata().unwrap().len() as usize;
-        assert!(file_len >= f.appended.len() && file_len <= f.appended.len().next_multiple_of(PAGE_BYTES));
-        // More appends rewrite the partial last page as it was, then go on.
-        f.append(10);
-        f.append(9000);
-        f.tail.flush(&f.file).unwrap();
-        assert_eq!(f.file_bytes(), f.appended);
     }
 
     #[test]
     fn the_writeback_writes_whole_pages_only_and_nothing_once_retired() {
-        let mut f = Fixture::new();
-        for _ in 0..30 {
-            f.append(5000);
+        for direct in [true, false] {
+            let mut f = Fixture::new(direct);
+            for _ in 0..30 {
+                f.append(5000);
+            }
+            let claim = f.tail.claim(f.file.clone(), 0).expect("whole pages are due");
+            claim.write();
+            let written = page_floor(f.appended.len());
+            let file = f.file_bytes();
+            assert_eq!(file[..written], f.appended[..written]);
+            assert!(file[written..].iter().all(|&b| b == 0), "the partial last page waits for a flush");
+            // A claim taken before a retire never lands.
+            for _ in 0..30 {
+                f.append(5000);
+            }
+            let claim = f.tail.claim(f.file.clone(), 0).expect("more pages are due");
+            f.tail.retire();
+            claim.write();
+            assert!(f.file_bytes()[written..].iter().all(|&b| b == 0));
+            // The flush still writes everything (a retired tail is flushed under the log's lock).
+            f.tail.flush(&f.file).unwrap();
+            assert_eq!(f.file_bytes(), f.appended);
         }
-        let claim = f.tail.claim(f.file.clone(), 0).expect("whole pages are due");
-        claim.write();
-        let written = page_floor(f.appended.len());
-        let file = f.file_bytes();
-        assert_eq!(file[..written], f.appended[..written]);
-        assert!(file[written..].iter().all(|&b| b == 0), "the partial last page waits for a flush");
-        // A claim taken before a retire never lands.
-        for _ in 0..30 {
-            f.append(5000);
-        }
-        let claim = f.tail.claim(f.file.clone(), 0).expect("more pages are due");
-        f.tail.retire();
-        claim.write();
-        assert!(f.file_bytes()[written..].iter().all(|&b| b == 0));
-        // The flush still writes everything (a retired tail is flushed under the log's lock).
-        f.tail.flush(&f.file).unwrap();
-        assert_eq!(f.file_bytes(), f.appended);
     }
 
     #[test]
     fn frozen_chunks_go_once_written_and_a_new_chunk_after_a_clear_reads_its_page_from_the_file() {
-        let mut f = Fixture::new();
-        for _ in 0..100 {
-            f.append(6000);
+        for direct in [true, false] {
+            let mut f = Fixture::new(direct);
+            // Unwritten chunks all stay (readers and the file need them), past the most a
+            // segment keeps once they are written.
+            while f.tail.chunks.len() <= TAIL_FROZEN_CHUNKS_MAX + 2 {
+                f.append(60_000);
+            }
+            f.tail.claim(f.file.clone(), 0).unwrap().write();
+            // The next chunk lets go of the written ones beyond those kept for readers.
+            while f.append(60_000) == Appended::Added {}
+            assert_eq!(f.tail.chunks.len(), TAIL_FROZEN_CHUNKS_MAX + 1, "chunks kept");
+            // The file holds everything before the memory's start.
+            let start = f.tail.memory_start().unwrap() as usize;
+            assert!(start > 0);
+            assert_eq!(f.file_bytes()[..start], f.appended[..start]);
+            // Idle: written out and let go; the next chunk starts from the file's partial page.
+            f.tail.flush(&f.file).unwrap();
+            f.tail.clear();
+            assert!(f.tail.memory_start().is_none());
+            f.now_ms += 10 * CHUNK_GROW_WITHIN_MS;
+            assert_eq!(f.append(777), Appended::StartedChunk);
+            f.tail.flush(&f.file).unwrap();
+            assert_eq!(f.file_bytes(), f.appended);
         }
-        // Nothing written: every chunk stays (readers and the file need them).
-        let kept = f.tail.chunks.len();
-        assert!(kept > TAIL_FROZEN_CHUNKS_MAX + 1);
-        f.tail.claim(f.file.clone(), 0).unwrap().write();
-        // The next chunk lets go of the written ones beyond those kept for readers.
-        while f.append(6000) == Appended::Added {}
-        assert!(f.tail.chunks.len() <= TAIL_FROZEN_CHUNKS_MAX + 2, "{} chunks", f.tail.chunks.len());
-        // The file holds everything before the memory's start.
-        let start = f.tail.memory_start().unwrap() as usize;
-        assert_eq!(f.file_bytes()[..start], f.appended[..start]);
-        // Idle: written out and let go; the next chunk starts from the file's partial page.
-        f.tail.flush(&f.file).unwrap();
-        f.tail.clear();
-        assert!(f.tail.memory_start().is_none());
-        f.now_ms += 10 * CHUNK_GROW_WITHIN_MS;
-        assert_eq!(f.append(777), Appended::StartedChunk);
-        f.tail.flush(&f.file).unwrap();
-        assert_eq!(f.file_bytes(), f.appended);
     }
 }

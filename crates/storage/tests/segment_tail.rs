@@ -1,7 +1,8 @@
 //! The segment's tail: batches the WAL makes durable go into chunks of memory that readers
-//! take as they are and that reach the segment file in direct-I/O writes of whole pages.
-//! Readers get the same bytes wherever they are, the file gets them without a checkpoint,
-//! and a restart after a crash has them back from the WAL.
+//! take as they are and that reach the segment file in direct-I/O writes of whole pages
+//! (`log_segment_direct_io`; every test here sets it, the other test files run the default,
+//! writes through the page cache). Readers get the same bytes wherever they are, the file
+//! gets them without a checkpoint, and a restart after a crash has them back from the WAL.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -58,6 +59,7 @@ fn read_all(log: &sluice_storage::Partition, mut offset: i64, mode: ReadMode) ->
 
 #[test]
 fn batches_in_the_tail_read_the_same_from_memory_and_the_file_and_survive_a_crash_through_the_wal() {
+    sluice_storage::segment_tail::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -112,6 +114,7 @@ fn batches_in_the_tail_read_the_same_from_memory_and_the_file_and_survive_a_cras
 
 #[test]
 fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
+    sluice_storage::segment_tail::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -144,6 +147,7 @@ fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
 
 #[test]
 fn without_the_wal_an_acknowledged_batch_is_in_the_file_fsynced() {
+    sluice_storage::segment_tail::set_direct_writes(true);
     // Per-file fsyncs (no WAL): the fsync that acknowledges a batch must cover the bytes
     // the segment kept in memory, so a crash after it loses nothing.
     let dir = tempfile::tempdir().unwrap();
@@ -164,6 +168,7 @@ fn without_the_wal_an_acknowledged_batch_is_in_the_file_fsynced() {
 
 #[test]
 fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
+    sluice_storage::segment_tail::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -202,6 +207,7 @@ fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
 
 #[test]
 fn segment_bytes_reach_the_file_steadily_with_direct_io_not_through_the_page_cache() {
+    sluice_storage::segment_tail::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
