@@ -60,11 +60,15 @@ pub const TAIL_CHUNK_BYTES_MIN: usize = 64 * 1024;
 pub const TAIL_CHUNK_BYTES_MAX: usize = 1024 * 1024;
 /// All chunks of the process together, readers' included.
 pub const TAIL_MEMORY_BYTES_MAX: usize = 1024 * 1024 * 1024;
-/// Frozen chunks stay for readers behind the end (once written) while all chunks of the
-/// process hold less than this; past it, a segment that starts a chunk lets its go.
+/// With direct I/O, frozen chunks stay for readers behind the end (once written) while all
+/// chunks of the process hold less than this; past it, a segment that starts a chunk lets
+/// its go. Through the page cache, which keeps those bytes for such readers, a segment
+/// keeps [`TAIL_FROZEN_CHUNKS_PAGE_CACHE`].
 pub const TAIL_RETAINED_BYTES_MAX: usize = 768 * 1024 * 1024;
-/// Frozen chunks a segment keeps at most, however much memory is free.
+/// Frozen chunks a segment keeps at most with direct I/O, however much memory is free.
 pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
+/// Frozen chunks a segment keeps when it writes through the page cache.
+pub const TAIL_FROZEN_CHUNKS_PAGE_CACHE: usize = 1;
 /// The writeback writes the last chunk's whole pages once this many wait (fewer, larger
 /// writes: a 4 KiB direct write costs the device round trip of a 1 MiB one).
 pub const WRITEBACK_PAGES_BYTES_MIN: usize = 64 * 1024;
@@ -303,6 +307,8 @@ impl WriterState {
 /// One segment's tail. Methods that take `&mut self` run under the log's lock.
 pub(crate) struct Tail {
     chunks: VecDeque<Chunk>,
+    /// Frozen chunks kept at most (see [`TAIL_RETAINED_BYTES_MAX`]).
+    frozen_max: usize,
     writer: Arc<Mutex<WriterState>>,
 }
 
@@ -326,6 +332,7 @@ impl Tail {
     pub(crate) fn with_direct_writes(direct: bool) -> Tail {
         Tail {
             chunks: VecDeque::new(),
+            frozen_max: if direct { TAIL_FROZEN_CHUNKS_MAX } else { TAIL_FROZEN_CHUNKS_PAGE_CACHE },
             writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: !direct })),
         }
     }
@@ -399,7 +406,7 @@ impl Tail {
         // holds many: once the file holds every byte before the next chunk's first batch,
         // its partial last page included, which the next chunk writes.
         while self.chunks.len() > 1
-            && (self.chunks.len() > TAIL_FROZEN_CHUNKS_MAX + 1 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX)
+            && (self.chunks.len() > self.frozen_max + 1 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX)
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {
@@ -621,13 +628,13 @@ mod tests {
             let mut f = Fixture::new(direct);
             // Unwritten chunks all stay (readers and the file need them), past the most a
             // segment keeps once they are written.
-            while f.tail.chunks.len() <= TAIL_FROZEN_CHUNKS_MAX + 2 {
+            while f.tail.chunks.len() <= f.tail.frozen_max + 2 {
                 f.append(60_000);
             }
             f.tail.claim(f.file.clone(), 0).unwrap().write();
             // The next chunk lets go of the written ones beyond those kept for readers.
             while f.append(60_000) == Appended::Added {}
-            assert_eq!(f.tail.chunks.len(), TAIL_FROZEN_CHUNKS_MAX + 1, "chunks kept");
+            assert_eq!(f.tail.chunks.len(), f.tail.frozen_max + 1, "chunks kept");
             // The file holds everything before the memory's start.
             let start = f.tail.memory_start().unwrap() as usize;
             assert!(start > 0);
