@@ -102,6 +102,9 @@ pub struct BrokerProcess {
     data_dir: PathBuf,
     log_path: PathBuf,
     keep_data: bool,
+    /// Where the log is copied once the process has stopped (before its folder is
+    /// removed), when the run keeps logs with its results.
+    log_copy: Option<PathBuf>,
     /// The memory cgroup the process runs in (`--broker-memory-limit`); removed after the
     /// process stopped (fields drop after [`BrokerProcess::stop`] ran).
     cgroup: Option<MemoryCgroup>,
@@ -191,6 +194,12 @@ impl BrokerProcess {
             let _ = child.kill();
         }
         let _ = child.wait();
+        if let Some(copy) = self.log_copy.take() {
+            match copy_log_end(&self.log_path, &copy) {
+                Ok(()) => println!("Kept {}'s log as {}", self.name, copy.display()),
+                Err(error) => println!("warning: cannot keep {}'s log as {}: {error:#}", self.name, copy.display()),
+            }
+        }
         if !self.keep_data {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
@@ -230,9 +239,14 @@ impl BrokerSet {
         self.nodes.iter().map(BrokerProcess::pid).collect()
     }
 
-    /// The nodes' log files.
-    pub fn log_paths(&self) -> Vec<&Path> {
-        self.nodes.iter().map(BrokerProcess::log_path).collect()
+    /// Keeps each node's log once the run stops it: copied into `dir` as
+    /// `STEM.log` (one node) or `STEM-nodeN.log`, at most its last [`KEPT_LOG_BYTES_MAX`].
+    pub fn keep_logs_in(&mut self, dir: &Path, stem: &str) {
+        let single = self.nodes.len() == 1;
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            let name = if single { format!("{stem}.log") } else { format!("{stem}-node{}.log", i + 1) };
+            node.log_copy = Some(dir.join(name));
+        }
     }
 
     /// The memory cap's figures (limit, peak usage, limit hits) over the nodes, when capped.
@@ -282,6 +296,20 @@ fn cap_note(broker: &BrokerProcess) -> String {
         }
         None => String::new(),
     }
+}
+
+/// The most of a broker's log a run keeps with its results (its end, where a failure is).
+pub const KEPT_LOG_BYTES_MAX: u64 = 16 << 20;
+
+/// Copies the last [`KEPT_LOG_BYTES_MAX`] bytes of `log` to `copy`.
+fn copy_log_end(log: &Path, copy: &Path) -> anyhow::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut source = std::fs::File::open(log).with_context(|| format!("opening {}", log.display()))?;
+    let length = source.metadata()?.len();
+    source.seek(SeekFrom::Start(length.saturating_sub(KEPT_LOG_BYTES_MAX)))?;
+    let mut target = std::fs::File::create(copy).with_context(|| format!("creating {}", copy.display()))?;
+    std::io::copy(&mut source, &mut target)?;
+    Ok(())
 }
 
 fn tail_of(path: &Path) -> String {
@@ -399,6 +427,7 @@ impl SluiceBroker {
             data_dir: dir,
             log_path,
             keep_data: false,
+            log_copy: None,
             cgroup,
         };
         broker.wait_ready(None)?;
@@ -547,6 +576,7 @@ impl KafkaInstall {
                 data_dir: dir,
                 log_path,
                 keep_data: false,
+                log_copy: None,
                 cgroup,
             });
         }

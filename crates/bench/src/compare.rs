@@ -250,7 +250,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
             if !args.no_drop_caches && !brokers::drop_caches() && round == 1 && broker == "kafka" {
                 println!("warning: cannot drop the page cache (not root): runs share a warm cache");
             }
-            let outcome = run_one(&args, broker, &sluice_bin, &workload, &driver, tls.as_ref());
+            let outcome = run_one(&args, round, broker, &sluice_bin, &workload, &driver, tls.as_ref());
             match &outcome {
                 Ok(result) => {
                     let path = args.output_dir.join(format!("round-{round}-{broker}.json"));
@@ -290,6 +290,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
 
 fn run_one(
     args: &CompareArgs,
+    round: u32,
     broker: &str,
     sluice_bin: &std::path::Path,
     workload: &crate::workload::LoadedWorkload,
@@ -297,10 +298,11 @@ fn run_one(
     tls: Option<&crate::tls::BenchTls>,
 ) -> anyhow::Result<TestResult> {
     let nodes = usize::from(args.nodes);
-    let process = match broker {
+    let mut process = match broker {
         "kafka" => args.kafka.start(nodes, tls, args.broker_memory_limit)?,
         _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg, tls, args.broker_memory_limit)?,
     };
+    process.keep_logs_in(&args.output_dir, &format!("round-{round}-{broker}"));
     let mut options = args.overrides.run_options();
     options.bootstrap = Some(process.client_bootstrap());
     options.client_settings = tls.map(crate::tls::BenchTls::client_settings).unwrap_or_default();
@@ -311,11 +313,6 @@ fn run_one(
     } else {
         runner::run_workload(workload, driver, &options)
     };
-    if outcome.is_err() {
-        for log in process.log_paths() {
-            println!("broker log: {}", log.display());
-        }
-    }
     let memory = process.memory_figures();
     drop(process);
     let mut result = outcome?;

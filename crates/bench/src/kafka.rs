@@ -218,7 +218,12 @@ impl BenchContext {
 }
 
 impl ClientContext for BenchContext {
-    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _message: &str) {}
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        // Warnings and worse (a disconnection, a timed-out request) say why a run failed.
+        if level as i32 <= rdkafka::config::RDKafkaLogLevel::Warning as i32 {
+            self.report(format_args!("client log {level:?} {fac}: {message}"));
+        }
+    }
 
     fn error(&self, error: KafkaError, reason: &str) {
         self.report(format_args!("client error: {error}: {reason}"));

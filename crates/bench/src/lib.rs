@@ -276,6 +276,11 @@ pub fn run_workloads(args: RunArgs) -> anyhow::Result<Vec<PathBuf>> {
                 runner::run_workload(workload, driver, &options)
             };
             let memory = broker.as_ref().and_then(brokers::BrokerSet::memory_figures);
+            if let Some(started) = broker.as_mut() {
+                let label = options.broker_label.as_deref().unwrap_or("broker");
+                let stem = format!("{label}-{}", unix_seconds());
+                started.keep_logs_in(&args.output_dir, &stem);
+            }
             drop(broker);
             let mut result = outcome?;
             if let (Some(extras), Some(memory)) = (result.sluice.as_mut(), memory) {

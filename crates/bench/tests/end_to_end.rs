@@ -125,6 +125,22 @@ fn smoke_workload_against_sluice() {
     args.start_sluice = true;
     args.sluice_bin = Some(bin);
     run_and_check(args);
+    // The broker's log stays with the results, to its end (the broker stopped first).
+    assert_eq!(kept_logs(dir.path()), 1);
+}
+
+/// How many broker logs a run kept in `dir`; each must hold its broker's last line.
+fn kept_logs(dir: &Path) -> usize {
+    let logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "log"))
+        .collect();
+    for log in &logs {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(text.contains("shutdown complete"), "{} does not end with the shutdown:\n{text}", log.display());
+    }
+    logs.len()
 }
 
 #[test]
@@ -154,6 +170,7 @@ fn smoke_workload_against_a_three_node_sluice_cluster() {
     args.sluice_bin = Some(bin);
     args.nodes = 3;
     run_and_check(args);
+    assert_eq!(kept_logs(dir.path()), 3);
 }
 
 #[test]

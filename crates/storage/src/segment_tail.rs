@@ -415,15 +415,18 @@ impl Tail {
         Ok(Appended::StartedChunk)
     }
 
-    /// The size of the next chunk, from how fast the last one filled.
+    /// The size of the next chunk, from how fast the last one filled: whole pages, within
+    /// [`TAIL_CHUNK_BYTES_MIN`, `TAIL_CHUNK_BYTES_MAX`]. (The last chunk may be of any
+    /// number of pages: one sized for a large batch.)
     fn next_capacity(&self, now_ms: i64) -> usize {
-        match self.chunks.back() {
+        let capacity = match self.chunks.back() {
             None => TAIL_CHUNK_BYTES_MIN,
-            Some(last) if now_ms - last.created_ms <= CHUNK_GROW_WITHIN_MS => {
-                (last.shared.capacity * 2).clamp(TAIL_CHUNK_BYTES_MIN, TAIL_CHUNK_BYTES_MAX)
-            }
-            Some(last) => (last.shared.capacity / 2).clamp(TAIL_CHUNK_BYTES_MIN, TAIL_CHUNK_BYTES_MAX),
-        }
+            Some(last) if now_ms - last.created_ms <= CHUNK_GROW_WITHIN_MS => last.shared.capacity * 2,
+            Some(last) => last.shared.capacity / 2,
+        };
+        let capacity = page_ceil(capacity).clamp(TAIL_CHUNK_BYTES_MIN, TAIL_CHUNK_BYTES_MAX);
+        debug_assert!(capacity.is_multiple_of(PAGE_BYTES));
+        capacity
     }
 
     /// Writes everything the file lacks (`file` is the segment file, for the page cache's
@@ -590,6 +593,29 @@ mod tests {
             // More appends rewrite the partial last page as it was, then go on.
             f.append(10);
             f.append(9000);
+            f.tail.flush(&f.file).unwrap();
+            assert_eq!(f.file_bytes(), f.appended);
+        }
+    }
+
+    #[test]
+    fn a_chunk_sized_for_a_large_batch_is_followed_by_whole_page_chunks() {
+        for direct in [true, false] {
+            let mut f = Fixture::new(direct);
+            f.append(100);
+            // A batch of an odd number of pages past the largest chunk gets a chunk of its
+            // own (prefix included): 257 pages.
+            let large = TAIL_CHUNK_BYTES_MAX + PAGE_BYTES - 100;
+            assert_eq!(f.append(large), Appended::StartedChunk);
+            assert_eq!(f.tail.chunks.back().unwrap().shared.capacity, TAIL_CHUNK_BYTES_MAX + PAGE_BYTES);
+            // Slowly filled: the next chunk halves, still whole pages (this panicked once).
+            f.now_ms += 10 * CHUNK_GROW_WITHIN_MS;
+            assert_eq!(f.append(4 * PAGE_BYTES), Appended::StartedChunk);
+            let capacity = f.tail.chunks.back().unwrap().shared.capacity;
+            assert_eq!(capacity, page_ceil((TAIL_CHUNK_BYTES_MAX + PAGE_BYTES) / 2));
+            // Quickly filled: it doubles, to at most the largest chunk.
+            while f.append(3000) == Appended::Added {}
+            assert_eq!(f.tail.chunks.back().unwrap().shared.capacity, TAIL_CHUNK_BYTES_MAX);
             f.tail.flush(&f.file).unwrap();
             assert_eq!(f.file_bytes(), f.appended);
         }
