@@ -5,7 +5,8 @@
 //!
 //! Model (LazyFS's default): data writes and size changes (write, truncate, fallocate) go to
 //! a per-inode overlay of 4 KiB pages plus a logical size; `fsync`/`fdatasync` of a file
-//! writes its overlay to the backing file and fsyncs it; closing a file persists nothing.
+//! writes its overlay to the backing file and fsyncs it, and so does a synchronous write
+//! (`RWF_DSYNC`, a file opened `O_DSYNC`) once written; closing a file persists nothing.
 //! Metadata operations (create, mkdir, unlink, rename, chmod) pass straight through and
 //! are durable at once: a file created and never fsynced survives a crash empty. Every open
 //! file bypasses the kernel page cache (`FOPEN_DIRECT_IO`) and attributes are never cached,
@@ -724,7 +725,7 @@ impl Filesystem for LossyFs {
         offset: i64,
         data: &[u8],
         _write_flags: u32,
-        _flags: i32,
+        flags: i32,
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
@@ -732,7 +733,16 @@ impl Filesystem for LossyFs {
         let result = if ino == CONTROL_INO {
             state.control(&String::from_utf8_lossy(data))
         } else {
-            state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, offset.max(0) as u64, data))
+            let written =
+                state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, offset.max(0) as u64, data));
+            // A synchronous write (`RWF_DSYNC`, `O_DSYNC`/`O_SYNC`; the kernel passes the
+            // write's own flag in `flags`) is durable once answered, as a write and an
+            // fdatasync. This makes the whole file durable, more than a device's FUA write
+            // promises for earlier writes: what relies on that is not tested here.
+            match written {
+                Ok(()) if flags & libc::O_DSYNC != 0 => state.fsync(ino, fh),
+                other => other,
+            }
         };
         match result {
             Ok(()) => reply.written(data.len() as u32),

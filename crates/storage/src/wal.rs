@@ -29,7 +29,10 @@
 //!
 //! Rounds are written with direct I/O (`O_DIRECT`) where the filesystem takes it: the
 //! round is gathered into a page-aligned buffer and written straight to the device, so
-//! the `fdatasync` that follows is only the device's cache flush. Through the page cache
+//! the `fdatasync` that follows is only the device's cache flush. A round that fits one
+//! write (most of them) is written with `RWF_DSYNC` instead of a write and an `fdatasync`:
+//! one system call, one sleep of the WAL thread, and one FUA write where the device has
+//! it. Through the page cache
 //! each round would be copied into page-cache folios, written back by that `fdatasync`
 //! (the kernel's writeback path cost more CPU than the rest of the WAL thread), and kept
 //! in memory where it crowds out what consumers read. A filesystem that refuses direct
@@ -422,6 +425,8 @@ pub(crate) struct WalWriter {
     checkpointer: Option<std::thread::JoinHandle<()>>,
     /// An fsync failed (or a rotation): nothing written since may be trusted, every round fails.
     broken: bool,
+    /// Rounds made durable by their one `RWF_DSYNC` write, with no `fdatasync`.
+    rounds_write_synced: u64,
 }
 
 impl WalWriter {
@@ -453,6 +458,7 @@ impl WalWriter {
             spare_asked: false,
             checkpointer: Some(checkpointer),
             broken: false,
+            rounds_write_synced: 0,
         })
     }
 
@@ -486,11 +492,24 @@ impl WalWriter {
         let page_start = self.position - self.tail_page.len() as u64;
         debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
         let end = self.position + records.iter().map(|part| part.len() as u64).sum::<u64>();
-        let tail_page = self.write_pages(page_start, end, records)?;
-        if let Err(error) = crate::durable::sync_data(&self.file) {
-            self.broken = true;
-            tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
-            return Err(error);
+        let (tail_page, synced) = match self.write_pages(page_start, end, records) {
+            Ok(written) => written,
+            Err(error) => {
+                if crate::durable::is_fsync_failure(&error) {
+                    self.broken = true;
+                    tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
+                }
+                return Err(error);
+            }
+        };
+        if synced {
+            self.rounds_write_synced += 1;
+        } else {
+            if let Err(error) = crate::durable::sync_data(&self.file) {
+                self.broken = true;
+                tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
+                return Err(error);
+            }
         }
         self.position = end;
         self.tail_page = tail_page;
@@ -525,8 +544,11 @@ impl WalWriter {
 
     /// Writes the current file's tail page and then `records` from `page_start`, padded with
     /// zeros to a page end (`end` is where the records end). Returns the bytes of the last,
-    /// partly filled page: the next round rewrites them ahead of its records.
-    fn write_pages(&mut self, page_start: u64, end: u64, records: &[&[u8]]) -> io::Result<Vec<u8>> {
+    /// partly filled page (the next round rewrites them ahead of its records) and whether
+    /// the round is durable already: a round written in one direct write is written with
+    /// `RWF_DSYNC` ([`crate::durable::write_data_synced`]), so no `fdatasync` follows it.
+    /// (Only then: the flag's FUA write makes durable that write alone, not earlier ones.)
+    fn write_pages(&mut self, page_start: u64, end: u64, records: &[&[u8]]) -> io::Result<(Vec<u8>, bool)> {
         let chunk = self.chunk.as_mut_slice();
         // The file offset of chunk[0], and how much of the chunk is filled.
         let mut offset = page_start;
@@ -550,10 +572,15 @@ impl WalWriter {
         let tail_page = chunk[filled - tail_len..filled].to_vec();
         let padded = filled.div_ceil(WAL_PAGE_BYTES as usize) * WAL_PAGE_BYTES as usize;
         chunk[filled..padded].fill(0);
-        if padded > 0 {
-            write_pages_at(&mut self.file, &mut self.direct, &self.path, &chunk[..padded], offset)?;
+        if padded == 0 {
+            return Ok((tail_page, false));
         }
-        Ok(tail_page)
+        let one_write = offset == page_start;
+        if one_write && self.direct && crate::durable::write_data_synced(&self.file, &chunk[..padded], offset)? {
+            return Ok((tail_page, true));
+        }
+        write_pages_at(&mut self.file, &mut self.direct, &self.path, &chunk[..padded], offset)?;
+        Ok((tail_page, false))
     }
 
     /// The current file is written with direct I/O (for tests and the startup log).
@@ -846,6 +873,11 @@ mod tests {
             writer.write_round(&parts, &[]).unwrap();
             expected.extend(payloads);
             assert_eq!(writer.file.metadata().unwrap().len() % WAL_PAGE_BYTES, 0, "whole pages");
+        }
+        if direct_supported && !crate::durable::fsync_skipped() {
+            // The rounds that fit one write were made durable by it (RWF_DSYNC); the
+            // 1.5 MB round and the one ending on a chunk boundary got an fdatasync.
+            assert_eq!(writer.rounds_write_synced, 6);
         }
         if direct_supported {
             // Written around the page cache: a round's pages are not kept in memory.
