@@ -12,6 +12,30 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::Broker;
 
+/// Makes every panic in this process stop it: the panic is logged (message, thread,
+/// backtrace), then the process aborts.
+///
+/// Why not close only the panicking connection, as a task's panic would: a panic means an
+/// invariant failed, possibly halfway through changing a partition's state in memory, and
+/// the storage locks (`parking_lot`) do not poison, so the next request would act on that
+/// state: assign an offset twice, or acknowledge what the WAL will replay differently.
+/// Stopping loses nothing acknowledged: every acknowledged write is durable first, and a
+/// restart rebuilds memory from the WAL and the segments (the `kill -9` path the crash
+/// tests prove). This is the fail-stop of TigerBeetle and Redpanda; a supervisor restarts
+/// the broker. Request decoding returns errors rather than panicking, so a malformed frame
+/// still only closes its connection.
+pub fn stop_on_panic() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let backtrace = std::backtrace::Backtrace::force_capture();
+        tracing::error!(
+            thread = thread.name().unwrap_or("unnamed"),
+            "{info}; stopping the broker: its memory may no longer match its disk, and a restart recovers from the disk\n{backtrace}"
+        );
+        std::process::abort();
+    }));
+}
+
 /// Upkeep (flush.ms checks, retention) runs at least this often.
 const UPKEEP_INTERVAL_MS_MAX: u64 = 1000;
 

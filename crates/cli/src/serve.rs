@@ -309,6 +309,7 @@ fn raise_open_files_limit() {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (config, log_format) = args.into_config()?;
     init_logging(&log_format)?;
+    sluice_broker::server::stop_on_panic();
     raise_open_files_limit();
     let io_threads = match config.io_threads {
         0 => sluice_broker::config::io_threads_auto(),

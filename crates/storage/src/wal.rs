@@ -492,9 +492,17 @@ impl WalWriter {
         let page_start = self.position - self.tail_page.len() as u64;
         debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
         let end = self.position + records.iter().map(|part| part.len() as u64).sum::<u64>();
-        let (tail_page, synced) = match self.write_pages(page_start, end, records) {
+        // Durable once written: by the write itself (RWF_DSYNC) or by an fdatasync after it.
+        let durable = self.write_pages(page_start, end, records).and_then(|(tail_page, synced)| {
+            if !synced {
+                crate::durable::sync_data(&self.file)?;
+            }
+            Ok((tail_page, synced))
+        });
+        let (tail_page, synced) = match durable {
             Ok(written) => written,
             Err(error) => {
+                // Pages that failed to sync may be lost whatever a retry says: stop for good.
                 if crate::durable::is_fsync_failure(&error) {
                     self.broken = true;
                     tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
@@ -502,15 +510,7 @@ impl WalWriter {
                 return Err(error);
             }
         };
-        if synced {
-            self.rounds_write_synced += 1;
-        } else {
-            if let Err(error) = crate::durable::sync_data(&self.file) {
-                self.broken = true;
-                tracing::error!(file = %self.path.display(), %error, "WAL fsync failed: every partition it serves goes offline");
-                return Err(error);
-            }
-        }
+        self.rounds_write_synced += u64::from(synced);
         self.position = end;
         self.tail_page = tail_page;
         for partition in partitions {
