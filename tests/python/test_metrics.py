@@ -65,8 +65,8 @@ def test_metrics_count_what_clients_did_and_probes_answer(broker_factory):
     # Every acknowledged produce waited for an fsync.
     assert value(after, "sluice_fsync_duration_seconds_count") >= 1
     # Acknowledged batches are in the partitions' tails in memory (the WAL holds them),
-    # chunks of at least 64 KiB each.
-    assert value(after, "sluice_segment_tail_memory_bytes") >= 2 * 64 * 1024
+    # a chunk of at least 8 KiB (TAIL_CHUNK_BYTES_MIN) for each of the two partitions.
+    assert value(after, "sluice_segment_tail_memory_bytes") >= 2 * 8 * 1024
     # No segment has rolled on this new broker: only active segments' files are open.
     assert value(after, "sluice_segment_files_open") == 0
     assert value(after, "sluice_partitions") == 2
