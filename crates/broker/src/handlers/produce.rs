@@ -279,7 +279,6 @@ fn records_out_of_time(batch: &bytes::Bytes, earliest_ms: i64, latest_ms: i64) -
     }
 }
 
-/// Appends one batch and asks for its fsync if the topic fsyncs before acknowledging.
 /// Tests only: a produce to the topic this names panics once its batch is appended, before
 /// it is acknowledged (the panic policy's test, `server::stop_on_panic`).
 const PANIC_ON_PRODUCE_ENV: &str = "SLUICE_UNSAFE_PANIC_ON_PRODUCE_FOR_TESTS";
@@ -289,6 +288,7 @@ fn panics_for_tests(topic: &str) -> bool {
     TOPIC.get_or_init(|| std::env::var(PANIC_ON_PRODUCE_ENV).ok()).as_deref() == Some(topic)
 }
 
+/// Appends one batch and asks for its fsync if the topic fsyncs before acknowledging.
 fn append_one(
     broker: &Broker,
     log: &Arc<Partition>,
