@@ -441,6 +441,12 @@ impl Segment {
         self.tail.memory_start()
     }
 
+    /// A reader read this segment's file behind its tail's memory: the tail's next writes
+    /// go through the page cache for a while, so that reader finds them cached.
+    pub fn note_reader_behind(&self) {
+        self.tail.note_reader_behind(crate::now_ms());
+    }
+
     /// After a while without appends, an active segment lets go of its tail's memory, once
     /// its bytes are in the file. True when it did.
     pub(crate) fn release_tail(&mut self) -> bool {

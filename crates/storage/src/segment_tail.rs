@@ -31,6 +31,12 @@
 //! A retired tail ([`Tail::retire`]: its segment is cut, sealed or dropped) takes no more
 //! writeback, so a write claimed before a cut cannot land after it.
 //!
+//! A tail writes directly while its readers keep up. A read of the file behind its memory
+//! ([`Tail::note_reader_behind`]) turns its writes to the page cache for
+//! [`READER_BEHIND_PAGE_CACHE_MS`], so that reader comes to cached bytes rather than to a
+//! disk read per fetch. A page written one way and then the other is still whole: the
+//! kernel writes back and drops a cached page before a direct write over it.
+//!
 //! Durability contract: none of its own. What a chunk holds that its file does not is in the
 //! WAL, which keeps it until the checkpoint has flushed and fsynced the file. A filesystem
 //! that refuses `O_DIRECT` (tmpfs, some FUSE) gets the same writes through the page cache.
@@ -46,7 +52,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -69,6 +75,12 @@ pub const TAIL_MEMORY_BYTES_MAX: usize = 1024 * 1024 * 1024;
 pub const TAIL_RETAINED_BYTES_MAX: usize = 768 * 1024 * 1024;
 /// Frozen chunks a segment keeps at most with direct I/O, however much memory is free.
 pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
+/// With direct I/O, a written frozen chunk goes once this long has passed since it froze
+/// (checked when a chunk starts): readers a moment behind find their bytes in memory, and a
+/// slow partition holds no more than through the page cache (at 10,000 partitions of 1 msg/s
+/// the tails would otherwise keep [`TAIL_RETAINED_BYTES_MAX`]). A reader further behind
+/// turns the segment's writes to the page cache ([`READER_BEHIND_PAGE_CACHE_MS`]).
+pub const TAIL_FROZEN_RETAIN_MS: i64 = 1000;
 /// Frozen chunks a segment keeps when it writes through the page cache.
 pub const TAIL_FROZEN_CHUNKS_PAGE_CACHE: usize = 1;
 /// The writeback writes the last chunk's whole pages once this many wait (fewer, larger
@@ -80,13 +92,18 @@ pub const TAIL_DIRECT_FILES_OPEN_MAX: usize = 256;
 /// A chunk that filled within this time is followed by one twice its size, one that took
 /// longer by one half its size: busy partitions write large pieces, idle ones hold little.
 const CHUNK_GROW_WITHIN_MS: i64 = 1000;
+/// After a reader read a segment's file behind its tail's memory, the tail writes through
+/// the page cache for this long, even with direct I/O: the bytes that reader comes to next
+/// are then cached for it, not only on the disk (where it would read them one cold read at
+/// a time and, at a high rate, never catch up; README, session 33).
+pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 10_000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
-static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether tails write with direct I/O (`log_segment_direct_io`) or through the page cache
-/// (the default). Set once at startup; tails made before keep their mode.
+/// Whether tails write with direct I/O (`log_segment_direct_io`, the default) or through the
+/// page cache. Set once at startup; tails made before keep their mode.
 pub fn set_direct_writes(direct: bool) {
     DIRECT_WRITES.store(direct, Ordering::Relaxed);
 }
@@ -264,13 +281,23 @@ struct WriterState {
 
 impl WriterState {
     /// Writes the chunk's bytes `[from, to)` at their file position, with direct I/O widened
-    /// to whole pages (the caller made any padding past `len` zero), and notes them written.
-    fn write(&mut self, file: &File, shared: &ChunkShared, file_start: u64, from: usize, to: usize) -> io::Result<()> {
+    /// to whole pages (the caller made any padding past `len` zero) when `direct` and the
+    /// filesystem allows it, and notes them written. True when they went through the page
+    /// cache.
+    fn write(
+        &mut self,
+        file: &File,
+        shared: &ChunkShared,
+        file_start: u64,
+        (from, to): (usize, usize),
+        direct: bool,
+    ) -> io::Result<bool> {
         if from >= to {
-            return Ok(());
+            return Ok(false);
         }
+        let direct = direct && !self.direct_refused;
         let mut opened = None;
-        if !self.direct_refused && self.direct.is_none() {
+        if direct && self.direct.is_none() {
             // Reopened through /proc, so a renamed or replaced path cannot matter.
             let path = format!("/proc/self/fd/{}", file.as_raw_fd());
             match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
@@ -282,7 +309,8 @@ impl WriterState {
                 Err(error) => return Err(error),
             }
         }
-        let direct_file = self.direct.as_ref().map(|kept| &kept.0).or(opened.as_ref());
+        let direct_file = if direct { self.direct.as_ref().map(|kept| &kept.0).or(opened.as_ref()) } else { None };
+        let mut through_page_cache = direct_file.is_none();
         let direct_result = direct_file.map(|direct| {
             let (from, to) = (page_floor(from), page_ceil(to));
             // SAFETY: the bytes are below `len` (fixed) or padding the caller zeroed under
@@ -294,6 +322,7 @@ impl WriterState {
                 tracing::warn!(%error, "direct I/O refused: segment writes go through the page cache");
                 self.direct = None;
                 self.direct_refused = true;
+                through_page_cache = true;
                 // SAFETY: as above, without the padding.
                 file.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)?;
             }
@@ -302,7 +331,7 @@ impl WriterState {
             None => file.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)?,
         }
         shared.written.fetch_max(to, Ordering::AcqRel);
-        Ok(())
+        Ok(through_page_cache)
     }
 }
 
@@ -312,6 +341,15 @@ pub(crate) struct Tail {
     /// Frozen chunks kept at most (see [`TAIL_RETAINED_BYTES_MAX`]).
     frozen_max: usize,
     writer: Arc<Mutex<WriterState>>,
+    /// When a reader last read the file behind this tail's memory (ms; see
+    /// [`READER_BEHIND_PAGE_CACHE_MS`]). Not under `writer`, which a write holds.
+    reader_behind_ms: Arc<AtomicI64>,
+}
+
+/// Whether a tail's writes go direct now: not while a reader behind its memory may come to
+/// them (they would be on the disk only).
+fn writes_direct(reader_behind_ms: &AtomicI64, now_ms: i64) -> bool {
+    now_ms.saturating_sub(reader_behind_ms.load(Ordering::Relaxed)) >= READER_BEHIND_PAGE_CACHE_MS
 }
 
 /// What [`Tail::append`] did with a batch.
@@ -336,7 +374,14 @@ impl Tail {
             chunks: VecDeque::new(),
             frozen_max: if direct { TAIL_FROZEN_CHUNKS_MAX } else { TAIL_FROZEN_CHUNKS_PAGE_CACHE },
             writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: !direct })),
+            reader_behind_ms: Arc::new(AtomicI64::new(i64::MIN)),
         }
+    }
+
+    /// A reader read the file behind this tail's memory at `now_ms`: the next writes go
+    /// through the page cache for a while (see [`READER_BEHIND_PAGE_CACHE_MS`]).
+    pub(crate) fn note_reader_behind(&self, now_ms: i64) {
+        self.reader_behind_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
 
     /// True while some appended bytes are not in the file yet.
@@ -404,11 +449,13 @@ impl Tail {
             last.frozen = true;
         }
         self.chunks.push_back(chunk);
-        // Written frozen chunks go (readers keep theirs) when memory is short or a segment
-        // holds many: once the file holds every byte before the next chunk's first batch,
+        // Written frozen chunks go (readers keep theirs) when memory is short, a segment
+        // holds many or they froze a while ago: once the file holds every byte before the next chunk's first batch,
         // its partial last page included, which the next chunk writes.
         while self.chunks.len() > 1
-            && (self.chunks.len() > self.frozen_max + 1 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX)
+            && (self.chunks.len() > self.frozen_max + 1
+                || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX
+                || now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS)
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {
@@ -437,6 +484,7 @@ impl Tail {
         if !self.has_unwritten() {
             return Ok(());
         }
+        let direct = writes_direct(&self.reader_behind_ms, crate::now_ms());
         let mut writer = self.writer.lock();
         for chunk in self.chunks.iter_mut() {
             let (from, to) = (chunk.written(), chunk.owned_len());
@@ -444,7 +492,7 @@ impl Tail {
                 if !chunk.frozen {
                     chunk.zero_padding();
                 }
-                writer.write(file, &chunk.shared, chunk.file_start, from, to)?;
+                writer.write(file, &chunk.shared, chunk.file_start, (from, to), direct)?;
             }
         }
         Ok(())
@@ -463,7 +511,12 @@ impl Tail {
                 due.then(|| (chunk.shared.clone(), chunk.file_start, to))
             })
             .collect();
-        (!pieces.is_empty()).then(|| TailClaim { writer: self.writer.clone(), file, pieces })
+        (!pieces.is_empty()).then(|| TailClaim {
+            writer: self.writer.clone(),
+            reader_behind_ms: self.reader_behind_ms.clone(),
+            file,
+            pieces,
+        })
     }
 
     /// No writeback after this returns (one in progress has finished).
@@ -494,6 +547,7 @@ impl Tail {
 /// Whole pages of a tail's chunks for the writeback to write (see [`Tail::claim`]).
 pub(crate) struct TailClaim {
     writer: Arc<Mutex<WriterState>>,
+    reader_behind_ms: Arc<AtomicI64>,
     file: Arc<File>,
     /// (chunk, its file position, write up to this many of its bytes)
     pieces: Vec<(Arc<ChunkShared>, u64, usize)>,
@@ -503,17 +557,21 @@ impl TailClaim {
     /// Writes the claimed pages, unless the tail was retired since. A failure is left to the
     /// next flush, which writes them again and reports it.
     pub(crate) fn write(self) {
+        let direct = writes_direct(&self.reader_behind_ms, crate::now_ms());
         let mut writer = self.writer.lock();
         if writer.retired {
             return;
         }
         for (shared, file_start, to) in &self.pieces {
             let from = shared.written.load(Ordering::Acquire);
-            if let Err(error) = writer.write(&self.file, shared, *file_start, from, *to) {
-                tracing::warn!(%error, "segment writeback failed (the checkpoint retries)");
-                return;
-            }
-            if writer.direct_refused && from < *to {
+            let through_page_cache = match writer.write(&self.file, shared, *file_start, (from, *to), direct) {
+                Ok(through_page_cache) => through_page_cache,
+                Err(error) => {
+                    tracing::warn!(%error, "segment writeback failed (the checkpoint retries)");
+                    return;
+                }
+            };
+            if through_page_cache {
                 // Through the page cache: its disk writes start now, not in the checkpoint's
                 // burst (see `wal.rs::write_back`).
                 crate::wal::write_back(&self.file, file_start + from as u64, file_start + *to as u64);
@@ -539,7 +597,10 @@ mod tests {
     impl Fixture {
         /// `direct`: with direct I/O, or through the page cache.
         fn new(direct: bool) -> Fixture {
-            let dir = tempfile::tempdir().unwrap();
+            Fixture::new_in(direct, tempfile::tempdir().unwrap())
+        }
+
+        fn new_in(direct: bool, dir: tempfile::TempDir) -> Fixture {
             let file =
                 OpenOptions::new().read(true).write(true).create_new(true).open(dir.path().join("s.log")).unwrap();
             let tail = Tail::with_direct_writes(direct);
@@ -676,5 +737,48 @@ mod tests {
             f.tail.flush(&f.file).unwrap();
             assert_eq!(f.file_bytes(), f.appended);
         }
+    }
+
+    #[test]
+    fn a_reader_behind_the_memory_turns_the_writes_to_the_page_cache_for_a_while() {
+        // In the build's directory, on the disk: a temporary directory may be a tmpfs,
+        // which refuses direct I/O.
+        let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")).unwrap();
+        let mut f = Fixture::new_in(true, dir);
+        let cached = |f: &Fixture, from: usize, to: usize| {
+            crate::log::cachestat(&f.file, from as u64, (to - from) as u64).expect("cachestat (Linux 6.5)").nr_cache
+        };
+        let write_more = |f: &mut Fixture| {
+            let from = page_ceil(f.appended.len());
+            for _ in 0..30 {
+                f.append(5000);
+            }
+            f.tail.claim(f.file.clone(), 0).expect("whole pages are due").write();
+            (from, page_floor(f.appended.len()))
+        };
+        // Direct: the file gets the bytes, the page cache none of them.
+        let (from, to) = write_more(&mut f);
+        assert!(!f.tail.writer.lock().direct_refused, "the filesystem of target/ refuses O_DIRECT");
+        // (Before any read of the file, which would cache what it reads.)
+        assert_eq!(cached(&f, from, to), 0, "direct writes leave nothing cached");
+        assert_eq!(f.file_bytes()[from..to], f.appended[from..to]);
+        // A reader read the file behind the memory: the next writes are cached for it.
+        f.tail.note_reader_behind(crate::now_ms());
+        let (from, to) = write_more(&mut f);
+        assert_eq!(cached(&f, from, to) as usize, (to - from) / PAGE_BYTES, "written through the page cache");
+        assert_eq!(f.file_bytes()[from..to], f.appended[from..to]);
+        // The flush too.
+        f.append(7000);
+        let flushed_from = page_ceil(to);
+        f.tail.flush(&f.file).unwrap();
+        let flushed_to = page_floor(f.appended.len());
+        assert!(flushed_to > flushed_from);
+        assert_eq!(cached(&f, flushed_from, flushed_to) as usize, (flushed_to - flushed_from) / PAGE_BYTES);
+        // A while later, direct again.
+        f.tail.reader_behind_ms.store(crate::now_ms() - READER_BEHIND_PAGE_CACHE_MS, Ordering::Relaxed);
+        let (from, to) = write_more(&mut f);
+        assert_eq!(cached(&f, from, to), 0, "direct again once no reader was behind for a while");
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
     }
 }

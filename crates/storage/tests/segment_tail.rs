@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_storage::batch::BatchIter;
-use sluice_storage::segment_tail::{TAIL_CHUNK_BYTES_MAX, TAIL_CHUNK_BYTES_MIN};
+use sluice_storage::segment_tail::{TAIL_CHUNK_BYTES_MAX, TAIL_CHUNK_BYTES_MIN, TAIL_FROZEN_CHUNKS_MAX};
 use sluice_storage::{LogConfig, LogManager, ReadMode, TopicPartition};
 
 mod common;
@@ -226,6 +226,70 @@ fn segment_bytes_reach_the_file_steadily_with_direct_io_not_through_the_page_cac
         std::thread::sleep(Duration::from_millis(50));
         append_acknowledged(&manager, &log, &[batch(round, 100)]);
         round = round.wrapping_add(1);
+    }
+    manager.close();
+}
+
+#[test]
+fn a_consumer_behind_the_tails_memory_finds_what_follows_in_the_page_cache() {
+    sluice_storage::segment_tail::set_direct_writes(true);
+    // On the build's disk: a temporary directory may be a tmpfs, which refuses direct I/O.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let root = dir.path().join("logs");
+    let manager = LogManager::with_wal(&root).unwrap();
+    let config = LogConfig { max_message_bytes: 4 << 20, ..LogConfig::default() };
+    let log = manager.open(&TopicPartition::new("t", 0), config).unwrap();
+    // Batches of a chunk each, until the first has left the tail's memory (more chunks than
+    // a segment keeps, written by the writeback). Written directly, it is on the disk only:
+    // a read that may not wait for the disk cannot have it.
+    let mut appended: Vec<Bytes> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match log.read(0, 8 << 20, true, ReadMode::CachedOnly) {
+            Err(sluice_storage::ReadError::WouldBlock) => break,
+            read => assert!(read.is_ok(), "{read:?}"),
+        }
+        assert!(Instant::now() < deadline, "the first chunk never left the tail's memory");
+        let next = batch(b'a' + (appended.len() % 26) as u8, TAIL_CHUNK_BYTES_MAX);
+        append_acknowledged(&manager, &log, std::slice::from_ref(&next));
+        appended.push(next);
+        if appended.len() > TAIL_FROZEN_CHUNKS_MAX {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+    }
+    // That read was behind the memory: what is appended next reaches the file through the
+    // page cache, where the consumer finds it.
+    let start: usize = appended.iter().map(Bytes::len).sum();
+    let more: Vec<Bytes> = (0..8).map(|i| batch(b'A' + i, 100_000)).collect();
+    append_acknowledged(&manager, &log, &more);
+    let end = start + more.iter().map(Bytes::len).sum::<usize>();
+    // Each batch as the client sent it after the 16 bytes the broker fills in.
+    let on_file = |file: &[u8]| {
+        let mut position = start;
+        more.iter().all(|batch| {
+            let stored = file.get(position + 16..position + batch.len()) == Some(&batch[16..]);
+            position += batch.len();
+            stored
+        })
+    };
+    // Read nothing of the file before: a read would bring its pages into the cache.
+    let file = std::fs::File::open(segment_path(&root)).unwrap();
+    let (from, to) = (start.next_multiple_of(4096), end / 4096 * 4096);
+    let cached = || {
+        let stat = sluice_storage::cachestat(&file, from as u64, (to - from) as u64).expect("cachestat (Linux 6.5)");
+        stat.nr_cache as usize
+    };
+    while cached() < (to - from) / 4096 {
+        assert!(Instant::now() < deadline, "the new batches' pages never came into the page cache");
+        std::thread::sleep(Duration::from_millis(50));
+        // Whole pages after the last batch's last one, so the writeback writes it.
+        append_acknowledged(&manager, &log, &[batch(b'z', 16_000)]);
+    }
+    // And they are the batches appended (the last one's last page once whole and written).
+    while !on_file(&segment_file(&root)) {
+        assert!(Instant::now() < deadline, "the new batches never reached the file");
+        std::thread::sleep(Duration::from_millis(50));
+        append_acknowledged(&manager, &log, &[batch(b'z', 16_000)]);
     }
     manager.close();
 }

@@ -187,7 +187,11 @@ impl Partition {
                     (Ok(ReadSource::Memory(tail)), end)
                 }
                 None => {
-                    let end = segment.memory_start().unwrap_or(size);
+                    let memory_start = segment.memory_start();
+                    if memory_start.is_some() {
+                        segment.note_reader_behind();
+                    }
+                    let end = memory_start.unwrap_or(size);
                     let source = match segment.cached_file() {
                         Some(file) => Ok(ReadSource::File(file)),
                         // Closed by the budget of open files: opening may wait for the disk.
@@ -253,7 +257,11 @@ impl Partition {
             let (_, segment) = state.segments.range(..=offset).next_back()?;
             let start = segment.position_at_or_before(offset);
             // Only the file's part: bytes in memory are sent from there (`read_until`).
-            let size = segment.memory_start().unwrap_or(segment.size_bytes());
+            let memory_start = segment.memory_start();
+            if memory_start.is_some_and(|memory_start| start < memory_start) {
+                segment.note_reader_behind();
+            }
+            let size = memory_start.unwrap_or(segment.size_bytes());
             if offset >= limit
                 || segment.next_offset() <= offset
                 || start >= size
