@@ -100,10 +100,10 @@ pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 10_000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
-static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether tails write with direct I/O (`log_segment_direct_io`, the default) or through the
-/// page cache. Set once at startup; tails made before keep their mode.
+/// Whether tails write with direct I/O (`log_segment_direct_io`) or through the page cache
+/// (the default). Set once at startup; tails made before keep their mode.
 pub fn set_direct_writes(direct: bool) {
     DIRECT_WRITES.store(direct, Ordering::Relaxed);
 }
