@@ -31,8 +31,8 @@
 //! A retired tail ([`Tail::retire`]: its segment is cut, sealed or dropped) takes no more
 //! writeback, so a write claimed before a cut cannot land after it.
 //!
-//! A tail writes directly while its readers keep up. A read of the file behind its memory
-//! ([`Tail::note_reader_behind`]) turns its writes to the page cache for
+//! With direct I/O, a tail writes directly while its readers keep up. A read of the file
+//! behind its memory ([`Tail::note_reader_behind`]) turns its writes to the page cache for
 //! [`READER_BEHIND_PAGE_CACHE_MS`], so that reader comes to cached bytes rather than to a
 //! disk read per fetch. A page written one way and then the other is still whole: the
 //! kernel writes back and drops a cached page before a direct write over it.
@@ -450,8 +450,9 @@ impl Tail {
         }
         self.chunks.push_back(chunk);
         // Written frozen chunks go (readers keep theirs) when memory is short, a segment
-        // holds many or they froze a while ago: once the file holds every byte before the next chunk's first batch,
-        // its partial last page included, which the next chunk writes.
+        // holds many or they froze a while ago: once the file holds every byte before the
+        // next chunk's first batch, its partial last page included, which the next chunk
+        // writes.
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
                 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX

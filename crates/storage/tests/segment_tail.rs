@@ -239,9 +239,9 @@ fn a_consumer_behind_the_tails_memory_finds_what_follows_in_the_page_cache() {
     let manager = LogManager::with_wal(&root).unwrap();
     let config = LogConfig { max_message_bytes: 4 << 20, ..LogConfig::default() };
     let log = manager.open(&TopicPartition::new("t", 0), config).unwrap();
-    // Batches of a chunk each, until the first has left the tail's memory (more chunks than
-    // a segment keeps, written by the writeback). Written directly, it is on the disk only:
-    // a read that may not wait for the disk cannot have it.
+    // Batches of a chunk each, until the first has left the tail's memory (once written by
+    // the writeback, a second after it froze). Written directly, it is on the disk only: a
+    // read that may not wait for the disk cannot have it.
     let mut appended: Vec<Bytes> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
