@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -84,6 +85,38 @@ def test_metrics_count_what_clients_did_and_probes_answer(broker_factory):
         raise AssertionError("an unknown path must not answer 200")
     except urllib.error.HTTPError as error:
         assert error.code == 404
+
+
+def test_the_bytes_the_tails_write_to_the_segment_files_are_counted(broker_factory):
+    """The tails' writeback (sent by a WAL round every 100 ms at most; a tail's last chunk
+    once 64 KiB of whole pages wait) shows in
+    `sluice_segment_tail_written_bytes_total`, by mode: direct I/O by default, the page cache
+    where the filesystem refuses O_DIRECT (a tmpfs)."""
+    port = free_port()
+    broker = broker_factory(extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+    topic = "written"
+    create_topic(broker.bootstrap, topic, 1)
+    batches = [record_batch([Record(b"w" * 1000) for _ in range(100)]) for _ in range(3)]
+    with Conn.to(broker.bootstrap) as conn:
+        for batch in batches:
+            assert conn.produce(topic, 0, batch)[0] == 0
+        # The writeback is sent by a WAL round at least 100 ms after the last one.
+        time.sleep(0.3)
+        assert conn.produce(topic, 0, record_batch([Record(b"kick")]))[0] == 0
+    produced = sum(len(b) for b in batches)
+    assert produced > 2 * 64 * 1024
+    deadline = time.monotonic() + 20
+    while True:
+        samples = scrape(port)
+        direct = value(samples, "sluice_segment_tail_written_bytes_total", mode="direct")
+        page_cache = value(samples, "sluice_segment_tail_written_bytes_total", mode="page_cache")
+        # At least the whole pages the writeback waits for (WRITEBACK_PAGES_BYTES_MIN); the
+        # rest may stay in memory until the WAL's checkpoint (the WAL holds it).
+        if direct + page_cache >= 64 * 1024:
+            break
+        assert time.monotonic() < deadline, f"written: direct {direct}, page cache {page_cache} of {produced}"
+        time.sleep(0.2)
+    assert ("sluice_segment_tail_written_bytes_total", frozenset({("mode", "page_cache")})) in samples
 
 
 def test_a_taken_metrics_port_fails_the_start(broker_factory):

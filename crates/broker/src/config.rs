@@ -139,9 +139,10 @@ pub struct BrokerConfig {
     pub log_wal_round_interval_us: u64,
     /// The active segments' tails reach their files with direct I/O instead of through
     /// the page cache (storage `segment_tail.rs`): no page-cache copy of the bytes the WAL
-    /// already made durable. A segment that a reader read behind its tail's memory writes
-    /// through the page cache for the next 10 s, so that reader finds what follows cached.
-    /// Off by default: at the peak the consumers still fell behind (README, session 36).
+    /// already made durable. A reader that lags (it reads a tail chunk that froze 500 ms
+    /// ago, or the file behind the tail's memory) turns its segment's writes to the page
+    /// cache for the next 3 s, so it comes to cached bytes, not to the disk. On by default
+    /// since session 37 (README, "Benchmarks").
     pub log_segment_direct_io: bool,
     /// Threads that serve connections and run request handlers (the async runtime's
     /// workers); 0 = [`io_threads_auto`]. Disk waits (fsync, cold reads) run on their own
@@ -478,7 +479,7 @@ impl Default for BrokerConfig {
             queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
             log_wal: true,
             log_wal_round_interval_us: WAL_ROUND_INTERVAL_US_DEFAULT,
-            log_segment_direct_io: false,
+            log_segment_direct_io: true,
             io_threads: 0,
             metrics_listen: None,
             listeners: None,

@@ -47,6 +47,11 @@ struct TopicLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteModeLabels {
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupTopicLabels {
     group: String,
     topic: String,
@@ -98,6 +103,7 @@ pub(crate) struct Metrics {
     produce_memory_bytes: Gauge,
     queued_request_bytes: Gauge,
     segment_tail_memory_bytes: Gauge,
+    segment_tail_written_bytes: Family<WriteModeLabels, Counter>,
     segment_files_open: Gauge,
     active_controller: Gauge,
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
@@ -211,6 +217,12 @@ impl Metrics {
             "segment_tail_memory_bytes",
             "Memory of the active segments' tails: their newest bytes, read by tailing consumers and written to the segment files with direct I/O",
         );
+        let segment_tail_written_bytes = Family::<WriteModeLabels, Counter>::default();
+        registry.register(
+            "segment_tail_written_bytes",
+            "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a tail turned by a reader that lags)",
+            segment_tail_written_bytes.clone(),
+        );
         let segment_files_open = gauge(
             &mut registry,
             "segment_files_open",
@@ -276,6 +288,7 @@ impl Metrics {
             produce_memory_bytes,
             queued_request_bytes,
             segment_tail_memory_bytes,
+            segment_tail_written_bytes,
             segment_files_open,
             active_controller,
             tiered,
@@ -365,6 +378,12 @@ impl Metrics {
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);
         self.segment_tail_memory_bytes.set(sluice_storage::segment_tail::tail_memory_bytes() as i64);
+        let (direct, page_cache) = sluice_storage::segment_tail::tail_written_bytes();
+        for (mode, total) in [("direct", direct), ("page_cache", page_cache)] {
+            let counter = self.segment_tail_written_bytes.get_or_create(&WriteModeLabels { mode });
+            // The storage's totals only grow: the counter follows them.
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         self.segment_files_open.set(sluice_storage::sealed_files_open() as i64);
         let active = match &broker.cluster {
             None => true,

@@ -430,9 +430,11 @@ impl Segment {
     }
 
     /// The bytes from `position` (a batch boundary) to the end of the tail chunk holding
-    /// it, without a copy; `None` when `position` is not in memory (it is in the file).
+    /// it, without a copy; `None` when `position` is not in memory (it is in the file). A
+    /// read of a chunk that froze a while ago notes a reader behind (see
+    /// [`crate::segment_tail::TAIL_READER_LAGGING_MS`]).
     pub fn memory_from(&self, position: u64) -> Option<Bytes> {
-        self.tail.memory_from(position)
+        self.tail.memory_from(position, crate::now_ms)
     }
 
     /// Where the bytes in memory start; the file holds every byte before it (all of them

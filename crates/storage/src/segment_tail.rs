@@ -31,10 +31,11 @@
 //! A retired tail ([`Tail::retire`]: its segment is cut, sealed or dropped) takes no more
 //! writeback, so a write claimed before a cut cannot land after it.
 //!
-//! With direct I/O, a tail writes directly while its readers keep up. A read of the file
-//! behind its memory ([`Tail::note_reader_behind`]) turns its writes to the page cache for
-//! [`READER_BEHIND_PAGE_CACHE_MS`], so that reader comes to cached bytes rather than to a
-//! disk read per fetch. A page written one way and then the other is still whole: the
+//! With direct I/O (the broker's default), a tail writes directly while its readers keep
+//! up. A reader that lags ([`Tail::note_reader_behind`]: it read a chunk that froze
+//! [`TAIL_READER_LAGGING_MS`] ago, or the file behind the memory) turns its writes to the
+//! page cache for [`READER_BEHIND_PAGE_CACHE_MS`], and the frozen chunks stay meanwhile, so
+//! that reader goes from memory to cached bytes rather than to a disk read per fetch. A page written one way and then the other is still whole: the
 //! kernel writes back and drops a cached page before a direct write over it.
 //!
 //! Durability contract: none of its own. What a chunk holds that its file does not is in the
@@ -52,7 +53,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -76,11 +77,17 @@ pub const TAIL_RETAINED_BYTES_MAX: usize = 768 * 1024 * 1024;
 /// Frozen chunks a segment keeps at most with direct I/O, however much memory is free.
 pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// With direct I/O, a written frozen chunk goes once this long has passed since it froze
-/// (checked when a chunk starts): readers a moment behind find their bytes in memory, and a
-/// slow partition holds no more than through the page cache (at 10,000 partitions of 1 msg/s
-/// the tails would otherwise keep [`TAIL_RETAINED_BYTES_MAX`]). A reader further behind
-/// turns the segment's writes to the page cache ([`READER_BEHIND_PAGE_CACHE_MS`]).
-pub const TAIL_FROZEN_RETAIN_MS: i64 = 1000;
+/// (checked when a chunk starts), unless a reader lags ([`TAIL_READER_LAGGING_MS`]):
+/// readers a moment behind find their bytes in memory, and a slow partition holds no more
+/// than through the page cache (at 10,000 partitions of 1 msg/s the tails would otherwise
+/// keep [`TAIL_RETAINED_BYTES_MAX`]).
+pub const TAIL_FROZEN_RETAIN_MS: i64 = 2000;
+/// A reader of a chunk that froze this long ago lags: it turns the segment's writes to the
+/// page cache ([`READER_BEHIND_PAGE_CACHE_MS`]) before it leaves the tail's memory, and
+/// while the writes are turned frozen chunks stay past [`TAIL_FROZEN_RETAIN_MS`] (within
+/// the count and memory bounds), so the reader goes from the chunks in memory, written
+/// directly, to bytes that are cached; not to the disk (session 36's peak compare).
+pub const TAIL_READER_LAGGING_MS: i64 = 500;
 /// Frozen chunks a segment keeps when it writes through the page cache.
 pub const TAIL_FROZEN_CHUNKS_PAGE_CACHE: usize = 1;
 /// The writeback writes the last chunk's whole pages once this many wait (fewer, larger
@@ -92,13 +99,16 @@ pub const TAIL_DIRECT_FILES_OPEN_MAX: usize = 256;
 /// A chunk that filled within this time is followed by one twice its size, one that took
 /// longer by one half its size: busy partitions write large pieces, idle ones hold little.
 const CHUNK_GROW_WITHIN_MS: i64 = 1000;
-/// After a reader read a segment's file behind its tail's memory, the tail writes through
-/// the page cache for this long, even with direct I/O: the bytes that reader comes to next
+/// After a reader lagged (see [`TAIL_READER_LAGGING_MS`]) or read a segment's file behind
+/// its tail's memory, the tail writes through the page cache for this long (renewed by each
+/// such read), even with direct I/O: the bytes that reader comes to next
 /// are then cached for it, not only on the disk (where it would read them one cold read at
 /// a time and, at a high rate, never catch up; README, session 33).
-pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 10_000;
+pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 3_000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
+static TAIL_WRITTEN_DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
+static TAIL_WRITTEN_PAGE_CACHE_BYTES: AtomicU64 = AtomicU64::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
 static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -132,6 +142,12 @@ impl Drop for KeptDirect {
 /// Bytes all segments' tail chunks hold now (readers' included).
 pub fn tail_memory_bytes() -> usize {
     TAIL_MEMORY_BYTES.load(Ordering::Relaxed)
+}
+
+/// Bytes the tails wrote to their files since the start: (with direct I/O, through the page
+/// cache). Direct I/O's padding of a last partial page counts each time it is written.
+pub fn tail_written_bytes() -> (u64, u64) {
+    (TAIL_WRITTEN_DIRECT_BYTES.load(Ordering::Relaxed), TAIL_WRITTEN_PAGE_CACHE_BYTES.load(Ordering::Relaxed))
 }
 
 fn page_floor(n: usize) -> usize {
@@ -331,6 +347,11 @@ impl WriterState {
             None => file.write_all_at(unsafe { shared.slice(from, to) }, file_start + from as u64)?,
         }
         shared.written.fetch_max(to, Ordering::AcqRel);
+        if through_page_cache {
+            TAIL_WRITTEN_PAGE_CACHE_BYTES.fetch_add((to - from) as u64, Ordering::Relaxed);
+        } else {
+            TAIL_WRITTEN_DIRECT_BYTES.fetch_add((page_ceil(to) - page_floor(from)) as u64, Ordering::Relaxed);
+        }
         Ok(through_page_cache)
     }
 }
@@ -396,9 +417,18 @@ impl Tail {
     }
 
     /// The bytes from `position` (a batch boundary) to the end of the chunk holding it,
-    /// without a copy; `None` when `position` is not in memory.
-    pub(crate) fn memory_from(&self, position: u64) -> Option<Bytes> {
-        let chunk = self.chunks.iter().find(|c| c.first_batch_position() <= position && position < c.end())?;
+    /// without a copy; `None` when `position` is not in memory. A read of a chunk that
+    /// froze [`TAIL_READER_LAGGING_MS`] before `now_ms` notes a reader behind.
+    pub(crate) fn memory_from(&self, position: u64, now_ms: impl FnOnce() -> i64) -> Option<Bytes> {
+        let index = self.chunks.iter().position(|c| c.first_batch_position() <= position && position < c.end())?;
+        let chunk = &self.chunks[index];
+        // The next chunk started when this one froze.
+        if let Some(next) = self.chunks.get(index + 1) {
+            let now_ms = now_ms();
+            if now_ms - next.created_ms >= TAIL_READER_LAGGING_MS {
+                self.note_reader_behind(now_ms);
+            }
+        }
         let from = (position - chunk.file_start) as usize;
         Some(Bytes::from_owner(ChunkView { shared: chunk.shared.clone(), from, to: chunk.len }))
     }
@@ -450,13 +480,14 @@ impl Tail {
         }
         self.chunks.push_back(chunk);
         // Written frozen chunks go (readers keep theirs) when memory is short, a segment
-        // holds many or they froze a while ago: once the file holds every byte before the
-        // next chunk's first batch, its partial last page included, which the next chunk
-        // writes.
+        // holds many or they froze a while ago and no reader lags: once the file holds every
+        // byte before the next chunk's first batch, its partial last page included, which
+        // the next chunk writes.
+        let reader_lags = !writes_direct(&self.reader_behind_ms, now_ms);
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
                 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX
-                || now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS)
+                || (now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS && !reader_lags))
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {
@@ -644,9 +675,9 @@ mod tests {
             // Every position that starts an append reads back the bytes from there to its
             // chunk's end, without a copy.
             let start = f.tail.memory_start().unwrap() as usize;
-            let read = f.tail.memory_from(start as u64).unwrap();
+            let read = f.tail.memory_from(start as u64, || f.now_ms).unwrap();
             assert_eq!(read[..], f.appended[start..start + read.len()]);
-            assert!(f.tail.memory_from(f.appended.len() as u64).is_none(), "nothing past the end");
+            assert!(f.tail.memory_from(f.appended.len() as u64, || f.now_ms).is_none(), "nothing past the end");
             assert!(f.tail.has_unwritten());
             // Nothing was written yet: a flush writes it all, the last page padded with zeros.
             f.tail.flush(&f.file).unwrap();
@@ -738,6 +769,44 @@ mod tests {
             f.tail.flush(&f.file).unwrap();
             assert_eq!(f.file_bytes(), f.appended);
         }
+    }
+
+    #[test]
+    fn a_reader_of_a_chunk_that_froze_a_while_ago_turns_the_writes_and_keeps_the_chunks_it_comes_to() {
+        let mut f = Fixture::new(true);
+        f.now_ms = 1_000_000;
+        while f.tail.chunks.len() < 4 {
+            f.append(5000);
+        }
+        f.tail.claim(f.file.clone(), 0).unwrap().write();
+        let first = f.tail.chunks[0].first_batch_position();
+        assert!(writes_direct(&f.tail.reader_behind_ms, f.now_ms));
+        // A reader of a chunk that froze a moment ago keeps up: nothing changes.
+        let just_frozen = f.now_ms + TAIL_READER_LAGGING_MS - 1;
+        assert!(f.tail.memory_from(first, || just_frozen).is_some());
+        assert!(writes_direct(&f.tail.reader_behind_ms, just_frozen), "a reader that keeps up turns nothing");
+        // The last chunk, not frozen, never counts as lagging.
+        let last = f.tail.chunks.back().unwrap().first_batch_position();
+        let late = f.now_ms + 10 * TAIL_READER_LAGGING_MS;
+        assert!(f.tail.memory_from(last, || late).is_some());
+        assert!(writes_direct(&f.tail.reader_behind_ms, late));
+        // A reader of a chunk that froze long ago lags: the writes turn to the page cache ...
+        assert!(f.tail.memory_from(first, || late).is_some());
+        assert!(!writes_direct(&f.tail.reader_behind_ms, late), "a lagging reader turns the writes");
+        // ... and the chunks it comes to stay past their age, while the turn lasts.
+        const { assert!(TAIL_FROZEN_RETAIN_MS < READER_BEHIND_PAGE_CACHE_MS) };
+        f.now_ms = late + TAIL_FROZEN_RETAIN_MS + 1;
+        let chunks = f.tail.chunks.len();
+        while f.append(5000) == Appended::Added {}
+        assert_eq!(f.tail.chunks.len(), chunks + 1, "no chunk goes for its age while a reader lags");
+        assert_eq!(f.tail.memory_start(), Some(first));
+        // Once no reader lagged for a while, they go for their age again.
+        f.now_ms += READER_BEHIND_PAGE_CACHE_MS;
+        f.tail.claim(f.file.clone(), 0).unwrap().write();
+        while f.append(5000) == Appended::Added {}
+        assert_eq!(f.tail.chunks.len(), 2, "written chunks that froze long ago go");
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
     }
 
     #[test]
