@@ -35,8 +35,9 @@
 //! up. A reader that lags ([`Tail::note_reader_behind`]: it read a chunk that froze
 //! [`TAIL_READER_LAGGING_MS`] ago, or the file behind the memory) turns its writes to the
 //! page cache for [`READER_BEHIND_PAGE_CACHE_MS`], and the frozen chunks stay meanwhile, so
-//! that reader goes from memory to cached bytes rather than to a disk read per fetch. A page written one way and then the other is still whole: the
-//! kernel writes back and drops a cached page before a direct write over it.
+//! that reader goes from memory to cached bytes rather than to a disk read per fetch. A
+//! page written one way and then the other is still whole: the kernel writes back and
+//! drops a cached page before a direct write over it.
 //!
 //! Durability contract: none of its own. What a chunk holds that its file does not is in the
 //! WAL, which keeps it until the checkpoint has flushed and fsynced the file. A filesystem
@@ -101,9 +102,9 @@ pub const TAIL_DIRECT_FILES_OPEN_MAX: usize = 256;
 const CHUNK_GROW_WITHIN_MS: i64 = 1000;
 /// After a reader lagged (see [`TAIL_READER_LAGGING_MS`]) or read a segment's file behind
 /// its tail's memory, the tail writes through the page cache for this long (renewed by each
-/// such read), even with direct I/O: the bytes that reader comes to next
-/// are then cached for it, not only on the disk (where it would read them one cold read at
-/// a time and, at a high rate, never catch up; README, session 33).
+/// such read), even with direct I/O: the bytes that reader comes to next are then cached
+/// for it, not only on the disk (where it would read them one cold read at a time and, at a
+/// high rate, never catch up; README, session 33).
 pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 3_000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
