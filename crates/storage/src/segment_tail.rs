@@ -484,11 +484,11 @@ impl Tail {
         // holds many or they froze a while ago and no reader lags: once the file holds every
         // byte before the next chunk's first batch, its partial last page included, which
         // the next chunk writes.
-        let reader_lags = !writes_direct(&self.reader_behind_ms, now_ms);
+        let readers_keep_up = writes_direct(&self.reader_behind_ms, now_ms);
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
                 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX
-                || (now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS && !reader_lags))
+                || (now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS && readers_keep_up))
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {

@@ -240,8 +240,9 @@ fn a_consumer_behind_the_tails_memory_finds_what_follows_in_the_page_cache() {
     let config = LogConfig { max_message_bytes: 4 << 20, ..LogConfig::default() };
     let log = manager.open(&TopicPartition::new("t", 0), config).unwrap();
     // Batches of a chunk each, until the first has left the tail's memory (once written by
-    // the writeback, a second after it froze). Written directly, it is on the disk only: a
-    // read that may not wait for the disk cannot have it.
+    // the writeback, past the chunks a segment keeps: the reads here lag, so its age alone
+    // does not let it go). Written directly, it is on the disk only: a read that may not
+    // wait for the disk cannot have it.
     let mut appended: Vec<Bytes> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
