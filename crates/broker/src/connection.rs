@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use futures::stream::{FuturesOrdered, StreamExt};
+use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
 use sluice_protocol::{
@@ -42,6 +43,10 @@ use crate::Broker;
 /// header of the next frame and many small pipelined requests. Not charged to the budget;
 /// bounded per connection (with `max_connections`).
 const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Responses written with one vectored write at most, when several are complete at once.
+const RESPONSES_PER_WRITE_MAX: usize = 16;
+const _: () = assert!(RESPONSES_PER_WRITE_MAX >= 1);
 
 /// Serves one connection of listener `listener` (index in [`Broker::listeners`]) until
 /// the client closes it or sends something that closes it. `certificate_user`: the
@@ -169,15 +174,31 @@ pub(crate) async fn run(
         tokio::select! {
             () = tokio::time::sleep(muted.unwrap_or_default()), if muted.is_some() => {}
             Some(response) = inflight.next(), if !inflight.is_empty() => {
-                if let Some(chunks) = response {
+                // The responses already complete behind this one go out in the same write:
+                // one syscall and one wake-up of the client for, e.g., the acknowledgements
+                // of one group-commit round.
+                let mut chunks = response.unwrap_or_default();
+                let mut answered = 1;
+                while answered < RESPONSES_PER_WRITE_MAX {
+                    match inflight.next().now_or_never() {
+                        Some(Some(response)) => {
+                            chunks.extend(response.unwrap_or_default());
+                            answered += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                if !chunks.is_empty() {
                     if let Err(error) = write_chunks(&mut writer, chunks, &broker).await {
                         tracing::debug!(%peer, %error, "write failed");
                         return;
                     }
                 }
-                // Answered: its memory goes back to the budgets.
-                let charge = charges.pop_front().expect("one charge per request in flight");
-                connection_bytes -= charge.bytes;
+                // Answered: their memory goes back to the budgets.
+                for _ in 0..answered {
+                    let charge = charges.pop_front().expect("one charge per request in flight");
+                    connection_bytes -= charge.bytes;
+                }
             }
             read = limited.read_buf(&mut buffer), if can_read => match read {
                 Ok(0) => read_closed = true,
@@ -439,5 +460,93 @@ mod tests {
         assert!(!waiting.is_finished(), "charged while the budget is held");
         drop(first);
         waiting.await.unwrap();
+    }
+
+    /// Records every write a connection makes, and the bytes.
+    #[derive(Clone, Default)]
+    struct RecordingWriter(Arc<std::sync::Mutex<(usize, Vec<u8>)>>);
+
+    impl AsyncWrite for RecordingWriter {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.poll_write_vectored_inner(&[std::io::IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.poll_write_vectored_inner(bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl RecordingWriter {
+        fn poll_write_vectored_inner(&self, bufs: &[std::io::IoSlice<'_>]) -> std::task::Poll<std::io::Result<usize>> {
+            let mut recorded = self.0.lock().unwrap();
+            recorded.0 += 1;
+            let before = recorded.1.len();
+            for buf in bufs {
+                recorded.1.extend_from_slice(buf);
+            }
+            std::task::Poll::Ready(Ok(recorded.1.len() - before))
+        }
+    }
+
+    impl ResponseWriter for RecordingWriter {}
+
+    #[tokio::test]
+    async fn pipelined_requests_answered_at_once_go_out_in_order_in_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::BrokerConfig { data_dir: dir.path().to_path_buf(), ..Default::default() };
+        let broker = Broker::open(config).unwrap();
+        let mut pipelined = Vec::new();
+        for correlation_id in 1..=3 {
+            let body = RequestKind::ApiVersions(Default::default());
+            let frame = sluice_protocol::encode_request(ApiKey::ApiVersions, 3, correlation_id, "test", &body).unwrap();
+            pipelined.extend_from_slice(&frame);
+        }
+        let writer = RecordingWriter::default();
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        // The client sends its three requests and closes its side: the connection answers
+        // all three, then ends.
+        run(broker, &pipelined[..], writer.clone(), peer, 0, None).await;
+
+        let (writes, bytes) = writer.0.lock().unwrap().clone();
+        let mut rest = &bytes[..];
+        let mut correlation_ids = Vec::new();
+        while !rest.is_empty() {
+            let size = i32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+            let (frame, after) = rest[4..].split_at(size);
+            let (correlation_id, body) =
+                sluice_protocol::decode_response(ApiKey::ApiVersions, 3, bytes::Bytes::copy_from_slice(frame)).unwrap();
+            let ResponseKind::ApiVersions(versions) = body else { panic!("not an ApiVersions response") };
+            assert_eq!(versions.error_code, 0);
+            correlation_ids.push(correlation_id);
+            rest = after;
+        }
+        assert_eq!(correlation_ids, [1, 2, 3], "every request answered, in order");
+        assert_eq!(writes, 1, "the three responses, complete together, go out in one write");
     }
 }
