@@ -36,6 +36,8 @@ ROUNDS = int(os.environ.get("SLUICE_POWER_LOSS_ROUNDS", "10"))
 SKIP_FSYNC_ENV = "SLUICE_UNSAFE_SKIP_FSYNC_FOR_TESTS"
 # The broker's upkeep (page-cache flushes by flush.ms) runs this often in these tests.
 UPKEEP_MS = 100
+# Small enough that the numbered producer rolls every partition several times a second.
+SMALL_SEGMENT_BYTES = 16 * 1024
 
 
 @pytest.fixture
@@ -63,12 +65,19 @@ def power_loss(broker: Broker, mount: LossyMount) -> None:
     broker.start()
 
 
-@pytest.mark.parametrize("level,wal", [(1, True), (3, True), (1, False)],
-                         ids=["level-1-wal", "level-3-wal", "level-1-per-file-fsync"])
-def test_fsynced_levels_lose_nothing_over_repeated_power_losses(lossy, level, wal):
+@pytest.mark.parametrize("level,wal,segment_bytes", [(1, True, None), (3, True, None), (1, False, None),
+                                                     (1, True, SMALL_SEGMENT_BYTES)],
+                         ids=["level-1-wal", "level-3-wal", "level-1-per-file-fsync", "level-1-wal-rolling"])
+def test_fsynced_levels_lose_nothing_over_repeated_power_losses(lossy, level, wal, segment_bytes):
+    """With `SMALL_SEGMENT_BYTES` the partitions roll many times a second, so power fails
+    while rolls are under way: a new segment takes batches before its file exists, and the
+    checkpointer seals the old one and creates the file later."""
     broker = lossy.start_broker(wal=wal)
     topic = f"power-{level}-{uuid.uuid4().hex[:8]}"
-    create_topic(broker.bootstrap, topic, PARTITIONS, config={"sluice.durability.level": str(level)})
+    config = {"sluice.durability.level": str(level)}
+    if segment_bytes is not None:
+        config["segment.bytes"] = str(segment_bytes)
+    create_topic(broker.bootstrap, topic, PARTITIONS, config=config)
     rng = random.Random(int(os.environ.get("SLUICE_CRASH_SEED", "4242")) + level)
     summary = run_kill_rounds(broker, topic, ROUNDS, rng, after_kill=lossy.power_loss)
     print(f"level {level}, power losses: {summary}")
@@ -223,10 +232,14 @@ def test_broker_refuses_to_start_on_a_disk_whose_fsync_fails(lossy):
     lossy.start_broker()
 
 
-def test_failed_fsync_of_a_rolled_segment_takes_the_partition_offline(lossy):
-    """The fsync that seals a full segment fails: that batch is refused, and the partition
-    goes offline rather than retrying (a retried fsync may report success without writing)."""
-    broker = lossy.start_broker()
+@pytest.mark.parametrize("wal", [False, True], ids=["per-file-fsync", "wal"])
+def test_failed_fsync_of_a_rolled_segment_takes_the_partition_offline(lossy, wal):
+    """The disk's fsyncs fail as a batch rolls the segment: that batch is refused, and the
+    partition goes offline rather than retrying (a retried fsync may report success without
+    writing). Without the WAL the batch's acknowledgement waits for the roll's fsyncs (the
+    per-file fsync of the new segment finishes the roll first), so the roll's is the one that
+    fails; with it, the WAL's fsync fails first and the roll is left undone."""
+    broker = lossy.start_broker(wal=wal)
     topic = f"eio-roll-{uuid.uuid4().hex[:8]}"
     create_topic(broker.bootstrap, topic, 1, config={"segment.bytes": "2048"})
     with kw.Conn.to(broker.bootstrap, timeout=30) as conn:
@@ -235,7 +248,8 @@ def test_failed_fsync_of_a_rolled_segment_takes_the_partition_offline(lossy):
         # Too big for what is left of the 2 KiB segment: the append rolls first.
         big = kw.record_batch([kw.Record(b"x" * 3000)])
         assert conn.produce(topic, 0, big)[0] == kw.KAFKA_STORAGE_ERROR
-        assert "fsync while rolling a segment failed; partition offline" in broker.log()
+        offline = "WAL fsync failed" if wal else "fsync while rolling a segment failed; partition offline"
+        assert offline in broker.log()
         lossy.heal()
         assert conn.produce(topic, 0, kw.record_batch([kw.Record(b"healed")]))[0] == kw.KAFKA_STORAGE_ERROR
     power_loss(broker, lossy)

@@ -150,6 +150,38 @@ pub struct LocatedBatch {
     pub position: u64,
 }
 
+/// Why an operation on a segment failed: its file is not created yet ([`Segment::pending`]);
+/// the roll in progress must finish first.
+#[derive(Debug, thiserror::Error)]
+#[error("the segment's file is not created yet (a roll is in progress)")]
+pub(crate) struct FileNotCreated;
+
+/// True when `error` is [`FileNotCreated`].
+pub(crate) fn is_file_not_created(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<FileNotCreated>())
+}
+
+/// A seal's disk work, captured by [`Segment::prepare_seal`] and run without the log's
+/// lock: the data fsynced, then the preallocation cut and the index written (an index never
+/// vouches for bytes a crash could take back).
+pub(crate) struct Sealing {
+    file: Arc<File>,
+    size_bytes: u64,
+    truncate: bool,
+    index_path: PathBuf,
+    index: Vec<u8>,
+}
+
+impl Sealing {
+    pub(crate) fn run(&self) -> io::Result<()> {
+        crate::durable::sync_data(&self.file)?;
+        if self.truncate {
+            self.file.set_len(self.size_bytes)?;
+        }
+        crate::write_file_unsynced(&self.index_path, &self.index)
+    }
+}
+
 pub struct Segment {
     base_offset: i64,
     log_path: PathBuf,
@@ -195,14 +227,40 @@ pub(crate) fn index_file_name(base_offset: i64) -> String {
 impl Segment {
     /// Creates a new, empty segment file (failing if it exists).
     pub fn create(dir: &Path, base_offset: i64) -> io::Result<Segment> {
+        let file = SegmentFile::pinned(Segment::create_file(dir, base_offset)?)?;
+        Ok(Segment::empty(dir, base_offset, dir.join(log_file_name(base_offset)), file))
+    }
+
+    /// Creates the empty file of the segment at `base_offset` (failing if it exists), its
+    /// directory entry made durable.
+    pub(crate) fn create_file(dir: &Path, base_offset: i64) -> io::Result<File> {
         assert!(base_offset >= 0);
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
         without_readahead(&file);
-        let file = SegmentFile::pinned(file)?;
         // The file's name must be durable before any data fsynced into it is acknowledged.
         crate::durable::sync_dir(dir)?;
-        Ok(Segment::empty(dir, base_offset, log_path, file))
+        Ok(file)
+    }
+
+    /// A new, empty segment whose file is not created yet (a roll in progress, see
+    /// `log/append.rs`): it takes appends into its tail only, and everything that needs its
+    /// file fails with [`FileNotCreated`] until [`Segment::attach_file`].
+    pub(crate) fn pending(dir: &Path, base_offset: i64) -> Segment {
+        assert!(base_offset >= 0);
+        Segment::empty(dir, base_offset, dir.join(log_file_name(base_offset)), SegmentFile::unborn())
+    }
+
+    /// False while the segment's file is not created yet ([`Segment::pending`]).
+    pub(crate) fn is_created(&self) -> bool {
+        self.file.is_born()
+    }
+
+    /// Gives a pending segment its file, just created by [`Segment::create_file`]: what the
+    /// tail holds is written to it from now on.
+    pub(crate) fn attach_file(&mut self, file: File) -> io::Result<()> {
+        assert!(!self.is_created(), "a segment's file is attached once");
+        self.file.give_birth(file)
     }
 
     fn empty(dir: &Path, base_offset: i64, log_path: PathBuf, file: Arc<SegmentFile>) -> Segment {
@@ -360,6 +418,9 @@ impl Segment {
     /// appended byte must be in it ([`Segment::flush`] first).
     pub fn file(&self) -> io::Result<Arc<File>> {
         assert!(!self.has_unwritten(), "the file of a segment with bytes still in memory");
+        if !self.is_created() {
+            return Err(io::Error::other(FileNotCreated));
+        }
         self.file.open(&self.log_path)
     }
 
@@ -377,7 +438,7 @@ impl Segment {
 
     /// The slot and path of the file when it is closed now (see [`Segment::file_slot`]).
     pub(crate) fn closed_file_slot(&self) -> Option<(Arc<SegmentFile>, PathBuf)> {
-        (!self.file.is_open()).then(|| self.file_slot())
+        (self.is_created() && !self.file.is_open()).then(|| self.file_slot())
     }
 
     /// True when `slot` is this segment's file slot (the segment was not replaced).
@@ -387,6 +448,9 @@ impl Segment {
 
     /// The file of a segment that takes writes: pinned open, out of the budget.
     fn writable_file(&self) -> io::Result<Arc<File>> {
+        if !self.is_created() {
+            return Err(io::Error::other(FileNotCreated));
+        }
         self.file.pin(&self.log_path)
     }
 
@@ -494,11 +558,14 @@ impl Segment {
         if position + batch_bytes > SEGMENT_BYTES_MAX {
             return Err(io::Error::other("segment would exceed its maximum size"));
         }
-        // Whole pages: a direct write of the last one pads it with zeros.
-        self.ensure_allocated((position + batch_bytes).next_multiple_of(PAGE_BYTES as u64), segment_bytes)?;
+        // Whole pages: a direct write of the last one pads it with zeros. (A pending
+        // segment's file is allocated once it exists, by the next append.)
+        if self.is_created() {
+            self.ensure_allocated((position + batch_bytes).next_multiple_of(PAGE_BYTES as u64), segment_bytes)?;
+        }
         let appended = if behind {
-            let file = self.writable_file()?;
-            self.tail.append(position, &[prefix, rest], now_ms, |page, at| file.read_exact_at(page, at))?
+            let (slot, path) = (&self.file, &self.log_path);
+            self.tail.append(position, &[prefix, rest], now_ms, |page, at| slot.pin(path)?.read_exact_at(page, at))?
         } else {
             Appended::NoRoom
         };
@@ -649,23 +716,37 @@ impl Segment {
     /// synced (a crash before they reach the disk only means this segment is scanned at
     /// recovery) unless `sync_index`, for a clean shutdown.
     pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
-        self.flush()?;
-        // Sealed, the segment is read from its file.
-        self.tail.retire();
-        self.tail.clear();
-        let file = self.writable_file()?;
-        crate::durable::sync_data(&file)?;
-        if self.allocated_bytes != self.size_bytes {
-            file.set_len(self.size_bytes)?;
-            self.allocated_bytes = self.size_bytes;
-        }
-        self.write_index_file()?;
+        let sealing = self.prepare_seal()?;
+        sealing.run()?;
         if sync_index {
-            crate::durable::sync_all(&file)?;
+            crate::durable::sync_all(&sealing.file)?;
             crate::durable::sync_path(&self.index_path)?;
         }
-        self.release_file();
+        self.finish_seal();
         Ok(())
+    }
+
+    /// The part of a seal that needs the segment: writes what the tail holds into the file
+    /// and captures what [`Sealing::run`] does with it (the file's disk work, which needs
+    /// no lock). The segment must take no append until [`Segment::finish_seal`].
+    pub(crate) fn prepare_seal(&mut self) -> io::Result<Sealing> {
+        self.flush()?;
+        Ok(Sealing {
+            file: self.file()?,
+            size_bytes: self.size_bytes,
+            truncate: self.allocated_bytes != self.size_bytes,
+            index_path: self.index_path.clone(),
+            index: self.index_image(),
+        })
+    }
+
+    /// After [`Sealing::run`] succeeded: the segment is read from its file, which goes under
+    /// the budget of open files.
+    pub(crate) fn finish_seal(&mut self) {
+        self.tail.retire();
+        self.tail.clear();
+        self.allocated_bytes = self.size_bytes;
+        self.release_file();
     }
 
     /// Moves the segment's files (a cleaned segment built in the cleaning directory) over
@@ -694,11 +775,10 @@ impl Segment {
     pub fn delete_files(&self) -> io::Result<()> {
         let _ = std::fs::remove_file(&self.index_path);
         let _ = std::fs::remove_file(self.index_path.with_extension(STAGED_IMAGE_EXTENSION));
+        if !self.is_created() {
+            return Ok(());
+        }
         std::fs::remove_file(&self.log_path)
-    }
-
-    fn write_index_file(&self) -> io::Result<()> {
-        crate::write_file_unsynced(&self.index_path, &self.index_image())
     }
 
     /// The index file's bytes as of now: they vouch for the first `size_bytes` of the

@@ -319,6 +319,9 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
         let mut round_batches = 0;
         for partition in &round {
             if let Some(pending) = partition.take_wal_pending() {
+                if pending.roll_due {
+                    writer.queue_roll(partition);
+                }
                 let start = headers.len();
                 wal::encode_batches_header(&mut headers, writer.sequence(), &pending.path, pending.batches.parts());
                 round_batches += pending.batches.len();

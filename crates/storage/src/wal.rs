@@ -359,6 +359,8 @@ enum Job {
     /// Partitions logged since the last such job: write back what their files took
     /// ([`Partition::write_back`]); `queued` is cleared when done.
     WriteBack { partitions: Vec<Arc<Partition>>, queued: Arc<AtomicBool> },
+    /// A partition that started a roll: its disk work ([`Partition::complete_roll`]).
+    Roll(Arc<Partition>),
 }
 
 /// Writes `[from, to)` of `file` to the disk and waits for it (`sync_file_range`),
@@ -460,6 +462,15 @@ impl WalWriter {
             broken: false,
             rounds_write_synced: 0,
         })
+    }
+
+    /// Hands a roll `partition` started to the checkpointer thread (see
+    /// [`Partition::complete_roll`]); one that cannot be handed over (the WAL is closing)
+    /// is finished by whatever needs it next.
+    pub(crate) fn queue_roll(&self, partition: &Arc<Partition>) {
+        if let Some(checkpoints) = &self.checkpoints {
+            let _ = checkpoints.send(Job::Roll(partition.clone()));
+        }
     }
 
     /// The sequence number the next round's records must carry.
@@ -735,6 +746,13 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
                     partition.write_back(false);
                 }
                 queued.store(false, Ordering::Release);
+                continue;
+            }
+            Job::Roll(partition) => {
+                if let Err(error) = partition.complete_roll() {
+                    // Tried again when an append or the next checkpoint needs it.
+                    tracing::warn!(dir = %partition.dir().display(), %error, "could not finish a segment roll");
+                }
                 continue;
             }
             Job::Checkpoint { file, partitions } => (file, partitions),

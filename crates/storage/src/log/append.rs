@@ -13,11 +13,15 @@
 //! [`Partition::finish_sync`], after the WAL record or the segment `fdatasync` covering it
 //! returned; in page-cache mode it moves at once and the data is flushed by
 //! `flush.messages`/`flush.ms` ([`Partition::flush_due`]). Fsynced before an append returns:
-//! the leader-epoch file when the batch opens a new epoch, the aborted-transactions file before
-//! an abort marker, and on a roll the sealed segment (before the new segment's file exists) and
-//! the new file's directory entry. A crash at any point leaves a prefix of the appended batches
-//! (recovery cuts a torn tail, the WAL replays what it logged): never less than the high
-//! watermark covered. A failed fsync takes the log offline.
+//! the aborted-transactions file before an abort marker. A roll's disk work is done later,
+//! off the append path ([`Partition::complete_roll`], on the WAL's checkpointer thread): the
+//! leader-epoch file, the sealed segment (before the new segment's file exists), the new
+//! file's directory entry; meanwhile the new segment holds its batches in its tail, and the
+//! WAL holds them too. Whatever needs every segment's file (a checkpoint, a cut, a close)
+//! finishes the roll first ([`Partition::lock_settled`]); a page-cache topic's roll is done
+//! in its append. A crash at any point leaves a prefix of the appended batches (recovery
+//! cuts a torn tail, the WAL replays what it logged): never less than the high watermark
+//! covered. A failed fsync takes the log offline.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -26,15 +30,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::recovery::{
-    capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs_if_unwritten, write_snapshot,
+    capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs, write_snapshot,
 };
 use super::{
     AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend, TopicSignals,
     ABORTED_TRANSACTIONS_FILE,
 };
 use crate::batch::{self, BatchHeader, BatchIter};
-use crate::producer_state::SequenceCheck;
-use crate::segment::Segment;
+use crate::producer_state::{ProducerStateTable, SequenceCheck};
+use crate::segment::{is_file_not_created, FileNotCreated, Sealing, Segment};
 use crate::syncer::WalLink;
 use crate::wal::Control;
 
@@ -64,6 +68,9 @@ pub(crate) struct WalPending {
     /// The offset after the last batch: durable once the record is.
     pub(crate) end_offset: i64,
     pub(crate) generation: u64,
+    /// A roll started since the last record: the WAL thread hands it to the checkpointer
+    /// thread ([`Partition::complete_roll`]).
+    pub(crate) roll_due: bool,
 }
 
 /// Batches appended under fsync-per-write and not yet handed to the syncer: the payload of
@@ -105,9 +112,86 @@ impl PendingBatches {
     }
 }
 
+/// A roll whose disk work is still to do (see [`Partition::complete_roll`]): the segment
+/// at `sealing_base` is to be sealed, and the file of the new one at `new_base`, which
+/// already takes appends into its tail, created.
+pub(crate) struct PendingRoll {
+    sealing_base: i64,
+    new_base: i64,
+    /// The producer state at `new_base`, for the snapshot the roll writes there.
+    producers: ProducerStateTable,
+    /// Handed to the WAL's checkpointer thread (once).
+    queued: bool,
+}
+
+/// The base of the first segment that is not sealed: the one a roll in progress seals,
+/// else the active one. Only segments before it are whole in their files (the cleaner,
+/// retention and the tiering layer take no other).
+pub(super) fn first_unsealed_base(state: &LogState) -> i64 {
+    match &state.roll {
+        Some(roll) => roll.sealing_base,
+        None => *state.segments.keys().next_back().expect("active segment"),
+    }
+}
+
+/// A roll's disk work, captured under the log's lock and done without it.
+struct RollWork {
+    dir: std::path::PathBuf,
+    new_base: i64,
+    sealing: Sealing,
+    /// The leader epochs to write first, when appends noted some the file lacks.
+    epochs: Option<Vec<(i32, i64)>>,
+    producers: ProducerStateTable,
+}
+
+impl RollWork {
+    /// In the order a crash needs: the leader epochs, then the sealed segment (fsynced
+    /// before the new file exists: recovery takes the last segment's base as the least log
+    /// end, so a new segment must never be durable while batches before it are only in
+    /// the WAL), then the new file and its directory entry, then the producer snapshot.
+    /// Returns the new segment's file.
+    fn run(&self) -> io::Result<std::fs::File> {
+        if let Some(epochs) = &self.epochs {
+            write_leader_epochs(&self.dir, epochs)?;
+        }
+        self.sealing.run()?;
+        let file = match Segment::create_file(&self.dir, self.new_base) {
+            // Left empty by an attempt that failed after creating it.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(self.dir.join(crate::segment::log_file_name(self.new_base)))?;
+                Segment::create_file(&self.dir, self.new_base)?
+            }
+            created => created?,
+        };
+        if let Err(error) = write_snapshot(&self.dir, self.new_base, &self.producers) {
+            // Only a longer replay at the next start.
+            tracing::warn!(dir = %self.dir.display(), %error, "could not write a producer snapshot");
+        }
+        Ok(file)
+    }
+}
+
 impl Partition {
     /// Validates and appends one batch (as sent by the client) at the log end.
     pub fn append(&self, batch: &Bytes, leader_epoch: i32, now_ms: i64) -> Result<AppendOutcome, AppendError> {
+        self.after_rolls(|| self.append_once(batch, leader_epoch, now_ms))
+    }
+
+    /// Runs `attempt` (an append under the log's lock) again after finishing the roll in
+    /// progress, for as long as it needs that roll finished: its batch found the new
+    /// segment full already, or needs the new segment's file (no tail memory left, or a
+    /// topic that acknowledges from the page cache). An attempt that stops so has changed
+    /// nothing that a second one does not redo the same way.
+    fn after_rolls<T>(&self, mut attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
+        loop {
+            match attempt() {
+                Err(AppendError::Storage(error)) if is_file_not_created(&error) => self.complete_roll()?,
+                result => return result,
+            }
+        }
+    }
+
+    fn append_once(&self, batch: &Bytes, leader_epoch: i32, now_ms: i64) -> Result<AppendOutcome, AppendError> {
         let header = batch::validate_batch(batch)?;
         // A compacted topic's records must have keys (Kafka decompresses to check too). The
         // decoding runs before the partition lock, so other appends, fetches and the fsync
@@ -204,6 +288,11 @@ impl Partition {
     /// leader epochs are already in their headers). They must follow this log's end, with
     /// a gap where the leader's log was compacted.
     pub fn append_replica(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
+        // A second attempt skips the batches the first appended.
+        self.after_rolls(|| self.append_replica_once(batches, now_ms))
+    }
+
+    fn append_replica_once(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
         let mut state = self.lock_for_append();
         if state.failed {
             return Err(AppendError::Offline);
@@ -298,6 +387,15 @@ impl Partition {
         Ok(fsync)
     }
 
+    /// Starts a roll when the batch does not fit the active segment (or the segment is
+    /// older than `segment.ms`): the new segment takes appends at once, into its tail in
+    /// memory, and the disk work (sealing the old segment, creating the new file, the
+    /// producer snapshot) is left to [`Partition::complete_roll`] on the WAL's checkpointer
+    /// thread: an append never waits for the disk, and neither do the WAL rounds that take
+    /// this log's lock. A topic that acknowledges from the page cache needs the file for
+    /// its appends, so its roll is completed here. When the segment a roll opened is full
+    /// before that roll completed, the append fails with [`FileNotCreated`] and is retried
+    /// once the roll is done ([`Partition::after_rolls`]).
     fn roll_if_needed(&self, state: &mut LogState, header: &BatchHeader, now_ms: i64) -> io::Result<()> {
         let config = &state.config;
         let active = state.segments.values().next_back().expect("active segment");
@@ -306,26 +404,101 @@ impl Partition {
         if !(full || (too_old && !active.is_empty())) {
             return Ok(());
         }
+        if state.roll.is_some() {
+            return Err(io::Error::other(FileNotCreated));
+        }
+        let sealing_base = active.base_offset();
         let new_base = state.log_end_offset;
-        // Seal (fsync) the old segment before the new file exists: recovery takes the last
-        // segment's base as the least log end, so a new segment must never be durable while
-        // batches before it are only in the WAL. If creating the new file fails (disk
-        // full), the sealed segment stays active and takes appends again.
-        write_leader_epochs_if_unwritten(&self.dir, state).map_err(|e| self.fail_if_fsync(state, e))?;
-        let active = state.segments.values_mut().next_back().expect("active segment");
-        active.seal(false).map_err(|e| self.fail_if_fsync(state, e))?;
-        let segment = Segment::create(&self.dir, new_base).map_err(|e| self.fail_if_fsync(state, e))?;
-        // Everything in the sealed segment is now durable.
-        if state.local_end < new_base {
-            state.local_end = new_base;
+        state.segments.insert(new_base, Segment::pending(&self.dir, new_base));
+        let producers = state.producers.clone();
+        state.roll = Some(PendingRoll { sealing_base, new_base, producers, queued: false });
+        if !state.config.fsync_before_ack() {
+            let work = self.capture_roll(state)?;
+            let done = work.run();
+            self.install_roll(state, &work, done)?;
+        }
+        Ok(())
+    }
+
+    /// Does the disk work of the roll in progress, if any, mostly without the log's lock
+    /// (see [`RollWork::run`]); called by the WAL's checkpointer thread, and by whatever
+    /// must wait for it ([`Partition::after_rolls`], [`Partition::lock_settled`]). Once it
+    /// returns, every batch before the new segment is durable in the sealed one (the
+    /// locally durable end moves there). A failed fsync takes the log offline; another
+    /// error (a full disk) leaves the roll to be tried again.
+    pub(crate) fn complete_roll(&self) -> io::Result<()> {
+        let _one_at_a_time = self.roll_lock.lock();
+        // The sealing segment's tail pages are written first, without the lock, like the
+        // steady writeback's: under it, only its last page is left to write.
+        let (range, pages) = {
+            let mut state = self.state.lock();
+            let Some(roll) = &state.roll else { return Ok(()) };
+            if state.failed || state.retired {
+                return Ok(());
+            }
+            let sealing_base = roll.sealing_base;
+            state.segments.get_mut(&sealing_base).expect("the sealing segment").claim_writeback(true)
+        };
+        if let Some(pages) = pages {
+            pages.write();
+        }
+        if let Some((file, from, to)) = range {
+            crate::wal::write_back(&file, from, to);
+        }
+        let work = {
+            let mut state = self.state.lock();
+            if state.roll.is_none() || state.failed || state.retired {
+                return Ok(());
+            }
+            self.capture_roll(&mut state)?
+        };
+        let done = work.run();
+        let mut state = self.state.lock();
+        self.install_roll(&mut state, &work, done)
+    }
+
+    /// The roll's disk work as of now (the sealing segment's last bytes written to its file).
+    fn capture_roll(&self, state: &mut LogState) -> io::Result<RollWork> {
+        let roll = state.roll.as_ref().expect("a roll in progress");
+        let (sealing_base, new_base, producers) = (roll.sealing_base, roll.new_base, roll.producers.clone());
+        let sealing = state.segments.get_mut(&sealing_base).expect("the sealing segment").prepare_seal();
+        let sealing = sealing.map_err(|error| self.fail_if_fsync(state, error))?;
+        let epochs = state.epochs_unwritten.then(|| state.epochs.clone());
+        Ok(RollWork { dir: self.dir.clone(), new_base, sealing, epochs, producers })
+    }
+
+    /// Ends the roll whose disk work `work` did (`done`): the sealed segment is read from
+    /// its file, the new one writes to its own, and the batches before it are durable.
+    fn install_roll(&self, state: &mut LogState, work: &RollWork, done: io::Result<std::fs::File>) -> io::Result<()> {
+        let file = done.map_err(|error| self.fail_if_fsync(state, error))?;
+        let roll = state.roll.take().expect("a roll in progress");
+        assert_eq!(roll.new_base, work.new_base, "one roll at a time; a cut or reset waits for it");
+        if work.epochs.as_ref() == Some(&state.epochs) {
+            state.epochs_unwritten = false;
+        }
+        state.segments.get_mut(&roll.sealing_base).expect("the sealing segment").finish_seal();
+        state.segments.get_mut(&roll.new_base).expect("the new segment").attach_file(file)?;
+        if state.local_end < roll.new_base {
+            state.local_end = roll.new_base;
             if !state.replicated {
-                state.high_watermark = new_base;
+                state.high_watermark = roll.new_base;
             }
             self.publish(state);
         }
-        state.segments.insert(new_base, segment);
-        write_snapshot(&self.dir, new_base, &state.producers).map_err(|e| self.fail_if_fsync(state, e))?;
         Ok(())
+    }
+
+    /// The log's lock, once no roll is in progress (finishing the one there is): for what
+    /// needs every segment's file to hold its bytes (a checkpoint, a cut, a reset, a clean
+    /// close, a timestamp scan). A failed or deleted log is returned as it is.
+    pub(super) fn lock_settled(&self) -> io::Result<parking_lot::MutexGuard<'_, LogState>> {
+        loop {
+            self.complete_roll()?;
+            let state = self.state.lock();
+            if state.roll.is_none() || state.failed || state.retired {
+                return Ok(state);
+            }
+        }
     }
 
     /// Writes the marker that commits or aborts `producer_id`'s transaction in this
@@ -334,6 +507,21 @@ impl Partition {
     /// so `read_committed` readers can never take aborted records for committed ones.
     /// The caller waits for the high watermark to reach `visible_at`, as for a produce.
     pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendOutcome, AppendError> {
+        // A second attempt records the same abort again, in place of the first.
+        self.after_rolls(|| {
+            self.append_marker_once(producer_id, producer_epoch, commit, coordinator_epoch, leader_epoch, now_ms)
+        })
+    }
+
+    fn append_marker_once(
         &self,
         producer_id: i64,
         producer_epoch: i16,
@@ -391,7 +579,14 @@ impl Partition {
 
     /// Captures what an fsync issued now would make durable. Called by the syncer.
     pub(crate) fn sync_target(&self) -> SyncTarget {
-        let mut state = self.state.lock();
+        let mut state = match self.lock_settled() {
+            Ok(state) => state,
+            Err(error) => {
+                let state = self.state.lock();
+                let (end_offset, generation) = (state.log_end_offset, state.sync_generation);
+                return SyncTarget { file: Err(error), end_offset, generation };
+            }
+        };
         // The file's fsync covers whatever waited for a WAL record too.
         state.wal_pending.clear();
         let active = state.segments.values_mut().next_back().expect("active segment");
@@ -409,7 +604,8 @@ impl Partition {
             return None;
         }
         let path = self.wal.get().expect("a partition is linked to the WAL before it is queued").path.clone();
-        Some(WalPending { path, batches, end_offset, generation: state.sync_generation })
+        let roll_due = state.roll.as_mut().is_some_and(|roll| !std::mem::replace(&mut roll.queued, true));
+        Some(WalPending { path, batches, end_offset, generation: state.sync_generation, roll_due })
     }
 
     /// Links the partition to the WAL it logs into (once).
@@ -449,7 +645,17 @@ impl Partition {
         // The tail's pages first, without the lock: producers wait for it meanwhile.
         self.write_back(true);
         let flushed = {
-            let mut state = self.state.lock();
+            let mut state = match self.lock_settled() {
+                Ok(state) => state,
+                Err(error) => {
+                    let mut state = self.state.lock();
+                    if !state.failed {
+                        self.fail(&mut state, "rolling a segment (WAL checkpoint)", &error);
+                        self.publish(&state);
+                    }
+                    return false;
+                }
+            };
             if state.failed || state.retired {
                 return !state.failed;
             }
@@ -517,6 +723,8 @@ impl Partition {
                     state.oldest_unflushed_ms = None;
                 }
             }
+            // Already offline when the fsync failed in the roll that `sync_target` finished.
+            Err(_) if state.failed => {}
             Err(error) => self.fail(&mut state, "fdatasync", error),
         }
         self.publish_deferring(&state, signals);
@@ -586,5 +794,92 @@ mod finish_sync_tests {
         assert!(fetch.as_mut().poll(&mut cx).is_ready(), "the fetch wakes once the round is published");
         // The fetch finds every partition of the round readable.
         assert!(partitions.iter().all(|p| p.offsets().high_watermark == 3));
+    }
+}
+
+#[cfg(test)]
+mod roll_tests {
+    use super::*;
+    use crate::batch::tests::make_batch;
+    use crate::segment::{index_file_name, log_file_name, ReadMode};
+
+    /// Batches of 3 records: a segment of `SEGMENT_BYTES` holds two.
+    const SEGMENT_BYTES: u64 = 200;
+
+    fn batch() -> Bytes {
+        Bytes::from(make_batch(3, 10, None))
+    }
+
+    fn offsets_read(partition: &Partition, from: i64) -> Vec<i64> {
+        let read = partition.read_until(from, 1 << 20, true, super::super::ReadLimit::LogEnd, ReadMode::MayBlock);
+        BatchIter::new(&read.unwrap()).map(|item| item.unwrap().0.base_offset).collect()
+    }
+
+    #[test]
+    fn an_append_that_rolls_leaves_the_disk_work_to_complete_roll_and_the_new_segment_takes_appends_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() };
+        let partition = Partition::open(dir.path(), config).unwrap();
+        let exists = |name: String| dir.path().join(name).exists();
+        assert!(2 * batch().len() as u64 <= SEGMENT_BYTES && 3 * batch().len() as u64 > SEGMENT_BYTES);
+        for _ in 0..2 {
+            partition.append(&batch(), 0, 0).unwrap();
+        }
+        assert!(!exists(index_file_name(0)), "the first segment is active");
+
+        // The third batch starts the roll: appended at once, with nothing on the disk yet.
+        let third = partition.append(&batch(), 0, 0).unwrap();
+        assert_eq!(third.base_offset, 6);
+        assert!(!exists(log_file_name(6)), "the new segment's file waits for complete_roll");
+        assert!(!exists(index_file_name(0)), "and so does the seal of the old one");
+        assert_eq!(offsets_read(&partition, 0), [0, 3]);
+        assert_eq!(offsets_read(&partition, 6), [6], "the new segment is read from memory");
+        assert_eq!(partition.progress().borrow().local_end, 0, "nothing is durable before an fsync or the roll");
+
+        partition.complete_roll().unwrap();
+        assert!(exists(log_file_name(6)) && exists(index_file_name(0)), "the roll is done");
+        assert!(exists(format!("{:020}.snapshot", 6)), "with the producer snapshot at its base");
+        assert_eq!(partition.progress().borrow().local_end, 6, "the sealed segment is durable");
+        assert_eq!(offsets_read(&partition, 0), [0, 3]);
+        assert_eq!(offsets_read(&partition, 6), [6]);
+
+        // The new segment fills: the fifth batch starts the next roll, and the sixth, which
+        // finds that roll's segment full too, finishes it before it starts its own.
+        partition.append(&batch(), 0, 0).unwrap();
+        partition.append(&batch(), 0, 0).unwrap();
+        assert!(!exists(log_file_name(12)));
+        partition.append(&batch(), 0, 0).unwrap();
+        partition.append(&batch(), 0, 0).unwrap();
+        assert!(exists(log_file_name(12)) && exists(index_file_name(6)), "the sixth batch finished the roll at 12");
+        assert!(!exists(log_file_name(18)), "and started the one at 18");
+        assert_eq!(partition.offsets().log_end_offset, 21);
+
+        // What needs every file settles the roll first: a clean close, then a reopen that
+        // finds every batch in place.
+        partition.close().unwrap();
+        drop(partition);
+        let reopened = Partition::open(dir.path(), LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() });
+        let reopened = reopened.unwrap();
+        assert_eq!(reopened.offsets().log_end_offset, 21);
+        let mut read = Vec::new();
+        let mut from = 0;
+        while from < 21 {
+            let found = offsets_read(&reopened, from);
+            from = found.last().unwrap() + 3;
+            read.extend(found);
+        }
+        assert_eq!(read, [0, 3, 6, 9, 12, 15, 18]);
+    }
+
+    #[test]
+    fn a_page_cache_topic_rolls_in_its_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { segment_bytes: SEGMENT_BYTES, flush_messages: u64::MAX, ..LogConfig::default() };
+        let partition = Partition::open(dir.path(), config).unwrap();
+        for _ in 0..3 {
+            partition.append(&batch(), 0, 0).unwrap();
+        }
+        assert!(dir.path().join(log_file_name(6)).exists(), "its acknowledgement promises the page cache");
+        assert!(dir.path().join(index_file_name(0)).exists());
     }
 }

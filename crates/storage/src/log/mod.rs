@@ -327,6 +327,9 @@ struct LogState {
     wal_pending: append::PendingBatches,
     /// Bumped when the log is cut or reset: a sync captured before then covers nothing now.
     sync_generation: u64,
+    /// A roll whose disk work is not done yet (see [`Partition::complete_roll`]): the
+    /// segments from its sealing one on are not sealed, and the last has no file yet.
+    roll: Option<append::PendingRoll>,
     /// Deleted: nothing more is appended or logged.
     retired: bool,
     /// (base offset, bytes covered) of the last recovery image written for the active
@@ -360,6 +363,9 @@ pub struct Partition {
     compacted: AtomicBool,
     /// Where fsync failures are counted (`LogManager::fsync_failures`), when set.
     failures: OnceLock<Arc<watch::Sender<u64>>>,
+    /// Held while a roll's disk work runs ([`Partition::complete_roll`]), one at a time;
+    /// taken before the state's lock, never under it.
+    roll_lock: Mutex<()>,
 }
 
 /// [`LogOffsets`] and the offline flag as of the last publish.
@@ -427,7 +433,14 @@ impl Partition {
     }
 
     pub fn set_config(&self, config: LogConfig) {
-        let mut state = self.state.lock();
+        // From page-cache to fsync-per-write below needs the active segment's file.
+        let mut state = match self.lock_settled() {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "a roll could not finish before a config change");
+                self.state.lock()
+            }
+        };
         self.compacted.store(config.cleanup_compact, Ordering::Release);
         if config.fsync_before_ack() && !state.config.fsync_before_ack() && state.local_end < state.log_end_offset {
             // From page-cache to fsync-per-write: what was appended before is not among the

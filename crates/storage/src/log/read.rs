@@ -290,7 +290,7 @@ impl Partition {
     /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
     pub fn batch_for_timestamp(&self, timestamp: i64) -> Result<Option<Bytes>, ReadError> {
         let located = {
-            let mut state = self.state.lock();
+            let mut state = self.lock_settled()?;
             // The scan reads the file: the active segment's bytes in memory are written first.
             state.segments.values_mut().next_back().expect("active segment").flush()?;
             let mut found = None;

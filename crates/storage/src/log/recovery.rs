@@ -69,6 +69,7 @@ impl Partition {
             signal: OnceLock::new(),
             compacted,
             failures: OnceLock::new(),
+            roll_lock: Mutex::new(()),
         };
         partition.publish_offsets(&partition.state.lock());
         Ok(partition)
@@ -120,7 +121,7 @@ impl Partition {
 
     /// [`Partition::truncate_to`] under the lock; returns where the log now ends when it cut.
     fn truncate_locked(&self, offset: i64) -> io::Result<Option<i64>> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_settled()?;
         if offset >= state.log_end_offset {
             return Ok(None);
         }
@@ -201,7 +202,7 @@ impl Partition {
     /// where the leader's log starts, as Kafka's follower does on OFFSET_OUT_OF_RANGE.
     pub fn reset_to(&self, offset: i64) -> io::Result<()> {
         assert!(offset >= 0, "a log cannot start at a negative offset");
-        let mut state = self.state.lock();
+        let mut state = self.lock_settled()?;
         assert!(offset > state.log_end_offset, "reset_to only moves a log forward past its end");
         // The start offset is written first: a crash part way leaves either the old log
         // (fetched from and reset again) or an empty one that recovery opens at `offset`.
@@ -231,7 +232,7 @@ impl Partition {
     /// state, and make all of it durable, so the next start trusts the index and loads
     /// producer state without a scan.
     pub fn close(&self) -> io::Result<()> {
-        let mut state = self.state.lock();
+        let mut state = self.lock_settled()?;
         write_leader_epochs_if_unwritten(&self.dir, &mut state)?;
         let log_end_offset = state.log_end_offset;
         let active = state.segments.values_mut().next_back().expect("active segment");
@@ -403,6 +404,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         failed: false,
         wal_pending: Default::default(),
         sync_generation: 0,
+        roll: None,
         retired: false,
         recovery_image: (active_base, 0),
         remote_tier: None,

@@ -19,6 +19,7 @@
 use std::io;
 use std::sync::Arc;
 
+use super::append::first_unsealed_base;
 use super::{
     last_stable_offset, AbortedTransaction, LogConfig, LogState, Partition, ReadError, CLEANER_CHECKPOINT_FILE,
     LOG_START_OFFSET_FILE,
@@ -143,7 +144,7 @@ impl Partition {
             let too_young = config.min_compaction_lag_ms > 0
                 && segment.max_timestamp() > now_ms.saturating_sub(config.min_compaction_lag_ms);
             // Never past the last stable offset: an open transaction may still abort.
-            if end > last_stable_offset(&state) || too_young {
+            if end > last_stable_offset(&state) || too_young || base >= first_unsealed_base(&state) {
                 break;
             }
             total_bytes += segment.size_bytes();
@@ -209,7 +210,10 @@ fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) 
     let mut deleted = 0;
     while state.segments.len() > 1 {
         let (base, segment) = state.segments.iter().next().expect("non-empty");
-        if segment.next_offset() > state.high_watermark || !expired(segment, state.log_start_offset) {
+        if *base >= first_unsealed_base(state)
+            || segment.next_offset() > state.high_watermark
+            || !expired(segment, state.log_start_offset)
+        {
             break;
         }
         if let Err(error) = segment.delete_files() {

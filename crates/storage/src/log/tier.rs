@@ -15,6 +15,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use super::append::first_unsealed_base;
 use super::{first_readable_offset, last_stable_offset, AbortedTransaction, Partition};
 
 /// A sealed segment to copy to the remote tier, with what a reader of the copy needs.
@@ -49,8 +50,9 @@ impl Partition {
         let committed = last_stable_offset(&state).min(state.high_watermark);
         let mut bases = state.segments.keys().copied();
         let mut base = bases.next()?;
+        let unsealed = first_unsealed_base(&state);
         for end in bases {
-            if end > committed {
+            if end > committed || base >= unsealed {
                 return None;
             }
             if end > uploaded_end {
