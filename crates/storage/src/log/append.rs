@@ -181,11 +181,16 @@ impl Partition {
     /// progress, for as long as it needs that roll finished: its batch found the new
     /// segment full already, or needs the new segment's file (no tail memory left, or a
     /// topic that acknowledges from the page cache). An attempt that stops so has changed
-    /// nothing that a second one does not redo the same way.
+    /// nothing that a second one does not redo the same way. A roll that cannot finish (the
+    /// log went offline or was deleted) ends the append.
     fn after_rolls<T>(&self, mut attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
         loop {
             match attempt() {
-                Err(AppendError::Storage(error)) if is_file_not_created(&error) => self.complete_roll()?,
+                Err(AppendError::Storage(error)) if is_file_not_created(&error) => {
+                    if !self.complete_roll()? {
+                        return Err(AppendError::Offline);
+                    }
+                }
                 result => return result,
             }
         }
@@ -294,7 +299,7 @@ impl Partition {
 
     fn append_replica_once(&self, batches: &Bytes, now_ms: i64) -> Result<ReplicaAppend, AppendError> {
         let mut state = self.lock_for_append();
-        if state.failed {
+        if state.failed || state.retired {
             return Err(AppendError::Offline);
         }
         let mut needs_sync = false;
@@ -425,16 +430,17 @@ impl Partition {
     /// must wait for it ([`Partition::after_rolls`], [`Partition::lock_settled`]). Once it
     /// returns, every batch before the new segment is durable in the sealed one (the
     /// locally durable end moves there). A failed fsync takes the log offline; another
-    /// error (a full disk) leaves the roll to be tried again.
-    pub(crate) fn complete_roll(&self) -> io::Result<()> {
+    /// error (a full disk) leaves the roll to be tried again. False when a roll stays
+    /// because the log is offline or deleted.
+    pub(crate) fn complete_roll(&self) -> io::Result<bool> {
         let _one_at_a_time = self.roll_lock.lock();
         // The sealing segment's tail pages are written first, without the lock, like the
         // steady writeback's: under it, only its last page is left to write.
         let (range, pages) = {
             let mut state = self.state.lock();
-            let Some(roll) = &state.roll else { return Ok(()) };
+            let Some(roll) = &state.roll else { return Ok(true) };
             if state.failed || state.retired {
-                return Ok(());
+                return Ok(false);
             }
             let sealing_base = roll.sealing_base;
             state.segments.get_mut(&sealing_base).expect("the sealing segment").claim_writeback(true)
@@ -447,14 +453,15 @@ impl Partition {
         }
         let work = {
             let mut state = self.state.lock();
-            if state.roll.is_none() || state.failed || state.retired {
-                return Ok(());
+            if state.failed || state.retired {
+                return Ok(false);
             }
             self.capture_roll(&mut state)?
         };
         let done = work.run();
         let mut state = self.state.lock();
-        self.install_roll(&mut state, &work, done)
+        self.install_roll(&mut state, &work, done)?;
+        Ok(true)
     }
 
     /// The roll's disk work as of now (the sealing segment's last bytes written to its file).
@@ -471,13 +478,16 @@ impl Partition {
     /// its file, the new one writes to its own, and the batches before it are durable.
     fn install_roll(&self, state: &mut LogState, work: &RollWork, done: io::Result<std::fs::File>) -> io::Result<()> {
         let file = done.map_err(|error| self.fail_if_fsync(state, error))?;
+        let new_base = state.roll.as_ref().expect("a roll in progress").new_base;
+        assert_eq!(new_base, work.new_base, "one roll at a time; a cut or reset waits for it");
+        // First, as it may fail: the roll stays, and a segment without its file is always
+        // the new segment of a roll in progress.
+        state.segments.get_mut(&new_base).expect("the new segment").attach_file(file)?;
         let roll = state.roll.take().expect("a roll in progress");
-        assert_eq!(roll.new_base, work.new_base, "one roll at a time; a cut or reset waits for it");
         if work.epochs.as_ref() == Some(&state.epochs) {
             state.epochs_unwritten = false;
         }
         state.segments.get_mut(&roll.sealing_base).expect("the sealing segment").finish_seal();
-        state.segments.get_mut(&roll.new_base).expect("the new segment").attach_file(file)?;
         if state.local_end < roll.new_base {
             state.local_end = roll.new_base;
             if !state.replicated {
@@ -836,7 +846,7 @@ mod roll_tests {
         assert_eq!(offsets_read(&partition, 6), [6], "the new segment is read from memory");
         assert_eq!(partition.progress().borrow().local_end, 0, "nothing is durable before an fsync or the roll");
 
-        partition.complete_roll().unwrap();
+        assert!(partition.complete_roll().unwrap(), "the roll finished");
         assert!(exists(log_file_name(6)) && exists(index_file_name(0)), "the roll is done");
         assert!(exists(format!("{:020}.snapshot", 6)), "with the producer snapshot at its base");
         assert_eq!(partition.progress().borrow().local_end, 6, "the sealed segment is durable");
@@ -869,6 +879,21 @@ mod roll_tests {
             read.extend(found);
         }
         assert_eq!(read, [0, 3, 6, 9, 12, 15, 18]);
+    }
+
+    #[test]
+    fn a_deleted_log_with_a_roll_in_progress_refuses_appends_instead_of_waiting_for_the_roll() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() });
+        let partition = partition.unwrap();
+        for _ in 0..3 {
+            partition.append(&batch(), 0, 0).unwrap();
+        }
+        partition.retire().unwrap();
+        assert!(!partition.complete_roll().unwrap(), "a deleted log's roll is left undone");
+        assert!(matches!(partition.append(&batch(), 0, 0), Err(AppendError::Offline)));
+        assert!(matches!(partition.append_replica(&batch(), 0), Err(AppendError::Offline)));
+        assert!(!dir.path().join(log_file_name(6)).exists());
     }
 
     #[test]
