@@ -150,16 +150,20 @@ pub struct LocatedBatch {
     pub position: u64,
 }
 
-/// Why an operation on a segment failed: its file is not created yet ([`Segment::pending`]);
-/// the roll in progress must finish first.
+/// Why an append stopped: it needs a roll while the last one's disk work is not done yet
+/// (see `log/append.rs`); that roll must finish first.
 #[derive(Debug, thiserror::Error)]
-#[error("the segment's file is not created yet (a roll is in progress)")]
-pub(crate) struct FileNotCreated;
+#[error("a segment roll is in progress")]
+pub(crate) struct RollInProgress;
 
-/// True when `error` is [`FileNotCreated`].
-pub(crate) fn is_file_not_created(error: &io::Error) -> bool {
-    error.get_ref().is_some_and(|inner| inner.is::<FileNotCreated>())
+/// True when `error` is [`RollInProgress`].
+pub(crate) fn is_roll_in_progress(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<RollInProgress>())
 }
+
+/// The suffix of a new segment's file until its roll is complete (see
+/// [`Segment::create_rolling`]); recovery deletes such files.
+pub(crate) const ROLLING_SUFFIX: &str = ".rolling";
 
 /// A seal's disk work, captured by [`Segment::prepare_seal`] and run without the log's
 /// lock: the data fsynced, then the preallocation cut and the index written (an index never
@@ -173,12 +177,27 @@ pub(crate) struct Sealing {
 }
 
 impl Sealing {
-    pub(crate) fn run(&self) -> io::Result<()> {
+    /// Fsyncs the data and cuts the preallocation; then writes the index, if `with_index`.
+    /// The index is only a shortcut for recovery (a segment without one is scanned), so a
+    /// failure to write it (a full disk) is logged and the partial file removed, not
+    /// returned.
+    pub(crate) fn run(&self, with_index: bool) -> io::Result<()> {
         crate::durable::sync_data(&self.file)?;
         if self.truncate {
             self.file.set_len(self.size_bytes)?;
         }
-        crate::write_file_unsynced(&self.index_path, &self.index)
+        if !with_index {
+            // Nor an older one (a recovery image's), which would vouch for a prefix only.
+            match std::fs::remove_file(&self.index_path) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+                _ => return Ok(()),
+            }
+        }
+        if let Err(error) = crate::write_file_unsynced(&self.index_path, &self.index) {
+            tracing::warn!(path = %self.index_path.display(), %error, "could not write a segment index (recovery will scan the segment)");
+            let _ = std::fs::remove_file(&self.index_path);
+        }
+        Ok(())
     }
 }
 
@@ -227,40 +246,52 @@ pub(crate) fn index_file_name(base_offset: i64) -> String {
 impl Segment {
     /// Creates a new, empty segment file (failing if it exists).
     pub fn create(dir: &Path, base_offset: i64) -> io::Result<Segment> {
-        let file = SegmentFile::pinned(Segment::create_file(dir, base_offset)?)?;
-        Ok(Segment::empty(dir, base_offset, dir.join(log_file_name(base_offset)), file))
-    }
-
-    /// Creates the empty file of the segment at `base_offset` (failing if it exists), its
-    /// directory entry made durable.
-    pub(crate) fn create_file(dir: &Path, base_offset: i64) -> io::Result<File> {
         assert!(base_offset >= 0);
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
         without_readahead(&file);
+        let file = SegmentFile::pinned(file)?;
         // The file's name must be durable before any data fsynced into it is acknowledged.
         crate::durable::sync_dir(dir)?;
-        Ok(file)
+        Ok(Segment::empty(dir, base_offset, log_path, file))
     }
 
-    /// A new, empty segment whose file is not created yet (a roll in progress, see
-    /// `log/append.rs`): it takes appends into its tail only, and everything that needs its
-    /// file fails with [`FileNotCreated`] until [`Segment::attach_file`].
-    pub(crate) fn pending(dir: &Path, base_offset: i64) -> Segment {
+    /// Creates the new segment of a roll (see `log/append.rs`) under a temporary name,
+    /// `<base>.log.rolling`, with no fsync: only the file's creation, so the append that rolls
+    /// does no other disk work, while the space its batches need is allocated in the file
+    /// as for any segment (a full disk refuses the batch). The roll's completion renames it
+    /// ([`Segment::rolled_path`], [`Segment::name_rolled`]) once the segment before it is
+    /// durable; until then its batches are durable in the WAL only, and recovery deletes
+    /// the file (it never holds bytes the WAL does not).
+    pub(crate) fn create_rolling(dir: &Path, base_offset: i64) -> io::Result<Segment> {
         assert!(base_offset >= 0);
-        Segment::empty(dir, base_offset, dir.join(log_file_name(base_offset)), SegmentFile::unborn())
+        let rolling_path = Segment::rolling_path(dir, base_offset);
+        let open = || OpenOptions::new().read(true).write(true).create_new(true).open(&rolling_path);
+        let file = match open() {
+            // Left by a roll whose first batch was refused (a full disk), then cut.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&rolling_path)?;
+                open()?
+            }
+            opened => opened?,
+        };
+        without_readahead(&file);
+        Ok(Segment::empty(dir, base_offset, rolling_path, SegmentFile::pinned(file)?))
     }
 
-    /// False while the segment's file is not created yet ([`Segment::pending`]).
-    pub(crate) fn is_created(&self) -> bool {
-        self.file.is_born()
+    fn rolling_path(dir: &Path, base_offset: i64) -> PathBuf {
+        dir.join(format!("{}{ROLLING_SUFFIX}", log_file_name(base_offset)))
     }
 
-    /// Gives a pending segment its file, just created by [`Segment::create_file`]: what the
-    /// tail holds is written to it from now on.
-    pub(crate) fn attach_file(&mut self, file: File) -> io::Result<()> {
-        assert!(!self.is_created(), "a segment's file is attached once");
-        self.file.give_birth(file)
+    /// Where a rolling segment's file goes once its roll completes (see
+    /// [`Segment::create_rolling`]): `(from, to)`.
+    pub(crate) fn rolled_path(dir: &Path, base_offset: i64) -> (PathBuf, PathBuf) {
+        (Segment::rolling_path(dir, base_offset), dir.join(log_file_name(base_offset)))
+    }
+
+    /// After the rename of [`Segment::rolled_path`]: the file is found under its name.
+    pub(crate) fn name_rolled(&mut self, dir: &Path) {
+        self.log_path = dir.join(log_file_name(self.base_offset));
     }
 
     fn empty(dir: &Path, base_offset: i64, log_path: PathBuf, file: Arc<SegmentFile>) -> Segment {
@@ -418,9 +449,6 @@ impl Segment {
     /// appended byte must be in it ([`Segment::flush`] first).
     pub fn file(&self) -> io::Result<Arc<File>> {
         assert!(!self.has_unwritten(), "the file of a segment with bytes still in memory");
-        if !self.is_created() {
-            return Err(io::Error::other(FileNotCreated));
-        }
         self.file.open(&self.log_path)
     }
 
@@ -438,7 +466,7 @@ impl Segment {
 
     /// The slot and path of the file when it is closed now (see [`Segment::file_slot`]).
     pub(crate) fn closed_file_slot(&self) -> Option<(Arc<SegmentFile>, PathBuf)> {
-        (self.is_created() && !self.file.is_open()).then(|| self.file_slot())
+        (!self.file.is_open()).then(|| self.file_slot())
     }
 
     /// True when `slot` is this segment's file slot (the segment was not replaced).
@@ -448,9 +476,6 @@ impl Segment {
 
     /// The file of a segment that takes writes: pinned open, out of the budget.
     fn writable_file(&self) -> io::Result<Arc<File>> {
-        if !self.is_created() {
-            return Err(io::Error::other(FileNotCreated));
-        }
         self.file.pin(&self.log_path)
     }
 
@@ -558,14 +583,11 @@ impl Segment {
         if position + batch_bytes > SEGMENT_BYTES_MAX {
             return Err(io::Error::other("segment would exceed its maximum size"));
         }
-        // Whole pages: a direct write of the last one pads it with zeros. (A pending
-        // segment's file is allocated once it exists, by the next append.)
-        if self.is_created() {
-            self.ensure_allocated((position + batch_bytes).next_multiple_of(PAGE_BYTES as u64), segment_bytes)?;
-        }
+        // Whole pages: a direct write of the last one pads it with zeros.
+        self.ensure_allocated((position + batch_bytes).next_multiple_of(PAGE_BYTES as u64), segment_bytes)?;
         let appended = if behind {
-            let (slot, path) = (&self.file, &self.log_path);
-            self.tail.append(position, &[prefix, rest], now_ms, |page, at| slot.pin(path)?.read_exact_at(page, at))?
+            let file = self.writable_file()?;
+            self.tail.append(position, &[prefix, rest], now_ms, |page, at| file.read_exact_at(page, at))?
         } else {
             Appended::NoRoom
         };
@@ -717,7 +739,7 @@ impl Segment {
     /// recovery) unless `sync_index`, for a clean shutdown.
     pub fn seal(&mut self, sync_index: bool) -> io::Result<()> {
         let sealing = self.prepare_seal()?;
-        sealing.run()?;
+        sealing.run(true)?;
         if sync_index {
             crate::durable::sync_all(&sealing.file)?;
             crate::durable::sync_path(&self.index_path)?;
@@ -775,9 +797,6 @@ impl Segment {
     pub fn delete_files(&self) -> io::Result<()> {
         let _ = std::fs::remove_file(&self.index_path);
         let _ = std::fs::remove_file(self.index_path.with_extension(STAGED_IMAGE_EXTENSION));
-        if !self.is_created() {
-            return Ok(());
-        }
         std::fs::remove_file(&self.log_path)
     }
 

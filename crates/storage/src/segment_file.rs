@@ -25,7 +25,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -57,9 +57,8 @@ pub(crate) struct SegmentFile {
     state: Mutex<SlotState>,
     /// Read since the CLOCK hand last passed.
     referenced: AtomicBool,
-    /// The file this slot stands for (see [`identity`]); unset while the file is not
-    /// created yet ([`SegmentFile::unborn`]).
-    identity: OnceLock<Identity>,
+    /// The file this slot stands for (see [`identity`]).
+    identity: Identity,
 }
 
 struct SlotState {
@@ -73,35 +72,10 @@ impl SegmentFile {
     /// segment is sealed).
     pub(crate) fn pinned(file: File) -> io::Result<Arc<SegmentFile>> {
         Ok(Arc::new(SegmentFile {
-            identity: OnceLock::from(identity(&file)?),
+            identity: identity(&file)?,
             state: Mutex::new(SlotState { file: Some(Arc::new(file)), pinned: true }),
             referenced: AtomicBool::new(true),
         }))
-    }
-
-    /// A pinned slot for a file that is not created yet (a segment a roll opened ahead of
-    /// its file, see `log/append.rs`): nothing opens until [`SegmentFile::give_birth`].
-    pub(crate) fn unborn() -> Arc<SegmentFile> {
-        Arc::new(SegmentFile {
-            identity: OnceLock::new(),
-            state: Mutex::new(SlotState { file: None, pinned: true }),
-            referenced: AtomicBool::new(true),
-        })
-    }
-
-    /// True once the slot stands for a file that exists.
-    pub(crate) fn is_born(&self) -> bool {
-        self.identity.get().is_some()
-    }
-
-    /// Puts the just-created `file` into an unborn slot, pinned.
-    pub(crate) fn give_birth(&self, file: File) -> io::Result<()> {
-        let identity = identity(&file)?;
-        assert!(self.identity.set(identity).is_ok(), "a slot is born once");
-        let mut state = self.state.lock();
-        state.pinned = true;
-        state.file = Some(Arc::new(file));
-        Ok(())
     }
 
     /// The file if it is open now (no system call).
@@ -124,11 +98,8 @@ impl SegmentFile {
             if let Some(file) = &state.file {
                 return Ok(file.clone());
             }
-            let Some(expected) = self.identity.get() else {
-                return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} is not created yet", path.display())));
-            };
             let file = OpenOptions::new().read(true).write(true).open(path)?;
-            if identity(&file)? != *expected {
+            if identity(&file)? != self.identity {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("{} is no longer the segment file it was", path.display()),

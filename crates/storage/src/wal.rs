@@ -51,7 +51,7 @@
 //! sequence does not hold (an earlier use's bytes, or the torn tail of the newest file,
 //! written but never acknowledged).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -59,11 +59,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::log::{LogConfig, Partition};
+use crate::log::{CheckpointSync, LogConfig, Partition};
 
 /// A WAL file is closed (and handed to the checkpointer) once it holds this much.
 pub const WAL_FILE_BYTES: u64 = 64 * 1024 * 1024;
@@ -81,6 +81,9 @@ const SPARE_TMP_FILE: &str = "spare.tmp";
 const SPARE_FREE_BYTES_MIN: u64 = 16 * WAL_FILE_BYTES;
 /// Threads fsyncing partitions in parallel for a checkpoint.
 const CHECKPOINT_THREADS: usize = 8;
+/// How long a checkpoint that could not finish (a roll that could not complete) waits
+/// before it is tried again.
+const CHECKPOINT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the WAL thread hands the partitions it logged since to the steady writeback
 /// (at most one such job is queued at a time).
 const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -343,8 +346,16 @@ fn replay_partition(dir: &Path, path: &str, records: &[&Record]) -> io::Result<u
             Record::Forget => unreachable!("skipped by the caller"),
         }
     }
-    if changed && !partition.sync_for_wal_checkpoint() {
-        return Err(io::Error::other(format!("fsync of {path} after WAL replay failed")));
+    if changed {
+        match partition.sync_for_wal_checkpoint() {
+            CheckpointSync::Synced => {}
+            CheckpointSync::Retry => {
+                return Err(io::Error::other(format!("could not finish a segment roll of {path} after WAL replay")))
+            }
+            CheckpointSync::Offline => {
+                return Err(io::Error::other(format!("fsync of {path} after WAL replay failed")))
+            }
+        }
     }
     Ok(appended_batches)
 }
@@ -728,58 +739,113 @@ fn free_bytes(dir: &Path) -> io::Result<u64> {
 /// Makes full WAL files unnecessary, oldest first: fsyncs every partition the file holds
 /// records of, then recycles the file as the spare (or deletes it). A partition whose
 /// fsync fails goes offline and the file (and every later one) stays, for replay at the
-/// next start. Also zero-fills the first spare, and writes back what partitions logged
-/// since the last such job (`Job::WriteBack`), so a checkpoint has little left to write.
+/// next start. A partition whose roll cannot complete for another reason (a full disk)
+/// keeps the file (and every later one) until a later try, every
+/// [`CHECKPOINT_RETRY_INTERVAL`], succeeds. Also zero-fills the first spare, completes
+/// rolls (`Job::Roll`), and writes back what partitions logged since the last such job
+/// (`Job::WriteBack`), so a checkpoint has little left to write.
 fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
     let mut stuck = false;
-    while let Ok(job) = jobs.recv() {
-        let (file, partitions) = match job {
-            Job::PrepareSpare => {
+    // Full files not checkpointed yet, oldest first, and when to try the first again.
+    let mut waiting: VecDeque<(PathBuf, Vec<Arc<Partition>>)> = VecDeque::new();
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let job = match retry_at {
+            // Files still waiting when the WAL closes stay, for replay at the next start.
+            None => match jobs.recv() {
+                Ok(job) => Some(job),
+                Err(_) => break,
+            },
+            Some(at) => match jobs.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(job) => Some(job),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    retry_at = None;
+                    None
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        match job {
+            None => {} // time to try the first waiting file again
+            Some(Job::PrepareSpare) => {
                 if let Err(error) = prepare_spare(dir) {
                     tracing::warn!(dir = %dir.display(), %error, "could not prepare a spare WAL file (new ones grow instead)");
                     let _ = std::fs::remove_file(dir.join(SPARE_TMP_FILE));
                 }
                 continue;
             }
-            Job::WriteBack { partitions, queued } => {
+            Some(Job::WriteBack { partitions, queued }) => {
                 for partition in &partitions {
                     partition.write_back(false);
                 }
                 queued.store(false, Ordering::Release);
                 continue;
             }
-            Job::Roll(partition) => {
+            Some(Job::Roll(partition)) => {
                 if let Err(error) = partition.complete_roll() {
                     // Tried again when an append or the next checkpoint needs it.
                     tracing::warn!(dir = %partition.dir().display(), %error, "could not finish a segment roll");
                 }
                 continue;
             }
-            Job::Checkpoint { file, partitions } => (file, partitions),
-        };
-        if stuck {
+            Some(Job::Checkpoint { file, partitions }) => waiting.push_back((file, partitions)),
+        }
+        if stuck || retry_at.is_some() {
             continue;
         }
-        let chunk = partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
-        let synced = std::thread::scope(|scope| {
-            let handles: Vec<_> = partitions
-                .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().filter(|p| !p.sync_for_wal_checkpoint()).count() == 0))
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(false)).filter(|ok| !ok).count() == 0
-        });
-        if !synced {
-            stuck = true;
-            tracing::error!(file = %file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
-            continue;
-        }
-        let spare = dir.join(SPARE_FILE);
-        let recycled = if spare.exists() { std::fs::remove_file(&file) } else { std::fs::rename(&file, &spare) };
-        if let Err(error) = recycled {
-            tracing::warn!(file = %file.display(), %error, "could not recycle a checkpointed WAL file");
+        while let Some((file, partitions)) = waiting.front() {
+            match checkpoint(dir, file, partitions) {
+                CheckpointSync::Synced => {
+                    waiting.pop_front();
+                }
+                CheckpointSync::Retry => {
+                    retry_at = Some(Instant::now() + CHECKPOINT_RETRY_INTERVAL);
+                    break;
+                }
+                CheckpointSync::Offline => {
+                    stuck = true;
+                    waiting.clear();
+                    break;
+                }
+            }
         }
     }
     let _ = crate::durable::sync_dir(dir);
+}
+
+/// Checkpoints one full WAL file (see [`checkpointer`]): recycled once every partition
+/// with records in it is synced.
+fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>]) -> CheckpointSync {
+    let chunk = partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
+    let outcome = std::thread::scope(|scope| {
+        let handles: Vec<_> = partitions
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(|p| p.sync_for_wal_checkpoint()).collect::<Vec<_>>()))
+            .collect();
+        let outcomes = handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|_| vec![CheckpointSync::Offline]));
+        // The worst outcome decides: offline, then retry, then synced.
+        outcomes.fold(CheckpointSync::Synced, |worst, outcome| match (worst, outcome) {
+            (CheckpointSync::Offline, _) | (_, CheckpointSync::Offline) => CheckpointSync::Offline,
+            (CheckpointSync::Retry, _) | (_, CheckpointSync::Retry) => CheckpointSync::Retry,
+            _ => CheckpointSync::Synced,
+        })
+    });
+    match outcome {
+        CheckpointSync::Synced => {
+            let spare = dir.join(SPARE_FILE);
+            let recycled = if spare.exists() { std::fs::remove_file(file) } else { std::fs::rename(file, &spare) };
+            if let Err(error) = recycled {
+                tracing::warn!(file = %file.display(), %error, "could not recycle a checkpointed WAL file");
+            }
+        }
+        CheckpointSync::Retry => {
+            tracing::warn!(file = %file.display(), "WAL checkpoint not finished: the file is kept and tried again");
+        }
+        CheckpointSync::Offline => {
+            tracing::error!(file = %file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
+        }
+    }
+    outcome
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use super::{
 };
 use crate::batch::{self, BatchHeader, BatchIter};
 use crate::producer_state::{ProducerStateTable, SequenceCheck};
-use crate::segment::{is_file_not_created, FileNotCreated, Sealing, Segment};
+use crate::segment::{is_roll_in_progress, RollInProgress, Sealing, Segment};
 use crate::syncer::WalLink;
 use crate::wal::Control;
 
@@ -59,6 +59,17 @@ impl SyncTarget {
             Err(error) => Err(io::Error::new(error.kind(), format!("writing the segment's buffered batches: {error}"))),
         }
     }
+}
+
+/// How a partition's part of a WAL checkpoint ended ([`Partition::sync_for_wal_checkpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckpointSync {
+    /// Its segment files hold everything the WAL held for it (or it was deleted).
+    Synced,
+    /// Not now (a roll that could not complete): the WAL files stay, to try again.
+    Retry,
+    /// An fsync failed: the log is offline, and the WAL files stay until a restart.
+    Offline,
 }
 
 /// A partition's batches for its next WAL record.
@@ -114,7 +125,7 @@ impl PendingBatches {
 
 /// A roll whose disk work is still to do (see [`Partition::complete_roll`]): the segment
 /// at `sealing_base` is to be sealed, and the file of the new one at `new_base`, which
-/// already takes appends into its tail, created.
+/// already takes appends (under its temporary name, [`Segment::create_rolling`]), named.
 pub(crate) struct PendingRoll {
     sealing_base: i64,
     new_base: i64,
@@ -146,28 +157,39 @@ struct RollWork {
 
 impl RollWork {
     /// In the order a crash needs: the leader epochs, then the sealed segment (fsynced
-    /// before the new file exists: recovery takes the last segment's base as the least log
-    /// end, so a new segment must never be durable while batches before it are only in
-    /// the WAL), then the new file and its directory entry, then the producer snapshot.
-    /// Returns the new segment's file.
-    fn run(&self) -> io::Result<std::fs::File> {
-        if let Some(epochs) = &self.epochs {
-            write_leader_epochs(&self.dir, epochs)?;
-        }
-        self.sealing.run()?;
-        let file = match Segment::create_file(&self.dir, self.new_base) {
-            // Left empty by an attempt that failed after creating it.
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
-                std::fs::remove_file(self.dir.join(crate::segment::log_file_name(self.new_base)))?;
-                Segment::create_file(&self.dir, self.new_base)?
-            }
-            created => created?,
+    /// before the new file has its name: recovery takes the last segment's base as the
+    /// least log end, so a new segment must never be found while batches before it are
+    /// only in the WAL), then the new file's name and its directory entry, then the
+    /// producer snapshot. Returns whether the leader epochs were written.
+    ///
+    /// Only a failed fsync or rename fails it: the leader-epoch file, the index and the
+    /// snapshot only shorten recovery, so a full disk that refuses them does not hold the
+    /// roll back (without the epochs written, the sealed segment gets no index, so
+    /// recovery scans it and finds its epochs in its batches).
+    fn run(&self) -> io::Result<bool> {
+        let epochs_written = match &self.epochs {
+            None => true,
+            Some(epochs) => write_leader_epochs(&self.dir, epochs)
+                .inspect_err(|error| {
+                    tracing::warn!(dir = %self.dir.display(), %error, "could not write the leader-epoch file");
+                })
+                .is_ok(),
         };
+        self.sealing.run(epochs_written)?;
+        let (rolling, named) = Segment::rolled_path(&self.dir, self.new_base);
+        match std::fs::rename(&rolling, &named) {
+            // Renamed by an attempt that failed after it (its directory fsync).
+            Err(error) if error.kind() == io::ErrorKind::NotFound && named.exists() => {}
+            renamed => renamed?,
+        }
+        // The name must be durable before the checkpoint drops the WAL's copy of its
+        // batches, or a per-file fsync acknowledges them.
+        crate::durable::sync_dir(&self.dir)?;
         if let Err(error) = write_snapshot(&self.dir, self.new_base, &self.producers) {
             // Only a longer replay at the next start.
             tracing::warn!(dir = %self.dir.display(), %error, "could not write a producer snapshot");
         }
-        Ok(file)
+        Ok(epochs_written)
     }
 }
 
@@ -186,7 +208,7 @@ impl Partition {
     fn after_rolls<T>(&self, mut attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
         loop {
             match attempt() {
-                Err(AppendError::Storage(error)) if is_file_not_created(&error) => {
+                Err(AppendError::Storage(error)) if is_roll_in_progress(&error) => {
                     if !self.complete_roll()? {
                         return Err(AppendError::Offline);
                     }
@@ -393,14 +415,16 @@ impl Partition {
     }
 
     /// Starts a roll when the batch does not fit the active segment (or the segment is
-    /// older than `segment.ms`): the new segment takes appends at once, into its tail in
-    /// memory, and the disk work (sealing the old segment, creating the new file, the
-    /// producer snapshot) is left to [`Partition::complete_roll`] on the WAL's checkpointer
-    /// thread: an append never waits for the disk, and neither do the WAL rounds that take
-    /// this log's lock. A topic that acknowledges from the page cache needs the file for
-    /// its appends, so its roll is completed here. When the segment a roll opened is full
-    /// before that roll completed, the append fails with [`FileNotCreated`] and is retried
-    /// once the roll is done ([`Partition::after_rolls`]).
+    /// older than `segment.ms`): the new segment's file is created under a temporary name
+    /// ([`Segment::create_rolling`]; no fsync) and takes appends at once, and the rest of
+    /// the disk work (sealing the old segment, naming the new file, the producer snapshot)
+    /// is left to [`Partition::complete_roll`] on the WAL's checkpointer thread: an append
+    /// never waits for an fsync, and neither do the WAL rounds that take this log's lock.
+    /// A full disk fails the creation here, so the batch is refused, as it is when its
+    /// space cannot be allocated. A topic that acknowledges from the page cache needs the
+    /// file named before it acknowledges, so its roll is completed here. When the segment a
+    /// roll opened is full before that roll completed, the append fails with
+    /// [`RollInProgress`] and is retried once the roll is done ([`Partition::after_rolls`]).
     fn roll_if_needed(&self, state: &mut LogState, header: &BatchHeader, now_ms: i64) -> io::Result<()> {
         let config = &state.config;
         let active = state.segments.values().next_back().expect("active segment");
@@ -410,11 +434,11 @@ impl Partition {
             return Ok(());
         }
         if state.roll.is_some() {
-            return Err(io::Error::other(FileNotCreated));
+            return Err(io::Error::other(RollInProgress));
         }
         let sealing_base = active.base_offset();
         let new_base = state.log_end_offset;
-        state.segments.insert(new_base, Segment::pending(&self.dir, new_base));
+        state.segments.insert(new_base, Segment::create_rolling(&self.dir, new_base)?);
         let producers = state.producers.clone();
         state.roll = Some(PendingRoll { sealing_base, new_base, producers, queued: false });
         if !state.config.fsync_before_ack() {
@@ -430,7 +454,7 @@ impl Partition {
     /// must wait for it ([`Partition::after_rolls`], [`Partition::lock_settled`]). Once it
     /// returns, every batch before the new segment is durable in the sealed one (the
     /// locally durable end moves there). A failed fsync takes the log offline; another
-    /// error (a full disk) leaves the roll to be tried again. False when a roll stays
+    /// error (a failed rename) leaves the roll to be tried again. False when a roll stays
     /// because the log is offline or deleted.
     pub(crate) fn complete_roll(&self) -> io::Result<bool> {
         let _one_at_a_time = self.roll_lock.lock();
@@ -475,16 +499,13 @@ impl Partition {
     }
 
     /// Ends the roll whose disk work `work` did (`done`): the sealed segment is read from
-    /// its file, the new one writes to its own, and the batches before it are durable.
-    fn install_roll(&self, state: &mut LogState, work: &RollWork, done: io::Result<std::fs::File>) -> io::Result<()> {
-        let file = done.map_err(|error| self.fail_if_fsync(state, error))?;
-        let new_base = state.roll.as_ref().expect("a roll in progress").new_base;
-        assert_eq!(new_base, work.new_base, "one roll at a time; a cut or reset waits for it");
-        // First, as it may fail: the roll stays, and a segment without its file is always
-        // the new segment of a roll in progress.
-        state.segments.get_mut(&new_base).expect("the new segment").attach_file(file)?;
+    /// its file, the new one is found under its name, and the batches before it are durable.
+    fn install_roll(&self, state: &mut LogState, work: &RollWork, done: io::Result<bool>) -> io::Result<()> {
+        let epochs_written = done.map_err(|error| self.fail_if_fsync(state, error))?;
         let roll = state.roll.take().expect("a roll in progress");
-        if work.epochs.as_ref() == Some(&state.epochs) {
+        assert_eq!(roll.new_base, work.new_base, "one roll at a time; a cut or reset waits for it");
+        state.segments.get_mut(&roll.new_base).expect("the new segment").name_rolled(&self.dir);
+        if epochs_written && work.epochs.as_ref() == Some(&state.epochs) {
             state.epochs_unwritten = false;
         }
         state.segments.get_mut(&roll.sealing_base).expect("the sealing segment").finish_seal();
@@ -646,28 +667,33 @@ impl Partition {
     }
 
     /// The WAL checkpoint: makes the segment files durable (everything the WAL held for
-    /// this partition up to now). False when the fsync failed, which takes the log offline.
+    /// this partition up to now). A failed fsync takes the log offline; a roll that cannot
+    /// complete for another reason (see [`Partition::complete_roll`]) leaves the log as it
+    /// is, and the WAL's copy is needed until a later try succeeds.
     ///
     /// When the active segment has grown enough, it also writes a recovery image: the
     /// index of what the fsync made durable and the producer state there, so a restart
     /// after a crash scans only the bytes appended since.
-    pub(crate) fn sync_for_wal_checkpoint(&self) -> bool {
+    pub(crate) fn sync_for_wal_checkpoint(&self) -> CheckpointSync {
         // The tail's pages first, without the lock: producers wait for it meanwhile.
         self.write_back(true);
         let flushed = {
             let mut state = match self.lock_settled() {
                 Ok(state) => state,
+                Err(error) if self.state.lock().failed => {
+                    tracing::debug!(dir = %self.dir.display(), %error, "roll failed at a WAL checkpoint");
+                    return CheckpointSync::Offline;
+                }
                 Err(error) => {
-                    let mut state = self.state.lock();
-                    if !state.failed {
-                        self.fail(&mut state, "rolling a segment (WAL checkpoint)", &error);
-                        self.publish(&state);
-                    }
-                    return false;
+                    tracing::warn!(dir = %self.dir.display(), %error, "could not finish a segment roll for a WAL checkpoint; trying again later");
+                    return CheckpointSync::Retry;
                 }
             };
-            if state.failed || state.retired {
-                return !state.failed;
+            if state.failed {
+                return CheckpointSync::Offline;
+            }
+            if state.retired {
+                return CheckpointSync::Synced;
             }
             let active = state.segments.values_mut().next_back().expect("active segment");
             active.flushed_file().map(|file| (file, recovery_image_due(&state).then(|| capture_recovery_image(&state))))
@@ -680,13 +706,13 @@ impl Partition {
                         tracing::warn!(dir = %self.dir.display(), %error, "could not write a recovery image");
                     }
                 }
-                true
+                CheckpointSync::Synced
             }
             Err(error) => {
                 let mut state = self.state.lock();
                 self.fail(&mut state, "fdatasync (WAL checkpoint)", &error);
                 self.publish(&state);
-                false
+                CheckpointSync::Offline
             }
         }
     }
@@ -837,17 +863,21 @@ mod roll_tests {
         }
         assert!(!exists(index_file_name(0)), "the first segment is active");
 
-        // The third batch starts the roll: appended at once, with nothing on the disk yet.
+        // The third batch starts the roll: appended at once, into a file under a temporary
+        // name, with no fsync.
         let third = partition.append(&batch(), 0, 0).unwrap();
         assert_eq!(third.base_offset, 6);
-        assert!(!exists(log_file_name(6)), "the new segment's file waits for complete_roll");
+        let rolling = || format!("{}.rolling", log_file_name(6));
+        assert!(exists(rolling()), "the new segment's file is created under a temporary name");
+        assert!(!exists(log_file_name(6)), "and named by complete_roll");
         assert!(!exists(index_file_name(0)), "and so does the seal of the old one");
         assert_eq!(offsets_read(&partition, 0), [0, 3]);
-        assert_eq!(offsets_read(&partition, 6), [6], "the new segment is read from memory");
+        assert_eq!(offsets_read(&partition, 6), [6], "the new segment is read before its roll completes");
         assert_eq!(partition.progress().borrow().local_end, 0, "nothing is durable before an fsync or the roll");
 
         assert!(partition.complete_roll().unwrap(), "the roll finished");
         assert!(exists(log_file_name(6)) && exists(index_file_name(0)), "the roll is done");
+        assert!(!exists(rolling()), "the temporary name is gone");
         assert!(exists(format!("{:020}.snapshot", 6)), "with the producer snapshot at its base");
         assert_eq!(partition.progress().borrow().local_end, 6, "the sealed segment is durable");
         assert_eq!(offsets_read(&partition, 0), [0, 3]);
@@ -894,6 +924,30 @@ mod roll_tests {
         assert!(matches!(partition.append(&batch(), 0, 0), Err(AppendError::Offline)));
         assert!(matches!(partition.append_replica(&batch(), 0), Err(AppendError::Offline)));
         assert!(!dir.path().join(log_file_name(6)).exists());
+    }
+
+    #[test]
+    fn a_restart_removes_the_new_segment_of_a_roll_that_did_not_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() };
+        let partition = Partition::open(dir.path(), config.clone()).unwrap();
+        for _ in 0..3 {
+            partition.append(&batch(), 0, 0).unwrap();
+        }
+        let rolling = dir.path().join(format!("{}.rolling", log_file_name(6)));
+        assert!(rolling.exists());
+        // A crash: no close. Without the WAL, nothing was durable; with it, the WAL would
+        // replay the batches, into segments recovery builds again.
+        drop(partition);
+        let reopened = Partition::open(dir.path(), config).unwrap();
+        assert!(!rolling.exists(), "the unfinished roll's file is removed");
+        assert!(!dir.path().join(log_file_name(6)).exists());
+        assert!(reopened.offsets().log_end_offset <= 6, "the log ends in the segment before the roll");
+        // The next roll at the same base is not refused because a file was left there.
+        while reopened.offsets().log_end_offset < 9 {
+            reopened.append(&batch(), 0, 0).unwrap();
+        }
+        reopened.close().unwrap();
     }
 
     #[test]

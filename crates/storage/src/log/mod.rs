@@ -28,6 +28,7 @@
 //! [`Partition::truncate_to`], guided by the leader-epoch cache ([`Partition::epoch_end_offset`]).
 
 mod append;
+pub(crate) use self::append::CheckpointSync;
 mod read;
 #[cfg(test)]
 pub(crate) use read::cached_pages;

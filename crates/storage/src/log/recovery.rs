@@ -325,6 +325,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
         _ => {}
     }
+    remove_rolling_files(dir)?;
     let (snapshot_offset, producers) = load_latest_snapshot(dir);
     let mut replay = ProducerReplay { from: snapshot_offset, producers };
     // The file holds every epoch that began in a trusted part of the log (it is written
@@ -439,6 +440,20 @@ impl ProducerReplay {
             self.from = header.last_offset() + 1;
         }
     }
+}
+
+/// Deletes the files of rolls that did not complete ([`Segment::create_rolling`]): their
+/// batches are in the WAL, which replays them (a checkpoint completes a roll before it
+/// drops the WAL's copy), while the segment before them may have lost its tail.
+fn remove_rolling_files(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().ends_with(crate::segment::ROLLING_SUFFIX) {
+            tracing::info!(path = %entry.path().display(), "removing the new segment of a roll that did not complete");
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
 }
 
 fn list_segment_bases(dir: &Path) -> io::Result<Vec<i64>> {
@@ -667,7 +682,7 @@ mod recovery_image_tests {
         let dir = tempfile::tempdir().unwrap();
         let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
         append(&partition, 400, 100, 10);
-        assert!(partition.sync_for_wal_checkpoint());
+        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
         let covered = partition.state.lock().recovery_image.1;
         assert!(covered >= RECOVERY_IMAGE_GROWTH_BYTES_MIN, "a checkpoint of a grown segment writes an image");
         append(&partition, 50, 100, 20);
@@ -706,7 +721,7 @@ mod recovery_image_tests {
         append_in_epoch(&partition, 10, 0);
         append_in_epoch(&partition, 400, 3);
         assert_eq!(epochs_in_file(dir.path()), vec![], "no epochs file write on the append path");
-        assert!(partition.sync_for_wal_checkpoint());
+        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
         assert_eq!(epochs_in_file(dir.path()), vec![(0, 0), (3, 1000)], "written before the image");
         append_in_epoch(&partition, 5, 7);
         // A crash: no close. Epoch 7 began after the image: only its batches tell.
@@ -744,7 +759,7 @@ mod recovery_image_tests {
         let dir = tempfile::tempdir().unwrap();
         let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
         append(&partition, 400, 100, 10);
-        assert!(partition.sync_for_wal_checkpoint());
+        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
         partition.truncate_to(100 * 100).unwrap();
         // Smaller batches past the cut, beyond what the image covered.
         append(&partition, 900, 50, 20);
