@@ -15,9 +15,10 @@
 //! `flush.messages`/`flush.ms` ([`Partition::flush_due`]). Fsynced before an append returns:
 //! the aborted-transactions file before an abort marker. A roll's disk work is done later,
 //! off the append path ([`Partition::complete_roll`], on the WAL's checkpointer thread): the
-//! leader-epoch file, the sealed segment (before the new segment's file exists), the new
-//! file's directory entry; meanwhile the new segment holds its batches in its tail, and the
-//! WAL holds them too. Whatever needs every segment's file (a checkpoint, a cut, a close)
+//! leader-epoch file, the sealed segment (before the new segment's file has its name), the
+//! new file's name and directory entry; meanwhile the new segment's file, created by the
+//! append under a temporary name, holds its batches, and the WAL holds them too (recovery
+//! deletes such a file and replays them). Whatever needs every segment's file (a checkpoint, a cut, a close)
 //! finishes the roll first ([`Partition::lock_settled`]); a page-cache topic's roll is done
 //! in its append. A crash at any point leaves a prefix of the appended batches (recovery
 //! cuts a torn tail, the WAL replays what it logged): never less than the high watermark
@@ -201,8 +202,7 @@ impl Partition {
 
     /// Runs `attempt` (an append under the log's lock) again after finishing the roll in
     /// progress, for as long as it needs that roll finished: its batch found the new
-    /// segment full already, or needs the new segment's file (no tail memory left, or a
-    /// topic that acknowledges from the page cache). An attempt that stops so has changed
+    /// segment full already ([`RollInProgress`]). An attempt that stops so has changed
     /// nothing that a second one does not redo the same way. A roll that cannot finish (the
     /// log went offline or was deleted) ends the append.
     fn after_rolls<T>(&self, mut attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
@@ -948,6 +948,29 @@ mod roll_tests {
             reopened.append(&batch(), 0, 0).unwrap();
         }
         reopened.close().unwrap();
+    }
+
+    #[test]
+    fn a_roll_whose_index_cannot_be_written_completes_and_recovery_scans_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { segment_bytes: SEGMENT_BYTES, ..LogConfig::default() };
+        let partition = Partition::open(dir.path(), config.clone()).unwrap();
+        for _ in 0..3 {
+            partition.append(&batch(), 0, 0).unwrap();
+        }
+        // Where the index goes, a directory: its write fails, as on a full disk.
+        let index = dir.path().join(index_file_name(0));
+        std::fs::create_dir(&index).unwrap();
+        assert!(partition.complete_roll().unwrap(), "the roll completes without its index");
+        assert!(dir.path().join(log_file_name(6)).exists());
+        assert_eq!(partition.progress().borrow().local_end, 6, "the sealed segment is durable");
+        partition.close().unwrap();
+        drop(partition);
+        std::fs::remove_dir(&index).unwrap();
+        let reopened = Partition::open(dir.path(), config).unwrap();
+        assert_eq!(reopened.offsets().log_end_offset, 9);
+        assert_eq!(offsets_read(&reopened, 0), [0, 3], "the segment without an index is scanned");
+        assert_eq!(offsets_read(&reopened, 6), [6]);
     }
 
     #[test]
