@@ -18,9 +18,9 @@
 //! leader-epoch file, the sealed segment (before the new segment's file has its name), the
 //! new file's name and directory entry; meanwhile the new segment's file, created by the
 //! append under a temporary name, holds its batches, and the WAL holds them too (recovery
-//! deletes such a file and replays them). Whatever needs every segment's file (a checkpoint, a cut, a close)
-//! finishes the roll first ([`Partition::lock_settled`]); a page-cache topic's roll is done
-//! in its append. A crash at any point leaves a prefix of the appended batches (recovery
+//! deletes such a file and replays them). Whatever needs every segment's file (a
+//! checkpoint, a cut, a close) finishes the roll first ([`Partition::lock_settled`]); a
+//! page-cache topic's roll is done in its append. A crash at any point leaves a prefix of the appended batches (recovery
 //! cuts a torn tail, the WAL replays what it logged): never less than the high watermark
 //! covered. A failed fsync takes the log offline.
 
