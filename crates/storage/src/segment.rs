@@ -268,7 +268,8 @@ impl Segment {
         let rolling_path = Segment::rolling_path(dir, base_offset);
         let open = || OpenOptions::new().read(true).write(true).create_new(true).open(&rolling_path);
         let file = match open() {
-            // Left by a roll whose first batch was refused (a full disk), then cut.
+            // Not expected (recovery removes such files); a stale one holds no acknowledged
+            // byte, so it is replaced rather than refusing every append from here on.
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
                 std::fs::remove_file(&rolling_path)?;
                 open()?

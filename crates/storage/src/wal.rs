@@ -823,12 +823,7 @@ fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>]) -> Checkpo
             .map(|part| scope.spawn(move || part.iter().map(|p| p.sync_for_wal_checkpoint()).collect::<Vec<_>>()))
             .collect();
         let outcomes = handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|_| vec![CheckpointSync::Offline]));
-        // The worst outcome decides: offline, then retry, then synced.
-        outcomes.fold(CheckpointSync::Synced, |worst, outcome| match (worst, outcome) {
-            (CheckpointSync::Offline, _) | (_, CheckpointSync::Offline) => CheckpointSync::Offline,
-            (CheckpointSync::Retry, _) | (_, CheckpointSync::Retry) => CheckpointSync::Retry,
-            _ => CheckpointSync::Synced,
-        })
+        outcomes.max().unwrap_or(CheckpointSync::Synced)
     });
     match outcome {
         CheckpointSync::Synced => {

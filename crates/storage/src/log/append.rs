@@ -62,8 +62,9 @@ impl SyncTarget {
     }
 }
 
-/// How a partition's part of a WAL checkpoint ended ([`Partition::sync_for_wal_checkpoint`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a partition's part of a WAL checkpoint ended ([`Partition::sync_for_wal_checkpoint`]),
+/// ordered from best to worst (a file's checkpoint ends as its worst partition's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum CheckpointSync {
     /// Its segment files hold everything the WAL held for it (or it was deleted).
     Synced,
