@@ -37,10 +37,11 @@ import uuid
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import ConfigResource, OffsetSpec, ResourceType
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from java_support import JavaProcess, java_cp  # noqa: F401  (java_cp is a fixture)
 from kafka_wire import admin_client, create_topic, watermarks
+from test_transactions import offsets as list_offsets
 
 # New groups form at once (Kafka's default initial rebalance delay is 3 s per empty group).
 BROKER_ARGS = ["--group-initial-rebalance-delay-ms", "0"]
@@ -77,21 +78,13 @@ def produce_lines(bootstrap: str, topic: str, lines: list[str], first_key: int) 
     assert p.flush(40) == 0 and not errors, f"input produce failed: {errors[:5]}"
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int, isolation: IsolationLevel) -> dict[int, int]:
-    """ListOffsets LATEST: the high watermark (READ_UNCOMMITTED) or the last stable offset (READ_COMMITTED)."""
-    admin = admin_client(bootstrap)
-    fs = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-                            isolation_level=isolation, request_timeout=20)
-    return {tp.partition: f.result(20).offset for tp, f in fs.items()}
-
-
 def read_topic(bootstrap: str, topic: str, partitions: int, isolation: str, timeout: float = 30.0) -> list:
     """Every (partition, offset, key, value) a consumer with this isolation.level reads from the
     beginning of each partition up to the current end (ListOffsets with the same isolation level).
     The end is told by librdkafka's end-of-partition event, which carries the fetch position, so
     it is found after trailing control batches and on a partition emptied by DeleteRecords too."""
     level = IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
-    target = end_offsets(bootstrap, topic, partitions, level)
+    target = list_offsets(bootstrap, topic, partitions, level)
     c = Consumer(client_conf(bootstrap, **{
         "group.id": unique("reader"), "isolation.level": isolation, "enable.auto.commit": False,
         "enable.partition.eof": True, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100}))
@@ -273,8 +266,8 @@ def test_streams_exactly_once_word_count_survives_kill_9(broker_factory, java_cp
             watcher.close()
 
     # The application closed cleanly, so nothing is left open: the last stable offset is the end.
-    hw = end_offsets(broker.bootstrap, "out", PARTITIONS, IsolationLevel.READ_UNCOMMITTED)
-    lso = end_offsets(broker.bootstrap, "out", PARTITIONS, IsolationLevel.READ_COMMITTED)
+    hw = list_offsets(broker.bootstrap, "out", PARTITIONS, IsolationLevel.READ_UNCOMMITTED)
+    lso = list_offsets(broker.bootstrap, "out", PARTITIONS, IsolationLevel.READ_COMMITTED)
     assert hw == lso, f"a transaction is still open on out: high watermarks {hw}, last stable offsets {lso}"
     committed = read_topic(broker.bootstrap, "out", PARTITIONS, "read_committed")
     check_counts(counts_by_word(committed), expected, "read_committed output")

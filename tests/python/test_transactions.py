@@ -87,13 +87,37 @@ def txn_producer(bootstrap: str, txn_id: str, **extra) -> Producer:
     return Producer(client_conf(bootstrap, **{"transactional.id": txn_id, "linger.ms": 5, **extra}))
 
 
-def offsets(bootstrap: str, topic: str, partitions: int, isolation: IsolationLevel, admin=None) -> dict[int, int]:
+# Errors a Kafka client retries a ListOffsets on: a leader that moved (a restarted node takes its
+# preferred leadership back) or one whose high watermark has not yet reached what the previous
+# leader acknowledged (KIP-207). The Java admin client retries them; librdkafka's does not.
+LIST_OFFSETS_RETRIABLE = {
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
+
+
+def offsets(bootstrap: str, topic: str, partitions: int, isolation: IsolationLevel, admin=None,
+            timeout: float = 30.0) -> dict[int, int]:
     """ListOffsets LATEST per partition: the high watermark (READ_UNCOMMITTED) or the last stable
-    offset (READ_COMMITTED)."""
+    offset (READ_COMMITTED). Partitions answering a retriable error are asked again until
+    `timeout`, as the Java admin client does."""
     admin = admin or admin_client(bootstrap)  # kept alive until the futures are done
-    fs = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-                            isolation_level=isolation, request_timeout=30)
-    return {tp.partition: f.result(30).offset for tp, f in fs.items()}
+    found: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        fs = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
+                                 for p in range(partitions) if p not in found},
+                                isolation_level=isolation, request_timeout=30)
+        for tp, f in fs.items():
+            try:
+                found[tp.partition] = f.result(30).offset
+            except KafkaException as e:
+                if e.args[0].code() not in LIST_OFFSETS_RETRIABLE or time.monotonic() > deadline:
+                    raise
+        if len(found) == partitions:
+            return found
+        time.sleep(0.2)
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, isolation: str, timeout: float = 60.0) -> list:
