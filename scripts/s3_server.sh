@@ -2,7 +2,7 @@
 # A real S3-compatible server for the tiered-storage tests: s3s-fs, which serves a plain
 # directory over the S3 API (a bucket is a subdirectory of the root). No prebuilt binary can
 # be fetched here, so it is built from crates.io into target/tools (git-ignored), pinned, once
-# (1.5 to 3 minutes on 2 cores; set CARGO_BUILD_JOBS=1 beside a running build).
+# (1.5 to 3 minutes on 2 cores).
 # 0.14.1 is the newest s3s-fs whose rust-version (1.92) the stable toolchain meets.
 #   scripts/s3_server.sh install          install only (quick when already installed)
 #   scripts/s3_server.sh check            exit status 0 if installed, never builds

@@ -9,11 +9,14 @@ cd "$(dirname "$0")/.."
 
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
-# target/upgrade-base, in the background on one core, at idle I/O priority, in a session of
-# its own whose autogroup has nice 19. (The scheduler weighs autogroups equally whatever a
-# process's own nice, so only the autogroup's nice keeps it off the cores the steps below
-# use; it is written from inside the new session, since writing it from here would race
-# with setsid and renice this script's group.) Its test runs last, once the build is done.
+# target/upgrade-base, in the background, at idle I/O priority, in a session of its own whose
+# autogroup has nice 19. (The scheduler weighs autogroups equally whatever a process's own
+# nice, so only the autogroup's nice keeps it off the cores the steps below use; it is
+# written from inside the new session, since writing it from here would race with setsid and
+# renice this script's group.) It runs as many jobs as there are cores: the autogroup's
+# weight, not the job count, keeps it from slowing the steps below, and whatever is left
+# when they end builds on every core; without debug info and in more codegen units than a
+# release (only its behaviour is tested). Its test runs last, once the build is done.
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
 base_build_pid=""
@@ -23,7 +26,8 @@ if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$ba
   echo "== previous version ($base_rev): building in the background, log in $base_dir/build.log"
   # Its own session, so that an early exit stops the whole build (cargo and its rustc jobs).
   setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-    nice -n 19 ionice -c 3 cargo build --release -j 1 -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
+    nice -n 19 ionice -c 3 env CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    cargo build --release -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
     --target-dir "$base_dir/target" > "$base_dir/build.log" 2>&1 &
   base_build_pid=$!
 fi
@@ -37,7 +41,7 @@ if ! scripts/s3_server.sh check 2>/dev/null; then
   echo "== s3s-fs: building in the background, log in target/tools/build.log"
   mkdir -p target/tools
   setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-    nice -n 19 ionice -c 3 env CARGO_BUILD_JOBS=1 scripts/s3_server.sh install > target/tools/build.log 2>&1 &
+    nice -n 19 ionice -c 3 scripts/s3_server.sh install > target/tools/build.log 2>&1 &
   s3_build_pid=$!
 fi
 trap 'for pid in $base_build_pid $s3_build_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT

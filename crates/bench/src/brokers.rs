@@ -83,11 +83,37 @@ fn die_with_parent(command: &mut Command) -> &mut Command {
     }
 }
 
-/// A fresh folder under the system temp dir.
+/// A fresh folder under the system temp dir, named `{prefix}-{pid}-{ns}`. The folders
+/// of earlier runs that were killed before they could remove theirs (their process is
+/// gone) are removed first: a broker's data dir holds gigabytes after a catch-up run.
 fn fresh_dir(prefix: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{}", std::process::id(), crate::kafka::monotonic_ns()));
+    let parent = std::env::temp_dir();
+    remove_abandoned_dirs(&parent, prefix);
+    let dir = parent.join(format!("{prefix}-{}-{}", std::process::id(), crate::kafka::monotonic_ns()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Removes `parent`'s `{prefix}-{pid}-{ns}` folders whose process no longer runs (best
+/// effort: a folder that cannot be removed is left; a pid reused since is taken as alive).
+fn remove_abandoned_dirs(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|r| r.strip_prefix('-')) else {
+            continue;
+        };
+        let Some((pid, ns)) = rest.split_once('-') else { continue };
+        let (Ok(pid), true) = (pid.parse::<u32>(), !ns.is_empty() && ns.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => eprintln!("removed {} (left by an interrupted run)", entry.path().display()),
+                Err(error) => eprintln!("could not remove {}: {error}", entry.path().display()),
+            }
+        }
+    }
 }
 
 /// A broker process we started; stopped on drop.
@@ -713,4 +739,32 @@ pub fn drop_caches() -> bool {
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folders_of_runs_whose_process_is_gone_are_removed() {
+        let parent = tempfile::tempdir().unwrap();
+        // A process that ran and was reaped: its pid names no process now.
+        let mut child = Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        let gone = child.id();
+        let alive = std::process::id();
+        let prefix = "sluice-bench-kafka";
+        let abandoned = parent.path().join(format!("{prefix}-{gone}-123"));
+        let running = parent.path().join(format!("{prefix}-{alive}-456"));
+        let other_prefix = parent.path().join(format!("sluice-bench-sluice-{gone}-789"));
+        let not_ours = parent.path().join(format!("{prefix}-{gone}-notes"));
+        for dir in [&abandoned, &running, &other_prefix, &not_ours] {
+            std::fs::create_dir_all(dir.join("data")).unwrap();
+        }
+        remove_abandoned_dirs(parent.path(), prefix);
+        assert!(!abandoned.exists(), "the folder of a run whose process is gone");
+        assert!(running.exists(), "a running process's folder is kept");
+        assert!(other_prefix.exists(), "another prefix's folder is kept");
+        assert!(not_ours.exists(), "a name not of the form prefix-pid-ns is kept");
+    }
 }

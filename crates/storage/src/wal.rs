@@ -84,6 +84,10 @@ const CHECKPOINT_THREADS: usize = 8;
 /// How long a checkpoint that could not finish (a roll that could not complete) waits
 /// before it is tried again.
 const CHECKPOINT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a checkpoint that keeps failing to finish is reported at warn level (with
+/// the partitions' errors); the tries in between log at debug. A disk that stays full
+/// would otherwise log a line per partition every [`CHECKPOINT_RETRY_INTERVAL`].
+const CHECKPOINT_RETRY_REPORT_PERIOD: Duration = Duration::from_secs(60);
 /// How often the WAL thread hands the partitions it logged since to the steady writeback
 /// (at most one such job is queued at a time).
 const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -347,7 +351,7 @@ fn replay_partition(dir: &Path, path: &str, records: &[&Record]) -> io::Result<u
         }
     }
     if changed {
-        match partition.sync_for_wal_checkpoint() {
+        match partition.sync_for_wal_checkpoint(true) {
             CheckpointSync::Synced => {}
             CheckpointSync::Retry => {
                 return Err(io::Error::other(format!("could not finish a segment roll of {path} after WAL replay")))
@@ -749,6 +753,7 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
     // Full files not checkpointed yet, oldest first, and when to try the first again.
     let mut waiting: VecDeque<(PathBuf, Vec<Arc<Partition>>)> = VecDeque::new();
     let mut retry_at: Option<Instant> = None;
+    let mut reports = RetryReports::default();
     loop {
         let job = match retry_at {
             // Files still waiting when the WAL closes stay, for replay at the next start.
@@ -794,11 +799,18 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
             continue;
         }
         while let Some((file, partitions)) = waiting.front() {
-            match checkpoint(dir, file, partitions) {
+            let now = Instant::now();
+            let report = reports.due(now);
+            match checkpoint(dir, file, partitions, report, reports.retries) {
                 CheckpointSync::Synced => {
+                    let retries = reports.finished();
+                    if retries > 0 {
+                        tracing::info!(file = %file.display(), retries, "WAL checkpoint finished");
+                    }
                     waiting.pop_front();
                 }
                 CheckpointSync::Retry => {
+                    reports.failed(now, report);
                     retry_at = Some(Instant::now() + CHECKPOINT_RETRY_INTERVAL);
                     break;
                 }
@@ -813,14 +825,44 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
     let _ = crate::durable::sync_dir(dir);
 }
 
+/// When a WAL checkpoint that keeps failing to finish is reported at warn level: its
+/// first try, then once per [`CHECKPOINT_RETRY_REPORT_PERIOD`].
+#[derive(Debug, Default)]
+struct RetryReports {
+    /// Tries of the first waiting file that did not finish.
+    retries: u64,
+    reported_at: Option<Instant>,
+}
+
+impl RetryReports {
+    /// Whether a try starting at `now` is reported if it does not finish.
+    fn due(&self, now: Instant) -> bool {
+        self.reported_at.is_none_or(|at| now.saturating_duration_since(at) >= CHECKPOINT_RETRY_REPORT_PERIOD)
+    }
+
+    /// A try that started at `now` did not finish (`reported`: it was logged at warn level).
+    fn failed(&mut self, now: Instant, reported: bool) {
+        self.retries += 1;
+        if reported {
+            self.reported_at = Some(now);
+        }
+    }
+
+    /// A try finished: returns how many tries before it did not, and starts over.
+    fn finished(&mut self) -> u64 {
+        std::mem::take(self).retries
+    }
+}
+
 /// Checkpoints one full WAL file (see [`checkpointer`]): recycled once every partition
-/// with records in it is synced.
-fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>]) -> CheckpointSync {
+/// with records in it is synced. A try that does not finish is logged at warn level only
+/// when `report` (`retries`: the earlier tries of this file that did not finish).
+fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>], report: bool, retries: u64) -> CheckpointSync {
     let chunk = partitions.len().div_ceil(CHECKPOINT_THREADS).max(1);
     let outcome = std::thread::scope(|scope| {
         let handles: Vec<_> = partitions
             .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(|p| p.sync_for_wal_checkpoint()).collect::<Vec<_>>()))
+            .map(|part| scope.spawn(move || part.iter().map(|p| p.sync_for_wal_checkpoint(report)).collect::<Vec<_>>()))
             .collect();
         let outcomes = handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|_| vec![CheckpointSync::Offline]));
         outcomes.max().unwrap_or(CheckpointSync::Synced)
@@ -833,8 +875,15 @@ fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>]) -> Checkpo
                 tracing::warn!(file = %file.display(), %error, "could not recycle a checkpointed WAL file");
             }
         }
+        CheckpointSync::Retry if report => {
+            tracing::warn!(
+                file = %file.display(),
+                retries,
+                "WAL checkpoint not finished: the file is kept and tried again every second (reported once a minute)"
+            );
+        }
         CheckpointSync::Retry => {
-            tracing::warn!(file = %file.display(), "WAL checkpoint not finished: the file is kept and tried again");
+            tracing::debug!(file = %file.display(), retries, "WAL checkpoint not finished: tried again");
         }
         CheckpointSync::Offline => {
             tracing::error!(file = %file.display(), "WAL checkpoint failed: WAL files are kept until a restart");
@@ -846,6 +895,27 @@ fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>]) -> Checkpo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_retried_on_a_full_disk_is_reported_once_a_minute() {
+        let mut reports = RetryReports::default();
+        let start = Instant::now();
+        assert!(reports.due(start), "the first try that fails is reported");
+        reports.failed(start, true);
+        // Tried every second: the next 59 tries are quiet, the one a minute on is reported.
+        for second in 1..60 {
+            let now = start + Duration::from_secs(second);
+            assert!(!reports.due(now), "try {second} s after the report");
+            reports.failed(now, false);
+        }
+        let minute = start + CHECKPOINT_RETRY_REPORT_PERIOD;
+        assert!(reports.due(minute));
+        reports.failed(minute, true);
+        assert!(!reports.due(minute + Duration::from_secs(1)));
+        assert_eq!(reports.finished(), 61, "the tries before the one that finished");
+        assert!(reports.due(minute + Duration::from_secs(2)), "the next file's first failure is reported");
+        assert_eq!(reports.retries, 0);
+    }
 
     #[test]
     fn write_back_leaves_no_dirty_page_in_its_range() {

@@ -675,7 +675,10 @@ impl Partition {
     /// When the active segment has grown enough, it also writes a recovery image: the
     /// index of what the fsync made durable and the producer state there, so a restart
     /// after a crash scans only the bytes appended since.
-    pub(crate) fn sync_for_wal_checkpoint(&self) -> CheckpointSync {
+    ///
+    /// `report`: a roll that cannot complete is logged at warn level (else at debug; the
+    /// checkpointer reports a retried checkpoint once a minute).
+    pub(crate) fn sync_for_wal_checkpoint(&self, report: bool) -> CheckpointSync {
         // The tail's pages first, without the lock: producers wait for it meanwhile.
         self.write_back(true);
         let flushed = {
@@ -686,7 +689,11 @@ impl Partition {
                     return CheckpointSync::Offline;
                 }
                 Err(error) => {
-                    tracing::warn!(dir = %self.dir.display(), %error, "could not finish a segment roll for a WAL checkpoint; trying again later");
+                    if report {
+                        tracing::warn!(dir = %self.dir.display(), %error, "could not finish a segment roll for a WAL checkpoint; trying again later");
+                    } else {
+                        tracing::debug!(dir = %self.dir.display(), %error, "could not finish a segment roll for a WAL checkpoint");
+                    }
                     return CheckpointSync::Retry;
                 }
             };

@@ -682,7 +682,7 @@ mod recovery_image_tests {
         let dir = tempfile::tempdir().unwrap();
         let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
         append(&partition, 400, 100, 10);
-        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
         let covered = partition.state.lock().recovery_image.1;
         assert!(covered >= RECOVERY_IMAGE_GROWTH_BYTES_MIN, "a checkpoint of a grown segment writes an image");
         append(&partition, 50, 100, 20);
@@ -721,7 +721,7 @@ mod recovery_image_tests {
         append_in_epoch(&partition, 10, 0);
         append_in_epoch(&partition, 400, 3);
         assert_eq!(epochs_in_file(dir.path()), vec![], "no epochs file write on the append path");
-        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
         assert_eq!(epochs_in_file(dir.path()), vec![(0, 0), (3, 1000)], "written before the image");
         append_in_epoch(&partition, 5, 7);
         // A crash: no close. Epoch 7 began after the image: only its batches tell.
@@ -759,7 +759,7 @@ mod recovery_image_tests {
         let dir = tempfile::tempdir().unwrap();
         let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
         append(&partition, 400, 100, 10);
-        assert_eq!(partition.sync_for_wal_checkpoint(), crate::log::CheckpointSync::Synced);
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
         partition.truncate_to(100 * 100).unwrap();
         // Smaller batches past the cut, beyond what the image covered.
         append(&partition, 900, 50, 20);
