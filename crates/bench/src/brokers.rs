@@ -104,9 +104,10 @@ fn remove_abandoned_dirs(parent: &Path, prefix: &str) {
             continue;
         };
         let Some((pid, ns)) = rest.split_once('-') else { continue };
-        let (Ok(pid), true) = (pid.parse::<u32>(), !ns.is_empty() && ns.bytes().all(|b| b.is_ascii_digit())) else {
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if ns.is_empty() || !ns.bytes().all(|b| b.is_ascii_digit()) {
             continue;
-        };
+        }
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             match std::fs::remove_dir_all(entry.path()) {
                 Ok(()) => eprintln!("removed {} (left by an interrupted run)", entry.path().display()),
