@@ -891,6 +891,12 @@ mod tests {
         syncer.shutdown();
     }
 
+    /// An offset committed now: the ticker's retention check (every second) does not expire
+    /// it, however slowly the test runs.
+    fn fresh_offset(value: i64) -> CommittedOffset {
+        CommittedOffset { commit_timestamp_ms: sluice_storage::now_ms(), ..offset(value, "m") }
+    }
+
     async fn eventually(mut done: impl FnMut() -> bool) {
         for _ in 0..200 {
             if done() {
@@ -908,7 +914,7 @@ mod tests {
         {
             let coordinator = open(dir.path());
             for round in 0..100 {
-                let commits = (0..50).map(|p| ("t".to_string(), p, offset(round, "m"))).collect();
+                let commits = (0..50).map(|p| ("t".to_string(), p, fresh_offset(round))).collect();
                 coordinator.commit_offsets("g", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
                 coordinator.upkeep(sluice_storage::now_ms(), &syncer);
             }
@@ -938,7 +944,7 @@ mod tests {
             write.unwrap().await.unwrap();
             // Enough other traffic for several compaction snapshots.
             for round in 0..100 {
-                let commits = (0..20).map(|p| ("u".to_string(), p, offset(round, "m"))).collect();
+                let commits = (0..20).map(|p| ("u".to_string(), p, fresh_offset(round))).collect();
                 coordinator.commit_offsets("g", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
                 coordinator.upkeep(sluice_storage::now_ms(), &syncer);
             }
@@ -973,13 +979,15 @@ mod tests {
     async fn retention_expires_offsets_of_groups_without_members() {
         let dir = tempfile::tempdir().unwrap();
         let syncer = Syncer::start();
+        let opened_ms = sluice_storage::now_ms();
         let coordinator = open(dir.path());
         let old = CommittedOffset { commit_timestamp_ms: 1, ..offset(3, "old") };
         let fresh = CommittedOffset { commit_timestamp_ms: sluice_storage::now_ms(), ..offset(4, "fresh") };
         let commits = vec![("t".to_string(), 0, old), ("t".to_string(), 1, fresh)];
         coordinator.commit_offsets("idle", Committer::simple(), commits, &syncer).unwrap().await.unwrap();
-        // Before the check interval nothing happens; after it the old offset expires.
-        coordinator.upkeep(sluice_storage::now_ms(), &syncer);
+        // Before the check interval nothing happens (however slowly the test runs: the
+        // interval counts from the open); after it the old offset expires.
+        coordinator.upkeep(opened_ms, &syncer);
         assert_eq!(coordinator.fetch_offsets("idle", None).unwrap()[0].1.len(), 2);
         coordinator.upkeep(sluice_storage::now_ms() + SETTINGS.retention_check_interval_ms, &syncer);
         eventually(|| coordinator.fetch_offsets("idle", None).unwrap()[0].1.len() == 1).await;
