@@ -48,6 +48,14 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 const RESPONSES_PER_WRITE_MAX: usize = 16;
 const _: () = assert!(RESPONSES_PER_WRITE_MAX >= 1);
 
+/// Bytes of a response handed to the socket by one write (`writev` or `sendfile`), after
+/// which the connection yields to the runtime before the next piece. A catch-up fetch
+/// answers up to `fetch.max.bytes` (50 MiB) at once; copied in one call (on loopback the
+/// receiver's TCP processing runs inside that call too) it would hold the I/O thread for
+/// milliseconds while other connections' produce requests wait.
+const RESPONSE_WRITE_PIECE_BYTES: usize = 256 * 1024;
+const _: () = assert!(RESPONSE_WRITE_PIECE_BYTES >= 64 * 1024);
+
 /// Serves one connection of listener `listener` (index in [`Broker::listeners`]) until
 /// the client closes it or sends something that closes it. `certificate_user`: the
 /// subject of the client's TLS certificate, its principal on an SSL listener.
@@ -358,11 +366,23 @@ async fn write_chunks(
     write_all_vectored(writer, run).await
 }
 
+/// Writes `chunks` in pieces of [`RESPONSE_WRITE_PIECE_BYTES`] at most, yielding between
+/// pieces.
 async fn write_all_vectored(writer: &mut impl ResponseWriter, mut chunks: Vec<bytes::Bytes>) -> std::io::Result<()> {
     use bytes::Buf;
     let mut first = 0;
     while first < chunks.len() {
-        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..].iter().map(|c| std::io::IoSlice::new(c)).collect();
+        let mut room = RESPONSE_WRITE_PIECE_BYTES;
+        let slices: Vec<std::io::IoSlice<'_>> = chunks[first..]
+            .iter()
+            .map_while(|chunk| {
+                (room > 0).then(|| {
+                    let take = chunk.len().min(room);
+                    room -= take;
+                    std::io::IoSlice::new(&chunk[..take])
+                })
+            })
+            .collect();
         let mut written = writer.write_vectored(&slices).await?;
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
@@ -376,12 +396,15 @@ async fn write_all_vectored(writer: &mut impl ResponseWriter, mut chunks: Vec<by
                 first += 1;
             }
         }
+        if first < chunks.len() {
+            tokio::task::yield_now().await;
+        }
     }
     Ok(())
 }
 
-/// Sends a file range: from the page cache straight to the socket on TCP, through memory
-/// otherwise. A file shorter than the range (it never is: the range is below the high
+/// Sends a file range: from the page cache straight to the socket on TCP (in pieces of
+/// [`RESPONSE_WRITE_PIECE_BYTES`], yielding between them), through memory otherwise. A file shorter than the range (it never is: the range is below the high
 /// watermark) fails the write, which closes the connection rather than send a short frame.
 async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
@@ -395,7 +418,8 @@ async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::
         let sent = socket
             .async_io(tokio::io::Interest::WRITABLE, || {
                 // SAFETY: both descriptors are open for the call; `offset` is a live local.
-                let sent = unsafe { libc::sendfile(socket.as_raw_fd(), chunk.file.as_raw_fd(), &mut offset, left) };
+                let piece = left.min(RESPONSE_WRITE_PIECE_BYTES);
+                let sent = unsafe { libc::sendfile(socket.as_raw_fd(), chunk.file.as_raw_fd(), &mut offset, piece) };
                 usize::try_from(sent).map_err(|_| std::io::Error::last_os_error())
             })
             .await;
@@ -410,6 +434,9 @@ async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::
             ));
         }
         left -= sent;
+        if left > 0 {
+            tokio::task::yield_now().await;
+        }
     }
     Ok(())
 }
@@ -515,6 +542,33 @@ mod tests {
     }
 
     impl ResponseWriter for RecordingWriter {}
+
+    #[tokio::test]
+    async fn a_large_response_goes_out_in_pieces_with_other_tasks_run_between_them() {
+        let chunks: Vec<bytes::Bytes> = (0..10u8).map(|i| bytes::Bytes::from(vec![i; 100_000])).collect();
+        let expected: Vec<u8> = chunks.iter().flat_map(|chunk| chunk.iter().copied()).collect();
+        let writer = RecordingWriter::default();
+        // Another connection's task on the same (current-thread) runtime: notes how many
+        // pieces had gone out each time it ran.
+        let seen = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let other = tokio::spawn({
+            let (writer, seen) = (writer.clone(), seen.clone());
+            async move {
+                loop {
+                    let writes = writer.0.lock().unwrap().0;
+                    seen.lock().unwrap().insert(writes);
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        write_all_vectored(&mut writer.clone(), chunks).await.unwrap();
+        other.abort();
+        let (writes, bytes) = writer.0.lock().unwrap().clone();
+        assert!(bytes == expected, "the response arrives whole and in order");
+        assert_eq!(writes, expected.len().div_ceil(RESPONSE_WRITE_PIECE_BYTES), "one write per piece");
+        let seen = seen.lock().unwrap();
+        assert!((1..writes).all(|w| seen.contains(&w)), "the other task ran between pieces: {seen:?}");
+    }
 
     #[tokio::test]
     async fn pipelined_requests_answered_at_once_go_out_in_order_in_one_write() {
