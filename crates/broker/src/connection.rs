@@ -404,8 +404,9 @@ async fn write_all_vectored(writer: &mut impl ResponseWriter, mut chunks: Vec<by
 }
 
 /// Sends a file range: from the page cache straight to the socket on TCP (in pieces of
-/// [`RESPONSE_WRITE_PIECE_BYTES`], yielding between them), through memory otherwise. A file shorter than the range (it never is: the range is below the high
-/// watermark) fails the write, which closes the connection rather than send a short frame.
+/// [`RESPONSE_WRITE_PIECE_BYTES`], yielding between them), through memory otherwise. A file
+/// shorter than the range (it never is: the range is below the high watermark) fails the
+/// write, which closes the connection rather than send a short frame.
 async fn send_file(writer: &mut impl ResponseWriter, chunk: &FileChunk) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let Some(socket) = writer.socket() else {
