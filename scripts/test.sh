@@ -7,6 +7,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# librdkafka's TLS (the bench's clients in `compare --tls`) links the system's OpenSSL, found
+# with pkg-config: Debian's libssl-dev. Installed here when missing and this runs as root.
+if ! pkg-config --exists openssl 2>/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "== installing OpenSSL's development files (libssl-dev, pkg-config)"
+    apt-get install -y -q libssl-dev pkg-config || { apt-get update -q && apt-get install -y -q libssl-dev pkg-config; }
+  else
+    echo "OpenSSL's development files are missing: install libssl-dev and pkg-config" >&2
+    exit 1
+  fi
+fi
+
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
 # target/upgrade-base, in the background, at idle I/O priority, in a session of its own whose

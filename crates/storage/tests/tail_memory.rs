@@ -2,11 +2,12 @@
 //! the chunk a partition starts with bounds the broker's memory at many partitions. (Its own
 //! test binary: the tails' memory is counted per process.)
 
+use bytes::Bytes;
 use sluice_storage::segment_tail::{tail_memory_bytes, PAGE_BYTES};
 use sluice_storage::{LogConfig, LogManager, TopicPartition};
 
 mod common;
-use common::{append_acknowledged, batch};
+use common::{append_all_acknowledged, batch};
 
 /// Partitions in the test: 64 KiB first chunks (before session 35) held 128 MiB here.
 const PARTITIONS: usize = 2_000;
@@ -22,9 +23,9 @@ fn many_partitions_with_a_batch_each_hold_a_small_chunk_each() {
     let logs: Vec<_> = (0..PARTITIONS)
         .map(|i| manager.open(&TopicPartition::new("many", i as i32), LogConfig::default()).unwrap())
         .collect();
-    for (i, log) in logs.iter().enumerate() {
-        append_acknowledged(&manager, log, &[batch(b'a' + (i % 26) as u8, 1000)]);
-    }
+    let batches: Vec<[Bytes; 1]> = (0..PARTITIONS).map(|i| [batch(b'a' + (i % 26) as u8, 1000)]).collect();
+    let appends: Vec<_> = logs.iter().zip(&batches).map(|(log, batches)| (log, &batches[..])).collect();
+    append_all_acknowledged(&manager, &appends);
     let held = tail_memory_bytes() - before;
     assert!(held >= PARTITIONS * PAGE_BYTES, "each partition's batch is in its tail: {held} bytes");
     assert!(

@@ -151,6 +151,9 @@ impl TieredStorage {
             }
             options.push(("aws_allow_http".into(), settings.allow_http.to_string()));
         }
+        // reqwest's rustls comes without a crypto provider (Cargo.toml): the process default is
+        // ring's, as the listeners' (`security::tls`). Already installed is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (store, root) = object_store::parse_url_opts(&url, options).map_err(|e| invalid(format!("{url}: {e}")))?;
         let store: Arc<dyn ObjectStore> = Arc::from(store);
         Ok(TieredStorage {
@@ -558,5 +561,26 @@ impl SegmentKeys {
 
     fn all(self) -> [Path; 5] {
         [self.data, self.index, self.leader_epochs, self.aborted_transactions, self.producer_snapshot]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An S3 store over TLS builds its HTTP client at open: that client's rustls has no
+    /// crypto provider of its own (Cargo.toml), so without ring's as the default it panics.
+    #[test]
+    fn an_s3_store_over_https_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = TieredStorageConfig {
+            url: Some("s3://bucket/prefix".into()),
+            endpoint: Some("https://127.0.0.1:1".into()),
+            access_key_id: Some("key".into()),
+            secret_access_key: Some("secret".into()),
+            ..TieredStorageConfig::default()
+        };
+        let tiered = TieredStorage::open(&settings, dir.path(), None, TieredMetrics::default()).unwrap();
+        assert_eq!(tiered.root, Path::from("prefix"));
     }
 }

@@ -34,13 +34,25 @@ pub fn batch(fill: u8, value_bytes: usize) -> Bytes {
 }
 
 /// Appends `batches` and waits until the group commit made them durable (their acknowledgement).
+#[allow(dead_code)] // not every test binary that includes this module uses it
 pub fn append_acknowledged(manager: &LogManager, partition: &Arc<Partition>, batches: &[Bytes]) {
-    let mut visible_at = 0;
-    for batch in batches {
-        visible_at = partition.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
+    append_all_acknowledged(manager, &[(partition, batches)]);
+}
+
+/// Appends each partition's batches, then waits until the group commit made all of them
+/// durable: the partitions share the commit rounds, as concurrent producers' would.
+pub fn append_all_acknowledged(manager: &LogManager, appends: &[(&Arc<Partition>, &[Bytes])]) {
+    let mut waits = Vec::with_capacity(appends.len());
+    for (partition, batches) in appends {
+        let mut visible_at = 0;
+        for batch in batches.iter() {
+            visible_at = partition.append(batch, 0, sluice_storage::now_ms()).unwrap().visible_at;
+        }
+        manager.syncer().schedule(partition);
+        waits.push((partition.subscribe(), visible_at));
     }
-    manager.syncer().schedule(partition);
-    let mut visible = partition.subscribe();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
+    for (mut visible, visible_at) in waits {
+        runtime.block_on(visible.wait_for(|v| v.high_watermark >= visible_at)).unwrap();
+    }
 }
