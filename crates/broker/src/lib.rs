@@ -78,6 +78,10 @@ pub struct Broker {
     /// is off, or in a cluster without a `tiered_storage.url` (every node must reach the
     /// same store).
     tiered: Option<Arc<tiered::TieredStorage>>,
+    /// A single node's topic changes (create, add partitions, delete) one at a time: each
+    /// opens or deletes logs, then updates the registry. They run on the blocking pool
+    /// (`handlers/mod.rs`), never on a connection thread.
+    topic_changes: parking_lot::Mutex<()>,
     /// Held for the broker's life: a second broker on the same data dir fails to start.
     _data_dir_lock: sluice_storage::DirLock,
 }
@@ -229,6 +233,7 @@ impl Broker {
             replicas,
             cluster,
             tiered,
+            topic_changes: parking_lot::Mutex::new(()),
             _data_dir_lock: data_dir_lock,
         }))
     }
@@ -308,21 +313,42 @@ impl Broker {
         }
     }
 
-    /// Creates a topic: logs first, then the registry entry, so a registered topic always
-    /// has its logs.
+    /// Creates a topic: logs first (several at a time), then the registry entry, so a
+    /// registered topic always has its logs. Disk work: call it off the connection threads.
     pub(crate) fn create_topic(&self, topic: TopicMeta) -> io::Result<()> {
-        let log_config = self.config.topic_defaults.log_config(&topic.configs);
-        for p in 0..topic.partitions {
-            self.logs.open(&TopicPartition::new(topic.name.clone(), p), log_config.clone())?;
+        let _one_at_a_time = self.topic_changes.lock();
+        if self.topics.get(&topic.name).is_some() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("topic {:?} exists", topic.name)));
         }
+        self.open_partitions(&topic, 0..topic.partitions)?;
         self.topics.insert(topic)
     }
 
+    /// Adds partitions to a topic so it has `count`: their logs first, then the registry.
+    pub(crate) fn add_partitions(&self, topic: &TopicMeta, count: i32) -> io::Result<()> {
+        let _one_at_a_time = self.topic_changes.lock();
+        let Some(current) = self.topics.get(&topic.name).filter(|current| current.id == topic.id) else {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("topic {:?} was deleted", topic.name)));
+        };
+        self.open_partitions(&current, current.partitions..count)?;
+        self.topics.update(&topic.name, |t| t.partitions = t.partitions.max(count)).map(|_| ())
+    }
+
+    /// Opens (creating) the logs of `topic`'s partitions in `range`, in parallel: each new
+    /// log fsyncs its directory, and concurrent fsyncs share the filesystem's journal
+    /// commits (10,000 partitions one at a time took 6.8 s here).
+    fn open_partitions(&self, topic: &TopicMeta, range: std::ops::Range<i32>) -> io::Result<()> {
+        let log_config = self.config.topic_defaults.log_config(&topic.configs);
+        self.logs.open_all(range.map(|p| (TopicPartition::new(topic.name.clone(), p), log_config.clone())).collect())
+    }
+
+    /// Deletes a topic: the registry entry, then its logs. Disk work: call it off the
+    /// connection threads.
     pub(crate) fn delete_topic(&self, name: &str) -> io::Result<Option<TopicMeta>> {
+        let _one_at_a_time = self.topic_changes.lock();
         let Some(topic) = self.topics.remove(name)? else { return Ok(None) };
-        for p in 0..topic.partitions {
-            self.logs.delete(&TopicPartition::new(name, p))?;
-        }
+        let partitions: Vec<TopicPartition> = (0..topic.partitions).map(|p| TopicPartition::new(name, p)).collect();
+        self.logs.delete_all(&partitions)?;
         if let Some(tiered) = self.tiered.as_ref().filter(|_| tiered::is_tiered(&topic)) {
             tiered.forget_topic(topic.clone());
         }

@@ -195,8 +195,10 @@ impl LogManager {
         partitions.insert(tp, partition);
     }
 
-    /// Opens (recovering) or creates the given partitions, several at a time.
+    /// Opens (recovering) or creates the given partitions, several at a time; those open
+    /// already stay as they are.
     pub fn open_all(&self, wanted: Vec<(TopicPartition, LogConfig)>) -> io::Result<()> {
+        let wanted: Vec<_> = wanted.into_iter().filter(|(tp, _)| self.get(tp).is_none()).collect();
         let chunk = wanted.len().div_ceil(RECOVERY_THREADS).max(1);
         let results: Vec<io::Result<Vec<(TopicPartition, Partition)>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = wanted
@@ -232,20 +234,31 @@ impl LogManager {
 
     /// Forgets a partition and deletes its directory.
     pub fn delete(&self, tp: &TopicPartition) -> io::Result<()> {
-        let removed = self.partitions.write().remove(tp);
-        {
+        self.delete_all(std::slice::from_ref(tp))
+    }
+
+    /// Forgets partitions (all at once, so no reader finds some of them gone and others
+    /// not), then deletes their directories.
+    pub fn delete_all(&self, tps: &[TopicPartition]) -> io::Result<()> {
+        let removed: Vec<Arc<Partition>> = {
+            let mut partitions = self.partitions.write();
             let mut by_topic = self.by_topic.write();
-            if let Some(topic) = by_topic.get_mut(&tp.topic) {
-                if let Some(slot) = usize::try_from(tp.partition).ok().and_then(|i| topic.partitions.get_mut(i)) {
-                    *slot = None;
-                }
-                if topic.partitions.iter().all(Option::is_none) {
-                    by_topic.remove(&tp.topic);
+            let removed = tps.iter().filter_map(|tp| partitions.remove(tp)).collect();
+            for tp in tps {
+                if let Some(topic) = by_topic.get_mut(&tp.topic) {
+                    if let Some(slot) = usize::try_from(tp.partition).ok().and_then(|i| topic.partitions.get_mut(i)) {
+                        *slot = None;
+                    }
+                    if topic.partitions.iter().all(Option::is_none) {
+                        by_topic.remove(&tp.topic);
+                    }
                 }
             }
-        }
+            removed
+        };
+        // One at a time: removals in one parent directory serialize on its lock anyway.
         let _cleaner = self.pause_cleaner();
-        if let Some(partition) = removed {
+        for partition in removed {
             partition.retire()?;
             std::fs::remove_dir_all(partition.dir())?;
         }

@@ -89,6 +89,18 @@ fn controller_id(broker: &Broker) -> i32 {
     }
 }
 
+/// True when answering `request` may create topics' logs (a single node's auto-creation
+/// of a topic it names that does not exist): it is then answered on the blocking pool.
+pub(super) fn may_create_logs(broker: &Broker, request: &MetadataRequest) -> bool {
+    broker.cluster.is_none()
+        && request.allow_auto_topic_creation
+        && broker.config().auto_create_topics
+        && request.topics.iter().flatten().any(|wanted| match &wanted.name {
+            Some(name) => broker.topics.get(name.as_str()).is_none(),
+            None => false,
+        })
+}
+
 fn lookup_or_create(
     broker: &Arc<Broker>,
     snapshot: Option<&ClusterMetadata>,
@@ -550,17 +562,10 @@ fn grow_topic(
     if validate_only {
         return Ok(());
     }
-    let log_config = broker.config().topic_defaults.log_config(&topic.configs);
-    for p in topic.partitions..count {
-        broker
-            .logs
-            .open(&sluice_storage::TopicPartition::new(name, p), log_config.clone())
-            .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
-    }
-    broker
-        .topics
-        .update(name, |t| t.partitions = count)
-        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
+    broker.add_partitions(&topic, count).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => (ResponseError::UnknownTopicOrPartition, e.to_string()),
+        _ => (ResponseError::KafkaStorageError, e.to_string()),
+    })?;
     tracing::info!(topic = name, partitions = count, "added partitions");
     Ok(())
 }

@@ -130,6 +130,10 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
         RequestKind::DeleteRecords(request) => {
             Box::pin(async move { Some(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request).await)) })
         }
+        RequestKind::Metadata(request) if admin::may_create_logs(&broker, &request) => {
+            let listener = session.listener;
+            on_blocking_pool(move || ResponseKind::Metadata(admin::metadata(&broker, request, listener)))
+        }
         RequestKind::Metadata(request) => {
             ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
         }
@@ -139,19 +143,21 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
             )
         }
         RequestKind::CreateTopics(request) => {
-            ready(ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
+            on_blocking_pool(move || ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
         }
         RequestKind::DeleteTopics(request) if broker.cluster.is_some() => {
             Box::pin(
                 async move { Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await)) },
             )
         }
-        RequestKind::DeleteTopics(request) => ready(ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))),
+        RequestKind::DeleteTopics(request) => {
+            on_blocking_pool(move || ResponseKind::DeleteTopics(admin::delete_topics(&broker, request)))
+        }
         RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
             Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
         }),
         RequestKind::CreatePartitions(request) => {
-            ready(ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
+            on_blocking_pool(move || ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
         }
         RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
             Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
@@ -579,6 +585,22 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
 
 fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
     Box::pin(std::future::ready(Some(response)))
+}
+
+/// A handler that creates or deletes logs (directories, files, their fsyncs: seconds for
+/// 10,000 partitions), run on the blocking pool so the connection threads go on serving
+/// every other request meanwhile. A panic in it is the connection's, as on its own thread.
+fn on_blocking_pool(
+    handle: impl FnOnce() -> ResponseKind + Send + 'static,
+) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
+    Box::pin(async move {
+        match tokio::task::spawn_blocking(handle).await {
+            Ok(response) => Some(response),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // The runtime is shutting down: no answer.
+            Err(_) => None,
+        }
+    })
 }
 
 pub(crate) fn str_bytes(text: &str) -> StrBytes {
