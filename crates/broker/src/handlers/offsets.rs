@@ -82,7 +82,7 @@ async fn lookup(
     broker: &Broker,
     topic: &str,
     partition: i32,
-    log: &Partition,
+    log: &Arc<Partition>,
     query: i64,
     read_committed: bool,
 ) -> Result<(i64, i64), ReadError> {
@@ -96,7 +96,7 @@ async fn lookup(
             Some((_, end)) if end > 0 => (end - 1, -1),
             _ => (-1, -1),
         }),
-        MAX_TIMESTAMP => Ok(match log.batch_with_max_timestamp()? {
+        MAX_TIMESTAMP => Ok(match on_disk(log, |log| log.batch_with_max_timestamp()).await? {
             None => (-1, -1),
             Some(batch) => record_matching(batch, |records| records.iter().max_by_key(|(_, ts)| *ts).copied()),
         }),
@@ -113,7 +113,7 @@ async fn lookup(
             };
             let batch = match remote {
                 Some(batch) => Some(batch),
-                None => log.batch_for_timestamp(timestamp)?,
+                None => on_disk(log, move |log| log.batch_for_timestamp(timestamp)).await?,
             };
             Ok(match batch {
                 None => (-1, -1),
@@ -191,7 +191,7 @@ async fn delete_records_before(
     broker: &Broker,
     topic: &str,
     partition: i32,
-    log: &Partition,
+    log: &Arc<Partition>,
     target: i64,
 ) -> Result<i64, ReadError> {
     let offsets = log.offsets();
@@ -208,6 +208,22 @@ async fn delete_records_before(
             tiered.delete_records_before(&meta, partition, epoch, log, target).await?;
         }
     }
-    log.delete_records_before(target.max(offsets.local_log_start_offset))?;
+    let local_start = target.max(offsets.local_log_start_offset);
+    on_disk(log, move |log| log.delete_records_before(local_start)).await?;
     Ok(log.first_readable_offset())
+}
+
+/// Runs `work` on the blocking pool: it reads segment files (a timestamp lookup's scan, from
+/// the disk when cold) or writes and fsyncs the log-start file and deletes segments
+/// (DeleteRecords), which a connection thread must not wait for.
+async fn on_disk<T: Send + 'static>(
+    log: &Arc<Partition>,
+    work: impl FnOnce(&Partition) -> Result<T, ReadError> + Send + 'static,
+) -> Result<T, ReadError> {
+    let log = log.clone();
+    match tokio::task::spawn_blocking(move || work(&log)).await {
+        Ok(result) => result,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => Err(ReadError::Storage(std::io::Error::other(error))),
+    }
 }
