@@ -262,7 +262,15 @@ def test_compacted_offsets_partition_replicates_and_fails_over(tmp_path):
         group = "compacting-group"
         partition = offsets_partition(group, offsets_partitions)
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
-        consumer.commit(offsets=[TopicPartition("compacted", 0, 1)], asynchronous=False)
+
+        def first_commit():
+            consumer.commit(offsets=[TopicPartition("compacted", 0, 1)], asynchronous=False)
+            return True
+
+        # Nodes take the leaderships the controller gave them a moment after it committed
+        # them: until the group's coordinator has, it answers NOT_COORDINATOR, which a
+        # synchronous librdkafka commit reports (the Java client retries it).
+        cluster.wait_for("the group's coordinator to take a commit", first_commit)
         leader = coordinator_of(cluster.nodes.values(), group)
         lagging = next(i for i in cluster.nodes if i != leader)
         cluster.nodes[lagging].kill()
