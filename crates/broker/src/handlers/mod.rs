@@ -132,7 +132,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
         }
         RequestKind::Metadata(request) if admin::may_create_logs(&broker, &request) => {
             let listener = session.listener;
-            on_blocking_pool(move || ResponseKind::Metadata(admin::metadata(&broker, request, listener)))
+            Box::pin(on_blocking_pool(move || ResponseKind::Metadata(admin::metadata(&broker, request, listener))))
         }
         RequestKind::Metadata(request) => {
             ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
@@ -142,23 +142,23 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
                 async move { Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await)) },
             )
         }
-        RequestKind::CreateTopics(request) => {
-            on_blocking_pool(move || ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version)))
-        }
+        RequestKind::CreateTopics(request) => Box::pin(on_blocking_pool(move || {
+            ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version))
+        })),
         RequestKind::DeleteTopics(request) if broker.cluster.is_some() => {
             Box::pin(
                 async move { Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await)) },
             )
         }
         RequestKind::DeleteTopics(request) => {
-            on_blocking_pool(move || ResponseKind::DeleteTopics(admin::delete_topics(&broker, request)))
+            Box::pin(on_blocking_pool(move || ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))))
         }
         RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
             Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
         }),
-        RequestKind::CreatePartitions(request) => {
-            on_blocking_pool(move || ResponseKind::CreatePartitions(admin::create_partitions(&broker, request)))
-        }
+        RequestKind::CreatePartitions(request) => Box::pin(on_blocking_pool(move || {
+            ResponseKind::CreatePartitions(admin::create_partitions(&broker, request))
+        })),
         RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
             Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
         }),
@@ -587,20 +587,16 @@ fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseK
     Box::pin(std::future::ready(Some(response)))
 }
 
-/// A handler that creates or deletes logs (directories, files, their fsyncs: seconds for
-/// 10,000 partitions), run on the blocking pool so the connection threads go on serving
-/// every other request meanwhile. A panic in it is the connection's, as on its own thread.
-fn on_blocking_pool(
-    handle: impl FnOnce() -> ResponseKind + Send + 'static,
-) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
-    Box::pin(async move {
-        match tokio::task::spawn_blocking(handle).await {
-            Ok(response) => Some(response),
-            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-            // The runtime is shutting down: no answer.
-            Err(_) => None,
-        }
-    })
+/// Runs `work` on the blocking pool: what creates or deletes logs (directories, files, their
+/// fsyncs: seconds for 10,000 partitions) or reads segment files, so the connection threads
+/// go on serving every other request meanwhile. A panic in it is the caller's, as on its own
+/// thread; `None` when the runtime shuts down first.
+pub(super) async fn on_blocking_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => Some(done),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => None,
+    }
 }
 
 pub(crate) fn str_bytes(text: &str) -> StrBytes {

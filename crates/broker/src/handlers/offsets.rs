@@ -213,17 +213,14 @@ async fn delete_records_before(
     Ok(log.first_readable_offset())
 }
 
-/// Runs `work` on the blocking pool: it reads segment files (a timestamp lookup's scan, from
-/// the disk when cold) or writes and fsyncs the log-start file and deletes segments
-/// (DeleteRecords), which a connection thread must not wait for.
+/// [`super::on_blocking_pool`] for a partition's disk work: a timestamp lookup's scan (from
+/// the disk when cold), DeleteRecords' log-start file and segment deletions.
 async fn on_disk<T: Send + 'static>(
     log: &Arc<Partition>,
     work: impl FnOnce(&Partition) -> Result<T, ReadError> + Send + 'static,
 ) -> Result<T, ReadError> {
     let log = log.clone();
-    match tokio::task::spawn_blocking(move || work(&log)).await {
-        Ok(result) => result,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(error) => Err(ReadError::Storage(std::io::Error::other(error))),
-    }
+    super::on_blocking_pool(move || work(&log))
+        .await
+        .unwrap_or_else(|| Err(ReadError::Storage(std::io::Error::other("the broker is shutting down"))))
 }
