@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::ClusterConfig;
+use crate::group::placement::IncomingLeaderships;
 use crate::replication::{Assignment, IsrChanges, ReplicaManager};
 use crate::topics::TopicMeta;
 use crate::Broker;
@@ -241,6 +242,9 @@ fn apply_blocking(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> std::io::
     // deleted or moved away rather than "not applied yet".
     let Some(registration) = own_registration(broker, metadata) else { return Ok(()) };
     let registered = !registration.fenced;
+    if registered {
+        expect_coordinator_leaderships(broker, metadata);
+    }
     let defaults = &broker.config().topic_defaults;
     let mut hosted = HashSet::new();
     for (name, topic) in &metadata.topics {
@@ -331,6 +335,21 @@ fn claim_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io:
 /// lost to a power loss would let a recreated topic reuse the old log).
 fn mark_dir(logs: &LogManager, tp: &TopicPartition, topic_id: Uuid) -> std::io::Result<()> {
     sluice_storage::write_file_atomically(&logs.dir_of(tp).join(TOPIC_ID_FILE), topic_id.to_string().as_bytes())
+}
+
+/// Before the replicas are applied (opening their logs takes a while): tells each
+/// coordinator which partitions of its internal topic this metadata has this node lead, so
+/// that a client sent here by a node further along is told to retry, not to look again.
+fn expect_coordinator_leaderships(broker: &Arc<Broker>, metadata: &ClusterMetadata) {
+    let me = broker.node_id();
+    let led_here = |topic: &str| {
+        let Some(topic) = metadata.topics.get(topic) else { return IncomingLeaderships::default() };
+        let led = (0..topic.partitions.len()).filter(|&p| topic.partitions[p].leader == me).map(|p| p as i32);
+        IncomingLeaderships::new(topic.partitions.len() as i32, led.collect())
+    };
+    broker.groups.expect_leadership(led_here(crate::group::OFFSETS_TOPIC));
+    broker.transactions.expect_leadership(led_here(crate::txn_log::TXN_STATE_TOPIC));
+    broker.shares.store.expect_leadership(led_here(crate::share::store::SHARE_STATE_TOPIC));
 }
 
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node

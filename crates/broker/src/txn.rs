@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use sluice_storage::Syncer;
 
 use crate::group::offsets::CommittedOffset;
-use crate::group::placement::partition_for;
+use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::replication::Replica;
 use crate::state_log::PendingChange;
 use crate::txn_log::TxnLog;
@@ -169,6 +169,8 @@ struct TxnShards {
     partition_count: i32,
     slots: HashMap<i32, Slot>,
     next_generation: u64,
+    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
+    incoming: IncomingLeaderships,
 }
 
 pub(crate) struct TransactionCoordinator {
@@ -222,6 +224,7 @@ impl TransactionCoordinator {
             partition_count: 1,
             slots: HashMap::from([(0, Slot::Active(Arc::new(shard)))]),
             next_generation: 1,
+            incoming: IncomingLeaderships::default(),
         };
         Ok(TransactionCoordinator::new(shards))
     }
@@ -256,14 +259,22 @@ impl TransactionCoordinator {
     /// The shard serving `transactional_id` here, or why this node cannot serve it.
     fn serving(&self, transactional_id: &str) -> Result<Arc<TxnShard>, ResponseError> {
         let shards = self.shards.read();
-        if shards.partition_count == 0 {
-            return Err(ResponseError::NotCoordinator);
-        }
-        match shards.slots.get(&partition_for(transactional_id, shards.partition_count)) {
+        let slot = match shards.partition_count {
+            0 => None,
+            count => shards.slots.get(&partition_for(transactional_id, count)),
+        };
+        match slot {
             Some(Slot::Active(shard)) => Ok(shard.clone()),
             Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
+            None if shards.incoming.holds(transactional_id) => Err(ResponseError::CoordinatorLoadInProgress),
             None => Err(ResponseError::NotCoordinator),
         }
+    }
+
+    /// Cluster mode: the transaction log partitions that the metadata being applied has
+    /// this node lead, before [`TransactionCoordinator::follow_leadership`] takes them.
+    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+        self.shards.write().incoming = incoming;
     }
 
     /// Cluster mode: follows the leadership of the `__transaction_state` partitions
@@ -272,6 +283,7 @@ impl TransactionCoordinator {
     pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
+        shards.incoming = IncomingLeaderships::default();
         if shards.partition_count != count {
             // The topic appeared: every placement changes.
             shards.slots.clear();

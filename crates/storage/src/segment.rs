@@ -675,7 +675,7 @@ impl Segment {
     /// The position of the last offset-index entry at or before file position `position`: a
     /// batch boundary from which a scan finds the last batch ending by `position`.
     pub fn boundary_at_or_before(&self, position: u64) -> u64 {
-        match self.offset_index.partition_point(|e| u64::from(e.position) <= position) {
+        match partition_point_from_end(&self.offset_index, |e| u64::from(e.position) <= position) {
             0 => 0,
             index => u64::from(self.offset_index[index - 1].position),
         }
@@ -927,10 +927,33 @@ impl SegmentIndex {
 /// The position of the last offset-index entry at or before `offset` (0 when none is).
 fn position_at_or_before(entries: &[OffsetEntry], base_offset: i64, offset: i64) -> u64 {
     let relative = (offset - base_offset).max(0) as u32;
-    match entries.partition_point(|e| e.relative_offset <= relative) {
+    match partition_point_from_end(entries, |e| e.relative_offset <= relative) {
         0 => 0,
         index => u64::from(entries[index - 1].position),
     }
+}
+
+/// `entries.partition_point(pred)` (`pred` true on a prefix), searched from the newest entry
+/// back with doubling steps, then by bisection in the last step's span: O(log d) for an
+/// answer d entries from the end. Nearly every lookup is near the end (a tailing consumer's
+/// or follower's fetch offset, the append's own), and a segment's index reaches hundreds of
+/// thousands of entries (one per `INDEX_INTERVAL_BYTES`): a plain bisection touches a
+/// cache line at each of its ~18 steps. The newest entries stay in cache because appends
+/// write them. (At 10k msg/s over 100 partitions the fetch path's lookups fell from 1.1% to
+/// 0.3% of the broker's profile samples, session 45.)
+fn partition_point_from_end<T>(entries: &[T], pred: impl Fn(&T) -> bool) -> usize {
+    // Invariant: every entry at or after `end` is false.
+    let mut end = entries.len();
+    let mut step = 1;
+    while step <= end {
+        let probe = end - step;
+        if pred(&entries[probe]) {
+            return probe + 1 + entries[probe + 1..end].partition_point(&pred);
+        }
+        end = probe;
+        step *= 2;
+    }
+    entries[..end].partition_point(pred)
 }
 
 /// The position of the last time-index entry before the first with max timestamp >= `timestamp`.
@@ -1061,6 +1084,18 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn searching_from_the_end_finds_what_bisection_finds(
+            mut values in proptest::collection::vec(0u32..1_000, 0..300),
+            key in 0u32..1_100,
+        ) {
+            values.sort_unstable();
+            let expected = values.partition_point(|&v| v <= key);
+            proptest::prop_assert_eq!(partition_point_from_end(&values, |&v| v <= key), expected);
+        }
+    }
 
     /// Drops `file`'s clean pages from the page cache until none is left: one
     /// `POSIX_FADV_DONTNEED` can miss pages another CPU still holds in its LRU batch.

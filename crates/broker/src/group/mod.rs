@@ -859,6 +859,25 @@ mod tests {
         CommittedOffset { offset: value, leader_epoch: 3, metadata: Some(metadata.into()), commit_timestamp_ms: 1 }
     }
 
+    #[test]
+    fn a_leadership_being_applied_answers_load_in_progress_until_taken() {
+        use crate::group::placement::{partition_for, IncomingLeaderships};
+        let coordinator = GroupCoordinator::replicated(TIMING, SETTINGS);
+        let syncer = Syncer::start();
+        let commit = |group: &str| coordinator.commit_offsets(group, Committer::simple(), Vec::new(), &syncer).err();
+        let (mine, other) = ("hello", "g-elsewhere");
+        assert_ne!(partition_for(mine, 50), partition_for(other, 50));
+        // Before the offsets topic is known here at all.
+        assert_eq!(commit(mine), Some(GroupError::NotCoordinator));
+        coordinator.expect_leadership(IncomingLeaderships::new(50, [partition_for(mine, 50)].into()));
+        assert_eq!(commit(mine), Some(GroupError::CoordinatorLoadInProgress));
+        assert_eq!(commit(other), Some(GroupError::NotCoordinator));
+        // The apply reached the coordinator, and this node leads nothing after all.
+        coordinator.follow_leadership((0..50).map(|_| None).collect());
+        assert_eq!(commit(mine), Some(GroupError::NotCoordinator));
+        syncer.shutdown();
+    }
+
     #[tokio::test]
     async fn committed_offsets_and_deletions_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();

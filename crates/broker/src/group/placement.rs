@@ -29,9 +29,53 @@ pub(crate) fn partition_for(group_id: &str, partitions: i32) -> i32 {
     partition
 }
 
+/// The partitions of an internal topic (`__consumer_offsets`, `__transaction_state`,
+/// `__share_group_state`) that the metadata being applied names this node leader of, told
+/// to their coordinator before the apply reaches them. Applying a version opens every
+/// replica's log first, which takes seconds on a node of many partitions; meanwhile another
+/// node, already past that version, names this one in FindCoordinator. A request for such a
+/// partition is answered COORDINATOR_LOAD_IN_PROGRESS, which every client retries at the
+/// same node, not NOT_COORDINATOR, which librdkafka's synchronous commit reports to the
+/// application. Cleared when the coordinator takes the leaderships themselves.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct IncomingLeaderships {
+    /// Partitions of the topic in that metadata (0: none announced).
+    partition_count: i32,
+    partitions: std::collections::BTreeSet<i32>,
+}
+
+impl IncomingLeaderships {
+    pub(crate) fn new(partition_count: i32, partitions: std::collections::BTreeSet<i32>) -> IncomingLeaderships {
+        assert!(partitions.iter().all(|p| (0..partition_count).contains(p)), "led partitions exist");
+        IncomingLeaderships { partition_count, partitions }
+    }
+
+    /// Whether the partition of `key` (a group or transactional id, a share-state key) is
+    /// about to be led here.
+    pub(crate) fn holds(&self, key: &str) -> bool {
+        self.partition_count > 0 && self.partitions.contains(&partition_for(key, self.partition_count))
+    }
+
+    /// Whether partition `partition` is about to be led here.
+    pub(crate) fn holds_partition(&self, partition: i32) -> bool {
+        self.partitions.contains(&partition)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn incoming_leaderships_hold_the_keys_of_their_partitions() {
+        let none = IncomingLeaderships::default();
+        assert!(!none.holds("hello") && !none.holds_partition(0));
+        let incoming = IncomingLeaderships::new(50, [partition_for("hello", 50)].into());
+        assert!(incoming.holds("hello"));
+        assert!(incoming.holds_partition(partition_for("hello", 50)));
+        let elsewhere = (0..).map(|i| format!("g{i}")).find(|g| partition_for(g, 50) != partition_for("hello", 50));
+        assert!(!incoming.holds(&elsewhere.unwrap()));
+    }
 
     fn check(group_id: &str, partitions: i32, expected: i32) {
         assert_eq!(partition_for(group_id, partitions), expected, "{group_id:?} over {partitions}");

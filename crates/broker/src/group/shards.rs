@@ -30,7 +30,7 @@ use sluice_storage::Syncer;
 use crate::group::error::GroupError;
 use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
-use crate::group::placement::partition_for;
+use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::group::{GroupCoordinator, OFFSETS_WRITE_TIMEOUT_MS};
 use crate::replication::Replica;
 
@@ -57,6 +57,8 @@ pub(crate) struct ShardMap {
     partition_count: i32,
     shards: HashMap<i32, Shard>,
     next_generation: u64,
+    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
+    incoming: IncomingLeaderships,
 }
 
 enum Shard {
@@ -91,6 +93,7 @@ impl ShardMap {
             partition_count: 1,
             shards: HashMap::from([(0, Shard::Active(Arc::new(shard)))]),
             next_generation: 1,
+            incoming: IncomingLeaderships::default(),
         }
     }
 
@@ -147,23 +150,33 @@ impl GroupCoordinator {
     /// The shard serving `group_id` here, or why this node cannot serve it.
     pub(crate) fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
         let shards = self.shards.read();
-        if shards.partition_count == 0 {
-            return Err(GroupError::NotCoordinator);
-        }
-        match shards.shards.get(&partition_for(group_id, shards.partition_count)) {
+        let shard = match shards.partition_count {
+            0 => None,
+            count => shards.shards.get(&partition_for(group_id, count)),
+        };
+        match shard {
             Some(Shard::Active(shard)) => Ok(shard.clone()),
             Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
+            None if shards.incoming.holds(group_id) => Err(GroupError::CoordinatorLoadInProgress),
             None => Err(GroupError::NotCoordinator),
         }
     }
 
     /// The shard of offsets partition `partition`, or why this node cannot serve it.
     pub(crate) fn serving_partition(&self, partition: i32) -> Result<Arc<ShardLog>, GroupError> {
-        match self.shards.read().shards.get(&partition) {
+        let shards = self.shards.read();
+        match shards.shards.get(&partition) {
             Some(Shard::Active(shard)) => Ok(shard.clone()),
             Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
+            None if shards.incoming.holds_partition(partition) => Err(GroupError::CoordinatorLoadInProgress),
             None => Err(GroupError::NotCoordinator),
         }
+    }
+
+    /// Cluster mode: the offsets partitions that the metadata being applied has this node
+    /// lead, before [`GroupCoordinator::follow_leadership`] takes them.
+    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+        self.shards.write().incoming = incoming;
     }
 
     /// The offsets partition count (0 until a cluster node learns it; 1 on a single node).
@@ -177,6 +190,7 @@ impl GroupCoordinator {
     pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
+        shards.incoming = IncomingLeaderships::default();
         if shards.partition_count != count {
             // The topic appeared (or was deleted and recreated): every placement changes.
             let loaded: Vec<i32> = shards.shards.keys().copied().collect();

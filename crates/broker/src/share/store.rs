@@ -42,7 +42,7 @@ use uuid::Uuid;
 
 use super::partition::StoredPartition;
 use super::{config_log_key, parse_partition_log_key, partition_log_key, GroupConfigs, PartitionKey, ShareRecord};
-use crate::group::placement::partition_for;
+use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::replication::Replica;
 use crate::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
 use crate::Broker;
@@ -98,6 +98,8 @@ struct Shards {
     partition_count: i32,
     slots: HashMap<i32, Slot>,
     next_generation: u64,
+    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
+    incoming: IncomingLeaderships,
 }
 
 /// Where a share-partition's state is kept.
@@ -247,6 +249,7 @@ impl ShareStateStore {
             partition_count: 1,
             slots: HashMap::from([(0, Slot::Active(Arc::new(shard)))]),
             next_generation: 0,
+            incoming: IncomingLeaderships::default(),
         };
         Ok((ShareStateStore::new(shards), configs))
     }
@@ -277,11 +280,18 @@ impl ShareStateStore {
             .collect()
     }
 
+    /// Cluster mode: the state topic's partitions that the metadata being applied has this
+    /// node lead, before [`ShareStateStore::follow_leadership`] takes them.
+    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+        self.shards.write().incoming = incoming;
+    }
+
     /// Cluster mode: follows the leadership of the state topic's partitions (`leaders[p]`:
     /// the replica and leader epoch when this node leads p), as the other coordinators do.
     pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
+        shards.incoming = IncomingLeaderships::default();
         if shards.partition_count != count {
             shards.slots.clear();
             shards.partition_count = count;
@@ -366,15 +376,20 @@ impl ShareStateStore {
 
     fn route(&self, broker: &Broker, key: &PartitionKey) -> Result<(Route, i32), ResponseError> {
         let shards = self.shards.read();
+        let (group, topic, partition) = key;
+        let state_key = format!("{group}:{topic}:{partition}");
         if shards.partition_count == 0 {
+            if shards.incoming.holds(&state_key) {
+                return Err(ResponseError::CoordinatorLoadInProgress);
+            }
             // A cluster creates the topic once formed (`create_internal_topics_once_formed`).
             return Err(ResponseError::CoordinatorNotAvailable);
         }
-        let (group, topic, partition) = key;
-        let index = partition_for(&format!("{group}:{topic}:{partition}"), shards.partition_count);
+        let index = partition_for(&state_key, shards.partition_count);
         match shards.slots.get(&index) {
             Some(Slot::Active(shard)) => Ok((Route::Here(shard.clone()), index)),
             Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
+            None if shards.incoming.holds(&state_key) => Err(ResponseError::CoordinatorLoadInProgress),
             None => {
                 let leader = broker.cluster.as_ref().and_then(|cluster| {
                     let metadata = cluster.metadata();
