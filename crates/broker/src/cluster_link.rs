@@ -344,7 +344,7 @@ fn expect_coordinator_leaderships(broker: &Arc<Broker>, metadata: &ClusterMetada
     let me = broker.node_id();
     let led_here = |topic: &str| {
         let Some(topic) = metadata.topics.get(topic) else { return IncomingLeaderships::default() };
-        let led = (0..topic.partitions.len()).filter(|&p| topic.partitions[p].leader == me).map(|p| p as i32);
+        let led = topic.partitions.iter().enumerate().filter(|(_, p)| p.leader == me).map(|(index, _)| index as i32);
         IncomingLeaderships::new(topic.partitions.len() as i32, led.collect())
     };
     broker.groups.expect_leadership(led_here(crate::group::OFFSETS_TOPIC));
