@@ -111,6 +111,8 @@ pub(crate) struct Metrics {
     remote_log_size_bytes: Gauge,
     /// Record bytes of fetch responses sent from the page cache with `sendfile`.
     pub(crate) sendfile_bytes: Counter,
+    /// Fetches read again on the blocking pool because some of their data was not cached.
+    pub(crate) fetch_disk_reads: Counter,
 }
 
 /// What tiered storage counts (`tiered/`).
@@ -264,6 +266,12 @@ impl Metrics {
             "Record bytes of fetch responses sent from the page cache without a copy (sendfile, plaintext listeners)",
             sendfile_bytes.clone(),
         );
+        let fetch_disk_reads = Counter::default();
+        registry.register(
+            "fetch_disk_reads",
+            "Fetches read on the blocking pool because some of their data was not in the page cache or the tails' memory",
+            fetch_disk_reads.clone(),
+        );
         Metrics {
             registry,
             apis,
@@ -294,6 +302,7 @@ impl Metrics {
             tiered,
             remote_log_size_bytes,
             sendfile_bytes,
+            fetch_disk_reads,
         }
     }
 

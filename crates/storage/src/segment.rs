@@ -696,8 +696,27 @@ impl Segment {
     /// recent tail, the WAL), and under a memory limit make every write wait for reclaim.
     /// A second reader of the same backlog reads it from the disk again. A `backlog` read
     /// (far behind its partition's log end, see `BACKLOG_DISTANCE_BYTES` in `log/read.rs`)
-    /// with [`ReadMode::MayBlock`] drops what it read however it was served.
+    /// with [`ReadMode::MayBlock`] drops what it read however it was served. For a read of
+    /// exactly what the caller uses; a reader that uses only a prefix of what it read takes
+    /// [`Segment::read_keeping_cached`] and releases that prefix.
     pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode, backlog: bool) -> io::Result<Bytes> {
+        let (bytes, release) = Segment::read_keeping_cached(file, position, length, mode, backlog)?;
+        if release {
+            drop_from_page_cache(file, position, length as u64);
+        }
+        Ok(bytes)
+    }
+
+    /// [`Segment::read_at`] without the drop from the page cache: true with the bytes when
+    /// the caller must drop what it used of them ([`Segment::release_read`]) and nothing
+    /// after, since the reader's next read starts there.
+    pub(crate) fn read_keeping_cached(
+        file: &File,
+        position: u64,
+        length: usize,
+        mode: ReadMode,
+        backlog: bool,
+    ) -> io::Result<(Bytes, bool)> {
         let mut buffer = BytesMut::with_capacity(length);
         let from_disk = match mode {
             ReadMode::CachedOnly => {
@@ -720,10 +739,13 @@ impl Segment {
             }
             ReadMode::MayBlock => read_in_pieces(file, &mut buffer, length, position)?,
         };
-        if from_disk || (backlog && mode == ReadMode::MayBlock) {
-            drop_from_page_cache(file, position, length);
-        }
-        Ok(buffer.freeze())
+        Ok((buffer.freeze(), from_disk || (backlog && mode == ReadMode::MayBlock)))
+    }
+
+    /// Drops the pages wholly inside `[position, position + length)` of what a
+    /// [`Segment::read_keeping_cached`] read from `position` from the page cache.
+    pub(crate) fn release_read(file: &File, position: u64, length: u64) {
+        drop_from_page_cache(file, position, length);
     }
 
     /// Visits batch headers from `position` to the logical end, stopping when `visit`
@@ -994,9 +1016,10 @@ pub(crate) fn without_readahead(file: &File) {
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
 }
 
-/// Asks the kernel to drop the clean cached pages of `[position, position + length)`
-/// (advice: a failure changes nothing but the cache).
-fn drop_from_page_cache(file: &File, position: u64, length: usize) {
+/// Asks the kernel to drop the clean cached pages wholly inside `[position, position +
+/// length)`; the partial pages at its ends stay (advice: a failure changes nothing but the
+/// cache).
+fn drop_from_page_cache(file: &File, position: u64, length: u64) {
     let (Ok(at), Ok(len)) = (libc::off_t::try_from(position), libc::off_t::try_from(length)) else { return };
     // SAFETY: advice on an open file descriptor we own, with in-range arguments.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };

@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
-use sluice_storage::{read_file_range, LogConfig, Partition, ReadLimit, ReadMode, FILE_RANGE_BYTES_MIN};
+use sluice_storage::{read_file_range, LogConfig, Partition, ReadError, ReadLimit, ReadMode, FILE_RANGE_BYTES_MIN};
 
 const NOW_MS: i64 = 1_700_000_000_000;
 
@@ -189,4 +189,49 @@ fn a_range_keeps_its_bytes_when_the_log_is_cut_below_the_high_watermark_and_writ
     assert_eq!(reopened.offsets().log_end_offset, end / 2 + 300);
     let reread = reopened.read_until(end / 2, 1 << 20, true, ReadLimit::HighWatermark, ReadMode::MayBlock).unwrap();
     assert_eq!(reread, now);
+}
+
+/// A consumer catching up on a backlog that is in the page cache reads it from there, one
+/// fetch after another: a blocking backlog read drops the batches it returned from the page
+/// cache (a consumed backlog must not fill it), but not the pages where the reader's next
+/// read starts (the index entry before its next batch). Dropping those sent every later read
+/// of the partition to the disk and the blocking pool, and each dropped the next one's start
+/// in its turn (at 320k msg/s nearly every fetch, consumers at 60-70 MB/s).
+#[test]
+fn a_backlog_read_leaves_the_next_reads_start_in_the_page_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Partition::open(dir.path(), LogConfig { segment_bytes: 64 << 20, ..config() }).unwrap();
+    // 12 MiB of batches of 1 to 3 KiB: reads end inside batches and index entries fall
+    // between reads' ends.
+    let mut i = 0usize;
+    while log.size_bytes() < 12 << 20 {
+        log.append(&batch(1, 1000 + (i * 7919) % 2000, -1, 0), 0, NOW_MS).unwrap();
+        i += 1;
+    }
+    // Clean pages, as written back: the page cache may drop them.
+    let segment = std::fs::File::open(segment_path(dir.path())).unwrap();
+    segment.sync_all().unwrap();
+    let size = segment.metadata().unwrap().len();
+    assert_eq!(sluice_storage::cachestat(&segment, 0, size).unwrap().nr_dirty, 0);
+    let mut offset = 0;
+    for read in 0..8 {
+        // What a fetch on the blocking pool reads (a 256 KiB byte limit, far from the end).
+        let batches = log.read(offset, 256 * 1024, true, ReadMode::MayBlock).unwrap();
+        assert!(batches.len() > 200 * 1024, "read {read}: {} bytes", batches.len());
+        let next = last_offset_of(&batches) + 1;
+        // The next fetch's cache-only pass serves it on the async thread.
+        let following = log.read(next, 256 * 1024, true, ReadMode::CachedOnly);
+        assert!(following.is_ok(), "read {read}: the next read's start was dropped from the page cache");
+        // What the read returned is gone from the page cache, bar its last pages.
+        let returned_again = log.read(offset, 64 * 1024, true, ReadMode::CachedOnly);
+        assert!(
+            matches!(returned_again, Err(ReadError::WouldBlock)),
+            "read {read}: the consumed backlog stayed in the page cache"
+        );
+        offset = next;
+    }
+}
+
+fn segment_path(root: &std::path::Path) -> std::path::PathBuf {
+    root.join(format!("{:020}.log", 0))
 }

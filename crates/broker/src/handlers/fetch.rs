@@ -182,6 +182,7 @@ pub(super) async fn handle(
             Some(read) => read,
             None => {
                 tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
+                broker.metrics.fetch_disk_reads.inc();
                 let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
                 let (returned, read) = tokio::task::spawn_blocking(move || {
                     let cold_max_bytes = max_bytes.min(crate::config::FETCH_DISK_READ_BYTES_MAX);
