@@ -104,6 +104,7 @@ pub(crate) struct Metrics {
     queued_request_bytes: Gauge,
     segment_tail_memory_bytes: Gauge,
     segment_tail_written_bytes: Family<WriteModeLabels, Counter>,
+    segment_tail_full_appends: Counter,
     segment_files_open: Gauge,
     active_controller: Gauge,
     /// Tiered storage's counters (`tiered/`), handed to it at startup.
@@ -225,6 +226,12 @@ impl Metrics {
             "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a tail turned by a reader that lags)",
             segment_tail_written_bytes.clone(),
         );
+        let segment_tail_full_appends = Counter::default();
+        registry.register(
+            "segment_tail_full_appends",
+            "Batches appended through the page cache on the request path because the tails' memory (TAIL_MEMORY_BYTES_MAX) was full; each also wrote what its segment's tail held",
+            segment_tail_full_appends.clone(),
+        );
         let segment_files_open = gauge(
             &mut registry,
             "segment_files_open",
@@ -297,6 +304,7 @@ impl Metrics {
             queued_request_bytes,
             segment_tail_memory_bytes,
             segment_tail_written_bytes,
+            segment_tail_full_appends,
             segment_files_open,
             active_controller,
             tiered,
@@ -393,6 +401,8 @@ impl Metrics {
             // The storage's totals only grow: the counter follows them.
             counter.inc_by(total.saturating_sub(counter.get()));
         }
+        let full_appends = sluice_storage::segment_tail::tail_full_appends();
+        self.segment_tail_full_appends.inc_by(full_appends.saturating_sub(self.segment_tail_full_appends.get()));
         self.segment_files_open.set(sluice_storage::sealed_files_open() as i64);
         let active = match &broker.cluster {
             None => true,

@@ -598,6 +598,9 @@ impl Segment {
             Appended::StartedChunk => self.bytes_since_index_entry = INDEX_INTERVAL_BYTES,
             Appended::Added => {}
             Appended::NoRoom => {
+                if behind {
+                    crate::segment_tail::note_tail_full_append();
+                }
                 // Through the page cache, after what the tail held (which it then lets go).
                 self.flush()?;
                 self.tail.clear();

@@ -110,6 +110,7 @@ pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 3_000;
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
 static TAIL_WRITTEN_DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
 static TAIL_WRITTEN_PAGE_CACHE_BYTES: AtomicU64 = AtomicU64::new(0);
+static TAIL_FULL_APPENDS: AtomicU64 = AtomicU64::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
 static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -149,6 +150,18 @@ pub fn tail_memory_bytes() -> usize {
 /// cache). Direct I/O's padding of a last partial page counts each time it is written.
 pub fn tail_written_bytes() -> (u64, u64) {
     (TAIL_WRITTEN_DIRECT_BYTES.load(Ordering::Relaxed), TAIL_WRITTEN_PAGE_CACHE_BYTES.load(Ordering::Relaxed))
+}
+
+/// Batches that an append of a topic with a tail wrote through the page cache itself, on
+/// the request path, because the tails' memory could not make a chunk for them (each also
+/// wrote what its segment's tail held, and let go of the tail).
+pub fn tail_full_appends() -> u64 {
+    TAIL_FULL_APPENDS.load(Ordering::Relaxed)
+}
+
+/// Counts one append of [`tail_full_appends`].
+pub(crate) fn note_tail_full_append() {
+    TAIL_FULL_APPENDS.fetch_add(1, Ordering::Relaxed);
 }
 
 fn page_floor(n: usize) -> usize {

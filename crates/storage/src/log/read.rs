@@ -26,7 +26,8 @@ use crate::segment::{ReadMode, Segment, INDEX_INTERVAL_BYTES};
 /// A read never returns more than this, whatever the client asks for.
 pub const READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// A blocking read that ends at least this far before the log end serves a reader catching
-/// up on a backlog: what it read is dropped from the page cache, however it was served.
+/// up on a backlog: what it used is dropped from the page cache, however it was served
+/// (`Chunk::release`).
 /// Its pages are often cached only because the fetch's cache-only probe started reading
 /// them (`RWF_NOWAIT` starts the I/O of what it misses); kept, they would fill a capped page
 /// cache with consumed backlog and push out the log tails that producers and tailing
