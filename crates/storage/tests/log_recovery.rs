@@ -163,6 +163,66 @@ fn retention_by_size_and_delete_records_move_log_start() {
     assert_eq!(partition.offsets().log_start_offset, 290);
 }
 
+/// DeleteRecords and retention delete segment files without the log's lock, while appends
+/// go on: the log start only moves forward, no segment file at or past it goes, every one
+/// wholly below it goes, and a reopened log starts where DeleteRecords left it with every
+/// record from there readable.
+#[test]
+fn delete_records_and_retention_racing_appends_keep_the_log_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    let config = LogConfig { segment_bytes: 1000, retention_bytes: 20_000, ..page_cache_config() };
+    let partition = Arc::new(Partition::open(&path, config.clone()).unwrap());
+    let appending = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let deleter = {
+        let (partition, appending) = (partition.clone(), appending.clone());
+        std::thread::spawn(move || {
+            let mut last_start = 0;
+            let mut round = 0;
+            while appending.load(std::sync::atomic::Ordering::Relaxed) || round < 100 {
+                round += 1;
+                let high_watermark = partition.offsets().high_watermark;
+                let start = if round % 2 == 0 {
+                    partition.delete_records_before(high_watermark / 2).unwrap()
+                } else {
+                    partition.apply_retention(0);
+                    partition.offsets().log_start_offset
+                };
+                assert!(start >= last_start, "the log start moved back: {last_start} -> {start}");
+                last_start = start;
+                std::thread::yield_now();
+            }
+        })
+    };
+    for i in 0..2000 {
+        partition.append(&batch(3, i, None), 0, i).unwrap();
+    }
+    appending.store(false, std::sync::atomic::Ordering::Relaxed);
+    deleter.join().unwrap();
+    // Inside a segment, past where retention and the racing deletions left the start.
+    let start = partition.offsets().log_start_offset + 2;
+    assert_eq!(partition.delete_records_before(start).unwrap(), start);
+    let bases: Vec<i64> = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| p.file_stem().unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    let first = *bases.iter().min().unwrap();
+    assert!(first <= start, "a segment at or past the log start was deleted");
+    assert_eq!(bases.iter().filter(|&&b| b <= start).count(), 1, "segments wholly below the start stay: {bases:?}");
+    drop(partition);
+    let reopened = Partition::open(&path, config).unwrap();
+    assert_eq!(reopened.offsets().log_start_offset, start);
+    assert_eq!(reopened.offsets().log_end_offset, 6000);
+    let mut next = start;
+    while next < 6000 {
+        let got = read_offsets(&reopened, next);
+        assert!(got[0].0 <= next && next <= got[0].1, "offset {next} is not readable");
+        next = got.last().unwrap().1 + 1;
+    }
+}
+
 #[test]
 fn idempotent_duplicates_survive_restart() {
     let dir = tempfile::tempdir().unwrap();

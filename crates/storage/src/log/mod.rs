@@ -367,6 +367,11 @@ pub struct Partition {
     /// Held while a roll's disk work runs ([`Partition::complete_roll`]), one at a time;
     /// taken before the state's lock, never under it.
     roll_lock: Mutex<()>,
+    /// Held while the log's head changes on disk without the state's lock (DeleteRecords'
+    /// log-start file, the unlinks of segments retention or DeleteRecords let go) and while
+    /// a cut or a reset reloads the log from its directory, which must not find a segment
+    /// being deleted; one at a time, taken before the state's lock, never under it.
+    head_lock: Mutex<()>,
 }
 
 /// [`LogOffsets`] and the offline flag as of the last publish.

@@ -70,6 +70,7 @@ impl Partition {
             compacted,
             failures: OnceLock::new(),
             roll_lock: Mutex::new(()),
+            head_lock: Mutex::new(()),
         };
         partition.publish_offsets(&partition.state.lock());
         Ok(partition)
@@ -121,6 +122,7 @@ impl Partition {
 
     /// [`Partition::truncate_to`] under the lock; returns where the log now ends when it cut.
     fn truncate_locked(&self, offset: i64) -> io::Result<Option<i64>> {
+        let _head = self.head_lock.lock();
         let mut state = self.lock_settled()?;
         if offset >= state.log_end_offset {
             return Ok(None);
@@ -202,6 +204,7 @@ impl Partition {
     /// where the leader's log starts, as Kafka's follower does on OFFSET_OUT_OF_RANGE.
     pub fn reset_to(&self, offset: i64) -> io::Result<()> {
         assert!(offset >= 0, "a log cannot start at a negative offset");
+        let _head = self.head_lock.lock();
         let mut state = self.lock_settled()?;
         assert!(offset > state.log_end_offset, "reset_to only moves a log forward past its end");
         // The start offset is written first: a crash part way leaves either the old log

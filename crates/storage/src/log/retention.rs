@@ -57,28 +57,46 @@ impl CleanableSegment {
 }
 
 impl Partition {
-    /// Moves the log start offset forward (DeleteRecords). `offset` must be <= the high watermark.
+    /// Moves the log start offset forward (DeleteRecords). `offset` must be <= the high
+    /// watermark. The log-start file's write and fsyncs and the unlinks of the segments it
+    /// lets go happen without the state's lock, which appends and fsync rounds take.
     pub fn delete_records_before(&self, offset: i64) -> Result<i64, ReadError> {
-        let mut state = self.state.lock();
-        if offset < 0 || offset > state.high_watermark {
-            return Err(ReadError::OffsetOutOfRange {
-                offset,
-                log_start_offset: state.log_start_offset,
-                log_end_offset: state.high_watermark,
-            });
+        let _head = self.head_lock.lock();
+        {
+            let state = self.state.lock();
+            if offset < 0 || offset > state.high_watermark {
+                return Err(ReadError::OffsetOutOfRange {
+                    offset,
+                    log_start_offset: state.log_start_offset,
+                    log_end_offset: state.high_watermark,
+                });
+            }
+            if offset <= state.log_start_offset {
+                return Ok(state.log_start_offset);
+            }
         }
-        if offset > state.log_start_offset {
-            crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
-            state.log_start_offset = offset;
-            delete_segments(&mut state, |segment, state_start| segment.next_offset() <= state_start);
+        // Durable before the start moves: a crash leaves the old start or this one. Only a
+        // cut below the high watermark moves it back meanwhile, and cuts wait for the head's
+        // lock.
+        crate::write_file_atomically(&self.dir.join(LOG_START_OFFSET_FILE), offset.to_string().as_bytes())?;
+        let (log_start_offset, released) = {
+            let mut state = self.state.lock();
+            assert!(offset <= state.high_watermark, "the high watermark moved back under DeleteRecords");
+            state.log_start_offset = state.log_start_offset.max(offset);
+            let released = release_segments(&mut state, |segment, state_start| segment.next_offset() <= state_start);
             self.publish_offsets(&state);
-        }
-        Ok(state.log_start_offset)
+            (state.log_start_offset, released)
+        };
+        delete_released(released);
+        Ok(log_start_offset)
     }
 
     /// Applies `retention.ms` and `retention.bytes`. Returns the number of segments deleted.
     pub fn apply_retention(&self, now_ms: i64) -> usize {
-        let deleted = self.delete_expired_segments(now_ms);
+        let _head = self.head_lock.lock();
+        let released = self.release_expired_segments(now_ms);
+        let deleted = released.len();
+        delete_released(released);
         if deleted > 0 {
             // Deleted segments must stay deleted: a power loss that brought them back would
             // move the log start offset back.
@@ -89,10 +107,12 @@ impl Partition {
         deleted
     }
 
-    fn delete_expired_segments(&self, now_ms: i64) -> usize {
+    /// Takes the segments past `retention.ms` or `retention.bytes` out of the log (their
+    /// files are the caller's to delete, without the state's lock).
+    fn release_expired_segments(&self, now_ms: i64) -> Vec<Segment> {
         let mut state = self.state.lock();
         if !state.config.cleanup_delete {
-            return 0;
+            return Vec::new();
         }
         // A tiered log keeps locally what is not yet in the remote tier, and applies its
         // local retention to the rest; the whole log's retention is the tiering layer's.
@@ -102,27 +122,27 @@ impl Partition {
         } else {
             (state.config.retention_ms, state.config.retention_bytes, i64::MAX)
         };
-        let mut deleted = 0;
+        let mut released = Vec::new();
         if retention_ms >= 0 {
-            deleted += delete_segments(&mut state, |segment, _| {
+            released = release_segments(&mut state, |segment, _| {
                 segment.next_offset() <= uploaded_end && segment.max_timestamp() < now_ms - retention_ms
             });
         }
         if retention_bytes >= 0 {
             let mut total: u64 = state.segments.values().map(|s| s.size_bytes()).sum();
-            deleted += delete_segments(&mut state, |segment, _| {
+            released.extend(release_segments(&mut state, |segment, _| {
                 let excess = segment.next_offset() <= uploaded_end
                     && total.saturating_sub(segment.size_bytes()) >= retention_bytes as u64;
                 if excess {
                     total -= segment.size_bytes();
                 }
                 excess
-            });
+            }));
         }
-        if deleted > 0 {
+        if !released.is_empty() {
             self.publish_offsets(&state);
         }
-        deleted
+        released
     }
 
     /// The cleaner's next pass over this log, if one is due: the log is compacted and its
@@ -203,28 +223,36 @@ impl Partition {
     }
 }
 
-/// Deletes oldest sealed segments while `expired` says so, then moves the log start offset.
-/// Only segments wholly below the high watermark go: what is not yet committed is not
-/// history to expire (a follower still has to fetch it, a failover may still need it).
-fn delete_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) -> bool) -> usize {
-    let mut deleted = 0;
+/// Takes the oldest sealed segments out of the log while `expired` says so, then moves the
+/// log start offset; their files are deleted after, without the state's lock
+/// ([`delete_released`]). Only segments wholly below the high watermark go: what is not yet
+/// committed is not history to expire (a follower still has to fetch it, a failover may
+/// still need it).
+fn release_segments(state: &mut LogState, mut expired: impl FnMut(&Segment, i64) -> bool) -> Vec<Segment> {
+    let mut released = Vec::new();
     while state.segments.len() > 1 {
-        let (base, segment) = state.segments.iter().next().expect("non-empty");
-        if *base >= first_unsealed_base(state)
+        let (&base, segment) = state.segments.iter().next().expect("non-empty");
+        if base >= first_unsealed_base(state)
             || segment.next_offset() > state.high_watermark
             || !expired(segment, state.log_start_offset)
         {
             break;
         }
-        if let Err(error) = segment.delete_files() {
-            tracing::warn!(%error, "failed to delete segment files");
-            break;
-        }
-        let base = *base;
-        state.segments.remove(&base);
-        deleted += 1;
+        released.push(state.segments.remove(&base).expect("the first segment"));
     }
     let first_base = *state.segments.keys().next().expect("non-empty");
     state.log_start_offset = state.log_start_offset.max(first_base);
-    deleted
+    released
+}
+
+/// Deletes the files of segments the log let go (readers that hold one keep reading it; one
+/// that reopens a closed file finds it gone and locates its offset again). A file that cannot
+/// be deleted stays until the next start or reload, which brings its segment back below the
+/// log start, for the next retention pass to delete.
+fn delete_released(released: Vec<Segment>) {
+    for segment in released {
+        if let Err(error) = segment.delete_files() {
+            tracing::warn!(%error, "failed to delete segment files");
+        }
+    }
 }
