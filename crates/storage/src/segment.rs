@@ -758,6 +758,18 @@ impl Segment {
         Ok(())
     }
 
+    /// [`Segment::scan_from`] over a segment's `file` up to `end`, for a scan made without
+    /// the log's lock.
+    pub(crate) fn scan_file(
+        file: &File,
+        position: u64,
+        end: u64,
+        visit: &mut dyn FnMut(&BatchHeader, u64) -> bool,
+    ) -> io::Result<()> {
+        scan_batches(file, position, end, false, visit)?;
+        Ok(())
+    }
+
     /// Makes the segment immutable: fsync its data, cut the preallocation, write the index
     /// file. The data is durable before the index is written, so an index can never
     /// vouch for bytes a crash took back; the size change and the index themselves are not

@@ -141,6 +141,16 @@ fn segments_roll_and_survive_clean_restart() {
     }
     let batch_bytes = partition.batch_for_timestamp(50).unwrap().unwrap();
     assert_eq!(validate_batch(&batch_bytes).unwrap().base_offset, 150);
+    // Every timestamp finds its batch across the segments (scanned after the log's lock),
+    // none past the newest, and none below the log start once DeleteRecords moved it.
+    for timestamp in [0, 1, 33, 98, 99] {
+        let found = partition.batch_for_timestamp(timestamp).unwrap().unwrap();
+        assert_eq!(validate_batch(&found).unwrap().base_offset, 3 * timestamp, "timestamp {timestamp}");
+    }
+    assert!(partition.batch_for_timestamp(100).unwrap().is_none());
+    partition.delete_records_before(200).unwrap();
+    let found = partition.batch_for_timestamp(10).unwrap().unwrap();
+    assert!(validate_batch(&found).unwrap().last_offset() >= 200, "a batch below the log start");
 }
 
 #[test]

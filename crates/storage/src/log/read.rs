@@ -288,43 +288,45 @@ impl Partition {
         Some(FileRange { file, position, length })
     }
 
-    /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets.
+    /// The first batch whose max timestamp is >= `timestamp`, for ListOffsets. Only the
+    /// choice of segments happens under the log's lock: the scans (up to 4 MiB each, from
+    /// the disk when cold) read the files after it, as a fetch does, so appends and fsync
+    /// rounds do not wait for them.
     pub fn batch_for_timestamp(&self, timestamp: i64) -> Result<Option<Bytes>, ReadError> {
-        let located = {
+        let (candidates, high_watermark, log_start_offset) = {
             let mut state = self.lock_settled()?;
             // The scan reads the file: the active segment's bytes in memory are written first.
             state.segments.values_mut().next_back().expect("active segment").flush()?;
-            let mut found = None;
-            for segment in state.segments.values() {
-                if segment.max_timestamp() < timestamp || segment.next_offset() <= state.log_start_offset {
-                    continue;
-                }
-                let mut hit = None;
-                let start = segment.position_for_timestamp(timestamp);
-                let high_watermark = state.high_watermark;
-                segment.scan_from(start, &mut |header, position| {
-                    if header.base_offset >= high_watermark {
-                        return false;
-                    }
-                    if header.max_timestamp >= timestamp && header.last_offset() >= state.log_start_offset {
-                        hit = Some((position, header.total_bytes()));
-                        return false;
-                    }
-                    true
-                })?;
-                if let Some((position, length)) = hit {
-                    found = Some((segment.file()?, position, length));
-                    break;
-                }
-            }
-            found
+            let candidates: Vec<_> = state
+                .segments
+                .values()
+                .filter(|s| s.max_timestamp() >= timestamp && s.next_offset() > state.log_start_offset)
+                .map(|s| (s.file_slot(), s.position_for_timestamp(timestamp), s.size_bytes()))
+                .collect();
+            (candidates, state.high_watermark, state.log_start_offset)
         };
-        match located {
-            None => Ok(None),
-            Some((file, position, length)) => {
-                Ok(Some(Segment::read_at(&file, position, length, ReadMode::MayBlock, false)?))
+        for ((slot, path), start, size) in candidates {
+            let file = match slot.open(&path) {
+                // Deleted by retention since: its batches are below the log start now.
+                Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+                opened => opened?,
+            };
+            let mut hit = None;
+            Segment::scan_file(&file, start, size, &mut |header, position| {
+                if header.base_offset >= high_watermark {
+                    return false;
+                }
+                if header.max_timestamp >= timestamp && header.last_offset() >= log_start_offset {
+                    hit = Some((position, header.total_bytes()));
+                    return false;
+                }
+                true
+            })?;
+            if let Some((position, length)) = hit {
+                return Ok(Some(Segment::read_at(&file, position, length, ReadMode::MayBlock, false)?));
             }
         }
+        Ok(None)
     }
 
     /// The batch holding the largest timestamp in the log (ListOffsets MAX_TIMESTAMP).
