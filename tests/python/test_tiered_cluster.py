@@ -17,7 +17,7 @@ from cluster_support import Cluster, create_topic
 from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
 from s3_server import start_s3_server
 from test_cluster_admin import alter_reassignment, list_reassignments, partition_dirs
-from test_tiered_storage import value
+from test_tiered_storage import segment_files_bytes, value
 
 SLOW = os.environ.get("SLUICE_SLOW_TESTS") == "1"
 RECORD_BYTES = 10_000
@@ -77,7 +77,7 @@ def latest_tiered_at(cluster, node_id: int, topic: str) -> int:
 
 
 def local_bytes(cluster, node_id: int, topic: str) -> int:
-    return sum(f.stat().st_size for f in (cluster.nodes[node_id].data_dir / "logs" / f"{topic}-0").glob("*.log"))
+    return segment_files_bytes(cluster.nodes[node_id].data_dir / "logs" / f"{topic}-0")
 
 
 def check_all(bootstrap: str, topic: str, end: int, timeout: float = 600) -> None:

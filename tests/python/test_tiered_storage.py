@@ -60,8 +60,20 @@ def latest_tiered(bootstrap: str, topic: str, partition: int) -> int:
         return offset
 
 
+def segment_files_bytes(partition_dir: Path) -> int:
+    """Bytes of the segment files in a partition's directory; one that retention deletes
+    between the listing and its stat counts as gone."""
+    total = 0
+    for f in partition_dir.glob("*.log"):
+        try:
+            total += f.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
 def local_bytes(data_dir: Path, topic: str, partition: int) -> int:
-    return sum(f.stat().st_size for f in (data_dir / "logs" / f"{topic}-{partition}").glob("*.log"))
+    return segment_files_bytes(data_dir / "logs" / f"{topic}-{partition}")
 
 
 def wait_until(what: str, check, timeout: float = 60.0):
