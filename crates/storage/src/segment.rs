@@ -754,8 +754,7 @@ impl Segment {
     /// Visits batch headers from `position` to the logical end, stopping when `visit`
     /// returns false.
     pub fn scan_from(&self, position: u64, visit: &mut dyn FnMut(&BatchHeader, u64) -> bool) -> io::Result<()> {
-        scan_batches(&*self.file()?, position, self.size_bytes, false, visit)?;
-        Ok(())
+        Segment::scan_file(&*self.file()?, position, self.size_bytes, visit)
     }
 
     /// [`Segment::scan_from`] over a segment's `file` up to `end`, for a scan made without
