@@ -435,11 +435,20 @@ impl SluiceBroker {
         if let Some(cgroup) = &cgroup {
             cgroup.enter_on_spawn(&mut command);
         }
+        // As Kafka's nodes here (`kafka_properties`): a new group's first rebalance does not
+        // wait the 3 s default, which at a peak trial's rate left the consumers a backlog
+        // to read from the disk before the measured phase began.
+        let same_group_delay_as_kafka =
+            (!extra.iter().any(|arg| arg.starts_with("--group-initial-rebalance-delay-ms")))
+                .then_some(["--group-initial-rebalance-delay-ms", "0"])
+                .into_iter()
+                .flatten();
         let child = die_with_parent(&mut command)
             .arg("serve")
             .args(&listen_args)
             .arg("--data-dir")
             .arg(&data_dir)
+            .args(same_group_delay_as_kafka)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -56,18 +56,19 @@ pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
-/// wide); the others wait. Each holds at most one fetch response's bytes. One: a cold read
-/// of `FETCH_DISK_READ_BYTES_MAX` is a sequential read the device serves at full speed
-/// alone, and each answered read is a large response the async thread writes while
-/// produce requests wait behind it. Alternating Sluice-only catch-up runs (1 GiB cold
-/// backlog, 256 MiB page cache) drained at the same rate with 1 as with 8 (434-454 against
-/// 401-473 MiB/s; a 2 GiB backlog 15% slower, 426 against 504) while the producers' p50
-/// during the drain fell from 7.0-10.2 ms to 2.4-4.4 ms and their p99 from 34-39 ms to
-/// 17-35 ms (`bench/results/2026-11-27/catchup-ab-session26`).
-pub const FETCH_DISK_READS_MAX: usize = 1;
+/// wide); the others wait. Each holds at most one fetch response's bytes. With reads through
+/// the page cache one was best (session 26: alternating catch-up runs drained at the same
+/// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
+/// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
+/// I/O in 128 KiB pieces (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES`): in session
+/// 47's 1 GiB cold drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two
+/// at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
+/// with 9.5 ms; at 320k msg/s (a peak trial) four kept the consumers near the producers'
+/// rate where one left them 30-100 MB/s behind.
+pub const FETCH_DISK_READS_MAX: usize = 2;
 /// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
 /// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): with
-/// `FETCH_DISK_READS_MAX`, the read buffers of cold fetches stay under 4 MiB broker-wide,
+/// `FETCH_DISK_READS_MAX`, the read buffers of cold fetches stay under 8 MiB broker-wide,
 /// so a catch-up never makes producers' writes wait for memory.
 pub const FETCH_DISK_READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Kafka's default `group.initial.rebalance.delay.ms`.

@@ -31,13 +31,17 @@
 //! A retired tail ([`Tail::retire`]: its segment is cut, sealed or dropped) takes no more
 //! writeback, so a write claimed before a cut cannot land after it.
 //!
-//! With direct I/O (the broker's default), a tail writes directly while its readers keep
-//! up. A reader that lags ([`Tail::note_reader_behind`]: it read a chunk that froze
-//! [`TAIL_READER_LAGGING_MS`] ago, or the file behind the memory) turns its writes to the
-//! page cache for [`READER_BEHIND_PAGE_CACHE_MS`], and the frozen chunks stay meanwhile, so
-//! that reader goes from memory to cached bytes rather than to a disk read per fetch. A
-//! page written one way and then the other is still whole: the kernel writes back and
-//! drops a cached page before a direct write over it.
+//! With direct I/O (the broker's default), a tail always writes directly. A reader that
+//! lags ([`Tail::note_reader_behind`]: it read a chunk that froze [`TAIL_READER_LAGGING_MS`]
+//! ago, or the file behind the memory) keeps the frozen chunks in memory for
+//! [`READER_BEHIND_RETAIN_MS`] (within the count and memory bounds), and what it reads of the
+//! file behind them it reads with direct I/O too (`segment.rs::read_direct`). Until session
+//! 47 a lagging reader turned the tail's writes to the page cache instead, so that it would
+//! find cached bytes: at 300k msg/s the checkpointer's copies into page-cache folios took
+//! 0.67 of the 2 cores and the produce time went from 4 to 90 ms, while the consumers read
+//! at 20-120 MB/s of the 310 incoming (README, session 47). A page written one way and then
+//! the other (a filesystem that refused direct I/O midway) is still whole: the kernel
+//! writes back and drops a cached page before a direct write over it.
 //!
 //! Durability contract: none of its own. What a chunk holds that its file does not is in the
 //! WAL, which keeps it until the checkpoint has flushed and fsynced the file. A filesystem
@@ -83,11 +87,9 @@ pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// than through the page cache (at 10,000 partitions of 1 msg/s the tails would otherwise
 /// keep [`TAIL_RETAINED_BYTES_MAX`]).
 pub const TAIL_FROZEN_RETAIN_MS: i64 = 2000;
-/// A reader of a chunk that froze this long ago lags: it turns the segment's writes to the
-/// page cache ([`READER_BEHIND_PAGE_CACHE_MS`]) before it leaves the tail's memory, and
-/// while the writes are turned frozen chunks stay past [`TAIL_FROZEN_RETAIN_MS`] (within
-/// the count and memory bounds), so the reader goes from the chunks in memory, written
-/// directly, to bytes that are cached; not to the disk (session 36's peak compare).
+/// A reader of a chunk that froze this long ago lags: for [`READER_BEHIND_RETAIN_MS`] frozen
+/// chunks stay past [`TAIL_FROZEN_RETAIN_MS`] (within the count and memory bounds), so it
+/// reads on from memory rather than from the disk.
 pub const TAIL_READER_LAGGING_MS: i64 = 500;
 /// Frozen chunks a segment keeps when it writes through the page cache.
 pub const TAIL_FROZEN_CHUNKS_PAGE_CACHE: usize = 1;
@@ -101,11 +103,9 @@ pub const TAIL_DIRECT_FILES_OPEN_MAX: usize = 256;
 /// longer by one half its size: busy partitions write large pieces, idle ones hold little.
 const CHUNK_GROW_WITHIN_MS: i64 = 1000;
 /// After a reader lagged (see [`TAIL_READER_LAGGING_MS`]) or read a segment's file behind
-/// its tail's memory, the tail writes through the page cache for this long (renewed by each
-/// such read), even with direct I/O: the bytes that reader comes to next are then cached
-/// for it, not only on the disk (where it would read them one cold read at a time and, at a
-/// high rate, never catch up; README, session 33).
-pub const READER_BEHIND_PAGE_CACHE_MS: i64 = 3_000;
+/// its tail's memory, the tail keeps its frozen chunks past their age for this long
+/// (renewed by each such read).
+pub const READER_BEHIND_RETAIN_MS: i64 = 3_000;
 
 static TAIL_MEMORY_BYTES: AtomicUsize = AtomicUsize::new(0);
 static TAIL_WRITTEN_DIRECT_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -114,10 +114,17 @@ static TAIL_FULL_APPENDS: AtomicU64 = AtomicU64::new(0);
 static TAIL_DIRECT_FILES_OPEN: AtomicUsize = AtomicUsize::new(0);
 static DIRECT_WRITES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether tails write with direct I/O (`log_segment_direct_io`) or through the page cache
-/// (the default). Set once at startup; tails made before keep their mode.
+/// Whether tails write with direct I/O (`log_segment_direct_io`), and blocking reads of what
+/// the page cache lacks read with it, or both go through the page cache (the default). Set
+/// once at startup; tails made before keep their mode.
 pub fn set_direct_writes(direct: bool) {
     DIRECT_WRITES.store(direct, Ordering::Relaxed);
+}
+
+/// Whether the process writes tails and reads cold bytes with direct I/O
+/// ([`set_direct_writes`]).
+pub(crate) fn direct_io() -> bool {
+    DIRECT_WRITES.load(Ordering::Relaxed)
 }
 
 /// A segment file opened with `O_DIRECT` that a tail keeps, counted against
@@ -311,21 +318,20 @@ struct WriterState {
 
 impl WriterState {
     /// Writes the chunk's bytes `[from, to)` at their file position, with direct I/O widened
-    /// to whole pages (the caller made any padding past `len` zero) when `direct` and the
-    /// filesystem allows it, and notes them written. True when they went through the page
-    /// cache.
+    /// to whole pages (the caller made any padding past `len` zero) when the tail writes
+    /// directly and the filesystem allows it, and notes them written. True when they went
+    /// through the page cache.
     fn write(
         &mut self,
         file: &File,
         shared: &ChunkShared,
         file_start: u64,
         (from, to): (usize, usize),
-        direct: bool,
     ) -> io::Result<bool> {
         if from >= to {
             return Ok(false);
         }
-        let direct = direct && !self.direct_refused;
+        let direct = !self.direct_refused;
         let mut opened = None;
         if direct && self.direct.is_none() {
             // Reopened through /proc, so a renamed or replaced path cannot matter.
@@ -376,15 +382,15 @@ pub(crate) struct Tail {
     /// Frozen chunks kept at most (see [`TAIL_RETAINED_BYTES_MAX`]).
     frozen_max: usize,
     writer: Arc<Mutex<WriterState>>,
-    /// When a reader last read the file behind this tail's memory (ms; see
-    /// [`READER_BEHIND_PAGE_CACHE_MS`]). Not under `writer`, which a write holds.
-    reader_behind_ms: Arc<AtomicI64>,
+    /// When a reader last lagged or read the file behind this tail's memory (ms; see
+    /// [`READER_BEHIND_RETAIN_MS`]). Atomic: readers note it without the log's lock.
+    reader_behind_ms: AtomicI64,
 }
 
-/// Whether a tail's writes go direct now: not while a reader behind its memory may come to
-/// them (they would be on the disk only).
-fn writes_direct(reader_behind_ms: &AtomicI64, now_ms: i64) -> bool {
-    now_ms.saturating_sub(reader_behind_ms.load(Ordering::Relaxed)) >= READER_BEHIND_PAGE_CACHE_MS
+/// Whether no reader lagged for [`READER_BEHIND_RETAIN_MS`]: frozen chunks may then go for
+/// their age.
+fn readers_keep_up(reader_behind_ms: &AtomicI64, now_ms: i64) -> bool {
+    now_ms.saturating_sub(reader_behind_ms.load(Ordering::Relaxed)) >= READER_BEHIND_RETAIN_MS
 }
 
 /// What [`Tail::append`] did with a batch.
@@ -409,12 +415,12 @@ impl Tail {
             chunks: VecDeque::new(),
             frozen_max: if direct { TAIL_FROZEN_CHUNKS_MAX } else { TAIL_FROZEN_CHUNKS_PAGE_CACHE },
             writer: Arc::new(Mutex::new(WriterState { retired: false, direct: None, direct_refused: !direct })),
-            reader_behind_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            reader_behind_ms: AtomicI64::new(i64::MIN),
         }
     }
 
-    /// A reader read the file behind this tail's memory at `now_ms`: the next writes go
-    /// through the page cache for a while (see [`READER_BEHIND_PAGE_CACHE_MS`]).
+    /// A reader lagged or read the file behind this tail's memory at `now_ms`: the frozen
+    /// chunks stay for a while (see [`READER_BEHIND_RETAIN_MS`]).
     pub(crate) fn note_reader_behind(&self, now_ms: i64) {
         self.reader_behind_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
@@ -497,7 +503,7 @@ impl Tail {
         // holds many or they froze a while ago and no reader lags: once the file holds every
         // byte before the next chunk's first batch, its partial last page included, which
         // the next chunk writes.
-        let readers_keep_up = writes_direct(&self.reader_behind_ms, now_ms);
+        let readers_keep_up = readers_keep_up(&self.reader_behind_ms, now_ms);
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
                 || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX
@@ -530,7 +536,6 @@ impl Tail {
         if !self.has_unwritten() {
             return Ok(());
         }
-        let direct = writes_direct(&self.reader_behind_ms, crate::now_ms());
         let mut writer = self.writer.lock();
         for chunk in self.chunks.iter_mut() {
             let (from, to) = (chunk.written(), chunk.owned_len());
@@ -538,7 +543,7 @@ impl Tail {
                 if !chunk.frozen {
                     chunk.zero_padding();
                 }
-                writer.write(file, &chunk.shared, chunk.file_start, (from, to), direct)?;
+                writer.write(file, &chunk.shared, chunk.file_start, (from, to))?;
             }
         }
         Ok(())
@@ -557,12 +562,7 @@ impl Tail {
                 due.then(|| (chunk.shared.clone(), chunk.file_start, to))
             })
             .collect();
-        (!pieces.is_empty()).then(|| TailClaim {
-            writer: self.writer.clone(),
-            reader_behind_ms: self.reader_behind_ms.clone(),
-            file,
-            pieces,
-        })
+        (!pieces.is_empty()).then(|| TailClaim { writer: self.writer.clone(), file, pieces })
     }
 
     /// No writeback after this returns (one in progress has finished).
@@ -593,7 +593,6 @@ impl Tail {
 /// Whole pages of a tail's chunks for the writeback to write (see [`Tail::claim`]).
 pub(crate) struct TailClaim {
     writer: Arc<Mutex<WriterState>>,
-    reader_behind_ms: Arc<AtomicI64>,
     file: Arc<File>,
     /// (chunk, its file position, write up to this many of its bytes)
     pieces: Vec<(Arc<ChunkShared>, u64, usize)>,
@@ -603,14 +602,13 @@ impl TailClaim {
     /// Writes the claimed pages, unless the tail was retired since. A failure is left to the
     /// next flush, which writes them again and reports it.
     pub(crate) fn write(self) {
-        let direct = writes_direct(&self.reader_behind_ms, crate::now_ms());
         let mut writer = self.writer.lock();
         if writer.retired {
             return;
         }
         for (shared, file_start, to) in &self.pieces {
             let from = shared.written.load(Ordering::Acquire);
-            let through_page_cache = match writer.write(&self.file, shared, *file_start, (from, *to), direct) {
+            let through_page_cache = match writer.write(&self.file, shared, *file_start, (from, *to)) {
                 Ok(through_page_cache) => through_page_cache,
                 Err(error) => {
                     tracing::warn!(%error, "segment writeback failed (the checkpoint retries)");
@@ -786,7 +784,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_of_a_chunk_that_froze_a_while_ago_turns_the_writes_and_keeps_the_chunks_it_comes_to() {
+    fn a_reader_of_a_chunk_that_froze_a_while_ago_keeps_the_chunks_it_comes_to() {
         let mut f = Fixture::new(true);
         f.now_ms = 1_000_000;
         while f.tail.chunks.len() < 4 {
@@ -794,28 +792,28 @@ mod tests {
         }
         f.tail.claim(f.file.clone(), 0).unwrap().write();
         let first = f.tail.chunks[0].first_batch_position();
-        assert!(writes_direct(&f.tail.reader_behind_ms, f.now_ms));
+        assert!(readers_keep_up(&f.tail.reader_behind_ms, f.now_ms));
         // A reader of a chunk that froze a moment ago keeps up: nothing changes.
         let just_frozen = f.now_ms + TAIL_READER_LAGGING_MS - 1;
         assert!(f.tail.memory_from(first, || just_frozen).is_some());
-        assert!(writes_direct(&f.tail.reader_behind_ms, just_frozen), "a reader that keeps up turns nothing");
+        assert!(readers_keep_up(&f.tail.reader_behind_ms, just_frozen), "a reader that keeps up changes nothing");
         // The last chunk, not frozen, never counts as lagging.
         let last = f.tail.chunks.back().unwrap().first_batch_position();
         let late = f.now_ms + 10 * TAIL_READER_LAGGING_MS;
         assert!(f.tail.memory_from(last, || late).is_some());
-        assert!(writes_direct(&f.tail.reader_behind_ms, late));
-        // A reader of a chunk that froze long ago lags: the writes turn to the page cache ...
+        assert!(readers_keep_up(&f.tail.reader_behind_ms, late));
+        // A reader of a chunk that froze long ago lags: the chunks it comes to stay past
+        // their age for a while.
         assert!(f.tail.memory_from(first, || late).is_some());
-        assert!(!writes_direct(&f.tail.reader_behind_ms, late), "a lagging reader turns the writes");
-        // ... and the chunks it comes to stay past their age, while the turn lasts.
-        const { assert!(TAIL_FROZEN_RETAIN_MS < READER_BEHIND_PAGE_CACHE_MS) };
+        assert!(!readers_keep_up(&f.tail.reader_behind_ms, late), "a lagging reader is noted");
+        const { assert!(TAIL_FROZEN_RETAIN_MS < READER_BEHIND_RETAIN_MS) };
         f.now_ms = late + TAIL_FROZEN_RETAIN_MS + 1;
         let chunks = f.tail.chunks.len();
         while f.append(5000) == Appended::Added {}
         assert_eq!(f.tail.chunks.len(), chunks + 1, "no chunk goes for its age while a reader lags");
         assert_eq!(f.tail.memory_start(), Some(first));
         // Once no reader lagged for a while, they go for their age again.
-        f.now_ms += READER_BEHIND_PAGE_CACHE_MS;
+        f.now_ms += READER_BEHIND_RETAIN_MS;
         f.tail.claim(f.file.clone(), 0).unwrap().write();
         while f.append(5000) == Appended::Added {}
         assert_eq!(f.tail.chunks.len(), 2, "written chunks that froze long ago go");
@@ -824,7 +822,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_behind_the_memory_turns_the_writes_to_the_page_cache_for_a_while() {
+    fn a_reader_behind_the_memory_leaves_the_writes_direct() {
         // In the build's directory, on the disk: a temporary directory may be a tmpfs,
         // which refuses direct I/O.
         let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")).unwrap();
@@ -840,29 +838,23 @@ mod tests {
             f.tail.claim(f.file.clone(), 0).expect("whole pages are due").write();
             (from, page_floor(f.appended.len()))
         };
-        // Direct: the file gets the bytes, the page cache none of them.
+        // Direct: the file gets the bytes, the page cache none of them (checked before any
+        // read of the file, which would cache what it reads).
         let (from, to) = write_more(&mut f);
         assert!(!f.tail.writer.lock().direct_refused, "the filesystem of target/ refuses O_DIRECT");
-        // (Before any read of the file, which would cache what it reads.)
         assert_eq!(cached(&f, from, to), 0, "direct writes leave nothing cached");
         assert_eq!(f.file_bytes()[from..to], f.appended[from..to]);
-        // A reader read the file behind the memory: the next writes are cached for it.
+        // A reader read the file behind the memory: the writes stay direct (it reads the
+        // file directly too), the writeback's and the flush's.
         f.tail.note_reader_behind(crate::now_ms());
         let (from, to) = write_more(&mut f);
-        assert_eq!(cached(&f, from, to) as usize, (to - from) / PAGE_BYTES, "written through the page cache");
-        assert_eq!(f.file_bytes()[from..to], f.appended[from..to]);
-        // The flush too.
+        assert_eq!(cached(&f, from, to), 0, "a lagging reader turns no write to the page cache");
         f.append(7000);
         let flushed_from = page_ceil(to);
         f.tail.flush(&f.file).unwrap();
         let flushed_to = page_floor(f.appended.len());
         assert!(flushed_to > flushed_from);
-        assert_eq!(cached(&f, flushed_from, flushed_to) as usize, (flushed_to - flushed_from) / PAGE_BYTES);
-        // A while later, direct again.
-        f.tail.reader_behind_ms.store(crate::now_ms() - READER_BEHIND_PAGE_CACHE_MS, Ordering::Relaxed);
-        let (from, to) = write_more(&mut f);
-        assert_eq!(cached(&f, from, to), 0, "direct again once no reader was behind for a while");
-        f.tail.flush(&f.file).unwrap();
+        assert_eq!(cached(&f, flushed_from, flushed_to), 0);
         assert_eq!(f.file_bytes(), f.appended);
     }
 }

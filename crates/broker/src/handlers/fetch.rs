@@ -11,8 +11,10 @@
 //! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
 //! `FETCH_DISK_READS_MAX` at once and `FETCH_DISK_READ_BYTES_MAX` each, so producers'
 //! requests on the runtime threads never queue behind a disk read, and cold reads hold
-//! little memory. What a cold read brought into the page cache is dropped from it, and so
-//! is whatever a blocking read finds far behind the log end (see
+//! little memory. With direct I/O (`log_segment_direct_io`, the default) a cold read goes
+//! from the disk to its buffer without entering the page cache (`sluice_storage`'s
+//! `segment.rs::read_direct`); through the page cache, what a cold read brought in is
+//! dropped from it, and so is whatever a blocking read finds far behind the log end (see
 //! `BACKLOG_DISTANCE_BYTES` in `sluice_storage`'s reader).
 //!
 //! Fetch sessions (KIP-227, `crate::fetch_session`): a fetch reads the partitions its
