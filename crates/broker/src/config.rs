@@ -140,10 +140,10 @@ pub struct BrokerConfig {
     pub log_wal_round_interval_us: u64,
     /// The active segments' tails reach their files with direct I/O instead of through
     /// the page cache (storage `segment_tail.rs`): no page-cache copy of the bytes the WAL
-    /// already made durable. A reader that lags (it reads a tail chunk that froze 500 ms
-    /// ago, or the file behind the tail's memory) turns its segment's writes to the page
-    /// cache for the next 3 s, so it comes to cached bytes, not to the disk. On by default
-    /// since session 37 (README, "Benchmarks").
+    /// already made durable; and a blocking read of bytes the page cache lacks (a reader
+    /// behind the tails' memory) reads them with direct I/O, leaving the page cache alone.
+    /// A reader that lags keeps its segment's frozen chunks in memory for the next 3 s. On
+    /// by default since session 37; direct reads since session 47 (README, "Benchmarks").
     pub log_segment_direct_io: bool,
     /// Threads that serve connections and run request handlers (the async runtime's
     /// workers); 0 = [`io_threads_auto`]. Disk waits (fsync, cold reads) run on their own

@@ -223,7 +223,7 @@ impl Metrics {
         let segment_tail_written_bytes = Family::<WriteModeLabels, Counter>::default();
         registry.register(
             "segment_tail_written_bytes",
-            "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a tail turned by a reader that lags)",
+            "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a batch that found the tails' memory full)",
             segment_tail_written_bytes.clone(),
         );
         let segment_tail_full_appends = Counter::default();
