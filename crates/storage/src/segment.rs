@@ -602,8 +602,8 @@ impl Segment {
         self.tail.memory_start()
     }
 
-    /// A reader read this segment's file behind its tail's memory: the tail's next writes
-    /// go through the page cache for a while, so that reader finds them cached.
+    /// A reader read this segment's file behind its tail's memory: the tail keeps its frozen
+    /// chunks for a while, so that reader reads on from memory once it reaches them.
     pub fn note_reader_behind(&self) {
         self.tail.note_reader_behind(crate::now_ms());
     }
