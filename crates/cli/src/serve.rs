@@ -53,8 +53,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SLUICE_LOG_WAL_ROUND_INTERVAL_US")]
     log_wal_round_interval_us: Option<u64>,
     /// Write the active segments' tails to their files with direct I/O (O_DIRECT) instead
-    /// of through the page cache: less CPU per byte; a segment whose reader lags writes
-    /// through the page cache for the next 3 s [default: true].
+    /// of through the page cache, and read what the page cache lacks the same way: less
+    /// CPU per byte, no page cache to fill or reclaim [default: true].
     #[arg(long, env = "SLUICE_LOG_SEGMENT_DIRECT_IO")]
     log_segment_direct_io: Option<bool>,
     /// Threads serving connections and request handlers; 0 = half the cores, at least 1
