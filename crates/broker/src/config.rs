@@ -25,12 +25,15 @@ pub fn io_threads_auto() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| cores.get() / 2).max(1)
 }
 
-/// `log_wal_round_interval_us` by default: 1 ms. At 10k msg/s of 1 KiB over 100
+/// `log_wal_round_interval_us` by default: 1.5 ms. At 10k msg/s of 1 KiB over 100
 /// partitions (4 producers, `linger.ms=1`) the WAL ran 2,415 rounds a second; paced at
 /// 1 ms, 1,011, and the broker took 0.31 cores instead of 0.43 (0.5 ms: 0.37; 2 ms: 0.24),
 /// with publish p50 1.8 ms instead of 1.3 and p99 3.3 instead of 2.7 (2 ms: 4.3)
-/// (`bench/results/2026-11-28/wal-round-interval-sweep-session31`).
-pub const WAL_ROUND_INTERVAL_US_DEFAULT: u64 = 1_000;
+/// (`bench/results/2026-11-28/wal-round-interval-sweep-session31`). Session 48 moved it from
+/// 1 to 1.5 ms: 13% less broker CPU per GiB for 0.4 ms more publish p50 and 0.8 ms more p99
+/// (`bench/results/2026-12-02/wal-round-interval-session48`); 2 ms took 23% off but one of
+/// its two runs had a p99 above 5 ms.
+pub const WAL_ROUND_INTERVAL_US_DEFAULT: u64 = 1_500;
 /// Most `log_wal_round_interval_us` accepted.
 pub const WAL_ROUND_INTERVAL_US_MAX: u64 = sluice_storage::WAL_ROUND_INTERVAL_MAX.as_micros() as u64;
 

@@ -49,7 +49,7 @@ pub struct ServeArgs {
     log_wal: Option<bool>,
     /// Least microseconds between the starts of two WAL rounds after a round that logged
     /// several batches: fewer, fuller rounds for less CPU; 0 = no wait, at most 10000
-    /// [default: 1000].
+    /// [default: 1500].
     #[arg(long, env = "SLUICE_LOG_WAL_ROUND_INTERVAL_US")]
     log_wal_round_interval_us: Option<u64>,
     /// Write the active segments' tails to their files with direct I/O (O_DIRECT) instead
