@@ -63,17 +63,34 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// the page cache one was best (session 26: alternating catch-up runs drained at the same
 /// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
 /// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
-/// I/O in 128 KiB pieces (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES`): in session
+/// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
+/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session
 /// 47's 1 GiB cold drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two
 /// at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
 /// with 9.5 ms; at 320k msg/s (a peak trial) four kept the consumers near the producers'
 /// rate where one left them 30-100 MB/s behind.
 pub const FETCH_DISK_READS_MAX: usize = 2;
 /// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
-/// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): with
-/// `FETCH_DISK_READS_MAX`, the read buffers of cold fetches stay under 8 MiB broker-wide,
-/// so a catch-up never makes producers' writes wait for memory.
-pub const FETCH_DISK_READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): this many of
+/// the direct reads' pieces (`sluice_storage::segment::direct_read_piece_bytes`), so 4 MiB
+/// while the WAL's rounds are small and up to `FETCH_DISK_READ_BYTES_MAX` when they are large.
+/// A cold fetch's turn costs the consumer a round trip and the blocking pool a hop: at 330k
+/// msg/s (session 49) consumers behind the tails' memory read 200-360 MB/s from the disk in
+/// 4 MiB fetches and never caught up, and caught up (300-540 MB/s) in 16 MiB fetches of 1 MiB
+/// pieces.
+pub const FETCH_DISK_READ_PIECES: usize = 32;
+/// The most one fetch reads from the disk: with `FETCH_DISK_READS_MAX`, the read buffers of
+/// cold fetches stay under 32 MiB broker-wide, so a catch-up never makes producers' writes
+/// wait for memory.
+pub const FETCH_DISK_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// What one cold fetch reads at most now (see `FETCH_DISK_READ_PIECES`).
+pub fn fetch_disk_read_bytes() -> usize {
+    let bytes =
+        (FETCH_DISK_READ_PIECES * sluice_storage::segment::direct_read_piece_bytes()).min(FETCH_DISK_READ_BYTES_MAX);
+    debug_assert!(bytes >= 4 * 1024 * 1024);
+    bytes
+}
 /// Kafka's default `group.initial.rebalance.delay.ms`.
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
 /// Longest initial rebalance delay accepted (it holds up every new group's first join).

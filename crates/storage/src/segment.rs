@@ -103,15 +103,37 @@ fn fill_to(file: &File, buffer: &mut BytesMut, length: usize, position: u64, fla
 /// round waits for at most one piece.
 pub const COLD_READ_PIECE_BYTES: usize = 256 * 1024;
 
-/// Largest disk read a direct read ([`read_direct`]) issues at a time. In a 1 GiB cold drain
-/// under a 256 MiB cap (session 47) 128 KiB pieces, two reads at a time, gave the producers'
-/// p99 5.9-9.0 ms during the drain against 7.2-9.5 with 256 KiB pieces, at the same 434-496
-/// MB/s; 64 KiB pieces drained slower (418 MB/s).
-pub const DIRECT_READ_PIECE_BYTES: usize = 128 * 1024;
+/// Smallest and largest piece a direct read ([`read_direct`]) issues at a time: a piece is
+/// as large as the WAL's recent rounds (`wal::recent_round_bytes`), within these bounds. A WAL
+/// round queued behind a piece at the device then waits for at most about its own size per
+/// reader. In a 1 GiB cold drain at 10k msg/s under a 256 MiB cap (session 47; rounds of a
+/// few KiB) 128 KiB pieces, two reads at a time, gave the producers' p99 5.9-9.0 ms during
+/// the drain against 7.2-9.5 with 256 KiB pieces, at the same 434-496 MB/s; 64 KiB pieces
+/// drained slower (418 MB/s). At 330k msg/s (rounds of about 1 MiB; session 49) consumers
+/// that fell behind the tails' memory read 200-250 MB/s from the disk in 128 KiB pieces,
+/// less than the producers wrote, and never caught up; in 1 MiB pieces they read 300-540
+/// MB/s and caught up.
+pub const DIRECT_READ_PIECE_BYTES_MIN: usize = 128 * 1024;
+pub const DIRECT_READ_PIECE_BYTES_MAX: usize = 1024 * 1024;
+const _: () = assert!(DIRECT_READ_PIECE_BYTES_MIN <= DIRECT_READ_PIECE_BYTES_MAX);
+
+/// The piece a direct read issues now (see [`DIRECT_READ_PIECE_BYTES_MIN`]).
+pub fn direct_read_piece_bytes() -> usize {
+    direct_read_piece_for(crate::wal::recent_round_bytes())
+}
+
+/// The piece for WAL rounds of `round_bytes`: whole pages, within the bounds.
+fn direct_read_piece_for(round_bytes: usize) -> usize {
+    let piece = round_bytes
+        .next_multiple_of(crate::segment_tail::PAGE_BYTES)
+        .clamp(DIRECT_READ_PIECE_BYTES_MIN, DIRECT_READ_PIECE_BYTES_MAX);
+    debug_assert!(piece.is_multiple_of(crate::segment_tail::PAGE_BYTES));
+    piece
+}
 
 /// Reads `length` bytes at `position` of `file` with direct I/O, into page-aligned memory
-/// that is not zeroed first, one piece of at most [`DIRECT_READ_PIECE_BYTES`] at a time, so a
-/// WAL write queued behind it waits for one piece only. The bytes go from the device into the
+/// that is not zeroed first, one piece ([`direct_read_piece_bytes`]) at a time, so a WAL
+/// write queued behind it waits for one piece only. The bytes go from the device into the
 /// buffer without a page-cache folio: no copy into the cache and none out of it, nothing to
 /// drop after, and nothing a memory cap reclaims. Direct reads are coherent with writes
 /// through the page cache (the kernel writes dirty pages of the range back first). `None`
@@ -133,9 +155,10 @@ fn read_direct(file: &File, position: u64, length: usize) -> Option<io::Result<B
     let mut buffer: Vec<u8> = Vec::with_capacity(span + PAGE as usize);
     let align = buffer.as_ptr().align_offset(PAGE as usize);
     assert!(align < PAGE as usize);
+    let piece_max = direct_read_piece_bytes();
     let mut done = 0usize;
     while done < span {
-        let piece = (span - done).min(DIRECT_READ_PIECE_BYTES);
+        let piece = (span - done).min(piece_max);
         let rest = &mut buffer.spare_capacity_mut()[align + done..align + done + piece];
         let Ok(at) = libc::off_t::try_from(start + done as u64) else {
             return Some(Err(io::ErrorKind::InvalidInput.into()));
@@ -1309,18 +1332,28 @@ mod tests {
     }
 
     #[test]
+    fn direct_reads_take_pieces_as_large_as_the_wal_rounds_within_bounds() {
+        assert_eq!(direct_read_piece_for(0), DIRECT_READ_PIECE_BYTES_MIN);
+        assert_eq!(direct_read_piece_for(16 * 1024), DIRECT_READ_PIECE_BYTES_MIN);
+        assert_eq!(direct_read_piece_for(300_000), 74 * 4096, "whole pages");
+        assert_eq!(direct_read_piece_for(64 << 20), DIRECT_READ_PIECE_BYTES_MAX);
+    }
+
+    #[test]
     fn a_direct_read_returns_any_range_without_caching_it_and_sees_unwritten_page_cache_data() {
         // On the build's disk: a temporary directory may be a tmpfs, which refuses O_DIRECT.
         let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")).unwrap();
         let path = dir.path().join("cold");
-        let size = 2 * DIRECT_READ_PIECE_BYTES + 5000;
+        let size = 2 * DIRECT_READ_PIECE_BYTES_MAX + 5000;
         let content: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
         std::fs::write(&path, &content).unwrap();
         let file = File::options().read(true).write(true).open(&path).unwrap();
         file.sync_all().unwrap();
         evict(&file);
         // Unaligned starts and ends, a range across pieces, one that ends at the file's end.
-        for (position, length) in [(0, 1), (4095, 2), (17, DIRECT_READ_PIECE_BYTES + 3), (300, size - 300), (0, size)] {
+        for (position, length) in
+            [(0, 1), (4095, 2), (17, DIRECT_READ_PIECE_BYTES_MIN + 3), (300, size - 300), (0, size)]
+        {
             let read = read_direct(&file, position as u64, length).expect("the filesystem of target/ takes O_DIRECT");
             assert_eq!(&read.unwrap()[..], &content[position..position + length], "at {position}, {length} bytes");
         }

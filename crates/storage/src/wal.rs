@@ -56,7 +56,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +67,26 @@ use crate::log::{CheckpointSync, LogConfig, Partition};
 
 /// A WAL file is closed (and handed to the checkpointer) once it holds this much.
 pub const WAL_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// The bytes of the WAL's recent rounds, a moving average (each round weighs 1/8) over
+/// every WAL of the process: the size of the rounds that a cold direct read's pieces queue
+/// ahead of at the device (`segment.rs::direct_read_piece_bytes`).
+static RECENT_ROUND_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of the WAL's recent rounds (0 before the first).
+pub(crate) fn recent_round_bytes() -> usize {
+    RECENT_ROUND_BYTES.load(Ordering::Relaxed)
+}
+
+fn note_round_bytes(bytes: usize) {
+    // Concurrent WALs (tests) may lose one another's updates: a hint, not a count.
+    let recent = RECENT_ROUND_BYTES.load(Ordering::Relaxed);
+    RECENT_ROUND_BYTES.store(moving_average(recent, bytes), Ordering::Relaxed);
+}
+
+/// The average after a round of `bytes`, each round weighing 1/8.
+fn moving_average(recent: usize, bytes: usize) -> usize {
+    recent - recent / 8 + bytes / 8
+}
 /// The WAL directory's name inside a [`crate::LogManager`]'s root.
 pub const WAL_DIR: &str = "wal";
 const WAL_SUFFIX: &str = ".wal";
@@ -537,6 +557,7 @@ impl WalWriter {
             }
         };
         self.rounds_write_synced += u64::from(synced);
+        note_round_bytes(usize::try_from(end - self.position).unwrap_or(usize::MAX));
         self.position = end;
         self.tail_page = tail_page;
         for partition in partitions {
@@ -895,6 +916,21 @@ fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>], report: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recent_round_size_follows_the_rounds() {
+        let mut recent = 0;
+        recent = moving_average(recent, 1 << 20);
+        assert_eq!(recent, 128 * 1024, "one large round moves it an eighth of the way");
+        for _ in 0..64 {
+            recent = moving_average(recent, 1 << 20);
+        }
+        assert!(recent > 1000 * 1024 && recent <= 1 << 20, "{recent}");
+        for _ in 0..64 {
+            recent = moving_average(recent, 8 * 1024);
+        }
+        assert!(recent < 16 * 1024, "{recent}");
+    }
 
     #[test]
     fn a_checkpoint_retried_on_a_full_disk_is_reported_once_a_minute() {
