@@ -64,8 +64,7 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
 /// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
-/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session
-/// 47's 1 GiB cold drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two
+/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session 47's 1 GiB cold drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two
 /// at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
 /// with 9.5 ms; at 320k msg/s (a peak trial) four kept the consumers near the producers'
 /// rate where one left them 30-100 MB/s behind.
@@ -86,11 +85,13 @@ pub const FETCH_DISK_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// What one cold fetch reads at most now (see `FETCH_DISK_READ_PIECES`).
 pub fn fetch_disk_read_bytes() -> usize {
-    let bytes =
-        (FETCH_DISK_READ_PIECES * sluice_storage::segment::direct_read_piece_bytes()).min(FETCH_DISK_READ_BYTES_MAX);
-    debug_assert!(bytes >= 4 * 1024 * 1024);
-    bytes
+    (FETCH_DISK_READ_PIECES * sluice_storage::segment::direct_read_piece_bytes()).min(FETCH_DISK_READ_BYTES_MAX)
 }
+// The smallest pieces make the smallest cold fetch, 4 MiB; the bound never cuts it.
+const _: () = assert!(
+    FETCH_DISK_READ_PIECES * sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN == 4 * 1024 * 1024
+        && FETCH_DISK_READ_PIECES * sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN <= FETCH_DISK_READ_BYTES_MAX
+);
 /// Kafka's default `group.initial.rebalance.delay.ms`.
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;
 /// Longest initial rebalance delay accepted (it holds up every new group's first join).

@@ -87,6 +87,7 @@ fn note_round_bytes(bytes: usize) {
 fn moving_average(recent: usize, bytes: usize) -> usize {
     recent - recent / 8 + bytes / 8
 }
+
 /// The WAL directory's name inside a [`crate::LogManager`]'s root.
 pub const WAL_DIR: &str = "wal";
 const WAL_SUFFIX: &str = ".wal";

@@ -9,9 +9,9 @@
 //! Reads never wait for the disk on an async runtime thread: a fetch first reads from the
 //! page cache only (`ReadMode::CachedOnly`); if anything it needs is not cached (a consumer
 //! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
-//! `FETCH_DISK_READS_MAX` at once and `config::fetch_disk_read_bytes` each (4-16 MiB), so producers'
-//! requests on the runtime threads never queue behind a disk read, and cold reads hold
-//! little memory. With direct I/O (`log_segment_direct_io`, the default) a cold read goes
+//! `FETCH_DISK_READS_MAX` at once and `config::fetch_disk_read_bytes` each (4-16 MiB), so
+//! producers' requests on the runtime threads never queue behind a disk read, and cold reads
+//! hold little memory. With direct I/O (`log_segment_direct_io`, the default) a cold read goes
 //! from the disk to its buffer without entering the page cache (`sluice_storage`'s
 //! `segment.rs::read_direct`); through the page cache, what a cold read brought in is
 //! dropped from it, and so is whatever a blocking read finds far behind the log end (see
