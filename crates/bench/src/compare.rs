@@ -140,6 +140,7 @@ const METRICS: &[Metric] = &[
     ("broker disk reads before drain (MiB)", |r| build(r).and_then(|p| p.broker_disk_read_bytes).map(mib)),
     ("broker CPU (s)", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds)),
     ("broker CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_cpu_seconds_per_gb)),
+    ("broker kernel CPU s per GiB", |r| r.sluice.as_ref().and_then(|e| e.broker_kernel_cpu_seconds_per_gb)),
     ("broker peak RSS (MiB)", |r| r.sluice.as_ref().and_then(|e| e.broker_peak_rss_bytes).map(mib)),
     ("clients CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.client_cpu_seconds))),
     ("broker CPU (cores)", |r| r.sluice.as_ref().and_then(cores_of(|e| e.broker_cpu_seconds))),

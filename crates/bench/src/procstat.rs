@@ -1,7 +1,9 @@
 //! Broker CPU time and memory from `/proc`.
 //!
 //! CPU seconds are `utime + stime` of `/proc/PID/stat` (the process and all its
-//! threads) at the end minus at the start of the measured phase. Peak RSS is `VmHWM`
+//! threads) at the end minus at the start of the measured phase; `stime` alone is the
+//! kernel's share (syscalls, TCP, block I/O, page faults), which no user-space change of a
+//! broker's own code removes and which bounds how far its CPU per byte can fall. Peak RSS is `VmHWM`
 //! from `/proc/PID/status`, the kernel's high-water mark since the process started,
 //! which is the figure for a broker started fresh for the run. Disk reads are `read_bytes`
 //! of `/proc/PID/io` (what reached the block layer, so page-cache hits are not counted),
@@ -18,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Usage {
     /// CPU seconds (user + system).
     pub cpu_seconds: Option<f64>,
+    /// CPU seconds in the kernel (system), part of `cpu_seconds`.
+    pub kernel_cpu_seconds: Option<f64>,
     /// Peak resident set size in bytes.
     pub peak_rss_bytes: Option<u64>,
 }
@@ -27,7 +31,7 @@ pub struct Usage {
 #[derive(Debug)]
 pub struct ProcessSampler {
     pids: Vec<u32>,
-    cpu_ticks_start: Vec<Option<u64>>,
+    cpu_ticks_start: Vec<Option<CpuTicks>>,
     rss_bytes_max: Vec<AtomicU64>,
 }
 
@@ -53,15 +57,15 @@ impl ProcessSampler {
     /// Ends the measurement; a figure is `None` unless every process could be measured.
     pub fn finish(self) -> Usage {
         let ticks_per_second = ticks_per_second();
-        let mut usage = Usage { cpu_seconds: Some(0.0), peak_rss_bytes: Some(0) };
+        let mut usage = Usage { cpu_seconds: Some(0.0), kernel_cpu_seconds: Some(0.0), peak_rss_bytes: Some(0) };
         for ((pid, start), sampled) in self.pids.iter().zip(&self.cpu_ticks_start).zip(&self.rss_bytes_max) {
-            let cpu = match (start, cpu_ticks(*pid)) {
-                (Some(start), Some(end)) => Some(end.saturating_sub(*start) as f64 / ticks_per_second),
-                _ => None,
-            };
+            let used = start.zip(cpu_ticks(*pid)).map(|(start, end)| end.since(start));
+            let cpu = used.map(|ticks| ticks.total() as f64 / ticks_per_second);
+            let kernel = used.map(|ticks| ticks.system as f64 / ticks_per_second);
             let sampled = sampled.load(Ordering::Relaxed);
             let rss = status_kib(*pid, "VmHWM:").map(|kib| kib * 1024).or((sampled > 0).then_some(sampled));
             usage.cpu_seconds = usage.cpu_seconds.zip(cpu).map(|(a, b)| a + b);
+            usage.kernel_cpu_seconds = usage.kernel_cpu_seconds.zip(kernel).map(|(a, b)| a + b);
             usage.peak_rss_bytes = usage.peak_rss_bytes.zip(rss).map(|(a, b)| a + b);
         }
         if self.pids.is_empty() {
@@ -74,7 +78,7 @@ impl ProcessSampler {
 /// The bench process's CPU and the machine's busy time over a measured phase.
 #[derive(Debug)]
 pub struct MachineSampler {
-    own_ticks_start: Option<u64>,
+    own_ticks_start: Option<CpuTicks>,
     machine_start: Option<MachineTicks>,
     started: std::time::Instant,
 }
@@ -110,7 +114,7 @@ impl MachineSampler {
         let machine = self.machine_start.zip(machine_ticks()).filter(|_| elapsed > 0.0);
         let cores_of = |ticks: u64| ticks as f64 / ticks_per_second() / elapsed;
         MachineUsage {
-            own_cpu_seconds: own.map(|(start, end)| end.saturating_sub(start) as f64 / ticks_per_second()),
+            own_cpu_seconds: own.map(|(start, end)| end.since(start).total() as f64 / ticks_per_second()),
             busy_cores: machine.map(|(start, end)| cores_of(end.busy.saturating_sub(start.busy))),
             steal_cores: machine.map(|(start, end)| cores_of(end.steal.saturating_sub(start.steal))),
             cores: std::thread::available_parallelism().ok().and_then(|n| u32::try_from(n.get()).ok()),
@@ -144,7 +148,7 @@ fn parse_machine_ticks(text: &str) -> Option<MachineTicks> {
 
 /// Total CPU seconds used so far by `pid`.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    cpu_ticks(pid).map(|ticks| ticks as f64 / ticks_per_second())
+    cpu_ticks(pid).map(|ticks| ticks.total() as f64 / ticks_per_second())
 }
 
 /// Peak RSS so far of `pid`.
@@ -175,20 +179,40 @@ fn ticks_per_second() -> f64 {
     }
 }
 
-fn cpu_ticks(pid: u32) -> Option<u64> {
+/// A process's CPU time so far, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuTicks {
+    /// utime: in user space.
+    user: u64,
+    /// stime: in the kernel on the process's behalf.
+    system: u64,
+}
+
+impl CpuTicks {
+    fn total(self) -> u64 {
+        self.user + self.system
+    }
+
+    /// The ticks used between `start` and `self`.
+    fn since(self, start: CpuTicks) -> CpuTicks {
+        CpuTicks { user: self.user.saturating_sub(start.user), system: self.system.saturating_sub(start.system) }
+    }
+}
+
+fn cpu_ticks(pid: u32) -> Option<CpuTicks> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat_ticks(&text)
 }
 
-/// utime + stime from a `/proc/PID/stat` line. The command name (field 2) may hold
+/// utime and stime from a `/proc/PID/stat` line. The command name (field 2) may hold
 /// spaces and parentheses, so fields are counted after its closing parenthesis.
-fn parse_stat_ticks(text: &str) -> Option<u64> {
+fn parse_stat_ticks(text: &str) -> Option<CpuTicks> {
     let after = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
+    Some(CpuTicks { user, system })
 }
 
 fn status_kib(pid: u32, key: &str) -> Option<u64> {
@@ -204,7 +228,8 @@ mod tests {
     #[test]
     fn stat_line_with_odd_name() {
         let line = "1234 (java (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0";
-        assert_eq!(parse_stat_ticks(line), Some(300));
+        assert_eq!(parse_stat_ticks(line), Some(CpuTicks { user: 250, system: 50 }));
+        assert_eq!(parse_stat_ticks(line).unwrap().total(), 300);
     }
 
     #[test]
@@ -250,7 +275,8 @@ mod tests {
         assert!(x > 0);
         sampler.tick();
         let usage = sampler.finish();
-        assert!(usage.cpu_seconds.is_some());
+        let (cpu, kernel) = (usage.cpu_seconds.unwrap(), usage.kernel_cpu_seconds.unwrap());
+        assert!((0.0..=cpu).contains(&kernel), "kernel {kernel} s of {cpu} s");
         assert!(usage.peak_rss_bytes.unwrap() > 1024 * 1024);
     }
 }

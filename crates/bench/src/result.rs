@@ -77,6 +77,9 @@ pub struct SluiceExtras {
     pub broker_peak_rss_bytes: Option<u64>,
     /// Broker CPU seconds per GiB published in the measured phase.
     pub broker_cpu_seconds_per_gb: Option<f64>,
+    /// The kernel's part of `broker_cpu_seconds_per_gb` (system time: the broker's syscalls,
+    /// its sockets' TCP work, block I/O). Absent in results written before session 50.
+    pub broker_kernel_cpu_seconds_per_gb: Option<f64>,
     /// CPU seconds of the bench process during the measured phase: every producer and
     /// consumer of the run (they run in it), so a machine the clients saturate shows.
     pub client_cpu_seconds: Option<f64>,

@@ -712,7 +712,9 @@ fn run_phases(
         let gib_sent = phase.extras.measured_bytes_sent as f64 / (1024.0 * 1024.0 * 1024.0);
         phase.extras.broker_cpu_seconds = usage.cpu_seconds;
         phase.extras.broker_peak_rss_bytes = usage.peak_rss_bytes;
-        phase.extras.broker_cpu_seconds_per_gb = usage.cpu_seconds.filter(|_| gib_sent > 0.0).map(|cpu| cpu / gib_sent);
+        let per_gib = |seconds: Option<f64>| seconds.filter(|_| gib_sent > 0.0).map(|cpu| cpu / gib_sent);
+        phase.extras.broker_cpu_seconds_per_gb = per_gib(usage.cpu_seconds);
+        phase.extras.broker_kernel_cpu_seconds_per_gb = per_gib(usage.kernel_cpu_seconds);
     }
     result.sluice = Some(phase.extras);
     Ok(result)
