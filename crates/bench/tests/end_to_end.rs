@@ -69,6 +69,9 @@ fn check(result: &TestResult) {
     // The 2 MiB backlog is 2,048 messages; after the drain only in-flight ones remain.
     assert!(*result.backlog.last().unwrap() < 2_048, "{:?}", result.backlog);
     assert!(extras.broker_cpu_seconds.unwrap() > 0.0);
+    // The kernel's part of the broker's CPU per GiB: a part, present whenever the whole is.
+    let (whole, kernel) = (extras.broker_cpu_seconds_per_gb.unwrap(), extras.broker_kernel_cpu_seconds_per_gb.unwrap());
+    assert!((0.0..=whole).contains(&kernel), "kernel {kernel} of {whole} CPU s per GiB");
     assert!(extras.broker_peak_rss_bytes.unwrap() > 0);
     let ordered = |name: &str, values: [f64; 7]| {
         assert!(values[0] > 0.0, "{name}: {values:?}");
