@@ -7,7 +7,7 @@
 //! Broker CPU seconds and peak RSS come from `/proc`, so CPU per GiB is a figure for both,
 //! with its kernel (system time) part beside it, and the summary states issue 11's CPU
 //! criterion (at most a third of Kafka's per GiB) with Sluice's kernel time alone as a share
-//! of Kafka's whole: the floor under Sluice's figure that its own code cannot lower.
+//! of Kafka's whole: a floor under Sluice's figure that no user-space work of its own lowers.
 //!
 //! Durability: the driver's `topicConfig` goes to both brokers' CreateTopics. With
 //! `flush.messages=1` Kafka fsyncs every message (level 1 of REFERENCE.md on one node);
@@ -510,9 +510,9 @@ fn median(figures: &[Figures], row: &str) -> Option<f64> {
 
 /// Issue 11's CPU criterion from the medians: broker CPU per GiB at most
 /// [`CPU_PER_GIB_SHARE_MAX`] of Kafka's. Beside it, Sluice's kernel time alone as a share of
-/// Kafka's whole: the floor that no change to Sluice's own code lowers (the loopback TCP
-/// work of receiving and sending the bytes, the block I/O), so a share above the bound
-/// says the criterion is out of reach on this machine, not only missed.
+/// Kafka's whole: mostly the kernel's work of moving the bytes (loopback TCP both ways, block
+/// I/O), which Kafka's kernel time shows to be of the same size for any broker; a share above
+/// the bound says the criterion is out of reach on this machine, not only missed.
 fn cpu_verdict(kafka: &[Figures], sluice: &[Figures]) -> Option<String> {
     let (s, k) = (median(sluice, CPU_PER_GIB_ROW)?, median(kafka, CPU_PER_GIB_ROW)?);
     if k <= 0.0 {

@@ -2,8 +2,8 @@
 //!
 //! CPU seconds are `utime + stime` of `/proc/PID/stat` (the process and all its
 //! threads) at the end minus at the start of the measured phase; `stime` alone is the
-//! kernel's share (syscalls, TCP, block I/O, page faults), which no user-space change of a
-//! broker's own code removes and which bounds how far its CPU per byte can fall. Peak RSS is `VmHWM`
+//! kernel's share (syscalls, TCP, block I/O, page faults): mostly the cost of moving the
+//! bytes, which bounds how far a broker's CPU per byte can fall. Peak RSS is `VmHWM`
 //! from `/proc/PID/status`, the kernel's high-water mark since the process started,
 //! which is the figure for a broker started fresh for the run. Disk reads are `read_bytes`
 //! of `/proc/PID/io` (what reached the block layer, so page-cache hits are not counted),
