@@ -64,8 +64,8 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
 /// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
-/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session 47's 1 GiB cold drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two
-/// at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
+/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session 47's 1 GiB cold
+/// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
 /// with 9.5 ms; at 320k msg/s (a peak trial) four kept the consumers near the producers'
 /// rate where one left them 30-100 MB/s behind.
 pub const FETCH_DISK_READS_MAX: usize = 2;
