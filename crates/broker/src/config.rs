@@ -65,9 +65,10 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
 /// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session 47's 1 GiB cold
-/// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s
-/// with 9.5 ms; at 320k msg/s (a peak trial) four kept the consumers near the producers'
-/// rate where one left them 30-100 MB/s behind.
+/// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s
+/// with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s with 9.5 ms; at
+/// 320k msg/s (a peak trial) four kept the consumers near the producers' rate where one left
+/// them 30-100 MB/s behind.
 pub const FETCH_DISK_READS_MAX: usize = 2;
 /// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
 /// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): this many of
