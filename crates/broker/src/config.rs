@@ -160,6 +160,11 @@ pub struct BrokerConfig {
     /// for less CPU, for up to this much more acknowledgement latency. At most
     /// [`WAL_ROUND_INTERVAL_US_MAX`]; 0 starts every round as soon as there is work.
     pub log_wal_round_interval_us: u64,
+    /// A WAL file is closed and checkpointed (every partition it covers fsynced, then the
+    /// file recycled) once it holds this many bytes: at least
+    /// `sluice_storage::wal::WAL_FILE_BYTES_MIN`. Smaller files mean a shorter replay after
+    /// a crash for more segment fsyncs.
+    pub log_wal_file_bytes: u64,
     /// The active segments' tails reach their files with direct I/O instead of through
     /// the page cache (storage `segment_tail.rs`): no page-cache copy of the bytes the WAL
     /// already made durable; and a blocking read of bytes the page cache lacks (a reader
@@ -502,6 +507,7 @@ impl Default for BrokerConfig {
             queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
             log_wal: true,
             log_wal_round_interval_us: WAL_ROUND_INTERVAL_US_DEFAULT,
+            log_wal_file_bytes: sluice_storage::wal::WAL_FILE_BYTES,
             log_segment_direct_io: true,
             io_threads: 0,
             metrics_listen: None,
@@ -590,6 +596,13 @@ impl BrokerConfig {
             return Err(format!(
                 "log_wal_round_interval_us must be at most {WAL_ROUND_INTERVAL_US_MAX}, got {}",
                 self.log_wal_round_interval_us
+            ));
+        }
+        if self.log_wal_file_bytes < sluice_storage::wal::WAL_FILE_BYTES_MIN {
+            return Err(format!(
+                "log_wal_file_bytes must be at least {}, got {}",
+                sluice_storage::wal::WAL_FILE_BYTES_MIN,
+                self.log_wal_file_bytes
             ));
         }
         if self.io_threads > IO_THREADS_MAX {

@@ -101,9 +101,21 @@ impl Broker {
         sluice_storage::durable::check_data_dir(&config.data_dir)?;
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs_dir = config.data_dir.join("logs");
-        // Before any log opens: every tail takes the mode.
-        sluice_storage::segment_tail::set_direct_writes(config.log_segment_direct_io);
-        let logs = if config.log_wal { LogManager::with_wal(&logs_dir)? } else { LogManager::new(&logs_dir)? };
+        // Before any log opens: every tail takes the mode. Direct I/O only where the
+        // filesystem's is trusted (`durable::direct_io_trusted`; not on FUSE, say).
+        let direct_io_trusted = sluice_storage::durable::direct_io_trusted(&config.data_dir);
+        if config.log_segment_direct_io && !direct_io_trusted {
+            tracing::info!(
+                dir = %config.data_dir.display(),
+                "log_segment_direct_io is on, but this filesystem's direct I/O is not trusted: segments are written through the page cache"
+            );
+        }
+        sluice_storage::segment_tail::set_direct_writes(config.log_segment_direct_io && direct_io_trusted);
+        let logs = if config.log_wal {
+            LogManager::with_wal_files_of(&logs_dir, config.log_wal_file_bytes)?
+        } else {
+            LogManager::new(&logs_dir)?
+        };
         logs.syncer().set_wal_round_interval(std::time::Duration::from_micros(config.log_wal_round_interval_us));
         let metrics = metrics::Metrics::new();
         logs.syncer().observe(metrics.fsync_observer());

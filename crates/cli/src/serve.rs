@@ -52,6 +52,11 @@ pub struct ServeArgs {
     /// [default: 1500].
     #[arg(long, env = "SLUICE_LOG_WAL_ROUND_INTERVAL_US")]
     log_wal_round_interval_us: Option<u64>,
+    /// Bytes after which a WAL file is closed and checkpointed (its partitions fsynced,
+    /// the file recycled): a shorter replay after a crash for more segment fsyncs; at least
+    /// 1048576 [default: 67108864].
+    #[arg(long, env = "SLUICE_LOG_WAL_FILE_BYTES")]
+    log_wal_file_bytes: Option<u64>,
     /// Write the active segments' tails to their files with direct I/O (O_DIRECT) instead
     /// of through the page cache, and read what the page cache lacks the same way: less
     /// CPU per byte, no page cache to fill or reclaim [default: true].
@@ -170,6 +175,7 @@ impl ServeArgs {
         set!(
             log_wal,
             log_wal_round_interval_us,
+            log_wal_file_bytes,
             log_segment_direct_io,
             io_threads,
             auto_create_topics,

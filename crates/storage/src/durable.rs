@@ -138,6 +138,7 @@ const FILESYSTEMS: &[(i64, &str)] = &[
     (0xEF53, "ext2/3/4"),
     (0x5846_5342, "xfs"),
     (0x9123_683E, "btrfs"),
+    (0xF2F5_2010, "f2fs"),
     (0x2FC1_2FC1, "zfs"),
     (0x6573_5546, "fuse"),
     (0x794C_7630, "overlayfs"),
@@ -145,6 +146,19 @@ const FILESYSTEMS: &[(i64, &str)] = &[
     (0x0102_1994, "tmpfs"),
     (0x8584_58F6, "ramfs"),
 ];
+/// Filesystems whose `O_DIRECT` is the kernel's own path from a buffer to a block device:
+/// a direct write lands as one write, and `fdatasync`/`RWF_DSYNC` make it durable.
+///
+/// Everywhere else the files are written through the page cache. On FUSE in particular a
+/// direct write larger than the daemon's largest request is split by the kernel into
+/// requests it sends at once (asynchronous direct I/O), and what the file then holds is up
+/// to how the daemon orders them: LazyFS, which handles requests on several threads, fills
+/// the gap before a request that starts past its end of file with zeros, and that fill
+/// can land over the bytes of the request before it: a write-ahead-log round of more than
+/// 1 MiB, acknowledged, then holds a run of zeros. Through the page cache the kernel sends one file's writes one after another, in order.
+/// Network and layered filesystems (NFS, overlayfs, ZFS before its own direct I/O) are left
+/// out for the same reason: their direct I/O is whatever their implementation makes it.
+const DIRECT_IO_FILESYSTEMS: &[&str] = &["ext2/3/4", "xfs", "btrfs", "f2fs"];
 /// Filesystems that keep nothing across a reboot: fsync succeeds and means nothing.
 const VOLATILE_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs"];
 const PROBE_FILE: &str = ".fsync-probe";
@@ -161,6 +175,12 @@ pub fn filesystem_name(path: &Path) -> io::Result<String> {
     }
     let magic = stat.f_type as i64;
     Ok(FILESYSTEMS.iter().find(|(m, _)| *m == magic).map_or_else(|| format!("{magic:#x}"), |(_, n)| n.to_string()))
+}
+
+/// Whether files in `dir` may be written and read with `O_DIRECT` (see
+/// [`DIRECT_IO_FILESYSTEMS`]); false when the filesystem cannot be told.
+pub fn direct_io_trusted(dir: &Path) -> bool {
+    filesystem_name(dir).is_ok_and(|name| DIRECT_IO_FILESYSTEMS.contains(&name.as_str()))
 }
 
 /// Startup check of a data directory (created if missing): a file can be created, written,

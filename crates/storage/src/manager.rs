@@ -90,16 +90,23 @@ impl LogManager {
     /// `root` holds one directory per partition; acknowledged appends are made durable by
     /// per-file fsyncs.
     pub fn new(root: &Path) -> io::Result<LogManager> {
-        LogManager::start(root, false)
+        LogManager::start(root, None)
     }
 
     /// Like [`LogManager::new`], with acknowledged appends made durable through the
     /// write-ahead log in `<root>/wal` (see [`crate::wal`]).
     pub fn with_wal(root: &Path) -> io::Result<LogManager> {
-        LogManager::start(root, true)
+        LogManager::with_wal_files_of(root, crate::wal::WAL_FILE_BYTES)
     }
 
-    fn start(root: &Path, wal: bool) -> io::Result<LogManager> {
+    /// [`LogManager::with_wal`] with WAL files of `wal_file_bytes` (at least
+    /// [`crate::wal::WAL_FILE_BYTES_MIN`]).
+    pub fn with_wal_files_of(root: &Path, wal_file_bytes: u64) -> io::Result<LogManager> {
+        LogManager::start(root, Some(wal_file_bytes))
+    }
+
+    /// `wal`: the size of the WAL's files, or `None` for one fsync per partition file.
+    fn start(root: &Path, wal: Option<u64>) -> io::Result<LogManager> {
         crate::durable::create_dir_all(root)?;
         // Whatever a previous run left in the WAL goes into the logs before any opens.
         let wal_dir = root.join(crate::wal::WAL_DIR);
@@ -114,7 +121,10 @@ impl LogManager {
                 "replayed the write-ahead log"
             );
         }
-        let syncer = if wal { Syncer::start_with_wal(&wal_dir, base)? } else { Syncer::start() };
+        let syncer = match wal {
+            Some(file_bytes) => Syncer::start_with_wal(&wal_dir, base, file_bytes)?,
+            None => Syncer::start(),
+        };
         let recovered = read_high_watermark_checkpoint(root);
         Ok(LogManager {
             root: root.to_path_buf(),

@@ -45,7 +45,9 @@
 //!
 //! Durability contract: none of its own. What a chunk holds that its file does not is in the
 //! WAL, which keeps it until the checkpoint has flushed and fsynced the file. A filesystem
-//! that refuses `O_DIRECT` (tmpfs, some FUSE) gets the same writes through the page cache.
+//! that refuses `O_DIRECT` (tmpfs), or whose direct I/O is not trusted (FUSE, NFS: the
+//! broker leaves direct writes off there, see `durable::direct_io_trusted`), gets the same
+//! writes through the page cache.
 //!
 //! Memory: every chunk of the process counts against [`TAIL_MEMORY_BYTES_MAX`] until its
 //! last reader drops it; a chunk that does not fit is not made, and the segment writes

@@ -51,6 +51,9 @@ pub const WAL_PACED_ROUND_BATCHES_MIN: usize = 2;
 const WAL_ROUND_SLOW: Duration = Duration::from_millis(100);
 /// At most one slow-round line per this period; the line counts the rounds it stood for.
 const WAL_ROUND_SLOW_LOG_PERIOD: Duration = Duration::from_secs(10);
+/// The WAL thread's buffer of record headers is given back after a round that grew it past
+/// this (a round of very many partitions), instead of being kept for the next.
+const HEADERS_CAPACITY_KEPT_MAX: usize = wal::WAL_FILE_BYTES as usize;
 
 /// A change logged in the WAL before it takes effect, and who waits for it to be durable.
 struct ControlRequest {
@@ -121,9 +124,10 @@ impl Syncer {
     }
 
     /// Acknowledged appends go through a write-ahead log in `dir` (emptied by
-    /// [`crate::wal::replay`] first); record paths are relative to `base`.
-    pub fn start_with_wal(dir: &Path, base: &Path) -> io::Result<Syncer> {
-        let writer = WalWriter::start(dir)?;
+    /// [`crate::wal::replay`] first) of files of `wal_file_bytes`; record paths are relative
+    /// to `base`.
+    pub fn start_with_wal(dir: &Path, base: &Path, wal_file_bytes: u64) -> io::Result<Syncer> {
+        let writer = WalWriter::start(dir, wal_file_bytes)?;
         Syncer::start_threads(Some(writer), Some(base))
     }
 
@@ -382,7 +386,7 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             let answer = result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
             let _ = control.done.send(answer);
         }
-        if headers.capacity() > wal::WAL_FILE_BYTES as usize {
+        if headers.capacity() > HEADERS_CAPACITY_KEPT_MAX {
             headers = Vec::new();
         }
     }

@@ -27,7 +27,8 @@
 //! - A deleted partition logs [`Control::Forget`] before its directory goes: its earlier
 //!   records never replay into a later partition of the same name.
 //!
-//! Rounds are written with direct I/O (`O_DIRECT`) where the filesystem takes it: the
+//! Rounds are written with direct I/O (`O_DIRECT`) where the filesystem's direct I/O is
+//! trusted ([`crate::durable::direct_io_trusted`]: ext4, xfs, btrfs, f2fs): the
 //! round is gathered into a page-aligned buffer and written straight to the device, so
 //! the `fdatasync` that follows is only the device's cache flush. A round that fits one
 //! write (most of them) is written with `RWF_DSYNC` instead of a write and an `fdatasync`:
@@ -35,8 +36,8 @@
 //! it. Through the page cache
 //! each round would be copied into page-cache folios, written back by that `fdatasync`
 //! (the kernel's writeback path cost more CPU than the rest of the WAL thread), and kept
-//! in memory where it crowds out what consumers read. A filesystem that refuses direct
-//! I/O (tmpfs, some FUSE mounts) gets the same writes through the page cache.
+//! in memory where it crowds out what consumers read. Any other filesystem (FUSE, NFS,
+//! tmpfs) gets the same writes through the page cache.
 //!
 //! WAL files are recycled: a checkpointed file becomes the spare that the next rotation
 //! renames into place (the first spare is zero-filled in the background), so an `fdatasync`
@@ -49,7 +50,9 @@
 //! partition directory relative to the data directory), payload (batches, or the
 //! truncation offset). A zero length ends a file; so does a record whose length, CRC or
 //! sequence does not hold (an earlier use's bytes, or the torn tail of the newest file,
-//! written but never acknowledged).
+//! written but never acknowledged). Replay reports records of a file found past the point
+//! where it stopped: a torn last round can leave them, a filesystem that lost acknowledged
+//! writes does.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -65,8 +68,12 @@ use bytes::Bytes;
 
 use crate::log::{CheckpointSync, LogConfig, Partition};
 
-/// A WAL file is closed (and handed to the checkpointer) once it holds this much.
+/// A WAL file is closed (and handed to the checkpointer) once it holds this much, by
+/// default ([`WalWriter::start`] takes another size).
 pub const WAL_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// The smallest WAL file size accepted: every file is a checkpoint of all the partitions it
+/// covers, so smaller files mean more fsyncs of segment files.
+pub const WAL_FILE_BYTES_MIN: u64 = 1024 * 1024;
 /// The bytes of the WAL's recent rounds, a moving average (each round weighs 1/8) over
 /// every WAL of the process: the size of the rounds that a cold direct read's pieces queue
 /// ahead of at the device (`segment.rs::direct_read_piece_bytes`).
@@ -97,9 +104,9 @@ const BODY_HEADER_BYTES: usize = 8 + 1 + 2;
 /// The recycled (or zero-filled) file the next rotation renames into place.
 const SPARE_FILE: &str = "spare";
 const SPARE_TMP_FILE: &str = "spare.tmp";
-/// A zero-filled spare is prepared only when the disk has this much free (a spare takes
-/// [`WAL_FILE_BYTES`]; without one, the next file grows as it is written).
-const SPARE_FREE_BYTES_MIN: u64 = 16 * WAL_FILE_BYTES;
+/// A zero-filled spare is prepared only when the disk has this many times the file size
+/// free (without one, the next file grows as it is written).
+const SPARE_FREE_FILES_MIN: u64 = 16;
 /// Threads fsyncing partitions in parallel for a checkpoint.
 const CHECKPOINT_THREADS: usize = 8;
 /// How long a checkpoint that could not finish (a roll that could not complete) waits
@@ -237,6 +244,19 @@ fn decode_records(data: &[u8], sequence: u64) -> (Vec<(&str, Record<'_>)>, usize
     }
 }
 
+/// The position of the first record of WAL file `sequence` that starts after `from`, if
+/// any: records past the point where decoding stopped.
+fn next_record_after(data: &[u8], from: usize, sequence: u64) -> Option<usize> {
+    let sequence_bytes = sequence.to_le_bytes();
+    (from + 1..data.len().saturating_sub(RECORD_PREFIX_BYTES + BODY_HEADER_BYTES)).find(|&at| {
+        let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
+        len >= 4 + BODY_HEADER_BYTES
+            && at + 4 + len <= data.len()
+            && data[at + RECORD_PREFIX_BYTES..at + RECORD_PREFIX_BYTES + 8] == sequence_bytes
+            && !decode_records(&data[at..at + 4 + len], sequence).0.is_empty()
+    })
+}
+
 fn wal_file_name(sequence: u64) -> String {
     format!("{sequence:020}{WAL_SUFFIX}")
 }
@@ -289,6 +309,16 @@ pub fn replay(dir: &Path, base: &Path) -> io::Result<ReplayOutcome> {
     for ((sequence, path), data) in files.iter().zip(&contents) {
         let (decoded, stopped_at) = decode_records(data, *sequence);
         tracing::debug!(file = %path.display(), records = decoded.len(), bytes = stopped_at, "read WAL file");
+        if let Some(next) = next_record_after(data, stopped_at, *sequence) {
+            // The torn last round of a crash can look the same (a later piece of its write
+            // reached the disk, an earlier one did not); anything else lost acknowledged data.
+            tracing::error!(
+                file = %path.display(),
+                stopped_at,
+                next_record_at = next,
+                "WAL file holds records of its own after bytes that are not one: replay stops at the first; unless they are the torn last round of a crash, the filesystem lost acknowledged writes"
+            );
+        }
         records.extend(decoded);
     }
     outcome.records = records.len();
@@ -387,9 +417,9 @@ fn replay_partition(dir: &Path, path: &str, records: &[&Record]) -> io::Result<u
 
 /// Work for the checkpointer thread.
 enum Job {
-    /// Zero-fill the first spare (asked once the first file is a quarter full, so a broker
-    /// that writes little never writes a spare).
-    PrepareSpare,
+    /// Zero-fill the first spare of this many bytes (asked once the first file is a quarter
+    /// full, so a broker that writes little never writes a spare).
+    PrepareSpare(u64),
     /// A full WAL file and the partitions it holds records of.
     Checkpoint { file: PathBuf, partitions: Vec<Arc<Partition>> },
     /// Partitions logged since the last such job: write back what their files took
@@ -444,6 +474,11 @@ pub(crate) struct WalWriter {
     path: PathBuf,
     /// `file` was opened with `O_DIRECT`.
     direct: bool,
+    /// The directory's filesystem is one whose direct I/O is trusted
+    /// ([`crate::durable::direct_io_trusted`]).
+    direct_allowed: bool,
+    /// A file is closed once it holds this much.
+    file_bytes: u64,
     /// Where a round is gathered before it is written.
     chunk: AlignedChunk,
     sequence: u64,
@@ -468,12 +503,16 @@ pub(crate) struct WalWriter {
 }
 
 impl WalWriter {
-    /// Starts a new WAL in `dir` (which replay has emptied) and its checkpointer thread.
-    pub(crate) fn start(dir: &Path) -> io::Result<WalWriter> {
+    /// Starts a new WAL in `dir` (which replay has emptied) and its checkpointer thread; its
+    /// files are closed once they hold `file_bytes` (at least [`WAL_FILE_BYTES_MIN`]).
+    pub(crate) fn start(dir: &Path, file_bytes: u64) -> io::Result<WalWriter> {
+        assert!(file_bytes >= WAL_FILE_BYTES_MIN, "a WAL file of {file_bytes} bytes is below the minimum");
         crate::durable::create_dir_all(dir)?;
         let sequence = list_wal_files(dir)?.last().map_or(0, |(sequence, _)| sequence + 1);
-        let (path, file, direct) = next_wal_file(dir, sequence)?;
-        tracing::info!(dir = %dir.display(), direct, "write-ahead log started");
+        discard_spare(dir)?;
+        let direct_allowed = crate::durable::direct_io_trusted(dir);
+        let (path, file, direct) = next_wal_file(dir, sequence, direct_allowed)?;
+        tracing::info!(dir = %dir.display(), direct, direct_allowed, "write-ahead log started");
         let (sender, receiver) = mpsc::channel();
         let checkpoint_dir = dir.to_path_buf();
         let checkpointer = std::thread::Builder::new()
@@ -484,6 +523,8 @@ impl WalWriter {
             file,
             path,
             direct,
+            direct_allowed,
+            file_bytes,
             chunk: AlignedChunk::new(),
             sequence,
             position: 0,
@@ -574,13 +615,13 @@ impl WalWriter {
                 let _ = checkpoints.send(Job::WriteBack { partitions, queued: self.writeback_queued.clone() });
             }
         }
-        if !self.spare_asked && self.position >= WAL_FILE_BYTES / 4 {
+        if !self.spare_asked && self.position >= self.file_bytes / 4 {
             self.spare_asked = true;
             if let Some(checkpoints) = &self.checkpoints {
-                let _ = checkpoints.send(Job::PrepareSpare);
+                let _ = checkpoints.send(Job::PrepareSpare(self.file_bytes));
             }
         }
-        if self.position >= WAL_FILE_BYTES {
+        if self.position >= self.file_bytes {
             // This round is durable either way; a failed rotation fails the next ones.
             if let Err(error) = self.rotate() {
                 self.broken = true;
@@ -639,7 +680,7 @@ impl WalWriter {
 
     /// Starts the next file and hands the full one to the checkpointer.
     fn rotate(&mut self) -> io::Result<()> {
-        let (path, file, direct) = next_wal_file(&self.dir, self.sequence + 1)?;
+        let (path, file, direct) = next_wal_file(&self.dir, self.sequence + 1, self.direct_allowed)?;
         let full = std::mem::replace(&mut self.path, path);
         self.file = file;
         self.direct = direct;
@@ -705,9 +746,13 @@ fn write_pages_at(file: &mut File, direct: &mut bool, path: &Path, data: &[u8], 
     }
 }
 
-/// Opens a WAL file for rounds: with `O_DIRECT` unless the filesystem refuses it.
-fn open_for_rounds(path: &Path) -> io::Result<(File, bool)> {
+/// Opens a WAL file for rounds: with `O_DIRECT` when `direct_allowed` and the filesystem
+/// takes it.
+fn open_for_rounds(path: &Path, direct_allowed: bool) -> io::Result<(File, bool)> {
     use std::os::unix::fs::OpenOptionsExt;
+    if !direct_allowed {
+        return Ok((OpenOptions::new().read(true).write(true).open(path)?, false));
+    }
     match OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path) {
         Ok(file) => Ok((file, true)),
         Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
@@ -720,7 +765,7 @@ fn open_for_rounds(path: &Path) -> io::Result<(File, bool)> {
 /// Puts WAL file `sequence` in place: the spare renamed (its stale bytes carry older
 /// sequence numbers), or a new empty file. Its directory entry is durable before any
 /// record in it can be acknowledged. Returns whether it is written with direct I/O.
-fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File, bool)> {
+fn next_wal_file(dir: &Path, sequence: u64, direct_allowed: bool) -> io::Result<(PathBuf, File, bool)> {
     let path = dir.join(wal_file_name(sequence));
     match std::fs::rename(dir.join(SPARE_FILE), &path) {
         Ok(()) => {}
@@ -729,21 +774,41 @@ fn next_wal_file(dir: &Path, sequence: u64) -> io::Result<(PathBuf, File, bool)>
         }
         Err(error) => return Err(error),
     }
-    let (file, direct) = open_for_rounds(&path)?;
+    let (file, direct) = open_for_rounds(&path, direct_allowed)?;
     crate::durable::sync_dir(dir)?;
     Ok((path, file, direct))
 }
 
-/// Writes a zero-filled spare (blocks allocated and durable), unless one is there or the
-/// disk has less than [`SPARE_FREE_BYTES_MIN`] free.
-fn prepare_spare(dir: &Path) -> io::Result<()> {
-    if dir.join(SPARE_FILE).exists() || free_bytes(dir)? < SPARE_FREE_BYTES_MIN {
+/// Deletes a spare (and a half-made one) left by an earlier run, before this run's first
+/// file. Replay empties the directory, so every run numbers its files from 0 again, and a
+/// spare recycled in an earlier run holds that run's records under the same numbers: read
+/// on past this run's records (a round that ended on a page boundary has no zeros after
+/// it), they would replay as this run's, an old truncation among them.
+fn discard_spare(dir: &Path) -> io::Result<()> {
+    let mut removed = false;
+    for name in [SPARE_FILE, SPARE_TMP_FILE] {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => removed = true,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+    }
+    if removed {
+        crate::durable::sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Writes a zero-filled spare of `file_bytes` (blocks allocated and durable), unless one is
+/// there or the disk has less than [`SPARE_FREE_FILES_MIN`] times that free.
+fn prepare_spare(dir: &Path, file_bytes: u64) -> io::Result<()> {
+    if dir.join(SPARE_FILE).exists() || free_bytes(dir)? < SPARE_FREE_FILES_MIN * file_bytes {
         return Ok(());
     }
     let tmp = dir.join(SPARE_TMP_FILE);
     let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
     let zeros = vec![0u8; 1 << 20];
-    for i in 0..WAL_FILE_BYTES / zeros.len() as u64 {
+    for i in 0..file_bytes.div_ceil(zeros.len() as u64) {
         file.write_all_at(&zeros, i * zeros.len() as u64)?;
     }
     crate::durable::sync_data(&file)?;
@@ -794,8 +859,8 @@ fn checkpointer(dir: &Path, jobs: &mpsc::Receiver<Job>) {
         };
         match job {
             None => {} // time to try the first waiting file again
-            Some(Job::PrepareSpare) => {
-                if let Err(error) = prepare_spare(dir) {
+            Some(Job::PrepareSpare(file_bytes)) => {
+                if let Err(error) = prepare_spare(dir, file_bytes) {
                     tracing::warn!(dir = %dir.display(), %error, "could not prepare a spare WAL file (new ones grow instead)");
                     let _ = std::fs::remove_file(dir.join(SPARE_TMP_FILE));
                 }
@@ -1019,13 +1084,70 @@ mod tests {
     }
 
     #[test]
+    fn records_after_a_hole_are_found_and_a_clean_end_has_none() {
+        let mut file = Vec::new();
+        encode_batches(&mut file, 5, "logs/a-0", &[1; 3000]);
+        let first_end = file.len();
+        encode_batches(&mut file, 5, "logs/a-0", &[2; 9000]);
+        let second = first_end + 4 + 4000;
+        encode_batches(&mut file, 5, "logs/b-1", &[3; 100]);
+        let third_at = file.len() - (RECORD_PREFIX_BYTES + BODY_HEADER_BYTES + "logs/b-1".len() + 100);
+        let clean = file.clone();
+        file.extend_from_slice(&[0; 8192]);
+        assert_eq!(next_record_after(&file, clean.len(), 5), None, "zeros after the last record");
+        // The second record's middle reads as zeros (a write lost under an acknowledged
+        // round): decoding stops at it, and the third record is found behind it.
+        file[first_end + 100..second].fill(0);
+        let (records, stopped_at) = decode_records(&file, 5);
+        assert_eq!((records.len(), stopped_at), (1, first_end));
+        assert_eq!(next_record_after(&file, stopped_at, 5), Some(third_at));
+        // Another file's records (an earlier use of a recycled file) are not its own.
+        assert_eq!(next_record_after(&file, stopped_at, 6), None);
+    }
+
+    #[test]
+    fn a_spare_left_by_an_earlier_run_is_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        // An earlier run's file 0, recycled as the spare: its records carry sequence 0,
+        // which this run's first file reuses; one starts where this run's first round ends.
+        let mut stale = vec![0; WAL_PAGE_BYTES as usize];
+        encode_control(&mut stale, 0, "logs/a-0", Control::Truncate(0));
+        std::fs::write(dir.path().join(SPARE_FILE), &stale).unwrap();
+        std::fs::write(dir.path().join(SPARE_TMP_FILE), b"half").unwrap();
+        let mut writer = WalWriter::start(dir.path(), WAL_FILE_BYTES_MIN).unwrap();
+        assert_eq!(writer.sequence(), 0);
+        let mut round = Vec::new();
+        let header_bytes = RECORD_PREFIX_BYTES + BODY_HEADER_BYTES + "logs/a-0".len();
+        encode_batches(&mut round, 0, "logs/a-0", &vec![9; WAL_PAGE_BYTES as usize - header_bytes]);
+        assert_eq!(round.len() as u64, WAL_PAGE_BYTES, "the round ends on a page boundary, with no zeros after it");
+        writer.write_round(&[&round], &[]).unwrap();
+        let data = std::fs::read(&writer.path).unwrap();
+        let (records, _) = decode_records(&data, 0);
+        assert_eq!(records.len(), 1, "an earlier run's record read as this run's: {:?}", records.last().map(|r| &r.1));
+        assert!(!dir.path().join(SPARE_TMP_FILE).exists(), "a half-made spare is gone too");
+    }
+
+    #[test]
+    fn direct_io_is_trusted_on_block_filesystems_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = crate::durable::filesystem_name(dir.path()).unwrap();
+        let block = ["ext2/3/4", "xfs", "btrfs", "f2fs"].contains(&name.as_str());
+        assert_eq!(crate::durable::direct_io_trusted(dir.path()), block, "{name}");
+        if Path::new("/dev/shm").is_dir() {
+            assert!(!crate::durable::direct_io_trusted(Path::new("/dev/shm")), "tmpfs");
+        }
+        let writer = WalWriter::start(dir.path(), WAL_FILE_BYTES_MIN).unwrap();
+        assert!(!writer.is_direct() || block, "direct I/O on {name}");
+    }
+
+    #[test]
     fn rounds_written_in_parts_read_back_as_their_records_in_whole_pages() {
         let dir = tempfile::tempdir().unwrap();
-        let mut writer = WalWriter::start(dir.path()).unwrap();
-        // Where the filesystem takes direct I/O, the WAL uses it.
+        let mut writer = WalWriter::start(dir.path(), WAL_FILE_BYTES).unwrap();
+        // Where the filesystem takes direct I/O and it is trusted, the WAL uses it.
         let probe = dir.path().join("probe");
         std::fs::write(&probe, b"").unwrap();
-        let direct_supported = {
+        let direct_supported = crate::durable::direct_io_trusted(dir.path()) && {
             use std::os::unix::fs::OpenOptionsExt;
             OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok()
         };

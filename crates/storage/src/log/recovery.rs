@@ -13,13 +13,14 @@
 //! fsynced), the active segment fdatasynced, stale producer snapshots beyond the log end
 //! removed (directory fsynced) and a cleaning pass cut short discarded: the state then
 //! describes exactly what is on disk, with the high watermark at the log end (the WAL
-//! replay by [`crate::LogManager`] may add to it). Producer snapshots and segment indexes
-//! are written unsynced and validated when read: a lost one means a longer scan, never a
-//! wrong state. [`Partition::truncate_to`] fsyncs the cut segment before it reloads, and is
-//! logged in the WAL after; [`Partition::reset_to`] makes the new log start durable before
-//! it deletes anything, so a crash leaves the old log or an empty one at the new start;
-//! [`Partition::close`] makes the data, the index, a producer snapshot and the directory
-//! durable.
+//! replay by [`crate::LogManager`] may add to it). Producer snapshots are written new,
+//! fsynced, renamed and their directory fsynced; segment indexes are written unsynced and
+//! validated when read (a lost one means a longer scan, never a wrong state); both are
+//! written only once the bytes they describe are durable. [`Partition::truncate_to`] fsyncs
+//! the cut segment before it reloads, and is logged in the WAL after;
+//! [`Partition::reset_to`] makes the new log start durable before it deletes anything, so
+//! a crash leaves the old log or an empty one at the new start; [`Partition::close`] makes
+//! the data, the index, a producer snapshot and the directory durable.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -532,8 +533,9 @@ struct ProducerSnapshot {
 pub(super) fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io::Result<()> {
     let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
     let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
-    // Unsynced: a lost snapshot only means a longer replay from an older one.
-    crate::write_file_unsynced(&dir.join(snapshot_file_name(offset)), &body)?;
+    // Durable before it is named: a snapshot that a crash emptied would cost every restart
+    // a warning and a replay of the whole log instead of its tail.
+    crate::write_file_atomically(&dir.join(snapshot_file_name(offset)), &body)?;
     let mut snapshots = list_snapshots(dir);
     while snapshots.len() > SNAPSHOTS_KEPT {
         let oldest = snapshots.remove(0);
