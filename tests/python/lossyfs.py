@@ -1,7 +1,9 @@
 """A lossy mount for power-loss tests: `sluice-lossyfs` (crates/lossyfs), a FUSE filesystem
 that keeps every byte written but not fsynced in memory only, so `power_loss()` makes
-unsynced data vanish as a power cut would (metadata operations are durable at once, as in
-LazyFS's default). The binary is taken from $SLUICE_LOSSYFS_BIN (scripts/test.sh builds it).
+unsynced data vanish as a power cut would. Names (create, unlink, rename, mkdir) are durable
+at once, as in LazyFS's default, unless `strict_dirs`; `split_direct_writes` damages large
+direct-I/O writes as LazyFS's concurrent request handling can (crates/lossyfs/src/fs.rs has
+the whole model). The binary is taken from $SLUICE_LOSSYFS_BIN (scripts/test.sh builds it).
 """
 
 import os
@@ -18,10 +20,21 @@ MOUNT_TIMEOUT_S = 15.0
 class LossyMount:
     """`root/backing` (what survives) seen through `root/mnt` (what the broker uses)."""
 
-    def __init__(self, root: Path, page_cache: bool = False):
+    def __init__(self, root: Path, page_cache: bool = False, strict_dirs: bool = False,
+                 split_direct_writes: bool = False):
         """`page_cache`: files go through the kernel's page cache so they can be mmapped
-        (`sluice-lossyfs --page-cache`; needed by Kafka)."""
+        (`--page-cache`; needed by Kafka). `strict_dirs`: a created, removed or renamed name
+        survives `power_loss()` only if its directory was fsynced since, for a rename the
+        destination's (`--lose-unsynced-dir-entries`). `split_direct_writes`: an O_DIRECT
+        write larger than 1 MiB, which the kernel splits into 1 MiB requests, has the gap
+        before each later piece refilled with zeros over the earlier pieces, e.g. a 2 MiB
+        write at offset P to a file of P + 4096 bytes leaves [P + 4096, P + 1 MiB) zeros
+        (`--split-direct-writes`; needs `page_cache`)."""
+        if split_direct_writes and not page_cache:
+            raise ValueError("split_direct_writes needs page_cache")
         self.page_cache = page_cache
+        self.strict_dirs = strict_dirs
+        self.split_direct_writes = split_direct_writes
         self.backing = Path(root) / "backing"
         self.mount = Path(root) / "mnt"
         self.log_path = Path(root) / "lossyfs.log"
@@ -31,8 +44,10 @@ class LossyMount:
         self.backing.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([LOSSYFS_BIN, "--backing", str(self.backing), "--mount", str(self.mount),
-                                      *(["--page-cache"] if self.page_cache else [])],
+        flags = [*(["--page-cache"] if self.page_cache else []),
+                 *(["--lose-unsynced-dir-entries"] if self.strict_dirs else []),
+                 *(["--split-direct-writes"] if self.split_direct_writes else [])]
+        self.proc = subprocess.Popen([LOSSYFS_BIN, "--backing", str(self.backing), "--mount", str(self.mount), *flags],
                                      stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not (self.mount / CONTROL_FILE).exists():
@@ -48,11 +63,12 @@ class LossyMount:
             control.write(command + "\n")
 
     def power_loss(self) -> None:
-        """Drops every unsynced byte (the caller has already killed the processes using it)."""
+        """Drops every unsynced byte, and with `strict_dirs` undoes every name change whose
+        directory was not fsynced (the caller has already killed the processes using it)."""
         self._control("crash")
 
     def sync(self) -> None:
-        """Makes everything written so far durable (a global `sync`)."""
+        """Makes everything written so far durable, names included (a global `sync`)."""
         self._control("sync")
 
     def fail_fsync(self) -> None:

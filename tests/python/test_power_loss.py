@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from conftest import Broker
 import kafka_wire as kw
-from kafka_wire import consume_until, create_topic, watermarks
+from kafka_wire import admin_client, consume_until, create_topic, watermarks
 from lossyfs import LossyMount
 from numbered import PARTITIONS, run_kill_rounds
 
@@ -207,6 +207,29 @@ def test_full_speed_rounds_survive_power_loss_on_a_daemon_that_splits_direct_wri
             assert len(found) == len(acked), f"round {round_}: {len(found) - len(acked)} records not acknowledged"
     finally:
         broker.kill()
+
+
+def test_a_new_broker_keeps_its_topics_and_cluster_id_when_unsynced_directory_entries_are_lost(tmp_path):
+    """On a filesystem that keeps a created or renamed name only once its directory is
+    fsynced, a power cut right after the first start and a topic creation takes back
+    nothing that was answered: the topic, its records and the cluster id are there."""
+    mount = LossyMount(tmp_path / "fs", strict_dirs=True).start()
+    broker = Broker(mount.mount / "data", log_dir=tmp_path)
+    try:
+        broker.start()
+        cluster_id = admin_client(broker.bootstrap).list_topics(timeout=10).cluster_id
+        create_topic(broker.bootstrap, "first", PARTITIONS)
+        acked = produce_acked(broker.bootstrap, "first", 400, "first")
+        power_loss(broker, mount)
+        metadata = admin_client(broker.bootstrap).list_topics(timeout=10)
+        assert "first" in metadata.topics, f"the topic is gone: {sorted(metadata.topics)}"
+        assert metadata.cluster_id == cluster_id, "the cluster id changed"
+        present = present_keys(broker.bootstrap, "first")
+        lost = [key for key, (p, off, _) in acked.items() if present.get(key) != (p, off)]
+        assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost"
+    finally:
+        broker.kill()
+        mount.stop()
 
 
 @pytest.mark.parametrize("level", [2, 4])

@@ -76,7 +76,7 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
             ..LogConfig::default()
         };
         if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent)?;
+            sluice_storage::durable::create_dir_all(parent)?;
         }
         Self::over(InternalLog::local(Arc::new(Partition::open(dir, config)?)))
     }

@@ -140,7 +140,9 @@ impl TopicRegistry {
     /// Loads `meta/cluster.json` under `data_dir`, creating it (with a new cluster id) if absent.
     pub fn open(data_dir: &Path) -> io::Result<TopicRegistry> {
         let dir = data_dir.join("meta");
-        std::fs::create_dir_all(&dir)?;
+        // Durable in its parent: a registry file in a directory a power cut takes back would
+        // go with it (every topic, and the cluster id).
+        sluice_storage::durable::create_dir_all(&dir)?;
         let path = dir.join(META_FILE);
         let file: MetaFile = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)

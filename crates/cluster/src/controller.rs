@@ -257,7 +257,7 @@ impl Controller {
     pub async fn start(config: ControllerConfig) -> Result<Arc<Controller>, ControllerError> {
         config.validate()?;
         let dir = config.data_dir.join("controller");
-        std::fs::create_dir_all(&dir)?;
+        crate::log_store::create_dir_durably(&dir)?;
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;

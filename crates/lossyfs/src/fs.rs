@@ -3,50 +3,110 @@
 //! would. This is what makes a power-loss test able to fail: `kill -9` alone keeps the page
 //! cache, so a broker that never fsyncs would pass it.
 //!
-//! Model (LazyFS's default): data writes and size changes (write, truncate, fallocate) go to
-//! a per-inode overlay of 4 KiB pages plus a logical size; `fsync`/`fdatasync` of a file
-//! writes its overlay to the backing file and fsyncs it, and so does a synchronous write
-//! (`RWF_DSYNC`, a file opened `O_DSYNC`) once written; closing a file persists nothing.
-//! Metadata operations (create, mkdir, unlink, rename, chmod) pass straight through and
-//! are durable at once: a file created and never fsynced survives a crash empty. Every open
-//! file bypasses the kernel page cache (`FOPEN_DIRECT_IO`) and attributes are never cached,
-//! so after a crash readers see exactly what survived. With [`OpenMode::PageCache`]
-//! (`--page-cache`) files go through the kernel's page cache instead, which programs that
-//! `mmap` their files need (Kafka's indexes; FUSE refuses shared mmap of direct-I/O files):
-//! each open drops the file's cached pages, so a restarted program still reads what
-//! survived, but dirty mmapped pages reach this filesystem only by the kernel's writeback.
+//! # What a crash keeps
 //!
-//! Control: the file `/.lossyfs-control` at the mount root (not in the backing directory)
-//! takes `crash` (drop every unsynced byte) and `sync` (persist everything) written to it,
-//! and `fail-fsync` / `heal` to start and stop a failing disk: while it fails, every
-//! `fsync` of a file or directory answers EIO, and the unsynced data of a file whose fsync
-//! failed is never persisted afterwards (Linux marks such pages clean: a retried fsync
-//! reports success without writing them, PostgreSQL's "fsyncgate"); it stays readable until
-//! the next crash drops it. A program that retries a failed fsync and trusts its success is
-//! caught by the next crash.
+//! Data writes and size changes (write, truncate, fallocate) go to a per-inode overlay of
+//! 4 KiB pages plus a logical size. `fsync`/`fdatasync` of a file writes its whole overlay
+//! to the backing file and fsyncs it, and so does a synchronous write (`RWF_DSYNC`,
+//! `RWF_SYNC`, a file opened `O_DSYNC` or `O_SYNC`) once written; closing a file persists
+//! nothing. So every byte not covered by a successful fsync, fdatasync or synchronous write
+//! is lost at a crash whatever the file was opened with, `O_DIRECT` included (direct I/O
+//! skips the page cache, not the disk's volatile cache), and so is a size not synced: an
+//! extension and a truncation both revert. Space fallocated (mode 0, which may extend the
+//! file, or `FALLOC_FL_KEEP_SIZE`, which changes nothing a reader sees) reads back as zeros
+//! before and after a crash; other modes (punching holes, zeroing ranges) answer EOPNOTSUPP.
+//!
+//! Names and attributes: by default the namespace operations (create, mknod, mkdir,
+//! symlink, unlink, rmdir, rename) and attribute changes (chmod, chown, utimes) pass
+//! straight through and are durable at once, as in LazyFS's default: a file created and
+//! never fsynced survives a crash, empty. With [`Strictness::lose_unsynced_dir_entries`]
+//! (`--lose-unsynced-dir-entries`) a namespace operation is durable only once the directory
+//! holding the entry is fsynced (for a rename: the destination's directory) and a crash
+//! undoes the others, newest first, as a power cut on a strict POSIX filesystem may (see
+//! `journal.rs`): a file's own fsync does not make its name durable, and the data of a file
+//! whose creation is undone goes with it. Attribute changes stay durable at once in both
+//! modes. After such a crash every inode number is fresh (the processes that used the
+//! mount are dead, and the names they knew may have moved).
+//!
+//! Not modelled: a crash falls between two requests, never inside one, so nothing is torn
+//! (no sector half written, no fsync half done); and no unsynced byte survives, so the
+//! order in which a disk would have persisted unsynced writes is moot (a real power cut may
+//! keep some of them, in any order; this keeps none). Hard links and extended attributes
+//! are not supported (ENOSYS).
+//!
+//! # How files are opened
+//!
+//! Every open file bypasses the kernel page cache (`FOPEN_DIRECT_IO`) and attributes are
+//! never cached, so after a crash readers see exactly what survived. With
+//! [`OpenMode::PageCache`] (`--page-cache`) files go through the kernel's page cache
+//! instead, which programs that `mmap` their files need (Kafka's indexes; FUSE refuses
+//! shared mmap of direct-I/O files): each open drops the file's cached pages, so a
+//! restarted program still reads what survived, but dirty mmapped pages reach this
+//! filesystem only by the kernel's writeback.
+//!
+//! # Split direct writes
+//!
+//! With [`Strictness::split_direct_writes`] (`--split-direct-writes`, page-cache mode only)
+//! a large direct-I/O write is damaged as a multi-threaded daemon (LazyFS) can damage it.
+//! The kernel splits a write to a file opened `O_DIRECT` on a page-cache mount into
+//! requests of [`MAX_WRITE_BYTES`] and, with asynchronous direct I/O (which this mode asks
+//! for, as libfuse does by default), sends them all at once. LazyFS fills the gap before a
+//! request that starts past its end of file with zeros, and when it handles request 2
+//! before request 1 has grown the file, that fill lands over request 1's bytes. This
+//! filesystem handles requests one at a time, in order, so it emulates the worst order: a
+//! direct write request that starts where the previous direct write request to the same
+//! inode ended, that one being exactly `MAX_WRITE_BYTES` long, is a later piece of the same
+//! write; if it starts past the file's size before the first piece, the range from that
+//! size to the piece is overwritten with zeros (ordinary unsynced data) before the piece is
+//! written. A 2 MiB `O_DIRECT` write at offset 0 to a 4 KiB file leaves [4 KiB, 1 MiB)
+//! zeros. Two separate direct writes of exactly `MAX_WRITE_BYTES`, the second starting
+//! where the first ended, reach this filesystem exactly as the two pieces of one write do
+//! (only the kernel's count of requests in flight differs), so they are damaged alike. In
+//! the default mode the kernel sends the pieces of a synchronous write one after another,
+//! which is why the mode needs `--page-cache`.
+//!
+//! # Control
+//!
+//! The file `/.lossyfs-control` at the mount root (not in the backing directory) takes
+//! `crash` (drop every unsynced byte and undo every namespace change not yet durable) and
+//! `sync` (make everything durable, as an unmount does) written to it, and `fail-fsync` /
+//! `heal` to start and stop a failing disk: while it fails, every `fsync` of a file or
+//! directory answers EIO, and the unsynced data of a file whose fsync failed is never
+//! persisted afterwards (Linux marks such pages clean: a retried fsync reports success
+//! without writing them, PostgreSQL's "fsyncgate"); it stays readable until the next crash
+//! drops it. A program that retries a failed fsync and trusts its success is caught by the
+//! next crash. The trash of `--lose-unsynced-dir-entries`, `/.lossyfs-trash` in the backing
+//! directory, is hidden from the mount.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::consts::FOPEN_DIRECT_IO;
+use fuser::consts::{FOPEN_DIRECT_IO, FUSE_ASYNC_DIO};
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, FUSE_ROOT_ID,
 };
 
+use crate::journal::{Journal, Undone};
+
 /// The overlay's unit: a write touching part of a page loads the rest from the backing file.
 pub const PAGE_BYTES: u64 = 4096;
 /// The control file's name at the mount root.
 pub const CONTROL_FILE: &str = ".lossyfs-control";
-/// Largest write the kernel may send in one request.
-const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// The trash of `--lose-unsynced-dir-entries` at the backing root, hidden from the mount.
+pub const TRASH_DIR: &str = ".lossyfs-trash";
+/// Largest write the kernel may send in one request (max_write). A direct-I/O write is split
+/// into requests of exactly this size; the kernel reaches it only with `FUSE_MAX_PAGES`
+/// negotiated (fuser's `abi-7-28`), and stops at 128 KiB without.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 const CONTROL_INO: u64 = 2;
 const FIRST_INO: u64 = 16;
 /// Nothing is cached by the kernel: every lookup and attribute comes from here.
@@ -76,8 +136,55 @@ struct Node {
 /// Counters reported on crash.
 #[derive(Default, Debug, Clone, Copy)]
 pub struct Dropped {
+    /// Files whose unsynced data was dropped.
     pub files: u64,
+    /// Pages of unsynced data dropped.
     pub pages: u64,
+    /// Namespace changes undone (`--lose-unsynced-dir-entries`).
+    pub entries: Undone,
+}
+
+impl Dropped {
+    /// One line for the log.
+    pub fn describe(&self) -> String {
+        format!(
+            "dropped unsynced data of {} files ({} pages), undid {} namespace changes ({} skipped)",
+            self.files, self.pages, self.entries.changes, self.entries.skipped
+        )
+    }
+}
+
+/// The opt-in strictness modes (see the module doc); both off is LazyFS's default model.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strictness {
+    /// `--lose-unsynced-dir-entries`: a namespace change is durable only once its
+    /// directory is fsynced.
+    pub lose_unsynced_dir_entries: bool,
+    /// `--split-direct-writes`: the later pieces of a direct write split into requests
+    /// zero the gap their predecessors had filled (needs [`OpenMode::PageCache`]).
+    pub split_direct_writes: bool,
+}
+
+/// The last `O_DIRECT` write request to an inode, with `--split-direct-writes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirectPiece {
+    /// Where the request ended: where the next piece of the same write starts.
+    end: u64,
+    length: u64,
+    /// The file's size before the first piece of the write this request belongs to.
+    size_before_write: u64,
+}
+
+impl DirectPiece {
+    /// The piece a direct write request of `length` bytes at `offset` is, to a file of
+    /// `size` bytes whose last direct write request was `previous`; and the range its gap
+    /// fill zeroes, when it is a later piece that starts past the size before the write.
+    fn next(previous: Option<DirectPiece>, offset: u64, length: u64, size: u64) -> (DirectPiece, Option<Range<u64>>) {
+        let continued = previous.filter(|piece| piece.end == offset && piece.length == u64::from(MAX_WRITE_BYTES));
+        let size_before_write = continued.map_or(size, |piece| piece.size_before_write);
+        let gap = (continued.is_some() && offset > size_before_write).then_some(size_before_write..offset);
+        (DirectPiece { end: offset + length, length, size_before_write }, gap)
+    }
 }
 
 /// Everything the filesystem knows, shared with the signal handler thread.
@@ -91,6 +198,12 @@ pub struct LossyState {
     next_fh: u64,
     /// `fail-fsync` was written and `heal` not yet: every fsync answers EIO.
     failing_fsync: bool,
+    /// The namespace changes not yet durable, with `--lose-unsynced-dir-entries`.
+    journal: Option<Journal>,
+    split_direct_writes: bool,
+    /// ino -> its last direct write request, with `--split-direct-writes`; any other change
+    /// to the file's data or size forgets it.
+    direct_pieces: HashMap<u64, DirectPiece>,
 }
 
 fn errno(error: &io::Error) -> i32 {
@@ -210,6 +323,18 @@ impl Overlay {
         Ok(())
     }
 
+    /// Overwrites `range` with zeros.
+    fn zero(&mut self, backing: &File, range: Range<u64>) -> io::Result<()> {
+        const ZEROS: [u8; PAGE_BYTES as usize] = [0; PAGE_BYTES as usize];
+        let mut at = range.start;
+        while at < range.end {
+            let length = (PAGE_BYTES - at % PAGE_BYTES).min(range.end - at);
+            self.write(backing, at, &ZEROS[..length as usize])?;
+            at += length;
+        }
+        Ok(())
+    }
+
     fn set_size(&mut self, backing: &File, size: u64) -> io::Result<()> {
         if size < self.size {
             // Bytes past the new end must read as zeros if the file grows again.
@@ -263,24 +388,36 @@ impl Overlay {
 }
 
 impl LossyState {
-    pub fn new(backing: &Path) -> io::Result<LossyState> {
+    pub fn new(backing: &Path, strictness: Strictness) -> io::Result<LossyState> {
         let backing = backing.canonicalize()?;
-        let mut nodes = HashMap::new();
-        nodes.insert(FUSE_ROOT_ID, Node { path: Some(backing.clone()), overlay: None, open_handles: 0 });
-        let mut by_path = HashMap::new();
-        by_path.insert(backing.clone(), FUSE_ROOT_ID);
-        Ok(LossyState {
+        // Deletes the trash a previous run left, if any, in either mode (it is hidden).
+        let journal = Journal::new(backing.join(TRASH_DIR))?;
+        let mut state = LossyState {
             backing,
-            nodes,
-            by_path,
+            nodes: HashMap::new(),
+            by_path: HashMap::new(),
             handles: HashMap::new(),
             next_ino: FIRST_INO,
             next_fh: 1,
             failing_fsync: false,
-        })
+            journal: strictness.lose_unsynced_dir_entries.then_some(journal),
+            split_direct_writes: strictness.split_direct_writes,
+            direct_pieces: HashMap::new(),
+        };
+        state.forget_nodes();
+        Ok(state)
     }
 
-    /// Drops every unsynced byte of every file (a power cut).
+    /// Forgets every node but the root: inode numbers given from now on are fresh.
+    fn forget_nodes(&mut self) {
+        self.nodes.clear();
+        self.by_path.clear();
+        self.nodes.insert(FUSE_ROOT_ID, Node { path: Some(self.backing.clone()), overlay: None, open_handles: 0 });
+        self.by_path.insert(self.backing.clone(), FUSE_ROOT_ID);
+    }
+
+    /// Drops every unsynced byte of every file and undoes every namespace change not yet
+    /// durable (a power cut).
     pub fn crash(&mut self) -> Dropped {
         let mut dropped = Dropped::default();
         for node in self.nodes.values_mut() {
@@ -289,16 +426,30 @@ impl LossyState {
                 dropped.pages += overlay.pages.len() as u64;
             }
         }
+        self.direct_pieces.clear();
+        if let Some(journal) = &mut self.journal {
+            dropped.entries = journal.undo_all();
+            // Names moved under the nodes' feet; nothing that used them survived the crash.
+            self.forget_nodes();
+        }
         dropped
     }
 
-    /// Persists every file's unsynced data (a global `sync`).
+    /// Persists every file's unsynced data and every namespace change (a global `sync`).
     pub fn sync_all(&mut self) -> io::Result<()> {
         let inos: Vec<u64> = self.nodes.keys().copied().collect();
         for ino in inos {
             self.persist(ino, None)?;
         }
-        Ok(())
+        match &mut self.journal {
+            Some(journal) => journal.make_durable(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `--split-direct-writes` is on.
+    pub fn split_direct_writes(&self) -> bool {
+        self.split_direct_writes
     }
 
     fn path(&self, ino: u64) -> Result<PathBuf, i32> {
@@ -351,6 +502,9 @@ impl LossyState {
         let backing_size = file.metadata()?.len();
         let node = self.nodes.get_mut(&ino).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let overlay = node.overlay.get_or_insert_with(|| Overlay::new(backing_size));
+        // Whatever changes the file ends a split direct write (the caller of a direct
+        // write request took its piece out first).
+        self.direct_pieces.remove(&ino);
         change(overlay, &file)
     }
 
@@ -383,6 +537,81 @@ impl LossyState {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.persist(ino, Some(fh))
+    }
+
+    /// A write request; `flags` are the file's open flags and the write's own, as the
+    /// kernel passes them.
+    fn write(&mut self, ino: u64, fh: u64, offset: u64, data: &[u8], flags: i32) -> io::Result<()> {
+        let direct = self.split_direct_writes && flags & libc::O_DIRECT != 0;
+        let previous = self.direct_pieces.remove(&ino);
+        let length = data.len() as u64;
+        let piece = self.with_overlay(ino, Some(fh), |overlay, file| {
+            let piece = direct.then(|| DirectPiece::next(previous, offset, length, overlay.size));
+            if let Some((_, Some(gap))) = &piece {
+                // The earlier pieces have landed; this one's gap fill goes over them.
+                eprintln!(
+                    "lossyfs: split direct write to inode {ino}: zeroed [{}, {}) before the piece at {offset}",
+                    gap.start, gap.end
+                );
+                overlay.zero(file, gap.clone())?;
+            }
+            overlay.write(file, offset, data)?;
+            Ok(piece)
+        })?;
+        if let Some((piece, _)) = piece {
+            self.direct_pieces.insert(ino, piece);
+        }
+        // A synchronous write (`RWF_DSYNC`, `O_DSYNC`/`O_SYNC`; the kernel passes the
+        // write's own flag in `flags`) is durable once answered, as a write and an
+        // fdatasync. This makes the whole file durable, more than a device's FUA write
+        // promises for earlier writes: what relies on that is not tested here.
+        if flags & libc::O_DSYNC != 0 {
+            return self.fsync(ino, fh);
+        }
+        Ok(())
+    }
+
+    /// An application's `fsync`/`fdatasync` of a directory: with
+    /// `--lose-unsynced-dir-entries`, the changes of its entries become durable.
+    fn fsyncdir(&mut self, ino: u64) -> io::Result<()> {
+        if self.failing_fsync {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let path = self.path(ino).map_err(io::Error::from_raw_os_error)?;
+        File::open(&path)?.sync_all()?;
+        match &mut self.journal {
+            Some(journal) => journal.dir_synced(&path),
+            None => Ok(()),
+        }
+    }
+
+    /// Records that `path` was just created (create, mknod, mkdir, symlink).
+    fn created(&mut self, path: &Path) -> io::Result<()> {
+        match &mut self.journal {
+            Some(journal) => journal.created(path),
+            None => Ok(()),
+        }
+    }
+
+    /// unlink(2), or rmdir(2) when `directory`, of the backing `path`.
+    fn remove(&mut self, path: &Path, directory: bool) -> io::Result<()> {
+        match (&mut self.journal, directory) {
+            (Some(journal), _) => journal.remove(path, directory)?,
+            (None, false) => std::fs::remove_file(path)?,
+            (None, true) => std::fs::remove_dir(path)?,
+        }
+        self.unlinked(path);
+        Ok(())
+    }
+
+    /// rename(2) of the backing `from` to `to`.
+    fn rename(&mut self, from: &Path, to: &Path) -> io::Result<()> {
+        match &mut self.journal {
+            Some(journal) => journal.rename(from, to)?,
+            None => std::fs::rename(from, to)?,
+        }
+        self.renamed(from, to);
+        Ok(())
     }
 
     fn read(&self, ino: u64, fh: u64, offset: u64, length: usize) -> io::Result<Vec<u8>> {
@@ -444,7 +673,7 @@ impl LossyState {
         match command.trim() {
             "crash" => {
                 let dropped = self.crash();
-                eprintln!("lossyfs: crash: dropped unsynced data of {} files ({} pages)", dropped.files, dropped.pages);
+                eprintln!("lossyfs: crash: {}", dropped.describe());
                 Ok(())
             }
             "sync" => self.sync_all(),
@@ -504,14 +733,37 @@ impl LossyFs {
         }
     }
 
+    /// The backing path of `name` in `parent`; the trash's name is not one programs may use.
     fn child(&self, parent: u64, name: &OsStr) -> Result<PathBuf, i32> {
+        if parent == FUSE_ROOT_ID && name == TRASH_DIR {
+            return Err(libc::EPERM);
+        }
         Ok(self.state().path(parent)?.join(name))
+    }
+
+    /// Answers a namespace operation that created `path`, recording the creation.
+    fn created_reply(&self, path: &Path, created: io::Result<()>, reply: ReplyEntry) {
+        match created.and_then(|()| self.state().created(path)) {
+            Ok(()) => self.entry_reply(path, reply),
+            Err(error) => reply.error(errno(&error)),
+        }
     }
 }
 
 impl Filesystem for LossyFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
-        let _ = config.set_max_write(MAX_WRITE_BYTES);
+        if let Err(nearest) = config.set_max_write(MAX_WRITE_BYTES) {
+            eprintln!("lossyfs: max_write {MAX_WRITE_BYTES} refused, nearest {nearest}");
+            return Err(libc::EINVAL);
+        }
+        if self.state().split_direct_writes() {
+            // As libfuse does by default: the kernel sends every piece of a large direct
+            // write at once instead of waiting for each (see the module doc).
+            if let Err(missing) = config.add_capabilities(FUSE_ASYNC_DIO) {
+                eprintln!("lossyfs: the kernel lacks asynchronous direct I/O ({missing:#x})");
+                return Err(libc::ENOSYS);
+            }
+        }
         Ok(())
     }
 
@@ -525,6 +777,9 @@ impl Filesystem for LossyFs {
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         if parent == FUSE_ROOT_ID && name == CONTROL_FILE {
             return reply.entry(&TTL, &control_attr(), 0);
+        }
+        if parent == FUSE_ROOT_ID && name == TRASH_DIR {
+            return reply.error(libc::ENOENT);
         }
         match self.child(parent, name) {
             Ok(path) => self.entry_reply(&path, reply),
@@ -610,37 +865,49 @@ impl Filesystem for LossyFs {
             Err(code) => return reply.error(code),
         };
         let created = std::fs::DirBuilder::new().mode(mode & !umask).create(&path);
-        match created {
-            Ok(()) => self.entry_reply(&path, reply),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.created_reply(&path, created, reply);
     }
 
-    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn mknod(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let path = match self.child(parent, name) {
             Ok(path) => path,
             Err(code) => return reply.error(code),
         };
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                self.state().unlinked(&path);
-                reply.ok()
-            }
-            Err(error) => reply.error(errno(&error)),
+        let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+            return reply.error(libc::EINVAL);
+        };
+        // SAFETY: mknod reads a NUL-terminated path we own.
+        let created = match unsafe { libc::mknod(c_path.as_ptr(), mode & !umask, libc::dev_t::from(rdev)) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        };
+        self.created_reply(&path, created, reply);
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let removed = self.child(parent, name).map(|path| self.state().remove(&path, false));
+        match removed {
+            Ok(Ok(())) => reply.ok(),
+            Ok(Err(error)) => reply.error(errno(&error)),
+            Err(code) => reply.error(code),
         }
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        let path = match self.child(parent, name) {
-            Ok(path) => path,
-            Err(code) => return reply.error(code),
-        };
-        match std::fs::remove_dir(&path) {
-            Ok(()) => {
-                self.state().unlinked(&path);
-                reply.ok()
-            }
-            Err(error) => reply.error(errno(&error)),
+        let removed = self.child(parent, name).map(|path| self.state().remove(&path, true));
+        match removed {
+            Ok(Ok(())) => reply.ok(),
+            Ok(Err(error)) => reply.error(errno(&error)),
+            Err(code) => reply.error(code),
         }
     }
 
@@ -649,10 +916,8 @@ impl Filesystem for LossyFs {
             Ok(path) => path,
             Err(code) => return reply.error(code),
         };
-        match std::os::unix::fs::symlink(target, &path) {
-            Ok(()) => self.entry_reply(&path, reply),
-            Err(error) => reply.error(errno(&error)),
-        }
+        let created = std::os::unix::fs::symlink(target, &path);
+        self.created_reply(&path, created, reply);
     }
 
     fn rename(
@@ -672,11 +937,8 @@ impl Filesystem for LossyFs {
             (Ok(from), Ok(to)) => (from, to),
             (Err(code), _) | (_, Err(code)) => return reply.error(code),
         };
-        match std::fs::rename(&from, &to) {
-            Ok(()) => {
-                self.state().renamed(&from, &to);
-                reply.ok()
-            }
+        match self.state().rename(&from, &to) {
+            Ok(()) => reply.ok(),
             Err(error) => reply.error(errno(&error)),
         }
     }
@@ -733,16 +995,7 @@ impl Filesystem for LossyFs {
         let result = if ino == CONTROL_INO {
             state.control(&String::from_utf8_lossy(data))
         } else {
-            let written =
-                state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, offset.max(0) as u64, data));
-            // A synchronous write (`RWF_DSYNC`, `O_DSYNC`/`O_SYNC`; the kernel passes the
-            // write's own flag in `flags`) is durable once answered, as a write and an
-            // fdatasync. This makes the whole file durable, more than a device's FUA write
-            // promises for earlier writes: what relies on that is not tested here.
-            match written {
-                Ok(()) if flags & libc::O_DSYNC != 0 => state.fsync(ino, fh),
-                other => other,
-            }
+            state.write(ino, fh, offset.max(0) as u64, data, flags)
         };
         match result {
             Ok(()) => reply.written(data.len() as u32),
@@ -810,6 +1063,9 @@ impl Filesystem for LossyFs {
         };
         let mut listing = vec![(ino, FileType::Directory, ".".into()), (ino, FileType::Directory, "..".into())];
         for entry in entries.flatten() {
+            if ino == FUSE_ROOT_ID && entry.file_name() == TRASH_DIR {
+                continue;
+            }
             let Ok(file_type) = entry.file_type() else { continue };
             let child = state.ino_for(&entry.path());
             listing.push((child, kind_of(file_type), entry.file_name()));
@@ -823,15 +1079,9 @@ impl Filesystem for LossyFs {
     }
 
     fn fsyncdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        let state = self.state();
-        if state.failing_fsync {
-            return reply.error(libc::EIO);
-        }
-        let synced = state.path(ino).map(|path| File::open(path).and_then(|dir| dir.sync_all()));
-        match synced {
-            Ok(Ok(())) => reply.ok(),
-            Ok(Err(error)) => reply.error(errno(&error)),
-            Err(code) => reply.error(code),
+        match self.state().fsyncdir(ino) {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(&error)),
         }
     }
 
@@ -882,11 +1132,18 @@ impl Filesystem for LossyFs {
         } else {
             options.create(true);
         }
+        // Without O_EXCL an existing file is opened, not created.
+        let existed = std::fs::symlink_metadata(&path).is_ok();
         let file = match options.open(&path) {
             Ok(file) => file,
             Err(error) => return reply.error(errno(&error)),
         };
         let mut state = self.state();
+        if !existed {
+            if let Err(error) = state.created(&path) {
+                return reply.error(errno(&error));
+            }
+        }
         let ino = state.ino_for(&path);
         let fh = state.add_handle(ino, file);
         match state.attr(ino, Some(fh)) {
@@ -952,7 +1209,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let file = backing_file(dir.path(), b"old");
-        let mut state = LossyState::new(dir.path()).unwrap();
+        let mut state = LossyState::new(dir.path(), Strictness::default()).unwrap();
         let ino = state.ino_for(&path.canonicalize().unwrap());
         let fh = state.add_handle(ino, file);
         state.with_overlay(ino, Some(fh), |overlay, file| overlay.write(file, 3, b"-new")).unwrap();
@@ -981,5 +1238,131 @@ mod tests {
         assert_eq!(&read[12_000..12_003], b"end");
         overlay.persist(&file).unwrap();
         assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), read);
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_direct_request_continues_a_write_only_after_a_full_request_ending_where_it_starts() {
+        let full = DirectPiece { end: MIB, length: MIB, size_before_write: 4096 };
+        let check = |previous, offset, length, size, expected: (DirectPiece, Option<Range<u64>>)| {
+            assert_eq!(DirectPiece::next(previous, offset, length, size), expected);
+        };
+        // The second piece of a 2 MiB write at 0 to a 4 KiB file.
+        check(
+            Some(full),
+            MIB,
+            MIB,
+            MIB,
+            (DirectPiece { end: 2 * MIB, length: MIB, size_before_write: 4096 }, Some(4096..MIB)),
+        );
+        // A first piece: no gap, whatever the size.
+        check(None, MIB, MIB, 0, (DirectPiece { end: 2 * MIB, length: MIB, size_before_write: 0 }, None));
+        // After a short request, or one ending elsewhere: a new write.
+        let short = DirectPiece { length: MIB - 4096, ..full };
+        check(
+            Some(short),
+            MIB,
+            4096,
+            MIB,
+            (DirectPiece { end: MIB + 4096, length: 4096, size_before_write: MIB }, None),
+        );
+        check(
+            Some(full),
+            2 * MIB,
+            4096,
+            MIB,
+            (DirectPiece { end: 2 * MIB + 4096, length: 4096, size_before_write: MIB }, None),
+        );
+        // A later piece that starts within the size before the write has no gap to fill.
+        let big_file = DirectPiece { size_before_write: 8 * MIB, ..full };
+        check(
+            Some(big_file),
+            MIB,
+            MIB,
+            8 * MIB,
+            (DirectPiece { end: 2 * MIB, length: MIB, size_before_write: 8 * MIB }, None),
+        );
+    }
+
+    /// A state over a fresh backing directory and a handle on its file `f` of `content`.
+    fn state_with_file(strictness: Strictness, content: &[u8]) -> (tempfile::TempDir, LossyState, u64, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = backing_file(dir.path(), content);
+        let mut state = LossyState::new(dir.path(), strictness).unwrap();
+        let ino = state.ino_for(&dir.path().canonicalize().unwrap().join("f"));
+        let fh = state.add_handle(ino, file);
+        (dir, state, ino, fh)
+    }
+
+    #[test]
+    fn split_direct_write_pieces_zero_the_gap_over_earlier_pieces_as_unsynced_data() {
+        let strictness = Strictness { split_direct_writes: true, ..Strictness::default() };
+        let (dir, mut state, ino, fh) = state_with_file(strictness, &[1u8; 4096]);
+        let piece = vec![2u8; MIB as usize];
+        for offset in [0, MIB, 2 * MIB] {
+            state.write(ino, fh, offset, &piece, libc::O_DIRECT | libc::O_RDWR).unwrap();
+        }
+        let data = state.read(ino, fh, 0, 4 * MIB as usize).unwrap();
+        assert_eq!(data.len() as u64, 3 * MIB);
+        assert!(data[..4096].iter().all(|&b| b == 2));
+        assert!(data[4096..2 * MIB as usize].iter().all(|&b| b == 0), "the third piece zeroes up to itself");
+        assert!(data[2 * MIB as usize..].iter().all(|&b| b == 2));
+        state.crash();
+        assert_eq!(state.read(ino, fh, 0, 4 * MIB as usize).unwrap(), vec![1u8; 4096]);
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), vec![1u8; 4096]);
+    }
+
+    #[test]
+    fn without_the_mode_or_o_direct_split_pieces_are_intact() {
+        let piece = vec![2u8; MIB as usize];
+        let split = Strictness { split_direct_writes: true, ..Strictness::default() };
+        for (strictness, flags) in [(Strictness::default(), libc::O_DIRECT), (split, libc::O_RDWR)] {
+            let (_dir, mut state, ino, fh) = state_with_file(strictness, &[1u8; 4096]);
+            state.write(ino, fh, 0, &piece, flags).unwrap();
+            state.write(ino, fh, MIB, &piece, flags).unwrap();
+            assert_eq!(state.read(ino, fh, 0, 4 * MIB as usize).unwrap(), vec![2u8; 2 * MIB as usize]);
+        }
+    }
+
+    #[test]
+    fn strict_dirs_crash_undoes_unsynced_names_and_forgets_every_node() {
+        let strictness = Strictness { lose_unsynced_dir_entries: true, ..Strictness::default() };
+        let (dir, mut state, ino, fh) = state_with_file(strictness, b"synced");
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("new"), b"").unwrap();
+        state.created(&root.join("new")).unwrap();
+        state.rename(&root.join("f"), &root.join("g")).unwrap();
+        assert_eq!(state.path(ino).unwrap(), root.join("g"));
+        state.fsync(ino, fh).unwrap();
+        state.remove(&root.join("g"), false).unwrap();
+        assert!(root.join(TRASH_DIR).is_dir());
+        let dropped = state.crash();
+        assert_eq!(dropped.entries, Undone { changes: 3, skipped: 0 });
+        let mut names: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["f"], "the rename, the creation and the trash are gone");
+        assert_eq!(std::fs::read(root.join("f")).unwrap(), b"synced");
+        assert_eq!(state.nodes.keys().copied().collect::<Vec<_>>(), [FUSE_ROOT_ID]);
+        assert_eq!(state.by_path.len(), 1);
+        assert!(state.ino_for(&root.join("f")) > ino, "inode numbers are fresh");
+    }
+
+    #[test]
+    fn strict_dirs_fsyncdir_makes_names_durable_and_a_failing_disk_does_not() {
+        let strictness = Strictness { lose_unsynced_dir_entries: true, ..Strictness::default() };
+        let (dir, mut state, _ino, _fh) = state_with_file(strictness, b"");
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("a"), b"").unwrap();
+        state.created(&root.join("a")).unwrap();
+        state.fsyncdir(FUSE_ROOT_ID).unwrap();
+        std::fs::write(root.join("b"), b"").unwrap();
+        state.created(&root.join("b")).unwrap();
+        state.control("fail-fsync").unwrap();
+        assert_eq!(state.fsyncdir(FUSE_ROOT_ID).unwrap_err().raw_os_error(), Some(libc::EIO));
+        state.control("heal").unwrap();
+        state.crash();
+        assert!(root.join("a").exists());
+        assert!(!root.join("b").exists());
     }
 }

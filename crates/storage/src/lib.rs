@@ -75,7 +75,7 @@ pub struct DirLock {
 impl DirLock {
     pub fn acquire(dir: &Path) -> io::Result<DirLock> {
         use std::os::unix::io::AsRawFd;
-        std::fs::create_dir_all(dir)?;
+        durable::create_dir_all(dir)?;
         let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(".lock"))?;
         // SAFETY: flock on an open descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {

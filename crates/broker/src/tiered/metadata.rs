@@ -63,7 +63,7 @@ impl RemoteLogMetadata {
 
     pub fn open_local(data_dir: &Path) -> io::Result<RemoteLogMetadata> {
         let dir = data_dir.join("meta");
-        std::fs::create_dir_all(&dir)?;
+        sluice_storage::durable::create_dir_all(&dir)?;
         let path = dir.join(METADATA_FILE);
         let partitions = match std::fs::read(&path) {
             Ok(bytes) => {

@@ -118,7 +118,7 @@ impl TieredStorage {
             Some(url) => store_url(url).map_err(invalid)?,
             None => {
                 let dir = data_dir.join("remote-store");
-                std::fs::create_dir_all(&dir)?;
+                sluice_storage::durable::create_dir_all(&dir)?;
                 let dir = dir.canonicalize()?;
                 url::Url::from_directory_path(&dir).map_err(|()| invalid(format!("bad directory {dir:?}")))?
             }
