@@ -57,6 +57,7 @@ WAL_FILE_BYTES_CHOICES = (1024 * 1024, 4 * 1024 * 1024)
 # every check reads every topic from its start, through the FUSE daemon.
 PACE_RECORDS = 10
 PACE_SLEEP_S = 0.02
+PAUSE_FLUSH_S = 60.0
 WAL_HOLE_LINE = "WAL file holds records of its own after bytes that are not one"
 
 
@@ -89,6 +90,8 @@ class TopicProducer:
             "reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 200,
         })
         self.stop = threading.Event()
+        self.paused = threading.Event()
+        self.idle = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"hunt-{topic.name}")
         self.thread.start()
 
@@ -103,6 +106,12 @@ class TopicProducer:
         n = 0
         pad = bytes(range(256)) * (self.value_bytes // 256 + 1)
         while not self.stop.is_set():
+            if self.paused.is_set():
+                self.producer.flush(PAUSE_FLUSH_S)
+                self.idle.set()
+                time.sleep(0.01)
+                continue
+            self.idle.clear()
             value = f"{self.topic.tag}:{n}:".encode() + pad[: self.value_bytes]
             key = f"k{n % self.keys}".encode()
             try:
@@ -115,6 +124,15 @@ class TopicProducer:
             self.producer.poll(0)
             if n % PACE_RECORDS == 0:
                 time.sleep(self.rng.uniform(0.0, 2 * PACE_SLEEP_S))
+
+    def pause(self) -> None:
+        """Stops sending and waits for the answers to what was sent: a check then reads a
+        log that neither grows nor is cleaned under it."""
+        self.paused.set()
+        self.idle.wait(PAUSE_FLUSH_S + 10)
+
+    def resume(self) -> None:
+        self.paused.clear()
 
     def close(self, wait_s: float) -> None:
         self.stop.set()
@@ -200,7 +218,17 @@ class Hunt:
         assert WAL_HOLE_LINE not in self.broker.log(), f"cut {index}: the WAL has a hole"
 
     def verify(self, when: str) -> int:
-        """Checks every incarnation; returns how many acknowledged records it checked."""
+        """Checks every incarnation, its producer paused; returns how many acknowledged
+        records it checked."""
+        for _, producer in self.live.values():
+            producer.pause()
+        try:
+            return self._verify(when)
+        finally:
+            for _, producer in self.live.values():
+                producer.resume()
+
+    def _verify(self, when: str) -> int:
         checked = 0
         existing = set(admin_client(self.broker.bootstrap).list_topics(timeout=30).topics)
         for name in self.deleted:

@@ -354,13 +354,16 @@ impl Broker {
         self.logs.open_all(range.map(|p| (TopicPartition::new(topic.name.clone(), p), log_config.clone())).collect())
     }
 
-    /// Deletes a topic: the registry entry, then its logs. Disk work: call it off the
-    /// connection threads.
+    /// Deletes a topic: its logs (renamed away durably), then the registry entry. In that
+    /// order a crash in between leaves a registered topic with empty logs, never an
+    /// unregistered name whose old logs a new topic of the same name would open. Disk work:
+    /// call it off the connection threads.
     pub(crate) fn delete_topic(&self, name: &str) -> io::Result<Option<TopicMeta>> {
         let _one_at_a_time = self.topic_changes.lock();
-        let Some(topic) = self.topics.remove(name)? else { return Ok(None) };
+        let Some(topic) = self.topics.get(name) else { return Ok(None) };
         let partitions: Vec<TopicPartition> = (0..topic.partitions).map(|p| TopicPartition::new(name, p)).collect();
         self.logs.delete_all(&partitions)?;
+        self.topics.remove(name)?;
         if let Some(tiered) = self.tiered.as_ref().filter(|_| tiered::is_tiered(&topic)) {
             tiered.forget_topic(topic.clone());
         }

@@ -22,6 +22,9 @@ const RECOVERY_THREADS: usize = 16;
 const CLOSE_THREADS: usize = 16;
 /// Every partition's high watermark, as of the last checkpoint (Kafka's file name).
 const HIGH_WATERMARK_CHECKPOINT_FILE: &str = "replication-offset-checkpoint";
+/// The end of the name a deleted partition's directory is renamed to (Kafka's own): no
+/// partition directory ends so (theirs end in `-<partition>`).
+const DELETED_DIR_SUFFIX: &str = "-delete";
 /// How often the high watermarks are checkpointed (Kafka's default, 5 s).
 pub const HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS: i64 = 5_000;
 
@@ -108,6 +111,7 @@ impl LogManager {
     /// `wal`: the size of the WAL's files, or `None` for one fsync per partition file.
     fn start(root: &Path, wal: Option<u64>) -> io::Result<LogManager> {
         crate::durable::create_dir_all(root)?;
+        remove_deleted_dirs(root)?;
         // Whatever a previous run left in the WAL goes into the logs before any opens.
         let wal_dir = root.join(crate::wal::WAL_DIR);
         let base = root.parent().unwrap_or(root);
@@ -266,11 +270,23 @@ impl LogManager {
             }
             removed
         };
-        // One at a time: removals in one parent directory serialize on its lock anyway.
+        // Renamed away first, durably: a directory whose removal a power cut takes back
+        // would come back with its segments, and a later partition of the same name would
+        // open them as its own. What is renamed is removed after (and at the next start).
         let _cleaner = self.pause_cleaner();
+        let mut doomed = Vec::with_capacity(removed.len());
         for partition in removed {
             partition.retire()?;
-            std::fs::remove_dir_all(partition.dir())?;
+            let target = deleted_dir_path(partition.dir());
+            std::fs::rename(partition.dir(), &target)?;
+            doomed.push(target);
+        }
+        if !doomed.is_empty() {
+            crate::durable::sync_dir(&self.root)?;
+        }
+        // One at a time: removals in one parent directory serialize on its lock anyway.
+        for dir in doomed {
+            std::fs::remove_dir_all(&dir)?;
         }
         Ok(())
     }
@@ -289,7 +305,8 @@ impl LogManager {
         for entry in std::fs::read_dir(&self.root)? {
             let entry = entry?;
             let is_wal = entry.file_name() == crate::wal::WAL_DIR;
-            if entry.file_type()?.is_dir() && !open.contains(&entry.file_name()) && !is_wal {
+            let is_deleted = entry.file_name().to_string_lossy().ends_with(DELETED_DIR_SUFFIX);
+            if entry.file_type()?.is_dir() && !open.contains(&entry.file_name()) && !is_wal && !is_deleted {
                 unopened.push(entry.path());
             }
         }
@@ -439,4 +456,25 @@ fn cleaner_loop(
             }
         }
     }
+}
+
+/// Where a deleted partition's directory `dir` goes before it is removed: a sibling named
+/// `<name>.<unique>-delete`.
+fn deleted_dir_path(dir: &Path) -> PathBuf {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = format!("{}.{}", crate::now_ms(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    dir.with_file_name(format!("{name}.{unique}{DELETED_DIR_SUFFIX}"))
+}
+
+/// Removes what deletions renamed away and a crash kept from removing.
+fn remove_deleted_dirs(root: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() && entry.file_name().to_string_lossy().ends_with(DELETED_DIR_SUFFIX) {
+            tracing::info!(dir = %entry.path().display(), "removing the log of a deleted partition");
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    Ok(())
 }

@@ -723,3 +723,28 @@ fn a_blocking_read_far_behind_the_log_end_drops_the_backlog_from_the_page_cache_
     assert_eq!(BatchIter::new(&tail).next().unwrap().unwrap().0.base_offset, near_end);
     assert!(cached(&partition, near_end, 64 * 1024));
 }
+
+#[test]
+fn a_deleted_partition_never_comes_back_under_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("logs");
+    let tp = TopicPartition::new("doomed", 0);
+    {
+        let logs = LogManager::new(&root).unwrap();
+        let partition = logs.open(&tp, page_cache_config()).unwrap();
+        partition.append(&batch(3, 1_000, None), 0, 0).unwrap();
+        logs.delete_all(std::slice::from_ref(&tp)).unwrap();
+        assert!(!logs.dir_of(&tp).exists(), "the directory is gone");
+        let left: Vec<_> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.iter().all(|name| name != "doomed-0"), "{left:?}");
+    }
+    // A directory a crash kept from removing, renamed away: removed at the next start, and a
+    // new partition of the same name starts empty.
+    let leftover = root.join("doomed-0.17-delete");
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("00000000000000000000.log"), b"old").unwrap();
+    let logs = LogManager::new(&root).unwrap();
+    assert!(!leftover.exists(), "the renamed-away log is removed at start");
+    let partition = logs.open(&tp, page_cache_config()).unwrap();
+    assert_eq!(partition.offsets().log_end_offset, 0, "a new partition of the same name is empty");
+}
