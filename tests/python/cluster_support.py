@@ -3,6 +3,8 @@ cluster tests share: an idempotent acks=all producer, a consumer that reads ever
 back, topic creation that waits until every node sees full ISRs.
 """
 
+import os
+import secrets
 import threading
 import time
 
@@ -31,6 +33,15 @@ def wait_for(what, predicate, timeout=30.0, interval=0.1):
     raise AssertionError(f"timed out waiting for {what}; last: {last}")
 
 
+def write_cluster_secret(directory) -> str:
+    """A file, its owner's only, holding a new secret for the nodes of a cluster to share."""
+    path = os.path.join(str(directory), "cluster.secret")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secrets.token_hex(32))
+    return path
+
+
 class Cluster:
     """`nodes` brokers forming one controller quorum, each with a metrics endpoint.
     `node_args(node_id, port)` adds arguments per node (`port`: its client port); `bin` picks the binary (each node's
@@ -40,6 +51,7 @@ class Cluster:
         ports = [free_port() for _ in range(nodes)]
         controller_ports = [free_port() for _ in range(nodes)]
         voters = ",".join(f"{i + 1}@127.0.0.1:{controller_ports[i]}" for i in range(nodes))
+        self.secret_file = write_cluster_secret(tmp_path)
         self.nodes = {}
         self.metrics_ports = {}
         self.controller_ports = {i + 1: controller_ports[i] for i in range(nodes)}
@@ -50,6 +62,8 @@ class Cluster:
                 "--node-id", str(node_id),
                 "--controller-listen", f"127.0.0.1:{controller_ports[i]}",
                 "--cluster-voters", voters,
+                # As an override, which every version takes (the rolling-upgrade test).
+                "--override", f"cluster.rpc_secret_file={self.secret_file}",
                 "--metrics-listen", f"127.0.0.1:{self.metrics_ports[node_id]}",
                 *(node_args(node_id, ports[i]) if node_args else []),
             ]

@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
 )
 
 from cluster_support import NODES, Cluster, wait_for
-from conftest import Broker, free_port
+from conftest import SLUICE_BIN, Broker, free_port
 
 class SecureCluster(Cluster):
     """A PLAINTEXT listener (ANONYMOUS is a super user: the tests' admin) and a
@@ -263,3 +263,100 @@ def test_replication_and_controller_rpc_run_over_authenticated_tls(tmp_path):
         assert sorted(key for _, _, key in seen) == sorted(f"k{i}" for i in range(300))
     finally:
         cluster.kill_all()
+
+
+def forged_create_topic(cluster_id: str, name: str) -> bytes:
+    """A controller `Write` frame proposing CreateTopic, as someone without the secret can
+    write it: the cluster id comes from any Metadata answer."""
+    import json
+    import struct
+    import uuid
+
+    command = {"CreateTopic": {"name": name, "topic_id": str(uuid.uuid4()), "partitions": 1,
+                               "replication_factor": 1, "configs": {}, "placement_seed": 1}}
+    body = json.dumps({"cluster_id": cluster_id,
+                       "request": {"Write": {"request_id": str(uuid.uuid4()), "command": command}}}).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def test_a_dev_cluster_refuses_forged_controller_writes_with_nothing_configured(tmp_path):
+    """`sluice dev-cluster` with no option: a forged CreateTopic sent to every controller
+    port is never committed, and the connection closes without an answer."""
+    import re
+    import socket
+    import subprocess
+
+    from test_dev_cluster import base_port_with_room, CONTROLLER_PORT_OFFSET
+    base = base_port_with_room(3)
+    proc = subprocess.Popen([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
+                             "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        bootstrap = None
+        while bootstrap is None:
+            line = proc.stdout.readline()
+            assert line, "dev-cluster exited early"
+            match = re.match(r"bootstrap: (\S+)", line)
+            bootstrap = match.group(1) if match else None
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        wait_for("all brokers registered", lambda: len(admin.list_topics(timeout=5).brokers) == 3, 60)
+        cluster_id = admin.list_topics(timeout=5).cluster_id
+        for i in range(3):
+            with socket.create_connection(("127.0.0.1", base + CONTROLLER_PORT_OFFSET + i), timeout=10) as sock:
+                sock.sendall(forged_create_topic(cluster_id, f"forged-{i}"))
+                received = b""
+                while chunk := sock.recv(65536):
+                    received += chunk
+                # The nonce (a length and 16 bytes), then the connection closes unanswered.
+                assert len(received) == 20, f"a forged write got an answer: {received[:200]!r}"
+        time.sleep(2)
+        topics = admin.list_topics(timeout=5).topics
+        assert not [name for name in topics if name.startswith("forged-")], sorted(topics)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_cluster_of_several_voters_without_a_secret_refuses_to_start(tmp_path):
+    """Nothing configured on a hand-started node of a 3-voter quorum: it does not start, and
+    says what to set."""
+    import subprocess
+
+    voters = ",".join(f"{i}@127.0.0.1:{free_port()}" for i in (1, 2, 3))
+    result = subprocess.run([SLUICE_BIN, "serve", "--node-id", "1", "--data-dir", str(tmp_path / "data"),
+                             "--listen", f"127.0.0.1:{free_port()}", "--cluster-voters", voters],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "cluster.rpc_secret_file is not set" in result.stderr, result.stderr
+    assert "--cluster-rpc-secret-file" in result.stderr, result.stderr
+
+
+def test_a_single_voter_generates_its_own_secret_readable_by_its_owner_only(tmp_path):
+    """A cluster of one voter with nothing configured authenticates its controller RPCs with
+    a secret it generated in its data dir (mode 0600), the same after a restart."""
+    import os
+    import socket
+    import stat
+
+    controller = free_port()
+    args = ["--node-id", "1", "--controller-listen", f"127.0.0.1:{controller}",
+            "--cluster-voters", f"1@127.0.0.1:{controller}"]
+    broker = Broker(tmp_path / "data", extra_args=args)
+    broker.start()
+    try:
+        secret_path = tmp_path / "data" / "controller.secret"
+        assert stat.S_IMODE(os.stat(secret_path).st_mode) == 0o600
+        secret = secret_path.read_bytes()
+        assert len(secret) >= 32
+        cluster_id = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).cluster_id
+        with socket.create_connection(("127.0.0.1", controller), timeout=10) as sock:
+            sock.sendall(forged_create_topic(cluster_id, "forged"))
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+            assert len(received) == 20, f"a forged write got an answer: {received[:200]!r}"
+        broker.stop()
+        broker.start()
+        assert secret_path.read_bytes() == secret
+        assert "forged" not in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
+    finally:
+        broker.kill()

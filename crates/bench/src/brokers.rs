@@ -86,6 +86,17 @@ fn die_with_parent(command: &mut Command) -> &mut Command {
 /// A fresh folder under the system temp dir, named `{prefix}-{pid}-{ns}`. The folders
 /// of earlier runs that were killed before they could remove theirs (their process is
 /// gone) are removed first: a broker's data dir holds gigabytes after a catch-up run.
+/// A new file, its owner's only, holding a random secret for a cluster's nodes to share.
+fn cluster_secret_file() -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = fresh_dir("sluice-bench-cluster-secret")?.join("cluster.secret");
+    let secret = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    file.write_all(secret.as_bytes())?;
+    Ok(path)
+}
+
 fn fresh_dir(prefix: &str) -> anyhow::Result<PathBuf> {
     let parent = std::env::temp_dir();
     remove_abandoned_dirs(&parent, prefix);
@@ -385,12 +396,14 @@ impl SluiceBroker {
         }
         let voters = (0..nodes).map(|i| format!("{}@127.0.0.1:{}", i + 1, controller_ports[i])).collect::<Vec<_>>();
         let voters = voters.join(",");
+        let secret_file = cluster_secret_file()?;
         let mut started = Vec::with_capacity(nodes);
         for i in 0..nodes {
             let mut args = vec![
                 format!("--node-id={}", i + 1),
                 format!("--controller-listen=127.0.0.1:{}", controller_ports[i]),
                 format!("--cluster-voters={voters}"),
+                format!("--cluster-rpc-secret-file={}", secret_file.display()),
             ];
             args.extend(extra.iter().cloned());
             let prefix = format!("sluice-bench-sluice-node{}", i + 1);

@@ -130,7 +130,10 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         snapshot_interval_entries: sluice_cluster::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
         source_address: cluster.source_address,
         cluster_id: broker.topics.cluster_id(),
-        rpc_secret: cluster.rpc_secret().map_err(anyhow::Error::msg)?,
+        rpc_secret: cluster
+            .rpc_secret()
+            .map_err(anyhow::Error::msg)?
+            .expect("the rpc secret is resolved when the broker opens (ensure_rpc_secret)"),
         rpc_tls: match cluster.rpc_tls {
             true => Some(crate::security::tls::rpc_tls(broker.config()).map_err(anyhow::Error::msg)?),
             false => None,
@@ -163,6 +166,40 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     crate::replication::fetcher::spawn_supervisor(broker);
     broker.replicas.as_ref().expect("cluster mode").spawn_isr_checker();
     tokio::spawn(stop_on_fsync_failure(broker.logs.fsync_failures()));
+    Ok(())
+}
+
+/// The file in the data dir holding the controller-RPC secret a single voter generates.
+pub const GENERATED_RPC_SECRET_FILE: &str = "controller.secret";
+/// Random bytes in a generated secret (written hex-encoded).
+const GENERATED_RPC_SECRET_BYTES: usize = 32;
+
+/// Makes sure this node's controller RPCs are authenticated: a configured secret file is
+/// checked to be its owner's only (a warning otherwise); without one, a single voter uses
+/// the secret it generated at its first start in the data dir (more voters are refused by
+/// [`ClusterConfig::validate`]: they must share one).
+pub(crate) fn ensure_rpc_secret(cluster: &mut ClusterConfig, data_dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(path) = &cluster.rpc_secret_file {
+        let mode = std::fs::metadata(path)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "cluster.rpc_secret_file is readable by others: whoever reads it can act as a controller (chmod 600)"
+            );
+        }
+        return Ok(());
+    }
+    assert_eq!(cluster.voters().map(|voters| voters.len()).ok(), Some(1), "validated: one voter");
+    let path = data_dir.join(GENERATED_RPC_SECRET_FILE);
+    if !path.exists() {
+        let secret: [u8; GENERATED_RPC_SECRET_BYTES] = rand::random();
+        let hex: String = secret.iter().map(|byte| format!("{byte:02x}")).collect();
+        sluice_storage::write_private_file_atomically(&path, hex.as_bytes())?;
+        tracing::info!(path = %path.display(), "generated this controller's rpc secret");
+    }
+    cluster.rpc_secret_file = Some(path);
     Ok(())
 }
 

@@ -67,6 +67,7 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("port {port} (node {id}) is not free; pick another --base-port"))?;
         }
     }
+    let secret_file = cluster_secret_file(&args.data_dir)?;
     let mut children: Vec<(u16, Option<Child>)> = Vec::new();
     for &id in &ids {
         let data_dir = args.data_dir.join(format!("node-{id}"));
@@ -92,6 +93,8 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             .args(["--listen", &format!("127.0.0.1:{}", kafka_port(id))])
             .args(["--controller-listen", &format!("127.0.0.1:{}", controller_port(id))])
             .args(["--cluster-voters", &voters])
+            .arg("--cluster-rpc-secret-file")
+            .arg(&secret_file)
             .arg("--data-dir")
             .arg(&data_dir)
             .args(&args.serve_args)
@@ -187,4 +190,26 @@ async fn stop_all(children: &mut [(u16, Option<Child>)]) -> anyhow::Result<()> {
 
 fn pid_of(children: &[(u16, Option<Child>)], id: u16) -> u32 {
     children.iter().find(|(i, _)| *i == id).and_then(|(_, c)| c.as_ref()?.id()).unwrap_or(0)
+}
+
+/// The secret the nodes authenticate their controller RPCs with: `<data_dir>/cluster.secret`,
+/// made (readable by its owner only; written new, fsynced, renamed) on the first start and
+/// kept with the nodes' data.
+fn cluster_secret_file(data_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("cluster.secret");
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let tmp = data_dir.join("cluster.secret.tmp");
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    let secret: [u8; 32] = rand::random();
+    let hex: String = secret.iter().map(|byte| format!("{byte:02x}")).collect();
+    file.write_all(hex.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    Ok(path)
 }

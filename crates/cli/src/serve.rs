@@ -104,6 +104,11 @@ pub struct ServeArgs {
     /// The cluster's id (cluster mode; Kafka's cluster.id) [default: derived from the voters].
     #[arg(long, env = "SLUICE_CLUSTER_ID")]
     cluster_id: Option<String>,
+    /// A file holding the secret every node of the cluster shares (cluster mode; required
+    /// with more than one voter): controller RPCs are authenticated with it [default: a
+    /// single voter generates one in its data dir].
+    #[arg(long, env = "SLUICE_CLUSTER_RPC_SECRET_FILE")]
+    cluster_rpc_secret_file: Option<PathBuf>,
     /// Heartbeat interval of consumer-protocol groups (Kafka's group.consumer.heartbeat.interval.ms).
     #[arg(long, env = "SLUICE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS")]
     group_consumer_heartbeat_interval_ms: Option<u64>,
@@ -212,6 +217,7 @@ impl ServeArgs {
             || self.controller_listen.is_some()
             || self.cluster_source_address.is_some()
             || self.cluster_id.is_some()
+            || self.cluster_rpc_secret_file.is_some()
         {
             let cluster = config.cluster.get_or_insert_with(Default::default);
             if let Some(voters) = self.cluster_voters {
@@ -219,6 +225,9 @@ impl ServeArgs {
             }
             if let Some(listen) = self.controller_listen {
                 cluster.controller_listen = listen;
+            }
+            if let Some(path) = self.cluster_rpc_secret_file {
+                cluster.rpc_secret_file = Some(path);
             }
             if let Some(source) = self.cluster_source_address {
                 cluster.source_address = Some(source);

@@ -116,9 +116,10 @@ pub struct ControllerConfig {
     /// from another cluster is refused, so a node started on an address that an old cluster
     /// still lists as a voter never joins that cluster.
     pub cluster_id: String,
-    /// A secret every node shares: controller RPCs are authenticated with it (see rpc.rs).
-    /// `None`: not authenticated.
-    pub rpc_secret: Option<Vec<u8>>,
+    /// A secret every node shares: every controller RPC is authenticated with it (see
+    /// rpc.rs). There is no unauthenticated mode: whoever reaches a controller port could
+    /// otherwise vote, replicate, fence brokers and propose any write.
+    pub rpc_secret: Vec<u8>,
     /// TLS for controller RPC (see rpc.rs); `None`: plain TCP.
     pub rpc_tls: Option<crate::rpc::RpcTls>,
 }
@@ -135,6 +136,7 @@ impl ControllerConfig {
         data_dir: PathBuf,
         kafka_host: String,
         kafka_port: u16,
+        rpc_secret: Vec<u8>,
     ) -> ControllerConfig {
         ControllerConfig {
             node_id,
@@ -155,7 +157,7 @@ impl ControllerConfig {
             snapshot_interval_entries: SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
             source_address: None,
             cluster_id: DEV_CLUSTER_ID.to_string(),
-            rpc_secret: None,
+            rpc_secret,
             rpc_tls: None,
         }
     }
@@ -171,7 +173,7 @@ impl ControllerConfig {
         if !self.voters.contains_key(&self.node_id) {
             return fail(format!("node {} is not a voter (learners are not supported yet)", self.node_id));
         }
-        if self.rpc_secret.as_ref().is_some_and(|secret| secret.len() < crate::rpc::RPC_SECRET_BYTES_MIN) {
+        if self.rpc_secret.len() < crate::rpc::RPC_SECRET_BYTES_MIN {
             return fail(format!("the rpc secret must be at least {} bytes", crate::rpc::RPC_SECRET_BYTES_MIN));
         }
         if self.heartbeat_interval_ms == 0 || self.heartbeat_interval_ms >= self.session_timeout_ms {
@@ -263,7 +265,7 @@ impl Controller {
         let listener = TcpListener::bind(config.listen).await?;
         let identity = rpc::Identity {
             cluster_id: config.cluster_id.clone().into(),
-            secret: config.rpc_secret.clone().map(Arc::from),
+            secret: Arc::from(config.rpc_secret.as_slice()),
             tls: config.rpc_tls.clone(),
         };
         let peers = Peers::new(config.source_address, identity.clone());
@@ -855,7 +857,9 @@ mod tests {
 
     fn check_refused(change: impl FnOnce(&mut ControllerConfig), expected: &str) {
         let voters = BTreeMap::from([(1, "127.0.0.1:1".to_string()), (2, "127.0.0.1:2".to_string())]);
-        let mut config = ControllerConfig::new(1, "127.0.0.1:1".parse().unwrap(), voters, "/tmp".into(), "h".into(), 1);
+        let secret = b"a-test-secret-of-enough-bytes".to_vec();
+        let mut config =
+            ControllerConfig::new(1, "127.0.0.1:1".parse().unwrap(), voters, "/tmp".into(), "h".into(), 1, secret);
         assert!(config.validate().is_ok());
         change(&mut config);
         let error = config.validate().unwrap_err().to_string();
@@ -871,5 +875,7 @@ mod tests {
         check_refused(|config| config.snapshot_interval_entries = 0, "snapshot_interval_entries");
         check_refused(|config| config.source_address = Some("0.0.0.0".parse().unwrap()), "source_address");
         check_refused(|config| config.source_address = Some("224.0.0.1".parse().unwrap()), "source_address");
+        check_refused(|config| config.rpc_secret.clear(), "rpc secret");
+        check_refused(|config| config.rpc_secret.truncate(crate::rpc::RPC_SECRET_BYTES_MIN - 1), "rpc secret");
     }
 }

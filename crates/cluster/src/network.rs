@@ -29,12 +29,12 @@ const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(100);
 type RaftRpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
 
 /// The clients of all peers, by address.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Peers {
     clients: Arc<Mutex<HashMap<String, Arc<PeerClient>>>>,
     /// Local address of every outgoing connection (`ControllerConfig::source_address`).
     source_address: Option<IpAddr>,
-    /// The cluster id sent with every request and the rpc secret, if any.
+    /// The cluster id sent with every request and the rpc secret.
     identity: Identity,
 }
 

@@ -1,13 +1,21 @@
 //! The controller RPC: raft messages, heartbeats and forwarded writes between controllers,
 //! over plain TCP on each node's controller address.
 //!
-//! Authentication (optional, `ControllerConfig::rpc_secret`, a secret every node shares):
-//! on accept the server first sends a random nonce; every frame then carries
+//! Authentication (always; `ControllerConfig::rpc_secret`, a secret every node shares): on
+//! accept the server first sends a random nonce; every frame then carries
 //! HMAC-SHA256(secret, direction | nonce | sequence | body) before its body, the sequence
 //! counting the exchanges of the connection. A frame whose MAC does not verify closes the
 //! connection unanswered, so a process without the secret cannot vote, replicate, heartbeat
 //! or propose writes, and a recorded frame cannot be replayed (another connection has
 //! another nonce; the same one, another sequence).
+//!
+//! Until its first frame verifies, a connection is a stranger's, and strangers get little:
+//! at most [`STRANGER_CONNECTIONS_MAX`] of them at once (a new one pushes out the oldest, so
+//! idle connections held by someone without the secret never keep a peer out), a first
+//! frame of at most [`FIRST_FRAME_BYTES_MAX`] that must arrive within
+//! [`FIRST_FRAME_TIMEOUT`], and memory only as its bytes arrive (an announced length
+//! reserves nothing). A peer's connection idle for [`SERVER_IDLE_TIMEOUT`] is closed; its
+//! client stops reusing a connection well before that ([`CLIENT_IDLE_REUSE_MAX`]).
 //!
 //! Encryption (optional, `ControllerConfig::rpc_tls`): connections run over TLS; the client
 //! checks the server's certificate and name (the voter address's host). Who may talk is
@@ -59,6 +67,24 @@ use crate::types::{Proposal, TypeConfig};
 
 /// Largest frame either side accepts (openraft chunks snapshots well below this).
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
+/// Largest first frame of a connection, before anything on it has been authenticated: a
+/// peer's first request on a new connection is a vote, a heartbeat, a forwarded write, an
+/// append of at most openraft's entries per payload, or a snapshot chunk (3 MiB), all
+/// below this.
+pub(crate) const FIRST_FRAME_BYTES_MAX: usize = 8 << 20;
+/// How long a new connection may take to deliver its first whole frame.
+pub(crate) const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections whose first frame has not verified yet, at most, at once.
+pub(crate) const STRANGER_CONNECTIONS_MAX: usize = 32;
+/// How long a frame whose length has arrived may take to arrive whole.
+const FRAME_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A server closes a connection that carried no request for this long.
+pub(crate) const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// A client reuses a pooled connection only if it was idle for less than this, well below
+/// [`SERVER_IDLE_TIMEOUT`], so that it never sends on a connection the server is closing.
+pub(crate) const CLIENT_IDLE_REUSE_MAX: Duration = Duration::from_secs(30);
+const _: () = assert!(FIRST_FRAME_BYTES_MAX <= FRAME_BYTES_MAX);
+const _: () = assert!(CLIENT_IDLE_REUSE_MAX.as_secs() * 2 <= SERVER_IDLE_TIMEOUT.as_secs());
 /// Connections a controller serves at once; more are closed on accept.
 pub(crate) const SERVER_CONNECTIONS_MAX: usize = 256;
 /// Idle connections kept per peer for reuse.
@@ -83,12 +109,12 @@ pub const RPC_SECRET_BYTES_MIN: usize = 16;
 /// Frames that fail authentication are logged at most once per this period.
 const UNAUTHENTICATED_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Who a node is to its peers: its cluster and, when set, the secret its frames are
-/// authenticated with and the TLS its connections run over.
-#[derive(Clone, Default)]
+/// Who a node is to its peers: its cluster, the secret its frames are authenticated with
+/// and, when set, the TLS its connections run over.
+#[derive(Clone)]
 pub(crate) struct Identity {
     pub(crate) cluster_id: Arc<str>,
-    pub(crate) secret: Option<Arc<[u8]>>,
+    pub(crate) secret: Arc<[u8]>,
     pub(crate) tls: Option<RpcTls>,
 }
 
@@ -149,9 +175,8 @@ fn mac(secret: &[u8], direction: &[u8], session: &Session, body: &[u8]) -> [u8; 
     mac.finalize().into_bytes().into()
 }
 
-/// `[length][MAC][body]` when authenticated, else `[length][body]`.
-fn seal(secret: Option<&[u8]>, direction: &[u8], session: Option<&Session>, frame: Vec<u8>) -> io::Result<Vec<u8>> {
-    let (Some(secret), Some(session)) = (secret, session) else { return Ok(frame) };
+/// `[length][body]` sealed as `[length][MAC][body]`.
+fn seal(secret: &[u8], direction: &[u8], session: &Session, frame: Vec<u8>) -> io::Result<Vec<u8>> {
     let body = &frame[4..];
     let length = u32::try_from(body.len() + MAC_BYTES).map_err(io::Error::other)?;
     let mut sealed = Vec::with_capacity(4 + MAC_BYTES + body.len());
@@ -161,9 +186,8 @@ fn seal(secret: Option<&[u8]>, direction: &[u8], session: Option<&Session>, fram
     Ok(sealed)
 }
 
-/// The body of a received frame, its MAC checked when authenticated.
-fn open(secret: Option<&[u8]>, direction: &[u8], session: Option<&Session>, frame: Vec<u8>) -> io::Result<Vec<u8>> {
-    let (Some(secret), Some(session)) = (secret, session) else { return Ok(frame) };
+/// The body of a received frame, its MAC checked.
+fn open(secret: &[u8], direction: &[u8], session: &Session, frame: Vec<u8>) -> io::Result<Vec<u8>> {
     if frame.len() < MAC_BYTES {
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, "frame without a MAC"));
     }
@@ -273,20 +297,34 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
     serde_json::from_slice(body).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
-/// Reads one frame's body; `Ok(None)` on a clean end of stream before a frame starts.
-async fn read_frame(stream: &mut (impl AsyncRead + Unpin)) -> io::Result<Option<Vec<u8>>> {
+/// Reads one frame's body of at most `bytes_max`, its length within `wait`; `Ok(None)` on a
+/// clean end of stream before a frame starts. The body's memory grows as its bytes arrive,
+/// whatever length was announced, and once the length has arrived the rest must within
+/// [`FRAME_READ_TIMEOUT`].
+async fn read_frame(
+    stream: &mut (impl AsyncRead + Unpin),
+    bytes_max: usize,
+    wait: Duration,
+) -> io::Result<Option<Vec<u8>>> {
+    assert!(bytes_max <= FRAME_BYTES_MAX);
     let mut length = [0u8; 4];
-    match stream.read_exact(&mut length).await {
-        Ok(_) => {}
-        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(error) => return Err(error),
+    match tokio::time::timeout(wait, stream.read_exact(&mut length)).await {
+        Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Ok(Err(error)) => return Err(error),
     }
     let length = u32::from_be_bytes(length) as usize;
-    if length > FRAME_BYTES_MAX {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {length} bytes")));
+    if length > bytes_max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {length} bytes (at most {bytes_max})")));
     }
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).await?;
+    let mut body = Vec::new();
+    let mut limited = (&mut *stream).take(length as u64);
+    let read = limited.read_to_end(&mut body);
+    tokio::time::timeout(FRAME_READ_TIMEOUT, read).await.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    if body.len() < length {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(Some(body))
 }
 
@@ -327,28 +365,27 @@ impl PeerClient {
             Some(connection) => connection,
             None => self.connect().await?,
         };
-        let secret = self.identity.secret.as_deref();
-        let sealed = seal(secret, REQUEST, connection.session.as_ref(), frame.to_vec())?;
+        let secret = &*self.identity.secret;
+        let sealed = seal(secret, REQUEST, &connection.session, frame.to_vec())?;
         connection.stream.write_all(&sealed).await?;
-        let Some(body) = read_frame(&mut connection.stream).await? else {
+        let Some(body) = read_frame(&mut connection.stream, FRAME_BYTES_MAX, FRAME_READ_TIMEOUT).await? else {
             return Err(RpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection")));
         };
-        let body = open(secret, RESPONSE, connection.session.as_ref(), body)?;
+        let body = open(secret, RESPONSE, &connection.session, body)?;
         let response = decode(&body)?;
-        if let Some(session) = &mut connection.session {
-            session.sequence += 1;
-        }
+        connection.session.sequence += 1;
         self.give_back(connection);
         Ok(response)
     }
 
     /// An idle connection that still looks open: the peer may have closed it (restart), which
     /// shows as a readable end of stream. Checking before use means a request is never sent on
-    /// a dead connection and then retried, which could apply a forwarded write twice.
+    /// a dead connection and then retried, which could apply a forwarded write twice. One
+    /// idle for [`CLIENT_IDLE_REUSE_MAX`] is dropped: its server may be about to close it.
     fn take_idle(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().expect("pool lock poisoned");
         while let Some(connection) = idle.pop() {
-            if !connection.stream.closed_while_idle() {
+            if connection.idle_since.elapsed() < CLIENT_IDLE_REUSE_MAX && !connection.stream.closed_while_idle() {
                 return Some(connection);
             }
         }
@@ -369,18 +406,14 @@ impl PeerClient {
                     Box::new(tls.connector.connect(name, tcp).await?)
                 }
             };
-            // Authenticated RPCs: the server speaks first, with this connection's nonce.
-            let session = match &self.identity.secret {
-                None => None,
-                Some(_) => {
-                    let nonce = read_frame(&mut stream).await?.ok_or(io::ErrorKind::UnexpectedEof)?;
-                    let nonce: [u8; NONCE_BYTES] = nonce.try_into().map_err(|_| {
-                        io::Error::new(io::ErrorKind::InvalidData, "no rpc nonce (is the peer's rpc secret set?)")
-                    })?;
-                    Some(Session { nonce, sequence: 0 })
-                }
-            };
-            Ok::<_, io::Error>(Connection { stream, session })
+            // The server speaks first, with this connection's nonce.
+            let nonce =
+                read_frame(&mut stream, NONCE_BYTES, FRAME_READ_TIMEOUT).await?.ok_or(io::ErrorKind::UnexpectedEof)?;
+            let nonce: [u8; NONCE_BYTES] = nonce
+                .try_into()
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "no rpc nonce from the peer"))?;
+            let session = Session { nonce, sequence: 0 };
+            Ok::<_, io::Error>(Connection { stream, session, idle_since: std::time::Instant::now() })
         };
         tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
             .await
@@ -388,7 +421,8 @@ impl PeerClient {
             .map_err(failed)
     }
 
-    fn give_back(&self, connection: Connection) {
+    fn give_back(&self, mut connection: Connection) {
+        connection.idle_since = std::time::Instant::now();
         let mut idle = self.idle.lock().expect("pool lock poisoned");
         if idle.len() < IDLE_CONNECTIONS_PER_PEER_MAX {
             idle.push(connection);
@@ -399,16 +433,45 @@ impl PeerClient {
 /// A pooled connection to a peer and its authentication state.
 struct Connection {
     stream: Box<dyn RpcStream>,
-    session: Option<Session>,
+    session: Session,
+    /// When its last exchange ended.
+    idle_since: std::time::Instant,
 }
 
 /// What the server calls for each request.
 pub(crate) type Handler = Arc<dyn Fn(Request) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
 
+/// The connections whose first frame has not verified yet, oldest first.
+#[derive(Default)]
+struct Strangers {
+    next_id: u64,
+    waiting: std::collections::VecDeque<(u64, tokio::task::AbortHandle)>,
+}
+
+/// A connection's place among the [`Strangers`] until it is admitted or ends.
+struct StrangerSlot {
+    strangers: Arc<Mutex<Strangers>>,
+    id: u64,
+}
+
+impl StrangerSlot {
+    /// The connection's first frame verified: it is a peer's and no longer pushed out.
+    fn admit(&self) {
+        self.strangers.lock().expect("strangers lock poisoned").waiting.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl Drop for StrangerSlot {
+    fn drop(&mut self) {
+        self.admit();
+    }
+}
+
 /// Serves requests from nodes of `cluster_id` until the task is aborted; aborting it closes
 /// every connection.
 pub(crate) async fn serve(listener: TcpListener, handler: Handler, identity: Identity) {
     let permits = Arc::new(Semaphore::new(SERVER_CONNECTIONS_MAX));
+    let strangers = Arc::new(Mutex::new(Strangers::default()));
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -427,31 +490,65 @@ pub(crate) async fn serve(listener: TcpListener, handler: Handler, identity: Ide
         };
         let handler = handler.clone();
         let identity = identity.clone();
-        connections.spawn(async move {
+        // Spawned under the lock, so that the slot is listed before the connection can
+        // admit itself.
+        let mut waiting = strangers.lock().expect("strangers lock poisoned");
+        let id = waiting.next_id;
+        waiting.next_id += 1;
+        let slot = StrangerSlot { strangers: strangers.clone(), id };
+        let task = connections.spawn(async move {
             let _permit = permit;
-            let served = match &identity.tls {
-                None => serve_connection(stream, peer, handler, &identity).await,
-                Some(tls) => match tokio::time::timeout(RPC_TLS_HANDSHAKE_TIMEOUT, tls.acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, peer, handler, &identity).await,
-                    Ok(Err(error)) => Err(error),
-                    Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")),
-                },
-            };
-            match served {
-                Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
-                    if warning_due(&UNAUTHENTICATED_WARNING_LAST, UNAUTHENTICATED_WARNING_INTERVAL) {
-                        tracing::warn!(%peer, %error, "refusing an unauthenticated controller RPC");
-                    }
-                }
-                Err(error) => tracing::debug!(%peer, %error, "controller rpc connection closed"),
-                Ok(()) => {}
-            }
+            report(peer, serve_stream(stream, peer, handler, &identity, slot).await);
         });
+        waiting.waiting.push_back((id, task));
+        if waiting.waiting.len() > STRANGER_CONNECTIONS_MAX {
+            let (_, oldest) = waiting.waiting.pop_front().expect("over the limit");
+            oldest.abort();
+            if warning_due(&STRANGERS_WARNING_LAST, UNAUTHENTICATED_WARNING_INTERVAL) {
+                tracing::warn!(
+                    %peer,
+                    limit = STRANGER_CONNECTIONS_MAX,
+                    "controller rpc: too many connections that have not authenticated; closing the oldest"
+                );
+            }
+        }
+    }
+}
+
+/// One accepted connection, over TLS when configured.
+async fn serve_stream(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    handler: Handler,
+    identity: &Identity,
+    slot: StrangerSlot,
+) -> io::Result<()> {
+    match &identity.tls {
+        None => serve_connection(stream, peer, handler, identity, slot).await,
+        Some(tls) => match tokio::time::timeout(RPC_TLS_HANDSHAKE_TIMEOUT, tls.acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => serve_connection(stream, peer, handler, identity, slot).await,
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")),
+        },
+    }
+}
+
+/// Logs how a connection ended: refusals at a rate limit, the rest at debug.
+fn report(peer: std::net::SocketAddr, served: io::Result<()>) {
+    match served {
+        Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+            if warning_due(&UNAUTHENTICATED_WARNING_LAST, UNAUTHENTICATED_WARNING_INTERVAL) {
+                tracing::warn!(%peer, %error, "refusing an unauthenticated controller RPC");
+            }
+        }
+        Err(error) => tracing::debug!(%peer, %error, "controller rpc connection closed"),
+        Ok(()) => {}
     }
 }
 
 static FOREIGN_CLUSTER_WARNING_LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
 static UNAUTHENTICATED_WARNING_LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+static STRANGERS_WARNING_LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
 
 /// True (and remembers now) when no such warning was logged within `interval`.
 fn warning_due(last: &Mutex<Option<std::time::Instant>>, interval: Duration) -> bool {
@@ -469,20 +566,28 @@ async fn serve_connection(
     peer: std::net::SocketAddr,
     handler: Handler,
     identity: &Identity,
+    slot: StrangerSlot,
 ) -> io::Result<()> {
     let cluster_id = &*identity.cluster_id;
-    let secret = identity.secret.as_deref();
-    let mut session = match secret {
-        None => None,
-        Some(_) => {
-            let nonce: [u8; NONCE_BYTES] = rand::random();
-            stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await?;
-            stream.write_all(&nonce).await?;
-            Some(Session { nonce, sequence: 0 })
-        }
-    };
-    while let Some(body) = read_frame(&mut stream).await? {
-        let body = open(secret, REQUEST, session.as_ref(), body)?;
+    let secret = &*identity.secret;
+    let nonce: [u8; NONCE_BYTES] = rand::random();
+    stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await?;
+    stream.write_all(&nonce).await?;
+    let mut session = Session { nonce, sequence: 0 };
+    loop {
+        let admitted = session.sequence > 0;
+        let read = match admitted {
+            true => read_frame(&mut stream, FRAME_BYTES_MAX, SERVER_IDLE_TIMEOUT).await,
+            false => read_frame(&mut stream, FIRST_FRAME_BYTES_MAX, FIRST_FRAME_TIMEOUT).await,
+        };
+        let body = match read {
+            Ok(Some(body)) => body,
+            Ok(None) => return Ok(()),
+            Err(error) if admitted && error.kind() == io::ErrorKind::TimedOut => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        let body = open(secret, REQUEST, &session, body)?;
+        slot.admit();
         let envelope: ReceivedEnvelope = decode(&body)?;
         if envelope.cluster_id != cluster_id {
             if !warning_due(&FOREIGN_CLUSTER_WARNING_LAST, FOREIGN_CLUSTER_WARNING_INTERVAL) {
@@ -497,13 +602,89 @@ async fn serve_connection(
             return Ok(());
         }
         let response = handler(envelope.request).await;
-        let frame = seal(secret, RESPONSE, session.as_ref(), encode(&response)?)?;
-        if let Some(session) = &mut session {
-            session.sequence += 1;
-        }
+        let frame = seal(secret, RESPONSE, &session, encode(&response)?)?;
+        session.sequence += 1;
         tokio::time::timeout(Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS), stream.write_all(&frame))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"a-secret-the-test-nodes-share";
+
+    fn identity(secret: &[u8]) -> Identity {
+        Identity { cluster_id: "rpc-test".into(), secret: Arc::from(secret), tls: None }
+    }
+
+    /// A server answering every heartbeat with `Accepted`; its address.
+    async fn start_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let handler: Handler = Arc::new(|_| Box::pin(async { Response::Heartbeat(Redirect::Accepted) }));
+        tokio::spawn(serve(listener, handler, identity(SECRET)));
+        address
+    }
+
+    fn heartbeat() -> Request {
+        Request::Heartbeat(Heartbeat {
+            node_id: 1,
+            incarnation: 1,
+            host: "h".into(),
+            port: 1,
+            rack: None,
+            endpoints: Vec::new(),
+            metadata_version_max: 0,
+        })
+    }
+
+    /// Reads until the server closes the connection; what it sent.
+    async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+        let mut received = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut received))
+            .await
+            .expect("the server closes the connection")
+            .unwrap();
+        received
+    }
+
+    #[tokio::test]
+    async fn a_peer_with_the_secret_is_answered_and_one_without_it_is_not() {
+        let address = start_server().await;
+        let ours = PeerClient::new(address.clone(), None, identity(SECRET));
+        assert!(matches!(ours.call(&heartbeat(), Duration::from_secs(5)).await, Ok(Response::Heartbeat(_))));
+        let theirs = PeerClient::new(address.clone(), None, identity(b"another-secret-of-enough-bytes"));
+        assert!(theirs.call(&heartbeat(), Duration::from_secs(5)).await.is_err());
+        // A frame without a MAC, as a forger without the secret writes it: only the nonce
+        // comes back before the connection closes.
+        let mut forger = TcpStream::connect(&address).await.unwrap();
+        let frame = encode(&Envelope { cluster_id: "rpc-test", request: &heartbeat() }).unwrap();
+        forger.write_all(&frame).await.unwrap();
+        assert_eq!(read_until_closed(&mut forger).await.len(), 4 + NONCE_BYTES);
+    }
+
+    #[tokio::test]
+    async fn a_first_frame_announcing_more_than_a_stranger_may_send_is_refused_at_once() {
+        let address = start_server().await;
+        let mut stranger = TcpStream::connect(&address).await.unwrap();
+        let announced = u32::try_from(FIRST_FRAME_BYTES_MAX + 1).unwrap();
+        stranger.write_all(&announced.to_be_bytes()).await.unwrap();
+        assert_eq!(read_until_closed(&mut stranger).await.len(), 4 + NONCE_BYTES);
+    }
+
+    #[tokio::test]
+    async fn idle_connections_of_strangers_never_keep_a_peer_out() {
+        let address = start_server().await;
+        // More than the server serves at once, all silent.
+        let mut idle = Vec::new();
+        for _ in 0..SERVER_CONNECTIONS_MAX + 8 {
+            idle.push(TcpStream::connect(&address).await.unwrap());
+        }
+        let ours = PeerClient::new(address, None, identity(SECRET));
+        let answer = ours.call(&heartbeat(), Duration::from_secs(5)).await;
+        assert!(matches!(answer, Ok(Response::Heartbeat(_))), "{answer:?}");
+    }
 }

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use sluice_cluster::{ClusterMetadata, Controller, ControllerConfig, ControllerError, MetadataError, NO_LEADER};
 use tempfile::TempDir;
 
+/// The controller-RPC secret every node of a test cluster shares.
+const TEST_RPC_SECRET: &[u8] = b"quorum-test-cluster-secret";
 const HEARTBEAT_INTERVAL_MS: u64 = 100;
 const SESSION_TIMEOUT_MS: u64 = 1_000;
 /// Scheduling slack on a loaded 2-core machine running several clusters at once.
@@ -86,6 +88,7 @@ impl Cluster {
             self.dirs[&id].path().to_path_buf(),
             "127.0.0.1".to_string(),
             9000 + id as u16,
+            TEST_RPC_SECRET.to_vec(),
         );
         config.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS;
         config.session_timeout_ms = SESSION_TIMEOUT_MS;

@@ -43,9 +43,25 @@ pub use crate::syncer::{FsyncObserver, Syncer, WAL_ROUND_INTERVAL_MAX};
 
 /// Writes a small file so that a crash leaves either the old or the new content.
 pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
+    write_file_atomically_with_mode(path, data, 0o644)
+}
+
+/// [`write_file_atomically`] for a file only its owner may read (credentials, secrets):
+/// created with mode 0600, so it is never readable by others, not even for a moment.
+pub fn write_private_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
+    write_file_atomically_with_mode(path, data, 0o600)
+}
+
+fn write_file_atomically_with_mode(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
+    // A temporary file left by a crash may have another mode: `mode` applies only on create.
+    match std::fs::remove_file(&tmp) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
     {
-        let mut file = File::create(&tmp)?;
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
         file.write_all(data)?;
         durable::sync_all(&file)?;
     }

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kafka_wire as kw
+from cluster_support import write_cluster_secret
 from conftest import free_port
 from lossyfs import LossyMount
 
@@ -137,9 +138,10 @@ class FaultCluster:
         voters = ",".join(f"{i}@127.0.0.1:{controller_ports[i]}" for i in ids)
         self.mounts: dict[int, LossyMount] = {i: LossyMount(work_dir / f"fs-{i}") for i in ids} if lossy else {}
         self.nodes: dict[int, Node] = {}
+        secret = ["--cluster-rpc-secret-file", write_cluster_secret(work_dir)]
         for i in ids:
             data_dir = self.mounts[i].mount / "data" if lossy else work_dir / f"node-{i}"
-            node = Node(i, data_dir, voters, work_dir, extra_args)
+            node = Node(i, data_dir, voters, work_dir, [*secret, *extra_args])
             node.controller_public = controller_ports[i]
             self.nodes[i] = node
         routes = []

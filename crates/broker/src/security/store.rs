@@ -60,8 +60,11 @@ impl SecurityStore {
     pub(crate) fn open_local(data_dir: &Path) -> io::Result<SecurityStore> {
         let path = data_dir.join("meta").join(SECURITY_FILE);
         let state = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?,
+            Ok(bytes) => {
+                keep_private(&path)?;
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => LocalSecurity::default(),
             Err(e) => return Err(e),
         };
@@ -81,11 +84,23 @@ impl SecurityStore {
     }
 }
 
+/// Makes a credentials file readable by its owner only when it is readable by others
+/// (copied in, restored from a backup): it holds SCRAM keys.
+fn keep_private(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "credentials file was readable by others; made it 0600");
+    }
+    Ok(())
+}
+
 /// Persists a changed copy of the local state, then installs it.
 fn store_local(path: &Path, current: &mut LocalSecurity, changed: LocalSecurity) -> Result<(), Failure> {
     use kafka_protocol::ResponseError;
     let bytes = serde_json::to_vec(&changed).map_err(|e| (ResponseError::UnknownServerError, e.to_string()))?;
-    sluice_storage::write_file_atomically(path, &bytes)
+    sluice_storage::write_private_file_atomically(path, &bytes)
         .map_err(|e| (ResponseError::KafkaStorageError, format!("storing {}: {e}", path.display())))?;
     *current = changed;
     Ok(())

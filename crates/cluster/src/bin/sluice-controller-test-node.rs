@@ -12,6 +12,9 @@ use std::time::Duration;
 use sluice_cluster::{Controller, ControllerConfig};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
+/// The controller-RPC secret every node this binary starts shares (a test binary).
+const TEST_RPC_SECRET: &[u8] = b"processes-test-cluster-secret";
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -26,8 +29,9 @@ async fn main() {
         .collect();
     let listen = voters[&node_id].parse().expect("listen address");
     let kafka_port = 9000 + u16::try_from(node_id).expect("small node id");
+    let secret = TEST_RPC_SECRET.to_vec();
     let mut config =
-        ControllerConfig::new(node_id, listen, voters, args[3].clone().into(), "127.0.0.1".into(), kafka_port);
+        ControllerConfig::new(node_id, listen, voters, args[3].clone().into(), "127.0.0.1".into(), kafka_port, secret);
     config.heartbeat_interval_ms = 100;
     config.session_timeout_ms = 1_000;
     config.auto_leader_rebalance_enable = false;
