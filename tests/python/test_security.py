@@ -316,6 +316,36 @@ def test_mutual_tls_requires_a_trusted_client_certificate(broker_factory, tmp_pa
                     raise ConnectionResetError("closed without an answer")
 
 
+def test_principal_mapping_rules_name_certificate_users_as_kafka_does(broker_factory, tmp_path):
+    """`ssl.principal.mapping.rules` turns `CN=sluice-test-client` into `User:sluice-test-client`
+    (an ACL for that name lets it produce); with rules none of which applies, the client is
+    refused rather than given another name."""
+    ca = tmp_path / "pki" / "ca.pem"
+    mtls = ("--override", "ssl.client.auth=required", "--override", f"ssl.truststore.location={ca}",
+            "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "--override", "super.users=User:ANONYMOUS")
+    secure = start_secure_broker(broker_factory, tmp_path, *mtls,
+                                 "--override", r"ssl.principal.mapping.rules=RULE:^CN=([^,]*)$/$1/L,DEFAULT")
+    binding = AclBinding(ResourceType.TOPIC, "mapped", ResourcePatternType.LITERAL, "User:sluice-test-client", "*",
+                         AclOperation.ALL, AclPermissionType.ALLOW)
+    admin = secure.admin()
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=10)
+    with_cert = secure.client("SSL", **{"ssl.certificate.location": str(secure.pki.client_cert),
+                                        "ssl.key.location": str(secure.pki.client_key)})
+    produce(with_cert, "mapped", [b"mapped"])
+    secure.broker.stop()
+
+    refusing = start_secure_broker(broker_factory, tmp_path / "refusing", *mtls[:2],
+                                   "--override", f"ssl.truststore.location={tmp_path / 'refusing' / 'pki' / 'ca.pem'}",
+                                   "--override", r"ssl.principal.mapping.rules=RULE:^CN=(.*),O=acme$/$1/")
+    with_cert = refusing.client("SSL", **{"ssl.certificate.location": str(refusing.pki.client_cert),
+                                          "ssl.key.location": str(refusing.pki.client_key)})
+    error = first_error(with_cert, "mapped")
+    assert error is not None, "a certificate no rule applies to was served"
+    assert "no ssl.principal.mapping.rules rule applies" in refusing.broker.log()
+
+
 @pytest.mark.parametrize(
     "override,expected",
     [
@@ -325,6 +355,7 @@ def test_mutual_tls_requires_a_trusted_client_certificate(broker_factory, tmp_pa
         ("sasl.enabled.mechanisms=GSSAPI", "\"GSSAPI\" is not supported"),
         ("sasl.enabled.mechanisms=OAUTHBEARER", "OAUTHBEARER needs sasl.oauthbearer.jwks.endpoint.url"),
         ("listener.security.protocol.map=PLAINTEXT:PLAINTEXT", "has no entry in listener.security.protocol.map"),
+        ("ssl.principal.mapping.rules=RULE:(/x/", "bad pattern"),
     ],
 )
 def test_bad_security_configs_stop_the_start_with_the_reason(tmp_path, override, expected):

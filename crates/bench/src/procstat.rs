@@ -239,13 +239,24 @@ mod tests {
         assert_eq!(parse_machine_ticks("cpu0 1 2 3 4\n"), None);
     }
 
+    /// CPU time this thread has used.
+    fn thread_cpu_seconds() -> f64 {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `now` is a valid timespec the call writes.
+        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) }, 0);
+        now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+    }
+
     #[test]
     fn own_cpu_and_machine_busy_time_are_measured() {
         let sampler = MachineSampler::start();
-        let started = std::time::Instant::now();
+        // Busy for 300 ms of this thread's own CPU time, not of the clock: on a loaded
+        // machine a 300 ms wall-clock loop may get a fraction of that.
         let mut x = 0u64;
-        while started.elapsed() < std::time::Duration::from_millis(300) {
-            x = x.wrapping_add(std::hint::black_box(x) | 1);
+        while thread_cpu_seconds() < 0.3 {
+            for _ in 0..10_000 {
+                x = x.wrapping_add(std::hint::black_box(x) | 1);
+            }
         }
         assert!(x > 0);
         let usage = sampler.finish();

@@ -6,6 +6,7 @@ pub mod acl;
 pub(crate) mod inter_broker;
 pub mod listeners;
 pub(crate) mod oauth;
+pub mod principal_mapping;
 pub(crate) mod quota;
 pub(crate) mod sasl;
 pub(crate) mod scram;
@@ -13,6 +14,9 @@ pub(crate) mod store;
 pub(crate) mod tls;
 
 pub use listeners::{Listener, SecurityProtocol};
+/// The client side of SCRAM, for tools that authenticate to a SASL listener
+/// (`sluice acl`, `sluice user`); the server side stays inside the broker.
+pub use scram::{Mechanism as ScramMechanism, ScramClient, ScramError};
 
 use crate::config::BrokerConfig;
 use crate::Broker;
