@@ -360,3 +360,30 @@ def test_a_single_voter_generates_its_own_secret_readable_by_its_owner_only(tmp_
         assert "forged" not in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
     finally:
         broker.kill()
+
+
+def test_idle_connections_to_controller_ports_never_keep_a_restarted_node_out(tmp_path):
+    """300 connections opened to the other controllers' ports and left silent (more than a
+    controller serves at once) while a node is down do not keep it from rejoining when it
+    restarts."""
+    import socket
+
+    cluster = Cluster(tmp_path).start()
+    held = []
+    try:
+        victim = cluster.nodes[2]
+        victim.kill()
+        for node_id, port in cluster.controller_ports.items():
+            if node_id != 2:
+                for _ in range(300):
+                    held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        admin = cluster.admin()
+        wait_for("the stopped node fenced", lambda: len(admin.list_topics(timeout=5).brokers) == NODES - 1, 30)
+        started = time.monotonic()
+        victim.start()
+        wait_for("the restarted node back", lambda: len(admin.list_topics(timeout=5).brokers) == NODES, 30)
+        assert time.monotonic() - started < 15, f"rejoined after {time.monotonic() - started:.1f} s"
+    finally:
+        for sock in held:
+            sock.close()
+        cluster.kill_all()
