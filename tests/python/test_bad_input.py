@@ -303,8 +303,8 @@ def test_requests_charged_to_memory_budget_before_bodies_are_buffered(broker_fac
 
 def test_large_request_before_sasl_authentication_closes_the_connection(broker_factory):
     """Kafka's sasl.server.max.receive.size: before authenticating, a client may not announce
-    a request larger than 512 KiB (it would be charged to the memory budget on its size
-    prefix alone); the connection is closed at once, without waiting for the body."""
+    a request larger than 512 KiB (the broker would buffer it before knowing who sent it);
+    the connection is closed at once, without waiting for the body."""
     from conftest import free_port
 
     port, sasl_port = free_port(), free_port()

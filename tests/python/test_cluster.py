@@ -87,8 +87,10 @@ def test_a_node_of_another_cluster_on_an_old_voter_address_never_joins_it(cluste
     victim_controller = victim.extra_args[victim.extra_args.index("--controller-listen") + 1]
     victim.kill()
 
+    # With the old cluster's secret, so that its cluster id is what keeps the two apart.
     newcomer = Broker(tmp_path / "newcomer", extra_args=[
         "--node-id", "1", "--controller-listen", victim_controller, "--cluster-voters", f"1@{victim_controller}",
+        "--cluster-rpc-secret-file", cluster.secret_file,
     ]).start()
     try:
         with kw.Conn.to(newcomer.bootstrap) as conn:

@@ -1,7 +1,7 @@
 //! Broker configuration: listener, data dir, limits and topic defaults, with the named
 //! limits every queue and buffer is bounded by.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
@@ -11,7 +11,26 @@ use crate::topic_config::TopicDefaults;
 
 /// Largest request frame accepted by default (Kafka's `socket.request.max.bytes`).
 pub const REQUEST_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;
+/// Connections open at once, broker-wide (Kafka's `max.connections`, unlimited there): with
+/// the 64 KiB read buffer each, and `sasl.server.max.receive.size` each before
+/// authentication, this bounds what connections alone can make the broker hold.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// Kafka's default `max.connections.per.ip` (`Int.MaxValue`: no limit per address).
+pub const CONNECTIONS_PER_IP_MAX_DEFAULT: usize = i32::MAX as usize;
+/// Kafka's default `connections.max.idle.ms` (10 minutes): a connection with nothing in
+/// flight that sends nothing for this long is closed.
+pub const CONNECTIONS_MAX_IDLE_MS_DEFAULT: u64 = 600_000;
+/// Kafka's default `connection.failed.authentication.delay.ms`: a failed SASL
+/// authentication is answered (and its connection closed) only after this delay, so a
+/// password guesser gets at most one attempt per connection per delay.
+pub const CONNECTION_FAILED_AUTHENTICATION_DELAY_MS_DEFAULT: u64 = 100;
+/// A request whose size prefix arrived must arrive whole within this long, or its
+/// connection is closed and its memory charge released: a client that announces a large
+/// request and trickles it (or sends nothing more) holds the shared budget no longer.
+/// As Kafka's `request.timeout.ms` on the client side.
+pub const REQUEST_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// The shortest `request_read_timeout_ms` and `connections.max.idle.ms` accepted.
+pub const CONNECTION_TIMEOUT_MS_MIN: u64 = 100;
 /// Requests a connection may have in flight before the broker stops reading from it.
 /// Most `io_threads` accepted: beyond this, threads only contend.
 pub const IO_THREADS_MAX: usize = 256;
@@ -143,7 +162,28 @@ pub struct BrokerConfig {
     pub advertised_listener: Option<String>,
     pub data_dir: PathBuf,
     pub max_request_bytes: usize,
+    /// Kafka's `max.connections`: connections open at once, broker-wide
+    /// ([`CONNECTIONS_MAX_DEFAULT`]); more are closed at accept.
+    #[serde(alias = "max.connections")]
     pub max_connections: usize,
+    /// Kafka's `max.connections.per.ip`: connections open at once from one address
+    /// ([`CONNECTIONS_PER_IP_MAX_DEFAULT`]: no limit); more are closed at accept.
+    #[serde(rename = "max.connections.per.ip")]
+    pub max_connections_per_ip: usize,
+    /// Kafka's `max.connections.per.ip.overrides`: `address:count,...`, a per-address
+    /// limit replacing `max.connections.per.ip` (addresses are IP literals).
+    #[serde(rename = "max.connections.per.ip.overrides")]
+    pub max_connections_per_ip_overrides: String,
+    /// Kafka's `connections.max.idle.ms` ([`CONNECTIONS_MAX_IDLE_MS_DEFAULT`]).
+    #[serde(rename = "connections.max.idle.ms")]
+    pub connections_max_idle_ms: u64,
+    /// Kafka's `connection.failed.authentication.delay.ms`
+    /// ([`CONNECTION_FAILED_AUTHENTICATION_DELAY_MS_DEFAULT`]); 0 answers at once.
+    #[serde(rename = "connection.failed.authentication.delay.ms")]
+    pub connection_failed_authentication_delay_ms: u64,
+    /// How long a request may take to arrive once its size prefix has
+    /// ([`REQUEST_READ_TIMEOUT_MS_DEFAULT`]).
+    pub request_read_timeout_ms: u64,
     pub max_inflight_requests_per_connection: usize,
     /// Request bytes admitted broker-wide ([`QUEUED_MAX_REQUEST_BYTES_DEFAULT`]); the old
     /// key `produce_memory_bytes` (which bounded only produce requests) still reads.
@@ -210,6 +250,10 @@ pub struct BrokerConfig {
     /// none | requested | required.
     #[serde(rename = "ssl.client.auth")]
     pub ssl_client_auth: String,
+    /// Kafka's `ssl.principal.mapping.rules`: how a client certificate's subject becomes
+    /// its principal name (`security/principal_mapping.rs`).
+    #[serde(rename = "ssl.principal.mapping.rules", deserialize_with = "principal_mapping_rules")]
+    pub ssl_principal_mapping_rules: crate::security::principal_mapping::PrincipalMappingRules,
     /// Kafka's `authorizer.class.name`: any value (e.g.
     /// `org.apache.kafka.metadata.authorizer.StandardAuthorizer`) turns on ACL checks.
     #[serde(rename = "authorizer.class.name")]
@@ -392,8 +436,10 @@ pub struct ClusterConfig {
     /// binds to; absent = chosen by the system. Lets a proxy tell nodes apart by peer IP.
     pub source_address: Option<IpAddr>,
     /// A file holding a secret every node of the cluster shares (at least 16 bytes, e.g.
-    /// `head -c 32 /dev/urandom | base64`): controller RPCs between nodes are then
-    /// authenticated with it. Absent = not authenticated (keep controller ports private).
+    /// `head -c 32 /dev/urandom | base64`, mode 0600): every controller RPC between nodes is
+    /// authenticated with it, and brokers derive their inter-broker credential from it.
+    /// Required with more than one voter; a single voter generates its own at first start
+    /// (`<data_dir>/controller.secret`).
     pub rpc_secret_file: Option<PathBuf>,
     /// Controller RPC over TLS, with the broker's `ssl.keystore.*` (this node's certificate,
     /// which must name its controller address's host) and `ssl.truststore.*` (the CAs of
@@ -474,11 +520,20 @@ impl ClusterConfig {
         if let Some(ip) = self.source_address.filter(|ip| ip.is_unspecified() || ip.is_multicast()) {
             return Err(format!("cluster.source_address must be a concrete unicast address, got {ip}"));
         }
-        if let Some(path) = &self.rpc_secret_file {
-            self.rpc_secret().map_err(|error| format!("cluster.rpc_secret_file {}: {error}", path.display()))?;
-        }
-        if self.rpc_tls && self.rpc_secret_file.is_none() {
-            return Err("cluster.rpc_tls needs cluster.rpc_secret_file (TLS encrypts, the secret authenticates)".into());
+        match &self.rpc_secret_file {
+            Some(path) => {
+                self.rpc_secret().map_err(|error| format!("cluster.rpc_secret_file {}: {error}", path.display()))?;
+            }
+            None if voters.len() > 1 => {
+                return Err(format!(
+                    "cluster.rpc_secret_file is not set: the {} controllers authenticate each other with a secret \
+                     they share, so that nobody else can vote, replicate or propose changes. Create one (e.g. \
+                     `head -c 32 /dev/urandom | base64 > cluster.secret; chmod 600 cluster.secret`), give every node \
+                     the same file (--cluster-rpc-secret-file or cluster.rpc_secret_file)",
+                    voters.len()
+                ));
+            }
+            None => {}
         }
         if let Some(id) = &self.cluster_id {
             let valid_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
@@ -502,6 +557,11 @@ impl Default for BrokerConfig {
             data_dir: PathBuf::from("./sluice-data"),
             max_request_bytes: REQUEST_BYTES_MAX_DEFAULT,
             max_connections: CONNECTIONS_MAX_DEFAULT,
+            max_connections_per_ip: CONNECTIONS_PER_IP_MAX_DEFAULT,
+            max_connections_per_ip_overrides: String::new(),
+            connections_max_idle_ms: CONNECTIONS_MAX_IDLE_MS_DEFAULT,
+            connection_failed_authentication_delay_ms: CONNECTION_FAILED_AUTHENTICATION_DELAY_MS_DEFAULT,
+            request_read_timeout_ms: REQUEST_READ_TIMEOUT_MS_DEFAULT,
             max_inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
             queued_max_request_bytes: QUEUED_MAX_REQUEST_BYTES_DEFAULT,
             queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
@@ -524,6 +584,7 @@ impl Default for BrokerConfig {
             ssl_truststore_location: None,
             ssl_truststore_certificates: None,
             ssl_client_auth: "none".into(),
+            ssl_principal_mapping_rules: Default::default(),
             sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
             connections_max_reauth_ms: 0,
@@ -629,9 +690,7 @@ impl BrokerConfig {
                 self.queued_max_request_bytes_per_connection
             ));
         }
-        if self.sasl_server_max_receive_size == 0 {
-            return Err("sasl.server.max.receive.size must be > 0".into());
-        }
+        self.validate_connection_limits()?;
         if !(1..=PARTITIONS_PER_TOPIC_MAX).contains(&self.num_partitions) {
             return Err(format!("num_partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]"));
         }
@@ -657,6 +716,54 @@ impl BrokerConfig {
         }
         self.validate_tiered_storage()?;
         self.topic_defaults.validate()
+    }
+
+    /// The limits on what one connection, or one address, may hold and for how long.
+    fn validate_connection_limits(&self) -> Result<(), String> {
+        if self.sasl_server_max_receive_size == 0 {
+            return Err("sasl.server.max.receive.size must be > 0".into());
+        }
+        if self.max_connections_per_ip > CONNECTIONS_PER_IP_MAX_DEFAULT {
+            return Err(format!("max.connections.per.ip must be at most {CONNECTIONS_PER_IP_MAX_DEFAULT}"));
+        }
+        let overrides = self.connections_per_ip_overrides()?;
+        if self.max_connections_per_ip == 0 && overrides.is_empty() {
+            return Err("max.connections.per.ip may be 0 only with max.connections.per.ip.overrides".into());
+        }
+        for (name, value) in [
+            ("connections.max.idle.ms", self.connections_max_idle_ms),
+            ("request_read_timeout_ms", self.request_read_timeout_ms),
+        ] {
+            if value < CONNECTION_TIMEOUT_MS_MIN {
+                return Err(format!("{name} must be at least {CONNECTION_TIMEOUT_MS_MIN}, got {value}"));
+            }
+        }
+        // As in Kafka: the delayed answer must go out before the idle timeout closes it.
+        if self.connection_failed_authentication_delay_ms >= self.connections_max_idle_ms {
+            return Err(format!(
+                "connection.failed.authentication.delay.ms must be below connections.max.idle.ms ({}), got {}",
+                self.connections_max_idle_ms, self.connection_failed_authentication_delay_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// `max.connections.per.ip.overrides` by address.
+    pub fn connections_per_ip_overrides(&self) -> Result<HashMap<IpAddr, usize>, String> {
+        let mut overrides = HashMap::new();
+        for entry in self.max_connections_per_ip_overrides.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = || format!("max.connections.per.ip.overrides entry {entry:?} is not address:count");
+            let (address, count) = entry.rsplit_once(':').ok_or_else(bad)?;
+            let address = address.trim().trim_start_matches('[').trim_end_matches(']');
+            let address: IpAddr = address.parse().map_err(|_| {
+                format!("max.connections.per.ip.overrides entry {entry:?}: {address:?} is not an IP address")
+            })?;
+            let count: usize = count.trim().parse().map_err(|_| bad())?;
+            if overrides.insert(address, count).is_some() {
+                return Err(format!("max.connections.per.ip.overrides names {address} twice"));
+            }
+        }
+        Ok(overrides)
     }
 
     fn validate_tiered_storage(&self) -> Result<(), String> {
@@ -772,6 +879,15 @@ impl BrokerConfig {
 const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT < GROUP_CONSUMER_SESSION_TIMEOUT_MS_DEFAULT);
 const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN < GROUP_CONSUMER_SESSION_TIMEOUT_MS_MIN);
 
+/// `ssl.principal.mapping.rules` parsed where the config is read, so a bad rule stops the
+/// start with its reason.
+fn principal_mapping_rules<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<crate::security::principal_mapping::PrincipalMappingRules, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    crate::security::principal_mapping::PrincipalMappingRules::parse(&text).map_err(serde::de::Error::custom)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -812,6 +928,42 @@ mod tests {
             ..BrokerConfig::default()
         };
         assert!(small_requests.validate().is_ok());
+    }
+
+    #[test]
+    fn connection_limits_take_kafka_names_and_refuse_bad_values() {
+        let parsed: BrokerConfig = serde_json::from_value(serde_json::json!({
+            "max.connections": 50,
+            "max.connections.per.ip": 5,
+            "max.connections.per.ip.overrides": "10.0.0.1:7",
+            "connections.max.idle.ms": 2_000,
+            "connection.failed.authentication.delay.ms": 250,
+        }))
+        .unwrap();
+        assert!(parsed.validate().is_ok());
+        assert_eq!((parsed.max_connections, parsed.max_connections_per_ip), (50, 5));
+        assert_eq!(parsed.connections_per_ip_overrides().unwrap()[&"10.0.0.1".parse::<IpAddr>().unwrap()], 7);
+        assert_eq!((parsed.connections_max_idle_ms, parsed.connection_failed_authentication_delay_ms), (2_000, 250));
+        let defaults = BrokerConfig::default();
+        assert_eq!(defaults.max_connections_per_ip, i32::MAX as usize, "Kafka's default: no limit");
+        assert_eq!(defaults.connections_max_idle_ms, 600_000);
+        assert_eq!(defaults.connection_failed_authentication_delay_ms, 100);
+        for (bad, expected) in [
+            (BrokerConfig { connections_max_idle_ms: 0, ..BrokerConfig::default() }, "connections.max.idle.ms"),
+            (BrokerConfig { request_read_timeout_ms: 10, ..BrokerConfig::default() }, "request_read_timeout_ms"),
+            (
+                BrokerConfig {
+                    connections_max_idle_ms: 1_000,
+                    connection_failed_authentication_delay_ms: 1_000,
+                    ..BrokerConfig::default()
+                },
+                "connection.failed.authentication.delay.ms",
+            ),
+            (BrokerConfig { max_connections_per_ip: usize::MAX, ..BrokerConfig::default() }, "max.connections.per.ip"),
+        ] {
+            let error = bad.validate().unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
     }
 
     #[test]

@@ -14,10 +14,21 @@
 //! none of its own requests are in flight; otherwise it first lets them finish, since
 //! they may hold what it waits for. Unread bytes are bounded by `READ_BUFFER_BYTES`.
 //!
+//! Before authentication (on a SASL listener; other listeners authenticate at once) a
+//! frame may be at most `sasl.server.max.receive.size` and is charged to its connection
+//! only, never to the shared budget: clients that have proved nothing cannot take the memory
+//! of those that have. A larger one closes the connection (logged at a rate limit).
+//!
+//! Time: a request whose size prefix arrived must arrive whole within
+//! `request_read_timeout_ms`, and a connection with nothing in flight that sends nothing
+//! for `connections.max.idle.ms` is closed; either way its charges are released, so a
+//! slow or silent client holds neither memory nor a connection slot for ever. A failed
+//! SASL authentication is answered after `connection.failed.authentication.delay.ms` (a
+//! timer, no thread held), then the connection closes.
+//!
 //! The stream is a TCP socket or a TLS session over one. On a SASL listener only
 //! ApiVersions and the SASL exchange are served until the client authenticated
-//! (security/sasl.rs); any other request before that closes the connection, as in Kafka,
-//! and so does one larger than `sasl.server.max.receive.size`.
+//! (security/sasl.rs); any other request before that closes the connection, as in Kafka.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -29,11 +40,12 @@ use futures::FutureExt;
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::ResponseError;
 use sluice_protocol::{
-    api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FileChunk, FrameHead, Request,
-    RequestError, ResponseChunk, FRAME_SIZE_PREFIX_BYTES,
+    api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FileChunk, FrameError, FrameHead,
+    Request, RequestError, ResponseChunk, FRAME_SIZE_PREFIX_BYTES,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Duration, Instant};
 
 use crate::handlers::{self, ResponseFuture, Session};
 use crate::security::sasl::{Authenticator, Next};
@@ -83,27 +95,37 @@ pub(crate) async fn run(
     // The charge of the frame at the front of `buffer`, admitted but not yet whole.
     let mut head: Option<Charge> = None;
     let mut read_closed = false;
+    let mut deadlines = Deadlines::new(broker.config(), Instant::now());
+    // Armed for the nearest deadline; reset only when that moves (not at every read).
+    let timer = tokio::time::sleep_until(deadlines.idle_due);
+    tokio::pin!(timer);
     loop {
         // Over a quota: take no new request until the throttle time has passed (KIP-219).
         let muted = session.throttle.remaining(broker.quotas.now_ms());
         // Turn buffered bytes into requests while there is room in flight.
         let mut blocked_on_memory = false;
+        // A frame completed or admitted: the next one gets a fresh read deadline.
+        let mut frame_progress = false;
         while muted.is_none() && inflight.len() < inflight_max {
             let charge = match head.take() {
                 Some(charge) => charge,
                 None => {
-                    let limit = match authenticator.user() {
-                        Some(_) => frame_bytes_max,
-                        None => unauthenticated_frame_bytes_max,
-                    };
+                    let authenticated = authenticator.user().is_some();
+                    let limit = if authenticated { frame_bytes_max } else { unauthenticated_frame_bytes_max };
                     let next = match peek_frame(&buffer, limit) {
                         Ok(Some(next)) => next,
                         Ok(None) => break,
                         Err(error) => {
-                            tracing::warn!(%peer, %error, "closing connection: bad frame");
+                            refuse_frame(&broker, &peer, &error, authenticated);
                             return;
                         }
                     };
+                    if !authenticated {
+                        // Bounded by sasl.server.max.receive.size; not the shared budget's.
+                        connection_bytes += next.size;
+                        head = Some(Charge::unbudgeted(next.size));
+                        continue; // Taken off `head` at once.
+                    }
                     // Alone, a connection may take any request up to max_request_bytes.
                     let over_connection = connection_bytes + next.size > connection_bytes_max;
                     let now = match over_connection && !inflight.is_empty() {
@@ -112,7 +134,10 @@ pub(crate) async fn run(
                     };
                     let charged = match now {
                         Some(charge) => charge,
-                        None if inflight.is_empty() => broker.request_memory.charge(next).await,
+                        None if inflight.is_empty() => {
+                            frame_progress = true;
+                            broker.request_memory.charge(next).await
+                        }
                         None => {
                             // Our own requests hold memory: let them finish first.
                             blocked_on_memory = true;
@@ -129,6 +154,7 @@ pub(crate) async fn run(
             }
             let frame = decode_frame(&mut buffer, frame_bytes_max).ok().flatten().expect("a whole checked frame");
             charges.push_back(charge);
+            frame_progress = true;
             let request = match parse_request(frame) {
                 Ok(request) => request,
                 Err(error) => match reject(error, &peer) {
@@ -153,7 +179,7 @@ pub(crate) async fn run(
                 inflight.push_back(handlers::dispatch(&broker, request, &session));
                 continue;
             }
-            match authenticate(&broker, &mut authenticator, request, &peer) {
+            match authenticate(&broker, &mut authenticator, request, &peer).await {
                 None => return,
                 Some((response, Next::Continue)) => inflight.push_back(response),
                 Some((response, Next::Close)) => {
@@ -173,13 +199,27 @@ pub(crate) async fn run(
         if inflight.is_empty() && !can_read && muted.is_none() {
             return;
         }
-        if can_read && admitted > buffer.len() {
+        let budgeted = head.as_ref().is_some_and(Charge::budgeted);
+        if can_read && admitted > buffer.len() && budgeted {
             // Room for the admitted frame, allocated only now that it is charged. (Other
-            // reads go to the buffer's spare capacity, as BytesMut grows it.)
+            // reads, and unauthenticated frames, go to the buffer's spare capacity, as
+            // BytesMut grows it: memory only for bytes that arrived.)
             buffer.reserve(admitted - buffer.len());
+        }
+        deadlines.frame_read(frame_progress, can_read && !buffer.is_empty(), Instant::now);
+        let deadline = deadlines.next(inflight.is_empty() && muted.is_none());
+        if let Some((at, _)) = deadline.filter(|(at, _)| *at != timer.deadline()) {
+            timer.as_mut().reset(at);
         }
         let mut limited = (&mut reader).take(read_max as u64);
         tokio::select! {
+            () = &mut timer, if deadline.is_some() => {
+                let reason = deadline.expect("a deadline is set").1;
+                if deadlines.expired(reason, Instant::now()) {
+                    close_for(&broker, &peer, reason, &deadlines);
+                    return;
+                }
+            }
             () = tokio::time::sleep(muted.unwrap_or_default()), if muted.is_some() => {}
             Some(response) = inflight.next(), if !inflight.is_empty() => {
                 // The responses already complete behind this one go out in the same write:
@@ -201,6 +241,7 @@ pub(crate) async fn run(
                         tracing::debug!(%peer, %error, "write failed");
                         return;
                     }
+                    deadlines.active(Instant::now());
                 }
                 // Answered: their memory goes back to the budgets.
                 for _ in 0..answered {
@@ -210,7 +251,7 @@ pub(crate) async fn run(
             }
             read = limited.read_buf(&mut buffer), if can_read => match read {
                 Ok(0) => read_closed = true,
-                Ok(_) => {}
+                Ok(_) => deadlines.active(Instant::now()),
                 Err(error) => {
                     tracing::debug!(%peer, %error, "read failed");
                     return;
@@ -236,8 +277,22 @@ pub(crate) struct RequestMemory {
 pub(crate) struct Charge {
     /// The request's size (frame body bytes), as charged to its connection.
     bytes: usize,
-    _all: OwnedSemaphorePermit,
+    /// `None` for a request before authentication, which the shared budget never holds.
+    all: Option<OwnedSemaphorePermit>,
     _produce: Option<OwnedSemaphorePermit>,
+}
+
+impl Charge {
+    /// A request before authentication (at most `sasl.server.max.receive.size`): charged
+    /// to its connection only.
+    fn unbudgeted(bytes: usize) -> Charge {
+        Charge { bytes, all: None, _produce: None }
+    }
+
+    /// Whether the shared budget holds this request's bytes.
+    fn budgeted(&self) -> bool {
+        self.all.is_some()
+    }
 }
 
 impl RequestMemory {
@@ -276,7 +331,7 @@ impl RequestMemory {
             false => None,
         };
         let all = self.all.clone().try_acquire_many_owned(Self::permits(head.size, self.all_bytes)).ok()?;
-        Some(Charge { bytes: head.size, _all: all, _produce: produce })
+        Some(Charge { bytes: head.size, all: Some(all), _produce: produce })
     }
 
     /// Charges the request, waiting (in arrival order) for memory to be given back. The
@@ -292,14 +347,15 @@ impl RequestMemory {
         };
         let permits = Self::permits(head.size, self.all_bytes);
         let all = self.all.clone().acquire_many_owned(permits).await.expect("never closed");
-        Charge { bytes: head.size, _all: all, _produce: produce }
+        Charge { bytes: head.size, all: Some(all), _produce: produce }
     }
 }
 
 /// Answers a SASL request, or refuses (`None`: close the connection) any other request
-/// of a client that has not authenticated.
-fn authenticate(
-    broker: &Broker,
+/// of a client that has not authenticated. A failure is answered after
+/// `connection.failed.authentication.delay.ms`, then the connection closes.
+async fn authenticate(
+    broker: &Arc<Broker>,
     authenticator: &mut Authenticator,
     request: Request,
     peer: &SocketAddr,
@@ -311,7 +367,7 @@ fn authenticate(
             (ResponseKind::SaslHandshake(response), next)
         }
         RequestKind::SaslAuthenticate(request) => {
-            let (response, next) = authenticator.authenticate(broker, request);
+            let (response, next) = authenticator.authenticate_off_io_thread(broker, request).await;
             (ResponseKind::SaslAuthenticate(response), next)
         }
         _ => {
@@ -326,7 +382,122 @@ fn authenticate(
             None
         }
     };
-    Some((Box::pin(async move { bytes }), next))
+    let delay = match next {
+        Next::Continue => Duration::ZERO,
+        Next::Close => {
+            broker.metrics.connection_closed_for("failed_authentication");
+            Duration::from_millis(broker.config().connection_failed_authentication_delay_ms)
+        }
+    };
+    let answer = async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        bytes
+    };
+    Some((Box::pin(answer), next))
+}
+
+/// Why the broker closes a connection on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CloseReason {
+    /// Nothing in flight and nothing received for `connections.max.idle.ms`.
+    Idle,
+    /// A request begun and not whole within `request_read_timeout_ms`.
+    RequestReadTimeout,
+}
+
+/// The times at which a connection is closed for what its client does not send.
+struct Deadlines {
+    idle: Duration,
+    request_read: Duration,
+    /// When bytes last moved either way.
+    active_at: Instant,
+    /// When the connection is next checked for being idle: `active_at + idle` as it was
+    /// when last checked (moved on lazily, so a busy connection never resets its timer).
+    idle_due: Instant,
+    /// When the request at the front of the buffer, begun, must be whole.
+    frame_due: Option<Instant>,
+}
+
+impl Deadlines {
+    fn new(config: &crate::BrokerConfig, now: Instant) -> Deadlines {
+        let idle = Duration::from_millis(config.connections_max_idle_ms);
+        let request_read = Duration::from_millis(config.request_read_timeout_ms);
+        assert!(!idle.is_zero() && !request_read.is_zero(), "validated at startup");
+        Deadlines { idle, request_read, active_at: now, idle_due: now + idle, frame_due: None }
+    }
+
+    fn active(&mut self, now: Instant) {
+        self.active_at = now;
+    }
+
+    /// `progress`: a request was read whole or admitted since the last call. `waiting`:
+    /// part of a request is buffered and the connection reads the rest.
+    fn frame_read(&mut self, progress: bool, waiting: bool, now: impl FnOnce() -> Instant) {
+        if progress || !waiting {
+            self.frame_due = None;
+        }
+        if waiting && self.frame_due.is_none() {
+            self.frame_due = Some(now() + self.request_read);
+        }
+    }
+
+    /// The earliest deadline and why; the idle one only when `idle_applies` (nothing in
+    /// flight or throttled).
+    fn next(&self, idle_applies: bool) -> Option<(Instant, CloseReason)> {
+        let idle = idle_applies.then_some((self.idle_due, CloseReason::Idle));
+        let read = self.frame_due.map(|due| (due, CloseReason::RequestReadTimeout));
+        match (idle, read) {
+            (Some(idle), Some(read)) => Some(if read.0 <= idle.0 { read } else { idle }),
+            (idle, read) => idle.or(read),
+        }
+    }
+
+    /// The deadline for `reason` passed: whether the connection must close (no: bytes
+    /// moved since the idle check was set, and it is set again from then).
+    fn expired(&mut self, reason: CloseReason, now: Instant) -> bool {
+        match reason {
+            CloseReason::RequestReadTimeout => true,
+            CloseReason::Idle => {
+                let due = self.active_at + self.idle;
+                if due <= now {
+                    return true;
+                }
+                assert!(due > self.idle_due, "activity only moves the idle deadline later");
+                self.idle_due = due;
+                false
+            }
+        }
+    }
+}
+
+/// Logs (and counts) a connection closed for `reason`.
+fn close_for(broker: &Broker, peer: &SocketAddr, reason: CloseReason, deadlines: &Deadlines) {
+    let (label, setting, limit) = match reason {
+        CloseReason::Idle => ("idle", "connections.max.idle.ms", deadlines.idle),
+        CloseReason::RequestReadTimeout => ("request_read_timeout", "request_read_timeout_ms", deadlines.request_read),
+    };
+    broker.metrics.connection_closed_for(label);
+    tracing::debug!(%peer, setting, limit_ms = limit.as_millis() as u64, "closing connection: {label}");
+}
+
+/// Logs a frame that closes its connection; one before authentication larger than
+/// `sasl.server.max.receive.size` at a rate limit (many clients may send them at once).
+fn refuse_frame(broker: &Broker, peer: &SocketAddr, error: &FrameError, authenticated: bool) {
+    if authenticated || !matches!(error, FrameError::TooLarge { .. }) {
+        tracing::warn!(%peer, %error, "closing connection: bad frame");
+        return;
+    }
+    broker.metrics.connection_closed_for("unauthenticated_frame_too_large");
+    if let Some(unlogged) = broker.connection_limits.oversized_unauthenticated_frames_log.admit_now() {
+        tracing::warn!(
+            %peer,
+            %error,
+            refused_unlogged = unlogged,
+            "closing connection: a request before authentication is larger than sasl.server.max.receive.size"
+        );
+    }
 }
 
 /// The writing half of a connection: a TCP socket can also send file ranges with
@@ -461,6 +632,34 @@ mod tests {
 
     fn head(size: usize, api_key: ApiKey) -> FrameHead {
         FrameHead { size, api_key: Some(api_key as i16) }
+    }
+
+    #[test]
+    fn idle_connections_and_slow_requests_reach_their_deadlines() {
+        use CloseReason::{Idle, RequestReadTimeout};
+        let ms = Duration::from_millis;
+        let config =
+            crate::BrokerConfig { connections_max_idle_ms: 1_000, request_read_timeout_ms: 300, ..Default::default() };
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&config, start);
+        assert_eq!(deadlines.next(false), None, "a connection with requests in flight is not idle");
+        assert_eq!(deadlines.next(true), Some((start + ms(1_000), Idle)));
+        // A begun request must be whole sooner; trickling bytes do not move its deadline.
+        deadlines.frame_read(false, true, || start);
+        assert_eq!(deadlines.next(true), Some((start + ms(300), RequestReadTimeout)));
+        deadlines.active(start + ms(200));
+        deadlines.frame_read(false, true, || start + ms(200));
+        assert_eq!(deadlines.next(true), Some((start + ms(300), RequestReadTimeout)));
+        assert!(deadlines.expired(RequestReadTimeout, start + ms(300)));
+        // Once it is whole, the next one starts afresh.
+        deadlines.frame_read(true, true, || start + ms(250));
+        assert_eq!(deadlines.next(false), Some((start + ms(550), RequestReadTimeout)));
+        deadlines.frame_read(false, false, || unreachable!("not waiting"));
+        assert_eq!(deadlines.next(false), None);
+        // The idle check comes due, but bytes moved since: it is set again from them.
+        assert!(!deadlines.expired(Idle, start + ms(1_000)));
+        assert_eq!(deadlines.next(true), Some((start + ms(1_200), Idle)));
+        assert!(deadlines.expired(Idle, start + ms(1_200)));
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 pub mod cluster_link;
 pub mod config;
 mod connection;
+mod connection_limits;
 mod fetch_session;
 mod group;
 mod handlers;
@@ -58,6 +59,8 @@ pub struct Broker {
     /// Bytes of requests admitted and not yet answered (`queued_max_request_bytes`):
     /// bounds what connections buffer, produce data awaiting durability included.
     request_memory: connection::RequestMemory,
+    /// Connections open, in all and per address, and SASL password checks at once.
+    connection_limits: Arc<connection_limits::ConnectionLimits>,
     /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
     fetch_disk_reads: Arc<Semaphore>,
     /// Prometheus metrics (`metrics.rs`).
@@ -88,7 +91,7 @@ pub struct Broker {
 
 impl Broker {
     /// Opens the data dir: loads the topic registry and recovers every partition log.
-    pub fn open(config: BrokerConfig) -> io::Result<Arc<Broker>> {
+    pub fn open(mut config: BrokerConfig) -> io::Result<Arc<Broker>> {
         config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let started = std::time::Instant::now();
         if sluice_storage::durable::fsync_skipped() {
@@ -99,6 +102,9 @@ impl Broker {
         }
         let data_dir_lock = sluice_storage::DirLock::acquire(&config.data_dir)?;
         sluice_storage::durable::check_data_dir(&config.data_dir)?;
+        if let Some(cluster) = &mut config.cluster {
+            cluster_link::ensure_rpc_secret(cluster, &config.data_dir)?;
+        }
         let topics = TopicRegistry::open(&config.data_dir)?;
         let logs_dir = config.data_dir.join("logs");
         // Before any log opens: every tail takes the mode. Direct I/O only where the
@@ -224,6 +230,7 @@ impl Broker {
             None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
             Some(_) => txn::TransactionCoordinator::replicated(),
         });
+        let connection_limits = Arc::new(connection_limits::ConnectionLimits::new(&config));
         Ok(Arc::new(Broker {
             config,
             listeners,
@@ -236,6 +243,7 @@ impl Broker {
             topics,
             logs,
             request_memory,
+            connection_limits,
             fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
             fetch_sessions: fetch_session::FetchSessions::default(),
             metrics,

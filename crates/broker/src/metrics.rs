@@ -7,6 +7,10 @@
 //! allocating), never a label lookup that allocates. Gauges that describe state (partitions,
 //! connections, fetch sessions, under-replicated partitions, controller role) are computed
 //! when scraped, so no code path has to keep them up to date.
+//!
+//! The listener serves at most `METRICS_CONNECTIONS_MAX` connections; one more closes the
+//! oldest, and one that sends no request for `METRICS_HEADER_READ_TIMEOUT_MS` is closed: an
+//! operator's scrape or a probe gets through however many idle connections others hold.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,8 +37,12 @@ const REQUEST_SECONDS_BUCKETS: (f64, f64, u16) = (0.000_1, 2.0, 20);
 const FSYNC_SECONDS_BUCKETS: (f64, f64, u16) = (0.000_01, 2.0, 20);
 /// Highest API key with its own handles (Kafka's keys stay below this).
 const API_KEYS_MAX: usize = 128;
-/// Scrape and probe requests served at once.
-const METRICS_CONNECTIONS_MAX: usize = 16;
+/// Connections to the metrics listener served at once. When all are taken a new one
+/// closes the oldest, so idle or slow clients cannot lock scrapes and probes out.
+const METRICS_CONNECTIONS_MAX: usize = 64;
+/// A metrics connection whose request headers have not arrived this long after it
+/// opened (or after its previous answer) is closed.
+const METRICS_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ApiLabels {
@@ -49,6 +57,11 @@ struct TopicLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteModeLabels {
     mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +99,10 @@ pub(crate) struct Metrics {
     topics: RwLock<HashMap<String, TopicCounters>>,
     fsync_seconds: Histogram,
     connections: Gauge,
+    /// Connections refused at accept, by the limit that refused them.
+    connections_refused: Family<ReasonLabels, Counter>,
+    /// Connections the broker closed to protect itself, by why.
+    connections_closed: Family<ReasonLabels, Counter>,
     /// Produce and fetch answers that carried a quota throttle.
     throttled_produce: Counter,
     throttled_fetch: Counter,
@@ -177,6 +194,20 @@ impl Metrics {
             gauge
         };
         let connections = gauge(&mut registry, "connections", "Open client connections");
+        let connections_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed at accept, by the limit: max_connections or max_connections_per_ip",
+            connections_refused.clone(),
+        );
+        let connections_closed = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections the broker closed: idle (connections.max.idle.ms), request_read_timeout \
+             (request_read_timeout_ms), unauthenticated_frame_too_large (sasl.server.max.receive.size), \
+             failed_authentication",
+            connections_closed.clone(),
+        );
         let throttled = Family::<ApiLabels, Counter>::default();
         registry.register(
             "quota_throttled_responses",
@@ -288,6 +319,8 @@ impl Metrics {
             topics: RwLock::new(HashMap::new()),
             fsync_seconds,
             connections,
+            connections_refused,
+            connections_closed,
             throttled_produce,
             throttled_fetch,
             throttled_request_time,
@@ -371,6 +404,16 @@ impl Metrics {
         self.connections.dec();
     }
 
+    /// Counts a connection refused at accept (`reason`: the limit).
+    pub(crate) fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts a connection the broker closed to protect itself, for `reason`.
+    pub(crate) fn connection_closed_for(&self, reason: &'static str) {
+        self.connections_closed.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
     /// The scrape: state gauges computed now, then everything in Prometheus' text format.
     fn render(&self, broker: &Broker) -> String {
         let hosted = broker.logs.partitions();
@@ -437,23 +480,34 @@ impl Metrics {
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 pub(crate) async fn serve(broker: Arc<Broker>, listener: TcpListener) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS_MAX));
+    // Served connections, oldest first.
+    let mut open: std::collections::VecDeque<tokio::task::AbortHandle> = std::collections::VecDeque::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        open.retain(|connection| !connection.is_finished());
+        if open.len() >= METRICS_CONNECTIONS_MAX {
+            // Full: the newest client is the one most likely to be a scrape or a probe
+            // waiting for its answer; the oldest, one left idle.
+            open.pop_front().expect("full").abort();
+        }
+        assert!(open.len() < METRICS_CONNECTIONS_MAX);
         let broker = broker.clone();
-        tokio::spawn(async move {
+        let served = tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let broker = broker.clone();
                 async move { Ok::<_, Infallible>(answer(&broker, &request)) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-            drop(slot);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_millis(METRICS_HEADER_READ_TIMEOUT_MS))
+                .serve_connection(io, service)
+                .await;
         });
+        open.push_back(served.abort_handle());
     }
 }
 

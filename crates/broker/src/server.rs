@@ -1,15 +1,17 @@
-//! The TCP listener: accepts connections up to `max_connections`, runs periodic upkeep,
-//! and shuts down cleanly (stop accepting, seal every log) when asked.
+//! The TCP listener: accepts connections within `max.connections` and
+//! `max.connections.per.ip` (connection_limits.rs), runs periodic upkeep, and shuts down
+//! cleanly (stop accepting, seal every log) when asked.
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
+use crate::connection_limits::Refusal;
 use crate::Broker;
 
 /// Makes every panic in this process stop it: the panic is logged (message, thread,
@@ -51,7 +53,6 @@ pub async fn serve(
     assert_eq!(listeners.len(), broker.listeners().len(), "one socket per configured listener");
     let tls =
         crate::security::tls::acceptor(broker.config()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let connections = Arc::new(Semaphore::new(broker.config().max_connections));
     let metrics_server = match metrics {
         None => None,
         Some(metrics_listener) => {
@@ -80,7 +81,7 @@ pub async fn serve(
             node_id = broker.node_id(),
             "sluice broker listening"
         );
-        accept_loops.push(tokio::spawn(accept_loop(broker.clone(), listener, index, tls, connections.clone())));
+        accept_loops.push(tokio::spawn(accept_loop(broker.clone(), listener, index, tls)));
     }
     shutdown.await;
     tracing::info!("shutting down: sealing logs");
@@ -104,14 +105,8 @@ pub async fn serve(
 }
 
 /// Accepts the connections of one listener (TLS ones finish their handshake in their own
-/// task), up to the broker-wide `max_connections`.
-async fn accept_loop(
-    broker: Arc<Broker>,
-    listener: TcpListener,
-    index: usize,
-    tls: Option<TlsAcceptor>,
-    connections: Arc<Semaphore>,
-) {
+/// task), within the broker's connection limits.
+async fn accept_loop(broker: Arc<Broker>, listener: TcpListener, index: usize, tls: Option<TlsAcceptor>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(pair) => pair,
@@ -122,9 +117,12 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, limit = broker.config().max_connections, "connection limit reached; closing new connection");
-            continue;
+        let admission = match broker.connection_limits.admit(peer.ip()) {
+            Ok(admission) => admission,
+            Err(refusal) => {
+                refuse(&broker, peer, refusal);
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let broker = broker.clone();
@@ -132,32 +130,62 @@ async fn accept_loop(
         let counted = crate::metrics::ConnectionGuard(broker.clone());
         let tls = tls.clone();
         tokio::spawn(async move {
-            match tls {
-                None => {
-                    let (reader, writer) = stream.into_split();
-                    crate::connection::run(broker, reader, writer, peer, index, None).await;
-                }
-                Some(acceptor) => {
-                    let timeout = Duration::from_millis(crate::security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
-                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(session)) => {
-                            let certificate_user = session
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .and_then(|chain| chain.first())
-                                .and_then(crate::security::tls::certificate_user);
-                            let (reader, writer) = tokio::io::split(session);
-                            crate::connection::run(broker, reader, writer, peer, index, certificate_user).await;
-                        }
-                        Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
-                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
-                    }
-                }
-            }
+            serve_connection(broker, stream, peer, index, tls).await;
             drop(counted);
-            drop(permit);
+            drop(admission);
         });
+    }
+}
+
+/// Closes a connection refused at accept: counted, and logged at a rate limit (a flood
+/// of them must not flood the log).
+fn refuse(broker: &Broker, peer: SocketAddr, refusal: Refusal) {
+    broker.metrics.connection_refused(refusal.reason());
+    if let Some(suppressed) = broker.connection_limits.refusals_log.admit_now() {
+        let (setting, limit) = match refusal {
+            Refusal::Broker { limit } => ("max.connections", limit),
+            Refusal::PerIp { limit } => ("max.connections.per.ip", limit),
+        };
+        tracing::warn!(%peer, setting, limit, refused_unlogged = suppressed, "connection limit reached; closing new connection");
+    }
+}
+
+/// Serves one accepted connection, after its TLS handshake on a TLS listener.
+async fn serve_connection(
+    broker: Arc<Broker>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    index: usize,
+    tls: Option<TlsAcceptor>,
+) {
+    let Some(acceptor) = tls else {
+        let (reader, writer) = stream.into_split();
+        return crate::connection::run(broker, reader, writer, peer, index, None).await;
+    };
+    let timeout = Duration::from_millis(crate::security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(session)) => {
+            let subject = session
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(crate::security::tls::certificate_user);
+            let certificate_user = match subject {
+                None => None,
+                Some(subject) => match broker.config().ssl_principal_mapping_rules.apply(&subject) {
+                    Some(user) => Some(user),
+                    None => {
+                        tracing::warn!(%peer, subject, "no ssl.principal.mapping.rules rule applies to the client certificate; closing");
+                        return;
+                    }
+                },
+            };
+            let (reader, writer) = tokio::io::split(session);
+            crate::connection::run(broker, reader, writer, peer, index, certificate_user).await;
+        }
+        Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
+        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
     }
 }
 

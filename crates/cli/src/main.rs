@@ -1,10 +1,13 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
 mod dev_cluster;
+mod kafka_connection;
 mod security_tools;
 mod serve;
 mod share_tools;
 mod tools;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -35,9 +38,9 @@ enum Command {
     Group(tools::GroupArgs),
     /// List share groups (queues, KIP-932) and describe one (members, start offsets, lag).
     Share(share_tools::ShareArgs),
-    /// List, add or remove ACLs (Kafka's kafka-acls), over a PLAINTEXT listener.
+    /// List, add or remove ACLs (Kafka's kafka-acls), over any listener (-X security.protocol=...).
     Acl(security_tools::AclArgs),
-    /// List, add or delete SCRAM users (kafka-configs --entity-type users), over a PLAINTEXT listener.
+    /// List, add or delete SCRAM users (kafka-configs --entity-type users), over any listener.
     User(security_tools::UserArgs),
     /// Show the cluster's brokers.
     Cluster(tools::ClusterArgs),
@@ -47,8 +50,19 @@ enum Command {
     Bench(sluice_bench::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Errors are printed as one line, `error: what: why` (anyhow's chain, no backtrace): the
+/// reader is an operator, not a debugger.
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Topic(args) => tools::topic(args),

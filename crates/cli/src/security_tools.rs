@@ -1,12 +1,15 @@
 //! `sluice acl` and `sluice user`: ACLs and SCRAM users over the Kafka protocol
 //! (CreateAcls/DescribeAcls/DeleteAcls, Describe/AlterUserScramCredentials), as
 //! `kafka-acls.sh` and `kafka-configs.sh --entity-type users` do. librdkafka has no API for
-//! these, so they speak the protocol directly, over a PLAINTEXT listener (the local admin
-//! listener of a secured broker, whose principal is then a super user).
+//! these, so they speak the protocol directly (`kafka_connection`), over any listener:
+//! `-X security.protocol=...` and the `ssl.*` and `sasl.*` settings say how.
+//!
+//! A password is never needed on the command line, where other users see it (`ps`) and the
+//! shell keeps it: `sluice user add` reads the new one from a file, the environment, a
+//! prompt or standard input.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
+use std::io::{BufRead, IsTerminal};
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -21,33 +24,12 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-const TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest answer read (a DescribeAcls of many ACLs stays far below).
-const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
+use crate::kafka_connection::{ConnectionArgs, Connector};
+
 const ACLS_VERSION: i16 = 3;
 const SCRAM_VERSION: i16 = 0;
 /// Iterations `sluice user add` uses unless told otherwise (Kafka's tools use 4096).
 pub const SCRAM_ITERATIONS_DEFAULT: i32 = 8192;
-
-/// One request and its answer on a fresh plaintext connection.
-pub(crate) fn call(bootstrap: &str, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<ResponseKind> {
-    let address = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
-    let mut stream = TcpStream::connect(address).with_context(|| format!("connecting to {address}"))?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
-    let frame = sluice_protocol::encode_request(api_key, version, 1, "sluice-cli", &body)?;
-    stream.write_all(&frame)?;
-    let mut size = [0u8; 4];
-    stream.read_exact(&mut size).context("reading the answer (is this a PLAINTEXT listener?)")?;
-    let size = usize::try_from(i32::from_be_bytes(size)).context("negative answer size")?;
-    if size > RESPONSE_BYTES_MAX {
-        bail!("answer of {size} bytes is larger than {RESPONSE_BYTES_MAX} (is this a PLAINTEXT listener?)");
-    }
-    let mut answer = vec![0u8; size];
-    stream.read_exact(&mut answer)?;
-    let (_, response) = sluice_protocol::decode_response(api_key, version, Bytes::from(answer))?;
-    Ok(response)
-}
 
 pub(crate) fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> anyhow::Result<()> {
     if error_code == 0 {
@@ -58,12 +40,8 @@ pub(crate) fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> 
     bail!("{what}: {name} ({error_code}){}", message.map(|m| format!(": {m}")).unwrap_or_default())
 }
 
-#[derive(Debug, clap::Args)]
-pub struct AdminConnection {
-    /// A PLAINTEXT listener of the broker.
-    #[arg(long, short = 'b', env = "SLUICE_BOOTSTRAP", default_value = "127.0.0.1:9092")]
-    bootstrap: String,
-}
+/// Where `sluice user add` reads the new password when no `--password-file` is given.
+pub const USER_PASSWORD_ENV: &str = "SLUICE_USER_PASSWORD";
 
 /// Which resources an ACL names.
 #[derive(Debug, Clone, clap::Args)]
@@ -141,7 +119,7 @@ pub enum AclCommand {
 #[derive(Debug, clap::Args)]
 pub struct AclArgs {
     #[command(flatten)]
-    connection: AdminConnection,
+    connection: ConnectionArgs,
     #[command(subcommand)]
     command: AclCommand,
 }
@@ -186,7 +164,8 @@ fn resource_type_name(code: i8) -> &'static str {
 }
 
 pub fn acl(args: AclArgs) -> anyhow::Result<()> {
-    let bootstrap = &args.connection.bootstrap;
+    let connector = args.connection.connector()?;
+    let call = |api_key, version, body| connector.call(args.connection.bootstrap(), api_key, version, body);
     match args.command {
         AclCommand::List { resource, principal } => {
             let mut request = DescribeAclsRequest::default();
@@ -199,7 +178,7 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
             request.operation = 1;
             request.permission_type = 1;
             let ResponseKind::DescribeAcls(response) =
-                call(bootstrap, ApiKey::DescribeAcls, ACLS_VERSION, RequestKind::DescribeAcls(request))?
+                call(ApiKey::DescribeAcls, ACLS_VERSION, RequestKind::DescribeAcls(request))?
             else {
                 bail!("unexpected answer");
             };
@@ -238,7 +217,7 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
                 request.creations.push(creation);
             }
             let ResponseKind::CreateAcls(response) =
-                call(bootstrap, ApiKey::CreateAcls, ACLS_VERSION, RequestKind::CreateAcls(request))?
+                call(ApiKey::CreateAcls, ACLS_VERSION, RequestKind::CreateAcls(request))?
             else {
                 bail!("unexpected answer");
             };
@@ -262,7 +241,7 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
             let mut request = DeleteAclsRequest::default();
             request.filters.push(filter);
             let ResponseKind::DeleteAcls(response) =
-                call(bootstrap, ApiKey::DeleteAcls, ACLS_VERSION, RequestKind::DeleteAcls(request))?
+                call(ApiKey::DeleteAcls, ACLS_VERSION, RequestKind::DeleteAcls(request))?
             else {
                 bail!("unexpected answer");
             };
@@ -283,11 +262,16 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
 pub enum UserCommand {
     /// List SCRAM users with their mechanisms and iterations.
     List,
-    /// Add a SCRAM user or change its password.
+    /// Add a SCRAM user or change its password. The password is read from --password-file,
+    /// else $SLUICE_USER_PASSWORD, else a prompt (on a terminal) or a line of standard input.
     Add {
         name: String,
-        #[arg(long)]
-        password: String,
+        /// A file whose first line is the password.
+        #[arg(long, value_name = "PATH")]
+        password_file: Option<PathBuf>,
+        /// Visible to other users and kept in shell history: use --password-file instead.
+        #[arg(long, hide = true, conflicts_with = "password_file")]
+        password: Option<String>,
         /// SCRAM-SHA-256 or SCRAM-SHA-512.
         #[arg(long, default_value = "SCRAM-SHA-512")]
         mechanism: String,
@@ -305,7 +289,7 @@ pub enum UserCommand {
 #[derive(Debug, clap::Args)]
 pub struct UserArgs {
     #[command(flatten)]
-    connection: AdminConnection,
+    connection: ConnectionArgs,
     #[command(subcommand)]
     command: UserCommand,
 }
@@ -333,11 +317,11 @@ fn salted_password(mechanism: i8, password: &str, salt: &[u8], iterations: i32) 
 }
 
 pub fn user(args: UserArgs) -> anyhow::Result<()> {
-    let bootstrap = &args.connection.bootstrap;
+    let bootstrap = args.connection.bootstrap();
     match args.command {
         UserCommand::List => {
             let request = DescribeUserScramCredentialsRequest::default();
-            let ResponseKind::DescribeUserScramCredentials(response) = call(
+            let ResponseKind::DescribeUserScramCredentials(response) = args.connection.connector()?.call(
                 bootstrap,
                 ApiKey::DescribeUserScramCredentials,
                 SCRAM_VERSION,
@@ -359,8 +343,11 @@ pub fn user(args: UserArgs) -> anyhow::Result<()> {
                 println!("{}\t{}", result.user, mechanisms.join(", "));
             }
         }
-        UserCommand::Add { name, password, mechanism, iterations } => {
+        UserCommand::Add { name, password_file, password, mechanism, iterations } => {
             let code = mechanism_code(&mechanism)?;
+            // The connection's settings first: a mistake there should not cost a prompt.
+            let connector = args.connection.connector()?;
+            let password = new_password(&name, password_file.as_deref(), password)?;
             let salt: [u8; 32] = rand::random();
             let mut upsertion = ScramCredentialUpsertion::default();
             upsertion.name = StrBytes::from_string(name.clone());
@@ -370,7 +357,7 @@ pub fn user(args: UserArgs) -> anyhow::Result<()> {
             upsertion.salted_password = Bytes::from(salted_password(code, &password, &salt, iterations));
             let mut request = AlterUserScramCredentialsRequest::default();
             request.upsertions.push(upsertion);
-            alter_users(bootstrap, request, &format!("added {mechanism} credential for {name}"))?;
+            alter_users(&connector, bootstrap, request, &format!("added {mechanism} credential for {name}"))?;
         }
         UserCommand::Delete { name, mechanism } => {
             let mut deletion = ScramCredentialDeletion::default();
@@ -378,14 +365,20 @@ pub fn user(args: UserArgs) -> anyhow::Result<()> {
             deletion.mechanism = mechanism_code(&mechanism)?;
             let mut request = AlterUserScramCredentialsRequest::default();
             request.deletions.push(deletion);
-            alter_users(bootstrap, request, &format!("deleted {mechanism} credential of {name}"))?;
+            let connector = args.connection.connector()?;
+            alter_users(&connector, bootstrap, request, &format!("deleted {mechanism} credential of {name}"))?;
         }
     }
     Ok(())
 }
 
-fn alter_users(bootstrap: &str, request: AlterUserScramCredentialsRequest, done: &str) -> anyhow::Result<()> {
-    let ResponseKind::AlterUserScramCredentials(response) = call(
+fn alter_users(
+    connector: &Connector,
+    bootstrap: &str,
+    request: AlterUserScramCredentialsRequest,
+    done: &str,
+) -> anyhow::Result<()> {
+    let ResponseKind::AlterUserScramCredentials(response) = connector.call(
         bootstrap,
         ApiKey::AlterUserScramCredentials,
         SCRAM_VERSION,
@@ -399,4 +392,42 @@ fn alter_users(bootstrap: &str, request: AlterUserScramCredentialsRequest, done:
     }
     println!("{done}");
     Ok(())
+}
+
+/// The new password of `user`: --password-file, else $SLUICE_USER_PASSWORD, else asked for
+/// (twice, without echo) on a terminal, else the first line of standard input.
+fn new_password(user: &str, file: Option<&Path>, given: Option<String>) -> anyhow::Result<String> {
+    let password = if let Some(password) = given {
+        eprintln!("warning: --password is visible to other users of this machine; use --password-file");
+        password
+    } else if let Some(path) = file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--password-file {}", path.display()))?;
+        first_line(&text).to_string()
+    } else if let Some(password) = std::env::var(USER_PASSWORD_ENV).ok().filter(|p| !p.is_empty()) {
+        password
+    } else if std::io::stdin().is_terminal() {
+        prompt_twice(user)?
+    } else {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).context("reading the password from standard input")?;
+        first_line(&line).to_string()
+    };
+    if password.is_empty() {
+        bail!("the password of {user} is empty");
+    }
+    Ok(password)
+}
+
+fn prompt_twice(user: &str) -> anyhow::Result<String> {
+    let password = rpassword::prompt_password(format!("New password of {user}: "))?;
+    let again = rpassword::prompt_password(format!("New password of {user} again: "))?;
+    if password != again {
+        bail!("the two passwords differ");
+    }
+    Ok(password)
+}
+
+/// `text` up to its first line break (a password file ends with one, or not).
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
 }

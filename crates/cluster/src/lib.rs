@@ -20,7 +20,9 @@
 //! use sluice_cluster::{Controller, ControllerConfig};
 //!
 //! let voters = BTreeMap::from([(1, "10.0.0.1:9093".to_string()), (2, "10.0.0.2:9093".to_string()), (3, "10.0.0.3:9093".to_string())]);
-//! let config = ControllerConfig::new(1, "0.0.0.0:9093".parse().unwrap(), voters, "/var/lib/sluice".into(), "10.0.0.1".into(), 9092);
+//! // The secret every controller of the cluster shares (at least 16 bytes).
+//! let secret = std::fs::read("/etc/sluice/cluster.secret").unwrap();
+//! let config = ControllerConfig::new(1, "0.0.0.0:9093".parse().unwrap(), voters, "/var/lib/sluice".into(), "10.0.0.1".into(), 9092, secret);
 //! let controller = Controller::start(config).await?;
 //! controller.wait_ready(Duration::from_secs(10)).await?;
 //! let topic = controller.create_topic("orders", 6, 3, BTreeMap::new()).await?;
@@ -38,6 +40,7 @@ pub mod metadata;
 pub mod net;
 mod network;
 mod rpc;
+mod rpc_protection;
 mod state_machine;
 mod types;
 

@@ -1,13 +1,15 @@
 //! The controller RPC: raft messages, heartbeats and forwarded writes between controllers,
 //! over plain TCP on each node's controller address.
 //!
-//! Authentication (always; `ControllerConfig::rpc_secret`, a secret every node shares): on
-//! accept the server first sends a random nonce; every frame then carries
-//! HMAC-SHA256(secret, direction | nonce | sequence | body) before its body, the sequence
-//! counting the exchanges of the connection. A frame whose MAC does not verify closes the
-//! connection unanswered, so a process without the secret cannot vote, replicate, heartbeat
-//! or propose writes, and a recorded frame cannot be replayed (another connection has
-//! another nonce; the same one, another sequence).
+//! Protection (always; `ControllerConfig::rpc_secret`, a secret every node shares): on
+//! accept the server first sends a random nonce; every frame is then encrypted and
+//! authenticated with keys derived from the secret and that nonce, for its direction and
+//! its sequence number on the connection ([`crate::rpc_protection`]). A frame that does not
+//! open closes the connection unanswered, so a process without the secret cannot read
+//! controller traffic, vote, replicate, heartbeat or propose writes, and a recorded frame
+//! cannot be replayed (another connection has another nonce; the same one, another
+//! sequence). A peer that speaks only the older signed framing is answered in it, and
+//! spoken to in it for [`SIGNED_FRAMES_FOR`] after it closed an encrypted first frame.
 //!
 //! Until its first frame verifies, a connection is a stranger's, and strangers get little:
 //! at most [`STRANGER_CONNECTIONS_MAX`] of them at once (a new one pushes out the oldest, so
@@ -17,9 +19,9 @@
 //! reserves nothing). A peer's connection idle for [`SERVER_IDLE_TIMEOUT`] is closed; its
 //! client stops reusing a connection well before that ([`CLIENT_IDLE_REUSE_MAX`]).
 //!
-//! Encryption (optional, `ControllerConfig::rpc_tls`): connections run over TLS; the client
-//! checks the server's certificate and name (the voter address's host). Who may talk is
-//! still decided by the shared secret, so TLS here needs no client certificates.
+//! TLS (optional, `ControllerConfig::rpc_tls`): connections run over TLS as well; the
+//! client checks the server's certificate and name (the voter address's host). Who may talk
+//! is still decided by the shared secret, so TLS here needs no client certificates.
 //!
 //! Framing: `[length u32 BE][JSON body]`, one request then one response per exchange on a
 //! connection. A request travels in an [`Envelope`] with the sender's cluster id; a server
@@ -63,6 +65,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::metadata::CommandResult;
+use crate::rpc_protection::{Direction, Protection, Session, NONCE_BYTES};
 use crate::types::{Proposal, TypeConfig};
 
 /// Largest frame either side accepts (openraft chunks snapshots well below this).
@@ -85,6 +88,9 @@ pub(crate) const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 pub(crate) const CLIENT_IDLE_REUSE_MAX: Duration = Duration::from_secs(30);
 const _: () = assert!(FIRST_FRAME_BYTES_MAX <= FRAME_BYTES_MAX);
 const _: () = assert!(CLIENT_IDLE_REUSE_MAX.as_secs() * 2 <= SERVER_IDLE_TIMEOUT.as_secs());
+/// How long a client speaks signed frames to a peer that closed an encrypted first frame
+/// unanswered (a node that knows only those), before it tries encrypted frames again.
+pub(crate) const SIGNED_FRAMES_FOR: Duration = Duration::from_secs(60);
 /// Connections a controller serves at once; more are closed on accept.
 pub(crate) const SERVER_CONNECTIONS_MAX: usize = 256;
 /// Idle connections kept per peer for reuse.
@@ -100,10 +106,6 @@ const RPC_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const RESPONSE_WRITE_TIMEOUT_MS: u64 = 5_000;
 
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
-/// Bytes of the nonce a server sends first when RPCs are authenticated.
-const NONCE_BYTES: usize = 16;
-/// Bytes of a frame's MAC (HMAC-SHA256).
-const MAC_BYTES: usize = 32;
 /// Shortest accepted shared secret.
 pub const RPC_SECRET_BYTES_MIN: usize = 16;
 /// Frames that fail authentication are logged at most once per this period.
@@ -158,50 +160,6 @@ impl RpcStream for tokio_rustls::client::TlsStream<TcpStream> {
         tcp_closed_while_idle(self.get_ref().0)
     }
 }
-
-/// The authentication state of one connection: the server's nonce and the next exchange.
-struct Session {
-    nonce: [u8; NONCE_BYTES],
-    sequence: u64,
-}
-
-fn mac(secret: &[u8], direction: &[u8], session: &Session, body: &[u8]) -> [u8; MAC_BYTES] {
-    use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(direction);
-    mac.update(&session.nonce);
-    mac.update(&session.sequence.to_be_bytes());
-    mac.update(body);
-    mac.finalize().into_bytes().into()
-}
-
-/// `[length][body]` sealed as `[length][MAC][body]`.
-fn seal(secret: &[u8], direction: &[u8], session: &Session, frame: Vec<u8>) -> io::Result<Vec<u8>> {
-    let body = &frame[4..];
-    let length = u32::try_from(body.len() + MAC_BYTES).map_err(io::Error::other)?;
-    let mut sealed = Vec::with_capacity(4 + MAC_BYTES + body.len());
-    sealed.extend_from_slice(&length.to_be_bytes());
-    sealed.extend_from_slice(&mac(secret, direction, session, body));
-    sealed.extend_from_slice(body);
-    Ok(sealed)
-}
-
-/// The body of a received frame, its MAC checked.
-fn open(secret: &[u8], direction: &[u8], session: &Session, frame: Vec<u8>) -> io::Result<Vec<u8>> {
-    if frame.len() < MAC_BYTES {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "frame without a MAC"));
-    }
-    let (received, body) = frame.split_at(MAC_BYTES);
-    let expected = mac(secret, direction, session, body);
-    let same = received.iter().zip(expected.iter()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0;
-    if !same {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "frame MAC does not verify (wrong rpc secret?)"));
-    }
-    Ok(body.to_vec())
-}
-
-const REQUEST: &[u8] = b"sluice-rpc-request";
-const RESPONSE: &[u8] = b"sluice-rpc-response";
 
 /// A broker's liveness report to the active controller.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -316,7 +274,10 @@ async fn read_frame(
     }
     let length = u32::from_be_bytes(length) as usize;
     if length > bytes_max {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {length} bytes (at most {bytes_max})")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {length} bytes (at most {bytes_max})"),
+        ));
     }
     let mut body = Vec::new();
     let mut limited = (&mut *stream).take(length as u64);
@@ -337,11 +298,20 @@ pub(crate) struct PeerClient {
     idle: Mutex<Vec<Connection>>,
     /// The last call got an answer: a change is logged once, not every retry.
     reachable: AtomicBool,
+    /// Until when new connections to this peer use signed frames ([`SIGNED_FRAMES_FOR`]).
+    signed_until: Mutex<Option<std::time::Instant>>,
 }
 
 impl PeerClient {
     pub(crate) fn new(address: String, source_address: Option<IpAddr>, identity: Identity) -> PeerClient {
-        PeerClient { address, source_address, identity, idle: Mutex::new(Vec::new()), reachable: AtomicBool::new(true) }
+        PeerClient {
+            address,
+            source_address,
+            identity,
+            idle: Mutex::new(Vec::new()),
+            reachable: AtomicBool::new(true),
+            signed_until: Mutex::new(None),
+        }
     }
 
     /// Sends `request` and waits for the answer, within `timeout` overall.
@@ -361,21 +331,44 @@ impl PeerClient {
     }
 
     async fn exchange(&self, frame: &[u8]) -> Result<Response, RpcError> {
-        let mut connection = match self.take_idle() {
-            Some(connection) => connection,
-            None => self.connect().await?,
+        let (connection, fresh) = match self.take_idle() {
+            Some(connection) => (connection, false),
+            None => (self.connect().await?, true),
         };
-        let secret = &*self.identity.secret;
-        let sealed = seal(secret, REQUEST, &connection.session, frame.to_vec())?;
+        let encrypted = connection.session.protection == Protection::Encrypted;
+        match self.exchange_on(connection, frame).await {
+            // A peer that closes a new connection's encrypted first frame unanswered knows
+            // only signed frames (it applied nothing: the frame did not verify there).
+            Err(RpcError::Io(error)) if fresh && encrypted && error.kind() == io::ErrorKind::UnexpectedEof => {
+                *self.signed_until.lock().expect("lock poisoned") = Some(std::time::Instant::now() + SIGNED_FRAMES_FOR);
+                tracing::info!(peer = %self.address, "controller peer speaks signed frames only; using them for a while");
+                let connection = self.connect().await?;
+                self.exchange_on(connection, frame).await
+            }
+            result => result,
+        }
+    }
+
+    async fn exchange_on(&self, mut connection: Connection, frame: &[u8]) -> Result<Response, RpcError> {
+        let sealed = connection.session.seal(Direction::Request, frame.to_vec())?;
         connection.stream.write_all(&sealed).await?;
         let Some(body) = read_frame(&mut connection.stream, FRAME_BYTES_MAX, FRAME_READ_TIMEOUT).await? else {
             return Err(RpcError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection")));
         };
-        let body = open(secret, RESPONSE, &connection.session, body)?;
+        let body = connection.session.open(Direction::Response, body)?;
         let response = decode(&body)?;
         connection.session.sequence += 1;
         self.give_back(connection);
         Ok(response)
+    }
+
+    /// How this client's new connections to the peer protect their frames.
+    fn protection(&self) -> Protection {
+        let signed_until = *self.signed_until.lock().expect("lock poisoned");
+        match signed_until {
+            Some(until) if std::time::Instant::now() < until => Protection::Signed,
+            _ => Protection::Encrypted,
+        }
     }
 
     /// An idle connection that still looks open: the peer may have closed it (restart), which
@@ -412,7 +405,7 @@ impl PeerClient {
             let nonce: [u8; NONCE_BYTES] = nonce
                 .try_into()
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "no rpc nonce from the peer"))?;
-            let session = Session { nonce, sequence: 0 };
+            let session = Session::new(self.identity.secret.clone(), nonce, self.protection());
             Ok::<_, io::Error>(Connection { stream, session, idle_since: std::time::Instant::now() })
         };
         tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
@@ -569,11 +562,10 @@ async fn serve_connection(
     slot: StrangerSlot,
 ) -> io::Result<()> {
     let cluster_id = &*identity.cluster_id;
-    let secret = &*identity.secret;
     let nonce: [u8; NONCE_BYTES] = rand::random();
     stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await?;
     stream.write_all(&nonce).await?;
-    let mut session = Session { nonce, sequence: 0 };
+    let mut session = Session::new(identity.secret.clone(), nonce, Protection::Encrypted);
     loop {
         let admitted = session.sequence > 0;
         let read = match admitted {
@@ -586,7 +578,10 @@ async fn serve_connection(
             Err(error) if admitted && error.kind() == io::ErrorKind::TimedOut => return Ok(()),
             Err(error) => return Err(error),
         };
-        let body = open(secret, REQUEST, &session, body)?;
+        let body = match admitted {
+            true => session.open(Direction::Request, body)?,
+            false => session.open_first(body)?,
+        };
         slot.admit();
         let envelope: ReceivedEnvelope = decode(&body)?;
         if envelope.cluster_id != cluster_id {
@@ -602,7 +597,7 @@ async fn serve_connection(
             return Ok(());
         }
         let response = handler(envelope.request).await;
-        let frame = seal(secret, RESPONSE, &session, encode(&response)?)?;
+        let frame = session.seal(Direction::Response, encode(&response)?)?;
         session.sequence += 1;
         tokio::time::timeout(Duration::from_millis(RESPONSE_WRITE_TIMEOUT_MS), stream.write_all(&frame))
             .await
@@ -673,6 +668,49 @@ mod tests {
         let announced = u32::try_from(FIRST_FRAME_BYTES_MAX + 1).unwrap();
         stranger.write_all(&announced.to_be_bytes()).await.unwrap();
         assert_eq!(read_until_closed(&mut stranger).await.len(), 4 + NONCE_BYTES);
+    }
+
+    /// A server that knows only signed frames: it closes a connection whose frame does not
+    /// verify as signed, and answers one that does.
+    async fn start_signed_only_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let nonce: [u8; NONCE_BYTES] = rand::random();
+                    stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await.unwrap();
+                    stream.write_all(&nonce).await.unwrap();
+                    let mut session = Session::new(Arc::from(SECRET), nonce, Protection::Signed);
+                    while let Ok(Some(body)) = read_frame(&mut stream, FRAME_BYTES_MAX, FRAME_READ_TIMEOUT).await {
+                        if session.open(Direction::Request, body).is_err() {
+                            return;
+                        }
+                        let answer = session
+                            .seal(Direction::Response, encode(&Response::Heartbeat(Redirect::Accepted)).unwrap());
+                        stream.write_all(&answer.unwrap()).await.unwrap();
+                        session.sequence += 1;
+                    }
+                });
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_knows_only_signed_frames_is_spoken_to_in_them() {
+        let client = PeerClient::new(start_signed_only_server().await, None, identity(SECRET));
+        for _ in 0..3 {
+            let answer = client.call(&heartbeat(), Duration::from_secs(5)).await;
+            assert!(matches!(answer, Ok(Response::Heartbeat(_))), "{answer:?}");
+        }
+        assert_eq!(client.protection(), Protection::Signed);
+        // And a server answers such a client in kind.
+        let server = start_server().await;
+        let signed = PeerClient::new(server, None, identity(SECRET));
+        *signed.signed_until.lock().unwrap() = Some(std::time::Instant::now() + SIGNED_FRAMES_FOR);
+        assert!(matches!(signed.call(&heartbeat(), Duration::from_secs(5)).await, Ok(Response::Heartbeat(_))));
     }
 
     #[tokio::test]

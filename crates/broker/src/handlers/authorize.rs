@@ -1,37 +1,199 @@
-//! ACL checks around the handlers, as Kafka's KafkaApis makes them, for every API but
-//! Produce and Fetch (checked inside their handlers, per topic, on the hot path) and the
-//! ACL APIs themselves.
+//! What each API needs from the authorizer, declared in one table, [`rule`], that the
+//! dispatcher enforces for every request, with Kafka's rules (KafkaApis and AuthHelper of
+//! Apache Kafka 4.x). The table is a `match` over every [`ApiKey`] without a catch-all
+//! arm, so an API cannot be added without deciding its rule, and a test checks that every
+//! API advertised in ApiVersions has one.
 //!
-//! [`before`] refuses a request outright (one group or the cluster is not allowed) or takes
-//! the resources the client may not touch out of a request that changes things; [`after`]
-//! puts those back into the response with Kafka's authorization errors and masks what a
-//! read-only request may not see (topics a client may not describe are left out of "all
-//! topics" answers and answered with TOPIC_AUTHORIZATION_FAILED when named).
-//! With no authorizer configured both are no-ops.
+//! A rule is one of:
+//! - [`Rule::Open`]: Kafka checks no ACL (ApiVersions, the SASL exchange, DescribeCluster);
+//! - [`Rule::Cluster`]: one of some operations on the cluster, or the whole request is
+//!   refused with CLUSTER_AUTHORIZATION_FAILED;
+//! - [`Rule::Resources`]: per named resource, by a pair of checks: the first refuses a
+//!   request outright (its group may not be used) or takes the resources the client may not
+//!   touch out of it; the second puts those back into the response with Kafka's errors and
+//!   masks what a read-only request may not see;
+//! - [`Rule::InHandler`]: per resource inside the handler, which alone knows what the
+//!   request touches (Produce and Fetch per topic on the hot path, the transaction, ACL,
+//!   quota and share-state APIs);
+//! - [`Rule::NotServed`]: not advertised, so never dispatched.
 //!
-//! [`fill_operations`] answers KIP-430's `include_*_authorized_operations`: the operations
-//! the client may perform on each topic, group or the cluster, as a bit per ACL operation
-//! code (all of a resource's operations when no authorizer is configured, as Kafka does).
+//! CLUSTER_ACTION, what brokers need of each other (replica fetches, transaction markers,
+//! share-group state), comes from ACLs or `super.users` only; the brokers' own user
+//! (security/inter_broker.rs) is always a super user, and only a connection that proved the
+//! cluster's secret can be that user. With no authorizer configured nothing is checked.
+//!
+//! [`fill_operations`] answers KIP-430's `include_*_authorized_operations`.
 
-use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
-use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
-use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
-use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
-use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
-use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
-use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
-use kafka_protocol::messages::*;
+mod operations;
+mod requests;
+mod responses;
+
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use super::Session;
-use crate::security::acl::{self, RESOURCE_CLUSTER, RESOURCE_GROUP, RESOURCE_TOPIC};
+use crate::security::acl::{self, RESOURCE_GROUP, RESOURCE_TOPIC, RESOURCE_TRANSACTIONAL_ID};
 use crate::Broker;
+
+pub(super) use operations::{fill_operations, OperationsWanted};
 
 /// Config resource types (DescribeConfigs, AlterConfigs).
 const CONFIG_RESOURCE_TOPIC: i8 = 2;
 
-/// What [`before`] took out of a request, and what [`after`] must mask.
+/// Checks a request before its handler: the request to serve (maybe trimmed), or the answer.
+type Before = fn(&Access<'_>, RequestKind, &mut Denied) -> Result<RequestKind, Box<ResponseKind>>;
+/// Completes a response: puts back what [`Before`] took out, masks what may not be seen.
+type After = fn(&Access<'_>, &Denied, &mut ResponseKind);
+/// The whole answer to a request refused for want of a cluster operation.
+type Refusal = fn(RequestKind, ResponseError) -> ResponseKind;
+
+/// What one API needs from the authorizer, and where that is checked.
+#[derive(Clone, Copy)]
+pub(super) enum Rule {
+    /// No ACL is needed.
+    Open,
+    /// Any one of these operations on the cluster resource.
+    Cluster { any_of: &'static [i8], refuse: Refusal },
+    /// Per named resource, by this module, before and after the handler.
+    Resources { before: Before, after: After },
+    /// Per resource, inside the handler.
+    InHandler,
+    /// Not advertised in ApiVersions.
+    NotServed,
+}
+
+/// The rule of every Kafka API (what KafkaApis requires is in each arm's comment).
+pub(super) const fn rule(api: ApiKey) -> Rule {
+    use requests as rq;
+    use responses as rs;
+    const fn checks(before: Before, after: After) -> Rule {
+        Rule::Resources { before, after }
+    }
+    const fn cluster(any_of: &'static [i8], refuse: Refusal) -> Rule {
+        Rule::Cluster { any_of, refuse }
+    }
+    match api {
+        // WRITE on each topic (in the handler); WRITE on the TRANSACTIONAL_ID of
+        // transactional records.
+        ApiKey::Produce => checks(rq::produce, rs::unchanged),
+        // Followers: CLUSTER_ACTION; consumers: READ on each topic.
+        ApiKey::Fetch => Rule::InHandler,
+        // DESCRIBE on each topic.
+        ApiKey::ListOffsets => checks(rq::unchanged, rs::list_offsets),
+        // DESCRIBE on each topic (others left out or refused); CREATE to auto-create.
+        ApiKey::Metadata => checks(rq::metadata, rs::metadata),
+        // READ on the group, READ on each topic.
+        ApiKey::OffsetCommit => checks(rq::offset_commit, rs::offset_commit),
+        // DESCRIBE on each group, DESCRIBE on each topic.
+        ApiKey::OffsetFetch => checks(rq::offset_fetch, rs::offset_fetch),
+        // DESCRIBE on the GROUP or TRANSACTIONAL_ID named.
+        ApiKey::FindCoordinator => checks(rq::find_coordinator, rs::find_coordinator),
+        // READ on the group.
+        ApiKey::JoinGroup | ApiKey::SyncGroup | ApiKey::Heartbeat | ApiKey::LeaveGroup => {
+            checks(rq::classic_group, rs::unchanged)
+        }
+        // DESCRIBE on each group.
+        ApiKey::DescribeGroups => checks(rq::unchanged, rs::describe_groups),
+        // DESCRIBE on the cluster, else the groups the client may describe.
+        ApiKey::ListGroups => checks(rq::unchanged, rs::list_groups),
+        ApiKey::SaslHandshake | ApiKey::SaslAuthenticate | ApiKey::ApiVersions => Rule::Open,
+        // CREATE on the cluster or on each topic.
+        ApiKey::CreateTopics => checks(rq::create_topics, rs::create_topics),
+        // DELETE on each topic.
+        ApiKey::DeleteTopics => checks(rq::delete_topics, rs::delete_topics),
+        // DELETE on each topic.
+        ApiKey::DeleteRecords => checks(rq::delete_records, rs::delete_records),
+        // WRITE on the TRANSACTIONAL_ID (in the handler); without one IDEMPOTENT_WRITE on
+        // the cluster or WRITE on some topic.
+        ApiKey::InitProducerId => checks(rq::init_producer_id, rs::unchanged),
+        // WRITE on the TRANSACTIONAL_ID, and on each topic / READ on the group.
+        ApiKey::AddPartitionsToTxn | ApiKey::AddOffsetsToTxn | ApiKey::EndTxn | ApiKey::TxnOffsetCommit => {
+            Rule::InHandler
+        }
+        // ALTER or CLUSTER_ACTION on the cluster: only brokers and administrators end
+        // another producer's transaction.
+        ApiKey::WriteTxnMarkers => cluster(&[acl::OP_ALTER, acl::OP_CLUSTER_ACTION], rq::refuse_write_txn_markers),
+        // DESCRIBE (DescribeAcls) or ALTER (CreateAcls, DeleteAcls) on the cluster.
+        ApiKey::DescribeAcls | ApiKey::CreateAcls | ApiKey::DeleteAcls => Rule::InHandler,
+        // DESCRIBE_CONFIGS on each resource.
+        ApiKey::DescribeConfigs => checks(rq::unchanged, rs::describe_configs),
+        // ALTER_CONFIGS on each resource; WRITE on a share group's dead-letter topic.
+        ApiKey::AlterConfigs => checks(rq::alter_configs, rs::alter_configs),
+        ApiKey::IncrementalAlterConfigs => checks(rq::incremental_alter_configs, rs::incremental_alter_configs),
+        // DESCRIBE on the cluster.
+        ApiKey::DescribeLogDirs => cluster(&[acl::OP_DESCRIBE], rq::refuse_describe_log_dirs),
+        // ALTER on each topic.
+        ApiKey::CreatePartitions => checks(rq::create_partitions, rs::create_partitions),
+        // DELETE on each group.
+        ApiKey::DeleteGroups => checks(rq::delete_groups, rs::delete_groups),
+        ApiKey::AlterPartitionReassignments => cluster(&[acl::OP_ALTER], rq::refuse_alter_reassignments),
+        ApiKey::ListPartitionReassignments => cluster(&[acl::OP_DESCRIBE], rq::refuse_list_reassignments),
+        // DELETE on the group, READ on each topic.
+        ApiKey::OffsetDelete => checks(rq::offset_delete, rs::offset_delete),
+        // DESCRIBE_CONFIGS / ALTER_CONFIGS on the cluster.
+        ApiKey::DescribeClientQuotas | ApiKey::AlterClientQuotas => Rule::InHandler,
+        ApiKey::DescribeUserScramCredentials => cluster(&[acl::OP_DESCRIBE], rq::refuse_describe_scram),
+        ApiKey::AlterUserScramCredentials => cluster(&[acl::OP_ALTER], rq::refuse_alter_scram),
+        // No ACL; the cluster's authorized operations when asked for.
+        ApiKey::DescribeCluster => Rule::Open,
+        // READ on each topic.
+        ApiKey::DescribeProducers => Rule::InHandler,
+        // DESCRIBE on each TRANSACTIONAL_ID (others left out or refused).
+        ApiKey::DescribeTransactions | ApiKey::ListTransactions => Rule::InHandler,
+        // READ on the group, DESCRIBE on each subscribed topic.
+        ApiKey::ConsumerGroupHeartbeat => checks(rq::consumer_group_heartbeat, rs::unchanged),
+        // DESCRIBE on each group and on every topic its members use.
+        ApiKey::ConsumerGroupDescribe => checks(rq::unchanged, rs::consumer_group_describe),
+        ApiKey::ShareGroupHeartbeat => checks(rq::share_group_heartbeat, rs::unchanged),
+        ApiKey::ShareGroupDescribe => checks(rq::share_group_describe, rs::share_group_describe),
+        // READ on the group (READ on each topic in the handler).
+        ApiKey::ShareFetch => checks(rq::share_fetch, rs::unchanged),
+        ApiKey::ShareAcknowledge => checks(rq::share_acknowledge, rs::unchanged),
+        // CLUSTER_ACTION: brokers only.
+        ApiKey::InitializeShareGroupState
+        | ApiKey::ReadShareGroupState
+        | ApiKey::WriteShareGroupState
+        | ApiKey::DeleteShareGroupState
+        | ApiKey::ReadShareGroupStateSummary => Rule::InHandler,
+        // DESCRIBE on each group and each topic.
+        ApiKey::DescribeShareGroupOffsets => checks(rq::describe_share_group_offsets, rs::describe_share_group_offsets),
+        // READ on the group and each topic.
+        ApiKey::AlterShareGroupOffsets => checks(rq::alter_share_group_offsets, rs::alter_share_group_offsets),
+        // DELETE on the group, READ on each topic.
+        ApiKey::DeleteShareGroupOffsets => checks(rq::delete_share_group_offsets, rs::delete_share_group_offsets),
+        ApiKey::OffsetForLeaderEpoch
+        | ApiKey::AlterReplicaLogDirs
+        | ApiKey::CreateDelegationToken
+        | ApiKey::RenewDelegationToken
+        | ApiKey::ExpireDelegationToken
+        | ApiKey::DescribeDelegationToken
+        | ApiKey::ElectLeaders
+        | ApiKey::Vote
+        | ApiKey::BeginQuorumEpoch
+        | ApiKey::EndQuorumEpoch
+        | ApiKey::DescribeQuorum
+        | ApiKey::AlterPartition
+        | ApiKey::UpdateFeatures
+        | ApiKey::Envelope
+        | ApiKey::FetchSnapshot
+        | ApiKey::BrokerRegistration
+        | ApiKey::BrokerHeartbeat
+        | ApiKey::UnregisterBroker
+        | ApiKey::AllocateProducerIds
+        | ApiKey::ControllerRegistration
+        | ApiKey::GetTelemetrySubscriptions
+        | ApiKey::PushTelemetry
+        | ApiKey::AssignReplicasToDirs
+        | ApiKey::ListConfigResources
+        | ApiKey::DescribeTopicPartitions
+        | ApiKey::AddRaftVoter
+        | ApiKey::RemoveRaftVoter
+        | ApiKey::UpdateRaftVoter => Rule::NotServed,
+    }
+}
+
+/// What a [`Rule::Resources`] check took out of a request, and what the response must mask.
 #[derive(Default)]
 pub(super) struct Denied {
     /// Topics removed, with the partitions the request named.
@@ -42,652 +204,129 @@ pub(super) struct Denied {
     resources: Vec<(i8, String, ResponseError)>,
     /// The request asked for all topics (answers leave out what may not be described).
     all_topics: bool,
-    /// FindCoordinator asked for group coordinators.
-    group_keys: bool,
+    /// Groups whose topics were not named (answers leave out what may not be described).
+    all_topics_groups: Vec<String>,
+    /// FindCoordinator's key type.
+    key_type: i8,
 }
 
-fn topic(broker: &Broker, session: &Session, operation: i8, name: &str) -> bool {
-    broker.authorized(session, operation, RESOURCE_TOPIC, name)
+/// The client of one request, as the checks ask about it.
+pub(super) struct Access<'a> {
+    broker: &'a Broker,
+    session: &'a Session,
 }
 
-fn group(broker: &Broker, session: &Session, operation: i8, name: &str) -> bool {
-    broker.authorized(session, operation, RESOURCE_GROUP, name)
+impl Access<'_> {
+    fn topic(&self, operation: i8, name: &str) -> bool {
+        self.broker.authorized(self.session, operation, RESOURCE_TOPIC, name)
+    }
+
+    fn group(&self, operation: i8, name: &str) -> bool {
+        self.broker.authorized(self.session, operation, RESOURCE_GROUP, name)
+    }
+
+    fn transactional_id(&self, operation: i8, id: &str) -> bool {
+        self.broker.authorized(self.session, operation, RESOURCE_TRANSACTIONAL_ID, id)
+    }
+
+    fn cluster(&self, operation: i8) -> bool {
+        self.broker.authorized_on_cluster(self.session, operation)
+    }
 }
 
 fn error_message(error: ResponseError) -> Option<StrBytes> {
     let text = match error {
         ResponseError::TopicAuthorizationFailed => "Topic authorization failed.",
         ResponseError::GroupAuthorizationFailed => "Group authorization failed.",
+        ResponseError::TransactionalIdAuthorizationFailed => "Transactional Id authorization failed.",
         _ => "Cluster authorization failed.",
     };
     Some(StrBytes::from_static_str(text))
 }
 
-/// Checks a request before it is served: `Err` is the whole answer.
+/// Checks a request against its API's rule before it is served: `Err` is the whole answer.
 pub(super) fn before(
     broker: &Broker,
     session: &Session,
+    api: ApiKey,
     body: RequestKind,
 ) -> Result<(RequestKind, Denied), Box<ResponseKind>> {
-    if broker.authorizer.is_none() {
-        return Ok((body, Denied::default()));
-    }
     let mut denied = Denied::default();
-    let cluster = |operation| broker.authorized_on_cluster(session, operation);
-    let refused_cluster = ResponseError::ClusterAuthorizationFailed.code();
-    let refused_group = ResponseError::GroupAuthorizationFailed.code();
-    let body = match body {
-        RequestKind::Metadata(mut request) => {
-            denied.all_topics = request.topics.is_none();
-            if request.allow_auto_topic_creation && !cluster(acl::OP_CREATE) {
-                let missing_and_not_creatable = request.topics.iter().flatten().any(|t| {
-                    t.name.as_ref().is_some_and(|name| {
-                        broker.topics.get(name).is_none() && !topic(broker, session, acl::OP_CREATE, name)
-                    })
-                });
-                if missing_and_not_creatable {
-                    request.allow_auto_topic_creation = false;
-                }
+    if broker.authorizer.is_none() {
+        return Ok((body, denied));
+    }
+    let access = Access { broker, session };
+    match rule(api) {
+        Rule::Open | Rule::InHandler | Rule::NotServed => Ok((body, denied)),
+        Rule::Cluster { any_of, refuse } => {
+            assert!(!any_of.is_empty(), "a cluster rule names an operation");
+            if any_of.iter().any(|&operation| access.cluster(operation)) {
+                Ok((body, denied))
+            } else {
+                Err(Box::new(refuse(body, ResponseError::ClusterAuthorizationFailed)))
             }
-            RequestKind::Metadata(request)
         }
-        RequestKind::CreateTopics(mut request) if !cluster(acl::OP_CREATE) => {
-            request.topics.retain(|t| {
-                let allowed = topic(broker, session, acl::OP_CREATE, &t.name);
-                if !allowed {
-                    denied.topics.push((t.name.to_string(), Vec::new()));
-                }
-                allowed
-            });
-            RequestKind::CreateTopics(request)
-        }
-        RequestKind::DeleteTopics(mut request) => {
-            request.topic_names.retain(|name| {
-                let allowed = topic(broker, session, acl::OP_DELETE, name);
-                if !allowed {
-                    denied.topics.push((name.to_string(), Vec::new()));
-                }
-                allowed
-            });
-            request.topics.retain(|t| {
-                let name = match &t.name {
-                    Some(name) => name.to_string(),
-                    None => broker.topics.name_for_id(&t.topic_id).unwrap_or_default(),
-                };
-                let allowed = name.is_empty() || topic(broker, session, acl::OP_DELETE, &name);
-                if !allowed {
-                    denied.topics.push((name, Vec::new()));
-                }
-                allowed
-            });
-            RequestKind::DeleteTopics(request)
-        }
-        RequestKind::CreatePartitions(mut request) => {
-            request.topics.retain(|t| {
-                let allowed = topic(broker, session, acl::OP_ALTER, &t.name);
-                if !allowed {
-                    denied.topics.push((t.name.to_string(), Vec::new()));
-                }
-                allowed
-            });
-            RequestKind::CreatePartitions(request)
-        }
-        RequestKind::DeleteRecords(mut request) => {
-            request.topics.retain(|t| {
-                let allowed = topic(broker, session, acl::OP_DELETE, &t.name);
-                if !allowed {
-                    denied.topics.push((t.name.to_string(), t.partitions.iter().map(|p| p.partition_index).collect()));
-                }
-                allowed
-            });
-            RequestKind::DeleteRecords(request)
-        }
-        RequestKind::OffsetCommit(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            let mut response = OffsetCommitResponse::default();
-            for t in request.topics {
-                let mut result = OffsetCommitResponseTopic::default();
-                result.name = t.name;
-                result.topic_id = t.topic_id;
-                for p in t.partitions {
-                    let mut partition = OffsetCommitResponsePartition::default();
-                    partition.partition_index = p.partition_index;
-                    partition.error_code = refused_group;
-                    result.partitions.push(partition);
-                }
-                response.topics.push(result);
-            }
-            return Err(Box::new(ResponseKind::OffsetCommit(response)));
-        }
-        RequestKind::OffsetCommit(mut request) => {
-            request.topics.retain(|t| {
-                let allowed = topic(broker, session, acl::OP_READ, &t.name);
-                if !allowed {
-                    denied.topics.push((t.name.to_string(), t.partitions.iter().map(|p| p.partition_index).collect()));
-                }
-                allowed
-            });
-            RequestKind::OffsetCommit(request)
-        }
-        RequestKind::OffsetDelete(request) if !group(broker, session, acl::OP_DELETE, &request.group_id) => {
-            return Err(Box::new(ResponseKind::OffsetDelete(
-                OffsetDeleteResponse::default().with_error_code(refused_group),
-            )));
-        }
-        RequestKind::OffsetDelete(mut request) => {
-            request.topics.retain(|t| {
-                let allowed = topic(broker, session, acl::OP_READ, &t.name);
-                if !allowed {
-                    denied.topics.push((t.name.to_string(), t.partitions.iter().map(|p| p.partition_index).collect()));
-                }
-                allowed
-            });
-            RequestKind::OffsetDelete(request)
-        }
-        RequestKind::OffsetFetch(request)
-            if request.groups.is_empty() && !group(broker, session, acl::OP_DESCRIBE, &request.group_id) =>
-        {
-            return Err(Box::new(ResponseKind::OffsetFetch(
-                OffsetFetchResponse::default().with_error_code(refused_group),
-            )));
-        }
-        RequestKind::FindCoordinator(request)
-            if request.key_type == 0
-                && request.coordinator_keys.is_empty()
-                && !group(broker, session, acl::OP_DESCRIBE, &request.key) =>
-        {
-            let response = FindCoordinatorResponse::default()
-                .with_error_code(refused_group)
-                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed))
-                .with_node_id(BrokerId(-1))
-                .with_port(-1);
-            return Err(Box::new(ResponseKind::FindCoordinator(response)));
-        }
-        RequestKind::FindCoordinator(request) => {
-            denied.group_keys = request.key_type == 0;
-            RequestKind::FindCoordinator(request)
-        }
-        RequestKind::OffsetFetch(request) => {
-            denied.all_topics = request.topics.is_none() && request.groups.iter().all(|g| g.topics.is_none());
-            RequestKind::OffsetFetch(request)
-        }
-        RequestKind::DeleteGroups(mut request) => {
-            request.groups_names.retain(|name| {
-                let allowed = group(broker, session, acl::OP_DELETE, name);
-                if !allowed {
-                    denied.groups.push(name.to_string());
-                }
-                allowed
-            });
-            RequestKind::DeleteGroups(request)
-        }
-        RequestKind::AlterConfigs(mut request) => {
-            request.resources.retain(|r| {
-                let check = config_access(broker, session, acl::OP_ALTER_CONFIGS, r.resource_type, &r.resource_name);
-                if let Err(error) = check {
-                    denied.resources.push((r.resource_type, r.resource_name.to_string(), error));
-                }
-                check.is_ok()
-            });
-            RequestKind::AlterConfigs(request)
-        }
-        RequestKind::IncrementalAlterConfigs(mut request) => {
-            request.resources.retain(|r| {
-                let check = config_access(broker, session, acl::OP_ALTER_CONFIGS, r.resource_type, &r.resource_name);
-                if let Err(error) = check {
-                    denied.resources.push((r.resource_type, r.resource_name.to_string(), error));
-                }
-                check.is_ok()
-            });
-            RequestKind::IncrementalAlterConfigs(request)
-        }
-        RequestKind::JoinGroup(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            return Err(Box::new(ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(refused_group))));
-        }
-        RequestKind::SyncGroup(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            return Err(Box::new(ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(refused_group))));
-        }
-        RequestKind::Heartbeat(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            return Err(Box::new(ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(refused_group))));
-        }
-        RequestKind::LeaveGroup(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            return Err(Box::new(ResponseKind::LeaveGroup(
-                LeaveGroupResponse::default().with_error_code(refused_group),
-            )));
-        }
-        RequestKind::ConsumerGroupHeartbeat(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            let response = ConsumerGroupHeartbeatResponse::default()
-                .with_error_code(refused_group)
-                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
-            return Err(Box::new(ResponseKind::ConsumerGroupHeartbeat(response)));
-        }
-        RequestKind::ShareGroupHeartbeat(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            let response = ShareGroupHeartbeatResponse::default()
-                .with_error_code(refused_group)
-                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
-            return Err(Box::new(ResponseKind::ShareGroupHeartbeat(response)));
-        }
-        RequestKind::ShareFetch(request)
-            if !request.group_id.as_ref().is_some_and(|g| group(broker, session, acl::OP_READ, g)) =>
-        {
-            return Err(Box::new(ResponseKind::ShareFetch(
-                ShareFetchResponse::default().with_error_code(refused_group),
-            )));
-        }
-        RequestKind::ShareAcknowledge(request)
-            if !request.group_id.as_ref().is_some_and(|g| group(broker, session, acl::OP_READ, g)) =>
-        {
-            let response = ShareAcknowledgeResponse::default().with_error_code(refused_group);
-            return Err(Box::new(ResponseKind::ShareAcknowledge(response)));
-        }
-        RequestKind::AlterShareGroupOffsets(request) if !group(broker, session, acl::OP_READ, &request.group_id) => {
-            let response = kafka_protocol::messages::AlterShareGroupOffsetsResponse::default()
-                .with_error_code(refused_group)
-                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
-            return Err(Box::new(ResponseKind::AlterShareGroupOffsets(response)));
-        }
-        RequestKind::DeleteShareGroupOffsets(request) if !group(broker, session, acl::OP_DELETE, &request.group_id) => {
-            let response = kafka_protocol::messages::DeleteShareGroupOffsetsResponse::default()
-                .with_error_code(refused_group)
-                .with_error_message(error_message(ResponseError::GroupAuthorizationFailed));
-            return Err(Box::new(ResponseKind::DeleteShareGroupOffsets(response)));
-        }
-        RequestKind::DescribeShareGroupOffsets(request) => {
-            let refused = request.groups.iter().any(|g| !group(broker, session, acl::OP_DESCRIBE, &g.group_id));
-            if refused {
-                let mut response = DescribeShareGroupOffsetsResponse::default();
-                for g in &request.groups {
-                    let mut answer =
-                        kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponseGroup::default();
-                    answer.group_id = g.group_id.clone();
-                    answer.error_code = refused_group;
-                    response.groups.push(answer);
-                }
-                return Err(Box::new(ResponseKind::DescribeShareGroupOffsets(response)));
-            }
-            RequestKind::DescribeShareGroupOffsets(request)
-        }
-        RequestKind::DescribeLogDirs(_) if !cluster(acl::OP_DESCRIBE) => {
-            return Err(Box::new(ResponseKind::DescribeLogDirs(
-                DescribeLogDirsResponse::default().with_error_code(refused_cluster),
-            )));
-        }
-        RequestKind::ListPartitionReassignments(_) if !cluster(acl::OP_DESCRIBE) => {
-            let response = ListPartitionReassignmentsResponse::default()
-                .with_error_code(refused_cluster)
-                .with_error_message(error_message(ResponseError::ClusterAuthorizationFailed));
-            return Err(Box::new(ResponseKind::ListPartitionReassignments(response)));
-        }
-        RequestKind::AlterPartitionReassignments(_) if !cluster(acl::OP_ALTER) => {
-            let response = AlterPartitionReassignmentsResponse::default()
-                .with_error_code(refused_cluster)
-                .with_error_message(error_message(ResponseError::ClusterAuthorizationFailed));
-            return Err(Box::new(ResponseKind::AlterPartitionReassignments(response)));
-        }
-        RequestKind::DescribeUserScramCredentials(_) if !cluster(acl::OP_DESCRIBE) => {
-            let response = DescribeUserScramCredentialsResponse::default()
-                .with_error_code(refused_cluster)
-                .with_error_message(error_message(ResponseError::ClusterAuthorizationFailed));
-            return Err(Box::new(ResponseKind::DescribeUserScramCredentials(response)));
-        }
-        RequestKind::AlterUserScramCredentials(request) if !cluster(acl::OP_ALTER) => {
-            let mut response = AlterUserScramCredentialsResponse::default();
-            let users = request.deletions.iter().map(|d| &d.name).chain(request.upsertions.iter().map(|u| &u.name));
-            let mut seen = std::collections::BTreeSet::new();
-            for user in users.filter(|user| seen.insert(user.to_string())) {
-                let mut result = alter_user_scram_credentials_response::AlterUserScramCredentialsResult::default();
-                result.user = user.clone();
-                result.error_code = refused_cluster;
-                result.error_message = error_message(ResponseError::ClusterAuthorizationFailed);
-                response.results.push(result);
-            }
-            return Err(Box::new(ResponseKind::AlterUserScramCredentials(response)));
-        }
-        RequestKind::InitProducerId(request)
-            if request.transactional_id.is_none()
-                && !cluster(acl::OP_IDEMPOTENT_WRITE)
-                && !broker.may_write_some_topic(session) =>
-        {
-            return Err(Box::new(ResponseKind::InitProducerId(
-                InitProducerIdResponse::default().with_error_code(refused_cluster),
-            )));
-        }
-        other => other,
-    };
-    Ok((body, denied))
-}
-
-/// Whether the client may do `operation` on a config resource; the error if not.
-fn config_access(
-    broker: &Broker,
-    session: &Session,
-    operation: i8,
-    resource_type: i8,
-    name: &str,
-) -> Result<(), ResponseError> {
-    if resource_type == CONFIG_RESOURCE_TOPIC {
-        topic(broker, session, operation, name).then_some(()).ok_or(ResponseError::TopicAuthorizationFailed)
-    } else if resource_type == super::configs::RESOURCE_GROUP {
-        group(broker, session, operation, name).then_some(()).ok_or(ResponseError::GroupAuthorizationFailed)
-    } else {
-        broker.authorized_on_cluster(session, operation).then_some(()).ok_or(ResponseError::ClusterAuthorizationFailed)
+        Rule::Resources { before, .. } => before(&access, body, &mut denied).map(|body| (body, denied)),
     }
 }
 
-/// Completes a response: adds the refused resources back and masks what may not be seen.
-pub(super) fn after(broker: &Broker, session: &Session, denied: Denied, response: &mut ResponseKind) {
+/// Completes a response as its API's rule says: refused resources back in, the rest masked.
+pub(super) fn after(broker: &Broker, session: &Session, api: ApiKey, denied: Denied, response: &mut ResponseKind) {
     if broker.authorizer.is_none() {
         return;
     }
-    let topic_refused = ResponseError::TopicAuthorizationFailed.code();
-    let group_refused = ResponseError::GroupAuthorizationFailed.code();
-    match response {
-        ResponseKind::Metadata(response) => {
-            response.topics.retain_mut(|t| {
-                let name = t.name.as_ref().map(|n| n.to_string()).unwrap_or_default();
-                if topic(broker, session, acl::OP_DESCRIBE, &name) {
-                    return true;
-                }
-                t.error_code = topic_refused;
-                t.partitions.clear();
-                t.is_internal = false;
-                !denied.all_topics
-            });
-        }
-        ResponseKind::CreateTopics(response) => {
-            for (name, _) in denied.topics {
-                let mut result = CreatableTopicResult::default();
-                result.name = TopicName(StrBytes::from_string(name));
-                result.error_code = topic_refused;
-                result.error_message = error_message(ResponseError::TopicAuthorizationFailed);
-                result.num_partitions = -1;
-                result.replication_factor = -1;
-                response.topics.push(result);
-            }
-        }
-        ResponseKind::DeleteTopics(response) => {
-            for (name, _) in denied.topics {
-                let mut result = DeletableTopicResult::default();
-                result.name = Some(TopicName(StrBytes::from_string(name)));
-                result.error_code = topic_refused;
-                response.responses.push(result);
-            }
-        }
-        ResponseKind::CreatePartitions(response) => {
-            for (name, _) in denied.topics {
-                let mut result = CreatePartitionsTopicResult::default();
-                result.name = TopicName(StrBytes::from_string(name));
-                result.error_code = topic_refused;
-                result.error_message = error_message(ResponseError::TopicAuthorizationFailed);
-                response.results.push(result);
-            }
-        }
-        ResponseKind::DeleteRecords(response) => {
-            for (name, partitions) in denied.topics {
-                let mut result = DeleteRecordsTopicResult::default();
-                result.name = TopicName(StrBytes::from_string(name));
-                for index in partitions {
-                    let mut partition = DeleteRecordsPartitionResult::default();
-                    partition.partition_index = index;
-                    partition.low_watermark = -1;
-                    partition.error_code = topic_refused;
-                    result.partitions.push(partition);
-                }
-                response.topics.push(result);
-            }
-        }
-        ResponseKind::OffsetCommit(response) => {
-            for (name, partitions) in denied.topics {
-                let mut result = OffsetCommitResponseTopic::default();
-                result.name = TopicName(StrBytes::from_string(name));
-                for index in partitions {
-                    let mut partition = OffsetCommitResponsePartition::default();
-                    partition.partition_index = index;
-                    partition.error_code = topic_refused;
-                    result.partitions.push(partition);
-                }
-                response.topics.push(result);
-            }
-        }
-        ResponseKind::OffsetDelete(response) => {
-            for (name, partitions) in denied.topics {
-                let mut result = OffsetDeleteResponseTopic::default();
-                result.name = TopicName(StrBytes::from_string(name));
-                for index in partitions {
-                    let mut partition = OffsetDeleteResponsePartition::default();
-                    partition.partition_index = index;
-                    partition.error_code = topic_refused;
-                    result.partitions.push(partition);
-                }
-                response.topics.push(result);
-            }
-        }
-        ResponseKind::ListOffsets(response) => {
-            for t in &mut response.topics {
-                if !topic(broker, session, acl::OP_DESCRIBE, &t.name) {
-                    for partition in &mut t.partitions {
-                        partition.error_code = topic_refused;
-                        partition.offset = -1;
-                        partition.timestamp = -1;
-                    }
-                }
-            }
-        }
-        ResponseKind::OffsetFetch(response) => {
-            // v0-7 answer one group at the top level; v8+ answer per group.
-            if !response.topics.is_empty() || response.groups.is_empty() {
-                mask_offset_fetch_topics(broker, session, &mut response.topics, denied.all_topics);
-            }
-            for g in &mut response.groups {
-                if !group(broker, session, acl::OP_DESCRIBE, &g.group_id) {
-                    g.error_code = group_refused;
-                    g.topics.clear();
-                    continue;
-                }
-                g.topics.retain_mut(|t| {
-                    if topic(broker, session, acl::OP_DESCRIBE, &t.name) {
-                        return true;
-                    }
-                    for partition in &mut t.partitions {
-                        partition.error_code = topic_refused;
-                        partition.committed_offset = -1;
-                    }
-                    !denied.all_topics
-                });
-            }
-        }
-        ResponseKind::DescribeGroups(response) => {
-            for g in &mut response.groups {
-                if !group(broker, session, acl::OP_DESCRIBE, &g.group_id) {
-                    let group_id = g.group_id.clone();
-                    *g = describe_groups_response::DescribedGroup::default();
-                    g.group_id = group_id;
-                    g.error_code = group_refused;
-                }
-            }
-        }
-        ResponseKind::ConsumerGroupDescribe(response) => {
-            for g in &mut response.groups {
-                if !group(broker, session, acl::OP_DESCRIBE, &g.group_id) {
-                    let group_id = g.group_id.clone();
-                    *g = consumer_group_describe_response::DescribedGroup::default();
-                    g.group_id = group_id;
-                    g.error_code = group_refused;
-                    g.error_message = error_message(ResponseError::GroupAuthorizationFailed);
-                }
-            }
-        }
-        ResponseKind::DeleteGroups(response) => {
-            for name in denied.groups {
-                let mut result = DeletableGroupResult::default();
-                result.group_id = GroupId(StrBytes::from_string(name));
-                result.error_code = group_refused;
-                response.results.push(result);
-            }
-        }
-        ResponseKind::ListGroups(response) if !broker.authorized_on_cluster(session, acl::OP_DESCRIBE) => {
-            response.groups.retain(|g| group(broker, session, acl::OP_DESCRIBE, &g.group_id));
-        }
-        ResponseKind::FindCoordinator(response) => {
-            // v0-3 (one key at the top level) are refused in `before`; v4+ per key here.
-            for c in response.coordinators.iter_mut().filter(|_| denied.group_keys) {
-                if !group(broker, session, acl::OP_DESCRIBE, &c.key) {
-                    c.error_code = group_refused;
-                    c.error_message = error_message(ResponseError::GroupAuthorizationFailed);
-                    c.node_id = BrokerId(-1);
-                    c.host = StrBytes::default();
-                    c.port = -1;
-                }
-            }
-        }
-        ResponseKind::DescribeConfigs(response) => {
-            for r in &mut response.results {
-                if let Err(error) =
-                    config_access(broker, session, acl::OP_DESCRIBE_CONFIGS, r.resource_type, &r.resource_name)
-                {
-                    r.error_code = error.code();
-                    r.error_message = error_message(error);
-                    r.configs.clear();
-                }
-            }
-        }
-        ResponseKind::AlterConfigs(response) => {
-            for (resource_type, name, error) in denied.resources {
-                let mut result = alter_configs_response::AlterConfigsResourceResponse::default();
-                result.resource_type = resource_type;
-                result.resource_name = StrBytes::from_string(name);
-                result.error_code = error.code();
-                result.error_message = error_message(error);
-                response.responses.push(result);
-            }
-        }
-        ResponseKind::IncrementalAlterConfigs(response) => {
-            for (resource_type, name, error) in denied.resources {
-                let mut result = incremental_alter_configs_response::AlterConfigsResourceResponse::default();
-                result.resource_type = resource_type;
-                result.resource_name = StrBytes::from_string(name);
-                result.error_code = error.code();
-                result.error_message = error_message(error);
-                response.responses.push(result);
-            }
-        }
-        _ => {}
+    if let Rule::Resources { after, .. } = rule(api) {
+        after(&Access { broker, session }, &denied, response);
     }
 }
 
-fn mask_offset_fetch_topics(
-    broker: &Broker,
-    session: &Session,
-    topics: &mut Vec<offset_fetch_response::OffsetFetchResponseTopic>,
-    all_topics: bool,
-) {
-    topics.retain_mut(|t| {
-        if topic(broker, session, acl::OP_DESCRIBE, &t.name) {
-            return true;
-        }
-        for partition in &mut t.partitions {
-            partition.error_code = ResponseError::TopicAuthorizationFailed.code();
-            partition.committed_offset = -1;
-        }
-        !all_topics
-    });
+/// Whether the client may do `operation` on a config resource; the error if not.
+fn config_access(access: &Access<'_>, operation: i8, resource_type: i8, name: &str) -> Result<(), ResponseError> {
+    let allowed = if resource_type == CONFIG_RESOURCE_TOPIC {
+        access.topic(operation, name).then_some(()).ok_or(ResponseError::TopicAuthorizationFailed)
+    } else if resource_type == super::configs::RESOURCE_GROUP {
+        access.group(operation, name).then_some(()).ok_or(ResponseError::GroupAuthorizationFailed)
+    } else {
+        access.cluster(operation).then_some(()).ok_or(ResponseError::ClusterAuthorizationFailed)
+    };
+    debug_assert!(allowed.is_ok() || access.broker.authorizer.is_some(), "no authorizer allows everything");
+    allowed
 }
 
-/// Operations Kafka reports per resource type (AclEntry.supportedOperations), without the
-/// delegation-token ones Sluice does not issue.
-const TOPIC_OPERATIONS: [i8; 8] = [
-    acl::OP_READ,
-    acl::OP_WRITE,
-    acl::OP_CREATE,
-    acl::OP_DELETE,
-    acl::OP_ALTER,
-    acl::OP_DESCRIBE,
-    acl::OP_DESCRIBE_CONFIGS,
-    acl::OP_ALTER_CONFIGS,
-];
-const GROUP_OPERATIONS: [i8; 3] = [acl::OP_READ, acl::OP_DELETE, acl::OP_DESCRIBE];
-const CLUSTER_OPERATIONS: [i8; 7] = [
-    acl::OP_CREATE,
-    acl::OP_ALTER,
-    acl::OP_DESCRIBE,
-    acl::OP_CLUSTER_ACTION,
-    acl::OP_DESCRIBE_CONFIGS,
-    acl::OP_ALTER_CONFIGS,
-    acl::OP_IDEMPOTENT_WRITE,
-];
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The `authorized_operations` a request asked for.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct OperationsWanted {
-    topics: bool,
-    groups: bool,
-    cluster: bool,
-}
-
-impl OperationsWanted {
-    pub(super) fn of(request: &RequestKind) -> OperationsWanted {
-        match request {
-            RequestKind::Metadata(r) => OperationsWanted {
-                topics: r.include_topic_authorized_operations,
-                cluster: r.include_cluster_authorized_operations,
-                ..Default::default()
-            },
-            RequestKind::DescribeCluster(r) => {
-                OperationsWanted { cluster: r.include_cluster_authorized_operations, ..Default::default() }
-            }
-            RequestKind::DescribeGroups(r) => {
-                OperationsWanted { groups: r.include_authorized_operations, ..Default::default() }
-            }
-            RequestKind::ConsumerGroupDescribe(r) => {
-                OperationsWanted { groups: r.include_authorized_operations, ..Default::default() }
-            }
-            _ => OperationsWanted::default(),
+    #[test]
+    fn every_advertised_api_has_a_rule() {
+        for advertised in sluice_protocol::api_versions_response(0).api_keys {
+            let api = ApiKey::try_from(advertised.api_key).expect("an advertised key is a Kafka API");
+            assert!(!matches!(rule(api), Rule::NotServed), "{api:?} is advertised but has no rule");
         }
     }
-}
 
-/// The operations of `supported` the client may perform on the resource, one bit each.
-fn operations(broker: &Broker, session: &Session, resource_type: i8, name: &str, supported: &[i8]) -> i32 {
-    supported
-        .iter()
-        .filter(|&&operation| broker.authorized(session, operation, resource_type, name))
-        .fold(0, |bits, &operation| bits | (1 << operation))
-}
+    #[test]
+    fn apis_not_advertised_are_not_served() {
+        let advertised: Vec<i16> =
+            sluice_protocol::api_versions_response(0).api_keys.iter().map(|k| k.api_key).collect();
+        for key in 0..=i16::from(u8::MAX) {
+            let Ok(api) = ApiKey::try_from(key) else { continue };
+            let served = !matches!(rule(api), Rule::NotServed);
+            assert_eq!(served, advertised.contains(&key), "{api:?}: the rule table and ApiVersions disagree");
+        }
+    }
 
-/// Fills the `authorized_operations` fields the request asked for (fields not asked for
-/// keep Kafka's "omitted", i32::MIN).
-pub(super) fn fill_operations(
-    broker: &Broker,
-    session: &Session,
-    wanted: OperationsWanted,
-    response: &mut ResponseKind,
-) {
-    let cluster = || operations(broker, session, RESOURCE_CLUSTER, acl::CLUSTER_RESOURCE_NAME, &CLUSTER_OPERATIONS);
-    match response {
-        ResponseKind::Metadata(response) => {
-            if wanted.topics {
-                for t in response.topics.iter_mut().filter(|t| t.error_code == 0) {
-                    let name = t.name.as_ref().map(|n| n.to_string()).unwrap_or_default();
-                    t.topic_authorized_operations =
-                        operations(broker, session, RESOURCE_TOPIC, &name, &TOPIC_OPERATIONS);
-                }
-            }
-            if wanted.cluster {
-                response.cluster_authorized_operations = cluster();
+    #[test]
+    fn cluster_rules_name_operations_on_the_cluster() {
+        for advertised in sluice_protocol::api_versions_response(0).api_keys {
+            let api = ApiKey::try_from(advertised.api_key).unwrap();
+            if let Rule::Cluster { any_of, .. } = rule(api) {
+                assert!(!any_of.is_empty(), "{api:?}");
+                assert!(
+                    any_of.iter().all(|op| operations::CLUSTER_OPERATIONS.contains(op)),
+                    "{api:?} needs an operation the cluster resource does not have"
+                );
             }
         }
-        ResponseKind::DescribeCluster(response) if wanted.cluster && response.error_code == 0 => {
-            response.cluster_authorized_operations = cluster();
-        }
-        ResponseKind::DescribeGroups(response) if wanted.groups => {
-            for g in response.groups.iter_mut().filter(|g| g.error_code == 0) {
-                g.authorized_operations = operations(broker, session, RESOURCE_GROUP, &g.group_id, &GROUP_OPERATIONS);
-            }
-        }
-        ResponseKind::ConsumerGroupDescribe(response) if wanted.groups => {
-            for g in response.groups.iter_mut().filter(|g| g.error_code == 0) {
-                g.authorized_operations = operations(broker, session, RESOURCE_GROUP, &g.group_id, &GROUP_OPERATIONS);
-            }
-        }
-        _ => {}
     }
 }

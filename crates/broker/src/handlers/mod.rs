@@ -102,7 +102,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
         consumer_fetch,
         authorized_operations: authorize::OperationsWanted::of(&body),
     };
-    let (body, denied) = match authorize::before(&broker, session, body) {
+    let (body, denied) = match authorize::before(&broker, session, api_key, body) {
         Ok(checked) => checked,
         Err(refused) => {
             return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default(), None);
@@ -213,10 +213,9 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
             ready(ResponseKind::DescribeProducers(transactions::describe_producers(&broker, session, request)))
         }
         RequestKind::WriteTxnMarkers(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, &session, request).await))
-            })
+            Box::pin(
+                async move { Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, request).await)) },
+            )
         }
         RequestKind::DescribeConfigs(request) => {
             ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
@@ -437,7 +436,7 @@ fn respond(
         let body = (&mut timed).await;
         broker.metrics.request_done(api_key as i16, arrived.elapsed());
         let mut body = body?;
-        authorize::after(&broker, &session, denied, &mut body);
+        authorize::after(&broker, &session, api_key, denied, &mut body);
         authorize::fill_operations(&broker, &session, exchange.authorized_operations, &mut body);
         charge_quota(&broker, &session, &exchange, &mut body, timed.busy);
         let files = file_chunks.map(|files| std::mem::take(&mut *files.lock())).unwrap_or_default();

@@ -173,7 +173,7 @@ fn check(user: &str, mechanism: i8, touched: &mut BTreeSet<(String, i8)>) -> Res
             format!("Username longer than {USER_NAME_BYTES_MAX} bytes"),
         ));
     }
-    if user == crate::security::inter_broker::INTER_BROKER_USER {
+    if crate::security::inter_broker::is_reserved_user(user) {
         return Err((
             ResponseError::UnacceptableCredential,
             format!("{user} is reserved for brokers (its credential derives from the cluster's rpc secret)"),

@@ -204,14 +204,14 @@ impl Broker {
         self.authorized(session, operation, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
     }
 
-    /// Whether the client may fetch as a replica: the brokers' own user; anyone on a
-    /// PLAINTEXT inter-broker listener (it authenticates nobody: keep it on a private
-    /// network); else CLUSTER_ACTION on the cluster, as in Kafka.
+    /// Whether the client may act as a broker (fetch as a replica, read and write share-group
+    /// state): CLUSTER_ACTION on the cluster, from an ACL or `super.users`, as in Kafka. The
+    /// brokers' own user is a super user, and only a connection that proved the cluster's
+    /// secret is that user; which listener a connection came in on grants nothing, so a
+    /// PLAINTEXT inter-broker listener under an authorizer needs its (anonymous) principal
+    /// in `super.users`, as Kafka's does.
     pub(crate) fn may_replicate(&self, session: &Session) -> bool {
-        *session.principal == *super::inter_broker::INTER_BROKER_PRINCIPAL
-            || (session.listener == self.inter_broker_listener
-                && self.inter_broker.protocol == super::SecurityProtocol::Plaintext)
-            || self.authorized_on_cluster(session, OP_CLUSTER_ACTION)
+        self.authorized_on_cluster(session, OP_CLUSTER_ACTION)
     }
 }
 

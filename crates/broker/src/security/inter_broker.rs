@@ -6,8 +6,9 @@
 //! from the cluster's shared controller-RPC secret (`[cluster] rpc_secret_file`), which
 //! every node already holds, so a SASL inter-broker listener works from the first start
 //! and a process without the secret cannot pass for a broker. Its principal,
-//! [`INTER_BROKER_PRINCIPAL`], is a super user. The name is reserved: no SCRAM
-//! credential can be made for it.
+//! [`INTER_BROKER_PRINCIPAL`], is a super user. The name is reserved ([`is_reserved_user`]):
+//! no SCRAM credential can be made for it and no OAUTHBEARER token can name it, so the only
+//! way to be that principal is to prove the secret.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -16,12 +17,20 @@ use tokio_rustls::TlsConnector;
 
 use super::sasl::Mechanism;
 use super::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
-use super::SecurityProtocol;
 use crate::config::BrokerConfig;
 
 /// The user brokers authenticate as to each other.
 pub const INTER_BROKER_USER: &str = "sluice-inter-broker";
 pub const INTER_BROKER_PRINCIPAL: &str = "User:sluice-inter-broker";
+/// User names no client may claim: credentials for them derive from the cluster's secret.
+pub const RESERVED_USERS: [&str; 1] = [INTER_BROKER_USER];
+
+const _: () = assert!(INTER_BROKER_PRINCIPAL.len() == "User:".len() + INTER_BROKER_USER.len());
+
+/// Whether `user` is a name reserved for brokers.
+pub(crate) fn is_reserved_user(user: &str) -> bool {
+    RESERVED_USERS.contains(&user)
+}
 
 /// The brokers' own SCRAM credentials, derived from the shared secret.
 pub(crate) struct BrokerCredentials {
@@ -63,7 +72,6 @@ impl BrokerCredentials {
 /// This node's side of the inter-broker listener: the server's view of the brokers'
 /// credential, and how to connect to another node's inter-broker listener.
 pub(crate) struct InterBroker {
-    pub(crate) protocol: SecurityProtocol,
     /// `None` without a shared secret (a single node, or a cluster without one).
     pub(crate) credentials: Option<BrokerCredentials>,
     /// For TLS inter-broker listeners.
@@ -107,7 +115,7 @@ impl InterBroker {
         }
         let tls = if in_cluster && protocol.uses_tls() { Some(super::tls::connector(config)?) } else { None };
         let sasl = if protocol.uses_sasl() { Some(mechanism(config, &super::sasl_mechanisms(config)?)?) } else { None };
-        Ok(InterBroker { protocol, credentials: secret.as_deref().map(BrokerCredentials::from_secret), tls, sasl })
+        Ok(InterBroker { credentials: secret.as_deref().map(BrokerCredentials::from_secret), tls, sasl })
     }
 
     /// The password a follower gives (SASL), when there is a shared secret.
@@ -130,5 +138,13 @@ mod tests {
             assert!(!mechanism.password_matches(&credential, theirs.password.as_bytes()));
         }
         assert!(ours.credential("PLAIN").is_none());
+    }
+
+    #[test]
+    fn the_brokers_user_is_reserved_and_its_principal_names_it() {
+        assert!(is_reserved_user(INTER_BROKER_USER));
+        assert!(!is_reserved_user("alice"));
+        assert!(!is_reserved_user(&INTER_BROKER_USER.to_uppercase()), "names are compared exactly");
+        assert_eq!(INTER_BROKER_PRINCIPAL.strip_prefix("User:"), Some(INTER_BROKER_USER));
     }
 }

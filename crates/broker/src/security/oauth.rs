@@ -2,7 +2,9 @@
 //! client sends a JWT from its identity provider; the broker checks its signature against
 //! the provider's JSON Web Key Set, its expiry (with `sasl.oauthbearer.clock.skew.seconds`
 //! of leeway), and, when configured, its audience and issuer. The principal is
-//! `User:<claim>`, the claim named by `sasl.oauthbearer.sub.claim.name` (`sub`).
+//! `User:<claim>`, the claim named by `sasl.oauthbearer.sub.claim.name` (`sub`); a token
+//! naming a user reserved for brokers is refused, whoever signed it, since that principal
+//! is a super user.
 //!
 //! The key set is read from a `file:` URL (`sasl.oauthbearer.jwks.endpoint.url`), re-read
 //! when the file changes, so keys rotate without a restart; fetching it over HTTPS is left
@@ -139,6 +141,9 @@ impl OauthValidator {
             .map_err(|error| format!("invalid token: {error}"))?;
         let expiry = data.claims.get("exp").and_then(|exp| exp.as_u64()).ok_or("the token's exp is not a number")?;
         match data.claims.get(&self.sub_claim).and_then(|value| value.as_str()) {
+            Some(user) if super::inter_broker::is_reserved_user(user) => {
+                Err(format!("the token's {:?} claim names {user}, a user reserved for brokers", self.sub_claim))
+            }
             Some(user) if !user.is_empty() => Ok((user.to_string(), expiry)),
             _ => Err(format!("the token has no {:?} claim", self.sub_claim)),
         }

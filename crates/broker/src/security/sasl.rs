@@ -8,10 +8,19 @@
 //! against the user's stored SCRAM credential, so no listener needs plaintext passwords.
 //! On SASL_SSL the SASL user is the principal, as in Kafka, whatever certificate was shown.
 //!
+//! Whether a user exists is not told, by answers or by timing: an unknown user's PLAIN
+//! password is derived against a stand-in credential with the iterations a credential is
+//! given by default, and SCRAM answers an unknown user with a server-first message whose
+//! salt is stable for that name, failing only at the proof (RFC 5802, section 5.1). Each
+//! SaslAuthenticate step runs on the blocking pool, a few at once broker-wide
+//! (connection_limits.rs): PBKDF2 takes milliseconds of CPU an I/O thread must not spend.
+//!
 //! Re-authentication (KIP-368): with `connections.max.reauth.ms` set, a successful
 //! SaslAuthenticate tells the client how long its session lasts (no longer than an
 //! OAUTHBEARER token); the client authenticates again on the same connection before then,
 //! as the same principal, and a connection whose session ended is closed at its next request.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
@@ -138,6 +147,26 @@ impl Authenticator {
         }
     }
 
+    /// [`Authenticator::authenticate`] on the blocking pool, after waiting for a turn.
+    pub(crate) async fn authenticate_off_io_thread(
+        &mut self,
+        broker: &Arc<Broker>,
+        request: SaslAuthenticateRequest,
+    ) -> (SaslAuthenticateResponse, Next) {
+        let _turn = broker.connection_limits.sasl_step_turn().await;
+        let placeholder = Authenticator::new(self.sasl, None);
+        let mut authenticator = std::mem::replace(self, placeholder);
+        let broker = broker.clone();
+        let (authenticator, answer) = tokio::task::spawn_blocking(move || {
+            let answer = authenticator.authenticate(&broker, request);
+            (authenticator, answer)
+        })
+        .await
+        .expect("a SASL step does not panic (a panic stops the broker)");
+        *self = authenticator;
+        answer
+    }
+
     pub(crate) fn authenticate(
         &mut self,
         broker: &Broker,
@@ -160,7 +189,8 @@ impl Authenticator {
             },
             State::Authenticate(Mechanism::Scram(mechanism)) => {
                 ScramExchange::start(mechanism, &request.auth_bytes, |user| {
-                    broker.scram_credential(user, mechanism.name())
+                    let credential = broker.scram_credential(user, mechanism.name());
+                    Some(credential.unwrap_or_else(|| mechanism.stand_in_credential(user)))
                 })
                 .map(|(exchange, server_first)| (State::ScramFinal(Box::new(exchange)), Bytes::from(server_first)))
                 .map_err(|error| scram_failure(mechanism, error))
@@ -258,12 +288,20 @@ fn plain(broker: &Broker, message: &[u8]) -> Result<String, String> {
             "Authentication failed: Client requested an authorization id that is different from username".into()
         );
     }
-    let matches = [ScramMechanism::Sha512, ScramMechanism::Sha256].into_iter().any(|mechanism| {
-        broker
-            .scram_credential(user, mechanism.name())
-            .is_some_and(|credential| mechanism.password_matches(&credential, password.as_bytes()))
+    // Every mechanism is tried, with a stand-in for a credential the user lacks: the same
+    // work whether the user exists, has one credential or two, or the first one matched.
+    let matches = [ScramMechanism::Sha512, ScramMechanism::Sha256].map(|mechanism| {
+        match broker.scram_credential(user, mechanism.name()) {
+            Some(credential) => mechanism.password_matches(&credential, password.as_bytes()),
+            None => {
+                let stand_in = mechanism.stand_in_credential(user);
+                let never = mechanism.password_matches(&stand_in, password.as_bytes());
+                assert!(!never, "a stand-in credential matches no password");
+                false
+            }
+        }
     });
-    if matches {
+    if matches.contains(&true) {
         Ok(user.to_string())
     } else {
         Err(invalid())

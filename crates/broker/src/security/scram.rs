@@ -14,6 +14,11 @@ use sluice_cluster::ScramCredential;
 /// Kafka's bounds on SCRAM iterations (ScramMechanism.minIterations / maxIterations).
 pub const ITERATIONS_MIN: i32 = 4096;
 pub const ITERATIONS_MAX: i32 = 16384;
+/// Iterations of an unknown user's stand-in credential: Kafka's tools' default, the count
+/// most credentials have.
+const STAND_IN_ITERATIONS: i32 = ITERATIONS_MIN;
+/// Bytes of a stand-in credential's salt.
+const STAND_IN_SALT_BYTES: usize = 16;
 /// Bytes of the server's nonce (before base64).
 const SERVER_NONCE_BYTES: usize = 24;
 /// Longest SCRAM message accepted from a client.
@@ -114,6 +119,23 @@ impl Mechanism {
         constant_time_eq(&candidate.stored_key, &credential.stored_key)
     }
 
+    /// The credential an unknown user is answered with, so that answers and timing are
+    /// those of a known one: the default iterations, a salt that is the same for the same
+    /// name (a client asking twice must not see a new one) but unknowable without this
+    /// process's secret, and keys no password derives.
+    pub(crate) fn stand_in_credential(self, user: &str) -> ScramCredential {
+        static SALT_SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+        let secret = SALT_SECRET.get_or_init(rand::random);
+        let salt = self.hmac(secret, format!("{}\0{user}", self.name()).as_bytes())[..STAND_IN_SALT_BYTES].to_vec();
+        let unmatched: [u8; 64] = rand::random();
+        ScramCredential {
+            salt,
+            stored_key: unmatched[..self.digest_bytes()].to_vec(),
+            server_key: self.hmac(secret, b"Server Key"),
+            iterations: STAND_IN_ITERATIONS,
+        }
+    }
+
     pub fn salted_password_len_ok(self, salted_password: &[u8]) -> bool {
         salted_password.len() == self.digest_bytes()
     }
@@ -130,6 +152,15 @@ pub enum ScramError {
     Malformed(&'static str),
     /// Unknown user or wrong password (clients are not told which).
     InvalidCredentials,
+}
+
+impl std::fmt::Display for ScramError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScramError::Malformed(what) => write!(f, "malformed SCRAM message: {what}"),
+            ScramError::InvalidCredentials => write!(f, "invalid credentials"),
+        }
+    }
 }
 
 /// The server's half of one SCRAM exchange: client-first, then client-final.
@@ -253,7 +284,7 @@ impl ScramExchange {
 }
 
 /// The client's half of one SCRAM exchange: a follower authenticating to its leader's
-/// SASL listener (replication/peer.rs).
+/// SASL listener (replication/peer.rs), and the command-line tools (`security::ScramClient`).
 pub struct ScramClient {
     mechanism: Mechanism,
     password: Vec<u8>,
@@ -351,6 +382,23 @@ mod tests {
             assert_eq!(exchange(mechanism, "alice", "alice-secret"), Ok("alice".to_string()));
             assert_eq!(exchange(mechanism, "alice", "alice-secreT"), Err(ScramError::InvalidCredentials));
             assert_eq!(exchange(mechanism, "bob", "alice-secret"), Err(ScramError::InvalidCredentials));
+        }
+    }
+
+    #[test]
+    fn an_unknown_user_is_answered_like_a_known_one_and_fails_at_the_proof() {
+        for mechanism in Mechanism::ALL {
+            let stand_in = mechanism.stand_in_credential("mallory");
+            assert_eq!(stand_in.salt, mechanism.stand_in_credential("mallory").salt, "the same salt each time");
+            assert_ne!(stand_in.salt, mechanism.stand_in_credential("trudy").salt);
+            assert_eq!(stand_in.iterations, alice(mechanism).iterations);
+            assert!(!mechanism.password_matches(&stand_in, b"alice-secret"));
+            let (mut client, client_first) = ScramClient::start(mechanism, "mallory", b"guess");
+            let (exchange, server_first) =
+                ScramExchange::start(mechanism, &client_first, |name| Some(mechanism.stand_in_credential(name)))
+                    .expect("a server-first message, as for a known user");
+            let client_final = client.respond(&server_first).unwrap();
+            assert_eq!(exchange.finish(&client_final).err(), Some(ScramError::InvalidCredentials));
         }
     }
 
