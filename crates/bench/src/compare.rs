@@ -5,7 +5,7 @@
 //! then Sluice, N rounds (A B A B). The table gives each figure's median with min and
 //! max across rounds for both brokers and the ratio of the medians (Sluice / Kafka).
 //! Broker CPU seconds and peak RSS come from `/proc`, so CPU per GiB is a figure for both,
-//! with its kernel (system time) part beside it, and the summary states issue 11's CPU
+//! with its kernel (system time) part beside it, and the summary states the CPU
 //! criterion (at most a third of Kafka's per GiB) with Sluice's kernel time alone as a share
 //! of Kafka's whole: a floor under Sluice's figure that no user-space work of its own lowers.
 //!
@@ -23,7 +23,7 @@
 //! A catch-up workload (`consumerBacklogSizeGB`) adds the producers' publish latency
 //! before the drain (consumers paused while the backlog builds) and during it, their
 //! ratio, the catch-up MiB/s and the broker's disk reads during the drain, and the
-//! summary states issue 11's criterion (p99 during / before at most
+//! summary states the catch-up criterion (p99 during / before at most
 //! [`CATCH_UP_P99_RATIO_MAX`], catch-up MiB/s at least Kafka's). `--broker-memory-limit`
 //! runs each broker node in a memory cgroup by the same rule ([`crate::memcap`]) so the
 //! backlog is cold; the summary says the limits and adds the cgroups' peak usage.
@@ -96,7 +96,7 @@ pub struct CompareArgs {
     pub overrides: Overrides,
 }
 
-/// Issue 11's catch-up criterion: the producers' p99 during the drain is at most this
+/// The catch-up criterion: the producers' p99 during the drain is at most this
 /// many times their p99 before it.
 pub const CATCH_UP_P99_RATIO_MAX: f64 = 1.5;
 
@@ -161,7 +161,7 @@ const CATCH_UP_ROW: &str = "catch-up MiB/s";
 /// The rows of the broker's CPU per GiB published: all of it, and the kernel's part.
 const CPU_PER_GIB_ROW: &str = "broker CPU s per GiB";
 const KERNEL_CPU_PER_GIB_ROW: &str = "broker kernel CPU s per GiB";
-/// Issue 11's CPU criterion: Sluice's broker CPU per GiB at most this share of Kafka's.
+/// The CPU criterion: Sluice's broker CPU per GiB at most this share of Kafka's.
 const CPU_PER_GIB_SHARE_MAX: f64 = 1.0 / 3.0;
 
 /// CPU seconds of the measured phase as cores busy on average.
@@ -508,7 +508,7 @@ fn median(figures: &[Figures], row: &str) -> Option<f64> {
     spread(&figures.iter().filter_map(|f| f.values[index]).collect::<Vec<_>>()).map(|(_, median, _)| median)
 }
 
-/// Issue 11's CPU criterion from the medians: broker CPU per GiB at most
+/// The CPU criterion from the medians: broker CPU per GiB at most
 /// [`CPU_PER_GIB_SHARE_MAX`] of Kafka's. Beside it, Sluice's kernel time alone as a share of
 /// Kafka's whole: mostly the kernel's work of moving the bytes (loopback TCP both ways, block
 /// I/O), which Kafka's kernel time shows to be of the same size for any broker; a share above
@@ -520,7 +520,7 @@ fn cpu_verdict(kafka: &[Figures], sluice: &[Figures]) -> Option<String> {
     }
     let share = s / k;
     let mut text = format!(
-        "CPU criterion (issue 11): broker CPU s per GiB <= 1/3 of Kafka's: Sluice {} vs Kafka {} = {share:.2} ({})",
+        "CPU criterion: broker CPU s per GiB <= 1/3 of Kafka's: Sluice {} vs Kafka {} = {share:.2} ({})",
         num(s),
         num(k),
         if share <= CPU_PER_GIB_SHARE_MAX { "met" } else { "not met" }
@@ -537,11 +537,11 @@ fn cpu_verdict(kafka: &[Figures], sluice: &[Figures]) -> Option<String> {
     Some(text)
 }
 
-/// Issue 11's catch-up criterion from the medians, when the runs drained a backlog.
+/// The catch-up criterion from the medians, when the runs drained a backlog.
 fn catch_up_verdict(kafka: &[Figures], sluice: &[Figures]) -> Option<String> {
     let sluice_ratio = median(sluice, P99_RATIO_ROW)?;
     let mut text = format!(
-        "Catch-up criterion (issue 11): publish p99 during / before drain <= {CATCH_UP_P99_RATIO_MAX}: Sluice {:.2} ({})",
+        "Catch-up criterion: publish p99 during / before drain <= {CATCH_UP_P99_RATIO_MAX}: Sluice {:.2} ({})",
         sluice_ratio,
         if sluice_ratio <= CATCH_UP_P99_RATIO_MAX { "met" } else { "not met" }
     );
@@ -721,7 +721,7 @@ mod tests {
         assert!(table.contains("| broker kernel CPU s per GiB | 3.00 (3.00 .. 3.00) | 2.70 (2.70 .. 2.70) | 0.90 |"));
         assert!(
             table.contains(
-                "CPU criterion (issue 11): broker CPU s per GiB <= 1/3 of Kafka's: Sluice 4.50 vs Kafka 6.00 = 0.75 \
+                "CPU criterion: broker CPU s per GiB <= 1/3 of Kafka's: Sluice 4.50 vs Kafka 6.00 = 0.75 \
                  (not met); in the kernel: Sluice 2.70 vs Kafka 3.00, Sluice's alone 0.45 of Kafka's whole"
             ),
             "{table}"

@@ -1,4 +1,4 @@
-//! A noisy neighbour for a run: issue 11 asks that the broker's publish p99 stay within
+//! A noisy neighbour for a run: the broker's publish p99 should stay within
 //! 1.5x of a quiet run's (a) with gigabytes of unrelated clean file data in the page cache
 //! and (b) while another process writes gigabytes into the page cache of the broker's
 //! filesystem. A production machine's page cache is never empty, and a `compare` that

@@ -78,7 +78,7 @@ pub struct SluiceExtras {
     /// Broker CPU seconds per GiB published in the measured phase.
     pub broker_cpu_seconds_per_gb: Option<f64>,
     /// The kernel's part of `broker_cpu_seconds_per_gb` (system time: the broker's syscalls,
-    /// its sockets' TCP work, block I/O). Absent in results written before session 50.
+    /// its sockets' TCP work, block I/O). Absent in older result files.
     pub broker_kernel_cpu_seconds_per_gb: Option<f64>,
     /// CPU seconds of the bench process during the measured phase: every producer and
     /// consumer of the run (they run in it), so a machine the clients saturate shows.
@@ -118,7 +118,7 @@ pub struct SluiceExtras {
 }
 
 /// A catch-up run's phases: what the producers saw before the drain (consumers paused
-/// while the backlog builds), during it, and after it. Issue 11's criterion reads
+/// while the backlog builds), during it, and after it. The catch-up criterion reads
 /// `drain.publishLatency99pct / build.publishLatency99pct` (at most 1.5) and the
 /// catch-up MiB/s (`backlogDrainMbPerSecond`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

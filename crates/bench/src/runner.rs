@@ -12,7 +12,7 @@
 //!    then resume; the measured phase lasts until the backlog is drained plus the test
 //!    duration. The producers' latency is also kept per backlog phase (build, drain, tail:
 //!    `sluice.backlogPhases`), split exactly where the phase changes (the clients'
-//!    histograms are drained at that tick, not at the next sample), because issue 11's
+//!    histograms are drained at that tick, not at the next sample), because the
 //!    catch-up criterion compares the producers' p99 during the drain with the p99 before
 //!    it, and a whole-run percentile mixes the two. Each phase also records the broker's
 //!    disk reads (`/proc/PID/io`), which tell a cold catch-up read from a cached one.

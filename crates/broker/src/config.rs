@@ -48,9 +48,9 @@ pub fn io_threads_auto() -> usize {
 /// partitions (4 producers, `linger.ms=1`) the WAL ran 2,415 rounds a second; paced at
 /// 1 ms, 1,011, and the broker took 0.31 cores instead of 0.43 (0.5 ms: 0.37; 2 ms: 0.24),
 /// with publish p50 1.8 ms instead of 1.3 and p99 3.3 instead of 2.7 (2 ms: 4.3)
-/// (`bench/results/2026-11-28/wal-round-interval-sweep-session31`). Session 48 moved it from
-/// 1 to 1.5 ms: 13% less broker CPU per GiB for 0.4 ms more publish p50 and 0.8 ms more p99
-/// (`bench/results/2026-12-02/wal-round-interval-session48`); 2 ms took 23% off but one of
+/// (`bench/results/2026-11-28/wal-round-interval-sweep`). Against 1 ms, 1.5 ms
+/// gives 13% less broker CPU per GiB for 0.4 ms more publish p50 and 0.8 ms more p99
+/// (`bench/results/2026-12-02/wal-round-interval`); 2 ms took 23% off but one of
 /// its two runs had a p99 above 5 ms.
 pub const WAL_ROUND_INTERVAL_US_DEFAULT: u64 = 1_500;
 /// Most `log_wal_round_interval_us` accepted.
@@ -79,11 +79,11 @@ pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
 /// wide); the others wait. Each holds at most one fetch response's bytes. With reads through
-/// the page cache one was best (session 26: alternating catch-up runs drained at the same
+/// the page cache one was best (alternating catch-up runs drained at the same
 /// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
-/// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab-session26`). Cold reads now go by direct
+/// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab`). Cold reads go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
-/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in session 47's 1 GiB cold
+/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in 1 GiB cold
 /// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s
 /// with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s with 9.5 ms; at
 /// 320k msg/s (a peak trial) four kept the consumers near the producers' rate where one left
@@ -94,7 +94,7 @@ pub const FETCH_DISK_READS_MAX: usize = 2;
 /// the direct reads' pieces (`sluice_storage::segment::direct_read_piece_bytes`), so 4 MiB
 /// while the WAL's rounds are small and up to `FETCH_DISK_READ_BYTES_MAX` when they are large.
 /// A cold fetch's turn costs the consumer a round trip and the blocking pool a hop: at 330k
-/// msg/s (session 49) consumers behind the tails' memory read 200-360 MB/s from the disk in
+/// msg/s consumers behind the tails' memory read 200-360 MB/s from the disk in
 /// 4 MiB fetches and never caught up, and caught up (300-540 MB/s) in 16 MiB fetches of 1 MiB
 /// pieces.
 pub const FETCH_DISK_READ_PIECES: usize = 32;
@@ -210,7 +210,7 @@ pub struct BrokerConfig {
     /// already made durable; and a blocking read of bytes the page cache lacks (a reader
     /// behind the tails' memory) reads them with direct I/O, leaving the page cache alone.
     /// A reader that lags keeps its segment's frozen chunks in memory for the next 3 s. On
-    /// by default since session 37; direct reads since session 47 (README, "Benchmarks").
+    /// by default (README, "Benchmarks").
     pub log_segment_direct_io: bool,
     /// Threads that serve connections and run request handlers (the async runtime's
     /// workers); 0 = [`io_threads_auto`]. Disk waits (fsync, cold reads) run on their own

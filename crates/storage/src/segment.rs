@@ -106,10 +106,10 @@ pub const COLD_READ_PIECE_BYTES: usize = 256 * 1024;
 /// Smallest and largest piece a direct read ([`read_direct`]) issues at a time: a piece is
 /// as large as the WAL's recent rounds (`wal::recent_round_bytes`), within these bounds. A WAL
 /// round queued behind a piece at the device then waits for at most about its own size per
-/// reader. In a 1 GiB cold drain at 10k msg/s under a 256 MiB cap (session 47; rounds of a
+/// reader. In a 1 GiB cold drain at 10k msg/s under a 256 MiB cap (rounds of a
 /// few KiB) 128 KiB pieces, two reads at a time, gave the producers' p99 5.9-9.0 ms during
 /// the drain against 7.2-9.5 with 256 KiB pieces, at the same 434-496 MB/s; 64 KiB pieces
-/// drained slower (418 MB/s). At 330k msg/s (rounds of about 1 MiB; session 49) consumers
+/// drained slower (418 MB/s). At 330k msg/s (rounds of about 1 MiB) consumers
 /// that fell behind the tails' memory read 200-250 MB/s from the disk in 128 KiB pieces,
 /// less than the producers wrote, and never caught up; in 1 MiB pieces they read 300-540
 /// MB/s and caught up.
@@ -1092,7 +1092,7 @@ fn position_at_or_before(entries: &[OffsetEntry], base_offset: i64, offset: i64)
 /// thousands of entries (one per `INDEX_INTERVAL_BYTES`): a plain bisection touches a
 /// cache line at each of its ~18 steps. The newest entries stay in cache because appends
 /// write them. (At 10k msg/s over 100 partitions the fetch path's lookups fell from 1.1% to
-/// 0.3% of the broker's profile samples, session 45.)
+/// 0.3% of the broker's profile samples.)
 fn partition_point_from_end<T>(entries: &[T], pred: impl Fn(&T) -> bool) -> usize {
     // Invariant: every entry at or after `end` is false.
     let mut end = entries.len();

@@ -4,7 +4,7 @@
 //! Why: a batch acknowledged after a WAL round is already durable in the WAL; its segment
 //! file copy only serves readers and the WAL's checkpoint. Written through the page cache,
 //! that copy cost a quarter of the broker's CPU at 200k msg/s (the kernel's copy into
-//! page-cache folios, then `sync_file_range` to write them back; README, session 33). Here a
+//! page-cache folios, then `sync_file_range` to write them back; README). Here a
 //! batch is copied once, into a chunk of memory that tailing readers take without a copy
 //! (`Bytes` over the chunk), and the chunk reaches the file in `O_DIRECT` writes of whole
 //! pages, which the device copies by DMA.
@@ -35,11 +35,11 @@
 //! lags ([`Tail::note_reader_behind`]: it read a chunk that froze [`TAIL_READER_LAGGING_MS`]
 //! ago, or the file behind the memory) keeps the frozen chunks in memory for
 //! [`READER_BEHIND_RETAIN_MS`] (within the count and memory bounds), and what it reads of the
-//! file behind them it reads with direct I/O too (`segment.rs::read_direct`). Until session
-//! 47 a lagging reader turned the tail's writes to the page cache instead, so that it would
-//! find cached bytes: at 300k msg/s the checkpointer's copies into page-cache folios took
+//! file behind them it reads with direct I/O too (`segment.rs::read_direct`). Turning
+//! a lagging reader's tail writes to the page cache instead, so that it would find cached
+//! bytes, costs more: at 300k msg/s the checkpointer's copies into page-cache folios took
 //! 0.67 of the 2 cores and the produce time went from 4 to 90 ms, while the consumers read
-//! at 20-120 MB/s of the 310 incoming (README, session 47). A page written one way and then
+//! at 20-120 MB/s of the 310 incoming (README). A page written one way and then
 //! the other (a filesystem that refused direct I/O midway) is still whole: the kernel
 //! writes back and drops a cached page before a direct write over it.
 //!
@@ -69,7 +69,7 @@ use parking_lot::Mutex;
 /// The unit of a direct write: file offsets, lengths and memory are multiples of it.
 pub const PAGE_BYTES: usize = 4096;
 /// A segment's first chunk, and the smallest one. Small, because every active partition
-/// holds one: at 10,000 partitions of 1 msg/s, 64 KiB chunks held 1 GiB (session 35); a busy
+/// holds one: at 10,000 partitions of 1 msg/s, 64 KiB chunks held 1 GiB; a busy
 /// partition's chunks double from here within seconds.
 pub const TAIL_CHUNK_BYTES_MIN: usize = 8 * 1024;
 /// The largest chunk (a batch larger than this gets a chunk of its own size).

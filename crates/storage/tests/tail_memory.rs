@@ -9,7 +9,7 @@ use sluice_storage::{LogConfig, LogManager, TopicPartition};
 mod common;
 use common::{append_all_acknowledged, batch};
 
-/// Partitions in the test: 64 KiB first chunks (before session 35) held 128 MiB here.
+/// Partitions in the test: 64 KiB first chunks would hold 128 MiB here.
 const PARTITIONS: usize = 2_000;
 /// A partition with one small batch holds two pages of tail at most: 20 MiB at 10,000
 /// partitions.

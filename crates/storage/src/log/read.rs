@@ -406,7 +406,7 @@ impl Chunk<'_> {
     /// index entry at or before its next batch, less than [`INDEX_INTERVAL_BYTES`] before
     /// `used` ends (`Segment::track_appended`), and dropping its first pages made every next
     /// backlog read of the partition miss the page cache and queue for the blocking pool
-    /// (session 46: at 320k msg/s nearly every fetch, consumers at 60-70 MB/s), and it drops
+    /// (at 320k msg/s nearly every fetch, consumers at 60-70 MB/s), and it drops
     /// them in its turn.
     fn release(&self, used: usize) {
         if let Some((file, position)) = self.release {
