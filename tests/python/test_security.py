@@ -209,10 +209,18 @@ def test_scram_users_described_and_deleted(secure):
             f.result(timeout=10)
 
 
-def test_credentials_survive_a_restart(secure):
+def test_credentials_survive_a_restart_in_a_file_only_their_owner_reads(secure):
+    import os
+    import stat
+
     add_user(secure.admin(), "erin", "erin-secret")
+    store = secure.broker.data_dir / "meta" / "security.json"
+    assert stat.S_IMODE(os.stat(store).st_mode) == 0o600
     secure.broker.kill()
+    # One copied in readable by others is made its owner's only at start.
+    os.chmod(store, 0o644)
     secure.broker.start()
+    assert stat.S_IMODE(os.stat(store).st_mode) == 0o600
     conf = secure.client("SASL_SSL", **{"sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "erin",
                                         "sasl.password": "erin-secret"})
     assert first_error(conf, "t") is None
