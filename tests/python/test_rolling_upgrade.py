@@ -18,6 +18,8 @@ from cluster_support import NODES, Cluster, LoadProducer, consume_all, create_to
 from conftest import SLUICE_BIN
 
 BASE_BIN_ENV = "SLUICE_UPGRADE_BASE_BIN"
+# How long an all-old cluster is given to accept a SCRAM user before it counts as refusing.
+GATING_SETTLE_S = 10
 
 
 def add_user(cluster) -> str | None:
@@ -36,6 +38,12 @@ def add_user(cluster) -> str | None:
         return repr(error)
 
 
+def refused_by_version(error: str) -> bool:
+    """An old node does not offer the API; a new one answers UNSUPPORTED_VERSION until the
+    metadata.version is finalized."""
+    return "UNSUPPORTED_VERSION" in error or "not supported" in error.lower()
+
+
 def test_rolling_upgrade_from_the_previous_version_under_load(tmp_path):
     base_bin = os.environ.get(BASE_BIN_ENV)
     if not base_bin or not os.access(base_bin, os.X_OK):
@@ -46,7 +54,13 @@ def test_rolling_upgrade_from_the_previous_version_under_load(tmp_path):
         create_topic(cluster, topic, partitions)
         # Whether the previous version already finalizes the metadata.version that SCRAM
         # users need: only then is there nothing for mixed versions to refuse.
-        gated = add_user(cluster) is not None
+        # (A new cluster finalizes its metadata.version shortly after it starts: refusals by
+        # version at first do not tell.)
+        gated = True
+        deadline = time.monotonic() + GATING_SETTLE_S
+        while gated and time.monotonic() < deadline:
+            gated = add_user(cluster) is not None
+            time.sleep(0.5)
         load = LoadProducer(cluster.bootstrap, topic, partitions)
         try:
             for node_id, node in cluster.nodes.items():
@@ -67,7 +81,7 @@ def test_rolling_upgrade_from_the_previous_version_under_load(tmp_path):
                     assert refused is not None, f"a SCRAM user was accepted with node {node_id + 1} still old"
                     # Refused by version: an old node does not offer the API, a new one
                     # answers UNSUPPORTED_VERSION until the metadata.version is finalized.
-                    assert "UNSUPPORTED_VERSION" in refused or "not supported" in refused.lower(), refused
+                    assert refused_by_version(refused), refused
             # Every node runs the new binary: the controller finalizes the newer version.
             errors = []
 
