@@ -258,16 +258,8 @@ pub(super) fn alter_configs(access: &Access<'_>, body: RequestKind, denied: &mut
     let RequestKind::AlterConfigs(mut request) = body else { return Ok(body) };
     request.resources.retain(|r| {
         let dead_letter = r.configs.iter().filter(|c| c.name.as_str() == CONFIG_DEAD_LETTER_TOPIC);
-        let check = may_alter_configs(
-            access,
-            r.resource_type,
-            &r.resource_name,
-            dead_letter.filter_map(|c| c.value.as_deref()).filter(|v| !v.is_empty()),
-        );
-        if let Err(error) = check {
-            denied.resources.push((r.resource_type, r.resource_name.to_string(), error));
-        }
-        check.is_ok()
+        let targets = dead_letter.filter_map(|c| c.value.as_deref()).filter(|v| !v.is_empty());
+        kept_if_alterable(access, denied, r.resource_type, &r.resource_name, targets)
     });
     Ok(RequestKind::AlterConfigs(request))
 }
@@ -279,18 +271,26 @@ pub(super) fn incremental_alter_configs(access: &Access<'_>, body: RequestKind, 
             .configs
             .iter()
             .filter(|c| c.name.as_str() == CONFIG_DEAD_LETTER_TOPIC && c.config_operation == CONFIG_OPERATION_SET);
-        let check = may_alter_configs(
-            access,
-            r.resource_type,
-            &r.resource_name,
-            dead_letter.filter_map(|c| c.value.as_deref()).filter(|v| !v.is_empty()),
-        );
-        if let Err(error) = check {
-            denied.resources.push((r.resource_type, r.resource_name.to_string(), error));
-        }
-        check.is_ok()
+        let targets = dead_letter.filter_map(|c| c.value.as_deref()).filter(|v| !v.is_empty());
+        kept_if_alterable(access, denied, r.resource_type, &r.resource_name, targets)
     });
     Ok(RequestKind::IncrementalAlterConfigs(request))
+}
+
+/// Whether a resource of an (Incremental)AlterConfigs request stays in it; a refused one is
+/// recorded in `denied` with its error.
+fn kept_if_alterable<'a>(
+    access: &Access<'_>,
+    denied: &mut Denied,
+    resource_type: i8,
+    resource_name: &str,
+    dead_letter_targets: impl Iterator<Item = &'a str>,
+) -> bool {
+    let check = may_alter_configs(access, resource_type, resource_name, dead_letter_targets);
+    if let Err(error) = check {
+        denied.resources.push((resource_type, resource_name.to_string(), error));
+    }
+    check.is_ok()
 }
 
 /// JoinGroup, SyncGroup, Heartbeat and LeaveGroup: READ on the group.
