@@ -80,50 +80,50 @@ pub(super) fn create_partitions(_: &Access<'_>, denied: &Denied, response: &mut 
     }
 }
 
+/// The topics the request check took out, each with its named partitions, as a response's
+/// topic entries: `topic` makes an entry of a name and its partitions, `partition` a
+/// partition's refusal.
+fn refused_topics<T, P>(
+    denied: &Denied,
+    topic: impl Fn(TopicName, Vec<P>) -> T,
+    partition: impl Fn(i32) -> P,
+) -> Vec<T> {
+    let entry = |(name_text, indexes): &(String, Vec<i32>)| {
+        topic(name(name_text), indexes.iter().map(|&index| partition(index)).collect())
+    };
+    denied.topics.iter().map(entry).collect()
+}
+
 pub(super) fn delete_records(_: &Access<'_>, denied: &Denied, response: &mut ResponseKind) {
     let ResponseKind::DeleteRecords(response) = response else { return };
-    for (topic, partitions) in &denied.topics {
-        let mut result = DeleteRecordsTopicResult::default();
-        result.name = name(topic);
-        for &index in partitions {
-            let mut partition = DeleteRecordsPartitionResult::default();
-            partition.partition_index = index;
-            partition.low_watermark = -1;
-            partition.error_code = topic_refused();
-            result.partitions.push(partition);
-        }
-        response.topics.push(result);
-    }
+    response.topics.extend(refused_topics(
+        denied,
+        |name, partitions| DeleteRecordsTopicResult::default().with_name(name).with_partitions(partitions),
+        |index| {
+            DeleteRecordsPartitionResult::default()
+                .with_partition_index(index)
+                .with_low_watermark(-1)
+                .with_error_code(topic_refused())
+        },
+    ));
 }
 
 pub(super) fn offset_commit(_: &Access<'_>, denied: &Denied, response: &mut ResponseKind) {
     let ResponseKind::OffsetCommit(response) = response else { return };
-    for (topic, partitions) in &denied.topics {
-        let mut result = OffsetCommitResponseTopic::default();
-        result.name = name(topic);
-        for &index in partitions {
-            let mut partition = OffsetCommitResponsePartition::default();
-            partition.partition_index = index;
-            partition.error_code = topic_refused();
-            result.partitions.push(partition);
-        }
-        response.topics.push(result);
-    }
+    response.topics.extend(refused_topics(
+        denied,
+        |name, partitions| OffsetCommitResponseTopic::default().with_name(name).with_partitions(partitions),
+        |index| OffsetCommitResponsePartition::default().with_partition_index(index).with_error_code(topic_refused()),
+    ));
 }
 
 pub(super) fn offset_delete(_: &Access<'_>, denied: &Denied, response: &mut ResponseKind) {
     let ResponseKind::OffsetDelete(response) = response else { return };
-    for (topic, partitions) in &denied.topics {
-        let mut result = OffsetDeleteResponseTopic::default();
-        result.name = name(topic);
-        for &index in partitions {
-            let mut partition = OffsetDeleteResponsePartition::default();
-            partition.partition_index = index;
-            partition.error_code = topic_refused();
-            result.partitions.push(partition);
-        }
-        response.topics.push(result);
-    }
+    response.topics.extend(refused_topics(
+        denied,
+        |name, partitions| OffsetDeleteResponseTopic::default().with_name(name).with_partitions(partitions),
+        |index| OffsetDeleteResponsePartition::default().with_partition_index(index).with_error_code(topic_refused()),
+    ));
 }
 
 pub(super) fn list_offsets(access: &Access<'_>, _: &Denied, response: &mut ResponseKind) {
