@@ -22,8 +22,8 @@ use uuid::Uuid;
 use crate::config::ClusterConfig;
 use crate::group::placement::IncomingLeaderships;
 use crate::replication::{Assignment, IsrChanges, ReplicaManager};
-use crate::topics::TopicMeta;
 use crate::Broker;
+use sluice_meta::topics::TopicMeta;
 
 /// The controller of this node, once started.
 pub struct ClusterLink {

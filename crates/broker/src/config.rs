@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::topic_config::TopicDefaults;
+use sluice_meta::topic_config::TopicDefaults;
 
 /// Largest request frame accepted by default (Kafka's `socket.request.max.bytes`).
 pub const REQUEST_BYTES_MAX_DEFAULT: usize = 100 * 1024 * 1024;

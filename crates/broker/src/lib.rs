@@ -10,7 +10,6 @@ mod connection_limits;
 mod fetch_session;
 mod group;
 mod handlers;
-mod meta_properties;
 pub mod metrics;
 pub mod replication;
 pub mod security;
@@ -18,8 +17,6 @@ pub mod server;
 mod share;
 mod state_log;
 mod tiered;
-mod topic_config;
-pub mod topics;
 mod txn;
 mod txn_log;
 mod txn_markers;
@@ -32,7 +29,8 @@ use tokio::sync::Semaphore;
 
 use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
-use crate::topics::{TopicMeta, TopicRegistry};
+use sluice_meta::meta_properties;
+use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
 
 /// Leader epoch of every partition on a single node (replication will move it).
 pub const LEADER_EPOCH: i32 = 0;

@@ -444,7 +444,7 @@ impl TransactionCoordinator {
     ) -> Result<(), ResponseError> {
         for (topic, partition) in partitions {
             let known = broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(partition));
-            if !known || crate::topics::is_internal(topic) {
+            if !known || sluice_meta::topics::is_internal(topic) {
                 return Err(ResponseError::UnknownTopicOrPartition);
             }
         }

@@ -18,8 +18,7 @@ pub(crate) use crate::state_log::{
     STATE_LOG_BATCH_BYTES_MAX as TXN_LOG_BATCH_BYTES_MAX, STATE_LOG_SEGMENT_BYTES as TXN_LOG_SEGMENT_BYTES,
 };
 
-/// The internal topic's name, as in Kafka.
-pub(crate) const TXN_STATE_TOPIC: &str = "__transaction_state";
+pub(crate) use sluice_meta::internal::TXN_STATE_TOPIC;
 /// The partition's directory name, as Kafka names its internal topic's partitions.
 const TXN_LOG_DIR: &str = "__transaction_state-0";
 /// The file a transaction state was kept in before this log (imported, then removed).

@@ -42,7 +42,7 @@ use crate::group::assignor::{self, partitions_of, Assignment, Assignor, Subscrib
 use crate::group::error::{GroupError, Refusal};
 use crate::group::state::Timing;
 use crate::group::GROUP_MEMBERS_MAX;
-use crate::topics::TopicCatalog;
+use sluice_meta::topics::TopicCatalog;
 
 /// Member epochs with a meaning of their own (Kafka's `ConsumerGroupHeartbeatRequest`).
 pub(crate) const JOIN_GROUP_MEMBER_EPOCH: i32 = 0;

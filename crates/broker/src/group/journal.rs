@@ -38,8 +38,7 @@ use crate::group::offsets::CommittedOffset;
 use crate::group::OFFSETS_BATCH_BYTES_MAX;
 use crate::replication::{NotServed, Replica};
 
-/// The internal topic's name, as in Kafka.
-pub(crate) const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub(crate) use sluice_meta::internal::OFFSETS_TOPIC;
 const RECORD_VERSION: u8 = 1;
 const KIND_OFFSET: u8 = 1;
 const KIND_TXN_OFFSET: u8 = 2;

@@ -47,8 +47,8 @@ use crate::group::shards::{OffsetsSettings, ShardMap};
 use crate::group::state::{
     Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
 };
-use crate::topics::TopicCatalog;
 use crate::Broker;
+use sluice_meta::topics::TopicCatalog;
 
 pub(crate) use crate::group::journal::OFFSETS_TOPIC;
 

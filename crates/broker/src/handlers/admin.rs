@@ -20,8 +20,9 @@ use uuid::Uuid;
 
 use super::{message, str_bytes};
 use crate::config::PARTITIONS_PER_TOPIC_MAX;
-use crate::topics::{validate_topic_name, TopicMeta};
-use crate::{topic_config, Broker, LEADER_EPOCH};
+use crate::{Broker, LEADER_EPOCH};
+use sluice_meta::topic_config;
+use sluice_meta::topics::{validate_topic_name, TopicMeta};
 
 /// CreateTopics v5 added the created topic's configs to the response.
 const CREATE_TOPICS_CONFIGS_VERSION: i16 = 5;
@@ -125,7 +126,7 @@ fn lookup_or_create(
         return failed(ResponseError::InvalidTopicException);
     }
     // Internal topics are created only by their coordinators, with their own configs.
-    if !auto_create || crate::topics::is_internal(name) {
+    if !auto_create || sluice_meta::topics::is_internal(name) {
         return failed(ResponseError::UnknownTopicOrPartition);
     }
     if broker.cluster.is_some() {
@@ -169,7 +170,7 @@ fn topic_metadata(broker: &Broker, snapshot: Option<&ClusterMetadata>, topic: &T
     response.name = Some(TopicName(str_bytes(&topic.name)));
     response.topic_id = topic.id;
     // Clients skip internal topics in pattern subscriptions and listings (Kafka's rule).
-    response.is_internal = crate::topics::is_internal(&topic.name);
+    response.is_internal = sluice_meta::topics::is_internal(&topic.name);
     if let Some(metadata) = snapshot {
         let Some(info) = metadata.topics.get(&topic.name) else {
             response.error_code = ResponseError::LeaderNotAvailable.code();
@@ -384,7 +385,7 @@ fn deletion_target(broker: &Broker, name: Option<String>, id: Uuid) -> (Deletabl
     result.name = resolved.as_deref().map(|n| TopicName(str_bytes(n)));
     let unknown = if name.is_none() { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition };
     let target = match resolved {
-        Some(name) if crate::topics::is_internal(&name) => {
+        Some(name) if sluice_meta::topics::is_internal(&name) => {
             Err((ResponseError::InvalidTopicException, format!("{name} is an internal topic and cannot be deleted")))
         }
         Some(name) => match broker.topics.get(&name) {
@@ -532,7 +533,7 @@ fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Fa
     let Some(topic) = broker.topics.get(name) else {
         return Err((ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")));
     };
-    if crate::topics::is_internal(name) {
+    if sluice_meta::topics::is_internal(name) {
         return Err((ResponseError::InvalidRequest, format!("{name} is internal: its partition count is fixed")));
     }
     if count <= topic.partitions || count > PARTITIONS_PER_TOPIC_MAX {
@@ -606,7 +607,7 @@ pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRe
     };
     let mut by_topic: BTreeMap<String, Vec<DescribeLogDirsPartition>> = BTreeMap::new();
     for (tp, log) in broker.logs.partitions() {
-        if crate::topics::is_internal(&tp.topic) || !wanted(&tp.topic, tp.partition) {
+        if sluice_meta::topics::is_internal(&tp.topic) || !wanted(&tp.topic, tp.partition) {
             continue;
         }
         let mut partition = DescribeLogDirsPartition::default();

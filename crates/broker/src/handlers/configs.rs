@@ -15,8 +15,8 @@ use kafka_protocol::ResponseError;
 
 use super::admin::{self, Failure, SOURCE_DEFAULT, SOURCE_TOPIC};
 use super::{message, str_bytes};
-use crate::topic_config::{self, ConfigType};
 use crate::Broker;
+use sluice_meta::topic_config::{self, ConfigType};
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
@@ -288,7 +288,7 @@ async fn alter_group(
                 v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
             }
             (crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
-                crate::topics::validate_topic_name(v).is_ok()
+                sluice_meta::topics::validate_topic_name(v).is_ok()
             }
             (other, _) => {
                 return Err((ResponseError::InvalidConfig, format!("unknown or unsupported group config {other:?}")))
@@ -378,7 +378,7 @@ fn new_overrides(
         .topics
         .get(name)
         .ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
-    if crate::topics::is_internal(name) {
+    if sluice_meta::topics::is_internal(name) {
         return Err((
             ResponseError::InvalidRequest,
             format!("{name} is internal: its configs are the broker's offsets_topic_* settings"),

@@ -20,8 +20,8 @@ use crate::group::consumer::{
 };
 use crate::group::error::Refusal;
 use crate::handlers::groups::{coordinator, text};
-use crate::topics::TopicCatalog;
 use crate::Broker;
+use sluice_meta::topics::TopicCatalog;
 
 /// ConsumerGroupDescribe v1 reports each member's protocol: 1 = consumer.
 const MEMBER_TYPE_CONSUMER: i8 = 1;

@@ -157,7 +157,7 @@ pub(super) async fn delete_records(broker: &Arc<Broker>, request: DeleteRecordsR
             result.partition_index = partition.partition_index;
             result.low_watermark = -1;
             // Kafka's rule: the committed offsets are not for clients to delete.
-            let internal = crate::topics::is_internal(topic.name.as_str());
+            let internal = sluice_meta::topics::is_internal(topic.name.as_str());
             match broker.partition(&topic.name, partition.partition_index) {
                 _ if internal => result.error_code = ResponseError::InvalidTopicException.code(),
                 None => result.error_code = ResponseError::UnknownTopicOrPartition.code(),

@@ -194,7 +194,7 @@ struct LeaderLog {
 
 /// The log to append to; on a single node every partition is led here at epoch 0.
 fn leader_log(broker: &Broker, topic: &str, partition: i32, acks: i16) -> Result<LeaderLog, ResponseError> {
-    if crate::topics::is_internal(topic) {
+    if sluice_meta::topics::is_internal(topic) {
         // Only the coordinators write their internal topics (Kafka: "Cannot append to
         // internal topic").
         return Err(ResponseError::InvalidTopicException);

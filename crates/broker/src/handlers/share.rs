@@ -467,7 +467,7 @@ fn acquire_pass(
     answers
 }
 
-fn count_fetched_bytes(broker: &Broker, catalog: &crate::topics::TopicCatalog, response: &ShareFetchResponse) {
+fn count_fetched_bytes(broker: &Broker, catalog: &sluice_meta::topics::TopicCatalog, response: &ShareFetchResponse) {
     for topic in &response.responses {
         let Some(name) = catalog.name_for_id(&topic.topic_id) else { continue };
         let bytes: usize = topic.partitions.iter().map(|p| p.records.as_ref().map_or(0, Bytes::len)).sum();
@@ -595,7 +595,7 @@ pub(super) async fn describe_offsets(
 
 /// The share-partition a broker-to-broker share state request names, by topic id.
 fn state_key(
-    catalog: &crate::topics::TopicCatalog,
+    catalog: &sluice_meta::topics::TopicCatalog,
     group: &str,
     topic_id: &Uuid,
     partition: i32,

@@ -414,7 +414,7 @@ pub(super) async fn write_markers(broker: &Arc<Broker>, request: WriteTxnMarkers
         for topic in &request_marker.topics {
             for &index in &topic.partition_indexes {
                 let target = MarkerTarget::from_wire(&topic.name, index);
-                let outcome = if matches!(&target, MarkerTarget::Partition(name, _) if crate::topics::is_internal(name))
+                let outcome = if matches!(&target, MarkerTarget::Partition(name, _) if sluice_meta::topics::is_internal(name))
                 {
                     Err(ResponseError::InvalidTopicException)
                 } else {

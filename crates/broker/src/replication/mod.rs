@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
 use parking_lot::{Mutex, RwLock};
-use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
+use sluice_storage::{LogManager, Partition, TopicPartition};
 use tokio::sync::Notify;
 
 /// How long a follower may stay behind the leader's log end before it leaves the ISR
@@ -52,41 +52,7 @@ pub struct Assignment {
     pub partition_epoch: i32,
 }
 
-/// How a topic acknowledges writes (`sluice.durability.level`, see ARCHITECTURE.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DurabilityLevel {
-    /// A majority (the ISR, at least `min.insync.replicas`) has it, each fsynced.
-    ReplicatedFsynced = 1,
-    /// The ISR has it in memory; fsync is asynchronous.
-    Replicated = 2,
-    /// The leader fsynced it; replication is asynchronous.
-    LeaderFsynced = 3,
-    /// The leader has it in memory.
-    LeaderOnly = 4,
-}
-
-impl DurabilityLevel {
-    pub fn from_level(level: u8) -> Option<DurabilityLevel> {
-        match level {
-            1 => Some(DurabilityLevel::ReplicatedFsynced),
-            2 => Some(DurabilityLevel::Replicated),
-            3 => Some(DurabilityLevel::LeaderFsynced),
-            4 => Some(DurabilityLevel::LeaderOnly),
-            _ => None,
-        }
-    }
-
-    /// Acknowledgement waits for the ISR. (The high watermark always does, whatever the
-    /// level: consumers only see what every ISR member holds, as in Kafka.)
-    pub fn waits_for_replicas(self) -> bool {
-        matches!(self, DurabilityLevel::ReplicatedFsynced | DurabilityLevel::Replicated)
-    }
-
-    /// Each copy is fsynced before it counts.
-    pub fn fsyncs(self) -> bool {
-        matches!(self, DurabilityLevel::ReplicatedFsynced | DurabilityLevel::LeaderFsynced)
-    }
-}
+pub use sluice_meta::durability::{DurabilityLevel, ReplicationConfig};
 
 /// What the replication layer needs from the controller: ISR changes.
 pub trait IsrChanges: Send + Sync + 'static {
@@ -438,14 +404,6 @@ fn check_epoch(ours: i32, client: i32) -> Result<(), NotServed> {
     }
 }
 
-/// Topic settings replication acts on.
-#[derive(Debug, Clone)]
-pub struct ReplicationConfig {
-    pub level: DurabilityLevel,
-    pub min_insync_replicas: usize,
-    pub log: LogConfig,
-}
-
 /// The replicas this node hosts and their roles.
 /// ISR changes this node's leaders got committed (Kafka's IsrShrinksPerSec and
 /// IsrExpandsPerSec, as totals), for the metrics.
@@ -659,6 +617,8 @@ impl ReplicaManager {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use sluice_storage::LogConfig;
 
     use super::*;
 

@@ -393,7 +393,7 @@ impl ShareCoordinator {
         rack: Option<String>,
         subscribed: Option<Vec<String>>,
         client: (&str, &str),
-        catalog: &crate::topics::TopicCatalog,
+        catalog: &sluice_meta::topics::TopicCatalog,
         now_ms: i64,
     ) -> Result<HeartbeatAnswer, (ResponseError, String)> {
         let invalid = |message: &str| Err((ResponseError::InvalidRequest, message.to_string()));
@@ -974,7 +974,7 @@ impl ShareCoordinator {
 
 /// Kafka's simple assignor, per topic: its partitions spread over its subscribers; with
 /// more subscribers than partitions, partitions are shared so every member gets one.
-fn assign(group: &mut ShareGroup, catalog: &crate::topics::TopicCatalog) {
+fn assign(group: &mut ShareGroup, catalog: &sluice_meta::topics::TopicCatalog) {
     group.catalog_generation = catalog.generation();
     let mut subscribers: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (member_id, member) in &group.members {
@@ -1031,8 +1031,10 @@ pub(crate) fn batch_spans(bytes: &[u8]) -> Vec<(BatchSpan, std::ops::Range<usize
 mod tests {
     use super::*;
 
-    fn catalog(topics: &[(&str, i32)]) -> crate::topics::TopicCatalog {
-        crate::topics::TopicCatalog::from_topics(topics.iter().map(|(name, n)| (name.to_string(), Uuid::new_v4(), *n)))
+    fn catalog(topics: &[(&str, i32)]) -> sluice_meta::topics::TopicCatalog {
+        sluice_meta::topics::TopicCatalog::from_topics(
+            topics.iter().map(|(name, n)| (name.to_string(), Uuid::new_v4(), *n)),
+        )
     }
 
     fn settings() -> ShareSettings {

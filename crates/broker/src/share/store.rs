@@ -47,8 +47,7 @@ use crate::replication::Replica;
 use crate::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
 use crate::Broker;
 
-/// The internal topic's name, as in Kafka.
-pub(crate) const SHARE_STATE_TOPIC: &str = "__share_group_state";
+pub(crate) use sluice_meta::internal::SHARE_STATE_TOPIC;
 /// Partitions of `__share_group_state` in a cluster (Kafka's
 /// `share.coordinator.state.topic.num.partitions` is 50; share-partitions are fewer than
 /// groups' offsets, so fewer partitions keep a cluster's internal replicas few).

@@ -19,7 +19,7 @@ pub use sluice_cluster::{RemoteLog as RemotePartition, RemoteLogSegment as Remot
 use uuid::Uuid;
 
 use crate::cluster_link::ClusterLink;
-use crate::topics::TopicMeta;
+use sluice_meta::topics::TopicMeta;
 
 const METADATA_FILE: &str = "remote-log.json";
 const METADATA_VERSION: u32 = 1;

@@ -49,8 +49,8 @@ pub use self::metadata::RemoteSegment;
 pub use self::read::{RemoteRead, RemoteReadError, READ_CHUNK_BYTES};
 use crate::config::TieredStorageConfig;
 use crate::metrics::TieredMetrics;
-use crate::topics::TopicMeta;
 use crate::Broker;
+use sluice_meta::topics::TopicMeta;
 
 /// Segment data is copied in parts of this size (S3's minimum part is 5 MiB).
 const UPLOAD_PART_BYTES: usize = 8 * 1024 * 1024;
@@ -91,18 +91,7 @@ pub fn store_url(url: &str) -> Result<url::Url, String> {
     }
 }
 
-/// Whether a topic's overrides make it tiered.
-pub fn is_tiered(topic: &TopicMeta) -> bool {
-    tiers(&topic.configs)
-}
-
-/// Whether these config overrides tier a topic (`remote.storage.enable=true`).
-pub fn tiers(configs: &std::collections::BTreeMap<String, String>) -> bool {
-    configs.get(REMOTE_STORAGE_ENABLE).is_some_and(|v| v.trim() == "true")
-}
-
-/// Kafka's topic config that tiers a topic.
-pub const REMOTE_STORAGE_ENABLE: &str = "remote.storage.enable";
+pub use sluice_meta::tiering::is_tiered;
 
 impl TieredStorage {
     /// Opens the object store of `settings` (a directory under `data_dir` by default) and

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use sluice_storage::LogConfig;
 
-use crate::replication::{DurabilityLevel, ReplicationConfig};
+use crate::durability::{DurabilityLevel, ReplicationConfig};
 
 /// DescribeConfigs config_type codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +209,7 @@ const DEFS: &[ConfigDef] = &[
         default: |d| d.min_insync_replicas.to_string(),
     },
     ConfigDef {
-        name: crate::tiered::REMOTE_STORAGE_ENABLE,
+        name: crate::tiering::REMOTE_STORAGE_ENABLE,
         config_type: ConfigType::Boolean,
         check: Check::OneOf(&["false", "true"]),
         default: |_| "false".into(),
@@ -312,7 +312,7 @@ pub fn check_tiering(
     after: &BTreeMap<String, String>,
     tiering_available: bool,
 ) -> Result<(), String> {
-    let tiered = crate::tiered::tiers;
+    let tiered = crate::tiering::tiers;
     if before.is_some_and(tiered) && !tiered(after) {
         return Err("remote.storage.enable cannot be turned off once a topic is tiered".into());
     }
@@ -377,7 +377,7 @@ impl TopicDefaults {
             segment_ms: number("segment.ms", self.segment_ms),
             retention_ms,
             retention_bytes,
-            remote_storage: crate::tiered::tiers(overrides),
+            remote_storage: crate::tiering::tiers(overrides),
             local_retention_ms: local("local.retention.ms", self.local_retention_ms, retention_ms),
             local_retention_bytes: local("local.retention.bytes", self.local_retention_bytes, retention_bytes),
             max_message_bytes: number("max.message.bytes", self.max_message_bytes) as usize,

@@ -111,9 +111,7 @@ impl TopicCatalog {
 
 /// Whether `name` is a topic of the broker's own (clients see it flagged internal).
 pub fn is_internal(name: &str) -> bool {
-    name == crate::group::OFFSETS_TOPIC
-        || name == crate::txn_log::TXN_STATE_TOPIC
-        || name == crate::share::store::SHARE_STATE_TOPIC
+    crate::internal::INTERNAL_TOPICS.contains(&name)
 }
 
 /// Kafka's rules for topic names.
@@ -222,14 +220,14 @@ impl TopicRegistry {
     pub fn register_local_offsets_topic(&self, segment_bytes: u64) {
         let mut state = self.state.lock();
         let digest = <sha2::Sha256 as sha2::Digest>::digest(
-            format!("{}/{}", state.cluster_id, crate::group::OFFSETS_TOPIC).as_bytes(),
+            format!("{}/{}", state.cluster_id, crate::internal::OFFSETS_TOPIC).as_bytes(),
         );
         let id = Uuid::from_slice(&digest[..16]).expect("16 bytes");
         let configs = BTreeMap::from([
             ("cleanup.policy".to_string(), "compact".to_string()),
             ("segment.bytes".to_string(), segment_bytes.to_string()),
         ]);
-        let topic = TopicMeta { name: crate::group::OFFSETS_TOPIC.to_string(), id, partitions: 1, configs };
+        let topic = TopicMeta { name: crate::internal::OFFSETS_TOPIC.to_string(), id, partitions: 1, configs };
         state.names_by_id.insert(id, topic.name.clone());
         state.topics.insert(topic.name.clone(), topic);
         self.publish_catalog(&state);
@@ -309,7 +307,7 @@ impl TopicRegistry {
 }
 
 /// Kafka cluster ids are 22-character URL-safe base64 UUIDs.
-pub(crate) fn base64_cluster_id(id: Uuid) -> String {
+pub fn base64_cluster_id(id: Uuid) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bits = id.as_u128();
     (0..22).map(|i| ALPHABET[((bits >> (122 - 6 * i).max(0)) & 63) as usize] as char).collect()
