@@ -14,6 +14,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # API keys
 PRODUCE = 0
@@ -548,6 +549,12 @@ class Conn:
         r = self.request(CREATE_TOPICS, v, create_topics_body(v, topics, timeout_ms))
         return parse_create_topics_response(r, v)
 
+    def create_topics_described(self, topics: list[tuple[str, int, int, dict[str, str]]], version: int = 7):
+        """CreateTopics v5+ -> {name: CreatedTopic}: the answer's partition count, replication
+        factor and configs ({name: (value, config_source)}) besides the error."""
+        r = self.request(CREATE_TOPICS, version, create_topics_body(version, topics, 10000))
+        return parse_create_topics_response(r, version, described=True)
+
     def list_offsets(self, topic: str, partition: int, timestamp: int, version: int | None = None):
         """Returns (error_code, timestamp, offset)."""
         v = version if version is not None else self.pick(LIST_OFFSETS, [2, 3, 4, 5, 1, 6, 7])
@@ -889,9 +896,22 @@ def create_topics_body(v: int, topics, timeout_ms: int = 10000, validate_only: b
     return w.getvalue()
 
 
-def parse_create_topics_response(r: Reader, v: int):
+class CreatedTopic(NamedTuple):
+    error: int
+    message: str | None
+    partitions: int
+    replication_factor: int
+    configs: dict[str, tuple[str | None, int]]
+
+
+def parse_create_topics_response(r: Reader, v: int, described: bool = False):
     if v >= 2:
         r.i32()
+
+    def config(x: Reader):
+        name, value, _read_only, source, _sensitive = x.string(), x.string(), x.boolean(), x.i8(), x.boolean()
+        x.tags()
+        return name, (value, source)
 
     def topic(rr: Reader):
         name = rr.string()
@@ -899,11 +919,13 @@ def parse_create_topics_response(r: Reader, v: int):
             rr._take(16)
         err = rr.i16()
         msg = rr.string() if v >= 1 else None
+        partitions, factor, configs = -1, -1, None
         if v >= 5:
-            rr.i32()  # num_partitions
-            rr.i16()  # replication_factor
-            rr.array(lambda x: (x.string(), x.string(), x.boolean(), x.i8(), x.boolean(), x.tags()))
+            partitions, factor = rr.i32(), rr.i16()
+            configs = rr.array(config)
         rr.tags()
+        if described:
+            return name, CreatedTopic(err, msg, partitions, factor, dict(configs or []))
         return name, (err, msg)
 
     return dict(r.array(topic))

@@ -476,3 +476,34 @@ def test_kafka_topics_tool_creates_with_replica_assignment(cluster, tools_cp):
 
     cluster.wait_for("--describe shows the assignment", lambda: described() == [
         ("0", "3", "3,1", "3,1"), ("1", "1", "1,2", "1,2"), ("2", "2", "2,3", "2,3")], timeout=60)
+
+
+def assert_created_topic_described(bootstrap, name, replication_factor):
+    """CreateTopics v5+ answers with the created topic's partition count, replication factor
+    and every topic config with its source (the request's override, or the default), on a
+    single node and in a cluster alike, from v5 on."""
+    with kw.Conn.to(bootstrap.split(",")[0]) as conn:
+        topics = [(name, 3, replication_factor, {"retention.ms": "123456"})]
+        created = conn.create_topics_described(topics)[name]
+        assert created.error == 0, created
+        assert (created.partitions, created.replication_factor) == (3, replication_factor)
+        topic_override, default = 1, 5
+        assert created.configs["retention.ms"] == ("123456", topic_override)
+        assert created.configs["cleanup.policy"] == ("delete", default)
+        assert created.configs["max.message.bytes"][1] == default
+        checked = conn.create_topics_described([(f"{name}-checked", 2, replication_factor, {})], version=5)
+        assert checked[f"{name}-checked"].error == 0
+        assert checked[f"{name}-checked"].configs["retention.ms"][1] == default
+    assert name in topics_seen_by_bootstrap(bootstrap)
+
+
+def topics_seen_by_bootstrap(bootstrap):
+    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+def test_create_topics_describes_the_created_topic_in_a_cluster(cluster):
+    assert_created_topic_described(cluster.bootstrap, "described", 3)
+
+
+def test_create_topics_describes_the_created_topic_on_a_single_node(broker):
+    assert_created_topic_described(broker.bootstrap, "described", 1)

@@ -10,6 +10,7 @@ mod connection_limits;
 mod fetch_session;
 mod group;
 mod handlers;
+mod metadata_writes;
 pub mod metrics;
 pub mod replication;
 pub mod security;

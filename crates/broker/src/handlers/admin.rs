@@ -15,11 +15,12 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
-use sluice_cluster::{ClusterMetadata, TopicInfo};
+use sluice_cluster::ClusterMetadata;
 use uuid::Uuid;
 
 use super::{message, str_bytes};
 use crate::config::PARTITIONS_PER_TOPIC_MAX;
+use crate::metadata_writes::{Assignment, CreatedTopic, MetadataWriter, NewTopic};
 use crate::{Broker, LEADER_EPOCH};
 use sluice_meta::topic_config;
 use sluice_meta::topics::{validate_topic_name, TopicMeta};
@@ -135,7 +136,13 @@ fn lookup_or_create(
         let topic = name.to_string();
         tokio::spawn(async move {
             let partitions = creating.config().num_partitions;
-            if let Err((_, error)) = create_in_cluster(&creating, &topic, partitions, -1, BTreeMap::new()).await {
+            let meta = TopicMeta { name: topic.clone(), id: Uuid::new_v4(), partitions, configs: BTreeMap::new() };
+            let new_topic = NewTopic { meta, replication_factor: -1, assignment: None };
+            let created = match MetadataWriter::of(&creating) {
+                Ok(writer) => writer.create_topic(new_topic, false).await.map(|_| ()),
+                Err(failure) => Err(failure),
+            };
+            if let Err((_, error)) = created {
                 tracing::info!(%topic, %error, "auto-create in cluster failed");
             }
         });
@@ -211,34 +218,29 @@ fn topic_metadata(broker: &Broker, snapshot: Option<&ClusterMetadata>, topic: &T
     response
 }
 
-pub(super) fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
+/// CreateTopics, on a single node and in a cluster: the request's checks here, then the
+/// metadata write path (`metadata_writes`).
+pub(super) async fn create_topics(
+    broker: Arc<Broker>,
+    request: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
     let mut response = CreateTopicsResponse::default();
     for topic in request.topics {
         let mut result = CreatableTopicResult::default();
         result.name = topic.name.clone();
         result.num_partitions = -1;
         result.replication_factor = -1;
-        match create_one(broker, &topic, request.validate_only) {
-            Ok(created) => {
+        match create_one(&broker, &topic, request.validate_only).await {
+            Ok((created, configs)) => {
+                if !request.validate_only {
+                    tracing::info!(topic = %topic.name.as_str(), partitions = created.partitions, replication_factor = created.replication_factor, "created topic");
+                }
                 result.topic_id = created.id;
                 result.num_partitions = created.partitions;
-                result.replication_factor = 1;
+                result.replication_factor = created.replication_factor;
                 if version >= CREATE_TOPICS_CONFIGS_VERSION {
-                    result.configs = Some(
-                        broker
-                            .config()
-                            .topic_defaults
-                            .describe(&created.configs)
-                            .into_iter()
-                            .map(|c| {
-                                let mut config = CreatableTopicConfigs::default();
-                                config.name = str_bytes(c.name);
-                                config.value = Some(str_bytes(&c.value));
-                                config.config_source = if c.is_default { SOURCE_DEFAULT } else { SOURCE_TOPIC };
-                                config
-                            })
-                            .collect(),
-                    );
+                    result.configs = Some(described_configs(&broker, &configs));
                 }
             }
             Err((error, text)) => {
@@ -252,8 +254,23 @@ pub(super) fn create_topics(broker: &Arc<Broker>, request: CreateTopicsRequest, 
     response
 }
 
-/// A manual replica assignment: the replicas of partition `i` are `assignment[i]`.
-type Assignment = Vec<Vec<i32>>;
+/// A created topic's configs as CreateTopics v5+ returns them: every topic config, with its
+/// source (an override of the request, or the default).
+fn described_configs(broker: &Broker, overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+    broker
+        .config()
+        .topic_defaults
+        .describe(overrides)
+        .into_iter()
+        .map(|c| {
+            let mut config = CreatableTopicConfigs::default();
+            config.name = str_bytes(c.name);
+            config.value = Some(str_bytes(&c.value));
+            config.config_source = if c.is_default { SOURCE_DEFAULT } else { SOURCE_TOPIC };
+            config
+        })
+        .collect()
+}
 
 /// Checks a CreatableTopic (name, partitions, configs, the shape of a manual assignment) and
 /// resolves its partition count; returns the manual assignment if there is one.
@@ -328,45 +345,17 @@ fn requested_assignment(topic: &CreatableTopic) -> Result<Option<Assignment>, Fa
     Ok(Some(by_index.into_iter().map(|replicas| replicas.expect("n distinct indexes below n")).collect()))
 }
 
-fn create_one(
-    broker: &Broker,
+/// One topic of a CreateTopics: returns what was created and its config overrides.
+async fn create_one(
+    broker: &Arc<Broker>,
     topic: &CreatableTopic,
     validate_only: bool,
-) -> Result<TopicMeta, (ResponseError, String)> {
+) -> Result<(CreatedTopic, BTreeMap<String, String>), Failure> {
     let (meta, assignment) = validate_creatable(broker, topic)?;
-    let (name, partitions) = (meta.name.as_str(), meta.partitions);
-    check_single_node_assignment(broker, assignment.as_deref())?;
-    if !(topic.replication_factor == -1 || topic.replication_factor == 1) {
-        return Err((
-            ResponseError::InvalidReplicationFactor,
-            format!("replication factor {} is larger than the 1 available broker", topic.replication_factor),
-        ));
-    }
-    if validate_only {
-        return Ok(meta);
-    }
-    match broker.create_topic(meta.clone()) {
-        Ok(()) => {
-            tracing::info!(topic = name, partitions, "created topic");
-            Ok(meta)
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-            Err((ResponseError::TopicAlreadyExists, format!("topic {name:?} already exists")))
-        }
-        Err(error) => Err((ResponseError::KafkaStorageError, format!("could not create topic: {error}"))),
-    }
-}
-
-/// On a single node, a manual assignment may only name this node, once per partition.
-fn check_single_node_assignment(broker: &Broker, assignment: Option<&[Vec<i32>]>) -> Result<(), Failure> {
-    let node = broker.node_id();
-    if assignment.unwrap_or_default().iter().any(|replicas| replicas[..] != [node]) {
-        return Err((
-            ResponseError::InvalidReplicaAssignment,
-            format!("this single-node cluster only has node {node}"),
-        ));
-    }
-    Ok(())
+    let configs = meta.configs.clone();
+    let new_topic = NewTopic { meta, replication_factor: topic.replication_factor, assignment };
+    let created = MetadataWriter::of(broker)?.create_topic(new_topic, validate_only).await?;
+    Ok((created, configs))
 }
 
 /// The topics a DeleteTopics names: (name if given, id), by name (v0-5) or by id (v6).
@@ -400,31 +389,21 @@ fn deletion_target(broker: &Broker, name: Option<String>, id: Uuid) -> (Deletabl
     (result, target)
 }
 
-/// DeleteTopics in a cluster: one controller write per topic; every node then stops its
+/// DeleteTopics: one metadata write per topic; in a cluster every node then stops its
 /// replicas of the topic and deletes their logs (`cluster_link`).
-pub(super) async fn delete_topics_in_cluster(
-    broker: Arc<Broker>,
-    request: DeleteTopicsRequest,
-) -> DeleteTopicsResponse {
+pub(super) async fn delete_topics(broker: Arc<Broker>, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
     let mut response = DeleteTopicsResponse::default();
     for (name, id) in wanted_deletions(&request) {
         let (mut result, target) = deletion_target(&broker, name, id);
-        // A tiered topic's objects are deleted by the node that deleted it, once committed.
-        let tiered = target.as_ref().ok().and_then(|name| broker.topics.get(name)).filter(crate::tiered::is_tiered);
         let outcome = match target {
-            Ok(name) => match controller(&broker) {
-                Ok(controller) => controller_write(&broker, controller.delete_topic(&name)).await.map(|()| name),
+            Ok(name) => match MetadataWriter::of(&broker) {
+                Ok(writer) => writer.delete_topic(&name).await.map(|()| name),
                 Err(failure) => Err(failure),
             },
             Err(failure) => Err(failure),
         };
         match outcome {
-            Ok(name) => {
-                tracing::info!(topic = %name, "deleted topic in cluster");
-                if let (Some(store), Some(topic)) = (&broker.tiered, tiered) {
-                    store.forget_topic(topic);
-                }
-            }
+            Ok(name) => tracing::info!(topic = %name, "deleted topic"),
             Err((error, text)) => {
                 result.error_code = error.code();
                 result.error_message = message(text);
@@ -435,63 +414,10 @@ pub(super) async fn delete_topics_in_cluster(
     response
 }
 
-pub(super) fn delete_topics(broker: &Arc<Broker>, request: DeleteTopicsRequest) -> DeleteTopicsResponse {
-    let mut response = DeleteTopicsResponse::default();
-    for (name, id) in wanted_deletions(&request) {
-        let (mut result, target) = deletion_target(broker, name, id);
-        let name = match target {
-            Ok(name) => name,
-            Err((error, text)) => {
-                result.error_code = error.code();
-                result.error_message = message(text);
-                response.responses.push(result);
-                continue;
-            }
-        };
-        match broker.delete_topic(&name) {
-            Ok(None) => result.error_code = ResponseError::UnknownTopicOrPartition.code(),
-            Ok(Some(deleted)) => {
-                tracing::info!(topic = %deleted.name, "deleted topic");
-                result.topic_id = deleted.id;
-            }
-            Err(error) => {
-                result.error_code = ResponseError::KafkaStorageError.code();
-                result.error_message = message(error.to_string());
-            }
-        }
-        response.responses.push(result);
-    }
-    response
-}
-
-pub(super) fn create_partitions(broker: &Arc<Broker>, request: CreatePartitionsRequest) -> CreatePartitionsResponse {
-    let mut response = CreatePartitionsResponse::default();
-    for topic in request.topics {
-        let mut result = CreatePartitionsTopicResult::default();
-        result.name = topic.name.clone();
-        let assignment = new_partitions_assignment(&topic);
-        let outcome = check_single_node_assignment(broker, assignment.as_deref()).and_then(|()| {
-            grow_topic(broker, topic.name.as_str(), topic.count, assignment.as_deref(), request.validate_only)
-        });
-        if let Err((error, text)) = outcome {
-            result.error_code = error.code();
-            result.error_message = message(text);
-        }
-        response.results.push(result);
-    }
-    response
-}
-
-/// The replica lists a CreatePartitions names for its new partitions, in partition order.
-fn new_partitions_assignment(topic: &CreatePartitionsTopic) -> Option<Assignment> {
-    let lists = topic.assignments.as_ref()?;
-    Some(lists.iter().map(|list| list.broker_ids.iter().map(|id| id.0).collect()).collect())
-}
-
-/// CreatePartitions in a cluster: the controller places the new partitions' replicas (or
-/// checks the request's assignment) and every node opens the ones it hosts (`cluster_link`).
-/// `validate_only` runs the controller's checks on this node's copy of the metadata.
-pub(super) async fn create_partitions_in_cluster(
+/// CreatePartitions: the controller (or, on a single node, its local write path) places the
+/// new partitions' replicas or checks the request's assignment, and every node opens the ones
+/// it hosts. `validate_only` makes the same checks and writes nothing.
+pub(super) async fn create_partitions(
     broker: Arc<Broker>,
     request: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
@@ -501,21 +427,15 @@ pub(super) async fn create_partitions_in_cluster(
         result.name = topic.name.clone();
         let name = topic.name.as_str();
         let assignment = new_partitions_assignment(&topic);
-        let outcome = match check_growth(&broker, name, topic.count) {
-            Err(failure) => Err(failure),
-            Ok(_) if request.validate_only => cluster_metadata(&broker)
-                .check_create_partitions(name, topic.count, assignment.as_deref())
-                .map_err(|e| refused(e.kafka_error_code(), e.to_string())),
-            Ok(_) => match controller(&broker) {
-                Ok(controller) => {
-                    controller_write(&broker, controller.create_partitions(name, topic.count, assignment)).await
-                }
-                Err(failure) => Err(failure),
-            },
+        let outcome = match (check_growth(&broker, name, topic.count), MetadataWriter::of(&broker)) {
+            (Ok(current), Ok(writer)) => {
+                writer.add_partitions(current, topic.count, assignment, request.validate_only).await
+            }
+            (Err(failure), _) | (_, Err(failure)) => Err(failure),
         };
         match outcome {
             Ok(()) if !request.validate_only => {
-                tracing::info!(topic = name, partitions = topic.count, "added partitions in cluster")
+                tracing::info!(topic = name, partitions = topic.count, "added partitions")
             }
             Ok(()) => {}
             Err((error, text)) => {
@@ -526,6 +446,12 @@ pub(super) async fn create_partitions_in_cluster(
         response.results.push(result);
     }
     response
+}
+
+/// The replica lists a CreatePartitions names for its new partitions, in partition order.
+fn new_partitions_assignment(topic: &CreatePartitionsTopic) -> Option<Assignment> {
+    let lists = topic.assignments.as_ref()?;
+    Some(lists.iter().map(|list| list.broker_ids.iter().map(|id| id.0).collect()).collect())
 }
 
 /// Checks that `name` exists and may grow to `count` partitions.
@@ -543,32 +469,6 @@ fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Fa
         ));
     }
     Ok(topic)
-}
-
-fn grow_topic(
-    broker: &Broker,
-    name: &str,
-    count: i32,
-    assignment: Option<&[Vec<i32>]>,
-    validate_only: bool,
-) -> Result<(), Failure> {
-    let topic = check_growth(broker, name, count)?;
-    let added = count - topic.partitions;
-    if let Some(lists) = assignment.filter(|lists| lists.len() != added as usize) {
-        return Err((
-            ResponseError::InvalidReplicaAssignment,
-            format!("{added} partitions are added but {} replica lists were given", lists.len()),
-        ));
-    }
-    if validate_only {
-        return Ok(());
-    }
-    broker.add_partitions(&topic, count).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => (ResponseError::UnknownTopicOrPartition, e.to_string()),
-        _ => (ResponseError::KafkaStorageError, e.to_string()),
-    })?;
-    tracing::info!(topic = name, partitions = count, "added partitions");
-    Ok(())
 }
 
 pub(super) fn describe_cluster(
@@ -637,43 +537,6 @@ pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRe
 /// An admin request's refusal: the Kafka error and a message for the client.
 pub(crate) type Failure = (ResponseError, String);
 
-/// This node's controller, for an admin request in cluster mode.
-pub(crate) fn controller(broker: &Broker) -> Result<Arc<sluice_cluster::Controller>, Failure> {
-    let cluster = broker.cluster.as_ref().expect("cluster mode");
-    cluster.controller().cloned().ok_or((ResponseError::NotController, "controller not started".into()))
-}
-
-/// Runs one controller write of an admin request (bounded by `ADMIN_TIMEOUT`), maps a
-/// refusal to its Kafka error, and returns once this broker applied the change, so that
-/// the client's next request here already sees it.
-pub(crate) async fn controller_write<T>(
-    broker: &Broker,
-    write: impl std::future::Future<Output = Result<T, sluice_cluster::ControllerError>>,
-) -> Result<T, Failure> {
-    let cluster = broker.cluster.as_ref().expect("cluster mode");
-    let written = tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write)
-        .await
-        .map_err(|_| (ResponseError::RequestTimedOut, "controller did not answer in time".to_string()))?
-        .map_err(|e| refused(e.kafka_error_code(), e.to_string()))?;
-    if !cluster.wait_applied(cluster.controller_version(), APPLY_WAIT).await {
-        tracing::warn!("admin change committed but not yet applied on this broker");
-    }
-    Ok(written)
-}
-
-/// A refusal of the controller (or of its state machine's checks), as the client sees it.
-fn refused(kafka_error_code: i16, text: String) -> Failure {
-    (ResponseError::try_from_code(kafka_error_code).unwrap_or(ResponseError::UnknownServerError), text)
-}
-
-/// The cluster metadata this node has applied, for admin checks that write nothing.
-fn cluster_metadata(broker: &Broker) -> Arc<sluice_cluster::ClusterMetadata> {
-    broker.cluster.as_ref().expect("cluster mode").metadata()
-}
-
-/// How long an admin request waits for its committed change to be applied on this broker.
-const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequest) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
     response.producer_id = ProducerId(-1);
@@ -694,117 +557,6 @@ pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequ
             tracing::warn!(%error, "could not persist producer id block");
             response.error_code = ResponseError::KafkaStorageError.code();
         }
-    }
-    response
-}
-
-/// Creates a topic through the controller, placed over the unfenced brokers, and waits until
-/// this node has applied it. A `replication_factor` of -1 is the configured default.
-pub(super) async fn create_in_cluster(
-    broker: &Arc<Broker>,
-    name: &str,
-    partitions: i32,
-    replication_factor: i16,
-    configs: BTreeMap<String, String>,
-) -> Result<TopicInfo, Failure> {
-    let replication_factor = resolved_replication_factor(broker, replication_factor);
-    let controller = controller(broker)?;
-    let created =
-        controller_write(broker, controller.create_topic(name, partitions, replication_factor, configs)).await?;
-    wait_until_listed(broker, name).await;
-    tracing::info!(topic = name, partitions, replication_factor, "created topic in cluster");
-    Ok(created)
-}
-
-/// Creates a topic through the controller with a manual replica assignment, and waits until
-/// this node has applied it.
-async fn create_assigned_in_cluster(
-    broker: &Arc<Broker>,
-    name: &str,
-    assignment: Assignment,
-    configs: BTreeMap<String, String>,
-) -> Result<TopicInfo, Failure> {
-    let controller = controller(broker)?;
-    let created = controller_write(broker, controller.create_topic_with_assignment(name, assignment, configs)).await?;
-    wait_until_listed(broker, name).await;
-    let replicas: Vec<&[i32]> = created.partitions.iter().map(|p| p.replicas.as_slice()).collect();
-    tracing::info!(topic = name, ?replicas, "created topic in cluster with a manual assignment");
-    Ok(created)
-}
-
-/// A requested replication factor, with -1 resolved to the configured default (at most the
-/// number of unfenced brokers).
-fn resolved_replication_factor(broker: &Broker, requested: i16) -> i16 {
-    if requested != -1 {
-        return requested;
-    }
-    let default_rf = broker.config().cluster.as_ref().map_or(1, |c| c.default_replication_factor);
-    let unfenced = cluster_metadata(broker).brokers.values().filter(|b| !b.fenced).count().max(1);
-    default_rf.min(i16::try_from(unfenced).unwrap_or(i16::MAX))
-}
-
-/// Waits (a bounded time) until this node's topic registry lists a topic the controller created.
-async fn wait_until_listed(broker: &Broker, name: &str) {
-    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
-    while broker.topics.get(name).is_none() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-}
-
-/// One topic of a CreateTopics in a cluster: the request's checks, then the controller's:
-/// a write, or for `validate_only` the same checks on this node's copy of the metadata.
-/// Returns the topic and its replication factor.
-async fn create_one_in_cluster(
-    broker: &Arc<Broker>,
-    topic: &CreatableTopic,
-    validate_only: bool,
-) -> Result<(TopicMeta, i16), Failure> {
-    let (mut meta, assignment) = validate_creatable(broker, topic)?;
-    if validate_only {
-        let (partitions, replication_factor) = match &assignment {
-            Some(_) => (-1, -1),
-            None => (meta.partitions, resolved_replication_factor(broker, topic.replication_factor)),
-        };
-        cluster_metadata(broker)
-            .check_create_topic(&meta.name, partitions, replication_factor, &meta.configs, assignment.as_deref())
-            .map_err(|e| refused(e.kafka_error_code(), e.to_string()))?;
-        let factor = assignment.map_or(replication_factor, |lists| lists[0].len() as i16);
-        return Ok((meta, factor));
-    }
-    let configs = meta.configs.clone();
-    let created = match assignment {
-        Some(assignment) => create_assigned_in_cluster(broker, &meta.name, assignment, configs).await?,
-        None => create_in_cluster(broker, &meta.name, meta.partitions, topic.replication_factor, configs).await?,
-    };
-    meta.id = created.topic_id;
-    let factor = i16::try_from(created.partitions[0].replicas.len()).expect("bounded by REPLICATION_FACTOR_MAX");
-    Ok((meta, factor))
-}
-
-/// CreateTopics in a cluster: the same request checks as on a single node, then the controller.
-pub(super) async fn create_topics_in_cluster(
-    broker: Arc<Broker>,
-    request: CreateTopicsRequest,
-) -> CreateTopicsResponse {
-    let mut response = CreateTopicsResponse::default();
-    for topic in request.topics {
-        let mut result = CreatableTopicResult::default();
-        result.name = topic.name.clone();
-        result.num_partitions = -1;
-        result.replication_factor = -1;
-        match create_one_in_cluster(&broker, &topic, request.validate_only).await {
-            Ok((created, replication_factor)) => {
-                result.topic_id = created.id;
-                result.num_partitions = created.partitions;
-                result.replication_factor = replication_factor;
-            }
-            Err((error, text)) => {
-                tracing::info!(topic = %topic.name.as_str(), %text, "create topic refused");
-                result.error_code = error.code();
-                result.error_message = message(text);
-            }
-        }
-        response.topics.push(result);
     }
     response
 }

@@ -13,8 +13,9 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::admin::{self, Failure, SOURCE_DEFAULT, SOURCE_TOPIC};
+use super::admin::{Failure, SOURCE_DEFAULT, SOURCE_TOPIC};
 use super::{message, str_bytes};
+use crate::metadata_writes::MetadataWriter;
 use crate::Broker;
 use sluice_meta::topic_config::{self, ConfigType};
 
@@ -186,7 +187,7 @@ type Change = (String, i8, Option<String>);
 
 /// Applies one resource's changes and returns its error code and message.
 async fn outcome(
-    broker: &Broker,
+    broker: &Arc<Broker>,
     resource_type: i8,
     name: &StrBytes,
     changes: &[Change],
@@ -203,14 +204,10 @@ async fn outcome(
     let changes = &kept[..];
     let applied = if resource_type == RESOURCE_GROUP {
         alter_group(broker, name, changes, replace_all, validate_only).await
-    } else if broker.cluster.is_some() && !validate_only {
-        alter_in_cluster(broker, resource_type, name, changes, replace_all).await
+    } else if validate_only {
+        new_overrides(broker, resource_type, name, changes, replace_all).map(|_| ())
     } else {
-        match new_overrides(broker, resource_type, name, changes, replace_all) {
-            Err(failure) => Err(failure),
-            Ok(_) if validate_only => Ok(()),
-            Ok((_, configs)) => apply(broker, name, configs),
-        }
+        alter_topic(broker, resource_type, name, changes, replace_all).await
     };
     match applied {
         Ok(()) => (0, None),
@@ -268,7 +265,7 @@ fn group_config_type(name: &str) -> ConfigType {
 /// (`share.auto.offset.reset`, `share.record.lock.duration.ms`,
 /// `share.delivery.count.limit`), durable before the answer.
 async fn alter_group(
-    broker: &Broker,
+    broker: &Arc<Broker>,
     group_id: &str,
     changes: &[Change],
     replace_all: bool,
@@ -310,39 +307,29 @@ async fn alter_group(
     if validate_only {
         return Ok(());
     }
-    if broker.cluster.is_some() {
-        // Every broker leading a partition the group consumes needs them: the cluster
-        // metadata carries them.
-        let controller = admin::controller(broker)?;
-        return admin::controller_write(broker, controller.alter_group_configs(group_id, configs)).await;
-    }
-    broker
-        .shares
-        .set_group_configs(broker, group_id, configs)
-        .await
-        .map_err(|error| (error, "could not store the group configs".to_string()))
+    MetadataWriter::of(broker)?.set_group_configs(group_id, configs).await
 }
 
-/// In a cluster the controller stores the overrides; every node applies them to its
-/// replicas' logs when it applies the metadata (`cluster_link`). An incremental change is a
-/// compare-and-set on the overrides it was computed from: if another node changed them
-/// meanwhile (or this node's metadata was behind), it is computed again from newer ones.
-async fn alter_in_cluster(
-    broker: &Broker,
+/// The controller (a single node: its own registry) stores the overrides; every node applies
+/// them to its replicas' logs when it applies the metadata (`cluster_link`). An incremental
+/// change is a compare-and-set on the overrides it was computed from: if another request
+/// changed them meanwhile (or this node's metadata was behind), it is computed again from
+/// newer ones.
+async fn alter_topic(
+    broker: &Arc<Broker>,
     resource_type: i8,
     name: &str,
     changes: &[Change],
     replace_all: bool,
 ) -> Result<(), Failure> {
-    let controller = admin::controller(broker)?;
+    let writer = MetadataWriter::of(broker)?;
     let deadline = tokio::time::Instant::now() + crate::cluster_link::ADMIN_TIMEOUT;
     loop {
         let (previous, configs) = new_overrides(broker, resource_type, name, changes, replace_all)?;
         let expected = (!replace_all).then_some(previous);
-        let write = controller.alter_topic_configs(name, configs.clone(), expected);
-        match admin::controller_write(broker, write).await {
+        match writer.set_topic_configs(name, configs.clone(), expected).await {
             Ok(()) => {
-                tracing::info!(topic = name, ?configs, "altered topic configs in cluster");
+                tracing::info!(topic = name, ?configs, "altered topic configs");
                 return Ok(());
             }
             Err((ResponseError::InvalidUpdateVersion, _)) if tokio::time::Instant::now() < deadline => {
@@ -396,23 +383,6 @@ fn new_overrides(
     )
     .map_err(|e| (ResponseError::InvalidConfig, e))?;
     Ok((topic.configs.clone(), configs))
-}
-
-/// Single node: stores the overrides and applies them to the live logs at once.
-fn apply(broker: &Broker, name: &str, configs: BTreeMap<String, String>) -> Result<(), Failure> {
-    let updated = broker
-        .topics
-        .update(name, |t| t.configs = configs)
-        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?
-        .ok_or_else(|| (ResponseError::UnknownTopicOrPartition, format!("topic {name:?} does not exist")))?;
-    let log_config = broker.config().topic_defaults.log_config(&updated.configs);
-    for p in 0..updated.partitions {
-        if let Some(log) = broker.partition(name, p) {
-            log.set_config(log_config.clone());
-        }
-    }
-    tracing::info!(topic = name, configs = ?updated.configs, "altered topic configs");
-    Ok(())
 }
 
 fn apply_one(

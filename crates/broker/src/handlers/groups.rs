@@ -35,8 +35,10 @@ use crate::group::{
     validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
     OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
+use crate::metadata_writes::{MetadataWriter, NewTopic};
 use crate::txn_log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use crate::Broker;
+use sluice_meta::topics::TopicMeta;
 
 /// Kafka's default `offsets.topic.replication.factor` (3), capped by the voter count.
 const OFFSETS_TOPIC_REPLICATION_FACTOR_DEFAULT_MAX: usize = 3;
@@ -200,7 +202,13 @@ fn create_internal_topic(broker: &Arc<Broker>, topic: InternalTopic) {
             ("max.message.bytes".to_string(), max_message_bytes.to_string()),
         ]);
         let name = topic.name();
-        match super::admin::create_in_cluster(&broker, name, partitions, replication_factor, configs).await {
+        let meta = TopicMeta { name: name.to_string(), id: uuid::Uuid::new_v4(), partitions, configs };
+        let new_topic = NewTopic { meta, replication_factor, assignment: None };
+        let created = match MetadataWriter::of(&broker) {
+            Ok(writer) => writer.create_topic(new_topic, false).await,
+            Err(failure) => Err(failure),
+        };
+        match created {
             Ok(_) => tracing::info!(topic = name, partitions, replication_factor, "created an internal topic"),
             Err((error, message)) => tracing::info!(topic = name, ?error, %message, "internal topic not created (yet)"),
         }

@@ -29,7 +29,8 @@ use sluice_protocol::{api_versions_response, encode_response, FileChunk, Request
 
 use crate::Broker;
 
-pub(crate) use admin::{controller, controller_write, Failure};
+pub(crate) use crate::metadata_writes::{controller, controller_write};
+pub(crate) use admin::Failure;
 pub(crate) use groups::create_internal_topics_once_formed;
 
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
@@ -137,28 +138,17 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
         RequestKind::Metadata(request) => {
             ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
         }
-        RequestKind::CreateTopics(request) if broker.cluster.is_some() => {
-            Box::pin(
-                async move { Some(ResponseKind::CreateTopics(admin::create_topics_in_cluster(broker, request).await)) },
-            )
-        }
-        RequestKind::CreateTopics(request) => Box::pin(on_blocking_pool(move || {
-            ResponseKind::CreateTopics(admin::create_topics(&broker, request, api_version))
-        })),
-        RequestKind::DeleteTopics(request) if broker.cluster.is_some() => {
-            Box::pin(
-                async move { Some(ResponseKind::DeleteTopics(admin::delete_topics_in_cluster(broker, request).await)) },
-            )
-        }
-        RequestKind::DeleteTopics(request) => {
-            Box::pin(on_blocking_pool(move || ResponseKind::DeleteTopics(admin::delete_topics(&broker, request))))
-        }
-        RequestKind::CreatePartitions(request) if broker.cluster.is_some() => Box::pin(async move {
-            Some(ResponseKind::CreatePartitions(admin::create_partitions_in_cluster(broker, request).await))
+        RequestKind::CreateTopics(request) => Box::pin(async move {
+            Some(ResponseKind::CreateTopics(admin::create_topics(broker, request, api_version).await))
         }),
-        RequestKind::CreatePartitions(request) => Box::pin(on_blocking_pool(move || {
-            ResponseKind::CreatePartitions(admin::create_partitions(&broker, request))
-        })),
+        RequestKind::DeleteTopics(request) => {
+            Box::pin(async move { Some(ResponseKind::DeleteTopics(admin::delete_topics(broker, request).await)) })
+        }
+        RequestKind::CreatePartitions(request) => {
+            Box::pin(
+                async move { Some(ResponseKind::CreatePartitions(admin::create_partitions(broker, request).await)) },
+            )
+        }
         RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
             Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
         }),
@@ -590,7 +580,7 @@ fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseK
 /// fsyncs: seconds for 10,000 partitions) or reads segment files, so the connection threads
 /// go on serving every other request meanwhile. A panic in it is the caller's, as on its own
 /// thread; `None` when the runtime shuts down first.
-pub(super) async fn on_blocking_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+pub(crate) async fn on_blocking_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     match tokio::task::spawn_blocking(work).await {
         Ok(done) => Some(done),
         Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),

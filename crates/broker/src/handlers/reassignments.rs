@@ -6,7 +6,8 @@
 //! copy the log from the leader and join the ISR once caught up; when every target replica
 //! is in the ISR the controller makes the target the replica set (moving leadership off a
 //! removed replica), and the removed nodes stop their replicas and delete their logs.
-//! On a single node the only possible target is the node itself, so nothing ever moves.
+//! On a single node (a cluster of one) the only possible target is the node itself, so
+//! nothing ever moves.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,8 +23,9 @@ use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
 use sluice_cluster::ClusterMetadata;
 
-use super::admin::{self, Failure};
+use super::admin::Failure;
 use super::message;
+use crate::metadata_writes::MetadataWriter;
 use crate::Broker;
 
 pub(super) async fn alter(
@@ -38,18 +40,8 @@ pub(super) async fn alter(
         for partition in topic.partitions {
             let mut result = ReassignablePartitionResponse::default();
             result.partition_index = partition.partition_index;
-            let outcome = match &broker.cluster {
-                Some(_) => {
-                    reassign_in_cluster(
-                        &broker,
-                        topic.name.as_str(),
-                        &partition,
-                        request.allow_replication_factor_change,
-                    )
-                    .await
-                }
-                None => reassign_on_single_node(&broker, topic.name.as_str(), &partition),
-            };
+            let outcome =
+                reassign(&broker, topic.name.as_str(), &partition, request.allow_replication_factor_change).await;
             if let Err((error, text)) = outcome {
                 tracing::info!(topic = %topic.name.as_str(), partition = partition.partition_index, %text, "reassignment refused");
                 result.error_code = error.code();
@@ -62,35 +54,38 @@ pub(super) async fn alter(
     response
 }
 
-async fn reassign_in_cluster(
-    broker: &Broker,
+async fn reassign(
+    broker: &Arc<Broker>,
     topic: &str,
     partition: &ReassignablePartition,
     allow_replication_factor_change: bool,
 ) -> Result<(), Failure> {
     let index = partition.partition_index;
     let target: Option<Vec<i32>> = partition.replicas.as_ref().map(|r| r.iter().map(|b| b.0).collect());
-    {
-        let metadata = broker.cluster.as_ref().expect("cluster mode").metadata();
-        let Some(current) = metadata.partition(topic, index) else {
-            return Err((ResponseError::UnknownTopicOrPartition, format!("unknown partition {topic}-{index}")));
-        };
-        if let Some(target) = &target {
-            let original = metadata
-                .reassignments
-                .get(topic)
-                .and_then(|by_partition| by_partition.get(&index))
-                .map_or(&current.replicas, |pending| &pending.original);
-            check_target(target, original.len(), allow_replication_factor_change)?;
-        }
+    let Some(original) = original_replicas(broker, topic, index) else {
+        return Err((ResponseError::UnknownTopicOrPartition, format!("unknown partition {topic}-{index}")));
+    };
+    if let Some(target) = &target {
+        check_target(target, original.len(), allow_replication_factor_change)?;
     }
-    let controller = admin::controller(broker)?;
-    admin::controller_write(broker, controller.reassign(topic, index, target.clone())).await?;
+    MetadataWriter::of(broker)?.reassign(topic, index, target.clone()).await?;
     match target {
         Some(target) => tracing::info!(topic, partition = index, ?target, "reassignment started"),
         None => tracing::info!(topic, partition = index, "reassignment cancelled"),
     }
     Ok(())
+}
+
+/// A partition's replicas before any move in progress; `None` if it does not exist.
+fn original_replicas(broker: &Broker, topic: &str, index: i32) -> Option<Vec<i32>> {
+    let Some(cluster) = &broker.cluster else {
+        let exists = broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&index));
+        return exists.then(|| vec![broker.node_id()]);
+    };
+    let metadata = cluster.metadata();
+    let current = metadata.partition(topic, index)?;
+    let pending = metadata.reassignments.get(topic).and_then(|by_partition| by_partition.get(&index));
+    Some(pending.map_or(&current.replicas, |pending| &pending.original).clone())
 }
 
 /// The request-level checks Kafka makes before the controller sees a target.
@@ -109,22 +104,6 @@ fn check_target(target: &[i32], factor: usize, allow_replication_factor_change: 
         ));
     }
     Ok(())
-}
-
-fn reassign_on_single_node(broker: &Broker, topic: &str, partition: &ReassignablePartition) -> Result<(), Failure> {
-    let index = partition.partition_index;
-    let exists = broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&index));
-    if !exists {
-        return Err((ResponseError::UnknownTopicOrPartition, format!("unknown partition {topic}-{index}")));
-    }
-    match &partition.replicas {
-        None => Err((ResponseError::NoReassignmentInProgress, format!("no reassignment of {topic}-{index}"))),
-        Some(replicas) if replicas.len() == 1 && replicas[0].0 == broker.node_id() => Ok(()),
-        Some(replicas) => Err((
-            ResponseError::InvalidReplicaAssignment,
-            format!("{replicas:?}: this single node only has broker {}", broker.node_id()),
-        )),
-    }
 }
 
 pub(super) fn list(
