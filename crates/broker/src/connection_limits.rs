@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! accept ─▶ ConnectionLimits::admit(ip) ─▶ Admission (held for the connection's life)
-//!                                      └─▶ Refusal (close; counted; logged at a rate limit)
+//!                                      └─▶ ConnectionRefusal (close; counted; logged at a rate limit)
 //! ```
 
 use std::collections::HashMap;
@@ -30,19 +30,19 @@ pub(crate) const REFUSAL_LOG_INTERVAL_MS: u64 = 10_000;
 
 /// Why a connection was refused at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum ConnectionRefusal {
     /// `max.connections` connections are open.
     Broker { limit: usize },
     /// `max.connections.per.ip` (or its override) connections are open from this address.
     PerIp { limit: usize },
 }
 
-impl Refusal {
+impl ConnectionRefusal {
     /// The `reason` label of `sluice_connections_refused_total`.
     pub(crate) fn reason(self) -> &'static str {
         match self {
-            Refusal::Broker { .. } => "max_connections",
-            Refusal::PerIp { .. } => "max_connections_per_ip",
+            ConnectionRefusal::Broker { .. } => "max_connections",
+            ConnectionRefusal::PerIp { .. } => "max_connections_per_ip",
         }
     }
 }
@@ -82,19 +82,19 @@ impl ConnectionLimits {
     }
 
     /// Counts a new connection from `ip`, or says which limit refuses it.
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Admission, Refusal> {
+    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Admission, ConnectionRefusal> {
         let per_ip_max = self.per_ip_overrides.get(&ip).copied().unwrap_or(self.per_ip_max);
         let mut open = self.open.lock();
         let (all, by_ip) = &mut *open;
         if *all >= self.connections_max {
-            return Err(Refusal::Broker { limit: self.connections_max });
+            return Err(ConnectionRefusal::Broker { limit: self.connections_max });
         }
         let from_ip = by_ip.entry(ip).or_insert(0);
         if *from_ip >= per_ip_max {
             if *from_ip == 0 {
                 by_ip.remove(&ip);
             }
-            return Err(Refusal::PerIp { limit: per_ip_max });
+            return Err(ConnectionRefusal::PerIp { limit: per_ip_max });
         }
         *from_ip += 1;
         *all += 1;
@@ -186,11 +186,11 @@ mod tests {
             ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap(), "::1".parse().unwrap());
         let limits = limits(2, "10.0.0.2:3, [::1]:0", 5);
         let first: Vec<Admission> = (0..2).map(|_| limits.admit(a).unwrap()).collect();
-        assert_eq!(limits.admit(a).err(), Some(Refusal::PerIp { limit: 2 }));
+        assert_eq!(limits.admit(a).err(), Some(ConnectionRefusal::PerIp { limit: 2 }));
         let second: Vec<Admission> = (0..3).map(|_| limits.admit(b).unwrap()).collect();
-        assert_eq!(limits.admit(c).err(), Some(Refusal::Broker { limit: 5 }));
+        assert_eq!(limits.admit(c).err(), Some(ConnectionRefusal::Broker { limit: 5 }));
         drop(second);
-        assert_eq!(limits.admit(c).err(), Some(Refusal::PerIp { limit: 0 }), "an override of 0 refuses all");
+        assert_eq!(limits.admit(c).err(), Some(ConnectionRefusal::PerIp { limit: 0 }), "an override of 0 refuses all");
         assert_eq!(limits.open(c), (2, 0));
         drop(first);
         assert_eq!(limits.open(a), (0, 0));

@@ -85,7 +85,7 @@ struct CachedPartition {
 }
 
 #[derive(Debug)]
-struct Session {
+struct FetchSession {
     partitions: IndexMap<PartitionKey, CachedPartition>,
     /// The epoch the next incremental fetch must carry.
     next_epoch: i32,
@@ -120,7 +120,7 @@ impl SessionUse {
 /// The broker's fetch-session cache.
 #[derive(Default)]
 pub(crate) struct FetchSessions {
-    sessions: Mutex<HashMap<i32, Session>>,
+    sessions: Mutex<HashMap<i32, FetchSession>>,
 }
 
 impl FetchSessions {
@@ -260,7 +260,7 @@ impl FetchSessions {
 }
 
 /// Opens a session holding `items`; `None` when the cache has no room for it.
-fn open(sessions: &mut HashMap<i32, Session>, items: &[FetchItem]) -> Option<i32> {
+fn open(sessions: &mut HashMap<i32, FetchSession>, items: &[FetchItem]) -> Option<i32> {
     if items.len() > FETCH_SESSION_PARTITIONS_MAX {
         return None;
     }
@@ -283,7 +283,7 @@ fn open(sessions: &mut HashMap<i32, Session>, items: &[FetchItem]) -> Option<i32
         .iter()
         .map(|item| (item.key(), CachedPartition { item: item.clone(), last_sent: None, had_records: false }))
         .collect();
-    sessions.insert(id, Session { partitions, next_epoch: 1, last_used: Instant::now(), generation: 0 });
+    sessions.insert(id, FetchSession { partitions, next_epoch: 1, last_used: Instant::now(), generation: 0 });
     Some(id)
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::connection_limits::Refusal;
+use crate::connection_limits::ConnectionRefusal;
 use crate::Broker;
 
 /// Makes every panic in this process stop it: the panic is logged (message, thread,
@@ -139,12 +139,12 @@ async fn accept_loop(broker: Arc<Broker>, listener: TcpListener, index: usize, t
 
 /// Closes a connection refused at accept: counted, and logged at a rate limit (a flood
 /// of them must not flood the log).
-fn refuse(broker: &Broker, peer: SocketAddr, refusal: Refusal) {
+fn refuse(broker: &Broker, peer: SocketAddr, refusal: ConnectionRefusal) {
     broker.metrics.connection_refused(refusal.reason());
     if let Some(suppressed) = broker.connection_limits.refusals_log.admit_now() {
         let (setting, limit) = match refusal {
-            Refusal::Broker { limit } => ("max.connections", limit),
-            Refusal::PerIp { limit } => ("max.connections.per.ip", limit),
+            ConnectionRefusal::Broker { limit } => ("max.connections", limit),
+            ConnectionRefusal::PerIp { limit } => ("max.connections.per.ip", limit),
         };
         tracing::warn!(%peer, setting, limit, refused_unlogged = suppressed, "connection limit reached; closing new connection");
     }

@@ -65,7 +65,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::metadata::CommandResult;
-use crate::rpc_protection::{Direction, Protection, Session, NONCE_BYTES};
+use crate::rpc_protection::{Direction, FrameCipher, Protection, NONCE_BYTES};
 use crate::types::{Proposal, TypeConfig};
 
 /// Largest frame either side accepts (openraft chunks snapshots well below this).
@@ -405,7 +405,7 @@ impl PeerClient {
             let nonce: [u8; NONCE_BYTES] = nonce
                 .try_into()
                 .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "no rpc nonce from the peer"))?;
-            let session = Session::new(self.identity.secret.clone(), nonce, self.protection());
+            let session = FrameCipher::new(self.identity.secret.clone(), nonce, self.protection());
             Ok::<_, io::Error>(Connection { stream, session, idle_since: std::time::Instant::now() })
         };
         tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), connect)
@@ -426,7 +426,7 @@ impl PeerClient {
 /// A pooled connection to a peer and its authentication state.
 struct Connection {
     stream: Box<dyn RpcStream>,
-    session: Session,
+    session: FrameCipher,
     /// When its last exchange ended.
     idle_since: std::time::Instant,
 }
@@ -565,7 +565,7 @@ async fn serve_connection(
     let nonce: [u8; NONCE_BYTES] = rand::random();
     stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await?;
     stream.write_all(&nonce).await?;
-    let mut session = Session::new(identity.secret.clone(), nonce, Protection::Encrypted);
+    let mut session = FrameCipher::new(identity.secret.clone(), nonce, Protection::Encrypted);
     loop {
         let admitted = session.sequence > 0;
         let read = match admitted {
@@ -682,7 +682,7 @@ mod tests {
                     let nonce: [u8; NONCE_BYTES] = rand::random();
                     stream.write_all(&(NONCE_BYTES as u32).to_be_bytes()).await.unwrap();
                     stream.write_all(&nonce).await.unwrap();
-                    let mut session = Session::new(Arc::from(SECRET), nonce, Protection::Signed);
+                    let mut session = FrameCipher::new(Arc::from(SECRET), nonce, Protection::Signed);
                     while let Ok(Some(body)) = read_frame(&mut stream, FRAME_BYTES_MAX, FRAME_READ_TIMEOUT).await {
                         if session.open(Direction::Request, body).is_err() {
                             return;

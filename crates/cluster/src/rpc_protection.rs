@@ -58,7 +58,7 @@ pub(crate) enum Protection {
 
 /// One connection's protection: the server's nonce, the next exchange's sequence number,
 /// and the keys derived for it.
-pub(crate) struct Session {
+pub(crate) struct FrameCipher {
     nonce: [u8; NONCE_BYTES],
     pub(crate) sequence: u64,
     pub(crate) protection: Protection,
@@ -66,11 +66,11 @@ pub(crate) struct Session {
     key: LessSafeKey,
 }
 
-impl Session {
-    pub(crate) fn new(secret: std::sync::Arc<[u8]>, nonce: [u8; NONCE_BYTES], protection: Protection) -> Session {
+impl FrameCipher {
+    pub(crate) fn new(secret: std::sync::Arc<[u8]>, nonce: [u8; NONCE_BYTES], protection: Protection) -> FrameCipher {
         let key_bytes = hmac(&secret, &[b"sluice-rpc-encryption-key", &nonce]);
         let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &key_bytes).expect("a 32-byte key"));
-        Session { nonce, sequence: 0, protection, secret, key }
+        FrameCipher { nonce, sequence: 0, protection, secret, key }
     }
 
     /// `[length][body]` as it goes on the wire.
@@ -171,8 +171,8 @@ fn denied(why: &str) -> io::Error {
 mod tests {
     use super::*;
 
-    fn session(secret: &[u8], protection: Protection) -> Session {
-        Session::new(std::sync::Arc::from(secret), [7; NONCE_BYTES], protection)
+    fn session(secret: &[u8], protection: Protection) -> FrameCipher {
+        FrameCipher::new(std::sync::Arc::from(secret), [7; NONCE_BYTES], protection)
     }
 
     fn frame(body: &[u8]) -> Vec<u8> {

@@ -46,7 +46,7 @@ type Before = fn(&Access<'_>, RequestKind, &mut Denied) -> Result<RequestKind, B
 /// Completes a response: puts back what [`Before`] took out, masks what may not be seen.
 type After = fn(&Access<'_>, &Denied, &mut ResponseKind);
 /// The whole answer to a request refused for want of a cluster operation.
-type Refusal = fn(RequestKind, ResponseError) -> ResponseKind;
+type RefusalAnswer = fn(RequestKind, ResponseError) -> ResponseKind;
 
 /// What one API needs from the authorizer, and where that is checked.
 #[derive(Clone, Copy)]
@@ -54,7 +54,7 @@ pub(super) enum Rule {
     /// No ACL is needed.
     Open,
     /// Any one of these operations on the cluster resource.
-    Cluster { any_of: &'static [i8], refuse: Refusal },
+    Cluster { any_of: &'static [i8], refuse: RefusalAnswer },
     /// Per named resource, by this module, before and after the handler.
     Resources { before: Before, after: After },
     /// Per resource, inside the handler.
@@ -70,7 +70,7 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
     const fn checks(before: Before, after: After) -> Rule {
         Rule::Resources { before, after }
     }
-    const fn cluster(any_of: &'static [i8], refuse: Refusal) -> Rule {
+    const fn cluster(any_of: &'static [i8], refuse: RefusalAnswer) -> Rule {
         Rule::Cluster { any_of, refuse }
     }
     match api {

@@ -67,10 +67,10 @@ pub(super) fn append(
             partition_response.log_append_time_ms = -1;
             let target = leader_log(broker, &topic.name, data.index, acks);
             let result = match (&target, data.records) {
-                _ if !writable => Err(Refusal::from(ResponseError::TopicAuthorizationFailed)),
-                _ if invalid_acks => Err(Refusal::from(ResponseError::InvalidRequiredAcks)),
-                (Err(error), _) => Err(Refusal::from(*error)),
-                (Ok(_), None) => Err(Refusal::from(ResponseError::CorruptMessage)),
+                _ if !writable => Err(ProduceRefusal::from(ResponseError::TopicAuthorizationFailed)),
+                _ if invalid_acks => Err(ProduceRefusal::from(ResponseError::InvalidRequiredAcks)),
+                (Err(error), _) => Err(ProduceRefusal::from(*error)),
+                (Ok(_), None) => Err(ProduceRefusal::from(ResponseError::CorruptMessage)),
                 (Ok(leader), Some(records)) => {
                     let append =
                         || append_one(broker, &leader.log, leader.epoch, &records, now_ms, &topic.name, data.index);
@@ -230,8 +230,8 @@ fn append_transactional(
     records: &bytes::Bytes,
     topic: &str,
     partition: i32,
-    append: impl FnOnce() -> Result<sluice_storage::AppendOutcome, Refusal>,
-) -> Result<sluice_storage::AppendOutcome, Refusal> {
+    append: impl FnOnce() -> Result<sluice_storage::AppendOutcome, ProduceRefusal>,
+) -> Result<sluice_storage::AppendOutcome, ProduceRefusal> {
     let transactional = sluice_storage::batch::BatchHeader::parse(records).ok().filter(|h| h.is_transactional());
     let Some(header) = transactional else { return append() };
     let clustered = broker.replicas.is_some();
@@ -248,15 +248,15 @@ fn append_transactional(
 /// Why a partition's batch was refused: the error code, and for errors about the batch's
 /// content a message and the records at fault (KIP-467: `record_errors` name records by
 /// their index in the batch, so clients fail only what was wrong).
-struct Refusal {
+struct ProduceRefusal {
     error: ResponseError,
     message: Option<String>,
     record_errors: Vec<(i32, String)>,
 }
 
-impl From<ResponseError> for Refusal {
-    fn from(error: ResponseError) -> Refusal {
-        Refusal { error, message: None, record_errors: Vec::new() }
+impl From<ResponseError> for ProduceRefusal {
+    fn from(error: ResponseError) -> ProduceRefusal {
+        ProduceRefusal { error, message: None, record_errors: Vec::new() }
     }
 }
 
@@ -297,7 +297,7 @@ fn append_one(
     now_ms: i64,
     topic: &str,
     partition: i32,
-) -> Result<sluice_storage::AppendOutcome, Refusal> {
+) -> Result<sluice_storage::AppendOutcome, ProduceRefusal> {
     match log.append(records, leader_epoch, now_ms) {
         Ok(outcome) => {
             if outcome.needs_sync {
@@ -331,7 +331,7 @@ fn append_one(
                 AppendError::Storage(_) | AppendError::Offline => None,
                 _ => Some(error.to_string()),
             };
-            Err(Refusal { error: code, message, record_errors })
+            Err(ProduceRefusal { error: code, message, record_errors })
         }
     }
 }
