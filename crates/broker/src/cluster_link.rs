@@ -135,7 +135,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
             .map_err(anyhow::Error::msg)?
             .expect("the rpc secret is resolved when the broker opens (ensure_rpc_secret)"),
         rpc_tls: match cluster.rpc_tls {
-            true => Some(crate::security::tls::rpc_tls(broker.config()).map_err(anyhow::Error::msg)?),
+            true => Some(sluice_security::tls::rpc_tls(&broker.config().tls_settings()).map_err(anyhow::Error::msg)?),
             false => None,
         },
     };

@@ -6,6 +6,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use sluice_security::{
+    ClusterSecuritySettings, Listener, OauthSettings, SecurityProtocol, SecuritySettings, TlsSettings,
+};
 
 use sluice_meta::topic_config::TopicDefaults;
 
@@ -230,7 +233,7 @@ pub struct BrokerConfig {
     /// (default: the first PLAINTEXT listener).
     #[serde(rename = "inter.broker.listener.name")]
     pub inter_broker_listener_name: Option<String>,
-    /// Kafka's `ssl.*` settings of TLS listeners (security/tls.rs); PEM only.
+    /// Kafka's `ssl.*` settings of TLS listeners (`sluice_security::tls`); PEM only.
     #[serde(rename = "ssl.keystore.type")]
     pub ssl_keystore_type: String,
     #[serde(rename = "ssl.keystore.location")]
@@ -251,9 +254,9 @@ pub struct BrokerConfig {
     #[serde(rename = "ssl.client.auth")]
     pub ssl_client_auth: String,
     /// Kafka's `ssl.principal.mapping.rules`: how a client certificate's subject becomes
-    /// its principal name (`security/principal_mapping.rs`).
+    /// its principal name (`sluice_security::PrincipalMappingRules`).
     #[serde(rename = "ssl.principal.mapping.rules", deserialize_with = "principal_mapping_rules")]
-    pub ssl_principal_mapping_rules: crate::security::principal_mapping::PrincipalMappingRules,
+    pub ssl_principal_mapping_rules: sluice_security::PrincipalMappingRules,
     /// Kafka's `authorizer.class.name`: any value (e.g.
     /// `org.apache.kafka.metadata.authorizer.StandardAuthorizer`) turns on ACL checks.
     #[serde(rename = "authorizer.class.name")]
@@ -292,7 +295,7 @@ pub struct BrokerConfig {
     /// Kafka's `log.cleaner.dedupe.buffer.size`: memory for the cleaner's key map.
     #[serde(rename = "log.cleaner.dedupe.buffer.size")]
     pub log_cleaner_dedupe_buffer_size: u64,
-    /// OAUTHBEARER (security/oauth.rs): a `file:` URL of the identity provider's JWK set.
+    /// OAUTHBEARER (`sluice_security::OauthValidator`): a `file:` URL of the identity provider's JWK set.
     #[serde(rename = "sasl.oauthbearer.jwks.endpoint.url")]
     pub sasl_oauthbearer_jwks_endpoint_url: Option<String>,
     /// Comma-separated audiences a token must name one of (unset: not checked).
@@ -474,13 +477,7 @@ impl ClusterConfig {
     /// The shared controller-RPC secret read from `rpc_secret_file` (surrounding whitespace
     /// removed), if one is configured.
     pub fn rpc_secret(&self) -> Result<Option<Vec<u8>>, String> {
-        let Some(path) = &self.rpc_secret_file else { return Ok(None) };
-        let text = std::fs::read(path).map_err(|error| error.to_string())?;
-        let secret = text.trim_ascii().to_vec();
-        if secret.len() < sluice_cluster::RPC_SECRET_BYTES_MIN {
-            return Err(format!("the secret must be at least {} bytes", sluice_cluster::RPC_SECRET_BYTES_MIN));
-        }
-        Ok(Some(secret))
+        self.rpc_secret_file.as_deref().map(sluice_security::read_rpc_secret).transpose()
     }
 
     /// The voters by node id.
@@ -585,7 +582,7 @@ impl Default for BrokerConfig {
             ssl_truststore_certificates: None,
             ssl_client_auth: "none".into(),
             ssl_principal_mapping_rules: Default::default(),
-            sasl_enabled_mechanisms: crate::security::SASL_MECHANISMS_DEFAULT.into(),
+            sasl_enabled_mechanisms: sluice_security::SASL_MECHANISMS_DEFAULT.into(),
             sasl_mechanism_inter_broker_protocol: None,
             connections_max_reauth_ms: 0,
             sasl_server_max_receive_size: SASL_SERVER_MAX_RECEIVE_SIZE_DEFAULT,
@@ -710,7 +707,7 @@ impl BrokerConfig {
         self.validate_offsets()?;
         self.advertised_address()?;
         self.inter_broker_listener()?;
-        crate::security::validate(self)?;
+        sluice_security::validate(&self.security_settings()?)?;
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }
@@ -855,6 +852,79 @@ impl BrokerConfig {
         Ok(())
     }
 
+    /// The listeners, in the order `listeners` names them (the first is the one other
+    /// nodes use in a cluster unless `inter.broker.listener.name` says otherwise); without
+    /// `listeners`, one PLAINTEXT listener on `listen`, advertised as `advertised_listener`.
+    pub fn listeners(&self) -> Result<Vec<Listener>, String> {
+        let Some(listeners) = &self.listeners else {
+            return Ok(vec![Listener {
+                name: "PLAINTEXT".into(),
+                protocol: SecurityProtocol::Plaintext,
+                bind: self.listen,
+                advertised: self.advertised_address()?,
+            }]);
+        };
+        if self.listen != BrokerConfig::default().listen || self.advertised_listener.is_some() {
+            return Err("set either `listeners` (and `advertised.listeners`) or `listen`/`advertised_listener`, \
+                        not both"
+                .into());
+        }
+        sluice_security::parse_listeners(
+            listeners,
+            self.advertised_listeners.as_deref(),
+            self.listener_security_protocol_map.as_deref(),
+        )
+    }
+
+    /// Index of the listener other nodes fetch from: `inter.broker.listener.name`, else the
+    /// first PLAINTEXT listener, else the first one.
+    pub fn inter_broker_listener(&self) -> Result<usize, String> {
+        sluice_security::inter_broker_listener(&self.listeners()?, self.inter_broker_listener_name.as_deref())
+    }
+
+    /// What the security checks read of this configuration.
+    pub fn security_settings(&self) -> Result<SecuritySettings, String> {
+        let listeners = self.listeners()?;
+        let inter_broker_listener =
+            sluice_security::inter_broker_listener(&listeners, self.inter_broker_listener_name.as_deref())?;
+        Ok(SecuritySettings {
+            listeners,
+            inter_broker_listener,
+            sasl_enabled_mechanisms: self.sasl_enabled_mechanisms.clone(),
+            sasl_mechanism_inter_broker_protocol: self.sasl_mechanism_inter_broker_protocol.clone(),
+            authorizer_class_name: self.authorizer_class_name.clone(),
+            super_users: self.super_users.clone(),
+            allow_everyone_if_no_acl_found: self.allow_everyone_if_no_acl_found,
+            tls: self.tls_settings(),
+            oauth: OauthSettings {
+                jwks_endpoint_url: self.sasl_oauthbearer_jwks_endpoint_url.clone(),
+                expected_audience: self.sasl_oauthbearer_expected_audience.clone(),
+                expected_issuer: self.sasl_oauthbearer_expected_issuer.clone(),
+                sub_claim_name: self.sasl_oauthbearer_sub_claim_name.clone(),
+                clock_skew_seconds: self.sasl_oauthbearer_clock_skew_seconds,
+            },
+            cluster: self.cluster.as_ref().map(|cluster| ClusterSecuritySettings {
+                rpc_secret_file: cluster.rpc_secret_file.clone(),
+                rpc_tls: cluster.rpc_tls,
+            }),
+        })
+    }
+
+    /// The `ssl.*` settings.
+    pub fn tls_settings(&self) -> TlsSettings {
+        TlsSettings {
+            keystore_type: self.ssl_keystore_type.clone(),
+            keystore_location: self.ssl_keystore_location.clone(),
+            keystore_certificate_chain: self.ssl_keystore_certificate_chain.clone(),
+            keystore_key: self.ssl_keystore_key.clone(),
+            key_password: self.ssl_key_password.clone(),
+            truststore_type: self.ssl_truststore_type.clone(),
+            truststore_location: self.ssl_truststore_location.clone(),
+            truststore_certificates: self.ssl_truststore_certificates.clone(),
+            client_auth: self.ssl_client_auth.clone(),
+        }
+    }
+
     /// (host, port) advertised in Metadata.
     pub fn advertised_address(&self) -> Result<(String, i32), String> {
         match &self.advertised_listener {
@@ -883,14 +953,35 @@ const _: () = assert!(GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS_MIN < GROUP_CONSUMER_
 /// start with its reason.
 fn principal_mapping_rules<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
-) -> Result<crate::security::principal_mapping::PrincipalMappingRules, D::Error> {
+) -> Result<sluice_security::PrincipalMappingRules, D::Error> {
     let text = String::deserialize(deserializer)?;
-    crate::security::principal_mapping::PrincipalMappingRules::parse(&text).map_err(serde::de::Error::custom)
+    sluice_security::PrincipalMappingRules::parse(&text).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listeners_config(listeners: &str) -> BrokerConfig {
+        BrokerConfig { listeners: Some(listeners.into()), ..BrokerConfig::default() }
+    }
+
+    #[test]
+    fn without_listeners_one_plaintext_listener_on_listen() {
+        let listeners = BrokerConfig::default().listeners().unwrap();
+        assert_eq!(listeners.len(), 1);
+        assert_eq!(listeners[0].protocol, SecurityProtocol::Plaintext);
+        assert_eq!(listeners[0].advertised, ("127.0.0.1".to_string(), 9092));
+    }
+
+    #[test]
+    fn listeners_and_listen_are_not_both_set() {
+        let both = BrokerConfig { listen: "127.0.0.1:1".parse().unwrap(), ..listeners_config("PLAINTEXT://:9092") };
+        assert!(both.listeners().unwrap_err().contains("not both"));
+        let mut named = listeners_config("CLIENT://127.0.0.1:9092");
+        named.listener_security_protocol_map = Some("CLIENT:SASL_SSL".into());
+        assert_eq!(named.listeners().unwrap()[0].protocol, SecurityProtocol::SaslSsl);
+    }
 
     fn check_cluster(change: impl FnOnce(&mut ClusterConfig), expected: Result<(), &str>) {
         let mut cluster = ClusterConfig { voters: "1@127.0.0.1:9093".to_string(), ..ClusterConfig::default() };

@@ -28,7 +28,8 @@
 //!
 //! The stream is a TCP socket or a TLS session over one. On a SASL listener only
 //! ApiVersions and the SASL exchange are served until the client authenticated
-//! (security/sasl.rs); any other request before that closes the connection, as in Kafka.
+//! (`sluice_security::Authenticator`); any other request before that closes the
+//! connection, as in Kafka.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -43,12 +44,12 @@ use sluice_protocol::{
     api_versions_response, decode_frame, encode_response, parse_request, peek_frame, FileChunk, FrameError, FrameHead,
     Request, RequestError, ResponseChunk, FRAME_SIZE_PREFIX_BYTES,
 };
+use sluice_security::{Authenticator, Next};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Duration, Instant};
 
 use crate::handlers::{self, ResponseFuture, Session};
-use crate::security::sasl::{Authenticator, Next};
 use crate::Broker;
 
 /// Bytes read from a socket beyond the frame being admitted: enough for the size prefix and
@@ -363,10 +364,12 @@ async fn authenticate(
     let Request { api_key, api_version, correlation_id, body, .. } = request;
     let (body, next) = match body {
         RequestKind::SaslHandshake(request) => {
-            let (response, next) = authenticator.handshake(broker, request);
+            let (response, next) = authenticator.handshake(&**broker, request);
             (ResponseKind::SaslHandshake(response), next)
         }
         RequestKind::SaslAuthenticate(request) => {
+            // A few SASL steps at once broker-wide: PBKDF2 takes milliseconds of CPU.
+            let _turn = broker.connection_limits.sasl_step_turn().await;
             let (response, next) = authenticator.authenticate_off_io_thread(broker, request).await;
             (ResponseKind::SaslAuthenticate(response), next)
         }

@@ -13,7 +13,7 @@ mod handlers;
 mod metadata_writes;
 pub mod metrics;
 pub mod replication;
-pub mod security;
+mod security;
 pub mod server;
 mod share;
 mod state_log;
@@ -40,19 +40,19 @@ pub const LEADER_EPOCH: i32 = 0;
 pub struct Broker {
     config: BrokerConfig,
     /// The client listeners (config `listeners`), in configured order.
-    listeners: Vec<security::Listener>,
+    listeners: Vec<sluice_security::Listener>,
     /// Index in `listeners` of the one other nodes connect to (replica fetches).
     inter_broker_listener: usize,
     /// OAUTHBEARER token validation, when a listener offers it.
-    oauth: Option<security::oauth::OauthValidator>,
+    oauth: Option<sluice_security::OauthValidator>,
     /// How nodes authenticate to each other on the inter-broker listener.
-    inter_broker: security::inter_broker::InterBroker,
+    inter_broker: sluice_security::InterBroker,
     /// SCRAM credentials (SASL) and ACLs, local or in the cluster metadata.
-    security: security::store::SecurityStore,
-    /// Client quota rates (security/quota.rs).
-    quotas: security::quota::QuotaManager,
+    security: sluice_security::SecurityStore,
+    /// Client quota rates.
+    quotas: sluice_security::quota::QuotaManager,
     /// ACL checks, when `authorizer.class.name` is set.
-    authorizer: Option<security::acl::Authorizer>,
+    authorizer: Option<sluice_security::Authorizer>,
     topics: TopicRegistry,
     logs: LogManager,
     /// Bytes of requests admitted and not yet answered (`queued_max_request_bytes`):
@@ -180,18 +180,17 @@ impl Broker {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "recovered partition logs"
         );
-        let listeners = config.listeners().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let inter_broker_listener =
-            config.inter_broker_listener().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let authorizer = security::acl::Authorizer::from_config(&config);
-        let inter_broker = security::inter_broker::InterBroker::from_config(&config)
+        let settings = config.security_settings().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let authorizer = sluice_security::Authorizer::new(&settings);
+        let inter_broker =
+            sluice_security::InterBroker::new(&settings).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let oauth = sluice_security::OauthValidator::new(&settings)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let oauth = security::oauth::OauthValidator::from_config(&config)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let quotas = security::quota::QuotaManager::default();
+        let sluice_security::SecuritySettings { listeners, inter_broker_listener, .. } = settings;
+        let quotas = sluice_security::quota::QuotaManager::default();
         let security = match &config.cluster {
-            None => security::store::SecurityStore::open_local(&config.data_dir)?,
-            Some(_) => security::store::SecurityStore::replicated(),
+            None => sluice_security::SecurityStore::open_local(&config.data_dir)?,
+            Some(_) => sluice_security::SecurityStore::replicated(),
         };
         security.with_local_quotas(|local| quotas.set_configured(local));
         let request_memory = connection::RequestMemory::new(config.queued_max_request_bytes);
@@ -269,7 +268,7 @@ impl Broker {
         &self.config
     }
 
-    pub fn listeners(&self) -> &[security::Listener] {
+    pub fn listeners(&self) -> &[sluice_security::Listener] {
         &self.listeners
     }
 

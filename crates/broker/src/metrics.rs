@@ -392,11 +392,11 @@ impl Metrics {
         self.connections.inc();
     }
 
-    pub(crate) fn throttled(&self, kind: crate::security::quota::QuotaKind) {
+    pub(crate) fn throttled(&self, kind: sluice_security::quota::QuotaKind) {
         match kind {
-            crate::security::quota::QuotaKind::Produce => self.throttled_produce.inc(),
-            crate::security::quota::QuotaKind::Fetch => self.throttled_fetch.inc(),
-            crate::security::quota::QuotaKind::Request => self.throttled_request_time.inc(),
+            sluice_security::quota::QuotaKind::Produce => self.throttled_produce.inc(),
+            sluice_security::quota::QuotaKind::Fetch => self.throttled_fetch.inc(),
+            sluice_security::quota::QuotaKind::Request => self.throttled_request_time.inc(),
         };
     }
 

@@ -51,8 +51,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     assert_eq!(listeners.len(), broker.listeners().len(), "one socket per configured listener");
-    let tls =
-        crate::security::tls::acceptor(broker.config()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let tls = sluice_security::tls::acceptor(broker.listeners(), &broker.config().tls_settings())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let metrics_server = match metrics {
         None => None,
         Some(metrics_listener) => {
@@ -162,7 +162,7 @@ async fn serve_connection(
         let (reader, writer) = stream.into_split();
         return crate::connection::run(broker, reader, writer, peer, index, None).await;
     };
-    let timeout = Duration::from_millis(crate::security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
+    let timeout = Duration::from_millis(sluice_security::tls::TLS_HANDSHAKE_TIMEOUT_MS);
     match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
         Ok(Ok(session)) => {
             let subject = session
@@ -170,7 +170,7 @@ async fn serve_connection(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(crate::security::tls::certificate_user);
+                .and_then(sluice_security::tls::certificate_user);
             let certificate_user = match subject {
                 None => None,
                 Some(subject) => match broker.config().ssl_principal_mapping_rules.apply(&subject) {

@@ -1,6 +1,6 @@
 //! CreateAcls, DescribeAcls and DeleteAcls (what `kafka-acls.sh` sends). Creating and
 //! deleting needs ALTER on the cluster, describing needs DESCRIBE on the cluster; the
-//! checks themselves live in security/acl.rs.
+//! checks themselves live in `sluice_security::acl`.
 
 use std::collections::BTreeMap;
 
@@ -14,9 +14,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use sluice_cluster::AclBinding;
+use sluice_security::acl::{self, AclFilter};
 
 use super::{message, Session};
-use crate::security::acl::{self, AclFilter};
 use crate::Broker;
 
 const NOT_AUTHORIZED: &str = "Cluster authorization failed.";

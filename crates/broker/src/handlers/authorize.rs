@@ -19,8 +19,8 @@
 //!
 //! CLUSTER_ACTION, what brokers need of each other (replica fetches, transaction markers,
 //! share-group state), comes from ACLs or `super.users` only; the brokers' own user
-//! (security/inter_broker.rs) is always a super user, and only a connection that proved the
-//! cluster's secret can be that user. With no authorizer configured nothing is checked.
+//! (`sluice_security::INTER_BROKER_USER`) is always a super user, and only a connection
+//! that proved the cluster's secret can be that user. With no authorizer configured nothing is checked.
 //!
 //! [`fill_operations`] answers KIP-430's `include_*_authorized_operations`.
 
@@ -31,9 +31,9 @@ mod responses;
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::acl::{self, RESOURCE_GROUP, RESOURCE_TOPIC, RESOURCE_TRANSACTIONAL_ID};
 
 use super::Session;
-use crate::security::acl::{self, RESOURCE_GROUP, RESOURCE_TOPIC, RESOURCE_TRANSACTIONAL_ID};
 use crate::Broker;
 
 pub(super) use operations::{fill_operations, OperationsWanted};

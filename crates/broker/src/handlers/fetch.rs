@@ -36,13 +36,13 @@ use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopi
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::ResponseError;
 use sluice_protocol::{file_placeholder, FileChunk};
+use sluice_security::acl;
 use sluice_storage::{Partition, ReadError, ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::fetch_session::FetchItem;
-use crate::security::acl;
 use crate::tiered;
 use crate::Broker;
 

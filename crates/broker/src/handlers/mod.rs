@@ -54,7 +54,7 @@ pub(crate) struct Session {
     /// Kafka principal: `User:<name>` once SASL authenticated, else `User:ANONYMOUS`.
     pub(crate) principal: Arc<str>,
     /// Until when the connection is muted for exceeding a quota.
-    pub(crate) throttle: Arc<crate::security::quota::ConnectionThrottle>,
+    pub(crate) throttle: Arc<sluice_security::quota::ConnectionThrottle>,
 }
 
 /// What [`respond`] needs besides the handler's answer.
@@ -467,7 +467,7 @@ impl Future for PollTimed {
 /// client's quotas; over one, the answer carries `throttle_time_ms` and the connection
 /// stops reading for that long.
 fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind, busy: Duration) {
-    use crate::security::quota::QuotaKind;
+    use sluice_security::quota::QuotaKind;
     if !broker.quotas.configured() {
         return;
     }
@@ -486,7 +486,7 @@ fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &
     };
     // Brokers' own requests (replica fetches) are exempt from request quotas, as in Kafka.
     let replica_fetch = matches!(body, ResponseKind::Fetch(_)) && !exchange.consumer_fetch;
-    let exempt = replica_fetch || *session.principal == *crate::security::inter_broker::INTER_BROKER_PRINCIPAL;
+    let exempt = replica_fetch || *session.principal == *sluice_security::INTER_BROKER_PRINCIPAL;
     let time = (broker.quotas.requests_configured() && !exempt)
         .then(|| (QuotaKind::Request, u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX)));
     let user = session.principal.strip_prefix("User:").unwrap_or(&session.principal);

@@ -12,11 +12,11 @@ use kafka_protocol::messages::produce_response::{
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::acl;
 use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
 
 use crate::replication::{NotServed, Replica};
-use crate::security::acl;
 use crate::{Broker, LEADER_EPOCH};
 
 /// A partition whose append succeeded and whose answer waits until it is durable enough.

@@ -1,7 +1,7 @@
 //! DescribeClientQuotas and AlterClientQuotas (KIP-546): what `kafka-configs.sh
 //! --entity-type users|clients --alter --add-config producer_byte_rate=...` sends. The
-//! quotas are enforced in security/quota.rs; describing needs DESCRIBE_CONFIGS on the
-//! cluster, altering ALTER_CONFIGS (security/acl.rs).
+//! quotas are enforced by `sluice_security::quota`; describing needs DESCRIBE_CONFIGS on
+//! the cluster, altering ALTER_CONFIGS (`sluice_security::acl`).
 
 use std::collections::BTreeMap;
 
@@ -13,10 +13,10 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use sluice_cluster::{QuotaEntity, QuotaEntityName};
+use sluice_security::acl;
+use sluice_security::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE};
 
 use super::{message, Session};
-use crate::security::acl;
-use crate::security::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE};
 use crate::Broker;
 
 const ENTITY_USER: &str = "user";

@@ -31,13 +31,13 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::acl;
 use sluice_storage::{ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{str_bytes, Session};
 use crate::config::FETCH_WAIT_MS_MAX;
-use crate::security::acl;
 use crate::share::store::AdminChange;
 use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;

@@ -21,11 +21,11 @@ use kafka_protocol::messages::{
     WriteTxnMarkersRequest, WriteTxnMarkersResponse,
 };
 use kafka_protocol::ResponseError;
+use sluice_security::acl;
 
 use super::{str_bytes, Session};
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
-use crate::security::acl;
 use crate::txn_markers::{write_local, Marker, MarkerTarget};
 use crate::Broker;
 

@@ -17,10 +17,10 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::scram::{self, Mechanism};
+use sluice_security::Upsertion;
 
 use super::{message, Failure};
-use crate::security::scram::{self, Mechanism};
-use crate::security::store::Upsertion;
 use crate::Broker;
 
 /// Longest SCRAM user name accepted.
@@ -173,7 +173,7 @@ fn check(user: &str, mechanism: i8, touched: &mut BTreeSet<(String, i8)>) -> Res
             format!("Username longer than {USER_NAME_BYTES_MAX} bytes"),
         ));
     }
-    if crate::security::inter_broker::is_reserved_user(user) {
+    if sluice_security::is_reserved_user(user) {
         return Err((
             ResponseError::UnacceptableCredential,
             format!("{user} is reserved for brokers (its credential derives from the cluster's rpc secret)"),

@@ -1,7 +1,7 @@
 //! A Kafka-protocol connection from this broker to another one (a follower to its
 //! leader): one request at a time, every step bounded by a timeout. On a TLS
 //! inter-broker listener it runs over TLS; on a SASL one it authenticates first as the
-//! brokers' own user (security/inter_broker.rs).
+//! brokers' own user (`sluice_security::InterBroker`).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -11,11 +11,10 @@ use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
 use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::StrBytes;
 use sluice_protocol::{decode_frame, decode_response, encode_request};
+use sluice_security::scram::ScramClient;
+use sluice_security::SaslMechanism as Mechanism;
+use sluice_security::{InterBroker, INTER_BROKER_USER};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-use crate::security::inter_broker::{InterBroker, INTER_BROKER_USER};
-use crate::security::sasl::Mechanism;
-use crate::security::scram::ScramClient;
 
 /// Largest response accepted from a peer.
 pub const PEER_RESPONSE_BYTES_MAX: usize = 128 * 1024 * 1024;

@@ -141,7 +141,7 @@ impl TieredStorage {
             options.push(("aws_allow_http".into(), settings.allow_http.to_string()));
         }
         // reqwest's rustls comes without a crypto provider (Cargo.toml): the process default is
-        // ring's, as the listeners' (`security::tls`). Already installed is fine.
+        // ring's, as the listeners' (`sluice_security::tls`). Already installed is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (store, root) = object_store::parse_url_opts(&url, options).map_err(|e| invalid(format!("{url}: {e}")))?;
         let store: Arc<dyn ObjectStore> = Arc::from(store);

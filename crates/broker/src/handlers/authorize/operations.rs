@@ -3,9 +3,9 @@
 //! operations when no authorizer is configured, as Kafka does).
 
 use kafka_protocol::messages::{RequestKind, ResponseKind};
+use sluice_security::acl::{self, RESOURCE_CLUSTER, RESOURCE_GROUP, RESOURCE_TOPIC};
 
 use crate::handlers::Session;
-use crate::security::acl::{self, RESOURCE_CLUSTER, RESOURCE_GROUP, RESOURCE_TOPIC};
 use crate::Broker;
 
 /// Operations Kafka reports per resource type (AclEntry.supportedOperations), without the

@@ -9,9 +9,9 @@ use kafka_protocol::messages::write_txn_markers_response::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
+use sluice_security::acl;
 
 use super::{config_access, error_message, Access, Denied};
-use crate::security::acl;
 use crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC;
 
 /// FindCoordinator key types.

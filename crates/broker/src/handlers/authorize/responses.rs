@@ -13,9 +13,9 @@ use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponseParti
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::acl;
 
 use super::{config_access, error_message, requests, Access, Denied};
-use crate::security::acl;
 
 fn topic_refused() -> i16 {
     ResponseError::TopicAuthorizationFailed.code()

@@ -13,7 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::config::BrokerConfig;
+use crate::listeners::Listener;
+use crate::settings::TlsSettings;
 
 /// A client that has not finished the TLS handshake by then is disconnected.
 pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
@@ -53,7 +54,7 @@ fn certificates(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, 
 /// The name of a client that presented a certificate, as Kafka's default
 /// `ssl.principal.mapping.rules` gives it: the subject's distinguished name in RFC 2253
 /// form (`CN=client,OU=team,O=org`), most specific part first.
-pub(crate) fn certificate_user(certificate: &CertificateDer<'_>) -> Option<String> {
+pub fn certificate_user(certificate: &CertificateDer<'_>) -> Option<String> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, parsed) = X509Certificate::from_der(certificate.as_ref()).ok()?;
     let mut parts = Vec::new();
@@ -88,28 +89,28 @@ fn rfc2253_escape(value: &str) -> String {
 }
 
 /// Refuses store types and key encryption that Sluice does not read.
-fn check_supported(config: &BrokerConfig) -> Result<(), String> {
+fn check_supported(settings: &TlsSettings) -> Result<(), String> {
     for (key, value) in
-        [("ssl.keystore.type", &config.ssl_keystore_type), ("ssl.truststore.type", &config.ssl_truststore_type)]
+        [("ssl.keystore.type", &settings.keystore_type), ("ssl.truststore.type", &settings.truststore_type)]
     {
         if !value.eq_ignore_ascii_case("PEM") {
             return Err(format!("{key} {value:?} is not supported; Sluice reads PEM files (set {key} = \"PEM\")"));
         }
     }
-    if config.ssl_key_password.is_some() {
+    if settings.key_password.is_some() {
         return Err("ssl.key.password: encrypted private keys are not supported; give an unencrypted PEM key".into());
     }
     Ok(())
 }
 
 /// This node's certificate chain and private key (`ssl.keystore.*`).
-fn keystore(config: &BrokerConfig) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
-    let (chain, key) = match (&config.ssl_keystore_certificate_chain, &config.ssl_keystore_key) {
-        (Some(chain), Some(key)) if config.ssl_keystore_location.is_none() => {
+fn keystore(settings: &TlsSettings) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let (chain, key) = match (&settings.keystore_certificate_chain, &settings.keystore_key) {
+        (Some(chain), Some(key)) if settings.keystore_location.is_none() => {
             (chain.as_bytes().to_vec(), key.as_bytes().to_vec())
         }
         (None, None) => {
-            let pem = pem_source("ssl.keystore", &config.ssl_keystore_location, &None)?
+            let pem = pem_source("ssl.keystore", &settings.keystore_location, &None)?
                 .ok_or("a listener uses TLS but ssl.keystore.location is not set")?;
             (pem.clone(), pem)
         }
@@ -124,8 +125,8 @@ fn keystore(config: &BrokerConfig) -> Result<(Vec<CertificateDer<'static>>, Priv
 }
 
 /// The CAs of `ssl.truststore.*`, or `None` when none is configured.
-fn truststore(config: &BrokerConfig) -> Result<Option<rustls::RootCertStore>, String> {
-    let Some(pem) = pem_source("ssl.truststore", &config.ssl_truststore_location, &config.ssl_truststore_certificates)?
+fn truststore(settings: &TlsSettings) -> Result<Option<rustls::RootCertStore>, String> {
+    let Some(pem) = pem_source("ssl.truststore", &settings.truststore_location, &settings.truststore_certificates)?
     else {
         return Ok(None);
     };
@@ -137,18 +138,18 @@ fn truststore(config: &BrokerConfig) -> Result<Option<rustls::RootCertStore>, St
 }
 
 /// The acceptor for TLS listeners, or `None` when no listener uses TLS.
-pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, String> {
-    if !config.listeners()?.iter().any(|listener| listener.protocol.uses_tls()) {
+pub fn acceptor(listeners: &[Listener], settings: &TlsSettings) -> Result<Option<TlsAcceptor>, String> {
+    if !listeners.iter().any(|listener| listener.protocol.uses_tls()) {
         return Ok(None);
     }
-    check_supported(config)?;
-    let client_auth = match config.ssl_client_auth.to_ascii_lowercase().as_str() {
+    check_supported(settings)?;
+    let client_auth = match settings.client_auth.to_ascii_lowercase().as_str() {
         "none" => ClientAuth::None,
         "requested" => ClientAuth::Requested,
         "required" => ClientAuth::Required,
         other => return Err(format!("ssl.client.auth {other:?} must be none, requested or required")),
     };
-    let (chain, key) = keystore(config)?;
+    let (chain, key) = keystore(settings)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -156,7 +157,7 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
     let builder = match client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         ClientAuth::Requested | ClientAuth::Required => {
-            let roots = truststore(config)?
+            let roots = truststore(settings)?
                 .ok_or("ssl.client.auth needs ssl.truststore.location (the CAs of client certificates)")?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
             let verifier =
@@ -174,11 +175,11 @@ pub(crate) fn acceptor(config: &BrokerConfig) -> Result<Option<TlsAcceptor>, Str
 /// trusts the CAs of `ssl.truststore.*`, checks the peer's name against its certificate
 /// (Kafka's default `ssl.endpoint.identification.algorithm=https`) and shows this node's
 /// own certificate, so peers that require client certificates accept it.
-pub(crate) fn connector(config: &BrokerConfig) -> Result<TlsConnector, String> {
-    check_supported(config)?;
-    let roots = truststore(config)?
+pub(crate) fn connector(settings: &TlsSettings) -> Result<TlsConnector, String> {
+    check_supported(settings)?;
+    let roots = truststore(settings)?
         .ok_or("TLS between nodes needs ssl.truststore.location (the CA that signed the brokers' certificates)")?;
-    let (chain, key) = keystore(config)?;
+    let (chain, key) = keystore(settings)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let client = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -192,9 +193,9 @@ pub(crate) fn connector(config: &BrokerConfig) -> Result<TlsConnector, String> {
 /// TLS for controller RPC (`[cluster] rpc_tls`): this node's certificate for the server
 /// side, the truststore's CAs for the client side. Peers are authenticated by the shared
 /// secret, so no client certificate is asked for.
-pub(crate) fn rpc_tls(config: &BrokerConfig) -> Result<sluice_cluster::RpcTls, String> {
-    check_supported(config)?;
-    let (chain, key) = keystore(config)?;
+pub fn rpc_tls(settings: &TlsSettings) -> Result<sluice_cluster::RpcTls, String> {
+    check_supported(settings)?;
+    let (chain, key) = keystore(settings)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut server = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -204,5 +205,5 @@ pub(crate) fn rpc_tls(config: &BrokerConfig) -> Result<sluice_cluster::RpcTls, S
         .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
     // Connections are pooled and probed for a close while idle: nothing may arrive unasked.
     server.send_tls13_tickets = 0;
-    Ok(sluice_cluster::RpcTls { acceptor: TlsAcceptor::from(Arc::new(server)), connector: connector(config)? })
+    Ok(sluice_cluster::RpcTls { acceptor: TlsAcceptor::from(Arc::new(server)), connector: connector(settings)? })
 }

@@ -18,14 +18,14 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::Mutex;
 
-use crate::config::BrokerConfig;
+use crate::settings::SecuritySettings;
 
 /// Longest OAUTHBEARER message accepted (a JWT with its framing).
 const MESSAGE_BYTES_MAX: usize = 16 * 1024;
 /// Largest key-set file read.
 const JWKS_FILE_BYTES_MAX: u64 = 1 << 20;
 
-pub(crate) struct OauthValidator {
+pub struct OauthValidator {
     jwks_path: PathBuf,
     /// The key set and the modification time and size of the file it was read from.
     jwks: Mutex<Option<((SystemTime, u64), JwkSet)>>,
@@ -37,12 +37,14 @@ pub(crate) struct OauthValidator {
 
 impl OauthValidator {
     /// The validator, when a listener offers OAUTHBEARER (it then needs a key set).
-    pub(crate) fn from_config(config: &BrokerConfig) -> Result<Option<OauthValidator>, String> {
-        let enabled = super::sasl_mechanisms(config)?.contains(&super::sasl::Mechanism::OauthBearer);
+    pub fn new(settings: &SecuritySettings) -> Result<Option<OauthValidator>, String> {
+        let enabled =
+            crate::sasl_mechanisms(&settings.sasl_enabled_mechanisms)?.contains(&crate::sasl::Mechanism::OauthBearer);
+        let oauth = &settings.oauth;
         if !enabled {
             return Ok(None);
         }
-        let url = config.sasl_oauthbearer_jwks_endpoint_url.as_deref().ok_or(
+        let url = oauth.jwks_endpoint_url.as_deref().ok_or(
             "OAUTHBEARER needs sasl.oauthbearer.jwks.endpoint.url (a file: URL of the identity provider's key \
              set); unsecured tokens are not accepted",
         )?;
@@ -52,16 +54,16 @@ impl OauthValidator {
         let validator = OauthValidator {
             jwks_path: PathBuf::from(path),
             jwks: Mutex::new(None),
-            audience: config
-                .sasl_oauthbearer_expected_audience
+            audience: oauth
+                .expected_audience
                 .split(',')
                 .map(str::trim)
                 .filter(|a| !a.is_empty())
                 .map(String::from)
                 .collect(),
-            issuer: config.sasl_oauthbearer_expected_issuer.clone().filter(|i| !i.is_empty()),
-            sub_claim: config.sasl_oauthbearer_sub_claim_name.clone(),
-            clock_skew_seconds: config.sasl_oauthbearer_clock_skew_seconds,
+            issuer: oauth.expected_issuer.clone().filter(|i| !i.is_empty()),
+            sub_claim: oauth.sub_claim_name.clone(),
+            clock_skew_seconds: oauth.clock_skew_seconds,
         };
         validator.key_set().map_err(|error| format!("sasl.oauthbearer.jwks.endpoint.url: {error}"))?;
         Ok(Some(validator))
@@ -141,7 +143,7 @@ impl OauthValidator {
             .map_err(|error| format!("invalid token: {error}"))?;
         let expiry = data.claims.get("exp").and_then(|exp| exp.as_u64()).ok_or("the token's exp is not a number")?;
         match data.claims.get(&self.sub_claim).and_then(|value| value.as_str()) {
-            Some(user) if super::inter_broker::is_reserved_user(user) => {
+            Some(user) if crate::inter_broker::is_reserved_user(user) => {
                 Err(format!("the token's {:?} claim names {user}, a user reserved for brokers", self.sub_claim))
             }
             Some(user) if !user.is_empty() => Ok((user.to_string(), expiry)),

@@ -4,23 +4,27 @@
 //! that changed it is answered.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use sluice_cluster::{AclBinding, QuotaEntity, ScramCredential};
+use sluice_cluster::{AclBinding, ClusterMetadata, QuotaEntity, ScramCredential};
 
-use crate::handlers::Failure;
-use crate::Broker;
+use crate::quota::QuotaManager;
 
 const SECURITY_FILE: &str = "security.json";
 
+/// An admin request's refusal: the Kafka error and a message for the client.
+pub type Failure = (kafka_protocol::ResponseError, String);
+
 /// user -> mechanism name -> credential.
-pub(crate) type UserCredentials = BTreeMap<String, BTreeMap<String, ScramCredential>>;
+pub type UserCredentials = BTreeMap<String, BTreeMap<String, ScramCredential>>;
 
 /// (user, mechanism name, credential) to add or replace.
-pub(crate) type Upsertion = (String, String, ScramCredential);
+pub type Upsertion = (String, String, ScramCredential);
 
 /// A single node's security state, as persisted.
 #[derive(Default, Clone, Serialize, Deserialize)]
@@ -49,15 +53,15 @@ mod quotas_as_list {
 }
 
 /// entity -> quota name -> value.
-pub(crate) type ClientQuotas = BTreeMap<QuotaEntity, BTreeMap<String, u64>>;
+pub type ClientQuotas = BTreeMap<QuotaEntity, BTreeMap<String, u64>>;
 
-pub(crate) struct SecurityStore {
+pub struct SecurityStore {
     /// Single node: the persisted state. `None` in a cluster (the metadata has it).
     local: Option<(PathBuf, Mutex<LocalSecurity>)>,
 }
 
 impl SecurityStore {
-    pub(crate) fn open_local(data_dir: &Path) -> io::Result<SecurityStore> {
+    pub fn open_local(data_dir: &Path) -> io::Result<SecurityStore> {
         let path = data_dir.join("meta").join(SECURITY_FILE);
         let state = match std::fs::read(&path) {
             Ok(bytes) => {
@@ -71,12 +75,12 @@ impl SecurityStore {
         Ok(SecurityStore { local: Some((path, Mutex::new(state))) })
     }
 
-    pub(crate) fn replicated() -> SecurityStore {
+    pub fn replicated() -> SecurityStore {
         SecurityStore { local: None }
     }
 
     /// Reads the local (single-node) client quotas; none in a cluster.
-    pub(crate) fn with_local_quotas(&self, read: impl FnOnce(&ClientQuotas)) {
+    pub fn with_local_quotas(&self, read: impl FnOnce(&ClientQuotas)) {
         match &self.local {
             Some((_, state)) => read(&state.lock().client_quotas),
             None => read(&ClientQuotas::new()),
@@ -106,39 +110,80 @@ fn store_local(path: &Path, current: &mut LocalSecurity, changed: LocalSecurity)
     Ok(())
 }
 
-impl Broker {
-    /// A user's credential for one SCRAM mechanism, as this node knows it now.
-    pub(crate) fn scram_credential(&self, user: &str, mechanism: &str) -> Option<ScramCredential> {
-        if user == super::inter_broker::INTER_BROKER_USER {
-            return self.inter_broker.credentials.as_ref().and_then(|c| c.credential(mechanism));
+/// The replicated side of the security state: in a cluster, SCRAM credentials, ACLs and
+/// client quotas are records of the controller's metadata, written through the controller.
+pub trait SecurityController {
+    /// The cluster metadata this node has applied; `None` outside a cluster.
+    fn applied_metadata(&self) -> Option<Arc<ClusterMetadata>>;
+
+    /// Commits credential changes through the controller; returns once applied here.
+    fn write_scram_credentials(
+        &self,
+        upsertions: Vec<Upsertion>,
+        deletions: Vec<(String, String)>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+
+    /// Commits quota changes through the controller; returns once applied here.
+    fn write_client_quotas(
+        &self,
+        changes: Vec<(QuotaEntity, String, Option<u64>)>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+
+    /// Commits ACL changes through the controller; returns once applied here.
+    fn write_acls(
+        &self,
+        create: Vec<AclBinding>,
+        delete: Vec<AclBinding>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+}
+
+impl SecurityStore {
+    /// Reads the SCRAM credentials: the local ones, else the cluster's.
+    pub fn with_scram_credentials<T>(
+        &self,
+        cluster: &impl SecurityController,
+        read: impl FnOnce(&UserCredentials) -> T,
+    ) -> T {
+        if let Some((_, local)) = &self.local {
+            return read(&local.lock().scram_credentials);
         }
-        self.with_scram_credentials(|all| all.get(user).and_then(|m| m.get(mechanism)).cloned())
+        match cluster.applied_metadata() {
+            Some(metadata) => read(&metadata.scram_credentials),
+            None => read(&UserCredentials::new()),
+        }
     }
 
-    pub(crate) fn with_scram_credentials<T>(&self, read: impl FnOnce(&UserCredentials) -> T) -> T {
-        match (&self.security.local, &self.cluster) {
-            (Some((_, local)), _) => read(&local.lock().scram_credentials),
-            (None, Some(cluster)) => read(&cluster.metadata().scram_credentials),
-            (None, None) => read(&UserCredentials::new()),
+    /// Reads the ACLs: the local ones, else the cluster's.
+    pub fn with_acls<T>(&self, cluster: &impl SecurityController, read: impl FnOnce(&BTreeSet<AclBinding>) -> T) -> T {
+        if let Some((_, local)) = &self.local {
+            return read(&local.lock().acls);
+        }
+        match cluster.applied_metadata() {
+            Some(metadata) => read(&metadata.acls),
+            None => read(&BTreeSet::new()),
         }
     }
 
-    pub(crate) fn with_acls<T>(&self, read: impl FnOnce(&BTreeSet<AclBinding>) -> T) -> T {
-        match (&self.security.local, &self.cluster) {
-            (Some((_, local)), _) => read(&local.lock().acls),
-            (None, Some(cluster)) => read(&cluster.metadata().acls),
-            (None, None) => read(&BTreeSet::new()),
+    /// Reads the client quotas: the local ones, else the cluster's.
+    pub fn with_client_quotas<T>(&self, cluster: &impl SecurityController, read: impl FnOnce(&ClientQuotas) -> T) -> T {
+        if let Some((_, local)) = &self.local {
+            return read(&local.lock().client_quotas);
+        }
+        match cluster.applied_metadata() {
+            Some(metadata) => read(&metadata.client_quotas),
+            None => read(&ClientQuotas::new()),
         }
     }
 
     /// Applies validated credential changes: on a single node persisted before returning,
     /// in a cluster committed by the controller and applied here.
-    pub(crate) async fn alter_scram_credentials(
+    pub async fn alter_scram_credentials(
         &self,
+        cluster: &impl SecurityController,
         upsertions: Vec<Upsertion>,
         deletions: Vec<(String, String)>,
     ) -> Result<(), Failure> {
-        if let Some((path, local)) = &self.security.local {
+        if let Some((path, local)) = &self.local {
             let mut current = local.lock();
             let mut changed = current.clone();
             for (user, mechanism) in &deletions {
@@ -154,49 +199,47 @@ impl Broker {
             }
             return store_local(path, &mut current, changed);
         }
-        let controller = crate::handlers::controller(self)?;
-        crate::handlers::controller_write(self, controller.alter_scram_credentials(upsertions, deletions)).await
+        cluster.write_scram_credentials(upsertions, deletions).await
     }
 
-    pub(crate) fn with_client_quotas<T>(&self, read: impl FnOnce(&ClientQuotas) -> T) -> T {
-        match (&self.security.local, &self.cluster) {
-            (Some((_, local)), _) => read(&local.lock().client_quotas),
-            (None, Some(cluster)) => read(&cluster.metadata().client_quotas),
-            (None, None) => read(&ClientQuotas::new()),
-        }
-    }
-
-    /// Sets (`Some`) or removes (`None`) validated quota values, durably, as one change.
-    pub(crate) async fn alter_client_quotas(
+    /// Sets (`Some`) or removes (`None`) validated quota values, durably, as one change;
+    /// on a single node `quotas` learns whether any quota is left.
+    pub async fn alter_client_quotas(
         &self,
+        cluster: &impl SecurityController,
+        quotas: &QuotaManager,
         changes: Vec<(QuotaEntity, String, Option<u64>)>,
     ) -> Result<(), Failure> {
-        if let Some((path, local)) = &self.security.local {
+        if let Some((path, local)) = &self.local {
             let mut current = local.lock();
             let mut changed = current.clone();
-            let quotas = &mut changed.client_quotas;
+            let client_quotas = &mut changed.client_quotas;
             for (entity, key, value) in changes {
-                let values = quotas.entry(entity.clone()).or_default();
+                let values = client_quotas.entry(entity.clone()).or_default();
                 match value {
                     Some(value) => values.insert(key, value),
                     None => values.remove(&key),
                 };
                 if values.is_empty() {
-                    quotas.remove(&entity);
+                    client_quotas.remove(&entity);
                 }
             }
             store_local(path, &mut current, changed)?;
-            self.quotas.set_configured(&current.client_quotas);
+            quotas.set_configured(&current.client_quotas);
             return Ok(());
         }
-        let controller = crate::handlers::controller(self)?;
-        // Applying the metadata here (cluster_link) sets `quotas.configured`.
-        crate::handlers::controller_write(self, controller.alter_client_quotas(changes)).await
+        // Applying the metadata (in the broker) sets `quotas.configured`.
+        cluster.write_client_quotas(changes).await
     }
 
     /// Adds and removes validated ACLs, durably, as one change.
-    pub(crate) async fn alter_acls(&self, create: Vec<AclBinding>, delete: Vec<AclBinding>) -> Result<(), Failure> {
-        if let Some((path, local)) = &self.security.local {
+    pub async fn alter_acls(
+        &self,
+        cluster: &impl SecurityController,
+        create: Vec<AclBinding>,
+        delete: Vec<AclBinding>,
+    ) -> Result<(), Failure> {
+        if let Some((path, local)) = &self.local {
             let mut current = local.lock();
             let mut changed = current.clone();
             for acl in &delete {
@@ -209,7 +252,6 @@ impl Broker {
             }
             return store_local(path, &mut current, changed);
         }
-        let controller = crate::handlers::controller(self)?;
-        crate::handlers::controller_write(self, controller.alter_acls(create, delete)).await
+        cluster.write_acls(create, delete).await
     }
 }

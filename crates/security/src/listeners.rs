@@ -1,12 +1,9 @@
 //! Named listeners as Kafka configures them: `listeners`, `advertised.listeners` and
 //! `listener.security.protocol.map`, each listener with its own security protocol.
 //!
-//! Without `listeners`, the broker has one PLAINTEXT listener on `listen` (advertised as
-//! `advertised_listener`), as before named listeners existed.
+//! Without `listeners`, the broker has one PLAINTEXT listener of its own making.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-
-use crate::config::BrokerConfig;
 
 /// Kafka's default `listener.security.protocol.map`: each protocol's name maps to itself.
 pub const SECURITY_PROTOCOL_MAP_DEFAULT: &str =
@@ -96,102 +93,74 @@ fn bind_address(name: &str, host: &str, port: u16) -> Result<SocketAddr, String>
         .ok_or_else(|| format!("listener {name}: {host:?} resolves to no address"))
 }
 
-impl BrokerConfig {
-    /// The listeners, in the order `listeners` names them (the first is the one other
-    /// nodes use in a cluster unless `inter.broker.listener.name` says otherwise).
-    pub fn listeners(&self) -> Result<Vec<Listener>, String> {
-        let Some(listeners) = &self.listeners else {
-            return Ok(vec![Listener {
-                name: "PLAINTEXT".into(),
-                protocol: SecurityProtocol::Plaintext,
-                bind: self.listen,
-                advertised: self.advertised_address()?,
-            }]);
-        };
-        if self.listen != BrokerConfig::default().listen || self.advertised_listener.is_some() {
-            return Err("set either `listeners` (and `advertised.listeners`) or `listen`/`advertised_listener`, \
-                        not both"
-                .into());
-        }
-        let protocols = parse_protocol_map(
-            self.listener_security_protocol_map.as_deref().unwrap_or(SECURITY_PROTOCOL_MAP_DEFAULT),
-        )?;
-        let endpoints = parse_endpoints("listeners", listeners)?;
-        if endpoints.is_empty() || endpoints.len() > LISTENERS_MAX {
-            return Err(format!("listeners must name 1 to {LISTENERS_MAX} listeners"));
-        }
-        let advertised = parse_endpoints("advertised.listeners", self.advertised_listeners.as_deref().unwrap_or(""))?;
-        if let Some((name, _, _)) = advertised.iter().find(|(name, _, _)| !endpoints.iter().any(|(n, _, _)| n == name))
-        {
-            return Err(format!("advertised.listeners names {name}, which is not among listeners"));
-        }
-        let mut result = Vec::with_capacity(endpoints.len());
-        for (name, host, port) in endpoints {
-            let protocol = protocols
-                .iter()
-                .find(|(mapped, _)| *mapped == name)
-                .map(|(_, protocol)| *protocol)
-                .ok_or_else(|| format!("listener {name} has no entry in listener.security.protocol.map"))?;
-            let bind = bind_address(&name, &host, port)?;
-            if result.iter().any(|other: &Listener| other.bind == bind) {
-                return Err(format!("listener {name} binds {bind}, as another listener does"));
-            }
-            let advertised = match advertised.iter().find(|(n, _, _)| *n == name) {
-                Some((_, host, port)) if !host.is_empty() => (host.clone(), i32::from(*port)),
-                Some(_) => return Err(format!("advertised.listeners entry {name} needs a host")),
-                None if host.is_empty() || bind.ip().is_unspecified() => ("127.0.0.1".to_string(), i32::from(port)),
-                None => (host, i32::from(port)),
-            };
-            result.push(Listener { name, protocol, bind, advertised });
-        }
-        Ok(result)
+/// The listeners `listeners` names (`NAME://host:port,...`), in that order (the first is
+/// the one other nodes use in a cluster unless `inter.broker.listener.name` says
+/// otherwise), each with its protocol from `listener.security.protocol.map` (Kafka's
+/// default when `None`) and what clients are told from `advertised.listeners`.
+pub fn parse_listeners(
+    listeners: &str,
+    advertised_listeners: Option<&str>,
+    protocol_map: Option<&str>,
+) -> Result<Vec<Listener>, String> {
+    let protocols = parse_protocol_map(protocol_map.unwrap_or(SECURITY_PROTOCOL_MAP_DEFAULT))?;
+    let endpoints = parse_endpoints("listeners", listeners)?;
+    if endpoints.is_empty() || endpoints.len() > LISTENERS_MAX {
+        return Err(format!("listeners must name 1 to {LISTENERS_MAX} listeners"));
     }
+    let advertised = parse_endpoints("advertised.listeners", advertised_listeners.unwrap_or(""))?;
+    if let Some((name, _, _)) = advertised.iter().find(|(name, _, _)| !endpoints.iter().any(|(n, _, _)| n == name)) {
+        return Err(format!("advertised.listeners names {name}, which is not among listeners"));
+    }
+    let mut result = Vec::with_capacity(endpoints.len());
+    for (name, host, port) in endpoints {
+        let protocol = protocols
+            .iter()
+            .find(|(mapped, _)| *mapped == name)
+            .map(|(_, protocol)| *protocol)
+            .ok_or_else(|| format!("listener {name} has no entry in listener.security.protocol.map"))?;
+        let bind = bind_address(&name, &host, port)?;
+        if result.iter().any(|other: &Listener| other.bind == bind) {
+            return Err(format!("listener {name} binds {bind}, as another listener does"));
+        }
+        let advertised = match advertised.iter().find(|(n, _, _)| *n == name) {
+            Some((_, host, port)) if !host.is_empty() => (host.clone(), i32::from(*port)),
+            Some(_) => return Err(format!("advertised.listeners entry {name} needs a host")),
+            None if host.is_empty() || bind.ip().is_unspecified() => ("127.0.0.1".to_string(), i32::from(port)),
+            None => (host, i32::from(port)),
+        };
+        result.push(Listener { name, protocol, bind, advertised });
+    }
+    Ok(result)
 }
 
-impl BrokerConfig {
-    /// Index of the listener other nodes fetch from: `inter.broker.listener.name`, else the
-    /// first PLAINTEXT listener, else the first one (security/inter_broker.rs says how nodes
-    /// authenticate on it).
-    pub fn inter_broker_listener(&self) -> Result<usize, String> {
-        let listeners = self.listeners()?;
-        let index = match &self.inter_broker_listener_name {
-            Some(name) => listeners
-                .iter()
-                .position(|l| l.name.eq_ignore_ascii_case(name))
-                .ok_or_else(|| format!("inter.broker.listener.name {name} is not among listeners"))?,
-            None => listeners.iter().position(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(0),
-        };
-        Ok(index)
-    }
+/// Index of the listener other nodes fetch from: `inter.broker.listener.name` (`name`), else
+/// the first PLAINTEXT listener, else the first one (inter_broker.rs says how nodes
+/// authenticate on it).
+pub fn inter_broker_listener(listeners: &[Listener], name: Option<&str>) -> Result<usize, String> {
+    let index = match name {
+        Some(name) => listeners
+            .iter()
+            .position(|l| l.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("inter.broker.listener.name {name} is not among listeners"))?,
+        None => listeners.iter().position(|l| l.protocol == SecurityProtocol::Plaintext).unwrap_or(0),
+    };
+    Ok(index)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn config(listeners: &str, advertised: Option<&str>) -> BrokerConfig {
-        BrokerConfig {
-            listeners: Some(listeners.into()),
-            advertised_listeners: advertised.map(String::from),
-            ..BrokerConfig::default()
-        }
-    }
-
-    #[test]
-    fn without_listeners_one_plaintext_listener_on_listen() {
-        let listeners = BrokerConfig::default().listeners().unwrap();
-        assert_eq!(listeners.len(), 1);
-        assert_eq!(listeners[0].protocol, SecurityProtocol::Plaintext);
-        assert_eq!(listeners[0].advertised, ("127.0.0.1".to_string(), 9092));
+    fn parse(listeners: &str, advertised: Option<&str>) -> Result<Vec<Listener>, String> {
+        parse_listeners(listeners, advertised, None)
     }
 
     #[test]
     fn named_listeners_with_protocols_and_advertised_addresses() {
-        let listeners = config(
+        let listeners = parse(
             "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093,sasl_ssl://:9094",
             Some("SASL_SSL://broker.example:19094"),
         )
-        .listeners()
         .unwrap();
         let found: Vec<_> = listeners.iter().map(|l| (l.name.as_str(), l.protocol, l.advertised.1)).collect();
         assert_eq!(
@@ -208,10 +177,9 @@ mod tests {
 
     #[test]
     fn custom_names_need_the_protocol_map() {
-        let mut named = config("CLIENT://127.0.0.1:9092", None);
-        assert!(named.listeners().unwrap_err().contains("CLIENT has no entry"));
-        named.listener_security_protocol_map = Some("CLIENT:SASL_SSL".into());
-        assert_eq!(named.listeners().unwrap()[0].protocol, SecurityProtocol::SaslSsl);
+        assert!(parse("CLIENT://127.0.0.1:9092", None).unwrap_err().contains("CLIENT has no entry"));
+        let named = parse_listeners("CLIENT://127.0.0.1:9092", None, Some("CLIENT:SASL_SSL")).unwrap();
+        assert_eq!(named[0].protocol, SecurityProtocol::SaslSsl);
     }
 
     #[test]
@@ -225,13 +193,10 @@ mod tests {
             ("PLAINTEXT://127.0.0.1:99999", None, "bad port"),
             ("", None, "1 to"),
         ] {
-            let error = config(listeners, advertised).listeners().unwrap_err();
+            let error = parse(listeners, advertised).unwrap_err();
             assert!(error.contains(expected), "{listeners}: {error}");
         }
-        let both = BrokerConfig { listen: "127.0.0.1:1".parse().unwrap(), ..config("PLAINTEXT://:9092", None) };
-        assert!(both.listeners().unwrap_err().contains("not both"));
-        let mut bad_map = config("PLAINTEXT://:9092", None);
-        bad_map.listener_security_protocol_map = Some("PLAINTEXT:TLS".into());
-        assert!(bad_map.listeners().unwrap_err().contains("unknown security protocol"));
+        let bad_map = parse_listeners("PLAINTEXT://:9092", None, Some("PLAINTEXT:TLS"));
+        assert!(bad_map.unwrap_err().contains("unknown security protocol"));
     }
 }

@@ -1,6 +1,6 @@
 //! SASL authentication of one connection (KIP-43, KIP-152): SaslHandshake picks the
 //! mechanism, then SaslAuthenticate carries its tokens, PLAIN, SCRAM-SHA-256/512 or
-//! OAUTHBEARER (security/oauth.rs).
+//! OAUTHBEARER (oauth.rs).
 //!
 //! On a SASL listener nothing but ApiVersions, SaslHandshake and SaslAuthenticate is
 //! served before authentication succeeds; a failure is answered with Kafka's error and
@@ -12,8 +12,8 @@
 //! password is derived against a stand-in credential with the iterations a credential is
 //! given by default, and SCRAM answers an unknown user with a server-first message whose
 //! salt is stable for that name, failing only at the proof (RFC 5802, section 5.1). Each
-//! SaslAuthenticate step runs on the blocking pool, a few at once broker-wide
-//! (connection_limits.rs): PBKDF2 takes milliseconds of CPU an I/O thread must not spend.
+//! SaslAuthenticate step runs on the blocking pool (the broker lets a few run at once):
+//! PBKDF2 takes milliseconds of CPU an I/O thread must not spend.
 //!
 //! Re-authentication (KIP-368): with `connections.max.reauth.ms` set, a successful
 //! SaslAuthenticate tells the client how long its session lasts (no longer than an
@@ -28,24 +28,37 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_cluster::ScramCredential;
 
-use super::scram::{Mechanism as ScramMechanism, ScramError, ScramExchange};
-use crate::Broker;
+use crate::oauth::OauthValidator;
+use crate::scram::{Mechanism as ScramMechanism, ScramError, ScramExchange};
 
 /// The principal of connections that did not authenticate (PLAINTEXT and SSL listeners).
 pub const ANONYMOUS: &str = "ANONYMOUS";
 /// Longest PLAIN message accepted.
 const PLAIN_MESSAGE_BYTES_MAX: usize = 1024;
 
+/// What a SASL exchange needs from the broker that serves it.
+pub trait SaslServer {
+    /// The mechanisms `sasl.enabled.mechanisms` offers.
+    fn enabled_mechanisms(&self) -> Vec<Mechanism>;
+    /// `connections.max.reauth.ms` (0: sessions never end).
+    fn max_reauth_ms(&self) -> u64;
+    /// A user's credential for one SCRAM mechanism, as the broker knows it now.
+    fn scram_credential(&self, user: &str, mechanism: &str) -> Option<ScramCredential>;
+    /// The OAUTHBEARER token validator, when a listener offers OAUTHBEARER.
+    fn oauth(&self) -> Option<&OauthValidator>;
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mechanism {
+pub enum Mechanism {
     Plain,
     Scram(ScramMechanism),
     OauthBearer,
 }
 
 impl Mechanism {
-    pub(crate) fn from_name(name: &str) -> Option<Mechanism> {
+    pub fn from_name(name: &str) -> Option<Mechanism> {
         match name {
             "PLAIN" => Some(Mechanism::Plain),
             "OAUTHBEARER" => Some(Mechanism::OauthBearer),
@@ -53,7 +66,7 @@ impl Mechanism {
         }
     }
 
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Mechanism::Plain => "PLAIN",
             Mechanism::OauthBearer => "OAUTHBEARER",
@@ -77,12 +90,12 @@ enum State {
 
 /// What the connection does after answering a SASL request.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
+pub enum Next {
     Continue,
     Close,
 }
 
-pub(crate) struct Authenticator {
+pub struct Authenticator {
     sasl: bool,
     state: State,
     /// The user of the session being re-authenticated (KIP-368): it may not change.
@@ -94,7 +107,7 @@ pub(crate) struct Authenticator {
 impl Authenticator {
     /// `sasl`: whether the listener requires SASL authentication. Without SASL the user is
     /// the client certificate's subject (mutual TLS), else [`ANONYMOUS`].
-    pub(crate) fn new(sasl: bool, certificate_user: Option<String>) -> Authenticator {
+    pub fn new(sasl: bool, certificate_user: Option<String>) -> Authenticator {
         let state = if sasl {
             State::Handshake
         } else {
@@ -104,28 +117,28 @@ impl Authenticator {
     }
 
     /// Whether the session ended without re-authentication (the connection must close).
-    pub(crate) fn session_expired(&self) -> bool {
+    pub fn session_expired(&self) -> bool {
         self.session_expires.is_some_and(|at| std::time::Instant::now() >= at)
     }
 
     /// The authenticated user name, once authenticated.
-    pub(crate) fn user(&self) -> Option<&str> {
+    pub fn user(&self) -> Option<&str> {
         match &self.state {
             State::Done(user) => Some(user),
             _ => None,
         }
     }
 
-    pub(crate) fn handshake(
+    pub fn handshake(
         &mut self,
-        broker: &Broker,
+        broker: &impl SaslServer,
         request: SaslHandshakeRequest,
     ) -> (SaslHandshakeResponse, Next) {
         let mut response = SaslHandshakeResponse::default();
-        let enabled = broker.sasl_mechanisms();
+        let enabled = broker.enabled_mechanisms();
         response.mechanisms = enabled.iter().map(|m| StrBytes::from_static_str(m.name())).collect();
         if let State::Done(user) = &self.state {
-            if self.sasl && broker.config().connections_max_reauth_ms > 0 {
+            if self.sasl && broker.max_reauth_ms() > 0 {
                 self.reauthenticating = Some(user.clone());
                 self.state = State::Handshake;
             }
@@ -147,18 +160,17 @@ impl Authenticator {
         }
     }
 
-    /// [`Authenticator::authenticate`] on the blocking pool, after waiting for a turn.
-    pub(crate) async fn authenticate_off_io_thread(
+    /// [`Authenticator::authenticate`] on the blocking pool.
+    pub async fn authenticate_off_io_thread<S: SaslServer + Send + Sync + 'static>(
         &mut self,
-        broker: &Arc<Broker>,
+        broker: &Arc<S>,
         request: SaslAuthenticateRequest,
     ) -> (SaslAuthenticateResponse, Next) {
-        let _turn = broker.connection_limits.sasl_step_turn().await;
         let placeholder = Authenticator::new(self.sasl, None);
         let mut authenticator = std::mem::replace(self, placeholder);
         let broker = broker.clone();
         let (authenticator, answer) = tokio::task::spawn_blocking(move || {
-            let answer = authenticator.authenticate(&broker, request);
+            let answer = authenticator.authenticate(&*broker, request);
             (authenticator, answer)
         })
         .await
@@ -167,9 +179,9 @@ impl Authenticator {
         answer
     }
 
-    pub(crate) fn authenticate(
+    pub fn authenticate(
         &mut self,
-        broker: &Broker,
+        broker: &impl SaslServer,
         request: SaslAuthenticateRequest,
     ) -> (SaslAuthenticateResponse, Next) {
         let mut response = SaslAuthenticateResponse::default();
@@ -180,7 +192,7 @@ impl Authenticator {
             State::Authenticate(Mechanism::Plain) => {
                 plain(broker, &request.auth_bytes).map(|user| (State::Done(user), Bytes::new()))
             }
-            State::Authenticate(Mechanism::OauthBearer) => match &broker.oauth {
+            State::Authenticate(Mechanism::OauthBearer) => match broker.oauth() {
                 Some(validator) => validator.authenticate(&request.auth_bytes).map(|(user, expiry)| {
                     token_expiry = Some(expiry);
                     (State::Done(user), Bytes::new())
@@ -219,7 +231,7 @@ impl Authenticator {
             Ok((state, bytes)) => {
                 if let State::Done(user) = &state {
                     tracing::debug!(%user, "SASL authentication succeeded");
-                    let lifetime_ms = session_lifetime_ms(broker.config().connections_max_reauth_ms, token_expiry);
+                    let lifetime_ms = session_lifetime_ms(broker.max_reauth_ms(), token_expiry);
                     if lifetime_ms > 0 {
                         response.session_lifetime_ms = lifetime_ms as i64;
                         let lifetime = std::time::Duration::from_millis(lifetime_ms);
@@ -269,7 +281,7 @@ fn scram_failure(mechanism: ScramMechanism, error: ScramError) -> String {
 
 /// SASL/PLAIN (RFC 4616): `authzid NUL authcid NUL passwd`, checked against the user's
 /// SCRAM credential (SHA-512 first, then SHA-256).
-fn plain(broker: &Broker, message: &[u8]) -> Result<String, String> {
+fn plain(broker: &impl SaslServer, message: &[u8]) -> Result<String, String> {
     let invalid = || "Authentication failed: Invalid username or password".to_string();
     if message.len() > PLAIN_MESSAGE_BYTES_MAX {
         return Err("Authentication failed: PLAIN message too long".into());

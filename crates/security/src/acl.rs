@@ -10,11 +10,11 @@
 //! - `super.users` are always allowed. Without `authorizer.class.name` nothing is checked.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use sluice_cluster::AclBinding;
 
-use crate::handlers::Session;
-use crate::Broker;
+use crate::settings::SecuritySettings;
 
 pub const RESOURCE_ANY: i8 = 1;
 pub const RESOURCE_TOPIC: i8 = 2;
@@ -74,7 +74,7 @@ fn operation_matches(acl: &AclBinding, operation: i8) -> bool {
 }
 
 /// The decision for `principal` at `host` doing `operation` on a resource.
-pub(crate) fn decide(
+fn decide(
     acls: &BTreeSet<AclBinding>,
     principal: &str,
     host: &str,
@@ -103,7 +103,7 @@ pub(crate) fn decide(
 }
 
 /// Whether `acl` is selected by a DescribeAcls/DeleteAcls filter (null fields match all).
-pub(crate) fn filter_matches(acl: &AclBinding, filter: &AclFilter) -> bool {
+pub fn filter_matches(acl: &AclBinding, filter: &AclFilter) -> bool {
     let type_ok = filter.resource_type == RESOURCE_ANY || filter.resource_type == acl.resource_type;
     let name_ok = match (&filter.resource_name, filter.pattern_type) {
         (None, PATTERN_ANY | PATTERN_MATCH) => true,
@@ -120,18 +120,18 @@ pub(crate) fn filter_matches(acl: &AclBinding, filter: &AclFilter) -> bool {
 }
 
 /// A DescribeAcls / DeleteAcls filter.
-pub(crate) struct AclFilter {
-    pub(crate) resource_type: i8,
-    pub(crate) resource_name: Option<String>,
-    pub(crate) pattern_type: i8,
-    pub(crate) principal: Option<String>,
-    pub(crate) host: Option<String>,
-    pub(crate) operation: i8,
-    pub(crate) permission_type: i8,
+pub struct AclFilter {
+    pub resource_type: i8,
+    pub resource_name: Option<String>,
+    pub pattern_type: i8,
+    pub principal: Option<String>,
+    pub host: Option<String>,
+    pub operation: i8,
+    pub permission_type: i8,
 }
 
 /// Checks a new ACL as Kafka does; the error text says what is wrong.
-pub(crate) fn validate(acl: &AclBinding) -> Result<(), String> {
+pub fn validate(acl: &AclBinding) -> Result<(), String> {
     if !matches!(
         acl.resource_type,
         RESOURCE_TOPIC
@@ -168,65 +168,63 @@ pub(crate) fn validate(acl: &AclBinding) -> Result<(), String> {
     Ok(())
 }
 
-impl Broker {
-    /// Whether the client of `session` may do `operation` on the resource.
-    pub(crate) fn authorized(&self, session: &Session, operation: i8, resource_type: i8, name: &str) -> bool {
-        let Some(authorizer) = &self.authorizer else { return true };
-        if authorizer.super_users.contains(&*session.principal) {
-            return true;
-        }
-        let host = session.peer.ip().to_string();
-        self.with_acls(|acls| {
-            decide(acls, &session.principal, &host, operation, resource_type, name, authorizer.allow_if_no_acl)
-        })
-    }
-
-    /// Whether some ACL lets the client write some topic (what an idempotent producer
-    /// needs instead of IDEMPOTENT_WRITE on the cluster, since Kafka 3.0).
-    pub(crate) fn may_write_some_topic(&self, session: &Session) -> bool {
-        let Some(authorizer) = &self.authorizer else { return true };
-        if authorizer.super_users.contains(&*session.principal) {
-            return true;
-        }
-        let host = session.peer.ip().to_string();
-        self.with_acls(|acls| {
-            acls.iter().any(|acl| {
-                acl.resource_type == RESOURCE_TOPIC
-                    && acl.permission_type == PERMISSION_ALLOW
-                    && matches!(acl.operation, OP_WRITE | OP_ALL)
-                    && (acl.principal == *session.principal || acl.principal == "User:*")
-                    && (acl.host == host || acl.host == WILDCARD)
-            })
-        })
-    }
-
-    pub(crate) fn authorized_on_cluster(&self, session: &Session, operation: i8) -> bool {
-        self.authorized(session, operation, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
-    }
-
-    /// Whether the client may act as a broker (fetch as a replica, read and write share-group
-    /// state): CLUSTER_ACTION on the cluster, from an ACL or `super.users`, as in Kafka. The
-    /// brokers' own user is a super user, and only a connection that proved the cluster's
-    /// secret is that user; which listener a connection came in on grants nothing, so a
-    /// PLAINTEXT inter-broker listener under an authorizer needs its (anonymous) principal
-    /// in `super.users`, as Kafka's does.
-    pub(crate) fn may_replicate(&self, session: &Session) -> bool {
-        self.authorized_on_cluster(session, OP_CLUSTER_ACTION)
-    }
+/// Where the ACLs in force are read: the broker's security store, local or replicated.
+pub trait AclSource {
+    /// Runs `read` on the current ACLs.
+    fn with_acls<T>(&self, read: impl FnOnce(&BTreeSet<AclBinding>) -> T) -> T;
 }
 
 /// The authorizer's settings (`authorizer.class.name` set).
-pub(crate) struct Authorizer {
+pub struct Authorizer {
     super_users: BTreeSet<String>,
     allow_if_no_acl: bool,
 }
 
 impl Authorizer {
-    pub(crate) fn from_config(config: &crate::config::BrokerConfig) -> Option<Authorizer> {
-        config.authorizer_class_name.as_ref().filter(|name| !name.trim().is_empty())?;
-        let super_users = config.super_users.split(';').map(str::trim).filter(|u| !u.is_empty()).map(String::from);
-        let super_users = super_users.chain([super::inter_broker::INTER_BROKER_PRINCIPAL.to_string()]);
-        Some(Authorizer { super_users: super_users.collect(), allow_if_no_acl: config.allow_everyone_if_no_acl_found })
+    /// The authorizer, when `authorizer.class.name` is set; `None`: nothing is checked.
+    pub fn new(settings: &SecuritySettings) -> Option<Authorizer> {
+        settings.authorizer_class_name.as_ref().filter(|name| !name.trim().is_empty())?;
+        let super_users = settings.super_users.split(';').map(str::trim).filter(|u| !u.is_empty()).map(String::from);
+        let super_users = super_users.chain([crate::inter_broker::INTER_BROKER_PRINCIPAL.to_string()]);
+        Some(Authorizer {
+            super_users: super_users.collect(),
+            allow_if_no_acl: settings.allow_everyone_if_no_acl_found,
+        })
+    }
+
+    /// Whether `principal`, connected from `host`, may do `operation` on the resource.
+    pub fn allows(
+        &self,
+        acls: &impl AclSource,
+        principal: &str,
+        host: IpAddr,
+        operation: i8,
+        resource_type: i8,
+        name: &str,
+    ) -> bool {
+        if self.super_users.contains(principal) {
+            return true;
+        }
+        let host = host.to_string();
+        acls.with_acls(|acls| decide(acls, principal, &host, operation, resource_type, name, self.allow_if_no_acl))
+    }
+
+    /// Whether some ACL lets the client write some topic (what an idempotent producer
+    /// needs instead of IDEMPOTENT_WRITE on the cluster, since Kafka 3.0).
+    pub fn may_write_some_topic(&self, acls: &impl AclSource, principal: &str, host: IpAddr) -> bool {
+        if self.super_users.contains(principal) {
+            return true;
+        }
+        let host = host.to_string();
+        acls.with_acls(|acls| {
+            acls.iter().any(|acl| {
+                acl.resource_type == RESOURCE_TOPIC
+                    && acl.permission_type == PERMISSION_ALLOW
+                    && matches!(acl.operation, OP_WRITE | OP_ALL)
+                    && (acl.principal == principal || acl.principal == "User:*")
+                    && (acl.host == host || acl.host == WILDCARD)
+            })
+        })
     }
 }
 

@@ -10,14 +10,16 @@
 //! no SCRAM credential can be made for it and no OAUTHBEARER token can name it, so the only
 //! way to be that principal is to prove the secret.
 
+use std::path::Path;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use sluice_cluster::ScramCredential;
 use tokio_rustls::TlsConnector;
 
-use super::sasl::Mechanism;
-use super::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
-use crate::config::BrokerConfig;
+use crate::sasl::Mechanism;
+use crate::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
+use crate::settings::SecuritySettings;
 
 /// The user brokers authenticate as to each other.
 pub const INTER_BROKER_USER: &str = "sluice-inter-broker";
@@ -28,8 +30,18 @@ pub const RESERVED_USERS: [&str; 1] = [INTER_BROKER_USER];
 const _: () = assert!(INTER_BROKER_PRINCIPAL.len() == "User:".len() + INTER_BROKER_USER.len());
 
 /// Whether `user` is a name reserved for brokers.
-pub(crate) fn is_reserved_user(user: &str) -> bool {
+pub fn is_reserved_user(user: &str) -> bool {
     RESERVED_USERS.contains(&user)
+}
+
+/// The shared controller-RPC secret in `path`, surrounding whitespace removed.
+pub fn read_rpc_secret(path: &Path) -> Result<Vec<u8>, String> {
+    let text = std::fs::read(path).map_err(|error| error.to_string())?;
+    let secret = text.trim_ascii().to_vec();
+    if secret.len() < sluice_cluster::RPC_SECRET_BYTES_MIN {
+        return Err(format!("the secret must be at least {} bytes", sluice_cluster::RPC_SECRET_BYTES_MIN));
+    }
+    Ok(secret)
 }
 
 /// The brokers' own SCRAM credentials, derived from the shared secret.
@@ -71,19 +83,19 @@ impl BrokerCredentials {
 
 /// This node's side of the inter-broker listener: the server's view of the brokers'
 /// credential, and how to connect to another node's inter-broker listener.
-pub(crate) struct InterBroker {
+pub struct InterBroker {
     /// `None` without a shared secret (a single node, or a cluster without one).
-    pub(crate) credentials: Option<BrokerCredentials>,
+    credentials: Option<BrokerCredentials>,
     /// For TLS inter-broker listeners.
-    pub(crate) tls: Option<TlsConnector>,
+    pub tls: Option<TlsConnector>,
     /// For SASL inter-broker listeners: `sasl.mechanism.inter.broker.protocol`.
-    pub(crate) sasl: Option<Mechanism>,
+    pub sasl: Option<Mechanism>,
 }
 
 /// The mechanism a follower uses: `sasl.mechanism.inter.broker.protocol` if set (it must be
 /// enabled), else the strongest enabled one.
-fn mechanism(config: &BrokerConfig, enabled: &[Mechanism]) -> Result<Mechanism, String> {
-    match &config.sasl_mechanism_inter_broker_protocol {
+fn mechanism(settings: &SecuritySettings, enabled: &[Mechanism]) -> Result<Mechanism, String> {
+    match &settings.sasl_mechanism_inter_broker_protocol {
         Some(name) => Mechanism::from_name(&name.trim().to_ascii_uppercase())
             .filter(|m| enabled.contains(m) && *m != Mechanism::OauthBearer)
             .ok_or_else(|| {
@@ -99,27 +111,35 @@ fn mechanism(config: &BrokerConfig, enabled: &[Mechanism]) -> Result<Mechanism, 
 }
 
 impl InterBroker {
-    pub(crate) fn from_config(config: &BrokerConfig) -> Result<InterBroker, String> {
-        let listeners = config.listeners()?;
-        let protocol = listeners[config.inter_broker_listener()?].protocol;
-        let secret = match &config.cluster {
-            Some(cluster) => cluster.rpc_secret()?,
+    pub fn new(settings: &SecuritySettings) -> Result<InterBroker, String> {
+        let protocol = settings.listeners[settings.inter_broker_listener].protocol;
+        let secret = match settings.cluster.as_ref().and_then(|cluster| cluster.rpc_secret_file.as_deref()) {
+            Some(path) => Some(read_rpc_secret(path)?),
             None => None,
         };
-        let in_cluster = config.cluster.is_some();
+        let in_cluster = settings.cluster.is_some();
         if in_cluster && protocol.uses_sasl() && secret.is_none() {
             return Err(format!(
                 "the inter-broker listener is {protocol:?}: set [cluster] rpc_secret_file; brokers authenticate to \
                  each other with a credential derived from that shared secret"
             ));
         }
-        let tls = if in_cluster && protocol.uses_tls() { Some(super::tls::connector(config)?) } else { None };
-        let sasl = if protocol.uses_sasl() { Some(mechanism(config, &super::sasl_mechanisms(config)?)?) } else { None };
+        let tls = if in_cluster && protocol.uses_tls() { Some(crate::tls::connector(&settings.tls)?) } else { None };
+        let sasl = if protocol.uses_sasl() {
+            Some(mechanism(settings, &crate::sasl_mechanisms(&settings.sasl_enabled_mechanisms)?)?)
+        } else {
+            None
+        };
         Ok(InterBroker { credentials: secret.as_deref().map(BrokerCredentials::from_secret), tls, sasl })
     }
 
+    /// The brokers' own credential for a SCRAM mechanism, when there is a shared secret.
+    pub fn credential(&self, mechanism: &str) -> Option<ScramCredential> {
+        self.credentials.as_ref().and_then(|c| c.credential(mechanism))
+    }
+
     /// The password a follower gives (SASL), when there is a shared secret.
-    pub(crate) fn password(&self) -> Option<&str> {
+    pub fn password(&self) -> Option<&str> {
         self.credentials.as_ref().map(|c| c.password.as_str())
     }
 }

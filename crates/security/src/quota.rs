@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sluice_cluster::{QuotaEntity, QuotaEntityName};
 
-use super::store::ClientQuotas;
+use crate::store::ClientQuotas;
 
 pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";
@@ -39,7 +39,7 @@ pub const QUOTA_SENSORS_MAX: usize = 100_000;
 const THROTTLE_MS_MAX: u64 = 300_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum QuotaKind {
+pub enum QuotaKind {
     /// Produce bytes.
     Produce,
     /// Consumer fetch bytes.
@@ -78,12 +78,7 @@ impl QuotaKind {
 
 /// The quota that applies to (user, client id) for `key`, in Kafka's order of precedence,
 /// with the entity it was found on.
-pub(crate) fn resolve<'a>(
-    quotas: &'a ClientQuotas,
-    user: &str,
-    client_id: &str,
-    key: &str,
-) -> Option<(&'a QuotaEntity, u64)> {
+fn resolve<'a>(quotas: &'a ClientQuotas, user: &str, client_id: &str, key: &str) -> Option<(&'a QuotaEntity, u64)> {
     use QuotaEntityName::{Default, Named};
     let named = |name: &str| Some(Named(name.to_string()));
     let candidates = [
@@ -132,7 +127,7 @@ impl Sensor {
     }
 }
 
-pub(crate) struct QuotaManager {
+pub struct QuotaManager {
     /// Whether any quota is configured: without one, produce and fetch skip quota work.
     configured: std::sync::atomic::AtomicBool,
     /// Whether some entity has a `request_percentage`: only then are handlers timed.
@@ -154,34 +149,27 @@ impl Default for QuotaManager {
 
 impl QuotaManager {
     /// Called whenever the quotas change (locally or in applied cluster metadata).
-    pub(crate) fn set_configured(&self, quotas: &ClientQuotas) {
+    pub fn set_configured(&self, quotas: &ClientQuotas) {
         self.configured.store(!quotas.is_empty(), Ordering::Relaxed);
         let requests = quotas.values().any(|values| values.contains_key(REQUEST_PERCENTAGE));
         self.requests_configured.store(requests, Ordering::Relaxed);
     }
 
-    pub(crate) fn configured(&self) -> bool {
+    pub fn configured(&self) -> bool {
         self.configured.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn requests_configured(&self) -> bool {
+    pub fn requests_configured(&self) -> bool {
         self.requests_configured.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn now_ms(&self) -> u64 {
+    pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
     /// Records `amount` (bytes, or nanoseconds for [`QuotaKind::Request`]) for the client
     /// and returns how long it must wait (0: within quota).
-    pub(crate) fn record(
-        &self,
-        quotas: &ClientQuotas,
-        kind: QuotaKind,
-        user: &str,
-        client_id: &str,
-        amount: u64,
-    ) -> u64 {
+    pub fn record(&self, quotas: &ClientQuotas, kind: QuotaKind, user: &str, client_id: &str, amount: u64) -> u64 {
         if quotas.is_empty() {
             return 0;
         }
@@ -221,15 +209,15 @@ fn throttle_ms(rate: f64, quota: u64, window_ms: u64) -> u64 {
 
 /// Until when a connection is muted, in [`QuotaManager::now_ms`] time.
 #[derive(Default)]
-pub(crate) struct ConnectionThrottle(AtomicU64);
+pub struct ConnectionThrottle(AtomicU64);
 
 impl ConnectionThrottle {
-    pub(crate) fn extend(&self, until_ms: u64) {
+    pub fn extend(&self, until_ms: u64) {
         self.0.fetch_max(until_ms, Ordering::Relaxed);
     }
 
     /// How long reads must still wait.
-    pub(crate) fn remaining(&self, now_ms: u64) -> Option<Duration> {
+    pub fn remaining(&self, now_ms: u64) -> Option<Duration> {
         let until = self.0.load(Ordering::Relaxed);
         (until > now_ms).then(|| Duration::from_millis(until - now_ms))
     }
