@@ -28,7 +28,7 @@ fi
 # renice this script's group.) It runs as many jobs as there are cores: the autogroup's
 # weight, not the job count, keeps it from slowing the steps below, and whatever is left
 # when they end builds on every core; without debug info and in more codegen units than a
-# release (only its behaviour is tested). Its test runs last, once the build is done.
+# release, at opt-level 1 (only its behaviour is tested). Its test runs last, once the build is done.
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
 base_build_pid=""
@@ -38,7 +38,7 @@ if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$ba
   echo "== previous version ($base_rev): building in the background, log in $base_dir/build.log"
   # Its own session, so that an early exit stops the whole build (cargo and its rustc jobs).
   setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-    nice -n 19 ionice -c 3 env CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    nice -n 19 ionice -c 3 env CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_OPT_LEVEL=1 \
     cargo build --release -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
     --target-dir "$base_dir/target" > "$base_dir/build.log" 2>&1 &
   base_build_pid=$!
@@ -63,7 +63,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== build"
-cargo build --release -p sluice-cli -p sluice-lossyfs
+cargo build --release -p sluice-cli -p sluice-lossyfs --features sluice-cli/bench
 export SLUICE_BIN="$PWD/target/release/sluice"
 # The power-loss tests mount the broker's data dir on this FUSE filesystem (crates/lossyfs).
 export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"

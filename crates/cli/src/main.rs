@@ -47,7 +47,20 @@ enum Command {
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
     DevCluster(dev_cluster::DevClusterArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
+    #[cfg(feature = "bench")]
     Bench(sluice_bench::BenchArgs),
+    /// Run OpenMessaging-Benchmark workloads (this build has no bench: `--features bench`).
+    #[cfg(not(feature = "bench"))]
+    Bench(BenchMissing),
+}
+
+/// `sluice bench` in a build without the `bench` feature: says how to get one instead of
+/// clap's "unrecognized subcommand".
+#[cfg(not(feature = "bench"))]
+#[derive(clap::Args)]
+struct BenchMissing {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<String>,
 }
 
 /// Errors are printed as one line, `error: what: why` (anyhow's chain, no backtrace): the
@@ -74,6 +87,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => tools::consume(args),
         Command::Cluster(args) => tools::cluster(args),
         Command::DevCluster(args) => dev_cluster::run(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => sluice_bench::run(args),
+        #[cfg(not(feature = "bench"))]
+        Command::Bench(_) => anyhow::bail!(
+            "this sluice was built without the bench: cargo build --release -p sluice-cli --features bench"
+        ),
     }
 }
