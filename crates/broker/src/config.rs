@@ -360,59 +360,8 @@ pub struct BrokerConfig {
     pub tiered_storage: TieredStorageConfig,
 }
 
-/// The smallest `tiered_storage.read_cache_bytes`: a few of the chunks remote reads fetch.
-pub const TIERED_READ_CACHE_BYTES_MIN: usize = 4 * crate::tiered::READ_CHUNK_BYTES;
-
-/// `[tiered_storage]`: where tiered topics (`remote.storage.enable=true`, KIP-405) keep
-/// their sealed segments, and the budgets of the copy and read paths (`tiered/`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TieredStorageConfig {
-    /// Kafka's `remote.log.storage.system.enable`: topics may be tiered.
-    pub enabled: bool,
-    /// The object store, as a URL: `s3://bucket/prefix` (S3 and compatible servers) or
-    /// `file:///dir`. Unset: `<data_dir>/remote-store`, a local directory.
-    pub url: Option<String>,
-    /// S3: the endpoint of a compatible server (e.g. `http://127.0.0.1:9000`); unset = AWS.
-    pub endpoint: Option<String>,
-    /// S3: the region (`us-east-1` when unset and not in `AWS_REGION`).
-    pub region: Option<String>,
-    /// S3 credentials; unset = the standard `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
-    /// environment variables (or the instance's role).
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    /// S3: allow a plain `http://` endpoint.
-    pub allow_http: bool,
-    /// Kafka's `remote.log.manager.task.interval.ms`: how often leaders look for segments
-    /// to copy and remote segments to expire.
-    pub task_interval_ms: u64,
-    /// Bytes of remote segment data kept in memory for reads and read-ahead.
-    pub read_cache_bytes: usize,
-    /// Kafka's `remote.fetch.max.wait.ms`: a fetch waits at most this long for remote data
-    /// before it is answered without it (the client fetches again).
-    pub fetch_max_wait_ms: u64,
-    /// Kafka's `remote.log.manager.copy.max.bytes.per.second`: the node's copies to the
-    /// object store never go faster (they read the local disk producers write to).
-    pub copy_max_bytes_per_second: u64,
-}
-
-impl Default for TieredStorageConfig {
-    fn default() -> Self {
-        TieredStorageConfig {
-            enabled: true,
-            url: None,
-            endpoint: None,
-            region: None,
-            access_key_id: None,
-            secret_access_key: None,
-            allow_http: false,
-            task_interval_ms: 1_000,
-            read_cache_bytes: 256 * 1024 * 1024,
-            fetch_max_wait_ms: 500,
-            copy_max_bytes_per_second: u64::MAX,
-        }
-    }
-}
+/// `[tiered_storage]`: defined by tiered storage, which checks its bounds.
+pub use sluice_tiered::TieredStorageConfig;
 
 /// Longest accepted `cluster.cluster_id` (Kafka's are 22 characters of base64).
 pub const CLUSTER_ID_BYTES_MAX: usize = 64;
@@ -711,7 +660,7 @@ impl BrokerConfig {
         if let Some(cluster) = &self.cluster {
             cluster.validate(self.node_id)?;
         }
-        self.validate_tiered_storage()?;
+        self.tiered_storage.validate()?;
         self.topic_defaults.validate()
     }
 
@@ -761,22 +710,6 @@ impl BrokerConfig {
             }
         }
         Ok(overrides)
-    }
-
-    fn validate_tiered_storage(&self) -> Result<(), String> {
-        let tiered = &self.tiered_storage;
-        if tiered.task_interval_ms == 0 || tiered.fetch_max_wait_ms == 0 || tiered.copy_max_bytes_per_second == 0 {
-            return Err(
-                "tiered_storage.task_interval_ms, fetch_max_wait_ms and copy_max_bytes_per_second must be > 0".into()
-            );
-        }
-        if tiered.read_cache_bytes < TIERED_READ_CACHE_BYTES_MIN {
-            return Err(format!("tiered_storage.read_cache_bytes must be at least {TIERED_READ_CACHE_BYTES_MIN}"));
-        }
-        if let Some(url) = &tiered.url {
-            crate::tiered::store_url(url).map_err(|e| format!("tiered_storage.url: {e}"))?;
-        }
-        Ok(())
     }
 
     fn validate_offsets(&self) -> Result<(), String> {

@@ -17,7 +17,7 @@ mod security;
 pub mod server;
 mod share;
 mod state_log;
-mod tiered;
+mod tiered_host;
 mod txn;
 mod txn_log;
 mod txn_markers;
@@ -32,6 +32,7 @@ use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
 use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
+use sluice_tiered::{RemoteLogController, TieredStorage};
 
 /// Leader epoch of every partition on a single node (replication will move it).
 pub const LEADER_EPOCH: i32 = 0;
@@ -76,10 +77,10 @@ pub struct Broker {
     replicas: Option<Arc<replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
     cluster: Option<Arc<cluster_link::ClusterLink>>,
-    /// The object store of tiered topics (`tiered/`); `None` when `tiered_storage.enabled`
+    /// The object store of tiered topics (`sluice-tiered`); `None` when `tiered_storage.enabled`
     /// is off, or in a cluster without a `tiered_storage.url` (every node must reach the
     /// same store).
-    tiered: Option<Arc<tiered::TieredStorage>>,
+    tiered: Option<Arc<TieredStorage>>,
     /// A single node's topic changes (create, add partitions, delete) one at a time: each
     /// opens or deletes logs, then updates the registry. They run on the blocking pool
     /// (`handlers/mod.rs`), never on a connection thread.
@@ -157,13 +158,10 @@ impl Broker {
         // A cluster's nodes must share one store: the per-node default directory cannot be it.
         let shared_store = config.cluster.is_none() || config.tiered_storage.url.is_some();
         let tiered = if config.tiered_storage.enabled && shared_store {
-            let tiered = tiered::TieredStorage::open(
-                &config.tiered_storage,
-                &config.data_dir,
-                cluster.clone(),
-                metrics.tiered.clone(),
-            )?;
-            for topic in topics.all().into_iter().filter(tiered::is_tiered) {
+            let controller = cluster.clone().map(|link| link as Arc<dyn RemoteLogController>);
+            let tiered =
+                TieredStorage::open(&config.tiered_storage, &config.data_dir, controller, metrics.tiered.clone())?;
+            for topic in topics.all().into_iter().filter(sluice_tiered::is_tiered) {
                 for p in 0..topic.partitions {
                     if let Some(log) = logs.get_in(&topic.name, p) {
                         tiered.attach(&topic, &log, p);
@@ -370,7 +368,7 @@ impl Broker {
         let partitions: Vec<TopicPartition> = (0..topic.partitions).map(|p| TopicPartition::new(name, p)).collect();
         self.logs.delete_all(&partitions)?;
         self.topics.remove(name)?;
-        if let Some(tiered) = self.tiered.as_ref().filter(|_| tiered::is_tiered(&topic)) {
+        if let Some(tiered) = self.tiered.as_ref().filter(|_| sluice_tiered::is_tiered(&topic)) {
             tiered.forget_topic(topic.clone());
         }
         Ok(Some(topic))

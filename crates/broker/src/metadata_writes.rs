@@ -79,7 +79,7 @@ impl<'a> MetadataWriter<'a> {
             }
             MetadataWriter::Controller(broker, controller) => {
                 // A tiered topic's objects are deleted by the node that deleted it, once committed.
-                let tiered = broker.topics.get(name).filter(crate::tiered::is_tiered);
+                let tiered = broker.topics.get(name).filter(sluice_tiered::is_tiered);
                 controller_write(broker, controller.delete_topic(name)).await?;
                 if let (Some(store), Some(topic)) = (&broker.tiered, tiered) {
                     store.forget_topic(topic);

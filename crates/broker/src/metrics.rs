@@ -27,6 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use sluice_tiered::TieredMetrics;
 use tokio::net::TcpListener;
 
 use crate::Broker;
@@ -124,30 +125,13 @@ pub(crate) struct Metrics {
     segment_tail_full_appends: Counter,
     segment_files_open: Gauge,
     active_controller: Gauge,
-    /// Tiered storage's counters (`tiered/`), handed to it at startup.
+    /// Tiered storage's counters (`sluice-tiered`), handed to it at startup.
     pub(crate) tiered: TieredMetrics,
     remote_log_size_bytes: Gauge,
     /// Record bytes of fetch responses sent from the page cache with `sendfile`.
     pub(crate) sendfile_bytes: Counter,
     /// Fetches read again on the blocking pool because some of their data was not cached.
     pub(crate) fetch_disk_reads: Counter,
-}
-
-/// What tiered storage counts (`tiered/`).
-#[derive(Clone, Default)]
-pub(crate) struct TieredMetrics {
-    /// Segment bytes copied to the object store.
-    pub(crate) copied_bytes: Counter,
-    /// Segments copied and committed.
-    pub(crate) copied_segments: Counter,
-    /// Copies that failed (each is retried after a backoff).
-    pub(crate) copy_failures: Counter,
-    /// Record bytes read from the object store for fetches.
-    pub(crate) fetched_bytes: Counter,
-    /// Remote reads that failed (answered with a retriable error).
-    pub(crate) fetch_failures: Counter,
-    /// Remote segments deleted by retention or DeleteRecords.
-    pub(crate) expired_segments: Counter,
 }
 
 fn histogram((start, factor, count): (f64, f64, u16)) -> Histogram {

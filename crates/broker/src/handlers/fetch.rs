@@ -43,8 +43,8 @@ use uuid::Uuid;
 
 use crate::config::FETCH_WAIT_MS_MAX;
 use crate::fetch_session::FetchItem;
-use crate::tiered;
 use crate::Broker;
+use sluice_tiered::RemoteReadError;
 
 /// First Fetch version that names topics by id.
 const TOPIC_ID_VERSION: i16 = 13;
@@ -240,7 +240,7 @@ fn nothing_new(targets: &[Target], read_limit: ReadLimit) -> bool {
     })
 }
 
-/// Reads the partitions of `pass` whose fetch offset is in the remote tier (`tiered/`), all
+/// Reads the partitions of `pass` whose fetch offset is in the remote tier (`sluice-tiered`), all
 /// at once, within what the fetch may still return; a read not done within
 /// `tiered_storage.fetch_max_wait_ms` is answered empty (the client fetches again, and the
 /// chunk it waited for is then cached), a failed one with a retriable error.
@@ -274,7 +274,7 @@ async fn read_remote(
         budget -= partition_max;
         let (partition, fetch_offset) = (target.partition, target.fetch_offset);
         reads.push(async move {
-            let Some(topic) = topic else { return Err(tiered::RemoteReadError::NotRemote) };
+            let Some(topic) = topic else { return Err(RemoteReadError::NotRemote) };
             tiered.read(&topic, partition, fetch_offset, partition_max, min_one_batch).await
         });
     }
@@ -293,7 +293,7 @@ async fn read_remote(
                 pass.bytes += read.records.len();
                 data.records = Some(read.records.clone());
             }
-            Ok(Err(tiered::RemoteReadError::NotRemote)) => {
+            Ok(Err(RemoteReadError::NotRemote)) => {
                 data.error_code = ResponseError::OffsetOutOfRange.code();
                 pass.has_error = true;
             }

@@ -203,7 +203,7 @@ async fn delete_records_before(
         });
     }
     if let (Some(tiered), Some(_)) = (&broker.tiered, log.remote_tier()) {
-        let led = crate::tiered::led_log(broker, topic, partition);
+        let led = broker.led_log(topic, partition);
         if let (Some(meta), Some((_, epoch))) = (broker.topics.get(topic), led) {
             tiered.delete_records_before(&meta, partition, epoch, log, target).await?;
         }

@@ -23,12 +23,24 @@
 //! The remote log metadata (`metadata.rs`) is the controller's replicated metadata in a
 //! cluster, where only a partition's leader at its current epoch may change it, and a file
 //! on a single node. Followers never copy; they apply the metadata as it comes
-//! (`cluster_link.rs`), so their local retention also keeps only what is not yet remote,
-//! and a new replica (a reassignment, a replaced broker) copies only the leader's local
-//! tail: it asks for offset 0, is told to start at the leader's local log start
-//! (`handlers/fetch.rs`), and reads older offsets from the object store like any reader.
+//! (the broker's `cluster_link.rs`), so their local retention also keeps only what is not
+//! yet remote, and a new replica (a reassignment, a replaced broker) copies only the
+//! leader's local tail: it asks for offset 0, is told to start at the leader's local log
+//! start (the broker's `handlers/fetch.rs`), and reads older offsets from the object store
+//! like any reader.
+//!
+//! Why a crate of its own: tiered storage is the one part of the broker that talks to an
+//! object store, and it needs little of the rest. It reads no broker configuration (the
+//! broker hands it a [`TieredStorageConfig`]), counts into [`TieredMetrics`] the broker
+//! registers, and what it asks of the broker comes through two narrow traits the broker
+//! implements: [`TieredHost`] (the topics, and which partitions this node leads at which
+//! epoch) and [`RemoteLogController`] (in a cluster, the controller's replicated metadata
+//! that holds the remote log metadata).
 
+mod config;
+mod host;
 mod metadata;
+mod metrics;
 mod read;
 
 use std::collections::HashMap;
@@ -45,11 +57,11 @@ use parking_lot::Mutex;
 use sluice_storage::{Partition, ReadMode, SealedSegment};
 use uuid::Uuid;
 
-pub use self::metadata::RemoteSegment;
+pub use self::config::{store_url, TieredStorageConfig, READ_CACHE_BYTES_MIN};
+pub use self::host::{RemoteLogController, TieredHost};
+pub use self::metadata::{RemotePartition, RemoteSegment};
+pub use self::metrics::TieredMetrics;
 pub use self::read::{RemoteRead, RemoteReadError, READ_CHUNK_BYTES};
-use crate::config::TieredStorageConfig;
-use crate::metrics::TieredMetrics;
-use crate::Broker;
 use sluice_meta::topics::TopicMeta;
 
 /// Segment data is copied in parts of this size (S3's minimum part is 5 MiB).
@@ -82,24 +94,16 @@ pub struct TieredStorage {
     metrics: TieredMetrics,
 }
 
-/// The object store a `tiered_storage.url` names (checked at config validation).
-pub fn store_url(url: &str) -> Result<url::Url, String> {
-    let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    match parsed.scheme() {
-        "s3" | "file" => Ok(parsed),
-        other => Err(format!("{url:?}: unsupported scheme {other:?} (s3:// or file://)")),
-    }
-}
-
 pub use sluice_meta::tiering::is_tiered;
 
 impl TieredStorage {
     /// Opens the object store of `settings` (a directory under `data_dir` by default) and
-    /// this node's remote log metadata.
+    /// this node's remote log metadata: in `cluster`'s replicated metadata when given, else
+    /// in a file under `data_dir`.
     pub fn open(
         settings: &TieredStorageConfig,
         data_dir: &FsPath,
-        cluster: Option<Arc<crate::cluster_link::ClusterLink>>,
+        cluster: Option<Arc<dyn RemoteLogController>>,
         metrics: TieredMetrics,
     ) -> io::Result<TieredStorage> {
         let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, format!("tiered_storage: {e}"));
@@ -151,7 +155,7 @@ impl TieredStorage {
             root,
             metadata: match cluster {
                 None => metadata::RemoteLogMetadata::open_local(data_dir)?,
-                Some(link) => metadata::RemoteLogMetadata::replicated(link),
+                Some(controller) => metadata::RemoteLogMetadata::replicated(controller),
             },
             settings: settings.clone(),
             backoff: Mutex::new(HashMap::new()),
@@ -167,8 +171,8 @@ impl TieredStorage {
     }
 
     /// The background task: copies and expires remote segments of the tiered partitions
-    /// this node leads, every `task_interval_ms`, until the broker stops.
-    pub async fn run(self: Arc<Self>, broker: Arc<Broker>) {
+    /// `host` leads, every `task_interval_ms`, until the broker stops.
+    pub async fn run(self: Arc<Self>, host: Arc<impl TieredHost>) {
         let mut interval = tokio::time::interval(Duration::from_millis(self.settings.task_interval_ms));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_sweep = tokio::time::Instant::now();
@@ -178,9 +182,9 @@ impl TieredStorage {
             if sweep {
                 next_sweep = tokio::time::Instant::now() + ORPHAN_SWEEP_INTERVAL;
             }
-            for topic in broker.topics.all().into_iter().filter(is_tiered) {
+            for topic in host.topics().into_iter().filter(is_tiered) {
                 for p in 0..topic.partitions {
-                    let Some((log, epoch)) = led_log(&broker, &topic.name, p) else { continue };
+                    let Some((log, epoch)) = host.led_log(&topic.name, p) else { continue };
                     if sweep {
                         if let Err(error) = self.sweep_orphans(&topic, p).await {
                             tracing::warn!(topic = %topic.name, partition = p, %error, "looking for orphaned objects failed");
@@ -452,12 +456,12 @@ impl TieredStorage {
         read
     }
 
-    /// Bytes in the object store of the tiered partitions this node leads (`/metrics`).
-    pub fn led_remote_bytes(&self, broker: &Broker) -> u64 {
+    /// Bytes in the object store of the tiered partitions `host` leads (`/metrics`).
+    pub fn led_remote_bytes(&self, host: &impl TieredHost) -> u64 {
         let mut total = 0;
-        for topic in broker.topics.all().into_iter().filter(is_tiered) {
+        for topic in host.topics().into_iter().filter(is_tiered) {
             for p in 0..topic.partitions {
-                if led_log(broker, &topic.name, p).is_some() {
+                if host.led_log(&topic.name, p).is_some() {
                     total += self.metadata.partition(topic.id, p).size_bytes();
                 }
             }
@@ -500,18 +504,6 @@ impl TieredStorage {
     }
 }
 
-/// The log of a partition this node leads and the epoch it leads at (a single node leads
-/// every partition, at [`crate::LEADER_EPOCH`]).
-pub(crate) fn led_log(broker: &Broker, topic: &str, partition: i32) -> Option<(Arc<Partition>, i32)> {
-    match &broker.replicas {
-        None => broker.partition(topic, partition).map(|log| (log, crate::LEADER_EPOCH)),
-        Some(replicas) => {
-            let replica = replicas.get(topic, partition)?;
-            Some((replica.log.clone(), replica.leader_epoch()?))
-        }
-    }
-}
-
 fn store_error(error: object_store::Error) -> io::Error {
     io::Error::other(format!("object store: {error}"))
 }
@@ -525,7 +517,7 @@ fn topic_prefix(root: &Path, topic: &TopicMeta) -> Path {
 
 /// The objects of one remote segment: `<topic prefix>/<partition>/<base offset>-<id>.<kind>`,
 /// no key a prefix of another (S3-compatible servers that store keys as files need that).
-pub(crate) struct SegmentKeys {
+struct SegmentKeys {
     data: Path,
     index: Path,
     leader_epochs: Path,

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub use sluice_cluster::{RemoteLog as RemotePartition, RemoteLogSegment as RemoteSegment};
 use uuid::Uuid;
 
-use crate::cluster_link::ClusterLink;
+use crate::RemoteLogController;
 use sluice_meta::topics::TopicMeta;
 
 const METADATA_FILE: &str = "remote-log.json";
@@ -45,7 +45,7 @@ type Partitions = BTreeMap<(Uuid, i32), RemotePartition>;
 pub enum RemoteLogMetadata {
     Local(LocalMetadata),
     /// With the lock that serialises this node's commits (each is a read-modify-write).
-    Replicated(Arc<ClusterLink>, tokio::sync::Mutex<()>),
+    Replicated(Arc<dyn RemoteLogController>, tokio::sync::Mutex<()>),
 }
 
 /// A single node's remote log metadata, in `meta/remote-log.json`.
@@ -57,8 +57,8 @@ pub struct LocalMetadata {
 }
 
 impl RemoteLogMetadata {
-    pub fn replicated(link: Arc<ClusterLink>) -> RemoteLogMetadata {
-        RemoteLogMetadata::Replicated(link, tokio::sync::Mutex::new(()))
+    pub fn replicated(controller: Arc<dyn RemoteLogController>) -> RemoteLogMetadata {
+        RemoteLogMetadata::Replicated(controller, tokio::sync::Mutex::new(()))
     }
 
     pub fn open_local(data_dir: &Path) -> io::Result<RemoteLogMetadata> {
@@ -93,8 +93,8 @@ impl RemoteLogMetadata {
             RemoteLogMetadata::Local(local) => {
                 local.partitions.lock().get(&(topic_id, partition)).cloned().unwrap_or_default()
             }
-            RemoteLogMetadata::Replicated(link, _) => {
-                link.metadata().remote_log(&topic_id, partition).cloned().unwrap_or_default()
+            RemoteLogMetadata::Replicated(controller, _) => {
+                controller.remote_log(topic_id, partition).unwrap_or_default()
             }
         }
     }
@@ -133,20 +133,12 @@ impl RemoteLogMetadata {
                 local.write(next).await?;
                 Ok((result, range))
             }
-            RemoteLogMetadata::Replicated(link, commit_lock) => {
+            RemoteLogMetadata::Replicated(controller, commit_lock) => {
                 let _serialised = commit_lock.lock().await;
-                let controller = link.controller().ok_or_else(|| io::Error::other("controller not started"))?;
                 let mut remote = self.partition(topic.id, partition);
                 let result = change(&mut remote);
                 let range = remote.range();
-                controller
-                    .set_remote_log(&topic.name, partition, leader_epoch, remote)
-                    .await
-                    .map_err(|e| io::Error::other(format!("remote log metadata not committed: {e}")))?;
-                let applied = link.controller_version();
-                if !link.wait_applied(applied, crate::cluster_link::ADMIN_TIMEOUT).await {
-                    return Err(io::Error::other("remote log metadata committed but not applied here in time"));
-                }
+                controller.set_remote_log(&topic.name, partition, leader_epoch, remote).await?;
                 Ok((result, range))
             }
         }
