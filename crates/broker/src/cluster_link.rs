@@ -21,9 +21,9 @@ use uuid::Uuid;
 
 use crate::config::ClusterConfig;
 use crate::group::placement::IncomingLeaderships;
-use crate::replication::{Assignment, IsrChanges, ReplicaManager};
 use crate::Broker;
 use sluice_meta::topics::TopicMeta;
+use sluice_replication::{Assignment, IsrChanges, ReplicaManager};
 
 /// The controller of this node, once started.
 pub struct ClusterLink {
@@ -163,7 +163,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
             }
         }
     });
-    crate::replication::fetcher::spawn_supervisor(broker);
+    sluice_replication::spawn_supervisor(broker);
     broker.replicas.as_ref().expect("cluster mode").spawn_isr_checker();
     tokio::spawn(stop_on_fsync_failure(broker.logs.fsync_failures()));
     Ok(())

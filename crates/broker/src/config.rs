@@ -412,7 +412,7 @@ impl Default for ClusterConfig {
             heartbeat_interval_ms: 250,
             session_timeout_ms: 1_500,
             election_timeout_min_ms: 500,
-            replica_lag_time_max_ms: crate::replication::REPLICA_LAG_TIME_MS_DEFAULT,
+            replica_lag_time_max_ms: sluice_replication::REPLICA_LAG_TIME_MS_DEFAULT,
             default_replication_factor: 3,
             source_address: None,
             rpc_secret_file: None,

@@ -12,7 +12,7 @@ mod group;
 mod handlers;
 mod metadata_writes;
 pub mod metrics;
-pub mod replication;
+mod replica_host;
 mod security;
 pub mod server;
 mod share;
@@ -74,7 +74,7 @@ pub struct Broker {
     /// The transaction coordinator (`txn.rs`).
     transactions: Arc<txn::TransactionCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
-    replicas: Option<Arc<replication::ReplicaManager>>,
+    replicas: Option<Arc<sluice_replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
     cluster: Option<Arc<cluster_link::ClusterLink>>,
     /// The object store of tiered topics (`sluice-tiered`); `None` when `tiered_storage.enabled`
@@ -137,7 +137,7 @@ impl Broker {
                 topics.set_cluster_id(cluster_id);
                 topics.use_node_producer_ids(config.node_id);
                 let link = Arc::new(cluster_link::ClusterLink::default());
-                let replicas = replication::ReplicaManager::new(
+                let replicas = sluice_replication::ReplicaManager::new(
                     config.node_id,
                     link.clone(),
                     cluster_config.replica_lag_time_max_ms,
@@ -287,7 +287,7 @@ impl Broker {
         topic: &str,
         partition: i32,
         unknown: kafka_protocol::ResponseError,
-    ) -> Result<Arc<replication::Replica>, kafka_protocol::ResponseError> {
+    ) -> Result<Arc<sluice_replication::Replica>, kafka_protocol::ResponseError> {
         let replicas = self.replicas.as_ref().expect("cluster mode");
         replicas.get(topic, partition).ok_or_else(|| {
             if self.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(&partition)) {

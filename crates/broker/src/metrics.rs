@@ -441,7 +441,7 @@ impl Metrics {
         {
             use std::sync::atomic::Ordering::Relaxed;
             let mut seen = self.isr_seen.lock();
-            let now = (crate::replication::ISR_SHRINKS.load(Relaxed), crate::replication::ISR_EXPANDS.load(Relaxed));
+            let now = (sluice_replication::ISR_SHRINKS.load(Relaxed), sluice_replication::ISR_EXPANDS.load(Relaxed));
             self.isr_shrinks.inc_by(now.0 - seen.0);
             self.isr_expands.inc_by(now.1 - seen.1);
             *seen = now;

@@ -30,7 +30,7 @@ use serde::Serialize;
 use sluice_storage::{LogConfig, Partition, Syncer};
 
 use crate::group::journal::{encode_internal_batch, read_internal_log, InternalLog, LogWriteError};
-use crate::replication::Replica;
+use sluice_replication::Replica;
 
 /// The largest batch appended (one change, or a part of a snapshot).
 pub(crate) const STATE_LOG_BATCH_BYTES_MAX: usize = 16 * 1024 * 1024;

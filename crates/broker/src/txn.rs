@@ -44,11 +44,11 @@ use sluice_storage::Syncer;
 
 use crate::group::offsets::CommittedOffset;
 use crate::group::placement::{partition_for, IncomingLeaderships};
-use crate::replication::Replica;
 use crate::state_log::PendingChange;
 use crate::txn_log::TxnLog;
 use crate::txn_markers::{Marker, MarkerTarget};
 use crate::Broker;
+use sluice_replication::Replica;
 
 /// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.
 pub const TRANSACTION_TIMEOUT_MS_MAX: i32 = 900_000;

@@ -20,8 +20,8 @@ use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 
 use crate::group::OFFSETS_TOPIC;
-use crate::replication::peer::PeerConnection;
 use crate::Broker;
+use sluice_replication::PeerConnection;
 
 /// How long a marker may take to become durable (fsynced, and in a cluster in the ISR).
 pub(crate) const MARKER_DURABLE_TIMEOUT_MS: u64 = 30_000;
@@ -104,7 +104,7 @@ pub(crate) fn write_local(
         }
         Some(_) => {
             let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
-            let write = replica.begin_write(-1).map_err(crate::replication::NotServed::error)?;
+            let write = replica.begin_write(-1).map_err(sluice_replication::NotServed::error)?;
             (replica.log.clone(), write.leader_epoch)
         }
     };

@@ -284,7 +284,8 @@ impl ScramExchange {
 }
 
 /// The client's half of one SCRAM exchange: a follower authenticating to its leader's
-/// SASL listener (replication/peer.rs), and the command-line tools (`sluice_security::ScramClient`).
+/// SASL listener (`sluice_replication::PeerConnection`), and the command-line tools
+/// (`sluice_security::ScramClient`).
 pub struct ScramClient {
     mechanism: Mechanism,
     password: Vec<u8>,

@@ -36,7 +36,7 @@ use sluice_storage::{LogConfig, Partition, Syncer};
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
 use crate::group::OFFSETS_BATCH_BYTES_MAX;
-use crate::replication::{NotServed, Replica};
+use sluice_replication::{NotServed, Replica};
 
 pub(crate) use sluice_meta::internal::OFFSETS_TOPIC;
 const RECORD_VERSION: u8 = 1;

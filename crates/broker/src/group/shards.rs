@@ -13,7 +13,7 @@
 //! offset of the partition as ordinary commit records (the *snapshot*), waits until they
 //! are durable, and moves the log start offset to the snapshot's first record; storage
 //! then deletes the whole segments before it, and followers follow the leader's log
-//! start offset (`replication/fetcher.rs`). Replaying from the new log start rebuilds the
+//! start offset (`sluice_replication::spawn_supervisor`). Replaying from the new log start rebuilds the
 //! same state: every key's newest value before the snapshot is in the snapshot, and
 //! anything after it overrides it. Writes still waiting for durability when the snapshot
 //! is taken are folded in from `ShardWrites::pending` (the log is a prefix: if the
@@ -32,7 +32,7 @@ use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
 use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::group::{GroupCoordinator, OFFSETS_WRITE_TIMEOUT_MS};
-use crate::replication::Replica;
+use sluice_replication::Replica;
 
 /// Records per snapshot batch: far below `OFFSETS_BATCH_BYTES_MAX` even with the largest
 /// group ids, topic names and metadata (about 8 KiB a record).

@@ -16,8 +16,8 @@ use sluice_security::acl;
 use sluice_storage::{AppendError, Partition};
 use tokio::sync::watch;
 
-use crate::replication::{NotServed, Replica};
 use crate::{Broker, LEADER_EPOCH};
+use sluice_replication::{NotServed, Replica};
 
 /// A partition whose append succeeded and whose answer waits until it is durable enough.
 struct PendingAck {

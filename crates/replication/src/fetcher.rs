@@ -8,17 +8,19 @@
 //! log went offline stops advancing and leaves the ISR after `replica_lag_time_max_ms`.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, RequestKind, ResponseKind, TopicName};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use sluice_security::InterBroker;
+use sluice_storage::LogManager;
 
-use super::peer::PeerConnection;
-use super::Replica;
-use crate::handlers::str_bytes;
-use crate::Broker;
+use crate::peer::PeerConnection;
+use crate::{Replica, ReplicaManager};
 
 /// Fetch version followers use (replica id in the body, last fetched epoch, diverging epoch).
 pub const REPLICA_FETCH_VERSION: i16 = 12;
@@ -32,6 +34,24 @@ pub const REPLICA_FETCH_BACKOFF_MS: u64 = 100;
 pub const REPLICA_SYNC_WAIT_MS: u64 = 30_000;
 /// While a leader cannot be fetched from, one warning per this interval says so.
 pub const REPLICA_FAILURE_LOG_INTERVAL_MS: u64 = 30_000;
+
+/// What the follower fetch loops need from the node that runs them (the broker).
+pub trait ReplicaHost: Send + Sync + 'static {
+    /// The partitions this node hosts; `None` (a single node) ends the fetch loops.
+    fn replicas(&self) -> Option<Arc<ReplicaManager>>;
+    /// The local address connections to leaders are made from (`[cluster] source_address`).
+    fn source_address(&self) -> Option<IpAddr>;
+    /// How this node authenticates to the leaders' inter-broker listener.
+    fn inter_broker(&self) -> &InterBroker;
+    /// The cluster id, which a leader checks on every replica fetch.
+    fn cluster_id(&self) -> String;
+    /// The logs of the hosted partitions, whose syncer fsyncs what followers append.
+    fn logs(&self) -> &LogManager;
+}
+
+fn str_bytes(text: &str) -> StrBytes {
+    StrBytes::from_string(text.to_string())
+}
 
 /// Failures to fetch from one leader, logged once and then summarised.
 #[derive(Default)]
@@ -62,19 +82,19 @@ impl FailureLog {
 }
 
 /// Keeps one fetch loop running per leader this node follows something from.
-pub fn spawn_supervisor(broker: &Arc<Broker>) {
-    let weak = Arc::downgrade(broker);
+pub fn spawn_supervisor<H: ReplicaHost>(host: &Arc<H>) {
+    let weak = Arc::downgrade(host);
     tokio::spawn(async move {
         let mut running: HashMap<i32, tokio::task::JoinHandle<()>> = HashMap::new();
         loop {
-            let Some(broker) = weak.upgrade() else { return };
-            let Some(replicas) = broker.replicas.clone() else { return };
+            let Some(host) = weak.upgrade() else { return };
+            let Some(replicas) = host.replicas() else { return };
             let changed = replicas.followers_changed.notified();
             running.retain(|_, task| !task.is_finished());
             for leader in replicas.followed_by_leader().into_keys() {
                 running.entry(leader).or_insert_with(|| tokio::spawn(fetch_loop(weak.clone(), leader)));
             }
-            drop(broker);
+            drop(host);
             tokio::select! {
                 () = changed => {}
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -83,12 +103,12 @@ pub fn spawn_supervisor(broker: &Arc<Broker>) {
     });
 }
 
-async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
+async fn fetch_loop<H: ReplicaHost>(host: Weak<H>, leader: i32) {
     let mut connection: Option<PeerConnection> = None;
     let mut failures = FailureLog::default();
     loop {
-        let Some(strong) = broker.upgrade() else { return };
-        let Some(replicas) = strong.replicas.clone() else { return };
+        let Some(strong) = host.upgrade() else { return };
+        let Some(replicas) = strong.replicas() else { return };
         let Some(partitions) = replicas.followed_by_leader().remove(&leader) else { return };
         let Some(address) = replicas.broker_address(leader) else {
             drop(strong);
@@ -96,9 +116,9 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
             continue;
         };
         if connection.is_none() {
-            let source = strong.config().cluster.as_ref().and_then(|cluster| cluster.source_address);
+            let source = strong.source_address();
             let client_id = format!("sluice-replica-{}", replicas.node_id());
-            match PeerConnection::connect(&address, source, client_id, &strong.inter_broker).await {
+            match PeerConnection::connect(&address, source, client_id, strong.inter_broker()).await {
                 Ok(c) => connection = Some(c),
                 Err(error) => {
                     failures.failed(leader, &address, &format!("{error:#}"));
@@ -108,7 +128,7 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
                 }
             }
         }
-        let request = fetch_request(replicas.node_id(), &strong.topics.cluster_id(), &partitions);
+        let request = fetch_request(replicas.node_id(), &strong.cluster_id(), &partitions);
         let timeout = Duration::from_millis(REPLICA_FETCH_WAIT_MS as u64 + 10_000);
         let call =
             connection.as_mut().expect("connected").call(ApiKey::Fetch, REPLICA_FETCH_VERSION, &request, timeout);
@@ -139,7 +159,7 @@ async fn fetch_loop(broker: Weak<Broker>, leader: i32) {
         for topic in &response.responses {
             for data in &topic.partitions {
                 let Some(replica) = by_name.get(&(topic.topic.as_str(), data.partition_index)) else { continue };
-                match apply_partition(&strong, replica, data) {
+                match apply_partition(strong.logs(), replica, data) {
                     Ok(Some(end)) => awaiting_sync.push((replica.log.progress(), end)),
                     Ok(None) => {}
                     Err(()) => backoff = true,
@@ -196,7 +216,7 @@ fn fetch_request(node_id: i32, cluster_id: &str, partitions: &[(Arc<Replica>, i3
 /// Applies one partition of a fetch response. Returns the log end to wait on for an
 /// fsync, or `Err` when the round should back off (leader moved, our metadata lags).
 fn apply_partition(
-    broker: &Broker,
+    logs: &LogManager,
     replica: &Replica,
     data: &kafka_protocol::messages::fetch_response::PartitionData,
 ) -> Result<Option<i64>, ()> {
@@ -225,7 +245,7 @@ fn apply_partition(
             match replica.log.append_replica(records, sluice_storage::now_ms()) {
                 Ok(appended) => {
                     if appended.needs_sync {
-                        broker.logs.syncer().schedule(&replica.log);
+                        logs.syncer().schedule(&replica.log);
                         wait_for = Some(appended.log_end_offset);
                     }
                 }

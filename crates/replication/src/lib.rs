@@ -3,8 +3,13 @@
 //! and append the leader's batches byte for byte. The leader tracks how far each follower
 //! has fetched and moves the high watermark to the smallest such offset over the in-sync
 //! replicas (ISR). Leadership, leader epochs and the ISR are decided by the controller
-//! quorum (`sluice-cluster`); this module applies them ([`ReplicaManager::apply`]) and
+//! quorum (`sluice-cluster`); this crate applies them ([`ReplicaManager::apply`]) and
 //! asks the controller to shrink or expand the ISR.
+//!
+//! It sits below the broker: what the follower fetch loops need from the node running
+//! them (its replicas, logs, cluster id, inter-broker security) comes through
+//! [`ReplicaHost`], which the broker implements, and ISR changes go to the controller
+//! through [`IsrChanges`].
 //!
 //! Why followers fetch (and not Raft per partition): one fetch per node pair carries all
 //! partitions between them, so replication traffic and fsyncs batch across partitions,
@@ -22,8 +27,8 @@
 //! - an ISR expansion counts the new member for the high watermark from the moment it is
 //!   requested (Kafka's "maximal ISR"), a shrink only once the controller committed it.
 
-pub(crate) mod fetcher;
-pub(crate) mod peer;
+mod fetcher;
+mod peer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -52,6 +57,8 @@ pub struct Assignment {
     pub partition_epoch: i32,
 }
 
+pub use fetcher::{spawn_supervisor, ReplicaHost};
+pub use peer::PeerConnection;
 pub use sluice_meta::durability::{DurabilityLevel, ReplicationConfig};
 
 /// What the replication layer needs from the controller: ISR changes.
@@ -404,12 +411,12 @@ fn check_epoch(ours: i32, client: i32) -> Result<(), NotServed> {
     }
 }
 
-/// The replicas this node hosts and their roles.
 /// ISR changes this node's leaders got committed (Kafka's IsrShrinksPerSec and
 /// IsrExpandsPerSec, as totals), for the metrics.
-pub(crate) static ISR_SHRINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-pub(crate) static ISR_EXPANDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static ISR_SHRINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static ISR_EXPANDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The replicas this node hosts and their roles.
 pub struct ReplicaManager {
     node_id: i32,
     replicas: RwLock<HashMap<TopicPartition, Arc<Replica>>>,
