@@ -137,7 +137,11 @@ def test_acks_all_write_whose_isr_shrank_below_min_insync_is_not_enough_replicas
             cluster.nodes[follower].pause()
             paused = follower
             error, _, _, _ = conn.produce("shrink", 0, kw.record_batch([kw.Record(b"shrunk")]), timeout_ms=40_000)
-        assert error == kw.NOT_ENOUGH_REPLICAS_AFTER_APPEND, f"error {error}"
+        if error != kw.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+            views = {node.node_id: node.metadata("shrink").partitions[0] for node in cluster.reachable()
+                     if node.node_id != follower}
+            raise AssertionError(f"error {error}; leader {partition.leader}, paused {follower}; "
+                                 f"the other nodes' views now: {views}")
         # The leader answered from its own, committed view of the ISR; the other nodes learn
         # the shrink when they apply the controller's record, a moment later.
         def shrunk_everywhere() -> bool:
