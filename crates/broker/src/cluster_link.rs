@@ -19,9 +19,9 @@ use sluice_storage::{LogManager, TopicPartition};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::config::ClusterConfig;
 use crate::group::placement::IncomingLeaderships;
 use crate::Broker;
+use sluice_config::ClusterConfig;
 use sluice_meta::topics::TopicMeta;
 use sluice_replication::{Assignment, IsrChanges, ReplicaManager};
 

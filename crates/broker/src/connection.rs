@@ -298,7 +298,7 @@ impl Charge {
 
 impl RequestMemory {
     pub(crate) fn new(all_bytes: usize) -> RequestMemory {
-        let produce_bytes = all_bytes - all_bytes / crate::config::QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE;
+        let produce_bytes = all_bytes - all_bytes / sluice_config::QUEUED_REQUEST_BYTES_NON_PRODUCE_SHARE;
         RequestMemory {
             all: Arc::new(Semaphore::new(all_bytes)),
             all_bytes,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
-use crate::config::BrokerConfig;
+use sluice_config::BrokerConfig;
 
 /// A refusal (or another event that closes connections by the thousand under attack) is
 /// logged at most once per this interval, with the count of those not logged since.
@@ -132,7 +132,7 @@ impl Drop for Admission {
 /// SASL steps that check passwords at once: half the cores, at least one, so a password
 /// guesser cannot take the cores the I/O threads need (each PLAIN check derives PBKDF2).
 fn sasl_steps_max() -> usize {
-    crate::config::io_threads_auto()
+    sluice_config::io_threads_auto()
 }
 
 /// Lets an event be logged at most once per [`REFUSAL_LOG_INTERVAL_MS`]; counts the rest.

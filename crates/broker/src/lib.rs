@@ -4,7 +4,6 @@
 //! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
 
 pub mod cluster_link;
-pub mod config;
 mod connection;
 mod connection_limits;
 mod fetch_session;
@@ -28,8 +27,8 @@ use std::sync::Arc;
 use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
 use tokio::sync::Semaphore;
 
-use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
+use sluice_config::BrokerConfig;
 use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
 use sluice_tiered::{RemoteLogController, TieredStorage};
@@ -61,7 +60,7 @@ pub struct Broker {
     request_memory: connection::RequestMemory,
     /// Connections open, in all and per address, and SASL password checks at once.
     connection_limits: Arc<connection_limits::ConnectionLimits>,
-    /// Fetch reads that wait for the disk, on the blocking pool (`config::FETCH_DISK_READS_MAX`).
+    /// Fetch reads that wait for the disk, on the blocking pool (`sluice_config::FETCH_DISK_READS_MAX`).
     fetch_disk_reads: Arc<Semaphore>,
     /// Prometheus metrics (`metrics.rs`).
     metrics: metrics::Metrics,
@@ -240,7 +239,7 @@ impl Broker {
             logs,
             request_memory,
             connection_limits,
-            fetch_disk_reads: Arc::new(Semaphore::new(config::FETCH_DISK_READS_MAX)),
+            fetch_disk_reads: Arc::new(Semaphore::new(sluice_config::FETCH_DISK_READS_MAX)),
             fetch_sessions: fetch_session::FetchSessions::default(),
             metrics,
             groups,

@@ -6,8 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use sluice_broker::config::BrokerConfig;
 use sluice_broker::Broker;
+use sluice_config::BrokerConfig;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -327,7 +327,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     sluice_broker::server::stop_on_panic();
     raise_open_files_limit();
     let io_threads = match config.io_threads {
-        0 => sluice_broker::config::io_threads_auto(),
+        0 => sluice_config::io_threads_auto(),
         threads => threads,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

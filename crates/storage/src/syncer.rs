@@ -168,9 +168,10 @@ impl Syncer {
     /// no sooner than `interval` after it started (0, the default here: as soon as there
     /// is work). Each round costs the same CPU (a write, a device cache flush, a wake-up of
     /// every acknowledgement and fetch it completes) whatever it carries, so fewer, fuller
-    /// rounds cost less (the broker's default and its measurements: `config.rs`). A round
-    /// that logged fewer than [`WAL_PACED_ROUND_BATCHES_MIN`] batches is not followed by a
-    /// wait. Acknowledgements still follow their round's fsync; only its start moves.
+    /// rounds cost less (the broker's default and its measurements: `sluice-config`'s
+    /// `limits.rs`). A round that logged fewer than [`WAL_PACED_ROUND_BATCHES_MIN`] batches
+    /// is not followed by a wait. Acknowledgements still follow their round's fsync; only
+    /// its start moves.
     pub fn set_wal_round_interval(&self, interval: Duration) {
         assert!(
             interval <= WAL_ROUND_INTERVAL_MAX,

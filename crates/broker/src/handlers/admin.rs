@@ -19,9 +19,9 @@ use sluice_cluster::ClusterMetadata;
 use uuid::Uuid;
 
 use super::{message, str_bytes};
-use crate::config::PARTITIONS_PER_TOPIC_MAX;
 use crate::metadata_writes::{Assignment, CreatedTopic, MetadataWriter, NewTopic};
 use crate::{Broker, LEADER_EPOCH};
+use sluice_config::PARTITIONS_PER_TOPIC_MAX;
 use sluice_meta::topic_config;
 use sluice_meta::topics::{validate_topic_name, TopicMeta};
 

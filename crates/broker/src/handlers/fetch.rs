@@ -9,7 +9,7 @@
 //! Reads never wait for the disk on an async runtime thread: a fetch first reads from the
 //! page cache only (`ReadMode::CachedOnly`); if anything it needs is not cached (a consumer
 //! catching up on a cold backlog), the whole read is redone on the blocking pool, at most
-//! `FETCH_DISK_READS_MAX` at once and `config::fetch_disk_read_bytes` each (4-16 MiB), so
+//! `FETCH_DISK_READS_MAX` at once and `sluice_config::fetch_disk_read_bytes` each (4-16 MiB), so
 //! producers' requests on the runtime threads never queue behind a disk read, and cold reads
 //! hold little memory. With direct I/O (`log_segment_direct_io`, the default) a cold read goes
 //! from the disk to its buffer without entering the page cache (`sluice_storage`'s
@@ -41,9 +41,9 @@ use sluice_storage::{Partition, ReadError, ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::config::FETCH_WAIT_MS_MAX;
 use crate::fetch_session::FetchItem;
 use crate::Broker;
+use sluice_config::FETCH_WAIT_MS_MAX;
 use sluice_tiered::RemoteReadError;
 
 /// First Fetch version that names topics by id.
@@ -187,7 +187,7 @@ pub(super) async fn handle(
                 broker.metrics.fetch_disk_reads.inc();
                 let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
                 let (returned, read) = tokio::task::spawn_blocking(move || {
-                    let cold_max_bytes = max_bytes.min(crate::config::fetch_disk_read_bytes());
+                    let cold_max_bytes = max_bytes.min(sluice_config::fetch_disk_read_bytes());
                     let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock, false);
                     (targets, read)
                 })

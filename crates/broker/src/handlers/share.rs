@@ -37,10 +37,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{str_bytes, Session};
-use crate::config::FETCH_WAIT_MS_MAX;
 use crate::share::store::AdminChange;
 use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;
+use sluice_config::FETCH_WAIT_MS_MAX;
 
 /// Bytes read per share-partition per fetch pass at most.
 const SHARE_PARTITION_READ_BYTES_MAX: usize = 1024 * 1024;
