@@ -49,7 +49,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Duration, Instant};
 
-use crate::handlers::{self, ResponseFuture, Session};
+use crate::handlers::{self, ClientSession, ResponseFuture};
 use crate::Broker;
 
 /// Bytes read from a socket beyond the frame being admitted: enough for the size prefix and
@@ -81,7 +81,7 @@ pub(crate) async fn run(
     certificate_user: Option<String>,
 ) {
     let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
-    let mut session = Session { peer, listener, principal: Arc::from(""), throttle: Default::default() };
+    let mut session = ClientSession { peer, listener, principal: Arc::from(""), throttle: Default::default() };
     let frame_bytes_max = broker.config().max_request_bytes;
     // Before SASL authentication, Kafka's sasl.server.max.receive.size.
     let unauthenticated_frame_bytes_max = frame_bytes_max.min(broker.config().sasl_server_max_receive_size);

@@ -97,7 +97,7 @@ struct FetchSession {
 
 /// How a fetch relates to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SessionUse {
+pub(crate) enum FetchSessionUse {
     /// A full fetch with no session (answer session id 0, every partition).
     None,
     /// A full fetch that opened session `id` (answer every partition).
@@ -107,12 +107,12 @@ pub(crate) enum SessionUse {
     Incremental { id: i32, generation: u64 },
 }
 
-impl SessionUse {
+impl FetchSessionUse {
     /// The session id to answer with.
     pub(crate) fn id(self) -> i32 {
         match self {
-            SessionUse::None => 0,
-            SessionUse::Opened { id } | SessionUse::Incremental { id, .. } => id,
+            FetchSessionUse::None => 0,
+            FetchSessionUse::Opened { id } | FetchSessionUse::Incremental { id, .. } => id,
         }
     }
 }
@@ -126,7 +126,7 @@ pub(crate) struct FetchSessions {
 impl FetchSessions {
     /// Applies a fetch request to the cache: returns how the fetch uses a session and every
     /// partition it reads, in order, or the session error to answer with.
-    pub(crate) fn begin(&self, request: FetchRequest) -> Result<(SessionUse, Vec<FetchItem>), ResponseError> {
+    pub(crate) fn begin(&self, request: FetchRequest) -> Result<(FetchSessionUse, Vec<FetchItem>), ResponseError> {
         let FetchRequest { session_id, session_epoch, topics, forgotten_topics_data, .. } = request;
         let requested = || -> Vec<FetchItem> {
             topics
@@ -149,10 +149,10 @@ impl FetchSessions {
                 }
                 let items = requested();
                 if session_epoch == FINAL_EPOCH {
-                    return Ok((SessionUse::None, items));
+                    return Ok((FetchSessionUse::None, items));
                 }
                 let id = open(&mut sessions, &items);
-                Ok((id.map_or(SessionUse::None, |id| SessionUse::Opened { id }), items))
+                Ok((id.map_or(FetchSessionUse::None, |id| FetchSessionUse::Opened { id }), items))
             }
             epoch if epoch > 0 => {
                 let session = sessions.get_mut(&session_id).ok_or(ResponseError::FetchSessionIdNotFound)?;
@@ -185,7 +185,7 @@ impl FetchSessions {
                 session.last_used = Instant::now();
                 session.generation += 1;
                 let items = session.partitions.values().map(|cached| cached.item.clone()).collect();
-                Ok((SessionUse::Incremental { id: session_id, generation: session.generation }, items))
+                Ok((FetchSessionUse::Incremental { id: session_id, generation: session.generation }, items))
             }
             _ => Err(ResponseError::InvalidFetchSessionEpoch),
         }
@@ -196,15 +196,15 @@ impl FetchSessions {
     /// holds each read partition's data, in the order `begin` returned them.
     pub(crate) fn finish(
         &self,
-        session: SessionUse,
+        session: FetchSessionUse,
         items: Vec<FetchItem>,
         answered: Vec<PartitionData>,
     ) -> Vec<(FetchItem, PartitionData)> {
         assert_eq!(items.len(), answered.len(), "one answer per partition read");
         let (id, incremental) = match session {
-            SessionUse::None => return items.into_iter().zip(answered).collect(),
-            SessionUse::Opened { id } => (id, None),
-            SessionUse::Incremental { id, generation } => (id, Some(generation)),
+            FetchSessionUse::None => return items.into_iter().zip(answered).collect(),
+            FetchSessionUse::Opened { id } => (id, None),
+            FetchSessionUse::Incremental { id, generation } => (id, Some(generation)),
         };
         let mut sessions = self.sessions.lock();
         let Some(cached) = sessions.get_mut(&id) else {
@@ -338,14 +338,14 @@ mod tests {
     fn an_incremental_fetch_carries_only_changed_partitions_and_answers_only_news() {
         let sessions = FetchSessions::default();
         let (session, items) = sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
-        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        let FetchSessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
         let out = sessions.finish(session, items, vec![data(5, true), data(0, false), data(0, false)]);
         assert_eq!(answered(&out), [0, 1, 2], "a full fetch answers every partition");
 
         // Epoch 1 moves partition 0's offset; the session still reads all three, partition 0
         // (which returned records) now last. Only partition 2's high watermark moved.
         let (session, items) = sessions.begin(fetch(id, 1, &[(0, 5)], &[])).unwrap();
-        assert!(matches!(session, SessionUse::Incremental { id: same, .. } if same == id));
+        assert!(matches!(session, FetchSessionUse::Incremental { id: same, .. } if same == id));
         assert_eq!(
             items.iter().map(|i| (i.partition.partition, i.partition.fetch_offset)).collect::<Vec<_>>(),
             [(1, 0), (2, 0), (0, 5)]
@@ -362,7 +362,7 @@ mod tests {
 
         // Epoch -1 closes the session and fetches without one.
         let (session, _) = sessions.begin(fetch(id, -1, &[(0, 5)], &[])).unwrap();
-        assert_eq!(session, SessionUse::None);
+        assert_eq!(session, FetchSessionUse::None);
         assert_eq!(sessions.len(), 0);
     }
 
@@ -371,7 +371,7 @@ mod tests {
         let sessions = FetchSessions::default();
         let all: Vec<(i32, i64)> = (0..6).map(|p| (p, 0)).collect();
         let (session, items) = sessions.begin(fetch(0, 0, &all, &[])).unwrap();
-        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        let FetchSessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
         let answers = (0..6).map(|p| data(0, p == 1 || p == 4)).collect();
         sessions.finish(session, items, answers);
 
@@ -391,7 +391,7 @@ mod tests {
     fn a_fetch_begun_before_the_previous_one_finished_is_recorded_by_partition() {
         let sessions = FetchSessions::default();
         let (session, items) = sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap();
-        let SessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
+        let FetchSessionUse::Opened { id } = session else { panic!("no session opened: {session:?}") };
         sessions.finish(session, items, vec![data(0, false), data(0, false), data(0, false)]);
 
         // Epoch 1 and epoch 2 (which forgets partition 1) begin before epoch 1 finishes.
@@ -411,15 +411,15 @@ mod tests {
         for _ in 0..FETCH_SESSIONS_MAX {
             assert!(matches!(
                 sessions.begin(fetch(0, 0, &[(0, 0), (1, 0)], &[])).unwrap().0,
-                SessionUse::Opened { .. }
+                FetchSessionUse::Opened { .. }
             ));
         }
         // A smaller session does not displace recently used larger ones: it goes sessionless.
-        assert_eq!(sessions.begin(fetch(0, 0, &[(0, 0)], &[])).unwrap().0, SessionUse::None);
+        assert_eq!(sessions.begin(fetch(0, 0, &[(0, 0)], &[])).unwrap().0, FetchSessionUse::None);
         // A larger one takes the least recently used slot.
         assert!(matches!(
             sessions.begin(fetch(0, 0, &[(0, 0), (1, 0), (2, 0)], &[])).unwrap().0,
-            SessionUse::Opened { .. }
+            FetchSessionUse::Opened { .. }
         ));
         assert_eq!(sessions.len(), FETCH_SESSIONS_MAX);
     }

@@ -12,24 +12,24 @@ use sluice_security::{
     INTER_BROKER_USER,
 };
 
-use crate::handlers::{Failure, Session};
+use crate::handlers::{ClientSession, Failure};
 use crate::Broker;
 
 impl Broker {
     /// Whether the client of `session` may do `operation` on the resource.
-    pub(crate) fn authorized(&self, session: &Session, operation: i8, resource_type: i8, name: &str) -> bool {
+    pub(crate) fn authorized(&self, session: &ClientSession, operation: i8, resource_type: i8, name: &str) -> bool {
         let Some(authorizer) = &self.authorizer else { return true };
         authorizer.allows(self, &session.principal, session.peer.ip(), operation, resource_type, name)
     }
 
     /// Whether some ACL lets the client write some topic (what an idempotent producer
     /// needs instead of IDEMPOTENT_WRITE on the cluster, since Kafka 3.0).
-    pub(crate) fn may_write_some_topic(&self, session: &Session) -> bool {
+    pub(crate) fn may_write_some_topic(&self, session: &ClientSession) -> bool {
         let Some(authorizer) = &self.authorizer else { return true };
         authorizer.may_write_some_topic(self, &session.principal, session.peer.ip())
     }
 
-    pub(crate) fn authorized_on_cluster(&self, session: &Session, operation: i8) -> bool {
+    pub(crate) fn authorized_on_cluster(&self, session: &ClientSession, operation: i8) -> bool {
         self.authorized(session, operation, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
     }
 
@@ -39,7 +39,7 @@ impl Broker {
     /// secret is that user; which listener a connection came in on grants nothing, so a
     /// PLAINTEXT inter-broker listener under an authorizer needs its (anonymous) principal
     /// in `super.users`, as Kafka's does.
-    pub(crate) fn may_replicate(&self, session: &Session) -> bool {
+    pub(crate) fn may_replicate(&self, session: &ClientSession) -> bool {
         self.authorized_on_cluster(session, OP_CLUSTER_ACTION)
     }
 

@@ -16,12 +16,12 @@ use kafka_protocol::ResponseError;
 use sluice_cluster::AclBinding;
 use sluice_security::acl::{self, AclFilter};
 
-use super::{message, Session};
+use super::{message, ClientSession};
 use crate::Broker;
 
 const NOT_AUTHORIZED: &str = "Cluster authorization failed.";
 
-pub(super) async fn create(broker: &Broker, session: &Session, request: CreateAclsRequest) -> CreateAclsResponse {
+pub(super) async fn create(broker: &Broker, session: &ClientSession, request: CreateAclsRequest) -> CreateAclsResponse {
     let mut response = CreateAclsResponse::default();
     let allowed = broker.authorized_on_cluster(session, acl::OP_ALTER);
     let mut valid = Vec::new();
@@ -83,7 +83,7 @@ fn filter(
     }
 }
 
-pub(super) fn describe(broker: &Broker, session: &Session, request: DescribeAclsRequest) -> DescribeAclsResponse {
+pub(super) fn describe(broker: &Broker, session: &ClientSession, request: DescribeAclsRequest) -> DescribeAclsResponse {
     let mut response = DescribeAclsResponse::default();
     if !broker.authorized_on_cluster(session, acl::OP_DESCRIBE) {
         response.error_code = ResponseError::ClusterAuthorizationFailed.code();
@@ -122,7 +122,7 @@ pub(super) fn describe(broker: &Broker, session: &Session, request: DescribeAcls
     response
 }
 
-pub(super) async fn delete(broker: &Broker, session: &Session, request: DeleteAclsRequest) -> DeleteAclsResponse {
+pub(super) async fn delete(broker: &Broker, session: &ClientSession, request: DeleteAclsRequest) -> DeleteAclsResponse {
     let mut response = DeleteAclsResponse::default();
     if !broker.authorized_on_cluster(session, acl::OP_ALTER) {
         for _ in &request.filters {

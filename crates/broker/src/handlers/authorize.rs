@@ -33,7 +33,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use sluice_security::acl::{self, RESOURCE_GROUP, RESOURCE_TOPIC, RESOURCE_TRANSACTIONAL_ID};
 
-use super::Session;
+use super::ClientSession;
 use crate::Broker;
 
 pub(super) use operations::{fill_operations, OperationsWanted};
@@ -213,7 +213,7 @@ pub(super) struct Denied {
 /// The client of one request, as the checks ask about it.
 pub(super) struct Access<'a> {
     broker: &'a Broker,
-    session: &'a Session,
+    session: &'a ClientSession,
 }
 
 impl Access<'_> {
@@ -247,7 +247,7 @@ fn error_message(error: ResponseError) -> Option<StrBytes> {
 /// Checks a request against its API's rule before it is served: `Err` is the whole answer.
 pub(super) fn before(
     broker: &Broker,
-    session: &Session,
+    session: &ClientSession,
     api: ApiKey,
     body: RequestKind,
 ) -> Result<(RequestKind, Denied), Box<ResponseKind>> {
@@ -271,7 +271,13 @@ pub(super) fn before(
 }
 
 /// Completes a response as its API's rule says: refused resources back in, the rest masked.
-pub(super) fn after(broker: &Broker, session: &Session, api: ApiKey, denied: Denied, response: &mut ResponseKind) {
+pub(super) fn after(
+    broker: &Broker,
+    session: &ClientSession,
+    api: ApiKey,
+    denied: Denied,
+    response: &mut ResponseKind,
+) {
     if broker.authorizer.is_none() {
         return;
     }

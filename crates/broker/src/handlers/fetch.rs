@@ -64,7 +64,7 @@ pub(super) async fn handle(
     broker: &Arc<Broker>,
     request: FetchRequest,
     version: i16,
-    client: &super::Session,
+    client: &super::ClientSession,
 ) -> (FetchResponse, Vec<FileChunk>) {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let min_bytes = request.min_bytes.max(0) as usize;

@@ -45,9 +45,10 @@ fn client_host(peer: &SocketAddr) -> String {
     format!("/{}", peer.ip())
 }
 
-/// Who sent a request, from where, over which listener.
+/// A client connection's authenticated session: who sent a request, from where, over
+/// which listener.
 #[derive(Clone)]
-pub(crate) struct Session {
+pub(crate) struct ClientSession {
     pub(crate) peer: SocketAddr,
     /// Index in [`Broker::listeners`].
     pub(crate) listener: usize,
@@ -74,7 +75,7 @@ struct Exchange {
 
 /// Runs one request of an authenticated client. The memory the request was charged
 /// (connection.rs) is held by the connection until the response is written.
-pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session) -> ResponseFuture {
+pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientSession) -> ResponseFuture {
     let peer = &session.peer;
     let Request { api_key, api_version, correlation_id, body, client_id } = request;
     let arrived = std::time::Instant::now();
@@ -411,7 +412,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &Session
 /// and encodes it.
 fn respond(
     broker: Arc<Broker>,
-    session: Session,
+    session: ClientSession,
     exchange: Exchange,
     response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
     denied: authorize::Denied,
@@ -466,7 +467,13 @@ impl Future for PollTimed {
 /// Charges produce and consumer-fetch bytes and the request's handling time to the
 /// client's quotas; over one, the answer carries `throttle_time_ms` and the connection
 /// stops reading for that long.
-fn charge_quota(broker: &Broker, session: &Session, exchange: &Exchange, body: &mut ResponseKind, busy: Duration) {
+fn charge_quota(
+    broker: &Broker,
+    session: &ClientSession,
+    exchange: &Exchange,
+    body: &mut ResponseKind,
+    busy: Duration,
+) {
     use sluice_security::quota::QuotaKind;
     if !broker.quotas.configured() {
         return;

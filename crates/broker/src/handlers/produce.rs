@@ -46,7 +46,7 @@ enum AckWhen {
 pub(super) fn append(
     broker: &Arc<Broker>,
     request: ProduceRequest,
-    session: &super::Session,
+    session: &super::ClientSession,
 ) -> impl Future<Output = Option<ProduceResponse>> + Send + 'static {
     let now_ms = sluice_storage::now_ms();
     let acks = request.acks;

@@ -16,7 +16,7 @@ use sluice_cluster::{QuotaEntity, QuotaEntityName};
 use sluice_security::acl;
 use sluice_security::quota::{CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE};
 
-use super::{message, Session};
+use super::{message, ClientSession};
 use crate::Broker;
 
 const ENTITY_USER: &str = "user";
@@ -46,7 +46,7 @@ fn components(entity: &QuotaEntity) -> Vec<(&'static str, Option<StrBytes>)> {
 
 pub(super) fn describe(
     broker: &Broker,
-    session: &Session,
+    session: &ClientSession,
     request: DescribeClientQuotasRequest,
 ) -> DescribeClientQuotasResponse {
     let mut response = DescribeClientQuotasResponse::default();
@@ -147,7 +147,7 @@ fn parse_entity(
 
 pub(super) async fn alter(
     broker: &Broker,
-    session: &Session,
+    session: &ClientSession,
     request: AlterClientQuotasRequest,
 ) -> AlterClientQuotasResponse {
     let allowed = broker.authorized_on_cluster(session, acl::OP_ALTER_CONFIGS);

@@ -36,7 +36,7 @@ use sluice_storage::{ReadLimit, ReadMode};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{str_bytes, Session};
+use super::{str_bytes, ClientSession};
 use crate::share::store::AdminChange;
 use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;
@@ -220,7 +220,11 @@ struct Fetched {
     error: Option<ResponseError>,
 }
 
-pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: ShareFetchRequest) -> ShareFetchResponse {
+pub(super) async fn fetch(
+    broker: &Arc<Broker>,
+    client: &ClientSession,
+    request: ShareFetchRequest,
+) -> ShareFetchResponse {
     let mut response = ShareFetchResponse::default();
     let Some((group_id, member_id)) = group_and_member(request.group_id.as_deref(), request.member_id.as_ref()) else {
         response.error_code = ResponseError::InvalidRequest.code();
@@ -297,7 +301,7 @@ pub(super) async fn fetch(broker: &Arc<Broker>, session: &Session, request: Shar
                 let name = catalog.name_for_id(&topic_id).map(str::to_string);
                 let mut log = match &name {
                     None => Err(ResponseError::UnknownTopicId),
-                    Some(name) if !broker.authorized(session, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
+                    Some(name) if !broker.authorized(client, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
                         Err(ResponseError::TopicAuthorizationFailed)
                     }
                     Some(name) => {
@@ -607,10 +611,10 @@ fn state_key(
 /// loads a share-partition's state from the state partition led here.
 pub(super) async fn read_state(
     broker: &Arc<Broker>,
-    session: &Session,
+    client: &ClientSession,
     request: ReadShareGroupStateRequest,
 ) -> ReadShareGroupStateResponse {
-    let allowed = broker.may_replicate(session);
+    let allowed = broker.may_replicate(client);
     let catalog = broker.topics.catalog();
     let mut response = ReadShareGroupStateResponse::default();
     for topic in request.topics {
@@ -653,10 +657,10 @@ pub(super) async fn read_state(
 /// stores a share-partition's new state here; answered once durable.
 pub(super) async fn write_state(
     broker: &Arc<Broker>,
-    session: &Session,
+    client: &ClientSession,
     request: WriteShareGroupStateRequest,
 ) -> WriteShareGroupStateResponse {
-    let allowed = broker.may_replicate(session);
+    let allowed = broker.may_replicate(client);
     let catalog = broker.topics.catalog();
     let mut response = WriteShareGroupStateResponse::default();
     for topic in request.topics {
@@ -689,10 +693,10 @@ pub(super) async fn write_state(
 /// start offset, for DescribeShareGroupOffsets at the group's coordinator.
 pub(super) fn read_state_summary(
     broker: &Arc<Broker>,
-    session: &Session,
+    client: &ClientSession,
     request: ReadShareGroupStateSummaryRequest,
 ) -> ReadShareGroupStateSummaryResponse {
-    let allowed = broker.may_replicate(session);
+    let allowed = broker.may_replicate(client);
     let catalog = broker.topics.catalog();
     let mut response = ReadShareGroupStateSummaryResponse::default();
     for topic in request.topics {
@@ -726,11 +730,11 @@ pub(super) fn read_state_summary(
 /// group coordinator's administrative change of share-partitions stored here.
 pub(super) async fn administer_state(
     broker: &Arc<Broker>,
-    session: &Session,
+    client: &ClientSession,
     group_id: &str,
     changes: Vec<(Uuid, Vec<(i32, AdminChange)>)>,
 ) -> Vec<(Uuid, Vec<(i32, i16)>)> {
-    let allowed = broker.may_replicate(session);
+    let allowed = broker.may_replicate(client);
     let catalog = broker.topics.catalog();
     let mut results = Vec::new();
     for (topic_id, partitions) in changes {

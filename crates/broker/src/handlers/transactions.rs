@@ -23,7 +23,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::ResponseError;
 use sluice_security::acl;
 
-use super::{str_bytes, Session};
+use super::{str_bytes, ClientSession};
 use crate::group::error::GroupError;
 use crate::group::offsets::CommittedOffset;
 use crate::txn_markers::{write_local, Marker, MarkerTarget};
@@ -31,7 +31,11 @@ use crate::Broker;
 
 /// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
 /// READ on the group, where the request names them).
-fn may_write_transaction(broker: &Broker, session: &Session, transactional_id: &str) -> Result<(), ResponseError> {
+fn may_write_transaction(
+    broker: &Broker,
+    session: &ClientSession,
+    transactional_id: &str,
+) -> Result<(), ResponseError> {
     if broker.authorized(session, acl::OP_WRITE, acl::RESOURCE_TRANSACTIONAL_ID, transactional_id) {
         Ok(())
     } else {
@@ -39,7 +43,7 @@ fn may_write_transaction(broker: &Broker, session: &Session, transactional_id: &
     }
 }
 
-fn may_read_group(broker: &Broker, session: &Session, group_id: &str) -> Result<(), ResponseError> {
+fn may_read_group(broker: &Broker, session: &ClientSession, group_id: &str) -> Result<(), ResponseError> {
     if broker.authorized(session, acl::OP_READ, acl::RESOURCE_GROUP, group_id) {
         Ok(())
     } else {
@@ -49,7 +53,7 @@ fn may_read_group(broker: &Broker, session: &Session, group_id: &str) -> Result<
 
 pub(super) async fn init_producer_id(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
@@ -72,7 +76,7 @@ pub(super) async fn init_producer_id(
 
 pub(super) async fn add_partitions(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: AddPartitionsToTxnRequest,
 ) -> AddPartitionsToTxnResponse {
     let partitions: Vec<(String, i32)> = request
@@ -130,7 +134,7 @@ pub(super) async fn add_partitions(
 
 pub(super) async fn add_offsets(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
     let result = crate::group::validate_group_id(request.group_id.as_str())
@@ -164,7 +168,7 @@ pub(super) async fn add_offsets(
 /// them (`group/offsets.rs`).
 pub(super) async fn txn_offset_commit(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: TxnOffsetCommitRequest,
     version: i16,
 ) -> TxnOffsetCommitResponse {
@@ -235,7 +239,7 @@ pub(super) async fn txn_offset_commit(
     response
 }
 
-pub(super) async fn end(broker: &Arc<Broker>, session: &Session, request: EndTxnRequest) -> EndTxnResponse {
+pub(super) async fn end(broker: &Arc<Broker>, session: &ClientSession, request: EndTxnRequest) -> EndTxnResponse {
     let allowed = may_write_transaction(broker, session, request.transactional_id.as_str());
     let result = match allowed {
         Ok(()) => {
@@ -263,7 +267,7 @@ pub(super) async fn end(broker: &Arc<Broker>, session: &Session, request: EndTxn
 
 pub(super) fn list(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: ListTransactionsRequest,
 ) -> ListTransactionsResponse {
     let mut response = ListTransactionsResponse::default();
@@ -292,7 +296,7 @@ pub(super) fn list(
 
 pub(super) fn describe(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let mut response = DescribeTransactionsResponse::default();
@@ -342,7 +346,7 @@ pub(super) fn describe(
 /// `find-hanging`, and `abort --start-offset`).
 pub(super) fn describe_producers(
     broker: &Arc<Broker>,
-    session: &Session,
+    session: &ClientSession,
     request: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
     use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};

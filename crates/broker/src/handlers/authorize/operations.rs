@@ -5,7 +5,7 @@
 use kafka_protocol::messages::{RequestKind, ResponseKind};
 use sluice_security::acl::{self, RESOURCE_CLUSTER, RESOURCE_GROUP, RESOURCE_TOPIC};
 
-use crate::handlers::Session;
+use crate::handlers::ClientSession;
 use crate::Broker;
 
 /// Operations Kafka reports per resource type (AclEntry.supportedOperations), without the
@@ -65,7 +65,7 @@ impl OperationsWanted {
 }
 
 /// The operations of `supported` the client may perform on the resource, one bit each.
-fn operations(broker: &Broker, session: &Session, resource_type: i8, name: &str, supported: &[i8]) -> i32 {
+fn operations(broker: &Broker, session: &ClientSession, resource_type: i8, name: &str, supported: &[i8]) -> i32 {
     supported
         .iter()
         .filter(|&&operation| broker.authorized(session, operation, resource_type, name))
@@ -76,7 +76,7 @@ fn operations(broker: &Broker, session: &Session, resource_type: i8, name: &str,
 /// keep Kafka's "omitted", i32::MIN).
 pub(crate) fn fill_operations(
     broker: &Broker,
-    session: &Session,
+    session: &ClientSession,
     wanted: OperationsWanted,
     response: &mut ResponseKind,
 ) {
