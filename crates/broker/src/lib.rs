@@ -7,8 +7,8 @@ pub mod cluster_link;
 pub mod config;
 mod connection;
 mod connection_limits;
+mod coordinator_host;
 mod fetch_session;
-mod group;
 mod handlers;
 mod metadata_writes;
 pub mod metrics;
@@ -16,7 +16,6 @@ mod replica_host;
 mod security;
 pub mod server;
 mod share;
-mod state_log;
 mod tiered_host;
 mod txn;
 mod txn_log;
@@ -29,13 +28,12 @@ use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
 use tokio::sync::Semaphore;
 
 use crate::config::BrokerConfig;
-use crate::group::GroupCoordinator;
+use sluice_coordinator::group::{self, GroupCoordinator};
 use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
 use sluice_tiered::{RemoteLogController, TieredStorage};
 
-/// Leader epoch of every partition on a single node (replication will move it).
-pub const LEADER_EPOCH: i32 = 0;
+pub use sluice_meta::LEADER_EPOCH;
 
 /// Shared state of a running broker.
 pub struct Broker {

@@ -42,12 +42,12 @@ use serde::{Deserialize, Serialize};
 
 use sluice_storage::Syncer;
 
-use crate::group::offsets::CommittedOffset;
-use crate::group::placement::{partition_for, IncomingLeaderships};
-use crate::state_log::PendingChange;
 use crate::txn_log::TxnLog;
 use crate::txn_markers::{Marker, MarkerTarget};
 use crate::Broker;
+use sluice_coordinator::group::offsets::CommittedOffset;
+use sluice_coordinator::group::placement::{partition_for, IncomingLeaderships};
+use sluice_coordinator::state_log::PendingChange;
 use sluice_replication::Replica;
 
 /// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.

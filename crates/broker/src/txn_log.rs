@@ -11,10 +11,10 @@ use std::path::Path;
 
 use sluice_storage::Syncer;
 
-use crate::state_log::StateLog;
 use crate::txn::TxnMetadata;
+use sluice_coordinator::state_log::StateLog;
 
-pub(crate) use crate::state_log::{
+pub(crate) use sluice_coordinator::state_log::{
     STATE_LOG_BATCH_BYTES_MAX as TXN_LOG_BATCH_BYTES_MAX, STATE_LOG_SEGMENT_BYTES as TXN_LOG_SEGMENT_BYTES,
 };
 

@@ -19,8 +19,8 @@ use kafka_protocol::messages::{ApiKey, ProducerId, RequestKind, ResponseKind, To
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 
-use crate::group::OFFSETS_TOPIC;
 use crate::Broker;
+use sluice_coordinator::group::OFFSETS_TOPIC;
 use sluice_replication::PeerConnection;
 
 /// How long a marker may take to become durable (fsynced, and in a cluster in the ISR).

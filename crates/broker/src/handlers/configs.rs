@@ -271,7 +271,7 @@ async fn alter_group(
     replace_all: bool,
     validate_only: bool,
 ) -> Result<(), Failure> {
-    crate::group::validate_group_id(group_id)
+    sluice_coordinator::group::validate_group_id(group_id)
         .map_err(|_| (ResponseError::InvalidGroupId, format!("invalid group id {group_id:?}")))?;
     let mut configs = if replace_all { BTreeMap::new() } else { broker.shares.group_configs(group_id) };
     for (key, operation, value) in changes {

@@ -24,10 +24,10 @@ use kafka_protocol::ResponseError;
 use sluice_security::acl;
 
 use super::{str_bytes, Session};
-use crate::group::error::GroupError;
-use crate::group::offsets::CommittedOffset;
 use crate::txn_markers::{write_local, Marker, MarkerTarget};
 use crate::Broker;
+use sluice_coordinator::group::error::GroupError;
+use sluice_coordinator::group::offsets::CommittedOffset;
 
 /// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
 /// READ on the group, where the request names them).
@@ -133,7 +133,7 @@ pub(super) async fn add_offsets(
     session: &Session,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
-    let result = crate::group::validate_group_id(request.group_id.as_str())
+    let result = sluice_coordinator::group::validate_group_id(request.group_id.as_str())
         .map_err(|_| ResponseError::InvalidGroupId)
         .and_then(|()| may_write_transaction(broker, session, request.transactional_id.as_str()))
         .and_then(|()| may_read_group(broker, session, request.group_id.as_str()));
@@ -184,7 +184,7 @@ pub(super) async fn txn_offset_commit(
             })
         })
         .collect();
-    let committer = crate::group::Committer {
+    let committer = sluice_coordinator::group::Committer {
         member_id: request.member_id.as_str(),
         group_instance_id: request.group_instance_id.as_deref(),
         generation_id: request.generation_id,

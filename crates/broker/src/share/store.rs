@@ -42,9 +42,9 @@ use uuid::Uuid;
 
 use super::partition::StoredPartition;
 use super::{config_log_key, parse_partition_log_key, partition_log_key, GroupConfigs, PartitionKey, ShareRecord};
-use crate::group::placement::{partition_for, IncomingLeaderships};
-use crate::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
 use crate::Broker;
+use sluice_coordinator::group::placement::{partition_for, IncomingLeaderships};
+use sluice_coordinator::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
 use sluice_replication::Replica;
 
 pub(crate) use sluice_meta::internal::SHARE_STATE_TOPIC;
