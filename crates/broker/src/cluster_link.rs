@@ -385,7 +385,7 @@ fn expect_coordinator_leaderships(broker: &Arc<Broker>, metadata: &ClusterMetada
         IncomingLeaderships::new(topic.partitions.len() as i32, led.collect())
     };
     broker.groups.expect_leadership(led_here(sluice_coordinator::group::OFFSETS_TOPIC));
-    broker.transactions.expect_leadership(led_here(crate::txn_log::TXN_STATE_TOPIC));
+    broker.transactions.expect_leadership(led_here(sluice_coordinator::txn::log::TXN_STATE_TOPIC));
     broker.shares.store.expect_leadership(led_here(crate::share::store::SHARE_STATE_TOPIC));
 }
 
@@ -401,7 +401,7 @@ fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, me
         .collect();
     broker.groups.start_ticker(broker);
     broker.groups.follow_leadership(leaders);
-    let topic = crate::txn_log::TXN_STATE_TOPIC;
+    let topic = sluice_coordinator::txn::log::TXN_STATE_TOPIC;
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.transactions.follow_leadership(leaders);

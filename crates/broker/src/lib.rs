@@ -17,9 +17,6 @@ mod security;
 pub mod server;
 mod share;
 mod tiered_host;
-mod txn;
-mod txn_log;
-mod txn_markers;
 
 use std::io;
 use std::sync::Arc;
@@ -69,8 +66,8 @@ pub struct Broker {
     groups: Arc<GroupCoordinator>,
     /// Share groups (`share/`).
     shares: Arc<share::ShareCoordinator>,
-    /// The transaction coordinator (`txn.rs`).
-    transactions: Arc<txn::TransactionCoordinator>,
+    /// The transaction coordinator (`sluice_coordinator::txn`).
+    transactions: Arc<sluice_coordinator::txn::TransactionCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
     replicas: Option<Arc<sluice_replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
@@ -221,8 +218,8 @@ impl Broker {
             Some(_) => share::ShareCoordinator::replicated(share_settings),
         });
         let transactions = Arc::new(match &config.cluster {
-            None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
-            Some(_) => txn::TransactionCoordinator::replicated(),
+            None => sluice_coordinator::txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
+            Some(_) => sluice_coordinator::txn::TransactionCoordinator::replicated(),
         });
         let connection_limits = Arc::new(connection_limits::ConnectionLimits::new(&config));
         Ok(Arc::new(Broker {

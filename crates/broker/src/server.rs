@@ -189,7 +189,7 @@ async fn serve_connection(
     }
 }
 
-/// Aborts transactions past their timeout and completes prepared ones (`txn.rs`), as often
+/// Aborts transactions past their timeout and completes prepared ones (`sluice_coordinator::txn`), as often
 /// as the log upkeep runs and at least every second.
 async fn transactions_upkeep_loop(broker: Arc<Broker>) {
     let transactions = broker.transactions.clone();
@@ -198,7 +198,7 @@ async fn transactions_upkeep_loop(broker: Arc<Broker>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        transactions.upkeep(&broker).await;
+        transactions.upkeep(&*broker).await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! The coordinators: the group coordinator (classic and consumer-protocol groups, committed
-//! offsets) and the keyed state log coordinators keep in an internal topic.
+//! offsets), the transaction coordinator, and the keyed state log both keep in an internal
+//! topic.
 //!
 //! They sit below the broker, above storage, meta and replication, so that their state
 //! machines and durable logs are built and tested without the request handlers; the broker
@@ -7,11 +8,30 @@
 
 pub mod group;
 pub mod state_log;
+pub mod txn;
 
-use sluice_storage::Syncer;
+use std::sync::Arc;
 
-/// What a coordinator needs from the broker that hosts it.
-pub trait CoordinatorHost: Send + Sync + 'static {
-    /// The group-commit syncer that makes the broker's log appends durable.
-    fn syncer(&self) -> &Syncer;
+use kafka_protocol::ResponseError;
+use sluice_meta::TopicRegistry;
+use sluice_replication::ReplicaHost;
+use sluice_storage::Partition;
+
+use crate::group::GroupCoordinator;
+
+/// What a coordinator needs from the broker that hosts it, beyond what replication needs
+/// ([`ReplicaHost`]: the replicas, the logs and their syncer, inter-broker connections).
+pub trait CoordinatorHost: ReplicaHost {
+    /// This node's id.
+    fn node_id(&self) -> i32;
+    /// The topic registry: which partitions exist, producer id allocation.
+    fn topics(&self) -> &TopicRegistry;
+    /// The group coordinator, which transactions commit offsets through.
+    fn groups(&self) -> &Arc<GroupCoordinator>;
+    /// The log of a partition this node leads, to write a transaction marker to, and its
+    /// leader epoch; the error a client would get when it is not led here.
+    fn led_partition(&self, topic: &str, partition: i32) -> Result<(Arc<Partition>, i32), ResponseError>;
+    /// The node leading a partition, from the cluster metadata (`None` on a single node, or
+    /// when unknown).
+    fn partition_leader(&self, topic: &str, partition: i32) -> Option<i32>;
 }

@@ -215,6 +215,7 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     }
 
     /// The partition the log is written to.
+    #[cfg(test)]
     pub fn partition(&self) -> &Arc<Partition> {
         self.log.partition()
     }

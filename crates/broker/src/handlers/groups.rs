@@ -28,7 +28,6 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use crate::metadata_writes::{MetadataWriter, NewTopic};
-use crate::txn_log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use crate::Broker;
 use sluice_coordinator::group::error::GroupError;
 use sluice_coordinator::group::offsets::CommittedOffset;
@@ -38,6 +37,7 @@ use sluice_coordinator::group::{
     validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
     OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
+use sluice_coordinator::txn::log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use sluice_meta::topics::TopicMeta;
 
 /// Kafka's default `offsets.topic.replication.factor` (3), capped by the voter count.

@@ -111,7 +111,7 @@ pub(crate) struct ShareStateStore {
     shards: RwLock<Shards>,
     /// Cluster mode: a creation of `__share_group_state` is under way.
     pub(crate) creating_topic: AtomicBool,
-    peers: crate::txn_markers::PeerPool,
+    peers: sluice_coordinator::txn::markers::PeerPool,
 }
 
 impl StateShard {

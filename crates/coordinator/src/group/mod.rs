@@ -217,7 +217,7 @@ impl GroupCoordinator {
                 let Some(host) = host.upgrade() else { return };
                 let now_ms = sluice_storage::now_ms();
                 coordinator.tick(now_ms);
-                coordinator.upkeep(now_ms, host.syncer());
+                coordinator.upkeep(now_ms, host.logs().syncer());
             }
         });
     }
