@@ -386,7 +386,7 @@ fn expect_coordinator_leaderships(broker: &Arc<Broker>, metadata: &ClusterMetada
     };
     broker.groups.expect_leadership(led_here(sluice_coordinator::group::OFFSETS_TOPIC));
     broker.transactions.expect_leadership(led_here(sluice_coordinator::txn::log::TXN_STATE_TOPIC));
-    broker.shares.store.expect_leadership(led_here(crate::share::store::SHARE_STATE_TOPIC));
+    broker.shares.store.expect_leadership(led_here(sluice_coordinator::share::store::SHARE_STATE_TOPIC));
 }
 
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node
@@ -405,7 +405,7 @@ fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, me
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.transactions.follow_leadership(leaders);
-    let topic = crate::share::store::SHARE_STATE_TOPIC;
+    let topic = sluice_coordinator::share::store::SHARE_STATE_TOPIC;
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.shares.store.follow_leadership(leaders);

@@ -1,12 +1,13 @@
 //! The broker as the host of the coordinators (`sluice_coordinator`): the coordinator crate
-//! sits below the broker and reaches the broker's registry, groups and partitions only
+//! sits below the broker and reaches the broker's registry, groups, partitions and controller only
 //! through this (and through [`sluice_replication::ReplicaHost`], `replica_host.rs`).
 
 use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
 use sluice_coordinator::group::GroupCoordinator;
-use sluice_coordinator::CoordinatorHost;
+use sluice_coordinator::share::GroupConfigs;
+use sluice_coordinator::{CoordinatorHost, HostWrite};
 use sluice_meta::TopicRegistry;
 use sluice_storage::Partition;
 
@@ -45,5 +46,34 @@ impl CoordinatorHost for Broker {
         let topic = metadata.topics.get(topic)?;
         let partition = topic.partitions.get(usize::try_from(partition).ok()?)?;
         (partition.leader >= 0).then_some(partition.leader)
+    }
+
+    fn clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    fn partition(&self, topic: &str, partition: i32) -> Option<Arc<Partition>> {
+        Broker::partition(self, topic, partition)
+    }
+
+    fn alter_group_configs_in_cluster<'a>(
+        &'a self,
+        group_id: &'a str,
+        configs: &GroupConfigs,
+    ) -> Option<HostWrite<'a>> {
+        let cluster = self.cluster.as_ref()?;
+        let configs = configs.clone();
+        Some(Box::pin(async move {
+            match cluster.controller() {
+                Some(controller) => {
+                    let write = controller.alter_group_configs(group_id, configs);
+                    match tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write).await {
+                        Ok(Ok(())) => Ok(()),
+                        _ => Err(ResponseError::CoordinatorNotAvailable),
+                    }
+                }
+                None => Err(ResponseError::CoordinatorNotAvailable),
+            }
+        }))
     }
 }

@@ -15,7 +15,6 @@ pub mod metrics;
 mod replica_host;
 mod security;
 pub mod server;
-mod share;
 mod tiered_host;
 
 use std::io;
@@ -26,6 +25,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::BrokerConfig;
 use sluice_coordinator::group::{self, GroupCoordinator};
+use sluice_coordinator::share;
 use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
 use sluice_tiered::{RemoteLogController, TieredStorage};
@@ -64,7 +64,7 @@ pub struct Broker {
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
-    /// Share groups (`share/`).
+    /// Share groups (`sluice_coordinator::share`).
     shares: Arc<share::ShareCoordinator>,
     /// The transaction coordinator (`sluice_coordinator::txn`).
     transactions: Arc<sluice_coordinator::txn::TransactionCoordinator>,

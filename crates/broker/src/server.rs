@@ -67,7 +67,7 @@ pub async fn serve(
     let tiering = broker.tiered.clone().map(|tiered| tokio::spawn(tiered.run(broker.clone())));
     let shares_writer = {
         let broker = broker.clone();
-        tokio::spawn(async move { broker.shares.run_background_writes(&broker).await })
+        tokio::spawn(async move { broker.shares.run_background_writes(&*broker).await })
     };
     let mut accept_loops = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {

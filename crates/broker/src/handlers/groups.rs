@@ -85,7 +85,7 @@ impl InternalTopic {
         match self {
             InternalTopic::Offsets => OFFSETS_TOPIC,
             InternalTopic::TransactionState => TXN_STATE_TOPIC,
-            InternalTopic::ShareState => crate::share::store::SHARE_STATE_TOPIC,
+            InternalTopic::ShareState => sluice_coordinator::share::store::SHARE_STATE_TOPIC,
         }
     }
 
@@ -121,9 +121,11 @@ impl InternalTopic {
             InternalTopic::TransactionState => {
                 (config.transaction_state_num_partitions, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
             }
-            InternalTopic::ShareState => {
-                (crate::share::store::SHARE_STATE_NUM_PARTITIONS, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
-            }
+            InternalTopic::ShareState => (
+                sluice_coordinator::share::store::SHARE_STATE_NUM_PARTITIONS,
+                TXN_LOG_SEGMENT_BYTES,
+                TXN_LOG_BATCH_BYTES_MAX,
+            ),
         }
     }
 }
