@@ -19,9 +19,9 @@ use sluice_storage::{LogManager, TopicPartition};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::group::placement::IncomingLeaderships;
 use crate::Broker;
 use sluice_config::ClusterConfig;
+use sluice_coordinator::group::placement::IncomingLeaderships;
 use sluice_meta::topics::TopicMeta;
 use sluice_replication::{Assignment, IsrChanges, ReplicaManager};
 
@@ -384,25 +384,28 @@ fn expect_coordinator_leaderships(broker: &Arc<Broker>, metadata: &ClusterMetada
         let led = topic.partitions.iter().enumerate().filter(|(_, p)| p.leader == me).map(|(index, _)| index as i32);
         IncomingLeaderships::new(topic.partitions.len() as i32, led.collect())
     };
-    broker.groups.expect_leadership(led_here(crate::group::OFFSETS_TOPIC));
-    broker.transactions.expect_leadership(led_here(crate::txn_log::TXN_STATE_TOPIC));
-    broker.shares.store.expect_leadership(led_here(crate::share::store::SHARE_STATE_TOPIC));
+    broker.groups.expect_leadership(led_here(sluice_coordinator::group::OFFSETS_TOPIC));
+    broker.transactions.expect_leadership(led_here(sluice_coordinator::txn::log::TXN_STATE_TOPIC));
+    broker.shares.store.expect_leadership(led_here(sluice_coordinator::share::store::SHARE_STATE_TOPIC));
 }
 
 /// The hook of the group coordinator: which `__consumer_offsets` partitions this node
 /// leads now, and at which epoch (it loads those and drops the others).
 fn follow_offsets_leadership(broker: &Arc<Broker>, replicas: &ReplicaManager, metadata: &ClusterMetadata) {
-    let count = metadata.topics.get(crate::group::OFFSETS_TOPIC).map_or(0, |topic| topic.partitions.len() as i32);
+    let count =
+        metadata.topics.get(sluice_coordinator::group::OFFSETS_TOPIC).map_or(0, |topic| topic.partitions.len() as i32);
     let leaders = (0..count)
-        .map(|p| replicas.get(crate::group::OFFSETS_TOPIC, p).and_then(|r| r.leader_epoch().map(|e| (r, e))))
+        .map(|p| {
+            replicas.get(sluice_coordinator::group::OFFSETS_TOPIC, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))
+        })
         .collect();
     broker.groups.start_ticker(broker);
     broker.groups.follow_leadership(leaders);
-    let topic = crate::txn_log::TXN_STATE_TOPIC;
+    let topic = sluice_coordinator::txn::log::TXN_STATE_TOPIC;
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.transactions.follow_leadership(leaders);
-    let topic = crate::share::store::SHARE_STATE_TOPIC;
+    let topic = sluice_coordinator::share::store::SHARE_STATE_TOPIC;
     let count = metadata.topics.get(topic).map_or(0, |t| t.partitions.len() as i32);
     let leaders = (0..count).map(|p| replicas.get(topic, p).and_then(|r| r.leader_epoch().map(|e| (r, e)))).collect();
     broker.shares.store.follow_leadership(leaders);

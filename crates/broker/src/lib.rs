@@ -6,20 +6,15 @@
 pub mod cluster_link;
 mod connection;
 mod connection_limits;
+mod coordinator_host;
 mod fetch_session;
-mod group;
 mod handlers;
 mod metadata_writes;
 pub mod metrics;
 mod replica_host;
 mod security;
 pub mod server;
-mod share;
-mod state_log;
 mod tiered_host;
-mod txn;
-mod txn_log;
-mod txn_markers;
 
 use std::io;
 use std::sync::Arc;
@@ -27,14 +22,14 @@ use std::sync::Arc;
 use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
 use tokio::sync::Semaphore;
 
-use crate::group::GroupCoordinator;
 use sluice_config::BrokerConfig;
+use sluice_coordinator::group::{self, GroupCoordinator};
+use sluice_coordinator::share;
 use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
 use sluice_tiered::{RemoteLogController, TieredStorage};
 
-/// Leader epoch of every partition on a single node (replication will move it).
-pub const LEADER_EPOCH: i32 = 0;
+pub use sluice_meta::LEADER_EPOCH;
 
 /// Shared state of a running broker.
 pub struct Broker {
@@ -68,10 +63,10 @@ pub struct Broker {
     fetch_sessions: fetch_session::FetchSessions,
     /// Consumer groups and committed offsets (its own locks; never blocks produce/fetch).
     groups: Arc<GroupCoordinator>,
-    /// Share groups (`share/`).
+    /// Share groups (`sluice_coordinator::share`).
     shares: Arc<share::ShareCoordinator>,
-    /// The transaction coordinator (`txn.rs`).
-    transactions: Arc<txn::TransactionCoordinator>,
+    /// The transaction coordinator (`sluice_coordinator::txn`).
+    transactions: Arc<sluice_coordinator::txn::TransactionCoordinator>,
     /// Partition roles in a cluster; `None` on a single node (every partition led here).
     replicas: Option<Arc<sluice_replication::ReplicaManager>>,
     /// This node's controller, in a cluster.
@@ -222,8 +217,8 @@ impl Broker {
             Some(_) => share::ShareCoordinator::replicated(share_settings),
         });
         let transactions = Arc::new(match &config.cluster {
-            None => txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
-            Some(_) => txn::TransactionCoordinator::replicated(),
+            None => sluice_coordinator::txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
+            Some(_) => sluice_coordinator::txn::TransactionCoordinator::replicated(),
         });
         let connection_limits = Arc::new(connection_limits::ConnectionLimits::new(&config));
         Ok(Arc::new(Broker {

@@ -153,7 +153,7 @@ impl<'a> MetadataWriter<'a> {
         match self {
             MetadataWriter::Local(broker) => broker
                 .shares
-                .set_group_configs(broker, group_id, configs)
+                .set_group_configs(&***broker, group_id, configs)
                 .await
                 .map_err(|error| (error, "could not store the group configs".to_string())),
             MetadataWriter::Controller(broker, controller) => {

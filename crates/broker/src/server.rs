@@ -67,7 +67,7 @@ pub async fn serve(
     let tiering = broker.tiered.clone().map(|tiered| tokio::spawn(tiered.run(broker.clone())));
     let shares_writer = {
         let broker = broker.clone();
-        tokio::spawn(async move { broker.shares.run_background_writes(&broker).await })
+        tokio::spawn(async move { broker.shares.run_background_writes(&*broker).await })
     };
     let mut accept_loops = Vec::with_capacity(listeners.len());
     for (index, listener) in listeners.into_iter().enumerate() {
@@ -189,7 +189,7 @@ async fn serve_connection(
     }
 }
 
-/// Aborts transactions past their timeout and completes prepared ones (`txn.rs`), as often
+/// Aborts transactions past their timeout and completes prepared ones (`sluice_coordinator::txn`), as often
 /// as the log upkeep runs and at least every second.
 async fn transactions_upkeep_loop(broker: Arc<Broker>) {
     let transactions = broker.transactions.clone();
@@ -198,7 +198,7 @@ async fn transactions_upkeep_loop(broker: Arc<Broker>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        transactions.upkeep(&broker).await;
+        transactions.upkeep(&*broker).await;
     }
 }
 

@@ -13,3 +13,6 @@ pub mod topic_config;
 pub mod topics;
 
 pub use topics::{is_internal, validate_topic_name, TopicCatalog, TopicMeta, TopicRegistry};
+
+/// Leader epoch of every partition on a single node (in a cluster, the controller's epochs).
+pub const LEADER_EPOCH: i32 = 0;

@@ -236,9 +236,9 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
     let set = broker.shares.group_configs(group_id);
     let config = broker.config();
     let defaults = [
-        (crate::share::CONFIG_AUTO_OFFSET_RESET, "latest".to_string()),
-        (crate::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
-        (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
+        (sluice_coordinator::share::CONFIG_AUTO_OFFSET_RESET, "latest".to_string()),
+        (sluice_coordinator::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
+        (sluice_coordinator::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
     ];
     let mut configs: Vec<(&'static str, String, bool)> = defaults
         .into_iter()
@@ -247,14 +247,16 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
             None => (name, default, true),
         })
         .collect();
-    if let Some(topic) = set.get(crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC) {
-        configs.push((crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, topic.clone(), false));
+    if let Some(topic) = set.get(sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC) {
+        configs.push((sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, topic.clone(), false));
     }
     configs
 }
 
 fn group_config_type(name: &str) -> ConfigType {
-    if name == crate::share::CONFIG_AUTO_OFFSET_RESET || name == crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC {
+    if name == sluice_coordinator::share::CONFIG_AUTO_OFFSET_RESET
+        || name == sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC
+    {
         ConfigType::String
     } else {
         ConfigType::Int
@@ -271,20 +273,20 @@ async fn alter_group(
     replace_all: bool,
     validate_only: bool,
 ) -> Result<(), Failure> {
-    crate::group::validate_group_id(group_id)
+    sluice_coordinator::group::validate_group_id(group_id)
         .map_err(|_| (ResponseError::InvalidGroupId, format!("invalid group id {group_id:?}")))?;
     let mut configs = if replace_all { BTreeMap::new() } else { broker.shares.group_configs(group_id) };
     for (key, operation, value) in changes {
         let valid = match (key.as_str(), value.as_deref()) {
             (_, None) => true,
-            (crate::share::CONFIG_AUTO_OFFSET_RESET, Some(v)) => v == "latest" || v == "earliest",
-            (crate::share::CONFIG_LOCK_DURATION_MS, Some(v)) => {
+            (sluice_coordinator::share::CONFIG_AUTO_OFFSET_RESET, Some(v)) => v == "latest" || v == "earliest",
+            (sluice_coordinator::share::CONFIG_LOCK_DURATION_MS, Some(v)) => {
                 v.parse::<i64>().is_ok_and(|ms| (1_000..=3_600_000).contains(&ms))
             }
-            (crate::share::CONFIG_DELIVERY_COUNT_LIMIT, Some(v)) => {
+            (sluice_coordinator::share::CONFIG_DELIVERY_COUNT_LIMIT, Some(v)) => {
                 v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
             }
-            (crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
+            (sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
                 sluice_meta::topics::validate_topic_name(v).is_ok()
             }
             (other, _) => {

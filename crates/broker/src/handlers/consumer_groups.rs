@@ -14,13 +14,13 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use crate::group::assignor::Assignment;
-use crate::group::consumer::{
-    validate_heartbeat, Heartbeat, MemberDescription, CLIENT_MEMBER_ID_VERSION, JOIN_GROUP_MEMBER_EPOCH,
-};
-use crate::group::error::Refusal;
 use crate::handlers::groups::{coordinator, text};
 use crate::Broker;
+use sluice_coordinator::group::assignor::Assignment;
+use sluice_coordinator::group::consumer::{
+    validate_heartbeat, Heartbeat, MemberDescription, CLIENT_MEMBER_ID_VERSION, JOIN_GROUP_MEMBER_EPOCH,
+};
+use sluice_coordinator::group::error::Refusal;
 use sluice_meta::topics::TopicCatalog;
 
 /// ConsumerGroupDescribe v1 reports each member's protocol: 1 = consumer.

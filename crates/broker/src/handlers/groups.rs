@@ -2,7 +2,7 @@
 //! JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, OffsetDelete,
 //! ListGroups, DescribeGroups and DeleteGroups (the KIP-848 APIs are in
 //! `consumer_groups`). These handlers only translate between the wire messages and the
-//! [`GroupCoordinator`]; the rules live in `crate::group`.
+//! [`GroupCoordinator`]; the rules live in `sluice_coordinator::group`.
 //!
 //! Long-polls (JoinGroup, SyncGroup) and durable offset writes return futures that wait
 //! without holding any coordinator lock, each bounded by a timeout.
@@ -27,17 +27,17 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use crate::group::error::GroupError;
-use crate::group::offsets::CommittedOffset;
-use crate::group::placement::partition_for;
-use crate::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
-use crate::group::{
+use crate::metadata_writes::{MetadataWriter, NewTopic};
+use crate::Broker;
+use sluice_coordinator::group::error::GroupError;
+use sluice_coordinator::group::offsets::CommittedOffset;
+use sluice_coordinator::group::placement::partition_for;
+use sluice_coordinator::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
+use sluice_coordinator::group::{
     validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
     OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
-use crate::metadata_writes::{MetadataWriter, NewTopic};
-use crate::txn_log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
-use crate::Broker;
+use sluice_coordinator::txn::log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use sluice_meta::topics::TopicMeta;
 
 /// Kafka's default `offsets.topic.replication.factor` (3), capped by the voter count.
@@ -85,7 +85,7 @@ impl InternalTopic {
         match self {
             InternalTopic::Offsets => OFFSETS_TOPIC,
             InternalTopic::TransactionState => TXN_STATE_TOPIC,
-            InternalTopic::ShareState => crate::share::store::SHARE_STATE_TOPIC,
+            InternalTopic::ShareState => sluice_coordinator::share::store::SHARE_STATE_TOPIC,
         }
     }
 
@@ -121,9 +121,11 @@ impl InternalTopic {
             InternalTopic::TransactionState => {
                 (config.transaction_state_num_partitions, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
             }
-            InternalTopic::ShareState => {
-                (crate::share::store::SHARE_STATE_NUM_PARTITIONS, TXN_LOG_SEGMENT_BYTES, TXN_LOG_BATCH_BYTES_MAX)
-            }
+            InternalTopic::ShareState => (
+                sluice_coordinator::share::store::SHARE_STATE_NUM_PARTITIONS,
+                TXN_LOG_SEGMENT_BYTES,
+                TXN_LOG_BATCH_BYTES_MAX,
+            ),
         }
     }
 }

@@ -295,7 +295,9 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientS
                         let partitions = t
                             .partitions
                             .into_iter()
-                            .map(|p| (p.partition, crate::share::store::AdminChange::Start(p.start_offset)))
+                            .map(|p| {
+                                (p.partition, sluice_coordinator::share::store::AdminChange::Start(p.start_offset))
+                            })
                             .collect();
                         (t.topic_id, partitions)
                     })
@@ -330,7 +332,7 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientS
                         let partitions = t
                             .partitions
                             .into_iter()
-                            .map(|p| (p.partition, crate::share::store::AdminChange::Delete))
+                            .map(|p| (p.partition, sluice_coordinator::share::store::AdminChange::Delete))
                             .collect();
                         (t.topic_id, partitions)
                     })

@@ -1,4 +1,4 @@
-//! The share-group APIs (KIP-932) over `crate::share`: ShareGroupHeartbeat,
+//! The share-group APIs (KIP-932) over `sluice_coordinator::share`: ShareGroupHeartbeat,
 //! ShareGroupDescribe, ShareFetch (acquire records, with acknowledgements piggybacked) and
 //! ShareAcknowledge.
 //!
@@ -37,10 +37,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{str_bytes, ClientSession};
-use crate::share::store::AdminChange;
-use crate::share::{batch_spans, PartitionKey, SessionStep};
 use crate::Broker;
 use sluice_config::FETCH_WAIT_MS_MAX;
+use sluice_coordinator::share::store::AdminChange;
+use sluice_coordinator::share::{batch_spans, PartitionKey, SessionStep};
 
 /// Bytes read per share-partition per fetch pass at most.
 const SHARE_PARTITION_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -74,7 +74,7 @@ pub(super) fn heartbeat(
             if let Some(topics) = answer.unregistered {
                 let (broker, group_id) = (broker.clone(), request.group_id.to_string());
                 tokio::spawn(async move {
-                    let _ = broker.shares.register_group(&broker, &group_id, Some(topics)).await;
+                    let _ = broker.shares.register_group(&*broker, &group_id, Some(topics)).await;
                 });
             }
             response.member_id = Some(request.member_id.clone());
@@ -177,7 +177,7 @@ async fn acknowledge(
     if !broker.topics.catalog().get(topic).is_some_and(|(_, count)| (0..count).contains(&partition)) {
         return Err(ResponseError::UnknownTopicOrPartition);
     }
-    if crate::share::leader_epoch(broker, topic, partition).is_none() {
+    if sluice_coordinator::share::leader_epoch(broker, topic, partition).is_none() {
         return Err(ResponseError::NotLeaderOrFollower);
     }
     let write = broker.shares.acknowledge(group_id, member_id, topic, partition, batches)?;
@@ -305,7 +305,10 @@ pub(super) async fn fetch(
                         Err(ResponseError::TopicAuthorizationFailed)
                     }
                     Some(name) => {
-                        match (broker.partition(name, partition), crate::share::leader_epoch(broker, name, partition)) {
+                        match (
+                            broker.partition(name, partition),
+                            sluice_coordinator::share::leader_epoch(&**broker, name, partition),
+                        ) {
                             (Some(log), Some(epoch)) => Ok((log, epoch)),
                             _ if catalog.get(name).is_some_and(|(_, count)| partition < count) => {
                                 Err(ResponseError::NotLeaderOrFollower)
@@ -320,7 +323,10 @@ pub(super) async fn fetch(
                     let offsets = log.offsets();
                     let key = (group_id.clone(), name.clone(), partition);
                     let bounds = (offsets.log_start_offset, offsets.high_watermark);
-                    match broker.shares.ensure_loaded(broker, &key, topic_id, *epoch, bounds, full && first_pass).await
+                    match broker
+                        .shares
+                        .ensure_loaded(&**broker, &key, topic_id, *epoch, bounds, full && first_pass)
+                        .await
                     {
                         Ok(()) => {}
                         Err(ResponseError::FencedLeaderEpoch) => fenced = true,
@@ -582,7 +588,7 @@ pub(super) async fn describe_offsets(
                     None => data.error_code = ResponseError::UnknownTopicOrPartition.code(),
                     Some(topic_id) => {
                         let key = (group_id.clone(), topic.clone(), partition);
-                        match broker.shares.store.summary(broker, &key, topic_id).await {
+                        match broker.shares.store.summary(&**broker, &key, topic_id).await {
                             Ok(summary) => data.start_offset = summary.map_or(-1, |s| s.start),
                             Err(error) => data.error_code = error.code(),
                         }
@@ -626,7 +632,7 @@ pub(super) async fn read_state(
             let read = match state_key(&catalog, &request.group_id, &topic.topic_id, partition.partition) {
                 _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
                 None => Err(ResponseError::UnknownTopicOrPartition),
-                Some(key) => broker.shares.store.read_here(broker, &key, partition.leader_epoch).await,
+                Some(key) => broker.shares.store.read_here(&**broker, &key, partition.leader_epoch).await,
             };
             match read {
                 Ok((state_epoch, start_offset, batches)) => {
@@ -678,7 +684,7 @@ pub(super) async fn write_state(
                         .state_batches
                         .iter()
                         .map(|b| (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count));
-                    broker.shares.store.write_here(broker, &key, header, batches).await
+                    broker.shares.store.write_here(&**broker, &key, header, batches).await
                 }
             };
             answer.error_code = written.err().map_or(0, |e| e.code());
@@ -708,7 +714,7 @@ pub(super) fn read_state_summary(
             let summary = match state_key(&catalog, &request.group_id, &topic.topic_id, partition.partition) {
                 _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
                 None => Err(ResponseError::UnknownTopicOrPartition),
-                Some(key) => broker.shares.store.summary_here(broker, &key),
+                Some(key) => broker.shares.store.summary_here(&**broker, &key),
             };
             match summary {
                 Ok(Some(summary)) => {
@@ -743,7 +749,7 @@ pub(super) async fn administer_state(
             let done = match state_key(&catalog, group_id, &topic_id, partition) {
                 _ if !allowed => Err(ResponseError::ClusterAuthorizationFailed),
                 None => Err(ResponseError::UnknownTopicOrPartition),
-                Some(key) => broker.shares.store.administer_here(broker, &key, change).await,
+                Some(key) => broker.shares.store.administer_here(&**broker, &key, change).await,
             };
             codes.push((partition, done.err().map_or(0, |e| e.code())));
         }
@@ -899,7 +905,7 @@ pub(super) async fn delete_group(broker: &Arc<Broker>, group_id: &str) -> Result
     if let Some(error) = administer_all(broker, group_id, targets).await.into_iter().find_map(|(_, _, d)| d.err()) {
         return Err(error);
     }
-    broker.shares.register_group(broker, group_id, None).await?;
+    broker.shares.register_group(&**broker, group_id, None).await?;
     broker.shares.forget_group(group_id);
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The transaction APIs (KIP-98, KIP-447, KIP-664): InitProducerId with a
 //! `transactional.id`, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
-//! ListTransactions and DescribeTransactions, over the coordinator in `txn.rs`; and the
+//! ListTransactions and DescribeTransactions, over the coordinator in `sluice_coordinator::txn`; and the
 //! partition leader's side: DescribeProducers and WriteTxnMarkers.
 
 use std::sync::Arc;
@@ -24,10 +24,10 @@ use kafka_protocol::ResponseError;
 use sluice_security::acl;
 
 use super::{str_bytes, ClientSession};
-use crate::group::error::GroupError;
-use crate::group::offsets::CommittedOffset;
-use crate::txn_markers::{write_local, Marker, MarkerTarget};
 use crate::Broker;
+use sluice_coordinator::group::error::GroupError;
+use sluice_coordinator::group::offsets::CommittedOffset;
+use sluice_coordinator::txn::markers::{write_local, Marker, MarkerTarget};
 
 /// Kafka's ACL rule for transactions: WRITE on the transactional id (and on the topics,
 /// READ on the group, where the request names them).
@@ -61,7 +61,9 @@ pub(super) async fn init_producer_id(
     response.producer_epoch = -1;
     let transactional_id = request.transactional_id.as_ref().map(|id| id.to_string()).unwrap_or_default();
     let result = match may_write_transaction(broker, session, &transactional_id) {
-        Ok(()) => broker.transactions.init_producer_id(broker, &transactional_id, request.transaction_timeout_ms).await,
+        Ok(()) => {
+            broker.transactions.init_producer_id(&**broker, &transactional_id, request.transaction_timeout_ms).await
+        }
         Err(error) => Err(error),
     };
     match result {
@@ -95,7 +97,7 @@ pub(super) async fn add_partitions(
             broker
                 .transactions
                 .add_partitions(
-                    broker,
+                    &**broker,
                     request.v3_and_below_transactional_id.as_str(),
                     request.v3_and_below_producer_id.0,
                     request.v3_and_below_producer_epoch,
@@ -137,7 +139,7 @@ pub(super) async fn add_offsets(
     session: &ClientSession,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
-    let result = crate::group::validate_group_id(request.group_id.as_str())
+    let result = sluice_coordinator::group::validate_group_id(request.group_id.as_str())
         .map_err(|_| ResponseError::InvalidGroupId)
         .and_then(|()| may_write_transaction(broker, session, request.transactional_id.as_str()))
         .and_then(|()| may_read_group(broker, session, request.group_id.as_str()));
@@ -146,7 +148,7 @@ pub(super) async fn add_offsets(
             broker
                 .transactions
                 .add_offsets(
-                    broker,
+                    &**broker,
                     request.transactional_id.as_str(),
                     request.producer_id.0,
                     request.producer_epoch,
@@ -165,7 +167,7 @@ pub(super) async fn add_offsets(
 
 /// TxnOffsetCommit, at the group's coordinator: the offsets wait there, pending on the
 /// producer's transaction, until the transaction coordinator's marker commits or drops
-/// them (`group/offsets.rs`).
+/// them (`sluice_coordinator::group::offsets`).
 pub(super) async fn txn_offset_commit(
     broker: &Arc<Broker>,
     session: &ClientSession,
@@ -188,7 +190,7 @@ pub(super) async fn txn_offset_commit(
             })
         })
         .collect();
-    let committer = crate::group::Committer {
+    let committer = sluice_coordinator::group::Committer {
         member_id: request.member_id.as_str(),
         group_instance_id: request.group_instance_id.as_deref(),
         generation_id: request.generation_id,
@@ -246,7 +248,7 @@ pub(super) async fn end(broker: &Arc<Broker>, session: &ClientSession, request: 
             broker
                 .transactions
                 .end(
-                    broker,
+                    &**broker,
                     request.transactional_id.as_str(),
                     request.producer_id.0,
                     request.producer_epoch,
@@ -281,7 +283,8 @@ pub(super) fn list(
         let producer_ok = request.producer_id_filters.is_empty()
             || request.producer_id_filters.iter().any(|p| p.0 == meta.producer_id);
         let long_enough = request.duration_filter < 0
-            || (meta.state == crate::txn::TxnState::Ongoing && now_ms - meta.started_ms >= request.duration_filter);
+            || (meta.state == sluice_coordinator::txn::TxnState::Ongoing
+                && now_ms - meta.started_ms >= request.duration_filter);
         let visible = broker.authorized(session, acl::OP_DESCRIBE, acl::RESOURCE_TRANSACTIONAL_ID, &id);
         if state_ok && producer_ok && long_enough && visible {
             let mut state = list_transactions_response::TransactionState::default();
@@ -422,7 +425,7 @@ pub(super) async fn write_markers(broker: &Arc<Broker>, request: WriteTxnMarkers
                 {
                     Err(ResponseError::InvalidTopicException)
                 } else {
-                    write_local(broker, &target, marker, now_ms)
+                    write_local(&**broker, &target, marker, now_ms)
                 };
                 match outcome {
                     Ok(wait) => written.push((topic.name.clone(), index, wait)),

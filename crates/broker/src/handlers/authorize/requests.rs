@@ -12,7 +12,7 @@ use kafka_protocol::ResponseError;
 use sluice_security::acl;
 
 use super::{config_access, error_message, Access, Denied};
-use crate::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC;
+use sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC;
 
 /// FindCoordinator key types.
 const KEY_TYPE_GROUP: i8 = 0;

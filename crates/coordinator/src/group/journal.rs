@@ -38,7 +38,7 @@ use crate::group::offsets::CommittedOffset;
 use crate::group::OFFSETS_BATCH_BYTES_MAX;
 use sluice_replication::{NotServed, Replica};
 
-pub(crate) use sluice_meta::internal::OFFSETS_TOPIC;
+pub use sluice_meta::internal::OFFSETS_TOPIC;
 const RECORD_VERSION: u8 = 1;
 const KIND_OFFSET: u8 = 1;
 const KIND_TXN_OFFSET: u8 = 2;
@@ -48,7 +48,7 @@ const REPLAY_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// One change to the committed offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum OffsetRecord {
+pub enum OffsetRecord {
     Commit {
         group: String,
         topic: String,
@@ -80,7 +80,7 @@ pub(crate) enum OffsetRecord {
 
 /// Who may write to an internal log partition, and at which leader epoch.
 enum Writer {
-    /// Single node: the partition is this node's alone, at `crate::LEADER_EPOCH`.
+    /// Single node: the partition is this node's alone, at `sluice_meta::LEADER_EPOCH`.
     Local,
     /// Cluster mode: this node leads `replica` at `leader_epoch`; a write counts once the
     /// partition's high watermark (its ISR, acks=all) passes it, while still leading.
@@ -90,7 +90,7 @@ enum Writer {
 /// Why an internal log write did not become durable (each coordinator maps it to its
 /// own errors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LogWriteError {
+pub enum LogWriteError {
     /// This node no longer leads the partition at the epoch it loaded it at.
     NotLeader,
     /// Fewer in-sync replicas than `min.insync.replicas`.
@@ -103,43 +103,43 @@ pub(crate) enum LogWriteError {
 /// `__transaction_state`) as its coordinator writes and replays it: local on a single
 /// node, the led replica in a cluster. One write path for both, so the durability rule
 /// (fsynced, and in a cluster past the high watermark) lives here only.
-pub(crate) struct InternalLog {
+pub struct InternalLog {
     partition: Arc<Partition>,
     writer: Writer,
 }
 
 /// Where an appended batch landed: durable once the high watermark reaches `visible_at`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Appended {
-    pub(crate) base_offset: i64,
-    pub(crate) visible_at: i64,
+pub struct Appended {
+    pub base_offset: i64,
+    pub visible_at: i64,
 }
 
 impl InternalLog {
     /// Single node: `partition` is this node's alone.
-    pub(crate) fn local(partition: Arc<Partition>) -> InternalLog {
+    pub fn local(partition: Arc<Partition>) -> InternalLog {
         InternalLog { partition, writer: Writer::Local }
     }
 
     /// Cluster mode: a partition of a replicated internal topic this node leads.
-    pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> InternalLog {
+    pub fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> InternalLog {
         InternalLog { partition: replica.log.clone(), writer: Writer::Leader { replica, leader_epoch } }
     }
 
-    pub(crate) fn partition(&self) -> &Arc<Partition> {
+    pub fn partition(&self) -> &Arc<Partition> {
         &self.partition
     }
 
     /// The leader epoch this log is written at (Kafka's coordinator epoch).
-    pub(crate) fn leader_epoch(&self) -> i32 {
+    pub fn leader_epoch(&self) -> i32 {
         match &self.writer {
-            Writer::Local => crate::LEADER_EPOCH,
+            Writer::Local => sluice_meta::LEADER_EPOCH,
             Writer::Leader { leader_epoch, .. } => *leader_epoch,
         }
     }
 
     /// False once this node no longer leads the partition at the epoch it loaded it at.
-    pub(crate) fn is_current(&self) -> bool {
+    pub fn is_current(&self) -> bool {
         match &self.writer {
             Writer::Local => true,
             Writer::Leader { replica, leader_epoch } => replica.leader_epoch() == Some(*leader_epoch),
@@ -147,9 +147,9 @@ impl InternalLog {
     }
 
     /// Appends one encoded batch and asks the syncer for an fsync.
-    pub(crate) fn append(&self, batch: &Bytes, syncer: &Syncer) -> Result<Appended, LogWriteError> {
+    pub fn append(&self, batch: &Bytes, syncer: &Syncer) -> Result<Appended, LogWriteError> {
         let leader_epoch = match &self.writer {
-            Writer::Local => crate::LEADER_EPOCH,
+            Writer::Local => sluice_meta::LEADER_EPOCH,
             Writer::Leader { replica, leader_epoch } => {
                 let write = replica.begin_write(-1).map_err(|refused| match refused {
                     NotServed::NotEnoughReplicas => LogWriteError::NotEnoughReplicas,
@@ -176,7 +176,7 @@ impl InternalLog {
     /// Waits until the high watermark reaches `visible_at` while this node still leads:
     /// `NotLeader` once it does not (the write may be lost; the client retries at the new
     /// coordinator).
-    pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), LogWriteError> {
+    pub async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), LogWriteError> {
         let mut visible = self.partition.subscribe();
         let reached = visible.wait_for(|v| v.high_watermark >= visible_at || v.failed);
         // Some(whether it reached `visible_at` rather than failing), None once leadership is lost.
@@ -202,7 +202,7 @@ impl InternalLog {
 
     /// Single node, clean shutdown: fsync and seal (a replicated partition belongs to the
     /// `LogManager`, which closes it).
-    pub(crate) fn close(&self) -> io::Result<()> {
+    pub fn close(&self) -> io::Result<()> {
         match self.writer {
             Writer::Local => self.partition.close(),
             Writer::Leader { .. } => Ok(()),
@@ -222,36 +222,36 @@ impl From<LogWriteError> for GroupError {
 }
 
 /// One partition of the offsets log, as the group coordinator writes and replays it.
-pub(crate) struct OffsetsLog {
+pub struct OffsetsLog {
     log: InternalLog,
 }
 
 /// A write appended to the log, waiting until it is durable (fsynced, and in a cluster
 /// replicated to the ISR).
-pub(crate) struct PendingWrite {
+pub struct PendingWrite {
     base_offset: i64,
     visible_at: i64,
     bytes: usize,
 }
 
 impl PendingWrite {
-    pub(crate) fn base_offset(&self) -> i64 {
+    pub fn base_offset(&self) -> i64 {
         self.base_offset
     }
 
     /// The log offset after this write: it is durable once the high watermark reaches it.
-    pub(crate) fn visible_at(&self) -> i64 {
+    pub fn visible_at(&self) -> i64 {
         self.visible_at
     }
 
-    pub(crate) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.bytes
     }
 }
 
 impl OffsetsLog {
     /// Single node: opens (recovering) the one partition under `dir`.
-    pub(crate) fn open_local(dir: &Path, segment_bytes: u64) -> io::Result<OffsetsLog> {
+    pub fn open_local(dir: &Path, segment_bytes: u64) -> io::Result<OffsetsLog> {
         let config = LogConfig {
             segment_bytes,
             retention_ms: -1,
@@ -265,23 +265,23 @@ impl OffsetsLog {
     }
 
     /// Cluster mode: a partition of the replicated offsets topic this node leads.
-    pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> OffsetsLog {
+    pub fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> OffsetsLog {
         OffsetsLog { log: InternalLog::replicated(replica, leader_epoch) }
     }
 
-    pub(crate) fn partition(&self) -> &Arc<Partition> {
+    pub fn partition(&self) -> &Arc<Partition> {
         self.log.partition()
     }
 
     /// Every record from the log start to the log end, in order, with its log offset. A
     /// new leader reads past its high watermark: everything it holds was either
     /// acknowledged or will be once its followers catch up, as Kafka's loader does.
-    pub(crate) fn replay(&self) -> io::Result<Vec<(i64, OffsetRecord)>> {
+    pub fn replay(&self) -> io::Result<Vec<(i64, OffsetRecord)>> {
         replay(self.log.partition())
     }
 
     /// Appends `records` as one batch and asks the syncer for an fsync.
-    pub(crate) fn append(&self, records: &[OffsetRecord], syncer: &Syncer) -> Result<PendingWrite, GroupError> {
+    pub fn append(&self, records: &[OffsetRecord], syncer: &Syncer) -> Result<PendingWrite, GroupError> {
         assert!(!records.is_empty(), "an empty offsets write");
         let batch = encode_batch(records, sluice_storage::now_ms())?;
         if batch.len() > OFFSETS_BATCH_BYTES_MAX {
@@ -293,11 +293,11 @@ impl OffsetsLog {
 
     /// Waits until the write ending at `visible_at` is durable while this node still leads:
     /// NOT_COORDINATOR once it does not.
-    pub(crate) async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), GroupError> {
+    pub async fn wait_durable(&self, visible_at: i64, timeout: Duration) -> Result<(), GroupError> {
         Ok(self.log.wait_durable(visible_at, timeout).await?)
     }
 
-    pub(crate) fn close(&self) -> io::Result<()> {
+    pub fn close(&self) -> io::Result<()> {
         self.log.close()
     }
 }
@@ -311,7 +311,7 @@ fn encode_batch(records: &[OffsetRecord], now_ms: i64) -> Result<Bytes, GroupErr
 
 /// Encodes (key, value) records (no value: a tombstone) as one uncompressed batch, as the
 /// coordinators' internal logs (this one and the transaction log) store their changes.
-pub(crate) fn encode_internal_batch(
+pub fn encode_internal_batch(
     records: impl Iterator<Item = (Bytes, Option<Bytes>)>,
     now_ms: i64,
 ) -> Result<Bytes, String> {
@@ -321,7 +321,7 @@ pub(crate) fn encode_internal_batch(
             transactional: false,
             control: false,
             delete_horizon: false,
-            partition_leader_epoch: crate::LEADER_EPOCH,
+            partition_leader_epoch: sluice_meta::LEADER_EPOCH,
             producer_id: -1,
             producer_epoch: -1,
             timestamp_type: TimestampType::Creation,
@@ -509,7 +509,7 @@ fn replay(partition: &Partition) -> io::Result<Vec<(i64, OffsetRecord)>> {
 /// Calls `each` with (offset, key, value) of every record of an internal log (`name` for
 /// errors), from its start to its end, in order: what a coordinator replays at startup or
 /// when it takes over.
-pub(crate) fn read_internal_log(
+pub fn read_internal_log(
     partition: &Partition,
     name: &str,
     mut each: impl FnMut(i64, Option<Bytes>, Option<Bytes>) -> io::Result<()>,

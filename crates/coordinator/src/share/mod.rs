@@ -27,9 +27,9 @@
 //!
 //! Not yet: `share.isolation.level=read_committed`, the share-group offsets admin APIs.
 
-pub(crate) mod dead_letter;
-pub(crate) mod partition;
-pub(crate) mod store;
+pub mod dead_letter;
+pub mod partition;
+pub mod store;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -41,16 +41,16 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::Broker;
+use crate::CoordinatorHost;
 use partition::{AckError, AcquiredRange, BatchSpan, DeadRecord, SharePartition, StoredPartition};
 use store::ShareStateStore;
 
 /// Kafka's `group.share.max.share.sessions`.
-pub(crate) const SHARE_SESSIONS_MAX: usize = 2_000;
+pub const SHARE_SESSIONS_MAX: usize = 2_000;
 /// Kafka's `group.share.max.size`: members per share group.
-pub(crate) const SHARE_GROUP_MEMBERS_MAX: usize = 200;
+pub const SHARE_GROUP_MEMBERS_MAX: usize = 200;
 /// Share groups at most on one broker.
-pub(crate) const SHARE_GROUPS_MAX: usize = 10_000;
+pub const SHARE_GROUPS_MAX: usize = 10_000;
 /// Longest member id a client may send (Kafka's rule).
 const MEMBER_ID_CHARS_MAX: usize = 36;
 /// State changes queued for the background writer at most; beyond, the oldest are
@@ -58,19 +58,19 @@ const MEMBER_ID_CHARS_MAX: usize = 36;
 const BACKGROUND_WRITES_MAX: usize = 100_000;
 
 /// Kafka's per-group share configs (IncrementalAlterConfigs on a GROUP resource).
-pub(crate) const CONFIG_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
-pub(crate) const CONFIG_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
-pub(crate) const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
+pub const CONFIG_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
+pub const CONFIG_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
+pub const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
 
 /// A group's configs by name.
-pub(crate) type GroupConfigs = BTreeMap<String, String>;
+pub type GroupConfigs = BTreeMap<String, String>;
 
 /// A reserved group config (never described, not settable by clients) recording that a
 /// share group exists and the topics its members subscribed to. It lives with the group's
 /// configs (the share state log on a single node, the cluster metadata in a cluster), so
 /// any coordinator, also after a failover, describes, lists, resets and deletes an empty
 /// group, and knows which share-partitions it has.
-pub(crate) const CONFIG_GROUP_TOPICS: &str = "sluice.share.group.topics";
+pub const CONFIG_GROUP_TOPICS: &str = "sluice.share.group.topics";
 
 /// The topics [`CONFIG_GROUP_TOPICS`] records, if the group is registered.
 fn registered_topics(configs: Option<&GroupConfigs>) -> Option<BTreeSet<String>> {
@@ -80,12 +80,12 @@ fn registered_topics(configs: Option<&GroupConfigs>) -> Option<BTreeSet<String>>
 
 /// The broker's share-group settings (Kafka's `group.share.*` broker configs).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ShareSettings {
-    pub(crate) record_lock_duration_ms: i64,
-    pub(crate) delivery_count_limit: i16,
-    pub(crate) partition_max_record_locks: usize,
-    pub(crate) heartbeat_interval_ms: i32,
-    pub(crate) session_timeout_ms: i64,
+pub struct ShareSettings {
+    pub record_lock_duration_ms: i64,
+    pub delivery_count_limit: i16,
+    pub partition_max_record_locks: usize,
+    pub heartbeat_interval_ms: i32,
+    pub session_timeout_ms: i64,
 }
 
 /// What the share state log holds per key.
@@ -96,7 +96,7 @@ enum ShareRecord {
 }
 
 /// (group, topic, partition)
-pub(crate) type PartitionKey = (String, String, i32);
+pub type PartitionKey = (String, String, i32);
 
 fn partition_log_key((group, topic, partition): &PartitionKey) -> String {
     format!("p\u{0}{group}\u{0}{topic}\u{0}{partition}")
@@ -118,10 +118,10 @@ fn config_log_key(group: &str) -> String {
 }
 
 /// The leader epoch of `topic`/`partition` if this node leads it (a single node leads
-/// every partition at epoch [`crate::LEADER_EPOCH`]).
-pub(crate) fn leader_epoch(broker: &Broker, topic: &str, partition: i32) -> Option<i32> {
-    match &broker.replicas {
-        None => broker.partition(topic, partition).map(|_| crate::LEADER_EPOCH),
+/// every partition at epoch [`sluice_meta::LEADER_EPOCH`]).
+pub fn leader_epoch(host: &dyn CoordinatorHost, topic: &str, partition: i32) -> Option<i32> {
+    match host.replicas() {
+        None => host.partition(topic, partition).map(|_| sluice_meta::LEADER_EPOCH),
         Some(replicas) => replicas.get(topic, partition)?.leader_epoch(),
     }
 }
@@ -162,39 +162,39 @@ struct ShareState {
 }
 
 /// A member's heartbeat answer.
-pub(crate) struct HeartbeatAnswer {
-    pub(crate) member_epoch: i32,
-    pub(crate) heartbeat_interval_ms: i32,
+pub struct HeartbeatAnswer {
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
     /// Topic -> partitions, when it must be sent.
-    pub(crate) assignment: Option<BTreeMap<String, Vec<i32>>>,
+    pub assignment: Option<BTreeMap<String, Vec<i32>>>,
     /// Topics the group's registration lacks: the caller records them
     /// ([`ShareCoordinator::register_group`]).
-    pub(crate) unregistered: Option<BTreeSet<String>>,
+    pub unregistered: Option<BTreeSet<String>>,
 }
 
 /// One member as ShareGroupDescribe shows it.
-pub(crate) struct MemberDescription {
-    pub(crate) member_id: String,
-    pub(crate) member_epoch: i32,
-    pub(crate) rack: Option<String>,
-    pub(crate) client_id: String,
-    pub(crate) client_host: String,
-    pub(crate) subscribed: Vec<String>,
-    pub(crate) assignment: BTreeMap<String, Vec<i32>>,
+pub struct MemberDescription {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub rack: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed: Vec<String>,
+    pub assignment: BTreeMap<String, Vec<i32>>,
 }
 
-pub(crate) struct GroupDescription {
-    pub(crate) epoch: i32,
-    pub(crate) members: Vec<MemberDescription>,
+pub struct GroupDescription {
+    pub epoch: i32,
+    pub members: Vec<MemberDescription>,
 }
 
 /// Which records a fetch pass may acquire for a partition: read from `offset`.
-pub(crate) struct FetchPlan {
-    pub(crate) offset: i64,
+pub struct FetchPlan {
+    pub offset: i64,
 }
 
 /// Outcome of a share-session step.
-pub(crate) enum SessionStep {
+pub enum SessionStep {
     /// Fetch (or acknowledge) these partitions.
     Open(Vec<(Uuid, i32)>),
     /// The session closed (epoch -1): the member's records were released.
@@ -223,15 +223,15 @@ impl LoadedPartition {
 }
 
 /// A share-partition's new state, to write to the store.
-pub(crate) struct StateWrite {
+pub struct StateWrite {
     key: PartitionKey,
     topic_id: Uuid,
     state: StoredPartition,
 }
 
-pub(crate) struct ShareCoordinator {
+pub struct ShareCoordinator {
     settings: ShareSettings,
-    pub(crate) store: Arc<ShareStateStore>,
+    pub store: Arc<ShareStateStore>,
     state: Mutex<ShareState>,
     /// Woken when records may have become available again (released, lock expired).
     released: tokio::sync::Notify,
@@ -246,14 +246,14 @@ pub(crate) struct ShareCoordinator {
 
 impl ShareCoordinator {
     /// Single node: opens (replaying) the share state log under `data_dir/share`.
-    pub(crate) fn open_local(data_dir: &Path, settings: ShareSettings) -> io::Result<ShareCoordinator> {
+    pub fn open_local(data_dir: &Path, settings: ShareSettings) -> io::Result<ShareCoordinator> {
         let (store, configs) = ShareStateStore::open_local(data_dir)?;
         Ok(ShareCoordinator::new(settings, store, configs))
     }
 
     /// Cluster mode: share-partition state in the replicated `__share_group_state`, group
     /// configs from the cluster metadata.
-    pub(crate) fn replicated(settings: ShareSettings) -> ShareCoordinator {
+    pub fn replicated(settings: ShareSettings) -> ShareCoordinator {
         ShareCoordinator::new(settings, ShareStateStore::replicated(), BTreeMap::new())
     }
 
@@ -272,7 +272,7 @@ impl ShareCoordinator {
     }
 
     /// Clean shutdown.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.store.close();
     }
 
@@ -307,7 +307,7 @@ impl ShareCoordinator {
     }
 
     /// The lock duration members of `group` get (ShareFetch `acquisition_lock_timeout_ms`).
-    pub(crate) fn group_lock_duration_ms(&self, group: &str) -> i64 {
+    pub fn group_lock_duration_ms(&self, group: &str) -> i64 {
         self.lock_duration_ms(&self.state.lock().configs, group)
     }
 
@@ -329,7 +329,7 @@ impl ShareCoordinator {
     /// The background writer: writes queued changes (the newest per share-partition), in
     /// parallel, forever. A failed write is not retried: the next change of the
     /// share-partition carries its whole state again.
-    pub(crate) async fn run_background_writes(&self, broker: &Arc<Broker>) {
+    pub async fn run_background_writes(&self, host: &dyn CoordinatorHost) {
         loop {
             self.background_ready.notified().await;
             let queued = std::mem::take(&mut *self.background.lock());
@@ -343,7 +343,7 @@ impl ShareCoordinator {
                 }
             }
             let writes = newest.into_values().map(|write| async move {
-                if let Err(error) = self.persist(broker, write).await {
+                if let Err(error) = self.persist(host, write).await {
                     tracing::debug!(?error, "a background share state write failed");
                 }
             });
@@ -353,9 +353,9 @@ impl ShareCoordinator {
 
     /// Writes a change and waits until it is durable. Refused as fenced (a newer leader, or
     /// an administrator's change): the share-partition is dropped here, to be read again.
-    pub(crate) async fn persist(&self, broker: &Broker, write: StateWrite) -> Result<(), ResponseError> {
+    pub async fn persist(&self, host: &dyn CoordinatorHost, write: StateWrite) -> Result<(), ResponseError> {
         let (key, leader_epoch) = (write.key.clone(), write.state.leader_epoch);
-        let written = self.store.write(broker, &write.key, write.topic_id, write.state).await;
+        let written = self.store.write(host, &write.key, write.topic_id, write.state).await;
         if written == Err(ResponseError::FencedLeaderEpoch) {
             let mut state = self.state.lock();
             if state.partitions.get(&key).is_some_and(|p| p.leader_epoch == leader_epoch) {
@@ -367,25 +367,25 @@ impl ShareCoordinator {
     }
 
     /// Whether `group_id` has members here (its coordinator).
-    pub(crate) fn has_members(&self, group_id: &str) -> bool {
+    pub fn has_members(&self, group_id: &str) -> bool {
         self.state.lock().groups.get(group_id).is_some_and(|group| !group.members.is_empty())
     }
 
     /// After DeleteGroups: forgets the group's membership record here.
-    pub(crate) fn forget_group(&self, group_id: &str) {
+    pub fn forget_group(&self, group_id: &str) {
         self.state.lock().groups.remove(group_id);
     }
 
     /// After an administrator's change of `key`: drops it if served here (a leader
     /// elsewhere finds out when it next writes or opens a share session).
-    pub(crate) fn drop_served(&self, key: &PartitionKey) {
+    pub fn drop_served(&self, key: &PartitionKey) {
         self.state.lock().partitions.remove(key);
     }
 
     /// ShareGroupHeartbeat at the group's coordinator: join (epoch 0), leave (-1) or
     /// heartbeat. `catalog` resolves subscriptions to partitions.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn heartbeat(
+    pub fn heartbeat(
         &self,
         group_id: &str,
         member_id: &str,
@@ -536,7 +536,7 @@ impl ShareCoordinator {
 
     /// A share group known here: while it has members, is registered, or has share-partition
     /// state stored here (an empty group stays until deleted, as in Kafka).
-    pub(crate) fn describe(&self, group_id: &str) -> Option<GroupDescription> {
+    pub fn describe(&self, group_id: &str) -> Option<GroupDescription> {
         let known_state = self.store.groups_here().contains(group_id);
         let state = self.state.lock();
         let known_state = known_state || registered_topics(state.configs.get(group_id)).is_some();
@@ -566,7 +566,7 @@ impl ShareCoordinator {
 
     /// Share groups known here: (id, member count), those with state stored here but no
     /// members included.
-    pub(crate) fn list(&self) -> Vec<(String, usize)> {
+    pub fn list(&self) -> Vec<(String, usize)> {
         let mut listed: BTreeMap<String, usize> = self.store.groups_here().into_iter().map(|g| (g, 0)).collect();
         let state = self.state.lock();
         let registered = state.configs.iter().filter(|(_, c)| c.contains_key(CONFIG_GROUP_TOPICS));
@@ -577,7 +577,7 @@ impl ShareCoordinator {
 
     /// The topics `group_id` consumes: those registered, its members' subscriptions and the
     /// topics of its share-partitions served or stored here.
-    pub(crate) fn group_topics(&self, group_id: &str) -> BTreeSet<String> {
+    pub fn group_topics(&self, group_id: &str) -> BTreeSet<String> {
         let mut topics = self.store.topics_here(group_id);
         let state = self.state.lock();
         topics.extend(registered_topics(state.configs.get(group_id)).unwrap_or_default());
@@ -589,14 +589,14 @@ impl ShareCoordinator {
     }
 
     /// Whether `member_id` has a share session in `group_id` (a final request needs one).
-    pub(crate) fn has_session(&self, group_id: &str, member_id: &str) -> bool {
+    pub fn has_session(&self, group_id: &str, member_id: &str) -> bool {
         self.state.lock().sessions.contains_key(&(group_id.to_string(), member_id.to_string()))
     }
 
     /// A ShareFetch's or ShareAcknowledge's session step (`fetch`: ShareFetch, which may
     /// open a session with epoch 0; ShareAcknowledge may not). `added` and `forgotten`
     /// change the session's partitions (added first, then forgotten, as Kafka does).
-    pub(crate) fn session_step(
+    pub fn session_step(
         &self,
         group_id: &str,
         member_id: &str,
@@ -640,7 +640,7 @@ impl ShareCoordinator {
     /// Applies acknowledgement batches of one share-partition served here; the partition
     /// is unchanged unless all apply. Returns the change to [`ShareCoordinator::persist`]
     /// before answering.
-    pub(crate) fn acknowledge(
+    pub fn acknowledge(
         &self,
         group_id: &str,
         member_id: &str,
@@ -686,9 +686,9 @@ impl ShareCoordinator {
     /// durably, before anything is handed out. `verify` (a new share session): first asks
     /// the store whether what is served here is still current (an administrator may have
     /// reset or deleted it while the group had no members).
-    pub(crate) async fn ensure_loaded(
+    pub async fn ensure_loaded(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         topic_id: Uuid,
         leader_epoch: i32,
@@ -701,7 +701,7 @@ impl ShareCoordinator {
             if !verify {
                 return Ok(());
             }
-            let summary = self.store.summary(broker, key, topic_id).await?;
+            let summary = self.store.summary(host, key, topic_id).await?;
             if summary.is_some_and(|s| s.leader_epoch == leader_epoch && s.version <= version) {
                 return Ok(());
             }
@@ -710,7 +710,7 @@ impl ShareCoordinator {
                 state.partitions.remove(key);
             }
         }
-        let stored = self.store.read(broker, key, topic_id, leader_epoch).await?;
+        let stored = self.store.read(host, key, topic_id, leader_epoch).await?;
         let mut loaded = match stored {
             Some(stored) => LoadedPartition {
                 partition: SharePartition::from_stored(&stored),
@@ -733,7 +733,7 @@ impl ShareCoordinator {
                     leader_epoch,
                     version: 0,
                 };
-                self.persist(broker, created.next_write(key)).await?;
+                self.persist(host, created.next_write(key)).await?;
                 created
             }
         };
@@ -760,7 +760,7 @@ impl ShareCoordinator {
     /// the acknowledgements of a partition it has already forgotten) and stay locked until
     /// their acquisition lock expires, stalling the partition. Where membership lives on
     /// another broker nothing is known here and the fetch is served, as in Kafka.
-    pub(crate) fn plan_fetch(
+    pub fn plan_fetch(
         &self,
         key: &PartitionKey,
         member_id: &str,
@@ -781,7 +781,7 @@ impl ShareCoordinator {
     }
 
     /// Acquires for `member_id` the records of `batches` (read from the plan's offset).
-    pub(crate) fn acquire(
+    pub fn acquire(
         &self,
         key: &PartitionKey,
         member_id: &str,
@@ -803,7 +803,7 @@ impl ShareCoordinator {
     }
 
     /// A future that resolves when records may have become available again.
-    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+    pub fn released(&self) -> tokio::sync::futures::Notified<'_> {
         self.released.notified()
     }
 
@@ -811,8 +811,8 @@ impl ShareCoordinator {
     /// released), expired locks release their records, share-partitions this node no
     /// longer leads are dropped, dead letters are copied, and the state log is compacted
     /// when due.
-    pub(crate) async fn upkeep(&self, broker: &Arc<crate::Broker>, now_ms: i64) {
-        let catalog = broker.topics.catalog();
+    pub async fn upkeep<H: CoordinatorHost>(self: &Arc<Self>, host: &Arc<H>, now_ms: i64) {
+        let catalog = host.topics().catalog();
         let catalog = &*catalog;
         let mut dead_letters = Vec::new();
         {
@@ -837,7 +837,7 @@ impl ShareCoordinator {
                 }
             }
             partitions.retain(|(_, topic, partition), loaded| {
-                leader_epoch(broker, topic, *partition) == Some(loaded.leader_epoch)
+                leader_epoch(&**host, topic, *partition) == Some(loaded.leader_epoch)
             });
             let mut writes = Vec::new();
             for (key, loaded) in partitions.iter_mut() {
@@ -860,19 +860,19 @@ impl ShareCoordinator {
         }
         for key in dead_letters {
             if self.flushing.lock().insert(key.clone()) {
-                let broker = broker.clone();
+                let (host, shares) = (host.clone(), self.clone());
                 tokio::spawn(async move {
-                    dead_letter::flush(broker.clone(), key.clone()).await;
-                    broker.shares.flushing.lock().remove(&key);
+                    dead_letter::flush(&*host, &shares, key.clone()).await;
+                    shares.flushing.lock().remove(&key);
                 });
             }
         }
-        self.store.upkeep(broker.logs.syncer()).await;
+        self.store.upkeep(host.logs().syncer()).await;
     }
 
     /// The dead letters waiting in `key` and the group's dead-letter topic (`None` when
     /// there are none, or no topic is configured any more: then they are dropped).
-    pub(crate) fn pending_dead_letters(&self, key: &PartitionKey) -> Option<(Vec<DeadRecord>, String)> {
+    pub fn pending_dead_letters(&self, key: &PartitionKey) -> Option<(Vec<DeadRecord>, String)> {
         let mut state = self.state.lock();
         let ShareState { partitions, configs, .. } = &mut *state;
         let loaded = partitions.get_mut(key)?;
@@ -894,7 +894,7 @@ impl ShareCoordinator {
 
     /// `copied` are durable in the dead-letter topic (or gone from the log): drops them
     /// from the share state (written in the background: a crash copies them again).
-    pub(crate) fn dead_letters_copied(&self, key: &PartitionKey, copied: &[DeadRecord]) {
+    pub fn dead_letters_copied(&self, key: &PartitionKey, copied: &[DeadRecord]) {
         let mut state = self.state.lock();
         if let Some(loaded) = state.partitions.get_mut(key) {
             loaded.partition.dead_letters_copied(copied);
@@ -905,19 +905,19 @@ impl ShareCoordinator {
     }
 
     /// The per-group configs set with IncrementalAlterConfigs (GROUP resource).
-    pub(crate) fn group_configs(&self, group_id: &str) -> GroupConfigs {
+    pub fn group_configs(&self, group_id: &str) -> GroupConfigs {
         self.state.lock().configs.get(group_id).cloned().unwrap_or_default()
     }
 
     /// Single node: stores `group_id`'s configs (validated by the caller), durably, and
     /// serves them.
-    pub(crate) async fn set_group_configs(
+    pub async fn set_group_configs(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         group_id: &str,
         configs: GroupConfigs,
     ) -> Result<(), ResponseError> {
-        self.store.write_configs(broker, group_id, configs.clone()).await?;
+        self.store.write_configs(host, group_id, configs.clone()).await?;
         self.state.lock().configs.insert(group_id.to_string(), configs);
         Ok(())
     }
@@ -925,9 +925,9 @@ impl ShareCoordinator {
     /// Records that `group_id` exists and consumes `topics` (see [`CONFIG_GROUP_TOPICS`]),
     /// once per change (concurrent heartbeats of one group write it once). `None` topics:
     /// removes the registration (DeleteGroups).
-    pub(crate) async fn register_group(
+    pub async fn register_group(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         group_id: &str,
         topics: Option<BTreeSet<String>>,
     ) -> Result<(), ResponseError> {
@@ -941,18 +941,9 @@ impl ShareCoordinator {
             }
             None => configs.remove(CONFIG_GROUP_TOPICS),
         };
-        let written = match &broker.cluster {
-            Some(cluster) => match cluster.controller() {
-                Some(controller) => {
-                    let write = controller.alter_group_configs(group_id, configs);
-                    match tokio::time::timeout(crate::cluster_link::ADMIN_TIMEOUT, write).await {
-                        Ok(Ok(())) => Ok(()),
-                        _ => Err(ResponseError::CoordinatorNotAvailable),
-                    }
-                }
-                None => Err(ResponseError::CoordinatorNotAvailable),
-            },
-            None => self.set_group_configs(broker, group_id, configs).await,
+        let written = match host.group_configs_write_to_controller(group_id, &configs) {
+            Some(write) => write.await,
+            None => self.set_group_configs(host, group_id, configs).await,
         };
         if topics.is_some() {
             self.registering.lock().remove(group_id);
@@ -964,7 +955,7 @@ impl ShareCoordinator {
     }
 
     /// Cluster mode: the group configs of the applied cluster metadata.
-    pub(crate) fn follow_group_configs(&self, configs: &BTreeMap<String, GroupConfigs>) {
+    pub fn follow_group_configs(&self, configs: &BTreeMap<String, GroupConfigs>) {
         let mut state = self.state.lock();
         if state.configs.len() != configs.len() || configs.iter().any(|(g, c)| state.configs.get(g) != Some(c)) {
             state.configs = configs.iter().map(|(g, c)| (g.clone(), c.clone())).collect();
@@ -1008,7 +999,7 @@ fn assign(group: &mut ShareGroup, catalog: &sluice_meta::topics::TopicCatalog) {
 
 /// The batches of a read, in order: their offsets and whether each is a control batch;
 /// and where each starts and ends in `bytes`.
-pub(crate) fn batch_spans(bytes: &[u8]) -> Vec<(BatchSpan, std::ops::Range<usize>)> {
+pub fn batch_spans(bytes: &[u8]) -> Vec<(BatchSpan, std::ops::Range<usize>)> {
     let mut spans = Vec::new();
     let mut position = 0;
     while let Ok(header) = sluice_storage::batch::BatchHeader::parse(&bytes[position..]) {

@@ -35,6 +35,7 @@ use kafka_protocol::messages::{
     InitializeShareGroupStateRequest, ReadShareGroupStateRequest, ReadShareGroupStateSummaryRequest, RequestKind,
     ResponseKind, WriteShareGroupStateRequest,
 };
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use parking_lot::{Mutex, RwLock};
 use sluice_storage::Syncer;
@@ -44,14 +45,14 @@ use super::partition::StoredPartition;
 use super::{config_log_key, parse_partition_log_key, partition_log_key, GroupConfigs, PartitionKey, ShareRecord};
 use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
-use crate::Broker;
+use crate::CoordinatorHost;
 use sluice_replication::Replica;
 
-pub(crate) use sluice_meta::internal::SHARE_STATE_TOPIC;
+pub use sluice_meta::internal::SHARE_STATE_TOPIC;
 /// Partitions of `__share_group_state` in a cluster (Kafka's
 /// `share.coordinator.state.topic.num.partitions` is 50; share-partitions are fewer than
 /// groups' offsets, so fewer partitions keep a cluster's internal replicas few).
-pub(crate) const SHARE_STATE_NUM_PARTITIONS: i32 = 10;
+pub const SHARE_STATE_NUM_PARTITIONS: i32 = 10;
 /// The version of the share-state RPCs brokers send each other (Kafka's only one).
 const SHARE_STATE_RPC_VERSION: i16 = 0;
 /// Kafka's delivery states in a state batch, and Sluice's two for dead letters still to
@@ -70,16 +71,16 @@ struct StateShard {
 
 /// What [`ShareStateStore::summary`] answers of a stored share-partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Summary {
-    pub(crate) version: i32,
+pub struct Summary {
+    pub version: i32,
     /// -1 after an administrator's change no leader has read yet.
-    pub(crate) leader_epoch: i32,
-    pub(crate) start: i64,
+    pub leader_epoch: i32,
+    pub start: i64,
 }
 
 /// An administrator's change of a share-partition (the group has no members).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AdminChange {
+pub enum AdminChange {
     /// AlterShareGroupOffsets: consume from this offset (nothing in flight).
     Start(i64),
     /// DeleteShareGroupOffsets, DeleteGroups: forget the share-partition.
@@ -107,11 +108,11 @@ enum Route {
     Node(i32),
 }
 
-pub(crate) struct ShareStateStore {
+pub struct ShareStateStore {
     shards: RwLock<Shards>,
     /// Cluster mode: a creation of `__share_group_state` is under way.
-    pub(crate) creating_topic: AtomicBool,
-    peers: crate::txn_markers::PeerPool,
+    pub creating_topic: AtomicBool,
+    peers: crate::txn::markers::PeerPool,
 }
 
 impl StateShard {
@@ -238,7 +239,7 @@ impl StateShard {
 impl ShareStateStore {
     /// Single node: opens (replaying) the local state partition; returns the stored group
     /// configs too.
-    pub(crate) fn open_local(data_dir: &Path) -> io::Result<(ShareStateStore, BTreeMap<String, GroupConfigs>)> {
+    pub fn open_local(data_dir: &Path) -> io::Result<(ShareStateStore, BTreeMap<String, GroupConfigs>)> {
         let path = data_dir.join("share").join(format!("{SHARE_STATE_TOPIC}-0"));
         let (log, stored) = StateLog::<ShareRecord>::open_local(&path)?;
         let shard = StateShard::new(log, stored);
@@ -255,7 +256,7 @@ impl ShareStateStore {
 
     /// Cluster mode: stores nothing until [`ShareStateStore::follow_leadership`] hands it
     /// the partitions this node leads.
-    pub(crate) fn replicated() -> ShareStateStore {
+    pub fn replicated() -> ShareStateStore {
         ShareStateStore::new(Shards::default())
     }
 
@@ -281,13 +282,13 @@ impl ShareStateStore {
 
     /// Cluster mode: the state topic's partitions that the metadata being applied has this
     /// node lead, before [`ShareStateStore::follow_leadership`] takes them.
-    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+    pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
         self.shards.write().incoming = incoming;
     }
 
     /// Cluster mode: follows the leadership of the state topic's partitions (`leaders[p]`:
     /// the replica and leader epoch when this node leads p), as the other coordinators do.
-    pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
+    pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
         shards.incoming = IncomingLeaderships::default();
@@ -335,7 +336,7 @@ impl ShareStateStore {
     }
 
     /// Clean shutdown.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         for shard in self.active() {
             if let Err(error) = shard.log.close() {
                 tracing::error!(%error, "failed to close the share state log");
@@ -344,7 +345,7 @@ impl ShareStateStore {
     }
 
     /// The groups with share-partition state in the partitions led here.
-    pub(crate) fn groups_here(&self) -> BTreeSet<String> {
+    pub fn groups_here(&self) -> BTreeSet<String> {
         let mut groups = BTreeSet::new();
         for shard in self.active() {
             let states = shard.states.lock();
@@ -355,7 +356,7 @@ impl ShareStateStore {
     }
 
     /// The topics of `group`'s share-partitions stored in the partitions led here.
-    pub(crate) fn topics_here(&self, group: &str) -> BTreeSet<String> {
+    pub fn topics_here(&self, group: &str) -> BTreeSet<String> {
         let mut topics = BTreeSet::new();
         for shard in self.active() {
             let states = shard.states.lock();
@@ -367,13 +368,13 @@ impl ShareStateStore {
     }
 
     /// Compacts each led partition's log when due.
-    pub(crate) async fn upkeep(&self, syncer: &Syncer) {
+    pub async fn upkeep(&self, syncer: &Syncer) {
         for shard in self.active() {
             shard.upkeep(syncer).await;
         }
     }
 
-    fn route(&self, broker: &Broker, key: &PartitionKey) -> Result<(Route, i32), ResponseError> {
+    fn route(&self, host: &dyn CoordinatorHost, key: &PartitionKey) -> Result<(Route, i32), ResponseError> {
         let shards = self.shards.read();
         let (group, topic, partition) = key;
         let state_key = format!("{group}:{topic}:{partition}");
@@ -390,11 +391,7 @@ impl ShareStateStore {
             Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
             None if shards.incoming.holds(&state_key) => Err(ResponseError::CoordinatorLoadInProgress),
             None => {
-                let leader = broker.cluster.as_ref().and_then(|cluster| {
-                    let metadata = cluster.metadata();
-                    let led = metadata.topics.get(SHARE_STATE_TOPIC)?.partitions.get(index as usize)?.leader;
-                    (led >= 0 && led != broker.node_id()).then_some(led)
-                });
+                let leader = host.partition_leader(SHARE_STATE_TOPIC, index).filter(|&led| led != host.node_id());
                 leader.map(|node| (Route::Node(node), index)).ok_or(ResponseError::CoordinatorNotAvailable)
             }
         }
@@ -402,16 +399,16 @@ impl ShareStateStore {
 
     /// The stored state of `key` for the data partition's leader at `leader_epoch` (which
     /// fences older leaders from then on); `None` if the group never fetched it.
-    pub(crate) async fn read(
+    pub async fn read(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         topic_id: Uuid,
         leader_epoch: i32,
     ) -> Result<Option<StoredPartition>, ResponseError> {
-        match self.route(broker, key)?.0 {
+        match self.route(host, key)?.0 {
             Route::Here(shard) => {
-                let (state, change) = shard.read(&partition_log_key(key), leader_epoch, broker.logs.syncer())?;
+                let (state, change) = shard.read(&partition_log_key(key), leader_epoch, host.logs().syncer())?;
                 shard.log.wait_durable(change).await?;
                 Ok(state)
             }
@@ -423,9 +420,9 @@ impl ShareStateStore {
                 topic.topic_id = topic_id;
                 topic.partitions = vec![partition];
                 let mut request = ReadShareGroupStateRequest::default();
-                request.group_id = crate::handlers::str_bytes(&key.0);
+                request.group_id = StrBytes::from_string(key.0.clone());
                 request.topics = vec![topic];
-                let answer = self.call(broker, node, ApiKey::ReadShareGroupState, request.into()).await?;
+                let answer = self.call(host, node, ApiKey::ReadShareGroupState, request.into()).await?;
                 let ResponseKind::ReadShareGroupState(response) = answer else { unreachable!("answered in kind") };
                 let result = response
                     .results
@@ -449,16 +446,16 @@ impl ShareStateStore {
     }
 
     /// Writes the whole new state of `key` and waits until it is durable.
-    pub(crate) async fn write(
+    pub async fn write(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         topic_id: Uuid,
         state: StoredPartition,
     ) -> Result<(), ResponseError> {
-        match self.route(broker, key)?.0 {
+        match self.route(host, key)?.0 {
             Route::Here(shard) => {
-                let change = shard.write(&partition_log_key(key), state, broker.logs.syncer())?;
+                let change = shard.write(&partition_log_key(key), state, host.logs().syncer())?;
                 shard.log.wait_durable(change).await
             }
             Route::Node(node) => {
@@ -482,9 +479,9 @@ impl ShareStateStore {
                 topic.topic_id = topic_id;
                 topic.partitions = vec![partition];
                 let mut request = WriteShareGroupStateRequest::default();
-                request.group_id = crate::handlers::str_bytes(&key.0);
+                request.group_id = StrBytes::from_string(key.0.clone());
                 request.topics = vec![topic];
-                let answer = self.call(broker, node, ApiKey::WriteShareGroupState, request.into()).await?;
+                let answer = self.call(host, node, ApiKey::WriteShareGroupState, request.into()).await?;
                 let ResponseKind::WriteShareGroupState(response) = answer else { unreachable!("answered in kind") };
                 match response.results.iter().flat_map(|r| r.partitions.iter()).next() {
                     Some(result) if result.error_code == 0 => Ok(()),
@@ -496,13 +493,13 @@ impl ShareStateStore {
     }
 
     /// The summary of `key`'s stored state, if any.
-    pub(crate) async fn summary(
+    pub async fn summary(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         topic_id: Uuid,
     ) -> Result<Option<Summary>, ResponseError> {
-        match self.route(broker, key)?.0 {
+        match self.route(host, key)?.0 {
             Route::Here(shard) => Ok(shard.summary(&partition_log_key(key))),
             Route::Node(node) => {
                 let mut partition = read_share_group_state_summary_request::PartitionData::default();
@@ -512,9 +509,9 @@ impl ShareStateStore {
                 topic.topic_id = topic_id;
                 topic.partitions = vec![partition];
                 let mut request = ReadShareGroupStateSummaryRequest::default();
-                request.group_id = crate::handlers::str_bytes(&key.0);
+                request.group_id = StrBytes::from_string(key.0.clone());
                 request.topics = vec![topic];
-                let answer = self.call(broker, node, ApiKey::ReadShareGroupStateSummary, request.into()).await?;
+                let answer = self.call(host, node, ApiKey::ReadShareGroupStateSummary, request.into()).await?;
                 let ResponseKind::ReadShareGroupStateSummary(response) = answer else {
                     unreachable!("answered in kind")
                 };
@@ -532,20 +529,20 @@ impl ShareStateStore {
     }
 
     /// An administrator's change of `key`, durable before it returns.
-    pub(crate) async fn administer(
+    pub async fn administer(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         topic_id: Uuid,
         change: AdminChange,
     ) -> Result<(), ResponseError> {
-        match self.route(broker, key)?.0 {
+        match self.route(host, key)?.0 {
             Route::Here(shard) => {
-                let pending = shard.administer(&partition_log_key(key), change, broker.logs.syncer())?;
+                let pending = shard.administer(&partition_log_key(key), change, host.logs().syncer())?;
                 shard.log.wait_durable(pending).await
             }
             Route::Node(node) => {
-                let group_id = crate::handlers::str_bytes(&key.0);
+                let group_id = StrBytes::from_string(key.0.clone());
                 let (api_key, request): (ApiKey, RequestKind) = match change {
                     AdminChange::Start(start) => {
                         let mut partition = initialize_share_group_state_request::PartitionData::default();
@@ -571,7 +568,7 @@ impl ShareStateStore {
                         (ApiKey::DeleteShareGroupState, request.into())
                     }
                 };
-                let code = match self.call(broker, node, api_key, request).await? {
+                let code = match self.call(host, node, api_key, request).await? {
                     ResponseKind::InitializeShareGroupState(response) => {
                         response.results.iter().flat_map(|r| r.partitions.iter()).map(|p| p.error_code).next()
                     }
@@ -590,34 +587,34 @@ impl ShareStateStore {
     }
 
     /// InitializeShareGroupState / DeleteShareGroupState at this node.
-    pub(crate) async fn administer_here(
+    pub async fn administer_here(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         change: AdminChange,
     ) -> Result<(), ResponseError> {
-        let shard = self.shard_here(broker, key)?;
-        let pending = shard.administer(&partition_log_key(key), change, broker.logs.syncer())?;
+        let shard = self.shard_here(host, key)?;
+        let pending = shard.administer(&partition_log_key(key), change, host.logs().syncer())?;
         shard.log.wait_durable(pending).await
     }
 
     async fn call(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         node: i32,
         api_key: ApiKey,
         request: RequestKind,
     ) -> Result<ResponseKind, ResponseError> {
         let timeout = Duration::from_millis(STATE_LOG_WRITE_TIMEOUT_MS + 5_000);
-        self.peers.call(broker, node, api_key, SHARE_STATE_RPC_VERSION, &request, timeout).await.map_err(|error| {
+        self.peers.call(host, node, api_key, SHARE_STATE_RPC_VERSION, &request, timeout).await.map_err(|error| {
             tracing::debug!(node, ?api_key, ?error, "share state request to another broker failed");
             ResponseError::CoordinatorNotAvailable
         })
     }
 
     /// The state partition led here that holds `key`, for the broker-to-broker handlers.
-    fn shard_here(&self, broker: &Broker, key: &PartitionKey) -> Result<Arc<StateShard>, ResponseError> {
-        match self.route(broker, key)?.0 {
+    fn shard_here(&self, host: &dyn CoordinatorHost, key: &PartitionKey) -> Result<Arc<StateShard>, ResponseError> {
+        match self.route(host, key)?.0 {
             Route::Here(shard) => Ok(shard),
             Route::Node(_) => Err(ResponseError::NotCoordinator),
         }
@@ -625,14 +622,14 @@ impl ShareStateStore {
 
     /// ReadShareGroupState at this node (the handler's side of [`ShareStateStore::read`]):
     /// (state epoch, start offset, batches); state epoch -1 when nothing is stored.
-    pub(crate) async fn read_here(
+    pub async fn read_here(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         leader_epoch: i32,
     ) -> Result<(i32, i64, Vec<(i64, i64, i8, i16)>), ResponseError> {
-        let shard = self.shard_here(broker, key)?;
-        let (state, change) = shard.read(&partition_log_key(key), leader_epoch, broker.logs.syncer())?;
+        let shard = self.shard_here(host, key)?;
+        let (state, change) = shard.read(&partition_log_key(key), leader_epoch, host.logs().syncer())?;
         shard.log.wait_durable(change).await?;
         Ok(match state {
             None => (-1, -1, Vec::new()),
@@ -641,34 +638,38 @@ impl ShareStateStore {
     }
 
     /// WriteShareGroupState at this node.
-    pub(crate) async fn write_here(
+    pub async fn write_here(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         key: &PartitionKey,
         (version, leader_epoch, start): (i32, i32, i64),
         batches: impl Iterator<Item = (i64, i64, i8, i16)>,
     ) -> Result<(), ResponseError> {
-        let shard = self.shard_here(broker, key)?;
+        let shard = self.shard_here(host, key)?;
         let state = from_wire(version, leader_epoch, start, batches);
-        let change = shard.write(&partition_log_key(key), state, broker.logs.syncer())?;
+        let change = shard.write(&partition_log_key(key), state, host.logs().syncer())?;
         shard.log.wait_durable(change).await
     }
 
     /// ReadShareGroupStateSummary at this node: (state epoch, leader epoch, start), state
     /// epoch -1 when nothing is stored.
-    pub(crate) fn summary_here(&self, broker: &Broker, key: &PartitionKey) -> Result<Option<Summary>, ResponseError> {
-        Ok(self.shard_here(broker, key)?.summary(&partition_log_key(key)))
+    pub fn summary_here(
+        &self,
+        host: &dyn CoordinatorHost,
+        key: &PartitionKey,
+    ) -> Result<Option<Summary>, ResponseError> {
+        Ok(self.shard_here(host, key)?.summary(&partition_log_key(key)))
     }
 
     /// Single node: stores a group's configs; durable once the returned change is.
-    pub(crate) async fn write_configs(
+    pub async fn write_configs(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         group: &str,
         configs: GroupConfigs,
     ) -> Result<(), ResponseError> {
         let shard = match self.shards.read().slots.get(&0) {
-            Some(Slot::Active(shard)) if broker.cluster.is_none() => shard.clone(),
+            Some(Slot::Active(shard)) if !host.clustered() => shard.clone(),
             _ => return Err(ResponseError::NotController),
         };
         let change = {
@@ -676,7 +677,7 @@ impl ShareStateStore {
             let change = shard.log.append(
                 &config_log_key(group),
                 &ShareRecord::GroupConfig(configs.clone()),
-                broker.logs.syncer(),
+                host.logs().syncer(),
             )?;
             stored.insert(group.to_string(), configs);
             change

@@ -9,7 +9,6 @@
 //! recognisable by its headers (group, topic, partition, offset). The RabbitMQ equivalent
 //! is a quorum queue's `x-dead-letter-exchange` with `x-delivery-limit`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -18,11 +17,11 @@ use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, RecordBat
 use sluice_storage::{Partition, ReadLimit, ReadMode};
 
 use super::partition::DeadRecord;
-use super::PartitionKey;
-use crate::Broker;
+use super::{PartitionKey, ShareCoordinator};
+use crate::CoordinatorHost;
 
 /// The group config naming a share group's dead-letter topic (KIP-1191's name).
-pub(crate) const CONFIG_DEAD_LETTER_TOPIC: &str = "errors.deadletterqueue.topic.name";
+pub const CONFIG_DEAD_LETTER_TOPIC: &str = "errors.deadletterqueue.topic.name";
 /// How long a dead-letter copy may take to become durable before it is tried again.
 const DEAD_LETTER_DURABLE_TIMEOUT_MS: u64 = 30_000;
 /// Bytes read to find one archived record.
@@ -31,15 +30,15 @@ const DEAD_LETTER_READ_BYTES: usize = 1024 * 1024;
 /// Copies the pending dead letters of `key` to its group's dead-letter topic, then drops
 /// them from the share state. Leaves them pending (to be tried again by the upkeep) when
 /// the topic does not exist or the write fails.
-pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
-    let Some((dead, target_topic)) = broker.shares.pending_dead_letters(&key) else { return };
+pub async fn flush(host: &dyn CoordinatorHost, shares: &ShareCoordinator, key: PartitionKey) {
+    let Some((dead, target_topic)) = shares.pending_dead_letters(&key) else { return };
     let (group, topic, partition) = key.clone();
-    let Some(source) = broker.partition(&topic, partition) else {
+    let Some(source) = host.partition(&topic, partition) else {
         // The topic is gone: nothing left to copy.
-        broker.shares.dead_letters_copied(&key, &dead);
+        shares.dead_letters_copied(&key, &dead);
         return;
     };
-    let Some((_, target_partitions)) = broker.topics.catalog().get(&target_topic) else {
+    let Some((_, target_partitions)) = host.topics().catalog().get(&target_topic) else {
         tracing::warn!(group, topic = target_topic, "dead-letter topic does not exist; will retry");
         return;
     };
@@ -48,7 +47,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     let preferred = partition % target_partitions.max(1);
     let led = std::iter::once(preferred)
         .chain(0..target_partitions)
-        .find_map(|p| Some((broker.partition(&target_topic, p)?, super::leader_epoch(&broker, &target_topic, p)?)));
+        .find_map(|p| Some((host.partition(&target_topic, p)?, super::leader_epoch(host, &target_topic, p)?)));
     let Some((target, target_epoch)) = led else {
         tracing::debug!(group, topic = target_topic, "no partition of the dead-letter topic is led here; will retry");
         return;
@@ -61,7 +60,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     let batch = match built {
         Ok(Ok(Some(batch))) => batch,
         Ok(Ok(None)) => {
-            broker.shares.dead_letters_copied(&key, &dead);
+            shares.dead_letters_copied(&key, &dead);
             return;
         }
         Ok(Err(error)) => {
@@ -78,7 +77,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
         }
     };
     if outcome.needs_sync {
-        broker.logs.syncer().schedule(&target);
+        host.logs().syncer().schedule(&target);
     }
     let mut visible = target.subscribe();
     let durable = tokio::time::timeout(
@@ -88,7 +87,7 @@ pub(crate) async fn flush(broker: Arc<Broker>, key: PartitionKey) {
     .await;
     if durable.is_ok_and(|v| v.is_ok_and(|v| v.high_watermark >= outcome.visible_at)) {
         tracing::debug!(group, topic, records = dead.len(), "dead letters copied");
-        broker.shares.dead_letters_copied(&key, &dead);
+        shares.dead_letters_copied(&key, &dead);
     }
 }
 
@@ -121,7 +120,7 @@ fn build_batch(source: &Partition, key: &PartitionKey, dead: &[DeadRecord]) -> R
             transactional: false,
             control: false,
             delete_horizon: false,
-            partition_leader_epoch: crate::LEADER_EPOCH,
+            partition_leader_epoch: sluice_meta::LEADER_EPOCH,
             producer_id: -1,
             producer_epoch: -1,
             timestamp_type: original.timestamp_type,

@@ -16,15 +16,16 @@ use std::time::Duration;
 
 use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
 use kafka_protocol::messages::{ApiKey, ProducerId, RequestKind, ResponseKind, TopicName, WriteTxnMarkersRequest};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use parking_lot::Mutex;
 
 use crate::group::OFFSETS_TOPIC;
-use crate::Broker;
+use crate::CoordinatorHost;
 use sluice_replication::PeerConnection;
 
 /// How long a marker may take to become durable (fsynced, and in a cluster in the ISR).
-pub(crate) const MARKER_DURABLE_TIMEOUT_MS: u64 = 30_000;
+pub const MARKER_DURABLE_TIMEOUT_MS: u64 = 30_000;
 /// The WriteTxnMarkers version brokers send each other.
 const WRITE_TXN_MARKERS_VERSION: i16 = 1;
 /// Idle connections kept per peer broker.
@@ -32,16 +33,16 @@ const PEER_CONNECTIONS_PER_NODE_MAX: usize = 4;
 
 /// A commit or abort marker (control batch) for one producer's transaction.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Marker {
-    pub(crate) producer_id: i64,
-    pub(crate) producer_epoch: i16,
-    pub(crate) commit: bool,
-    pub(crate) coordinator_epoch: i32,
+pub struct Marker {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub commit: bool,
+    pub coordinator_epoch: i32,
 }
 
 /// Where a transaction's end must be written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum MarkerTarget {
+pub enum MarkerTarget {
     /// A partition the transaction produced to: a control batch.
     Partition(String, i32),
     /// A `__consumer_offsets` partition holding offsets the transaction sent.
@@ -63,7 +64,7 @@ impl MarkerTarget {
     }
 
     /// As named on the wire (WriteTxnMarkers names offsets partitions by the topic).
-    pub(crate) fn from_wire(topic: &str, partition: i32) -> MarkerTarget {
+    pub fn from_wire(topic: &str, partition: i32) -> MarkerTarget {
         if topic == OFFSETS_TOPIC {
             MarkerTarget::Offsets(partition)
         } else {
@@ -73,13 +74,13 @@ impl MarkerTarget {
 }
 
 /// A written marker's wait until it is durable.
-pub(crate) type MarkerWait = Pin<Box<dyn Future<Output = Result<(), ResponseError>> + Send>>;
+pub type MarkerWait = Pin<Box<dyn Future<Output = Result<(), ResponseError>> + Send>>;
 
 /// Writes `marker` to `target`, which this node must lead. `Ok(None)`: nothing to end
 /// there (the producer was already fenced there by a newer epoch). Used by the
 /// coordinator and by the WriteTxnMarkers handler.
-pub(crate) fn write_local(
-    broker: &Broker,
+pub fn write_local(
+    host: &dyn CoordinatorHost,
     target: &MarkerTarget,
     marker: Marker,
     now_ms: i64,
@@ -87,9 +88,9 @@ pub(crate) fn write_local(
     let Marker { producer_id, producer_epoch, commit, coordinator_epoch } = marker;
     let (topic, partition) = match target {
         MarkerTarget::Offsets(partition) => {
-            let write = broker
-                .groups
-                .end_transaction(*partition, producer_id, producer_epoch, commit, broker.logs.syncer())
+            let write = host
+                .groups()
+                .end_transaction(*partition, producer_id, producer_epoch, commit, host.logs().syncer())
                 .map_err(|error| match error.response_error() {
                     ResponseError::NotCoordinator => ResponseError::NotLeaderOrFollower,
                     other => other,
@@ -98,20 +99,11 @@ pub(crate) fn write_local(
         }
         MarkerTarget::Partition(topic, partition) => (topic.as_str(), *partition),
     };
-    let (log, leader_epoch) = match &broker.replicas {
-        None => {
-            (broker.partition(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?, crate::LEADER_EPOCH)
-        }
-        Some(_) => {
-            let replica = broker.hosted_replica(topic, partition, ResponseError::UnknownTopicOrPartition)?;
-            let write = replica.begin_write(-1).map_err(sluice_replication::NotServed::error)?;
-            (replica.log.clone(), write.leader_epoch)
-        }
-    };
+    let (log, leader_epoch) = host.led_partition(topic, partition)?;
     match log.append_marker(producer_id, producer_epoch, commit, coordinator_epoch, leader_epoch, now_ms) {
         Ok(outcome) => {
             if outcome.needs_sync {
-                broker.logs.syncer().schedule(&log);
+                host.logs().syncer().schedule(&log);
             }
             let mut visible = log.subscribe();
             let at = outcome.visible_at;
@@ -137,20 +129,20 @@ pub(crate) fn write_local(
 
 /// Idle connections to other brokers, by node id, reused by marker writes.
 #[derive(Default)]
-pub(crate) struct PeerPool {
+pub struct PeerPool {
     idle: Mutex<BTreeMap<i32, Vec<PeerConnection>>>,
 }
 
 impl PeerPool {
-    async fn connect(&self, broker: &Broker, node: i32) -> Result<PeerConnection, ResponseError> {
+    async fn connect(&self, host: &dyn CoordinatorHost, node: i32) -> Result<PeerConnection, ResponseError> {
         if let Some(connection) = self.idle.lock().get_mut(&node).and_then(Vec::pop) {
             return Ok(connection);
         }
-        let replicas = broker.replicas.as_ref().ok_or(ResponseError::NotLeaderOrFollower)?;
+        let replicas = host.replicas().ok_or(ResponseError::NotLeaderOrFollower)?;
         let address = replicas.broker_address(node).ok_or(ResponseError::NotLeaderOrFollower)?;
-        let source = broker.config().cluster.as_ref().and_then(|cluster| cluster.source_address);
-        let client_id = format!("sluice-txn-markers-{}", broker.node_id());
-        PeerConnection::connect(&address, source, client_id, &broker.inter_broker).await.map_err(|error| {
+        let source = host.source_address();
+        let client_id = format!("sluice-txn-markers-{}", host.node_id());
+        PeerConnection::connect(&address, source, client_id, host.inter_broker()).await.map_err(|error| {
             tracing::debug!(node, %error, "cannot connect to a partition leader for markers");
             ResponseError::NotLeaderOrFollower
         })
@@ -158,16 +150,16 @@ impl PeerPool {
 
     /// One request to `node` over a pooled connection; the connection is kept for reuse
     /// only after a complete answer.
-    pub(crate) async fn call(
+    pub async fn call(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         node: i32,
         api_key: ApiKey,
         version: i16,
         request: &RequestKind,
         timeout: Duration,
     ) -> Result<ResponseKind, ResponseError> {
-        let mut connection = self.connect(broker, node).await?;
+        let mut connection = self.connect(host, node).await?;
         let answer = connection.call(api_key, version, request, timeout).await.map_err(|error| {
             tracing::debug!(node, ?api_key, %error, "a request to another broker failed");
             ResponseError::NotLeaderOrFollower
@@ -188,8 +180,8 @@ impl PeerPool {
 /// Writes `marker` to every target (here or at its leader) and waits until all are
 /// durable. A target whose topic was deleted has nothing to end. The first other failure
 /// is returned once every write was tried: the caller retries all of them later.
-pub(crate) async fn write_all(
-    broker: &Broker,
+pub async fn write_all(
+    host: &dyn CoordinatorHost,
     peers: &PeerPool,
     marker: Marker,
     targets: Vec<MarkerTarget>,
@@ -198,15 +190,15 @@ pub(crate) async fn write_all(
     let mut local = Vec::new();
     let mut remote: BTreeMap<i32, Vec<MarkerTarget>> = BTreeMap::new();
     for target in targets {
-        match leader_of(broker, &target) {
-            Some(node) if node != broker.node_id() => remote.entry(node).or_default().push(target),
+        match leader_of(host, &target) {
+            Some(node) if node != host.node_id() => remote.entry(node).or_default().push(target),
             _ => local.push(target),
         }
     }
     let mut waits = Vec::new();
     let mut failure = None;
     for target in &local {
-        match write_local(broker, target, marker, now_ms) {
+        match write_local(host, target, marker, now_ms) {
             Ok(wait) => waits.extend(wait),
             Err(ResponseError::UnknownTopicOrPartition) => {}
             Err(error) => {
@@ -215,7 +207,7 @@ pub(crate) async fn write_all(
             }
         }
     }
-    let sends = remote.into_iter().map(|(node, targets)| send(broker, peers, node, marker, targets));
+    let sends = remote.into_iter().map(|(node, targets)| send(host, peers, node, marker, targets));
     let (written, sent) = tokio::join!(futures::future::join_all(waits), futures::future::join_all(sends));
     for result in written.into_iter().chain(sent) {
         if let Err(error) = result {
@@ -227,17 +219,13 @@ pub(crate) async fn write_all(
 
 /// The node leading `target`'s partition, from the cluster metadata (`None` on a single
 /// node, or when unknown: then it is tried here and answers why not).
-fn leader_of(broker: &Broker, target: &MarkerTarget) -> Option<i32> {
-    let cluster = broker.cluster.as_ref()?;
-    let metadata = cluster.metadata();
-    let topic = metadata.topics.get(target.topic())?;
-    let partition = topic.partitions.get(usize::try_from(target.partition()).ok()?)?;
-    (partition.leader >= 0).then_some(partition.leader)
+fn leader_of(host: &dyn CoordinatorHost, target: &MarkerTarget) -> Option<i32> {
+    host.partition_leader(target.topic(), target.partition())
 }
 
 /// WriteTxnMarkers to `node` for `targets`; the first error any target answers.
 async fn send(
-    broker: &Broker,
+    host: &dyn CoordinatorHost,
     peers: &PeerPool,
     node: i32,
     marker: Marker,
@@ -256,7 +244,7 @@ async fn send(
         .into_iter()
         .map(|(name, partition_indexes)| {
             let mut topic = WritableTxnMarkerTopic::default();
-            topic.name = TopicName(crate::handlers::str_bytes(name));
+            topic.name = TopicName(StrBytes::from_string(name.to_string()));
             topic.partition_indexes = partition_indexes;
             topic
         })
@@ -264,7 +252,7 @@ async fn send(
     let mut request = WriteTxnMarkersRequest::default();
     request.markers = vec![request_marker];
     let request = RequestKind::WriteTxnMarkers(request);
-    let mut connection = peers.connect(broker, node).await?;
+    let mut connection = peers.connect(host, node).await?;
     let timeout = Duration::from_millis(MARKER_DURABLE_TIMEOUT_MS + 5_000);
     let answer = connection.call(ApiKey::WriteTxnMarkers, WRITE_TXN_MARKERS_VERSION, &request, timeout).await;
     let response = match answer {

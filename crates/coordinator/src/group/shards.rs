@@ -41,18 +41,18 @@ const _: () = assert!(SNAPSHOT_RECORDS_PER_BATCH * 9 * 1024 < crate::group::OFFS
 
 /// The offsets log's settings (Kafka's `offsets.*` broker configs).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct OffsetsSettings {
+pub struct OffsetsSettings {
     /// Kafka's `offsets.retention.minutes`, in ms.
-    pub(crate) retention_ms: i64,
+    pub retention_ms: i64,
     /// Kafka's `offsets.retention.check.interval.ms`.
-    pub(crate) retention_check_interval_ms: i64,
+    pub retention_check_interval_ms: i64,
     /// Bytes appended to a partition after which a compaction snapshot is written.
-    pub(crate) snapshot_interval_bytes: u64,
+    pub snapshot_interval_bytes: u64,
 }
 
 /// The shards of this node by offsets partition.
 #[derive(Default)]
-pub(crate) struct ShardMap {
+pub struct ShardMap {
     /// Partitions of the offsets topic (0 until a cluster node learns it).
     partition_count: i32,
     shards: HashMap<i32, Shard>,
@@ -67,7 +67,7 @@ enum Shard {
 }
 
 /// One offsets partition this node serves.
-pub(crate) struct ShardLog {
+pub struct ShardLog {
     partition: i32,
     leader_epoch: i32,
     log: OffsetsLog,
@@ -86,9 +86,9 @@ struct ShardWrites {
 }
 
 impl ShardMap {
-    pub(crate) fn local(log: OffsetsLog) -> ShardMap {
+    pub fn local(log: OffsetsLog) -> ShardMap {
         let bytes_since_snapshot = log.partition().size_bytes();
-        let shard = ShardLog::new(0, crate::LEADER_EPOCH, log, bytes_since_snapshot);
+        let shard = ShardLog::new(0, sluice_meta::LEADER_EPOCH, log, bytes_since_snapshot);
         ShardMap {
             partition_count: 1,
             shards: HashMap::from([(0, Shard::Active(Arc::new(shard)))]),
@@ -98,12 +98,12 @@ impl ShardMap {
     }
 
     /// True when `group_id`'s partition is loaded and served here.
-    pub(crate) fn serves(&self, group_id: &str) -> bool {
+    pub fn serves(&self, group_id: &str) -> bool {
         self.partition_count > 0
             && matches!(self.shards.get(&partition_for(group_id, self.partition_count)), Some(Shard::Active(_)))
     }
 
-    pub(crate) fn active(&self) -> Vec<Arc<ShardLog>> {
+    pub fn active(&self) -> Vec<Arc<ShardLog>> {
         self.shards
             .values()
             .filter_map(|shard| match shard {
@@ -121,16 +121,16 @@ impl ShardLog {
     }
 
     #[cfg(test)]
-    pub(crate) fn log_partition(&self) -> &Arc<sluice_storage::Partition> {
+    pub fn log_partition(&self) -> &Arc<sluice_storage::Partition> {
         self.log.partition()
     }
 
     #[cfg(test)]
-    pub(crate) fn snapshot_in_flight(&self) -> bool {
+    pub fn snapshot_in_flight(&self) -> bool {
         self.writes.lock().snapshot_in_flight
     }
 
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         if let Err(error) = self.log.close() {
             tracing::error!(%error, "failed to close the offsets log");
         }
@@ -140,7 +140,7 @@ impl ShardLog {
 impl GroupCoordinator {
     /// The log of offsets partition `partition` while this node serves it (a single node
     /// serves its one partition, 0): what Fetch and ListOffsets of `__consumer_offsets` read.
-    pub(crate) fn offsets_partition(&self, partition: i32) -> Option<Arc<sluice_storage::Partition>> {
+    pub fn offsets_partition(&self, partition: i32) -> Option<Arc<sluice_storage::Partition>> {
         match self.shards.read().shards.get(&partition)? {
             Shard::Active(shard) => Some(shard.log.partition().clone()),
             Shard::Loading { .. } => None,
@@ -148,7 +148,7 @@ impl GroupCoordinator {
     }
 
     /// The shard serving `group_id` here, or why this node cannot serve it.
-    pub(crate) fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
+    pub fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
         let shards = self.shards.read();
         let shard = match shards.partition_count {
             0 => None,
@@ -163,7 +163,7 @@ impl GroupCoordinator {
     }
 
     /// The shard of offsets partition `partition`, or why this node cannot serve it.
-    pub(crate) fn serving_partition(&self, partition: i32) -> Result<Arc<ShardLog>, GroupError> {
+    pub fn serving_partition(&self, partition: i32) -> Result<Arc<ShardLog>, GroupError> {
         let shards = self.shards.read();
         match shards.shards.get(&partition) {
             Some(Shard::Active(shard)) => Ok(shard.clone()),
@@ -175,19 +175,19 @@ impl GroupCoordinator {
 
     /// Cluster mode: the offsets partitions that the metadata being applied has this node
     /// lead, before [`GroupCoordinator::follow_leadership`] takes them.
-    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+    pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
         self.shards.write().incoming = incoming;
     }
 
     /// The offsets partition count (0 until a cluster node learns it; 1 on a single node).
-    pub(crate) fn offsets_partition_count(&self) -> i32 {
+    pub fn offsets_partition_count(&self) -> i32 {
         self.shards.read().partition_count
     }
 
     /// Cluster mode: follows the leadership of the offsets partitions (`leaders[p]` is the
     /// replica and leader epoch when this node leads partition p). Starts loading newly
     /// led partitions and drops those led no longer (or led at another epoch).
-    pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
+    pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
         shards.incoming = IncomingLeaderships::default();
@@ -275,7 +275,7 @@ impl GroupCoordinator {
 
     /// Appends `records` of `group_id` to its shard; the future resolves once they are
     /// durable and applied to the offsets table.
-    pub(crate) fn write(
+    pub fn write(
         self: &Arc<Self>,
         shard: &Arc<ShardLog>,
         group_id: &str,
@@ -321,7 +321,7 @@ impl GroupCoordinator {
 
     /// Periodic offsets upkeep (from the ticker): compaction snapshots, and every
     /// `retention_check_interval_ms` the expiry of old offsets of groups without members.
-    pub(crate) fn upkeep(self: &Arc<Self>, now_ms: i64, syncer: &Syncer) {
+    pub fn upkeep(self: &Arc<Self>, now_ms: i64, syncer: &Syncer) {
         let active = self.shards.read().active();
         for shard in &active {
             self.maybe_snapshot(shard, syncer);
@@ -480,7 +480,7 @@ fn apply_record(
 }
 
 /// The offsets table a replay of one partition's `records` gives.
-pub(crate) fn table_from(records: Vec<(i64, OffsetRecord)>) -> OffsetTable {
+pub fn table_from(records: Vec<(i64, OffsetRecord)>) -> OffsetTable {
     let mut table = OffsetTable::default();
     for (log_offset, record) in records {
         apply_record(&mut table, log_offset, record, |_| true);

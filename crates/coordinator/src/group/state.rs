@@ -27,7 +27,7 @@ use crate::group::{
 /// The states of Kafka's classic group, with Kafka's names (ListGroups and DescribeGroups
 /// report them verbatim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GroupState {
+pub enum GroupState {
     Empty,
     PreparingRebalance,
     CompletingRebalance,
@@ -36,7 +36,7 @@ pub(crate) enum GroupState {
 }
 
 impl GroupState {
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             GroupState::Empty => "Empty",
             GroupState::PreparingRebalance => "PreparingRebalance",
@@ -49,61 +49,61 @@ impl GroupState {
 
 /// Broker-wide timing settings the state machine needs.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Timing {
+pub struct Timing {
     /// `group.initial.rebalance.delay.ms`: how long the first rebalance of an empty group
     /// waits for more members (extended per new member, up to the rebalance timeout).
-    pub(crate) initial_rebalance_delay_ms: i64,
+    pub initial_rebalance_delay_ms: i64,
     /// `group.consumer.heartbeat.interval.ms`, told to consumer-protocol members.
-    pub(crate) consumer_heartbeat_interval_ms: i32,
+    pub consumer_heartbeat_interval_ms: i32,
     /// `group.consumer.session.timeout.ms` of consumer-protocol members.
-    pub(crate) consumer_session_timeout_ms: i64,
+    pub consumer_session_timeout_ms: i64,
 }
 
 /// One assignor a member supports, with its opaque (client-defined) metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Protocol {
-    pub(crate) name: String,
-    pub(crate) metadata: Bytes,
+pub struct Protocol {
+    pub name: String,
+    pub metadata: Bytes,
 }
 
 /// A JoinGroup request, decoded.
 #[derive(Debug, Clone)]
-pub(crate) struct JoinRequest {
-    pub(crate) member_id: String,
-    pub(crate) group_instance_id: Option<String>,
-    pub(crate) client_id: String,
-    pub(crate) client_host: String,
-    pub(crate) session_timeout_ms: i32,
-    pub(crate) rebalance_timeout_ms: i32,
-    pub(crate) protocol_type: String,
-    pub(crate) protocols: Vec<Protocol>,
+pub struct JoinRequest {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub protocol_type: String,
+    pub protocols: Vec<Protocol>,
     /// KIP-394 (JoinGroup v4+): a member without an id first gets MEMBER_ID_REQUIRED.
-    pub(crate) require_known_member_id: bool,
+    pub require_known_member_id: bool,
 }
 
 /// A member as the leader sees it in the JoinGroup response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct JoinedMember {
-    pub(crate) member_id: String,
-    pub(crate) group_instance_id: Option<String>,
-    pub(crate) metadata: Bytes,
+pub struct JoinedMember {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub metadata: Bytes,
 }
 
 /// The JoinGroup answer (an error still carries the member id, for MEMBER_ID_REQUIRED).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct JoinResponse {
-    pub(crate) error: Option<GroupError>,
-    pub(crate) generation_id: i32,
-    pub(crate) protocol_type: Option<String>,
-    pub(crate) protocol_name: Option<String>,
-    pub(crate) leader_id: String,
-    pub(crate) member_id: String,
-    pub(crate) skip_assignment: bool,
-    pub(crate) members: Vec<JoinedMember>,
+pub struct JoinResponse {
+    pub error: Option<GroupError>,
+    pub generation_id: i32,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub leader_id: String,
+    pub member_id: String,
+    pub skip_assignment: bool,
+    pub members: Vec<JoinedMember>,
 }
 
 impl JoinResponse {
-    pub(crate) fn failed(error: GroupError, member_id: &str) -> JoinResponse {
+    pub fn failed(error: GroupError, member_id: &str) -> JoinResponse {
         JoinResponse {
             error: Some(error),
             generation_id: -1,
@@ -119,25 +119,25 @@ impl JoinResponse {
 
 /// A SyncGroup request, decoded. `assignments` is only read from the leader.
 #[derive(Debug, Clone)]
-pub(crate) struct SyncRequest {
-    pub(crate) member_id: String,
-    pub(crate) group_instance_id: Option<String>,
-    pub(crate) generation_id: i32,
-    pub(crate) protocol_type: Option<String>,
-    pub(crate) protocol_name: Option<String>,
-    pub(crate) assignments: Vec<(String, Bytes)>,
+pub struct SyncRequest {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub generation_id: i32,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignments: Vec<(String, Bytes)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SyncResponse {
-    pub(crate) error: Option<GroupError>,
-    pub(crate) protocol_type: Option<String>,
-    pub(crate) protocol_name: Option<String>,
-    pub(crate) assignment: Bytes,
+pub struct SyncResponse {
+    pub error: Option<GroupError>,
+    pub protocol_type: Option<String>,
+    pub protocol_name: Option<String>,
+    pub assignment: Bytes,
 }
 
 impl SyncResponse {
-    pub(crate) fn failed(error: GroupError) -> SyncResponse {
+    pub fn failed(error: GroupError) -> SyncResponse {
         SyncResponse { error: Some(error), protocol_type: None, protocol_name: None, assignment: Bytes::new() }
     }
 }
@@ -145,20 +145,20 @@ impl SyncResponse {
 /// An answer available now, or one that a later event (another member's join, the
 /// leader's sync, a deadline in [`Group::tick`]) will send.
 #[derive(Debug)]
-pub(crate) enum Reply<T> {
+pub enum Reply<T> {
     Ready(T),
     Wait(oneshot::Receiver<T>),
 }
 
 /// What DescribeGroups shows of a member.
 #[derive(Debug, Clone)]
-pub(crate) struct MemberDescription {
-    pub(crate) member_id: String,
-    pub(crate) group_instance_id: Option<String>,
-    pub(crate) client_id: String,
-    pub(crate) client_host: String,
-    pub(crate) metadata: Bytes,
-    pub(crate) assignment: Bytes,
+pub struct MemberDescription {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
 }
 
 #[derive(Debug)]
@@ -203,7 +203,7 @@ impl Member {
 
 /// One classic consumer group.
 #[derive(Debug)]
-pub(crate) struct Group {
+pub struct Group {
     group_id: String,
     state: GroupState,
     protocol_type: Option<String>,
@@ -226,7 +226,7 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    pub(crate) fn new(group_id: &str) -> Group {
+    pub fn new(group_id: &str) -> Group {
         Group {
             group_id: group_id.to_string(),
             state: GroupState::Empty,
@@ -244,51 +244,51 @@ impl Group {
         }
     }
 
-    pub(crate) fn state(&self) -> GroupState {
+    pub fn state(&self) -> GroupState {
         self.state
     }
 
     #[cfg(test)]
-    pub(crate) fn generation_id(&self) -> i32 {
+    pub fn generation_id(&self) -> i32 {
         self.generation_id
     }
 
-    pub(crate) fn protocol_type(&self) -> Option<&str> {
+    pub fn protocol_type(&self) -> Option<&str> {
         self.protocol_type.as_deref()
     }
 
-    pub(crate) fn protocol_name(&self) -> Option<&str> {
+    pub fn protocol_name(&self) -> Option<&str> {
         self.protocol_name.as_deref()
     }
 
     #[cfg(test)]
-    pub(crate) fn leader_id(&self) -> Option<&str> {
+    pub fn leader_id(&self) -> Option<&str> {
         self.leader_id.as_deref()
     }
 
     /// True when nothing but committed offsets (kept elsewhere) would be lost by
     /// forgetting this group: no members, and no KIP-394 newcomer about to rejoin.
-    pub(crate) fn is_idle(&self) -> bool {
+    pub fn is_idle(&self) -> bool {
         self.state == GroupState::Empty && self.members.is_empty() && self.pending_members.is_empty()
     }
 
-    pub(crate) fn member_count(&self) -> usize {
+    pub fn member_count(&self) -> usize {
         self.members.len()
     }
 
     #[cfg(test)]
-    pub(crate) fn has_member(&self, member_id: &str) -> bool {
+    pub fn has_member(&self, member_id: &str) -> bool {
         self.members.contains_key(member_id)
     }
 
     /// Metadata of every member for the selected protocol (to find subscribed topics).
-    pub(crate) fn member_metadata(&self) -> Vec<Bytes> {
+    pub fn member_metadata(&self) -> Vec<Bytes> {
         let protocol = self.protocol_name.as_deref().unwrap_or_default();
         self.members.values().map(|m| m.metadata_for(protocol)).collect()
     }
 
     /// DescribeGroups' view: metadata and assignments only once the group is Stable.
-    pub(crate) fn describe_members(&self) -> Vec<MemberDescription> {
+    pub fn describe_members(&self) -> Vec<MemberDescription> {
         let stable = self.state == GroupState::Stable;
         let protocol = self.protocol_name.as_deref().unwrap_or_default();
         self.members
@@ -305,12 +305,12 @@ impl Group {
     }
 
     /// Marks the group deleted: every waiter learns it must find the coordinator again.
-    pub(crate) fn mark_dead(&mut self) {
+    pub fn mark_dead(&mut self) {
         assert!(self.members.is_empty(), "only an empty group may be deleted");
         self.state = GroupState::Dead;
     }
 
-    pub(crate) fn join(&mut self, request: JoinRequest, now_ms: i64, timing: &Timing) -> Reply<JoinResponse> {
+    pub fn join(&mut self, request: JoinRequest, now_ms: i64, timing: &Timing) -> Reply<JoinResponse> {
         if let Err(error) = self.validate_join(&request) {
             return Reply::Ready(JoinResponse::failed(error, &request.member_id));
         }
@@ -693,7 +693,7 @@ impl Group {
         self.maybe_complete_join(now_ms);
     }
 
-    pub(crate) fn sync(&mut self, request: SyncRequest, now_ms: i64) -> Reply<SyncResponse> {
+    pub fn sync(&mut self, request: SyncRequest, now_ms: i64) -> Reply<SyncResponse> {
         let failed = |error| Reply::Ready(SyncResponse::failed(error));
         if self.state == GroupState::Dead {
             return failed(GroupError::CoordinatorNotAvailable);
@@ -762,7 +762,7 @@ impl Group {
         }
     }
 
-    pub(crate) fn heartbeat(
+    pub fn heartbeat(
         &mut self,
         member_id: &str,
         group_instance_id: Option<&str>,
@@ -785,7 +785,7 @@ impl Group {
     }
 
     /// LeaveGroup for one member: by member id, or (static members, v3+) by instance id.
-    pub(crate) fn leave(
+    pub fn leave(
         &mut self,
         member_id: &str,
         group_instance_id: Option<&str>,
@@ -820,7 +820,7 @@ impl Group {
     /// has no members. A `transactional` commit (TxnOffsetCommit, KIP-447) is not refused
     /// while the group completes a rebalance: its offsets apply only when the transaction
     /// commits.
-    pub(crate) fn validate_commit(
+    pub fn validate_commit(
         &mut self,
         member_id: &str,
         group_instance_id: Option<&str>,
@@ -851,7 +851,7 @@ impl Group {
     }
 
     /// Deadlines: KIP-394 seats and sessions expire, a join phase or a sync wait ends.
-    pub(crate) fn tick(&mut self, now_ms: i64, timing: &Timing) {
+    pub fn tick(&mut self, now_ms: i64, timing: &Timing) {
         if self.state == GroupState::Dead {
             return;
         }

@@ -3,7 +3,7 @@
 //! One entry per `transactional.id`: its producer id and epoch, its state
 //! (Empty -> Ongoing -> PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort), the
 //! partitions and groups it wrote. Every change is appended to the transaction log
-//! (`txn_log.rs`, fsynced by the group-commit syncer, never under a coordinator lock) and
+//! ([`log`], fsynced by the group-commit syncer, never under a coordinator lock) and
 //! answered once durable, so a decision survives a crash: a transaction found in a
 //! Prepare state after a restart or a failover is completed again. A decision is durable
 //! before any marker.
@@ -19,7 +19,7 @@
 //!
 //! Ending a transaction writes a commit or abort marker to each of its partitions and to
 //! the `__consumer_offsets` partition of each group it sent offsets for
-//! (`txn_markers.rs`: locally, or with WriteTxnMarkers to the partition's leader), and
+//! ([`markers`]: locally, or with WriteTxnMarkers to the partition's leader), and
 //! waits until each is durable; the group coordinator then commits or drops the offsets
 //! the transaction sent (TxnOffsetCommit). A transaction open longer than its
 //! `transaction.timeout.ms` is aborted with the producer's epoch bumped, which fences the
@@ -30,6 +30,9 @@
 //! batch lands after its markers, when this node coordinates the producer's transaction.
 //! A partition leader in a cluster that does not coordinate it accepts the batch on the
 //! producer's epoch alone (Kafka's behaviour before KIP-890's verification).
+
+pub mod log;
+pub mod markers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -45,9 +48,9 @@ use sluice_storage::Syncer;
 use crate::group::offsets::CommittedOffset;
 use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::state_log::PendingChange;
-use crate::txn_log::TxnLog;
-use crate::txn_markers::{Marker, MarkerTarget};
-use crate::Broker;
+use crate::txn::log::TxnLog;
+use crate::txn::markers::{Marker, MarkerTarget};
+use crate::CoordinatorHost;
 use sluice_replication::Replica;
 
 /// Kafka's `transaction.max.timeout.ms` default: the longest `transaction.timeout.ms`.
@@ -56,7 +59,7 @@ pub const TRANSACTION_TIMEOUT_MS_MAX: i32 = 900_000;
 pub const TRANSACTIONAL_IDS_MAX: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum TxnState {
+pub enum TxnState {
     Empty,
     Ongoing,
     PrepareCommit,
@@ -67,7 +70,7 @@ pub(crate) enum TxnState {
 
 impl TxnState {
     /// Kafka's name, as ListTransactions and DescribeTransactions report it.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             TxnState::Empty => "Empty",
             TxnState::Ongoing => "Ongoing",
@@ -86,25 +89,25 @@ impl TxnState {
 /// An offset commit a transaction carried in the coordinator's own state (versions before
 /// the group coordinator kept transactional offsets did so); applied when it commits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PendingOffset {
-    pub(crate) topic: String,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-    pub(crate) leader_epoch: i32,
-    pub(crate) metadata: Option<String>,
+pub struct PendingOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct TxnMetadata {
-    pub(crate) producer_id: i64,
-    pub(crate) producer_epoch: i16,
-    pub(crate) timeout_ms: i32,
-    pub(crate) state: TxnState,
-    pub(crate) partitions: BTreeSet<(String, i32)>,
+pub struct TxnMetadata {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub timeout_ms: i32,
+    pub state: TxnState,
+    pub partitions: BTreeSet<(String, i32)>,
     /// Groups added with AddOffsetsToTxn (the offsets themselves wait at the group
     /// coordinator; only a state written by an older version has any here).
-    pub(crate) offsets: BTreeMap<String, Vec<PendingOffset>>,
-    pub(crate) started_ms: i64,
+    pub offsets: BTreeMap<String, Vec<PendingOffset>>,
+    pub started_ms: i64,
 }
 
 /// The transactions by transactional id, and the id of each producer id (every transactional
@@ -151,7 +154,7 @@ impl std::ops::DerefMut for Transactions {
 }
 
 /// The transactions of one transaction log partition this node leads.
-pub(crate) struct TxnShard {
+pub struct TxnShard {
     partition: i32,
     log: TxnLog,
     transactions: Mutex<Transactions>,
@@ -173,13 +176,13 @@ struct TxnShards {
     incoming: IncomingLeaderships,
 }
 
-pub(crate) struct TransactionCoordinator {
+pub struct TransactionCoordinator {
     /// Lock order: shards, then a shard's transactions.
     shards: RwLock<TxnShards>,
     /// Cluster mode: a creation of `__transaction_state` is under way.
-    pub(crate) creating_topic: AtomicBool,
+    pub creating_topic: AtomicBool,
     /// Connections to other brokers for markers.
-    pub(crate) peers: crate::txn_markers::PeerPool,
+    pub peers: crate::txn::markers::PeerPool,
     /// One completion (markers, offsets) at a time per transactional id, so EndTxn, a
     /// timeout and a restart's recovery never write a transaction's markers twice at once;
     /// different transactions complete in parallel. At most one entry per known id.
@@ -206,19 +209,19 @@ impl TxnShard {
     /// holds the changes in their order); the caller answers once it is durable.
     fn record(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         transactions: &Transactions,
         transactional_id: &str,
     ) -> Result<PendingChange, ResponseError> {
         let meta = transactions.get(transactional_id).expect("a recorded entry exists");
-        self.log.append(transactional_id, meta, broker.logs.syncer())
+        self.log.append(transactional_id, meta, host.logs().syncer())
     }
 }
 
 impl TransactionCoordinator {
     /// Single node: opens (replaying) the one local transaction log partition.
-    pub(crate) fn open_local(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
-        let (log, transactions) = crate::txn_log::open_local(data_dir, syncer)?;
+    pub fn open_local(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
+        let (log, transactions) = crate::txn::log::open_local(data_dir, syncer)?;
         let shard = TxnShard::new(0, log, transactions);
         let shards = TxnShards {
             partition_count: 1,
@@ -231,7 +234,7 @@ impl TransactionCoordinator {
 
     /// Cluster mode: coordinates nothing until [`TransactionCoordinator::follow_leadership`]
     /// says which `__transaction_state` partitions this node leads.
-    pub(crate) fn replicated() -> TransactionCoordinator {
+    pub fn replicated() -> TransactionCoordinator {
         TransactionCoordinator::new(TxnShards::default())
     }
 
@@ -273,14 +276,14 @@ impl TransactionCoordinator {
 
     /// Cluster mode: the transaction log partitions that the metadata being applied has
     /// this node lead, before [`TransactionCoordinator::follow_leadership`] takes them.
-    pub(crate) fn expect_leadership(&self, incoming: IncomingLeaderships) {
+    pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
         self.shards.write().incoming = incoming;
     }
 
     /// Cluster mode: follows the leadership of the `__transaction_state` partitions
     /// (`leaders[p]` is the replica and leader epoch when this node leads partition p):
     /// loads newly led partitions, drops those led no longer or at another epoch.
-    pub(crate) fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
+    pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
         let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
         shards.incoming = IncomingLeaderships::default();
@@ -346,7 +349,7 @@ impl TransactionCoordinator {
     }
 
     /// Clean shutdown.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         for shard in self.active() {
             if let Err(error) = shard.log.close() {
                 tracing::error!(%error, "failed to close the transaction log");
@@ -355,12 +358,12 @@ impl TransactionCoordinator {
     }
 
     /// The state of `transactional_id`, if this node coordinates it.
-    pub(crate) fn describe(&self, transactional_id: &str) -> Result<Option<TxnMetadata>, ResponseError> {
+    pub fn describe(&self, transactional_id: &str) -> Result<Option<TxnMetadata>, ResponseError> {
         Ok(self.serving(transactional_id)?.transactions.lock().get(transactional_id).cloned())
     }
 
     /// Every transaction this node coordinates.
-    pub(crate) fn list(&self) -> Vec<(String, TxnMetadata)> {
+    pub fn list(&self) -> Vec<(String, TxnMetadata)> {
         let mut listed = Vec::new();
         for shard in self.active() {
             listed.extend(shard.transactions.lock().iter().map(|(id, meta)| (id.clone(), meta.clone())));
@@ -371,9 +374,9 @@ impl TransactionCoordinator {
     /// InitProducerId with a `transactional.id`: a new id gets a producer id; a known one
     /// gets its epoch bumped (fencing any older producer with that id), after its open
     /// transaction, if any, is aborted.
-    pub(crate) async fn init_producer_id(
+    pub async fn init_producer_id(
         &self,
-        broker: &Arc<Broker>,
+        host: &dyn CoordinatorHost,
         transactional_id: &str,
         timeout_ms: i32,
     ) -> Result<(i64, i16), ResponseError> {
@@ -389,25 +392,25 @@ impl TransactionCoordinator {
                         if transactions.len() >= TRANSACTIONAL_IDS_MAX {
                             return Err(ResponseError::CoordinatorNotAvailable);
                         }
-                        let producer_id = broker.topics.allocate_producer_id().map_err(|error| {
+                        let producer_id = host.topics().allocate_producer_id().map_err(|error| {
                             tracing::warn!(%error, "could not persist producer id block");
                             ResponseError::KafkaStorageError
                         })?;
                         transactions.insert(transactional_id.to_string(), new_metadata(producer_id, 0, timeout_ms));
-                        (Some(shard.record(broker, &transactions, transactional_id)?), Some((producer_id, 0)))
+                        (Some(shard.record(host, &transactions, transactional_id)?), Some((producer_id, 0)))
                     }
                     Some(meta) if meta.state == TxnState::Ongoing => {
                         // Abort the old producer's transaction, fencing it with a new epoch.
                         let meta = transactions.get_mut(transactional_id).expect("present");
                         meta.producer_epoch = bumped(meta.producer_epoch);
                         meta.state = TxnState::PrepareAbort;
-                        (Some(shard.record(broker, &transactions, transactional_id)?), None)
+                        (Some(shard.record(host, &transactions, transactional_id)?), None)
                     }
                     Some(meta) if meta.state.is_prepared() => (None, None),
                     Some(meta) => {
                         let (producer_id, producer_epoch) = if meta.producer_epoch >= i16::MAX - 1 {
                             let producer_id =
-                                broker.topics.allocate_producer_id().map_err(|_| ResponseError::KafkaStorageError)?;
+                                host.topics().allocate_producer_id().map_err(|_| ResponseError::KafkaStorageError)?;
                             (producer_id, 0)
                         } else {
                             (meta.producer_id, meta.producer_epoch + 1)
@@ -417,7 +420,7 @@ impl TransactionCoordinator {
                             new_metadata(producer_id, producer_epoch, timeout_ms),
                         );
                         (
-                            Some(shard.record(broker, &transactions, transactional_id)?),
+                            Some(shard.record(host, &transactions, transactional_id)?),
                             Some((producer_id, producer_epoch)),
                         )
                     }
@@ -428,27 +431,27 @@ impl TransactionCoordinator {
             }
             match done {
                 Some(ids) => return Ok(ids),
-                None => self.complete(broker, &shard, transactional_id).await.map_err(retriable)?,
+                None => self.complete(host, &shard, transactional_id).await.map_err(retriable)?,
             }
         }
     }
 
     /// AddPartitionsToTxn: the partitions the producer is about to write in its transaction.
-    pub(crate) async fn add_partitions(
+    pub async fn add_partitions(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
         partitions: &[(String, i32)],
     ) -> Result<(), ResponseError> {
         for (topic, partition) in partitions {
-            let known = broker.topics.get(topic).is_some_and(|t| (0..t.partitions).contains(partition));
+            let known = host.topics().get(topic).is_some_and(|t| (0..t.partitions).contains(partition));
             if !known || sluice_meta::topics::is_internal(topic) {
                 return Err(ResponseError::UnknownTopicOrPartition);
             }
         }
-        self.update_ongoing(broker, transactional_id, producer_id, producer_epoch, |meta| {
+        self.update_ongoing(host, transactional_id, producer_id, producer_epoch, |meta| {
             meta.partitions.extend(partitions.iter().cloned());
         })
         .await
@@ -457,15 +460,15 @@ impl TransactionCoordinator {
     /// AddOffsetsToTxn: the transaction will commit offsets of `group_id` (sent to the
     /// group coordinator with TxnOffsetCommit; this coordinator sends the group's offsets
     /// partition a marker when the transaction ends).
-    pub(crate) async fn add_offsets(
+    pub async fn add_offsets(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
         group_id: &str,
     ) -> Result<(), ResponseError> {
-        self.update_ongoing(broker, transactional_id, producer_id, producer_epoch, |meta| {
+        self.update_ongoing(host, transactional_id, producer_id, producer_epoch, |meta| {
             meta.offsets.entry(group_id.to_string()).or_default();
         })
         .await
@@ -473,7 +476,7 @@ impl TransactionCoordinator {
 
     async fn update_ongoing(
         &self,
-        broker: &Broker,
+        host: &dyn CoordinatorHost,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
@@ -495,16 +498,16 @@ impl TransactionCoordinator {
                 TxnState::Ongoing => {}
             }
             change(meta);
-            shard.record(broker, &transactions, transactional_id)?
+            shard.record(host, &transactions, transactional_id)?
         };
         shard.log.wait_durable(recorded).await
     }
 
     /// EndTxn: commits or aborts the producer's transaction; answers once every marker is
     /// durable (and, for a commit, the offsets are committed).
-    pub(crate) async fn end(
+    pub async fn end(
         &self,
-        broker: &Arc<Broker>,
+        host: &dyn CoordinatorHost,
         transactional_id: &str,
         producer_id: i64,
         producer_epoch: i16,
@@ -518,7 +521,7 @@ impl TransactionCoordinator {
             match (meta.state, commit) {
                 (TxnState::Ongoing, _) => {
                     meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
-                    Some(shard.record(broker, &transactions, transactional_id)?)
+                    Some(shard.record(host, &transactions, transactional_id)?)
                 }
                 // A retry of an EndTxn that was already decided.
                 (TxnState::PrepareCommit | TxnState::CompleteCommit, true)
@@ -531,14 +534,14 @@ impl TransactionCoordinator {
         if let Some(change) = decided {
             shard.log.wait_durable(change).await?;
         }
-        self.complete(broker, &shard, transactional_id).await.map_err(retriable)
+        self.complete(host, &shard, transactional_id).await.map_err(retriable)
     }
 
     /// Finishes a prepared transaction: writes its markers (to its partitions and its
     /// groups' offsets partitions), waits until they are durable, then records it complete.
     async fn complete(
         &self,
-        broker: &Arc<Broker>,
+        host: &dyn CoordinatorHost,
         shard: &TxnShard,
         transactional_id: &str,
     ) -> Result<(), ResponseError> {
@@ -555,7 +558,7 @@ impl TransactionCoordinator {
         shard.log.wait_durable(shard.log.written()).await?;
         let now_ms = sluice_storage::now_ms();
         if commit {
-            self.commit_legacy_offsets(broker, &meta, now_ms).await?;
+            self.commit_legacy_offsets(host, &meta, now_ms).await?;
         }
         let mut targets: Vec<MarkerTarget> = meta
             .partitions
@@ -563,7 +566,7 @@ impl TransactionCoordinator {
             .map(|(topic, partition)| MarkerTarget::Partition(topic.clone(), *partition))
             .collect();
         if !meta.offsets.is_empty() {
-            let count = broker.groups.offsets_partition_count();
+            let count = host.groups().offsets_partition_count();
             if count == 0 {
                 return Err(ResponseError::CoordinatorNotAvailable);
             }
@@ -576,7 +579,7 @@ impl TransactionCoordinator {
             commit,
             coordinator_epoch: shard.log.coordinator_epoch(),
         };
-        crate::txn_markers::write_all(broker, &self.peers, marker, targets, now_ms).await?;
+        crate::txn::markers::write_all(host, &self.peers, marker, targets, now_ms).await?;
         let completed = {
             let mut transactions = shard.transactions.lock();
             match transactions.get_mut(transactional_id) {
@@ -584,7 +587,7 @@ impl TransactionCoordinator {
                     current.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
                     current.partitions.clear();
                     current.offsets.clear();
-                    Some(shard.record(broker, &transactions, transactional_id)?)
+                    Some(shard.record(host, &transactions, transactional_id)?)
                 }
                 _ => None,
             }
@@ -600,7 +603,7 @@ impl TransactionCoordinator {
     /// node's transaction decided across an upgrade); nothing for any other.
     async fn commit_legacy_offsets(
         &self,
-        broker: &Arc<Broker>,
+        host: &dyn CoordinatorHost,
         meta: &TxnMetadata,
         now_ms: i64,
     ) -> Result<(), ResponseError> {
@@ -617,7 +620,7 @@ impl TransactionCoordinator {
                     (p.topic.clone(), p.partition, value)
                 })
                 .collect();
-            let write = broker.groups.commit_legacy_transactional_offsets(group_id, commits, broker.logs.syncer());
+            let write = host.groups().commit_legacy_transactional_offsets(group_id, commits, host.logs().syncer());
             let written = match write {
                 Ok(write) => write.await,
                 Err(error) => Err(error),
@@ -637,7 +640,7 @@ impl TransactionCoordinator {
     /// append: every batch lands before its transaction's markers. On a single node an
     /// unknown producer id is INVALID_PRODUCER_ID_MAPPING; in a cluster its coordinator may
     /// be another node, and the batch is appended on its epoch alone.
-    pub(crate) fn append_verified<R>(
+    pub fn append_verified<R>(
         &self,
         producer_id: i64,
         producer_epoch: i16,
@@ -676,15 +679,15 @@ impl TransactionCoordinator {
     /// Periodic upkeep of every shard: aborts transactions open past their timeout (bumping
     /// the epoch, so their producer is fenced), completes those left prepared (a failed
     /// marker write, a restart or a failover), and writes log snapshots when due.
-    pub(crate) async fn upkeep(&self, broker: &Arc<Broker>) {
+    pub async fn upkeep(&self, host: &dyn CoordinatorHost) {
         for shard in self.active() {
             if shard.log.is_current() {
-                self.upkeep_shard(broker, &shard).await;
+                self.upkeep_shard(host, &shard).await;
             }
         }
     }
 
-    async fn upkeep_shard(&self, broker: &Arc<Broker>, shard: &TxnShard) {
+    async fn upkeep_shard(&self, host: &dyn CoordinatorHost, shard: &TxnShard) {
         let now_ms = sluice_storage::now_ms();
         let (due, snapshot) = {
             let mut transactions = shard.transactions.lock();
@@ -699,12 +702,12 @@ impl TransactionCoordinator {
             }
             for id in &expired {
                 // `complete` waits for this to be durable before it writes markers.
-                if shard.record(broker, &transactions, id).is_err() {
+                if shard.record(host, &transactions, id).is_err() {
                     return;
                 }
             }
             let snapshot = if shard.log.snapshot_due() {
-                shard.log.write_snapshot(&transactions, broker.logs.syncer()).ok().flatten()
+                shard.log.write_snapshot(&transactions, host.logs().syncer()).ok().flatten()
             } else {
                 None
             };
@@ -718,7 +721,7 @@ impl TransactionCoordinator {
             }
         }
         for id in due {
-            if let Err(error) = self.complete(broker, shard, &id).await {
+            if let Err(error) = self.complete(host, shard, &id).await {
                 tracing::warn!(
                     transactional_id = id,
                     partition = shard.partition,

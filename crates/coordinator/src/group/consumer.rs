@@ -45,19 +45,19 @@ use crate::group::GROUP_MEMBERS_MAX;
 use sluice_meta::topics::TopicCatalog;
 
 /// Member epochs with a meaning of their own (Kafka's `ConsumerGroupHeartbeatRequest`).
-pub(crate) const JOIN_GROUP_MEMBER_EPOCH: i32 = 0;
-pub(crate) const LEAVE_GROUP_MEMBER_EPOCH: i32 = -1;
-pub(crate) const LEAVE_GROUP_STATIC_MEMBER_EPOCH: i32 = -2;
+pub const JOIN_GROUP_MEMBER_EPOCH: i32 = 0;
+pub const LEAVE_GROUP_MEMBER_EPOCH: i32 = -1;
+pub const LEAVE_GROUP_STATIC_MEMBER_EPOCH: i32 = -2;
 /// From ConsumerGroupHeartbeat v1 the client generates its member id (KIP-1082).
-pub(crate) const CLIENT_MEMBER_ID_VERSION: i16 = 1;
+pub const CLIENT_MEMBER_ID_VERSION: i16 = 1;
 /// OffsetCommit v9 and OffsetFetch v9 carry the member epoch of consumer-protocol members.
-pub(crate) const OFFSETS_MEMBER_EPOCH_VERSION: i16 = 9;
+pub const OFFSETS_MEMBER_EPOCH_VERSION: i16 = 9;
 /// Member and instance ids longer than this are refused (Kafka's are 22-36 characters).
-pub(crate) const MEMBER_ID_BYTES_MAX: usize = 256;
+pub const MEMBER_ID_BYTES_MAX: usize = 256;
 /// Topic names one member may subscribe to.
-pub(crate) const SUBSCRIBED_TOPICS_MAX: usize = 10_000;
+pub const SUBSCRIBED_TOPICS_MAX: usize = 10_000;
 /// Longest subscription pattern accepted (bytes of its source).
-pub(crate) const SUBSCRIBED_TOPIC_REGEX_BYTES_MAX: usize = 4096;
+pub const SUBSCRIBED_TOPIC_REGEX_BYTES_MAX: usize = 4096;
 /// Memory one compiled subscription pattern may take (the `regex` crate's size limit).
 const SUBSCRIBED_TOPIC_REGEX_COMPILED_BYTES_MAX: usize = 1 << 20;
 
@@ -96,7 +96,7 @@ impl TopicRegex {
 
 /// Kafka's consumer-group states (ListGroups and ConsumerGroupDescribe show the names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConsumerGroupState {
+pub enum ConsumerGroupState {
     Empty,
     Assigning,
     Reconciling,
@@ -104,7 +104,7 @@ pub(crate) enum ConsumerGroupState {
 }
 
 impl ConsumerGroupState {
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             ConsumerGroupState::Empty => "Empty",
             ConsumerGroupState::Assigning => "Assigning",
@@ -116,7 +116,7 @@ impl ConsumerGroupState {
 
 /// Where a member is on its way to its target assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MemberState {
+pub enum MemberState {
     /// At the assignment epoch with everything it was assigned.
     Stable,
     /// Must first give up `pending_revocation`; its epoch has not moved yet.
@@ -127,54 +127,54 @@ pub(crate) enum MemberState {
 
 /// A ConsumerGroupHeartbeat, decoded. `None` fields were not sent (unchanged).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Heartbeat {
-    pub(crate) member_id: String,
-    pub(crate) member_epoch: i32,
-    pub(crate) instance_id: Option<String>,
-    pub(crate) rack_id: Option<String>,
+pub struct Heartbeat {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
     /// -1 when not sent.
-    pub(crate) rebalance_timeout_ms: i32,
-    pub(crate) subscribed_topic_names: Option<Vec<String>>,
-    pub(crate) subscribed_topic_regex: Option<String>,
-    pub(crate) server_assignor: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub subscribed_topic_names: Option<Vec<String>>,
+    pub subscribed_topic_regex: Option<String>,
+    pub server_assignor: Option<String>,
     /// The partitions the member owns now (sent on join and after each reconciliation).
-    pub(crate) owned: Option<Assignment>,
-    pub(crate) client_id: String,
-    pub(crate) client_host: String,
+    pub owned: Option<Assignment>,
+    pub client_id: String,
+    pub client_host: String,
 }
 
 /// The answer to a heartbeat. `assignment` is `None` when unchanged, as in Kafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HeartbeatAnswer {
-    pub(crate) member_id: String,
-    pub(crate) member_epoch: i32,
-    pub(crate) heartbeat_interval_ms: i32,
-    pub(crate) assignment: Option<Assignment>,
+pub struct HeartbeatAnswer {
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
+    pub assignment: Option<Assignment>,
 }
 
 /// A member as ConsumerGroupDescribe shows it.
 #[derive(Debug, Clone)]
-pub(crate) struct MemberDescription {
-    pub(crate) member_id: String,
-    pub(crate) instance_id: Option<String>,
-    pub(crate) rack_id: Option<String>,
-    pub(crate) member_epoch: i32,
-    pub(crate) client_id: String,
-    pub(crate) client_host: String,
-    pub(crate) subscribed_topic_names: Vec<String>,
-    pub(crate) subscribed_topic_regex: Option<String>,
-    pub(crate) assignment: Assignment,
-    pub(crate) target_assignment: Assignment,
+pub struct MemberDescription {
+    pub member_id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub member_epoch: i32,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed_topic_names: Vec<String>,
+    pub subscribed_topic_regex: Option<String>,
+    pub assignment: Assignment,
+    pub target_assignment: Assignment,
 }
 
 /// A group as ConsumerGroupDescribe shows it.
 #[derive(Debug, Clone)]
-pub(crate) struct GroupDescription {
-    pub(crate) state: ConsumerGroupState,
-    pub(crate) group_epoch: i32,
-    pub(crate) assignment_epoch: i32,
-    pub(crate) assignor: &'static str,
-    pub(crate) members: Vec<MemberDescription>,
+pub struct GroupDescription {
+    pub state: ConsumerGroupState,
+    pub group_epoch: i32,
+    pub assignment_epoch: i32,
+    pub assignor: &'static str,
+    pub members: Vec<MemberDescription>,
 }
 
 #[derive(Debug)]
@@ -230,7 +230,7 @@ impl Member {
 
 /// One consumer-protocol group.
 #[derive(Debug)]
-pub(crate) struct ConsumerGroup {
+pub struct ConsumerGroup {
     group_id: String,
     group_epoch: i32,
     assignment_epoch: i32,
@@ -269,7 +269,7 @@ fn split(a: &Assignment, b: &Assignment, keep_common: bool) -> Assignment {
 }
 
 /// Checks what needs no group state, as Kafka's `throwIfConsumerGroupHeartbeatRequestIsInvalid`.
-pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<(), Refusal> {
+pub fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<(), Refusal> {
     let invalid = |message: &str| Err(GroupError::InvalidRequest.because(message));
     let epoch = request.member_epoch;
     if (version >= CLIENT_MEMBER_ID_VERSION || epoch > 0 || epoch == LEAVE_GROUP_MEMBER_EPOCH)
@@ -321,7 +321,7 @@ pub(crate) fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<()
 }
 
 impl ConsumerGroup {
-    pub(crate) fn new(group_id: &str) -> ConsumerGroup {
+    pub fn new(group_id: &str) -> ConsumerGroup {
         ConsumerGroup {
             group_id: group_id.to_string(),
             group_epoch: 0,
@@ -336,21 +336,21 @@ impl ConsumerGroup {
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 
     #[cfg(test)]
-    pub(crate) fn group_epoch(&self) -> i32 {
+    pub fn group_epoch(&self) -> i32 {
         self.group_epoch
     }
 
     /// Topic names any member subscribes to (OffsetDelete refuses to delete those).
-    pub(crate) fn subscribed_topic_names(&self) -> Vec<String> {
+    pub fn subscribed_topic_names(&self) -> Vec<String> {
         self.subscription_counts.keys().cloned().collect()
     }
 
-    pub(crate) fn state(&self) -> ConsumerGroupState {
+    pub fn state(&self) -> ConsumerGroupState {
         if self.members.is_empty() {
             return ConsumerGroupState::Empty;
         }
@@ -367,7 +367,7 @@ impl ConsumerGroup {
     }
 
     /// One heartbeat: join, leave, or report and get the current assignment.
-    pub(crate) fn heartbeat(
+    pub fn heartbeat(
         &mut self,
         request: Heartbeat,
         catalog: &TopicCatalog,
@@ -781,7 +781,7 @@ impl ConsumerGroup {
     }
 
     /// Removes members whose session expired or who did not revoke in time.
-    pub(crate) fn tick(&mut self, now_ms: i64, timing: &Timing) {
+    pub fn tick(&mut self, now_ms: i64, timing: &Timing) {
         let expired: Vec<(String, &'static str)> = self
             .members
             .values()
@@ -804,7 +804,7 @@ impl ConsumerGroup {
     /// OffsetCommit from this member at this epoch (Kafka's `ConsumerGroup.validateOffsetCommit`).
     /// A negative epoch from outside the group (admin tools, manual assignment) is allowed
     /// only while the group has no members.
-    pub(crate) fn validate_commit(&self, member_id: &str, member_epoch: i32, version: i16) -> Result<(), GroupError> {
+    pub fn validate_commit(&self, member_id: &str, member_epoch: i32, version: i16) -> Result<(), GroupError> {
         if member_epoch < 0 && self.members.is_empty() {
             return Ok(());
         }
@@ -820,7 +820,7 @@ impl ConsumerGroup {
 
     /// TxnOffsetCommit from a member (KIP-447): its member epoch must be current; TxnOffsetCommit
     /// has no STALE_MEMBER_EPOCH, so a stale one is ILLEGAL_GENERATION.
-    pub(crate) fn validate_transactional_commit(&self, member_id: &str, member_epoch: i32) -> Result<(), GroupError> {
+    pub fn validate_transactional_commit(&self, member_id: &str, member_epoch: i32) -> Result<(), GroupError> {
         if member_epoch < 0 && self.members.is_empty() {
             return Ok(());
         }
@@ -833,7 +833,7 @@ impl ConsumerGroup {
 
     /// OffsetFetch v9 from a member (Kafka's `ConsumerGroup.validateOffsetFetch`); requests
     /// without a member id and epoch (admin tools) are always allowed.
-    pub(crate) fn validate_fetch(&self, member_id: Option<&str>, member_epoch: i32) -> Result<(), GroupError> {
+    pub fn validate_fetch(&self, member_id: Option<&str>, member_epoch: i32) -> Result<(), GroupError> {
         let Some(member_id) = member_id.filter(|_| member_epoch >= 0) else { return Ok(()) };
         let member = self.members.get(member_id).ok_or(GroupError::UnknownMemberId)?;
         if member_epoch != member.member_epoch {
@@ -842,7 +842,7 @@ impl ConsumerGroup {
         Ok(())
     }
 
-    pub(crate) fn describe(&self) -> GroupDescription {
+    pub fn describe(&self) -> GroupDescription {
         let members = self
             .members
             .values()
@@ -870,7 +870,7 @@ impl ConsumerGroup {
 
     /// Checks the ownership invariant against the members' state (tests and debug builds).
     #[cfg(test)]
-    pub(crate) fn check_invariants(&self) {
+    pub fn check_invariants(&self) {
         let mut seen: HashMap<(Uuid, i32), &str> = HashMap::new();
         for member in self.members.values() {
             for partition in partitions_of(&member.assigned).chain(partitions_of(&member.pending_revocation)) {

@@ -5,7 +5,7 @@ use kafka_protocol::ResponseError;
 
 /// A group-coordinator error. The handlers turn it into the wire error code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum GroupError {
+pub enum GroupError {
     #[error("unknown member id")]
     UnknownMemberId,
     #[error("illegal generation")]
@@ -66,7 +66,7 @@ pub(crate) enum GroupError {
 
 impl GroupError {
     /// The Kafka error this maps to.
-    pub(crate) fn response_error(self) -> ResponseError {
+    pub fn response_error(self) -> ResponseError {
         match self {
             GroupError::UnknownMemberId => ResponseError::UnknownMemberId,
             GroupError::IllegalGeneration => ResponseError::IllegalGeneration,
@@ -99,12 +99,12 @@ impl GroupError {
         }
     }
 
-    pub(crate) fn code(self) -> i16 {
+    pub fn code(self) -> i16 {
         self.response_error().code()
     }
 
     /// This error with a message for the client (APIs with an `error_message` field).
-    pub(crate) fn because(self, message: impl Into<String>) -> Refusal {
+    pub fn because(self, message: impl Into<String>) -> Refusal {
         Refusal { error: self, message: message.into() }
     }
 }
@@ -112,9 +112,9 @@ impl GroupError {
 /// An error with the message Kafka would send along (ConsumerGroupHeartbeat and
 /// ConsumerGroupDescribe carry one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Refusal {
-    pub(crate) error: GroupError,
-    pub(crate) message: String,
+pub struct Refusal {
+    pub error: GroupError,
+    pub message: String,
 }
 
 impl From<GroupError> for Refusal {

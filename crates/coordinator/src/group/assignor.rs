@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use uuid::Uuid;
 
 /// Partitions by topic id: a member's assignment (current or target).
-pub(crate) type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
+pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
 
 /// The assignors a member may ask for, with Kafka's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Assignor {
+pub enum Assignor {
     /// Balanced and sticky: members keep what they had as long as the spread stays at most
     /// one partition (Kafka's `UniformAssignor`).
     Uniform,
@@ -30,35 +30,35 @@ pub(crate) enum Assignor {
 }
 
 /// Kafka's `group.consumer.assignors` default: the first one is the default.
-pub(crate) const ASSIGNORS: [Assignor; 2] = [Assignor::Uniform, Assignor::Range];
+pub const ASSIGNORS: [Assignor; 2] = [Assignor::Uniform, Assignor::Range];
 
 impl Assignor {
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Assignor::Uniform => "uniform",
             Assignor::Range => "range",
         }
     }
 
-    pub(crate) fn from_name(name: &str) -> Option<Assignor> {
+    pub fn from_name(name: &str) -> Option<Assignor> {
         ASSIGNORS.into_iter().find(|assignor| assignor.name() == name)
     }
 }
 
 /// One member as an assignor sees it.
 #[derive(Debug, Clone)]
-pub(crate) struct Subscriber<'a> {
-    pub(crate) member_id: &'a str,
+pub struct Subscriber<'a> {
+    pub member_id: &'a str,
     /// Ids of the subscribed topics that exist.
-    pub(crate) topics: BTreeSet<Uuid>,
+    pub topics: BTreeSet<Uuid>,
     /// The member's previous target assignment (for stickiness).
-    pub(crate) previous: Option<&'a Assignment>,
+    pub previous: Option<&'a Assignment>,
 }
 
 /// The target assignment of every subscriber (members with nothing get an empty entry).
 /// Every partition of a topic with at least one subscriber goes to exactly one subscriber
 /// of that topic.
-pub(crate) fn assign(
+pub fn assign(
     assignor: Assignor,
     subscribers: &[Subscriber<'_>],
     partitions_by_topic: &BTreeMap<Uuid, i32>,
@@ -77,13 +77,13 @@ fn each_partition_once(target: &BTreeMap<String, Assignment>) -> bool {
 }
 
 /// Every (topic, partition) of an assignment.
-pub(crate) fn partitions_of(assignment: &Assignment) -> impl Iterator<Item = (Uuid, i32)> + '_ {
+pub fn partitions_of(assignment: &Assignment) -> impl Iterator<Item = (Uuid, i32)> + '_ {
     assignment.iter().flat_map(|(topic, partitions)| partitions.iter().map(move |p| (*topic, *p)))
 }
 
 /// Number of partitions in an assignment.
 #[cfg(test)]
-pub(crate) fn partition_count(assignment: &Assignment) -> usize {
+pub fn partition_count(assignment: &Assignment) -> usize {
     assignment.values().map(BTreeSet::len).sum()
 }
 

@@ -14,22 +14,22 @@ use sluice_storage::Syncer;
 use crate::state_log::StateLog;
 use crate::txn::TxnMetadata;
 
-pub(crate) use crate::state_log::{
+pub use crate::state_log::{
     STATE_LOG_BATCH_BYTES_MAX as TXN_LOG_BATCH_BYTES_MAX, STATE_LOG_SEGMENT_BYTES as TXN_LOG_SEGMENT_BYTES,
 };
 
-pub(crate) use sluice_meta::internal::TXN_STATE_TOPIC;
+pub use sluice_meta::internal::TXN_STATE_TOPIC;
 /// The partition's directory name, as Kafka names its internal topic's partitions.
 const TXN_LOG_DIR: &str = "__transaction_state-0";
 /// The file a transaction state was kept in before this log (imported, then removed).
 const LEGACY_FILE: &str = "transactions.json";
 
 /// One partition of the transaction state log.
-pub(crate) type TxnLog = StateLog<TxnMetadata>;
+pub type TxnLog = StateLog<TxnMetadata>;
 
 /// Single node: opens (recovering) the log under `data_dir`, replays it into the state per
 /// id, and imports a `transactions.json` left by an earlier version.
-pub(crate) fn open_local(data_dir: &Path, syncer: &Syncer) -> io::Result<(TxnLog, BTreeMap<String, TxnMetadata>)> {
+pub fn open_local(data_dir: &Path, syncer: &Syncer) -> io::Result<(TxnLog, BTreeMap<String, TxnMetadata>)> {
     let (log, mut state) = TxnLog::open_local(&data_dir.join("transactions").join(TXN_LOG_DIR))?;
     let legacy = data_dir.join(LEGACY_FILE);
     if let Some(imported) = read_legacy(&legacy)? {

@@ -8,7 +8,7 @@
 
 /// Java's `String.hashCode`: `s[0]*31^(n-1) + ... + s[n-1]` over UTF-16 code units,
 /// wrapping in 32 bits.
-pub(crate) fn java_string_hash(text: &str) -> i32 {
+pub fn java_string_hash(text: &str) -> i32 {
     text.encode_utf16().fold(0i32, |hash, unit| hash.wrapping_mul(31).wrapping_add(i32::from(unit)))
 }
 
@@ -22,7 +22,7 @@ fn kafka_abs(value: i32) -> i32 {
 }
 
 /// The offsets partition of `group_id` among `partitions` (at least 1).
-pub(crate) fn partition_for(group_id: &str, partitions: i32) -> i32 {
+pub fn partition_for(group_id: &str, partitions: i32) -> i32 {
     assert!(partitions > 0, "the offsets topic has at least one partition");
     let partition = kafka_abs(java_string_hash(group_id)) % partitions;
     assert!((0..partitions).contains(&partition));
@@ -38,26 +38,26 @@ pub(crate) fn partition_for(group_id: &str, partitions: i32) -> i32 {
 /// same node, not NOT_COORDINATOR, which librdkafka's synchronous commit reports to the
 /// application. Cleared when the coordinator takes the leaderships themselves.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct IncomingLeaderships {
+pub struct IncomingLeaderships {
     /// Partitions of the topic in that metadata (0: none announced).
     partition_count: i32,
     partitions: std::collections::BTreeSet<i32>,
 }
 
 impl IncomingLeaderships {
-    pub(crate) fn new(partition_count: i32, partitions: std::collections::BTreeSet<i32>) -> IncomingLeaderships {
+    pub fn new(partition_count: i32, partitions: std::collections::BTreeSet<i32>) -> IncomingLeaderships {
         assert!(partitions.iter().all(|p| (0..partition_count).contains(p)), "led partitions exist");
         IncomingLeaderships { partition_count, partitions }
     }
 
     /// Whether the partition of `key` (a group or transactional id, a share-state key) is
     /// about to be led here.
-    pub(crate) fn holds(&self, key: &str) -> bool {
+    pub fn holds(&self, key: &str) -> bool {
         self.partition_count > 0 && self.partitions.contains(&partition_for(key, self.partition_count))
     }
 
     /// Whether partition `partition` is about to be led here.
-    pub(crate) fn holds_partition(&self, partition: i32) -> bool {
+    pub fn holds_partition(&self, partition: i32) -> bool {
         self.partitions.contains(&partition)
     }
 }

@@ -33,18 +33,18 @@ use crate::group::journal::{encode_internal_batch, read_internal_log, InternalLo
 use sluice_replication::Replica;
 
 /// The largest batch appended (one change, or a part of a snapshot).
-pub(crate) const STATE_LOG_BATCH_BYTES_MAX: usize = 16 * 1024 * 1024;
+pub const STATE_LOG_BATCH_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Records of one snapshot batch at most (also bounded by bytes).
 const SNAPSHOT_RECORDS_PER_BATCH: usize = 512;
 /// Bytes appended after which the next upkeep writes a snapshot.
-pub(crate) const STATE_LOG_SNAPSHOT_INTERVAL_BYTES: u64 = 16 * 1024 * 1024;
+pub const STATE_LOG_SNAPSHOT_INTERVAL_BYTES: u64 = 16 * 1024 * 1024;
 /// Segment size of a state log (local or replicated).
-pub(crate) const STATE_LOG_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+pub const STATE_LOG_SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 /// How long a change may take to become durable before the request fails.
-pub(crate) const STATE_LOG_WRITE_TIMEOUT_MS: u64 = 30_000;
+pub const STATE_LOG_WRITE_TIMEOUT_MS: u64 = 30_000;
 
 /// One partition of a coordinator's state log, values of type `V`.
-pub(crate) struct StateLog<V> {
+pub struct StateLog<V> {
     log: InternalLog,
     /// Bytes appended since the last snapshot (or the start).
     bytes_since_snapshot: parking_lot::Mutex<u64>,
@@ -53,7 +53,7 @@ pub(crate) struct StateLog<V> {
 
 /// An appended change: durable once the high watermark reaches `visible_at`.
 #[must_use = "a change is answered only once it is durable"]
-pub(crate) struct PendingChange {
+pub struct PendingChange {
     visible_at: i64,
 }
 
@@ -61,12 +61,12 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     /// Cluster mode: a partition of `__transaction_state` this node leads (at
     /// `leader_epoch`), replayed into the state per id. A new leader reads past its high
     /// watermark: what it holds was acknowledged or will be once its followers catch up.
-    pub(crate) fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> io::Result<(Self, BTreeMap<String, V>)> {
+    pub fn replicated(replica: Arc<Replica>, leader_epoch: i32) -> io::Result<(Self, BTreeMap<String, V>)> {
         Self::over(InternalLog::replicated(replica, leader_epoch))
     }
 
     /// Single node: opens (recovering) the log in `dir` and replays it.
-    pub(crate) fn open_local(dir: &Path) -> io::Result<(Self, BTreeMap<String, V>)> {
+    pub fn open_local(dir: &Path) -> io::Result<(Self, BTreeMap<String, V>)> {
         let config = LogConfig {
             segment_bytes: STATE_LOG_SEGMENT_BYTES,
             retention_ms: -1,
@@ -89,17 +89,17 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     }
 
     /// The leader epoch this log is written at: the coordinator epoch markers carry.
-    pub(crate) fn coordinator_epoch(&self) -> i32 {
+    pub fn coordinator_epoch(&self) -> i32 {
         self.log.leader_epoch()
     }
 
     /// Appends the new value of `key` and asks the syncer for an fsync.
-    pub(crate) fn append(&self, key: &str, value: &V, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
+    pub fn append(&self, key: &str, value: &V, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
         self.append_all(&[(key, value)], syncer)
     }
 
     /// Appends `entries` in batches of bounded size; durable together once the last is.
-    pub(crate) fn append_all(&self, entries: &[(&str, &V)], syncer: &Syncer) -> Result<PendingChange, ResponseError> {
+    pub fn append_all(&self, entries: &[(&str, &V)], syncer: &Syncer) -> Result<PendingChange, ResponseError> {
         assert!(!entries.is_empty(), "an empty state log write");
         let now_ms = sluice_storage::now_ms();
         let mut visible_at = 0;
@@ -120,7 +120,7 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     }
 
     /// Appends a tombstone: a replay forgets `key`.
-    pub(crate) fn remove(&self, key: &str, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
+    pub fn remove(&self, key: &str, syncer: &Syncer) -> Result<PendingChange, ResponseError> {
         let record = std::iter::once((Bytes::copy_from_slice(key.as_bytes()), None));
         let visible_at = self.append_records(record, sluice_storage::now_ms(), syncer)?;
         Ok(PendingChange { visible_at })
@@ -151,23 +151,23 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
 
     /// Waits until `change` is durable (fsynced; in a cluster, in the ISR while this node
     /// still leads).
-    pub(crate) async fn wait_durable(&self, change: PendingChange) -> Result<(), ResponseError> {
+    pub async fn wait_durable(&self, change: PendingChange) -> Result<(), ResponseError> {
         let timeout = Duration::from_millis(STATE_LOG_WRITE_TIMEOUT_MS);
         self.log.wait_durable(change.visible_at, timeout).await.map_err(coordinator_error)
     }
 
     /// False once this node no longer leads the partition at the epoch it loaded it at.
-    pub(crate) fn is_current(&self) -> bool {
+    pub fn is_current(&self) -> bool {
         self.log.is_current()
     }
 
     /// Everything appended so far, as one change to wait for.
-    pub(crate) fn written(&self) -> PendingChange {
+    pub fn written(&self) -> PendingChange {
         PendingChange { visible_at: self.log.partition().offsets().log_end_offset }
     }
 
     /// At startup, before the runtime serves anything: polls the high watermark.
-    pub(crate) fn wait_durable_blocking(&self, change: PendingChange) -> io::Result<()> {
+    pub fn wait_durable_blocking(&self, change: PendingChange) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_millis(STATE_LOG_WRITE_TIMEOUT_MS);
         loop {
             let visible = *self.log.partition().subscribe().borrow();
@@ -185,13 +185,13 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     }
 
     /// Whether enough was appended since the last snapshot for a new one.
-    pub(crate) fn snapshot_due(&self) -> bool {
+    pub fn snapshot_due(&self) -> bool {
         *self.bytes_since_snapshot.lock() >= STATE_LOG_SNAPSHOT_INTERVAL_BYTES
     }
 
     /// Appends every live entry (called under the coordinator's lock, so nothing changes
     /// meanwhile); returns where the snapshot starts and what to wait for.
-    pub(crate) fn write_snapshot(
+    pub fn write_snapshot(
         &self,
         entries: &BTreeMap<String, V>,
         syncer: &Syncer,
@@ -207,7 +207,7 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
     }
 
     /// After a snapshot starting at `start` is durable: drops everything before it.
-    pub(crate) fn truncate_before(&self, start: i64) {
+    pub fn truncate_before(&self, start: i64) {
         match self.log.partition().delete_records_before(start) {
             Ok(log_start) => tracing::debug!(log_start, "state log compacted"),
             Err(error) => tracing::warn!(%error, "could not move the state log's start"),
@@ -216,12 +216,12 @@ impl<V: Serialize + DeserializeOwned> StateLog<V> {
 
     /// The partition the log is written to.
     #[cfg(test)]
-    pub(crate) fn partition(&self) -> &Arc<Partition> {
+    pub fn partition(&self) -> &Arc<Partition> {
         self.log.partition()
     }
 
     /// Clean shutdown.
-    pub(crate) fn close(&self) -> io::Result<()> {
+    pub fn close(&self) -> io::Result<()> {
         self.log.close()
     }
 

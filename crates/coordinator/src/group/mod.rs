@@ -15,18 +15,18 @@
 //!
 //! ```text
 //! let coordinator = GroupCoordinator::open_local(data_dir, timing, settings, segment_bytes)?;
-//! coordinator.start_ticker(&broker);
+//! coordinator.start_ticker(&host);
 //! match coordinator.join("g", request)? { Reply::Ready(r) => .., Reply::Wait(rx) => rx.await }
 //! ```
 
-pub(crate) mod assignor;
-pub(crate) mod consumer;
-pub(crate) mod error;
-pub(crate) mod journal;
-pub(crate) mod offsets;
-pub(crate) mod placement;
-pub(crate) mod shards;
-pub(crate) mod state;
+pub mod assignor;
+pub mod consumer;
+pub mod error;
+pub mod journal;
+pub mod offsets;
+pub mod placement;
+pub mod shards;
+pub mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -47,74 +47,74 @@ use crate::group::shards::{OffsetsSettings, ShardMap};
 use crate::group::state::{
     Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
 };
-use crate::Broker;
+use crate::CoordinatorHost;
 use sluice_meta::topics::TopicCatalog;
 
-pub(crate) use crate::group::journal::OFFSETS_TOPIC;
+pub use crate::group::journal::OFFSETS_TOPIC;
 
 /// Members per group (Kafka's `group.max.size` defaults to unbounded; a group this large
 /// already makes every rebalance ship megabytes to its leader).
-pub(crate) const GROUP_MEMBERS_MAX: usize = 1_000;
+pub const GROUP_MEMBERS_MAX: usize = 1_000;
 /// Groups this coordinator holds state for (live groups plus groups with offsets).
-pub(crate) const GROUPS_MAX: usize = 100_000;
+pub const GROUPS_MAX: usize = 100_000;
 /// Bytes of all protocol metadata one member may send in JoinGroup.
-pub(crate) const MEMBER_METADATA_BYTES_MAX: usize = 1024 * 1024;
+pub const MEMBER_METADATA_BYTES_MAX: usize = 1024 * 1024;
 /// Bytes of one member's assignment in SyncGroup.
-pub(crate) const MEMBER_ASSIGNMENT_BYTES_MAX: usize = 1024 * 1024;
+pub const MEMBER_ASSIGNMENT_BYTES_MAX: usize = 1024 * 1024;
 /// Assignors one member may offer.
-pub(crate) const MEMBER_PROTOCOLS_MAX: usize = 64;
+pub const MEMBER_PROTOCOLS_MAX: usize = 64;
 /// Kafka's `group.min.session.timeout.ms` and `group.max.session.timeout.ms`.
-pub(crate) const SESSION_TIMEOUT_MS_MIN: i32 = 6_000;
-pub(crate) const SESSION_TIMEOUT_MS_MAX: i32 = 1_800_000;
+pub const SESSION_TIMEOUT_MS_MIN: i32 = 6_000;
+pub const SESSION_TIMEOUT_MS_MAX: i32 = 1_800_000;
 /// Rebalance timeouts are clamped to this, which bounds every JoinGroup long-poll.
-pub(crate) const REBALANCE_TIMEOUT_MS_MAX: i32 = 30 * 60 * 1000;
+pub const REBALANCE_TIMEOUT_MS_MAX: i32 = 30 * 60 * 1000;
 /// Kafka's `offset.metadata.max.bytes`.
-pub(crate) const OFFSET_METADATA_BYTES_MAX: usize = 4096;
+pub const OFFSET_METADATA_BYTES_MAX: usize = 4096;
 /// One OffsetCommit is one batch of the offsets log; this is its size limit.
-pub(crate) const OFFSETS_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+pub const OFFSETS_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Group ids longer than this are refused (they are stored in every offsets record).
-pub(crate) const GROUP_ID_BYTES_MAX: usize = 4096;
+pub const GROUP_ID_BYTES_MAX: usize = 4096;
 /// How often sessions and rebalance deadlines are checked.
-pub(crate) const TICK_INTERVAL_MS: u64 = 100;
+pub const TICK_INTERVAL_MS: u64 = 100;
 /// How long an offsets write may wait for its fsync before the client hears a timeout.
-pub(crate) const OFFSETS_WRITE_TIMEOUT_MS: u64 = 30_000;
+pub const OFFSETS_WRITE_TIMEOUT_MS: u64 = 30_000;
 /// Slack on top of a long-poll's own deadline before the handler gives up on it.
-pub(crate) const LONG_POLL_SLACK_MS: u64 = 5_000;
+pub const LONG_POLL_SLACK_MS: u64 = 5_000;
 
 const _: () = assert!(GROUP_ID_BYTES_MAX < u16::MAX as usize);
 const _: () = assert!(SESSION_TIMEOUT_MS_MIN < SESSION_TIMEOUT_MS_MAX);
 const _: () = assert!(MEMBER_METADATA_BYTES_MAX < OFFSETS_BATCH_BYTES_MAX);
 
 /// Group types as ListGroups v5 shows them.
-pub(crate) const GROUP_TYPE_CLASSIC: &str = "classic";
-pub(crate) const GROUP_TYPE_CONSUMER: &str = "consumer";
+pub const GROUP_TYPE_CLASSIC: &str = "classic";
+pub const GROUP_TYPE_CONSUMER: &str = "consumer";
 /// The protocol type of consumer-protocol groups in ListGroups and DescribeGroups.
-pub(crate) const PROTOCOL_TYPE_CONSUMER: &str = "consumer";
+pub const PROTOCOL_TYPE_CONSUMER: &str = "consumer";
 
 /// A group as ListGroups shows it.
 #[derive(Debug, Clone)]
-pub(crate) struct GroupListing {
-    pub(crate) group_id: String,
-    pub(crate) protocol_type: String,
-    pub(crate) state: &'static str,
-    pub(crate) group_type: &'static str,
+pub struct GroupListing {
+    pub group_id: String,
+    pub protocol_type: String,
+    pub state: &'static str,
+    pub group_type: &'static str,
 }
 
 /// A group as DescribeGroups shows it.
 #[derive(Debug, Clone)]
-pub(crate) struct GroupDescription {
-    pub(crate) state: &'static str,
-    pub(crate) protocol_type: String,
-    pub(crate) protocol_name: String,
-    pub(crate) members: Vec<MemberDescription>,
+pub struct GroupDescription {
+    pub state: &'static str,
+    pub protocol_type: String,
+    pub protocol_name: String,
+    pub members: Vec<MemberDescription>,
 }
 
 /// Committed offsets asked for in OffsetFetch: `None` means every committed one.
-pub(crate) type OffsetQuery = Option<Vec<(String, Vec<i32>)>>;
+pub type OffsetQuery = Option<Vec<(String, Vec<i32>)>>;
 /// OffsetFetch's answer: per topic, per partition, the committed offset if any.
-pub(crate) type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)>)>;
+pub type FetchedOffsets = Vec<(String, Vec<(i32, Option<CommittedOffset>)>)>;
 /// OffsetDelete's answer: per topic, per partition, whether it may be deleted.
-pub(crate) type DeleteResults = Vec<(String, Vec<(i32, Result<(), GroupError>)>)>;
+pub type DeleteResults = Vec<(String, Vec<(i32, Result<(), GroupError>)>)>;
 
 /// Every live group, by protocol. Invariant: a group id is a key of at most one map.
 #[derive(Debug, Default)]
@@ -134,7 +134,7 @@ impl Groups {
 }
 
 /// The coordinator of every group whose offsets partition this node leads.
-pub(crate) struct GroupCoordinator {
+pub struct GroupCoordinator {
     timing: Timing,
     settings: OffsetsSettings,
     /// Lock order: shards, then groups, then offsets.
@@ -146,11 +146,11 @@ pub(crate) struct GroupCoordinator {
     last_retention_check_ms: Mutex<i64>,
     ticker_started: AtomicBool,
     /// Cluster mode: a creation of the offsets topic is under way.
-    pub(crate) creating_offsets_topic: AtomicBool,
+    pub creating_offsets_topic: AtomicBool,
 }
 
 /// Group ids must be non-empty and bounded.
-pub(crate) fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
+pub fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
     if group_id.is_empty() || group_id.len() > GROUP_ID_BYTES_MAX {
         return Err(GroupError::InvalidGroupId);
     }
@@ -160,7 +160,7 @@ pub(crate) fn validate_group_id(group_id: &str) -> Result<(), GroupError> {
 impl GroupCoordinator {
     /// Single node: opens the one local offsets partition under `data_dir/groups` and
     /// replays it into memory; this node coordinates every group.
-    pub(crate) fn open_local(
+    pub fn open_local(
         data_dir: &Path,
         timing: Timing,
         settings: OffsetsSettings,
@@ -182,7 +182,7 @@ impl GroupCoordinator {
 
     /// Cluster mode: coordinates nothing until [`GroupCoordinator::follow_leadership`]
     /// says which offsets partitions this node leads.
-    pub(crate) fn replicated(timing: Timing, settings: OffsetsSettings) -> Arc<GroupCoordinator> {
+    pub fn replicated(timing: Timing, settings: OffsetsSettings) -> Arc<GroupCoordinator> {
         Arc::new(GroupCoordinator::new(timing, settings, ShardMap::default(), OffsetTable::default()))
     }
 
@@ -201,30 +201,30 @@ impl GroupCoordinator {
     }
 
     /// Starts the tick task once (inside the runtime): group timers, and the offsets
-    /// upkeep (compaction, retention), which needs the broker's syncer.
-    pub(crate) fn start_ticker(self: &Arc<Self>, broker: &Arc<Broker>) {
+    /// upkeep (compaction, retention), which needs the host's syncer.
+    pub fn start_ticker<H: CoordinatorHost>(self: &Arc<Self>, host: &Arc<H>) {
         if self.ticker_started.swap(true, Ordering::AcqRel) {
             return;
         }
         let coordinator: Weak<GroupCoordinator> = Arc::downgrade(self);
-        let broker: Weak<Broker> = Arc::downgrade(broker);
+        let host: Weak<H> = Arc::downgrade(host);
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(Duration::from_millis(TICK_INTERVAL_MS));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;
                 let Some(coordinator) = coordinator.upgrade() else { return };
-                let Some(broker) = broker.upgrade() else { return };
+                let Some(host) = host.upgrade() else { return };
                 let now_ms = sluice_storage::now_ms();
                 coordinator.tick(now_ms);
-                coordinator.upkeep(now_ms, broker.logs.syncer());
+                coordinator.upkeep(now_ms, host.logs().syncer());
             }
         });
     }
 
     /// Expires sessions, ends overdue join and sync phases, and forgets empty groups that
     /// have no committed offsets.
-    pub(crate) fn tick(&self, now_ms: i64) {
+    pub fn tick(&self, now_ms: i64) {
         let mut groups = self.groups.lock();
         for group in groups.classic.values_mut() {
             group.tick(now_ms, &self.timing);
@@ -247,7 +247,7 @@ impl GroupCoordinator {
         groups.consumer.retain(|group_id, _| shards.serves(group_id));
     }
 
-    pub(crate) fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
+    pub fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
         validate_group_id(group_id)?;
         self.serving(group_id)?;
         let mut groups = self.groups.lock();
@@ -273,7 +273,7 @@ impl GroupCoordinator {
         Ok(group.join(request, sluice_storage::now_ms(), &self.timing))
     }
 
-    pub(crate) fn sync(&self, group_id: &str, request: SyncRequest) -> Reply<SyncResponse> {
+    pub fn sync(&self, group_id: &str, request: SyncRequest) -> Reply<SyncResponse> {
         if let Err(error) = self.serving(group_id) {
             return Reply::Ready(SyncResponse::failed(error));
         }
@@ -284,7 +284,7 @@ impl GroupCoordinator {
         }
     }
 
-    pub(crate) fn heartbeat(
+    pub fn heartbeat(
         &self,
         group_id: &str,
         member_id: &str,
@@ -298,7 +298,7 @@ impl GroupCoordinator {
     }
 
     /// LeaveGroup for each (member id, instance id); the outer error is for the group.
-    pub(crate) fn leave(
+    pub fn leave(
         &self,
         group_id: &str,
         members: &[(String, Option<String>)],
@@ -318,7 +318,7 @@ impl GroupCoordinator {
     /// Checks the committer, appends the commit to the offsets log and returns a future
     /// that resolves once it is durable and visible to OffsetFetch. `generation_id` is the
     /// member epoch for consumer-protocol groups (OffsetCommit v9).
-    pub(crate) fn commit_offsets(
+    pub fn commit_offsets(
         self: &Arc<Self>,
         group_id: &str,
         committer: Committer<'_>,
@@ -363,7 +363,7 @@ impl GroupCoordinator {
     /// epoch alone, as in Kafka), then appends the offsets as pending on `producer_id`'s
     /// transaction: they become committed offsets when its commit marker arrives
     /// ([`GroupCoordinator::end_transaction`]) and vanish on an abort.
-    pub(crate) fn commit_transactional_offsets(
+    pub fn commit_transactional_offsets(
         self: &Arc<Self>,
         group_id: &str,
         committer: Committer<'_>,
@@ -413,7 +413,7 @@ impl GroupCoordinator {
     /// A transaction coordinator's marker for offsets partition `partition`: the
     /// transaction of `producer_id` ended; its pending offsets there commit or vanish once
     /// the returned future resolves (the marker is durable).
-    pub(crate) fn end_transaction(
+    pub fn end_transaction(
         self: &Arc<Self>,
         partition: i32,
         producer_id: i64,
@@ -427,14 +427,14 @@ impl GroupCoordinator {
 
     /// Whether an open transaction holds offsets of `group_id` for this partition that are
     /// not committed yet (OffsetFetch with `require_stable`).
-    pub(crate) fn has_pending_txn_offsets(&self, group_id: &str, topic: &str, partition: i32) -> bool {
+    pub fn has_pending_txn_offsets(&self, group_id: &str, topic: &str, partition: i32) -> bool {
         self.offsets.lock().has_pending_txn(group_id, topic, partition)
     }
 
     /// Commits offsets a transaction carried in the transaction coordinator's own state
     /// (how versions before the transactional offsets records kept them); only a single
     /// node's transaction decided before an upgrade has any.
-    pub(crate) fn commit_legacy_transactional_offsets(
+    pub fn commit_legacy_transactional_offsets(
         self: &Arc<Self>,
         group_id: &str,
         commits: Vec<(String, i32, CommittedOffset)>,
@@ -468,7 +468,7 @@ impl GroupCoordinator {
     /// OffsetFetch v9 from a member of a consumer-protocol group must carry its current
     /// epoch; everyone else (classic members, admin tools, unknown groups, whose offsets
     /// come back as -1) may fetch freely.
-    pub(crate) fn validate_offset_fetch(
+    pub fn validate_offset_fetch(
         &self,
         group_id: &str,
         member_id: Option<&str>,
@@ -483,7 +483,7 @@ impl GroupCoordinator {
     }
 
     /// Committed offsets of `group_id` for the asked partitions (or all of them).
-    pub(crate) fn fetch_offsets(&self, group_id: &str, query: OffsetQuery) -> Result<FetchedOffsets, GroupError> {
+    pub fn fetch_offsets(&self, group_id: &str, query: OffsetQuery) -> Result<FetchedOffsets, GroupError> {
         self.serving(group_id)?;
         let offsets = self.offsets.lock();
         Ok(match query {
@@ -523,7 +523,7 @@ impl GroupCoordinator {
 
     /// OffsetDelete: tombstones for the asked partitions not subscribed to by live
     /// members. Returns per-partition results and a future for the durable write.
-    pub(crate) fn delete_offsets(
+    pub fn delete_offsets(
         self: &Arc<Self>,
         group_id: &str,
         topics: Vec<(String, Vec<i32>)>,
@@ -580,7 +580,7 @@ impl GroupCoordinator {
 
     /// DeleteGroups for one group: refused while it has members; otherwise the group is
     /// forgotten and its offsets deleted durably.
-    pub(crate) fn delete_group(
+    pub fn delete_group(
         self: &Arc<Self>,
         group_id: &str,
         syncer: &Syncer,
@@ -613,7 +613,7 @@ impl GroupCoordinator {
 
     /// Every committed offset this coordinator holds: (group, topic, partition, offset), at
     /// most `limit` of them (the metrics' lag series are bounded).
-    pub(crate) fn committed_offsets(&self, limit: usize) -> Vec<(String, String, i32, i64)> {
+    pub fn committed_offsets(&self, limit: usize) -> Vec<(String, String, i32, i64)> {
         let offsets = self.offsets.lock();
         let mut all = Vec::new();
         for group in offsets.group_ids() {
@@ -628,7 +628,7 @@ impl GroupCoordinator {
     }
 
     /// Every group: live ones and those known only by their committed offsets.
-    pub(crate) fn list_groups(&self) -> Vec<GroupListing> {
+    pub fn list_groups(&self) -> Vec<GroupListing> {
         let groups = self.groups.lock();
         let offsets = self.offsets.lock();
         let mut listings: Vec<GroupListing> = groups
@@ -661,7 +661,7 @@ impl GroupCoordinator {
     /// DescribeGroups for one group; an unknown group is `Dead`, as in Kafka. A
     /// consumer-protocol group is shown in the classic shape: its assignor as the protocol,
     /// each member's assignment encoded as a ConsumerProtocolAssignment.
-    pub(crate) fn describe_group(&self, group_id: &str, catalog: &TopicCatalog) -> GroupDescription {
+    pub fn describe_group(&self, group_id: &str, catalog: &TopicCatalog) -> GroupDescription {
         let groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {
             return classic_description(group, catalog);
@@ -694,7 +694,7 @@ impl GroupCoordinator {
     /// Kafka. A known epoch for a group this node does not have gets UNKNOWN_MEMBER_ID so
     /// the member rejoins: membership lives in memory here, so after a restart the group
     /// is gone (Kafka, which persists it, would never see this case).
-    pub(crate) fn consumer_heartbeat(
+    pub fn consumer_heartbeat(
         &self,
         group_id: &str,
         request: Heartbeat,
@@ -728,7 +728,7 @@ impl GroupCoordinator {
 
     /// ConsumerGroupDescribe for one group: GROUP_ID_NOT_FOUND for unknown and classic
     /// groups (the admin client then falls back to DescribeGroups), as in Kafka.
-    pub(crate) fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, Refusal> {
+    pub fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, Refusal> {
         self.serving(group_id)?;
         let groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {
@@ -743,7 +743,7 @@ impl GroupCoordinator {
     }
 
     /// Clean shutdown: fsync and seal the local offsets log (after the syncer has stopped).
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         for shard in self.shards.read().active() {
             shard.close();
         }
@@ -753,11 +753,11 @@ impl GroupCoordinator {
 /// Who commits offsets: `generation_id` is the classic generation or, for members of a
 /// consumer-protocol group, the member epoch; `version` is the OffsetCommit version.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Committer<'a> {
-    pub(crate) member_id: &'a str,
-    pub(crate) group_instance_id: Option<&'a str>,
-    pub(crate) generation_id: i32,
-    pub(crate) version: i16,
+pub struct Committer<'a> {
+    pub member_id: &'a str,
+    pub group_instance_id: Option<&'a str>,
+    pub generation_id: i32,
+    pub version: i16,
 }
 
 impl Committer<'_> {

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 /// Kafka's acknowledge types (ShareFetch / ShareAcknowledge `acknowledge_types`).
-pub(crate) const ACK_GAP: i8 = 0;
-pub(crate) const ACK_ACCEPT: i8 = 1;
-pub(crate) const ACK_RELEASE: i8 = 2;
-pub(crate) const ACK_REJECT: i8 = 3;
+pub const ACK_GAP: i8 = 0;
+pub const ACK_ACCEPT: i8 = 1;
+pub const ACK_RELEASE: i8 = 2;
+pub const ACK_REJECT: i8 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
@@ -36,7 +36,7 @@ struct InFlight {
 
 /// Why a record was archived undelivered: what a dead-letter topic records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DeadReason {
+pub enum DeadReason {
     /// A consumer rejected it.
     Rejected,
     /// It was delivered `delivery_limit` times without being accepted.
@@ -44,7 +44,7 @@ pub(crate) enum DeadReason {
 }
 
 impl DeadReason {
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             DeadReason::Rejected => "rejected",
             DeadReason::DeliveryLimit => "delivery-limit",
@@ -53,11 +53,11 @@ impl DeadReason {
 }
 
 /// A record archived undelivered: offset, why, and its delivery count.
-pub(crate) type DeadRecord = (i64, DeadReason, i16);
+pub type DeadRecord = (i64, DeadReason, i16);
 
 /// Why an acknowledgement was refused (the partition is unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AckError {
+pub enum AckError {
     /// An offset in the range is not acquired by this member (Kafka's INVALID_RECORD_STATE).
     NotAcquired,
     /// Malformed: an empty or reversed range, a wrong number of types, an unknown type, or
@@ -67,48 +67,48 @@ pub(crate) enum AckError {
 
 /// A run of acquired offsets with the same delivery count (ShareFetch `acquired_records`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AcquiredRange {
-    pub(crate) first_offset: i64,
-    pub(crate) last_offset: i64,
-    pub(crate) delivery_count: i16,
+pub struct AcquiredRange {
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub delivery_count: i16,
 }
 
 /// A stored batch as acquisition sees it: its offsets and whether it is a control batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BatchSpan {
-    pub(crate) base_offset: i64,
-    pub(crate) last_offset: i64,
-    pub(crate) control: bool,
+pub struct BatchSpan {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub control: bool,
 }
 
 /// The durable form: the window and every offset in it that is not Available with no
 /// delivery yet, as runs. Acquired offsets are stored as Available (a lock does not
 /// outlive the broker), with their delivery count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct StoredPartition {
-    pub(crate) start: i64,
-    pub(crate) end: i64,
+pub struct StoredPartition {
+    pub start: i64,
+    pub end: i64,
     /// (first offset, last offset, state: 0 available, 2 acknowledged, 4 archived, delivery count)
-    pub(crate) runs: Vec<(i64, i64, u8, i16)>,
+    pub runs: Vec<(i64, i64, u8, i16)>,
     /// Archived records still to copy to the group's dead-letter topic: (offset, reason
     /// ("rejected" or "delivery-limit"), delivery count).
     #[serde(default)]
-    pub(crate) dead_letters: Vec<(i64, String, i16)>,
+    pub dead_letters: Vec<(i64, String, i16)>,
     /// The leader epoch of the data partition leader that wrote it (`share/store.rs`
     /// fences older leaders with it).
     #[serde(default)]
-    pub(crate) leader_epoch: i32,
+    pub leader_epoch: i32,
     /// Incremented by that leader with each change.
     #[serde(default)]
-    pub(crate) version: i32,
+    pub version: i32,
     /// Set by an administrator (AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups):
     /// what a leader holds in memory is out of date, so the store refuses its writes until
     /// it reads the state again.
     #[serde(default)]
-    pub(crate) reset: bool,
+    pub reset: bool,
     /// Deleted by an administrator: a leader reading it gets nothing (then it is forgotten).
     #[serde(default)]
-    pub(crate) deleted: bool,
+    pub deleted: bool,
 }
 
 const STORED_AVAILABLE: u8 = 0;
@@ -116,7 +116,7 @@ const STORED_ACKNOWLEDGED: u8 = 2;
 const STORED_ARCHIVED: u8 = 4;
 
 #[derive(Debug, Clone)]
-pub(crate) struct SharePartition {
+pub struct SharePartition {
     start: i64,
     end: i64,
     records: BTreeMap<i64, InFlight>,
@@ -126,38 +126,38 @@ pub(crate) struct SharePartition {
 
 impl SharePartition {
     /// A share-partition that starts consuming at `offset` (`share.auto.offset.reset`).
-    pub(crate) fn starting_at(offset: i64) -> SharePartition {
+    pub fn starting_at(offset: i64) -> SharePartition {
         SharePartition { start: offset, end: offset, records: BTreeMap::new(), dead_letters: Vec::new() }
     }
 
     /// Queues archived records for the dead-letter topic (stored with the partition, so the
     /// archival and the intent to copy are durable together).
-    pub(crate) fn add_dead_letters(&mut self, dead: Vec<DeadRecord>) {
+    pub fn add_dead_letters(&mut self, dead: Vec<DeadRecord>) {
         self.dead_letters.extend(dead);
     }
 
-    pub(crate) fn dead_letters(&self) -> &[DeadRecord] {
+    pub fn dead_letters(&self) -> &[DeadRecord] {
         &self.dead_letters
     }
 
     /// Once `copied` are durable in the dead-letter topic.
-    pub(crate) fn dead_letters_copied(&mut self, copied: &[DeadRecord]) {
+    pub fn dead_letters_copied(&mut self, copied: &[DeadRecord]) {
         self.dead_letters.retain(|d| !copied.contains(d));
     }
 
     #[cfg(test)]
-    pub(crate) fn start(&self) -> i64 {
+    pub fn start(&self) -> i64 {
         self.start
     }
 
     #[cfg(test)]
-    pub(crate) fn end(&self) -> i64 {
+    pub fn end(&self) -> i64 {
         self.end
     }
 
     /// Offsets handed out and not done yet (acquired, or available again).
     #[cfg(test)]
-    pub(crate) fn in_flight(&self) -> usize {
+    pub fn in_flight(&self) -> usize {
         self.records.values().filter(|r| matches!(r.state, State::Available | State::Acquired { .. })).count()
     }
 
@@ -171,7 +171,7 @@ impl SharePartition {
     /// else `end` while fewer than `max_in_flight` offsets are in the window; `None` when
     /// nothing can be acquired now. Never below `log_start` (records deleted by retention
     /// are skipped: their offsets are archived on the next acquisition).
-    pub(crate) fn next_fetch_offset(&self, max_in_flight: usize, log_start: i64) -> Option<i64> {
+    pub fn next_fetch_offset(&self, max_in_flight: usize, log_start: i64) -> Option<i64> {
         let again = self.records.iter().find(|(_, r)| r.state == State::Available).map(|(o, _)| *o);
         match again {
             Some(offset) => Some(offset.max(log_start)),
@@ -181,7 +181,7 @@ impl SharePartition {
     }
 
     /// Moves the window to `log_start` when retention deleted records below it.
-    pub(crate) fn skip_to(&mut self, log_start: i64) {
+    pub fn skip_to(&mut self, log_start: i64) {
         if log_start <= self.start {
             return;
         }
@@ -198,7 +198,7 @@ impl SharePartition {
     /// may take it past) and while the window holds fewer than `max_in_flight` offsets.
     /// Control batches are archived, never handed out. Returns the acquired runs and which
     /// batches (by index into `batches`) hold any of them.
-    pub(crate) fn acquire(
+    pub fn acquire(
         &mut self,
         member: &Arc<str>,
         batches: &[BatchSpan],
@@ -267,7 +267,7 @@ impl SharePartition {
     /// or one per offset. All or nothing: every offset must be acquired by `member`.
     /// Released offsets delivered `delivery_limit` times are archived. Returns the records
     /// archived undelivered (rejected, or released at the limit).
-    pub(crate) fn acknowledge(
+    pub fn acknowledge(
         &mut self,
         member: &str,
         first: i64,
@@ -327,7 +327,7 @@ impl SharePartition {
     /// delivered `delivery_limit` times), and with `member` set, every offset it holds (it
     /// left the group). Returns whether anything changed, and the records archived at the
     /// delivery limit.
-    pub(crate) fn release_expired(
+    pub fn release_expired(
         &mut self,
         now_ms: i64,
         member: Option<&str>,
@@ -355,7 +355,7 @@ impl SharePartition {
     }
 
     /// The earliest lock deadline in the window, if any offset is acquired.
-    pub(crate) fn next_deadline(&self) -> Option<i64> {
+    pub fn next_deadline(&self) -> Option<i64> {
         self.records
             .values()
             .filter_map(|r| match r.state {
@@ -382,7 +382,7 @@ impl SharePartition {
         self.check();
     }
 
-    pub(crate) fn stored(&self) -> StoredPartition {
+    pub fn stored(&self) -> StoredPartition {
         let mut runs: Vec<(i64, i64, u8, i16)> = Vec::new();
         for (offset, record) in &self.records {
             let state = match record.state {
@@ -410,7 +410,7 @@ impl SharePartition {
         }
     }
 
-    pub(crate) fn from_stored(stored: &StoredPartition) -> SharePartition {
+    pub fn from_stored(stored: &StoredPartition) -> SharePartition {
         let mut partition = SharePartition::starting_at(stored.start);
         partition.end = stored.end.max(stored.start);
         for offset in partition.start..partition.end {

@@ -14,11 +14,11 @@ use std::collections::{BTreeMap, HashMap};
 
 /// One committed offset as a client sees it in OffsetFetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CommittedOffset {
-    pub(crate) offset: i64,
-    pub(crate) leader_epoch: i32,
-    pub(crate) metadata: Option<String>,
-    pub(crate) commit_timestamp_ms: i64,
+pub struct CommittedOffset {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+    pub commit_timestamp_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -30,7 +30,7 @@ struct Entry {
 
 /// The in-memory committed offsets of every group.
 #[derive(Debug, Default)]
-pub(crate) struct OffsetTable {
+pub struct OffsetTable {
     groups: HashMap<String, BTreeMap<(String, i32), Entry>>,
     /// Tombstones newer than any commit, kept so that a commit applied late (it waited on
     /// the same fsync) cannot bring a deleted offset back. Key: group, topic, partition.
@@ -50,18 +50,11 @@ struct PendingTxnOffsets {
 
 /// An offset waiting for its transaction's end: producer id, epoch, (group, topic,
 /// partition) and the value.
-pub(crate) type PendingTxnOffset = (i64, i16, (String, String, i32), CommittedOffset);
+pub type PendingTxnOffset = (i64, i16, (String, String, i32), CommittedOffset);
 
 impl OffsetTable {
     /// Applies a durable commit unless a newer record for the key was applied already.
-    pub(crate) fn apply_commit(
-        &mut self,
-        group: &str,
-        topic: &str,
-        partition: i32,
-        value: CommittedOffset,
-        log_offset: i64,
-    ) {
+    pub fn apply_commit(&mut self, group: &str, topic: &str, partition: i32, value: CommittedOffset, log_offset: i64) {
         let tombstone = (group.to_string(), topic.to_string(), partition);
         if self.deleted_at.get(&tombstone).is_some_and(|deleted| *deleted > log_offset) {
             return;
@@ -76,7 +69,7 @@ impl OffsetTable {
     }
 
     /// Applies a durable tombstone.
-    pub(crate) fn apply_delete(&mut self, group: &str, topic: &str, partition: i32, log_offset: i64) {
+    pub fn apply_delete(&mut self, group: &str, topic: &str, partition: i32, log_offset: i64) {
         let Some(offsets) = self.groups.get_mut(group) else {
             self.deleted_at.insert((group.to_string(), topic.to_string(), partition), log_offset);
             return;
@@ -98,7 +91,7 @@ impl OffsetTable {
 
     /// Holds a durable transactional offset until its transaction ends; ignored when the
     /// producer already ended a transaction at a newer epoch (it was fenced).
-    pub(crate) fn apply_txn_commit(
+    pub fn apply_txn_commit(
         &mut self,
         producer_id: i64,
         producer_epoch: i16,
@@ -122,7 +115,7 @@ impl OffsetTable {
     /// A durable marker at `log_offset`: `producer_id`'s transaction ended. Its pending
     /// offsets of groups for which `in_partition` holds (the marker's offsets partition)
     /// are committed or dropped.
-    pub(crate) fn apply_txn_end(
+    pub fn apply_txn_end(
         &mut self,
         producer_id: i64,
         producer_epoch: i16,
@@ -153,23 +146,20 @@ impl OffsetTable {
 
     /// Whether `producer_id` already ended a transaction at a newer epoch than
     /// `producer_epoch` here (it was fenced by a newer producer with its transactional id).
-    pub(crate) fn producer_fenced(&self, producer_id: i64, producer_epoch: i16) -> bool {
+    pub fn producer_fenced(&self, producer_id: i64, producer_epoch: i16) -> bool {
         self.ended_epochs.get(&producer_id).is_some_and(|ended| *ended > producer_epoch)
     }
 
     /// Whether an open transaction holds an offset of this group and partition
     /// (OffsetFetch with `require_stable` answers UNSTABLE_OFFSET_COMMIT then).
-    pub(crate) fn has_pending_txn(&self, group: &str, topic: &str, partition: i32) -> bool {
+    pub fn has_pending_txn(&self, group: &str, topic: &str, partition: i32) -> bool {
         let key = (group.to_string(), topic.to_string(), partition);
         self.pending_txn.values().any(|pending| pending.offsets.contains_key(&key))
     }
 
     /// The pending transactional offsets of the groups for which `wanted` holds, and the
     /// ended epochs (what a compaction snapshot must carry over).
-    pub(crate) fn live_txn_state(
-        &self,
-        mut wanted: impl FnMut(&str) -> bool,
-    ) -> (Vec<PendingTxnOffset>, Vec<(i64, i16)>) {
+    pub fn live_txn_state(&self, mut wanted: impl FnMut(&str) -> bool) -> (Vec<PendingTxnOffset>, Vec<(i64, i16)>) {
         let mut pending = Vec::new();
         for (producer_id, txn) in &self.pending_txn {
             for (key, value) in txn.offsets.iter().filter(|((group, _, _), _)| wanted(group)) {
@@ -181,36 +171,36 @@ impl OffsetTable {
     }
 
     /// Forgets tombstones once nothing can be in flight behind them (called on a tick).
-    pub(crate) fn forget_tombstones(&mut self) {
+    pub fn forget_tombstones(&mut self) {
         self.deleted_at.clear();
     }
 
-    pub(crate) fn get(&self, group: &str, topic: &str, partition: i32) -> Option<&CommittedOffset> {
+    pub fn get(&self, group: &str, topic: &str, partition: i32) -> Option<&CommittedOffset> {
         self.groups.get(group)?.get(&(topic.to_string(), partition)).map(|entry| &entry.value)
     }
 
     /// Every committed offset of `group`, ordered by topic and partition.
-    pub(crate) fn all(&self, group: &str) -> Vec<(String, i32, CommittedOffset)> {
+    pub fn all(&self, group: &str) -> Vec<(String, i32, CommittedOffset)> {
         self.groups
             .get(group)
             .map(|offsets| offsets.iter().map(|((t, p), e)| (t.clone(), *p, e.value.clone())).collect())
             .unwrap_or_default()
     }
 
-    pub(crate) fn has_group(&self, group: &str) -> bool {
+    pub fn has_group(&self, group: &str) -> bool {
         self.groups.contains_key(group)
     }
 
-    pub(crate) fn group_ids(&self) -> impl Iterator<Item = &str> {
+    pub fn group_ids(&self) -> impl Iterator<Item = &str> {
         self.groups.keys().map(String::as_str)
     }
 
-    pub(crate) fn group_count(&self) -> usize {
+    pub fn group_count(&self) -> usize {
         self.groups.len()
     }
 
     /// Forgets every group for which `doomed` holds (its offsets partition moved away).
-    pub(crate) fn remove_groups(&mut self, mut doomed: impl FnMut(&str) -> bool) {
+    pub fn remove_groups(&mut self, mut doomed: impl FnMut(&str) -> bool) {
         self.groups.retain(|group, _| !doomed(group));
         self.deleted_at.retain(|(group, _, _), _| !doomed(group));
         for pending in self.pending_txn.values_mut() {
@@ -221,7 +211,7 @@ impl OffsetTable {
 
     /// Takes over the groups of `loaded` (a freshly replayed partition), replacing any
     /// entries of the same groups.
-    pub(crate) fn absorb(&mut self, loaded: OffsetTable) {
+    pub fn absorb(&mut self, loaded: OffsetTable) {
         for (group, offsets) in loaded.groups {
             self.groups.insert(group, offsets);
         }
@@ -237,7 +227,7 @@ impl OffsetTable {
     }
 
     /// Every committed offset of the groups for which `wanted` holds.
-    pub(crate) fn live_offsets(&self, mut wanted: impl FnMut(&str) -> bool) -> Vec<OffsetKeyValue> {
+    pub fn live_offsets(&self, mut wanted: impl FnMut(&str) -> bool) -> Vec<OffsetKeyValue> {
         let mut live = Vec::new();
         for (group, offsets) in self.groups.iter().filter(|(group, _)| wanted(group)) {
             for ((topic, partition), entry) in offsets {
@@ -251,7 +241,7 @@ impl OffsetTable {
     /// `idle_since` gives a time (no members since then; `i64::MIN` = never seen with
     /// members), those committed, and idle, for at least `retention_ms` at `now_ms`.
     /// Groups with members (`idle_since` is `None`) keep every offset.
-    pub(crate) fn expired(
+    pub fn expired(
         &self,
         now_ms: i64,
         retention_ms: i64,
@@ -277,7 +267,7 @@ impl OffsetTable {
 }
 
 /// (group, topic, partition), its committed offset and the log offset of that record.
-pub(crate) type OffsetKeyValue = ((String, String, i32), CommittedOffset, i64);
+pub type OffsetKeyValue = ((String, String, i32), CommittedOffset, i64);
 
 #[cfg(test)]
 mod tests {
