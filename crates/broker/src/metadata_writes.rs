@@ -15,8 +15,10 @@ use sluice_cluster::{ClusterMetadata, Controller, ControllerError};
 use sluice_meta::topics::TopicMeta;
 use uuid::Uuid;
 
-use crate::handlers::Failure;
 use crate::Broker;
+
+/// An admin request's refusal: the Kafka error and a message for the client.
+pub(crate) type Failure = (ResponseError, String);
 
 /// How long an admin request waits for its committed change to be applied on this broker.
 const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -321,7 +323,7 @@ async fn wait_until_listed(broker: &Broker, name: &str) {
 /// Runs a change that opens, writes or deletes files on the blocking pool, never on a
 /// connection thread.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Failure> {
-    crate::handlers::on_blocking_pool(work)
+    crate::blocking::on_blocking_pool(work)
         .await
         .ok_or_else(|| (ResponseError::UnknownServerError, "the broker is shutting down".to_string()))
 }

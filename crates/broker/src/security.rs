@@ -121,18 +121,18 @@ impl SecurityController for Broker {
         upsertions: Vec<Upsertion>,
         deletions: Vec<(String, String)>,
     ) -> Result<(), Failure> {
-        let controller = crate::handlers::controller(self)?;
-        crate::handlers::controller_write(self, controller.alter_scram_credentials(upsertions, deletions)).await
+        let controller = crate::metadata_writes::controller(self)?;
+        crate::metadata_writes::controller_write(self, controller.alter_scram_credentials(upsertions, deletions)).await
     }
 
     async fn write_client_quotas(&self, changes: Vec<(QuotaEntity, String, Option<u64>)>) -> Result<(), Failure> {
-        let controller = crate::handlers::controller(self)?;
+        let controller = crate::metadata_writes::controller(self)?;
         // Applying the metadata here (cluster_link) sets `quotas.configured`.
-        crate::handlers::controller_write(self, controller.alter_client_quotas(changes)).await
+        crate::metadata_writes::controller_write(self, controller.alter_client_quotas(changes)).await
     }
 
     async fn write_acls(&self, create: Vec<AclBinding>, delete: Vec<AclBinding>) -> Result<(), Failure> {
-        let controller = crate::handlers::controller(self)?;
-        crate::handlers::controller_write(self, controller.alter_acls(create, delete)).await
+        let controller = crate::metadata_writes::controller(self)?;
+        crate::metadata_writes::controller_write(self, controller.alter_acls(create, delete)).await
     }
 }

@@ -21,7 +21,9 @@ use sluice_replication::ReplicaHost;
 use sluice_storage::Partition;
 
 use crate::group::GroupCoordinator;
-use crate::share::GroupConfigs;
+
+/// A group's dynamic configs (`share.*`, and the topics a share group consumes), by name.
+pub type GroupConfigs = std::collections::BTreeMap<String, String>;
 
 /// A write the host makes on a coordinator's behalf, to await.
 pub type HostWrite<'a> = Pin<Box<dyn Future<Output = Result<(), ResponseError>> + Send + 'a>>;

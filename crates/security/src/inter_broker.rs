@@ -21,18 +21,7 @@ use crate::sasl::Mechanism;
 use crate::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
 use crate::settings::SecuritySettings;
 
-/// The user brokers authenticate as to each other.
-pub const INTER_BROKER_USER: &str = "sluice-inter-broker";
-pub const INTER_BROKER_PRINCIPAL: &str = "User:sluice-inter-broker";
-/// User names no client may claim: credentials for them derive from the cluster's secret.
-pub const RESERVED_USERS: [&str; 1] = [INTER_BROKER_USER];
-
-const _: () = assert!(INTER_BROKER_PRINCIPAL.len() == "User:".len() + INTER_BROKER_USER.len());
-
-/// Whether `user` is a name reserved for brokers.
-pub fn is_reserved_user(user: &str) -> bool {
-    RESERVED_USERS.contains(&user)
-}
+pub use crate::reserved_users::{is_reserved_user, INTER_BROKER_PRINCIPAL, INTER_BROKER_USER};
 
 /// The shared controller-RPC secret in `path`, surrounding whitespace removed.
 pub fn read_rpc_secret(path: &Path) -> Result<Vec<u8>, String> {

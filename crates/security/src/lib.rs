@@ -17,6 +17,7 @@ mod listeners;
 mod oauth;
 mod principal_mapping;
 pub mod quota;
+mod reserved_users;
 mod sasl;
 pub mod scram;
 mod settings;

@@ -143,7 +143,7 @@ impl OauthValidator {
             .map_err(|error| format!("invalid token: {error}"))?;
         let expiry = data.claims.get("exp").and_then(|exp| exp.as_u64()).ok_or("the token's exp is not a number")?;
         match data.claims.get(&self.sub_claim).and_then(|value| value.as_str()) {
-            Some(user) if crate::inter_broker::is_reserved_user(user) => {
+            Some(user) if crate::reserved_users::is_reserved_user(user) => {
                 Err(format!("the token's {:?} claim names {user}, a user reserved for brokers", self.sub_claim))
             }
             Some(user) if !user.is_empty() => Ok((user.to_string(), expiry)),

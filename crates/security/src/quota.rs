@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sluice_cluster::{QuotaEntity, QuotaEntityName};
 
-use crate::store::ClientQuotas;
+/// entity -> quota name -> value.
+pub type ClientQuotas = std::collections::BTreeMap<QuotaEntity, std::collections::BTreeMap<String, u64>>;
 
 pub const PRODUCER_BYTE_RATE: &str = "producer_byte_rate";
 pub const CONSUMER_BYTE_RATE: &str = "consumer_byte_rate";

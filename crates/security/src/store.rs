@@ -52,8 +52,7 @@ mod quotas_as_list {
     }
 }
 
-/// entity -> quota name -> value.
-pub type ClientQuotas = BTreeMap<QuotaEntity, BTreeMap<String, u64>>;
+pub use crate::quota::ClientQuotas;
 
 pub struct SecurityStore {
     /// Single node: the persisted state. `None` in a cluster (the metadata has it).

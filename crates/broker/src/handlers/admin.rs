@@ -19,7 +19,7 @@ use sluice_cluster::ClusterMetadata;
 use uuid::Uuid;
 
 use super::{message, str_bytes};
-use crate::metadata_writes::{Assignment, CreatedTopic, MetadataWriter, NewTopic};
+use crate::metadata_writes::{Assignment, CreatedTopic, Failure, MetadataWriter, NewTopic};
 use crate::{Broker, LEADER_EPOCH};
 use sluice_config::PARTITIONS_PER_TOPIC_MAX;
 use sluice_meta::topic_config;
@@ -533,9 +533,6 @@ pub(super) fn describe_log_dirs(broker: &Arc<Broker>, request: DescribeLogDirsRe
     response.results.push(result);
     response
 }
-
-/// An admin request's refusal: the Kafka error and a message for the client.
-pub(crate) type Failure = (ResponseError, String);
 
 pub(super) fn init_producer_id(broker: &Arc<Broker>, request: InitProducerIdRequest) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();

@@ -13,7 +13,8 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
-use super::admin::{Failure, SOURCE_DEFAULT, SOURCE_TOPIC};
+use super::admin::{SOURCE_DEFAULT, SOURCE_TOPIC};
+use super::Failure;
 use super::{message, str_bytes};
 use crate::metadata_writes::MetadataWriter;
 use crate::Broker;

@@ -29,8 +29,8 @@ use sluice_protocol::{api_versions_response, encode_response, FileChunk, Request
 
 use crate::Broker;
 
-pub(crate) use crate::metadata_writes::{controller, controller_write};
-pub(crate) use admin::Failure;
+pub(crate) use crate::blocking::on_blocking_pool;
+pub(crate) use crate::metadata_writes::Failure;
 pub(crate) use groups::create_internal_topics_once_formed;
 
 /// The encoded response frame (as chunks for a vectored write), or `None` when the request gets no response (acks=0).
@@ -583,18 +583,6 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
 
 fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
     Box::pin(std::future::ready(Some(response)))
-}
-
-/// Runs `work` on the blocking pool: what creates or deletes logs (directories, files, their
-/// fsyncs: seconds for 10,000 partitions) or reads segment files, so the connection threads
-/// go on serving every other request meanwhile. A panic in it is the caller's, as on its own
-/// thread; `None` when the runtime shuts down first.
-pub(crate) async fn on_blocking_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(done) => Some(done),
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(_) => None,
-    }
 }
 
 pub(crate) fn str_bytes(text: &str) -> StrBytes {

@@ -23,8 +23,8 @@ use kafka_protocol::messages::*;
 use kafka_protocol::ResponseError;
 use sluice_cluster::ClusterMetadata;
 
-use super::admin::Failure;
 use super::message;
+use super::Failure;
 use crate::metadata_writes::MetadataWriter;
 use crate::Broker;
 

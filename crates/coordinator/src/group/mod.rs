@@ -47,8 +47,8 @@ use crate::group::shards::{OffsetsSettings, ShardMap};
 use crate::group::state::{
     Group, GroupState, JoinRequest, JoinResponse, MemberDescription, Reply, SyncRequest, SyncResponse, Timing,
 };
-use crate::CoordinatorHost;
 use sluice_meta::topics::TopicCatalog;
+use sluice_replication::ReplicaHost;
 
 pub use crate::group::journal::OFFSETS_TOPIC;
 
@@ -202,7 +202,7 @@ impl GroupCoordinator {
 
     /// Starts the tick task once (inside the runtime): group timers, and the offsets
     /// upkeep (compaction, retention), which needs the host's syncer.
-    pub fn start_ticker<H: CoordinatorHost>(self: &Arc<Self>, host: &Arc<H>) {
+    pub fn start_ticker<H: ReplicaHost>(self: &Arc<Self>, host: &Arc<H>) {
         if self.ticker_started.swap(true, Ordering::AcqRel) {
             return;
         }

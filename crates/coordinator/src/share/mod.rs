@@ -62,8 +62,7 @@ pub const CONFIG_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
 pub const CONFIG_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
 pub const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
 
-/// A group's configs by name.
-pub type GroupConfigs = BTreeMap<String, String>;
+pub use crate::GroupConfigs;
 
 /// A reserved group config (never described, not settable by clients) recording that a
 /// share group exists and the topics its members subscribed to. It lives with the group's
