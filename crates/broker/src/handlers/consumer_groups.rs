@@ -20,7 +20,7 @@ use sluice_coordinator::group::assignor::Assignment;
 use sluice_coordinator::group::consumer::{
     validate_heartbeat, Heartbeat, MemberDescription, CLIENT_MEMBER_ID_VERSION, JOIN_GROUP_MEMBER_EPOCH,
 };
-use sluice_coordinator::group::error::Refusal;
+use sluice_coordinator::group::error::GroupRefusal;
 use sluice_meta::topics::TopicCatalog;
 
 /// ConsumerGroupDescribe v1 reports each member's protocol: 1 = consumer.
@@ -96,7 +96,7 @@ pub(super) fn heartbeat(
                 out
             });
         }
-        Err(Refusal { error, message }) => {
+        Err(GroupRefusal { error, message }) => {
             tracing::debug!(group = %group_id, %error, %message, "consumer group heartbeat refused");
             response.error_code = error.code();
             response.error_message = Some(text(&message));
@@ -158,7 +158,7 @@ pub(super) fn describe(
                 described.members =
                     description.members.into_iter().map(|m| described_member(m, &catalog, version)).collect();
             }
-            Err(Refusal { error, message }) => {
+            Err(GroupRefusal { error, message }) => {
                 described.error_code = error.code();
                 described.error_message = Some(text(&message));
             }

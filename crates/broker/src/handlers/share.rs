@@ -40,7 +40,7 @@ use super::{str_bytes, ClientSession};
 use crate::Broker;
 use sluice_config::FETCH_WAIT_MS_MAX;
 use sluice_coordinator::share::store::AdminChange;
-use sluice_coordinator::share::{batch_spans, PartitionKey, SessionStep};
+use sluice_coordinator::share::{batch_spans, PartitionKey, ShareSessionStep};
 
 /// Bytes read per share-partition per fetch pass at most.
 const SHARE_PARTITION_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -263,8 +263,8 @@ pub(super) async fn fetch(
         Vec::new()
     } else {
         match broker.shares.session_step(&group_id, &member_id, request.share_session_epoch, &added, &forgotten, true) {
-            Ok(SessionStep::Open(partitions)) => partitions,
-            Ok(SessionStep::Closed) => Vec::new(),
+            Ok(ShareSessionStep::Open(partitions)) => partitions,
+            Ok(ShareSessionStep::Closed) => Vec::new(),
             Err(error) => {
                 tracing::debug!(member = %member_id, epoch = request.share_session_epoch, ?error, "share fetch session step refused");
                 response.error_code = error.code();

@@ -39,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use uuid::Uuid;
 
 use crate::group::assignor::{self, partitions_of, Assignment, Assignor, Subscriber, ASSIGNORS};
-use crate::group::error::{GroupError, Refusal};
+use crate::group::error::{GroupError, GroupRefusal};
 use crate::group::state::Timing;
 use crate::group::GROUP_MEMBERS_MAX;
 use sluice_meta::topics::TopicCatalog;
@@ -70,7 +70,7 @@ struct TopicRegex {
 }
 
 impl TopicRegex {
-    fn compile(source: &str) -> Result<TopicRegex, Refusal> {
+    fn compile(source: &str) -> Result<TopicRegex, GroupRefusal> {
         let invalid = |why: String| GroupError::InvalidRegularExpression.because(why);
         if source.len() > SUBSCRIBED_TOPIC_REGEX_BYTES_MAX {
             return Err(invalid(format!(
@@ -269,7 +269,7 @@ fn split(a: &Assignment, b: &Assignment, keep_common: bool) -> Assignment {
 }
 
 /// Checks what needs no group state, as Kafka's `throwIfConsumerGroupHeartbeatRequestIsInvalid`.
-pub fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<(), Refusal> {
+pub fn validate_heartbeat(request: &Heartbeat, version: i16) -> Result<(), GroupRefusal> {
     let invalid = |message: &str| Err(GroupError::InvalidRequest.because(message));
     let epoch = request.member_epoch;
     if (version >= CLIENT_MEMBER_ID_VERSION || epoch > 0 || epoch == LEAVE_GROUP_MEMBER_EPOCH)
@@ -373,7 +373,7 @@ impl ConsumerGroup {
         catalog: &TopicCatalog,
         now_ms: i64,
         timing: &Timing,
-    ) -> Result<HeartbeatAnswer, Refusal> {
+    ) -> Result<HeartbeatAnswer, GroupRefusal> {
         match request.member_epoch {
             LEAVE_GROUP_MEMBER_EPOCH => self.leave(&request),
             LEAVE_GROUP_STATIC_MEMBER_EPOCH => self.leave_static(&request),
@@ -389,7 +389,7 @@ impl ConsumerGroup {
     }
 
     /// The member a static member's request refers to; Kafka's checks for static members.
-    fn static_member_id(&self, instance_id: &str, member_id: &str) -> Result<String, Refusal> {
+    fn static_member_id(&self, instance_id: &str, member_id: &str) -> Result<String, GroupRefusal> {
         let Some(current) = self.static_members.get(instance_id) else {
             return Err(GroupError::UnknownMemberId.because(format!("Instance id {instance_id} is unknown.")));
         };
@@ -401,7 +401,7 @@ impl ConsumerGroup {
         Ok(current.clone())
     }
 
-    fn known_member_id(&self, request: &Heartbeat) -> Result<String, Refusal> {
+    fn known_member_id(&self, request: &Heartbeat) -> Result<String, GroupRefusal> {
         if let Some(instance_id) = &request.instance_id {
             return self.static_member_id(instance_id, &request.member_id);
         }
@@ -415,7 +415,7 @@ impl ConsumerGroup {
     /// Fencing of a heartbeat with a positive epoch (Kafka's `throwIfMemberEpochIsInvalid`):
     /// a newer epoch than ours, or an older one other than the previous epoch with owned
     /// partitions within the assignment (the response that bumped it may have been lost).
-    fn check_member(&self, request: &Heartbeat) -> Result<String, Refusal> {
+    fn check_member(&self, request: &Heartbeat) -> Result<String, GroupRefusal> {
         let member_id = self.known_member_id(request)?;
         let member = &self.members[&member_id];
         let received = request.member_epoch;
@@ -441,7 +441,7 @@ impl ConsumerGroup {
 
     /// Epoch 0: a new member, a known member rejoining, or a static member replacing its
     /// departed predecessor. Returns the member id and whether the member is new.
-    fn join(&mut self, request: &Heartbeat, now_ms: i64) -> Result<(String, bool), Refusal> {
+    fn join(&mut self, request: &Heartbeat, now_ms: i64) -> Result<(String, bool), GroupRefusal> {
         let member_id = &request.member_id;
         if let Some(instance_id) = &request.instance_id {
             if let Some(previous_id) = self.static_members.get(instance_id).cloned() {
@@ -520,7 +520,7 @@ impl ConsumerGroup {
         catalog: &TopicCatalog,
         now_ms: i64,
         timing: &Timing,
-    ) -> Result<HeartbeatAnswer, Refusal> {
+    ) -> Result<HeartbeatAnswer, GroupRefusal> {
         let mut inputs_changed = joined;
         // A new pattern is compiled before anything changes, so a refusal leaves no trace.
         let current_regex = self.members[member_id].subscribed_topic_regex.as_ref().map(|r| r.source.as_str());
@@ -733,7 +733,7 @@ impl ConsumerGroup {
     }
 
     /// Epoch -1: the member leaves and its partitions go to the others.
-    fn leave(&mut self, request: &Heartbeat) -> Result<HeartbeatAnswer, Refusal> {
+    fn leave(&mut self, request: &Heartbeat) -> Result<HeartbeatAnswer, GroupRefusal> {
         let member_id = self.known_member_id(request)?;
         tracing::info!(group = %self.group_id, member = %member_id, "consumer-protocol member left");
         self.remove_member(&member_id);
@@ -747,7 +747,7 @@ impl ConsumerGroup {
 
     /// Epoch -2: a static member leaves for now; it keeps its partitions (unconsumed) for
     /// a session timeout, and what it was revoking is released at once.
-    fn leave_static(&mut self, request: &Heartbeat) -> Result<HeartbeatAnswer, Refusal> {
+    fn leave_static(&mut self, request: &Heartbeat) -> Result<HeartbeatAnswer, GroupRefusal> {
         let instance_id = request.instance_id.as_deref().expect("validated: epoch -2 carries an instance id");
         let member_id = self.static_member_id(instance_id, &request.member_id)?;
         let member = self.members.get_mut(&member_id).expect("static members are members");

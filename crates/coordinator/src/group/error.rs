@@ -104,21 +104,21 @@ impl GroupError {
     }
 
     /// This error with a message for the client (APIs with an `error_message` field).
-    pub fn because(self, message: impl Into<String>) -> Refusal {
-        Refusal { error: self, message: message.into() }
+    pub fn because(self, message: impl Into<String>) -> GroupRefusal {
+        GroupRefusal { error: self, message: message.into() }
     }
 }
 
 /// An error with the message Kafka would send along (ConsumerGroupHeartbeat and
 /// ConsumerGroupDescribe carry one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub struct GroupRefusal {
     pub error: GroupError,
     pub message: String,
 }
 
-impl From<GroupError> for Refusal {
-    fn from(error: GroupError) -> Refusal {
-        Refusal { error, message: error.to_string() }
+impl From<GroupError> for GroupRefusal {
+    fn from(error: GroupError) -> GroupRefusal {
+        GroupRefusal { error, message: error.to_string() }
     }
 }

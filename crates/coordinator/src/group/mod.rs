@@ -40,7 +40,7 @@ use parking_lot::{Mutex, RwLock};
 use sluice_storage::Syncer;
 
 use crate::group::consumer::{ConsumerGroup, Heartbeat, HeartbeatAnswer, JOIN_GROUP_MEMBER_EPOCH};
-use crate::group::error::{GroupError, Refusal};
+use crate::group::error::{GroupError, GroupRefusal};
 use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
 use crate::group::shards::{OffsetsSettings, ShardMap};
@@ -699,7 +699,7 @@ impl GroupCoordinator {
         group_id: &str,
         request: Heartbeat,
         catalog: &TopicCatalog,
-    ) -> Result<HeartbeatAnswer, Refusal> {
+    ) -> Result<HeartbeatAnswer, GroupRefusal> {
         if validate_group_id(group_id).is_err() {
             return Err(GroupError::InvalidRequest.because("GroupId can't be empty."));
         }
@@ -728,7 +728,7 @@ impl GroupCoordinator {
 
     /// ConsumerGroupDescribe for one group: GROUP_ID_NOT_FOUND for unknown and classic
     /// groups (the admin client then falls back to DescribeGroups), as in Kafka.
-    pub fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, Refusal> {
+    pub fn describe_consumer_group(&self, group_id: &str) -> Result<consumer::GroupDescription, GroupRefusal> {
         self.serving(group_id)?;
         let groups = self.groups.lock();
         if let Some(group) = groups.consumer.get(group_id) {

@@ -193,7 +193,7 @@ pub struct FetchPlan {
 }
 
 /// Outcome of a share-session step.
-pub enum SessionStep {
+pub enum ShareSessionStep {
     /// Fetch (or acknowledge) these partitions.
     Open(Vec<(Uuid, i32)>),
     /// The session closed (epoch -1): the member's records were released.
@@ -603,7 +603,7 @@ impl ShareCoordinator {
         added: &[(Uuid, i32)],
         forgotten: &[(Uuid, i32)],
         fetch: bool,
-    ) -> Result<SessionStep, ResponseError> {
+    ) -> Result<ShareSessionStep, ResponseError> {
         let key = (group_id.to_string(), member_id.to_string());
         let mut state = self.state.lock();
         let ShareState { sessions, partitions, configs, .. } = &mut *state;
@@ -617,13 +617,13 @@ impl ShareCoordinator {
             let partitions: BTreeSet<(Uuid, i32)> = added.iter().copied().collect();
             let open = partitions.iter().copied().collect();
             sessions.insert(key, ShareSession { epoch: 1, partitions });
-            return Ok(SessionStep::Open(open));
+            return Ok(ShareSessionStep::Open(open));
         }
         let Some(session) = sessions.get_mut(&key) else { return Err(ResponseError::ShareSessionNotFound) };
         if epoch == -1 {
             sessions.remove(&key);
             self.release_member(partitions, configs, group_id, member_id);
-            return Ok(SessionStep::Closed);
+            return Ok(ShareSessionStep::Closed);
         }
         if epoch != session.epoch {
             return Err(ResponseError::InvalidShareSessionEpoch);
@@ -633,7 +633,7 @@ impl ShareCoordinator {
         for forgotten in forgotten {
             session.partitions.remove(forgotten);
         }
-        Ok(SessionStep::Open(session.partitions.iter().copied().collect()))
+        Ok(ShareSessionStep::Open(session.partitions.iter().copied().collect()))
     }
 
     /// Applies acknowledgement batches of one share-partition served here; the partition
@@ -1056,9 +1056,9 @@ mod tests {
         let step = |epoch: i32, fetch: bool| shares.session_step("g", "m", epoch, &[(topic_id, 0)], &[], fetch);
         assert_eq!(step(3, true).err(), Some(ResponseError::ShareSessionNotFound));
         assert_eq!(step(0, false).err(), Some(ResponseError::InvalidShareSessionEpoch), "ShareAcknowledge cannot open");
-        assert!(matches!(step(0, true), Ok(SessionStep::Open(p)) if p == vec![(topic_id, 0)]));
+        assert!(matches!(step(0, true), Ok(ShareSessionStep::Open(p)) if p == vec![(topic_id, 0)]));
         assert_eq!(step(7, true).err(), Some(ResponseError::InvalidShareSessionEpoch));
-        assert!(matches!(step(1, true), Ok(SessionStep::Open(_))));
+        assert!(matches!(step(1, true), Ok(ShareSessionStep::Open(_))));
         assert_eq!(step(1, true).err(), Some(ResponseError::InvalidShareSessionEpoch), "a replayed epoch");
 
         // Five records acquired by m; another member's acknowledgement is refused and
