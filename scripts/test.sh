@@ -56,7 +56,22 @@ if ! scripts/s3_server.sh check 2>/dev/null; then
     nice -n 19 ionice -c 3 scripts/s3_server.sh install > target/tools/build.log 2>&1 &
   s3_build_pid=$!
 fi
-trap 'for pid in $base_build_pid $s3_build_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+# The end-to-end tests' own tools, prepared while the builds below run (downloads, mostly):
+# the Python venv with its packages, then the Java test programs (Maven) and Kafka's tools,
+# which the tests would otherwise build on their first use while a worker waits.
+echo "== test tools: preparing in the background, log in target/test-tools.log"
+mkdir -p target
+# At normal priority: it needs little CPU (most of it waits on the network), but at the
+# lowest it would get none while the builds keep both cores busy. A session of its own, so
+# that an early exit stops it.
+setsid bash -c '
+    set -e
+    [ -x .venv/bin/pytest ] || python3 -m venv .venv
+    .venv/bin/pip install -q -r tests/python/requirements.txt
+    cd tests/python && ../../.venv/bin/python -c "import java_support as j; j.java_test_classpath(); j.kafka_tools_classpath()"
+  ' > target/test-tools.log 2>&1 &
+tools_pid=$!
+trap 'for pid in $base_build_pid $s3_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 echo "== style"
 cargo fmt --all -- --check
@@ -74,14 +89,16 @@ echo "== unit and property tests"
 cargo test --workspace
 
 echo "== end-to-end tests"
-if [ ! -x .venv/bin/pytest ]; then
-  python3 -m venv .venv
+if ! wait "$tools_pid"; then
+  tail -50 target/test-tools.log >&2
+  echo "preparing the test tools failed" >&2
+  exit 1
 fi
-.venv/bin/pip install -q -r tests/python/requirements.txt
+tools_pid=""
 # Two worker processes (pytest-xdist): most tests wait on sockets, timers and child
 # processes, and one process at a time left the 2 cores three-quarters idle. Each worker
 # picks listen ports from a range of its own (conftest.free_port).
-.venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
+.venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --dist worksteal --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
 
 echo "== rolling upgrade from the previous version"
 if [ -n "$base_build_pid" ]; then

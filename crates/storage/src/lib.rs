@@ -19,6 +19,7 @@ pub mod cleaner;
 pub mod durable;
 mod log;
 mod manager;
+mod page_cache;
 pub mod producer_state;
 pub mod records;
 pub mod segment;
@@ -32,11 +33,12 @@ use std::io::{self, Write};
 use std::path::Path;
 
 pub use crate::log::{
-    cachestat, read_file_range, AbortedTransaction, AppendError, AppendOutcome, Cachestat, FileRange, LogConfig,
-    LogOffsets, Partition, Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible,
-    ACTIVE_SEGMENT_IDLE_MS, FILE_RANGE_BYTES_MIN,
+    read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
+    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
+    FILE_RANGE_BYTES_MIN,
 };
 pub use crate::manager::{LogManager, TopicPartition};
+pub use crate::page_cache::{cachestat, Cachestat};
 pub use crate::segment::{ReadMode, SegmentIndex};
 pub use crate::segment_file::{sealed_files_open, set_sealed_files_open_max, SEALED_SEGMENT_FILES_OPEN_MAX};
 pub use crate::syncer::{FsyncObserver, Syncer, WAL_ROUND_INTERVAL_MAX};

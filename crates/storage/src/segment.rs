@@ -27,6 +27,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -104,7 +105,7 @@ fn fill_to(file: &File, buffer: &mut BytesMut, length: usize, position: u64, fla
 pub const COLD_READ_PIECE_BYTES: usize = 256 * 1024;
 
 /// Smallest and largest piece a direct read ([`read_direct`]) issues at a time: a piece is
-/// as large as the WAL's recent rounds (`wal::recent_round_bytes`), within these bounds. A WAL
+/// as large as the WAL's recent rounds (`recent_round_bytes`), within these bounds. A WAL
 /// round queued behind a piece at the device then waits for at most about its own size per
 /// reader. In a 1 GiB cold drain at 10k msg/s under a 256 MiB cap (rounds of a
 /// few KiB) 128 KiB pieces, two reads at a time, gave the producers' p99 5.9-9.0 ms during
@@ -117,9 +118,31 @@ pub const DIRECT_READ_PIECE_BYTES_MIN: usize = 128 * 1024;
 pub const DIRECT_READ_PIECE_BYTES_MAX: usize = 1024 * 1024;
 const _: () = assert!(DIRECT_READ_PIECE_BYTES_MIN <= DIRECT_READ_PIECE_BYTES_MAX);
 
+/// The bytes of the WAL's recent rounds, a moving average (each round weighs 1/8) over
+/// every WAL of the process: the size of the rounds that a cold direct read's pieces queue
+/// ahead of at the device ([`direct_read_piece_bytes`]).
+static RECENT_ROUND_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The bytes of the WAL's recent rounds (0 before the first).
+fn recent_round_bytes() -> usize {
+    RECENT_ROUND_BYTES.load(Ordering::Relaxed)
+}
+
+/// Called by the WAL with the bytes of each round it writes.
+pub(crate) fn note_wal_round_bytes(bytes: usize) {
+    // Concurrent WALs (tests) may lose one another's updates: a hint, not a count.
+    let recent = RECENT_ROUND_BYTES.load(Ordering::Relaxed);
+    RECENT_ROUND_BYTES.store(moving_average(recent, bytes), Ordering::Relaxed);
+}
+
+/// The average after a round of `bytes`, each round weighing 1/8.
+fn moving_average(recent: usize, bytes: usize) -> usize {
+    recent - recent / 8 + bytes / 8
+}
+
 /// The piece a direct read issues now (see [`DIRECT_READ_PIECE_BYTES_MIN`]).
 pub fn direct_read_piece_bytes() -> usize {
-    direct_read_piece_for(crate::wal::recent_round_bytes())
+    direct_read_piece_for(recent_round_bytes())
 }
 
 /// The piece for WAL rounds of `round_bytes`: whole pages, within the bounds.
@@ -209,7 +232,7 @@ fn read_in_pieces(file: &File, buffer: &mut BytesMut, length: usize, position: u
         let piece_end = (buffer.len() + COLD_READ_PIECE_BYTES).min(length);
         let piece_at = position + buffer.len() as u64;
         let piece_length = (piece_end - buffer.len()) as u64;
-        if crate::log::missing_pages(file, piece_at, piece_length).is_some_and(|missing| missing > 0) {
+        if crate::page_cache::missing_pages(file, piece_at, piece_length).is_some_and(|missing| missing > 0) {
             fill_to(file, buffer, piece_end, position, 0)?;
             from_disk = true;
             continue;
@@ -352,7 +375,7 @@ impl Segment {
         assert!(base_offset >= 0);
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&log_path)?;
-        without_readahead(&file);
+        crate::page_cache::without_readahead(&file);
         let file = SegmentFile::pinned(file)?;
         // The file's name must be durable before any data fsynced into it is acknowledged.
         crate::durable::sync_dir(dir)?;
@@ -379,7 +402,7 @@ impl Segment {
             }
             opened => opened?,
         };
-        without_readahead(&file);
+        crate::page_cache::without_readahead(&file);
         Ok(Segment::empty(dir, base_offset, rolling_path, SegmentFile::pinned(file)?))
     }
 
@@ -434,7 +457,7 @@ impl Segment {
     ) -> io::Result<(Segment, bool)> {
         let log_path = dir.join(log_file_name(base_offset));
         let file = OpenOptions::new().read(true).write(true).open(&log_path)?;
-        without_readahead(&file);
+        crate::page_cache::without_readahead(&file);
         let metadata = file.metadata()?;
         let file_len = metadata.len();
         let mut segment = Segment::empty(dir, base_offset, log_path, SegmentFile::pinned(file)?);
@@ -811,7 +834,7 @@ impl Segment {
     pub fn read_at(file: &File, position: u64, length: usize, mode: ReadMode, backlog: bool) -> io::Result<Bytes> {
         let (bytes, release) = Segment::read_keeping_cached(file, position, length, mode, backlog)?;
         if release {
-            drop_from_page_cache(file, position, length as u64);
+            crate::page_cache::drop_from_page_cache(file, position, length as u64);
         }
         Ok(bytes)
     }
@@ -835,7 +858,8 @@ impl Segment {
                 // with direct I/O, asks the page cache first, so the disk read happens on the
                 // blocking pool, in pieces.
                 if (backlog || crate::segment_tail::direct_io())
-                    && crate::log::missing_pages(file, position, length as u64).is_some_and(|missing| missing > 0)
+                    && crate::page_cache::missing_pages(file, position, length as u64)
+                        .is_some_and(|missing| missing > 0)
                 {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
@@ -849,7 +873,8 @@ impl Segment {
             }
             ReadMode::MayBlock
                 if crate::segment_tail::direct_io()
-                    && crate::log::missing_pages(file, position, length as u64).is_some_and(|missing| missing > 0) =>
+                    && crate::page_cache::missing_pages(file, position, length as u64)
+                        .is_some_and(|missing| missing > 0) =>
             {
                 match read_direct(file, position, length) {
                     Some(read) => return read.map(|bytes| (bytes, false)),
@@ -864,7 +889,7 @@ impl Segment {
     /// Drops the pages wholly inside `[position, position + length)` of what a
     /// [`Segment::read_keeping_cached`] read from `position` from the page cache.
     pub(crate) fn release_read(file: &File, position: u64, length: u64) {
-        drop_from_page_cache(file, position, length);
+        crate::page_cache::drop_from_page_cache(file, position, length);
     }
 
     /// Visits batch headers from `position` to the logical end, stopping when `visit`
@@ -1136,25 +1161,6 @@ impl LeReader<'_> {
     }
 }
 
-/// Turns the kernel's readahead off for `file` (advice: a failure changes nothing but the
-/// cache). Every read of a segment asks for the bytes it will use, in large reads where
-/// that is much (a catch-up read takes up to 4 MiB); readahead of the disk's window
-/// (8 MiB here) beyond them would only be dropped, under memory pressure, before the next
-/// read wants it, and the cache-only probe of a fetch would start it on the async thread.
-pub(crate) fn without_readahead(file: &File) {
-    // SAFETY: advice on an open file descriptor we own.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-}
-
-/// Asks the kernel to drop the clean cached pages wholly inside `[position, position +
-/// length)`; the partial pages at its ends stay (advice: a failure changes nothing but the
-/// cache).
-fn drop_from_page_cache(file: &File, position: u64, length: u64) {
-    let (Ok(at), Ok(len)) = (libc::off_t::try_from(position), libc::off_t::try_from(length)) else { return };
-    // SAFETY: advice on an open file descriptor we own, with in-range arguments.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };
-}
-
 /// Reads batches between `start` and `end` in large buffers and calls `visit` with each
 /// header and position until it returns false or the bytes stop forming whole batches.
 /// With `check_crc`, each batch's CRC is validated and a bad one ends the scan.
@@ -1238,6 +1244,21 @@ fn write_all_vectored_at(file: &File, parts: &[&[u8]], mut position: u64) -> io:
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_recent_round_size_follows_the_rounds() {
+        let mut recent = 0;
+        recent = moving_average(recent, 1 << 20);
+        assert_eq!(recent, 128 * 1024, "one large round moves it an eighth of the way");
+        for _ in 0..64 {
+            recent = moving_average(recent, 1 << 20);
+        }
+        assert!(recent > 1000 * 1024 && recent <= 1 << 20, "{recent}");
+        for _ in 0..64 {
+            recent = moving_average(recent, 8 * 1024);
+        }
+        assert!(recent < 16 * 1024, "{recent}");
+    }
+
     proptest::proptest! {
         #[test]
         fn searching_from_the_end_finds_what_bisection_finds(
@@ -1257,7 +1278,7 @@ mod tests {
             // SAFETY: advice on an open file descriptor.
             assert_eq!(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
             let size = file.metadata().unwrap().len();
-            if crate::log::cached_pages(file, 0, size.max(1)).expect("cachestat (Linux 6.5)") == 0 {
+            if crate::page_cache::cached_pages(file, 0, size.max(1)).expect("cachestat (Linux 6.5)") == 0 {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -1285,7 +1306,7 @@ mod tests {
         // be dropped again before a catch-up reader's next fetch asks for them). Asked of
         // the page cache itself: a cache-only read is no witness, since the disk read a
         // refused `RWF_NOWAIT` read starts can finish before the kernel looks again.
-        assert_eq!(crate::log::cached_pages(&file, 1 << 20, 3 << 20), Some(0));
+        assert_eq!(crate::page_cache::cached_pages(&file, 1 << 20, 3 << 20), Some(0));
     }
 
     #[test]
@@ -1304,13 +1325,13 @@ mod tests {
         assert_eq!(&read[..], &content[1 << 20..(1 << 20) + LENGTH]);
         // What a blocking read had to fetch from the disk is not kept in the cache (a
         // catch-up read must not push out the tail that producers and consumers use)...
-        assert_eq!(crate::log::cached_pages(&file, 1 << 20, LENGTH as u64), Some(0));
+        assert_eq!(crate::page_cache::cached_pages(&file, 1 << 20, LENGTH as u64), Some(0));
         // ...while what was cached already stays cached, and a cache-only read returns it.
         let mut warm = vec![0; LENGTH];
         file.read_exact_at(&mut warm, 2 << 20).unwrap();
         let read = Segment::read_at(&file, 2 << 20, LENGTH, ReadMode::MayBlock, false).unwrap();
         assert_eq!(&read[..], &content[2 << 20..(2 << 20) + LENGTH]);
-        assert_eq!(crate::log::cached_pages(&file, 2 << 20, LENGTH as u64), Some(PAGES));
+        assert_eq!(crate::page_cache::cached_pages(&file, 2 << 20, LENGTH as u64), Some(PAGES));
         let cached = Segment::read_at(&file, 2 << 20, LENGTH, ReadMode::CachedOnly, false).unwrap();
         assert_eq!(cached, read);
     }
@@ -1330,12 +1351,12 @@ mod tests {
         // The refusal read nothing from the disk (an `RWF_NOWAIT` read would have started
         // reading the whole range, as one request the WAL's writes queue behind).
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let cached = crate::log::cached_pages(&file, 4096, length as u64).expect("cachestat (Linux 6.5)");
+        let cached = crate::page_cache::cached_pages(&file, 4096, length as u64).expect("cachestat (Linux 6.5)");
         assert_eq!(cached, 0, "a refused backlog read brought pages in");
         let read = Segment::read_at(&file, 4096, length, ReadMode::MayBlock, true).unwrap();
         assert_eq!(&read[..], &content[4096..4096 + length]);
         assert_eq!(
-            crate::log::cached_pages(&file, 4096, length as u64),
+            crate::page_cache::cached_pages(&file, 4096, length as u64),
             Some(0),
             "a backlog read leaves nothing cached"
         );
@@ -1367,7 +1388,7 @@ mod tests {
             let read = read_direct(&file, position as u64, length).expect("the filesystem of target/ takes O_DIRECT");
             assert_eq!(&read.unwrap()[..], &content[position..position + length], "at {position}, {length} bytes");
         }
-        assert_eq!(crate::log::cached_pages(&file, 0, size as u64), Some(0), "a direct read cached pages");
+        assert_eq!(crate::page_cache::cached_pages(&file, 0, size as u64), Some(0), "a direct read cached pages");
         // Past the end: an error, not short or made-up bytes.
         let past = read_direct(&file, (size - 10) as u64, 20).unwrap().unwrap_err();
         assert_eq!(past.kind(), io::ErrorKind::UnexpectedEof);

@@ -105,7 +105,7 @@ impl SegmentFile {
                     format!("{} is no longer the segment file it was", path.display()),
                 ));
             }
-            crate::segment::without_readahead(&file);
+            crate::page_cache::without_readahead(&file);
             let file = Arc::new(file);
             state.file = Some(file.clone());
             if !state.pinned {

@@ -620,7 +620,7 @@ impl TailClaim {
             if through_page_cache {
                 // Through the page cache: its disk writes start now, not in the checkpoint's
                 // burst (see `wal.rs::write_back`).
-                crate::wal::write_back(&self.file, file_start + from as u64, file_start + *to as u64);
+                crate::page_cache::write_back(&self.file, file_start + from as u64, file_start + *to as u64);
             }
         }
     }
@@ -830,7 +830,9 @@ mod tests {
         let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target")).unwrap();
         let mut f = Fixture::new_in(true, dir);
         let cached = |f: &Fixture, from: usize, to: usize| {
-            crate::log::cachestat(&f.file, from as u64, (to - from) as u64).expect("cachestat (Linux 6.5)").nr_cache
+            crate::page_cache::cachestat(&f.file, from as u64, (to - from) as u64)
+                .expect("cachestat (Linux 6.5)")
+                .nr_cache
         };
         let write_more = |f: &mut Fixture| {
             let from = page_ceil(f.appended.len());

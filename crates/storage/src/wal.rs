@@ -59,7 +59,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,26 +74,6 @@ pub const WAL_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// The smallest WAL file size accepted: every file is a checkpoint of all the partitions it
 /// covers, so smaller files mean more fsyncs of segment files.
 pub const WAL_FILE_BYTES_MIN: u64 = 1024 * 1024;
-/// The bytes of the WAL's recent rounds, a moving average (each round weighs 1/8) over
-/// every WAL of the process: the size of the rounds that a cold direct read's pieces queue
-/// ahead of at the device (`segment.rs::direct_read_piece_bytes`).
-static RECENT_ROUND_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// The bytes of the WAL's recent rounds (0 before the first).
-pub(crate) fn recent_round_bytes() -> usize {
-    RECENT_ROUND_BYTES.load(Ordering::Relaxed)
-}
-
-fn note_round_bytes(bytes: usize) {
-    // Concurrent WALs (tests) may lose one another's updates: a hint, not a count.
-    let recent = RECENT_ROUND_BYTES.load(Ordering::Relaxed);
-    RECENT_ROUND_BYTES.store(moving_average(recent, bytes), Ordering::Relaxed);
-}
-
-/// The average after a round of `bytes`, each round weighing 1/8.
-fn moving_average(recent: usize, bytes: usize) -> usize {
-    recent - recent / 8 + bytes / 8
-}
 
 /// The WAL directory's name inside a [`crate::LogManager`]'s root.
 pub const WAL_DIR: &str = "wal";
@@ -119,8 +99,6 @@ const CHECKPOINT_RETRY_REPORT_PERIOD: Duration = Duration::from_secs(60);
 /// How often the WAL thread hands the partitions it logged since to the steady writeback
 /// (at most one such job is queued at a time).
 const WRITEBACK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
-/// The steady writeback's disk writes: this many bytes each, at most two in flight.
-const WRITEBACK_CHUNK_BYTES: u64 = 256 * 1024;
 /// Rounds are written in whole pages of this size (see [`WalWriter::write_round`]); it is
 /// also the alignment of the write buffer's memory, as direct I/O needs.
 const WAL_PAGE_BYTES: u64 = 4096;
@@ -429,44 +407,6 @@ enum Job {
     Roll(Arc<Partition>),
 }
 
-/// Writes `[from, to)` of `file` to the disk and waits for it (`sync_file_range`),
-/// [`WRITEBACK_CHUNK_BYTES`] at a time with at most two chunks in flight.
-///
-/// Why: the segment files' bytes otherwise reach the disk all at once, when the
-/// checkpoint's `fdatasync`s (or the kernel's flusher) write seconds of them in one burst,
-/// and every WAL round (a producer's acknowledgement) then waits behind tens of MiB in the
-/// device's queue. Written back as they come, in short writes, a round waits behind at
-/// most two of them. Not a durability step: `sync_file_range` flushes neither the
-/// device's cache nor metadata, and the checkpoint's `fdatasync` still follows. Skipped
-/// when fsyncs are, like every other write to the disk that this crate asks for (on the
-/// power-loss tests' FUSE filesystem it would persist nothing either way: they fail as
-/// they should with or without the skip).
-pub(crate) fn write_back(file: &File, from: u64, to: u64) {
-    use std::os::unix::io::AsRawFd;
-    if crate::durable::fsync_skipped() || from >= to {
-        return;
-    }
-    let range = |start: u64, end: u64, flags: libc::c_uint| {
-        let (Ok(at), Ok(len)) = (libc::off64_t::try_from(start), libc::off64_t::try_from(end - start)) else { return };
-        // SAFETY: a writeback request on a descriptor we hold; no memory is passed.
-        // A failure (EIO) surfaces at the checkpoint's fdatasync.
-        unsafe { libc::sync_file_range(file.as_raw_fd(), at, len, flags) };
-    };
-    let mut in_flight: Option<(u64, u64)> = None;
-    let mut start = from;
-    while start < to {
-        let end = (start + WRITEBACK_CHUNK_BYTES).min(to);
-        range(start, end, libc::SYNC_FILE_RANGE_WRITE);
-        if let Some((a, b)) = in_flight.replace((start, end)) {
-            range(a, b, libc::SYNC_FILE_RANGE_WAIT_BEFORE);
-        }
-        start = end;
-    }
-    if let Some((a, b)) = in_flight {
-        range(a, b, libc::SYNC_FILE_RANGE_WAIT_BEFORE);
-    }
-}
-
 /// The WAL's file being written. Owned by the syncer's WAL thread.
 pub(crate) struct WalWriter {
     dir: PathBuf,
@@ -599,7 +539,7 @@ impl WalWriter {
             }
         };
         self.rounds_write_synced += u64::from(synced);
-        note_round_bytes(usize::try_from(end - self.position).unwrap_or(usize::MAX));
+        crate::segment::note_wal_round_bytes(usize::try_from(end - self.position).unwrap_or(usize::MAX));
         self.position = end;
         self.tail_page = tail_page;
         for partition in partitions {
@@ -982,21 +922,7 @@ fn checkpoint(dir: &Path, file: &Path, partitions: &[Arc<Partition>], report: bo
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_recent_round_size_follows_the_rounds() {
-        let mut recent = 0;
-        recent = moving_average(recent, 1 << 20);
-        assert_eq!(recent, 128 * 1024, "one large round moves it an eighth of the way");
-        for _ in 0..64 {
-            recent = moving_average(recent, 1 << 20);
-        }
-        assert!(recent > 1000 * 1024 && recent <= 1 << 20, "{recent}");
-        for _ in 0..64 {
-            recent = moving_average(recent, 8 * 1024);
-        }
-        assert!(recent < 16 * 1024, "{recent}");
-    }
+    use crate::page_cache::{write_back, WRITEBACK_CHUNK_BYTES};
 
     #[test]
     fn a_checkpoint_retried_on_a_full_disk_is_reported_once_a_minute() {
@@ -1025,8 +951,9 @@ mod tests {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(dir.path().join("segment")).unwrap();
         let bytes = 3 * WRITEBACK_CHUNK_BYTES + 4096;
         file.write_all_at(&vec![7u8; bytes as usize], 0).unwrap();
-        let dirty =
-            |from, to| crate::log::cachestat(&file, from, to - from).map(|stat| stat.nr_dirty + stat.nr_writeback);
+        let dirty = |from, to| {
+            crate::page_cache::cachestat(&file, from, to - from).map(|stat| stat.nr_dirty + stat.nr_writeback)
+        };
         let Some(before) = dirty(0, bytes) else { return }; // no cachestat (Linux < 6.5)
         assert!(before > 0, "a fresh write leaves dirty pages");
         write_back(&file, 0, 2 * WRITEBACK_CHUNK_BYTES + 4096);
@@ -1189,7 +1116,7 @@ mod tests {
         }
         if direct_supported {
             // Written around the page cache: a round's pages are not kept in memory.
-            let cached = crate::log::cached_pages(&writer.file, 0, writer.position);
+            let cached = crate::page_cache::cached_pages(&writer.file, 0, writer.position);
             assert!(cached.is_none_or(|pages| pages == 0), "{cached:?} WAL pages cached");
         }
         let data = std::fs::read(&writer.path).unwrap();

@@ -474,7 +474,7 @@ impl Partition {
             pages.write();
         }
         if let Some((file, from, to)) = range {
-            crate::wal::write_back(&file, from, to);
+            crate::page_cache::write_back(&file, from, to);
         }
         let work = {
             let mut state = self.state.lock();
@@ -663,7 +663,7 @@ impl Partition {
             pages.write();
         }
         if let Some((file, from, to)) = range {
-            crate::wal::write_back(&file, from, to);
+            crate::page_cache::write_back(&file, from, to);
         }
     }
 

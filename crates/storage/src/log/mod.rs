@@ -30,10 +30,6 @@
 mod append;
 pub(crate) use self::append::CheckpointSync;
 mod read;
-#[cfg(test)]
-pub(crate) use read::cached_pages;
-pub(crate) use read::missing_pages;
-pub use read::{cachestat, Cachestat};
 mod recovery;
 mod retention;
 mod tier;

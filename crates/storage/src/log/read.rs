@@ -14,8 +14,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -621,60 +620,5 @@ fn scan_headers(
 /// (`cachestat`, Linux 6.5). False when that cannot be told.
 fn all_cached(file: &File, position: u64, length: u64) -> bool {
     assert!(length > 0);
-    missing_pages(file, position, length) == Some(0)
-}
-
-fn page_bytes() -> u64 {
-    static PAGE_BYTES: OnceLock<u64> = OnceLock::new();
-    *PAGE_BYTES.get_or_init(|| {
-        // SAFETY: sysconf has no preconditions.
-        u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
-    })
-}
-
-/// How many pages of `file` in [position, position + length) are not in the page cache
-/// (`cachestat`, Linux 6.5); `None` when that cannot be told.
-pub(crate) fn missing_pages(file: &File, position: u64, length: u64) -> Option<u64> {
-    if length == 0 {
-        return Some(0);
-    }
-    let page = page_bytes();
-    let pages = (position + length - 1) / page - position / page + 1;
-    cached_pages(file, position, length).map(|cached| pages.saturating_sub(cached))
-}
-
-/// How many pages of `file` in [position, position + length) are in the page cache
-/// (`cachestat`, Linux 6.5); `None` when that cannot be told.
-pub(crate) fn cached_pages(file: &File, position: u64, length: u64) -> Option<u64> {
-    cachestat(file, position, length).map(|stat| stat.nr_cache)
-}
-
-/// The page-cache state of a file range, as `cachestat` (Linux 6.5) reports it.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct Cachestat {
-    pub nr_cache: u64,
-    pub nr_dirty: u64,
-    pub nr_writeback: u64,
-    pub nr_evicted: u64,
-    pub nr_recently_evicted: u64,
-}
-
-/// `cachestat` of `file` in [position, position + length); `None` when the kernel cannot
-/// tell (before Linux 6.5).
-pub fn cachestat(file: &File, position: u64, length: u64) -> Option<Cachestat> {
-    #[repr(C)]
-    struct CachestatRange {
-        off: u64,
-        len: u64,
-    }
-    /// The same number on every architecture (added after the tables were unified).
-    const SYS_CACHESTAT: libc::c_long = 451;
-    let range = CachestatRange { off: position, len: length };
-    let mut stat = Cachestat::default();
-    // SAFETY: both pointers are to live, properly laid out structs for the call's duration.
-    let done = unsafe {
-        libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const CachestatRange, &mut stat as *mut Cachestat, 0)
-    };
-    (done == 0).then_some(stat)
+    crate::page_cache::missing_pages(file, position, length) == Some(0)
 }
