@@ -232,16 +232,21 @@ fn read_in_pieces(file: &File, buffer: &mut BytesMut, length: usize, position: u
         let piece_end = (buffer.len() + COLD_READ_PIECE_BYTES).min(length);
         let piece_at = position + buffer.len() as u64;
         let piece_length = (piece_end - buffer.len()) as u64;
-        if crate::page_cache::missing_pages(file, piece_at, piece_length).is_some_and(|missing| missing > 0) {
+        let missing = crate::page_cache::missing_pages(file, piece_at, piece_length);
+        if missing.is_some_and(|missing| missing > 0) {
             fill_to(file, buffer, piece_end, position, 0)?;
             from_disk = true;
             continue;
         }
         match fill_to(file, buffer, piece_end, position, libc::RWF_NOWAIT) {
             Ok(()) => {}
+            // When every page was cached a moment ago, the kernel held one locked for a moment
+            // (compaction, writeback): the blocking read waits for the lock, not the disk, and
+            // the pages stay cached (dropped, the tailing readers of a cached range would go
+            // to the disk). Without `cachestat` the refusal is the only sign of a miss.
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 fill_to(file, buffer, piece_end, position, 0)?;
-                from_disk = true;
+                from_disk |= missing.is_none();
             }
             // RWF_NOWAIT unsupported (FUSE): whether the bytes were cached is unknown.
             Err(error) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
