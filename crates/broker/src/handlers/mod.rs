@@ -73,341 +73,197 @@ struct Exchange {
     authorized_operations: authorize::OperationsWanted,
 }
 
-/// Runs one request of an authenticated client. The memory the request was charged
-/// (connection.rs) is held by the connection until the response is written.
+impl Exchange {
+    fn of(request: &Request) -> Exchange {
+        let produce_bytes = match &request.body {
+            RequestKind::Produce(request) => request
+                .topic_data
+                .iter()
+                .flat_map(|t| &t.partition_data)
+                .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
+                .sum(),
+            _ => 0,
+        };
+        let consumer_fetch = match &request.body {
+            RequestKind::Fetch(request) => request.replica_id.0 < 0 && request.replica_state.replica_id.0 < 0,
+            _ => false,
+        };
+        Exchange {
+            api_key: request.api_key,
+            api_version: request.api_version,
+            correlation_id: request.correlation_id,
+            arrived: std::time::Instant::now(),
+            client_id: request.client_id.clone(),
+            produce_bytes,
+            consumer_fetch,
+            authorized_operations: authorize::OperationsWanted::of(&request.body),
+        }
+    }
+}
+
+/// Runs one request of an authenticated client: authorization (the rules of
+/// `authorize::rule`, by API), the handler ([`route`]), then [`respond`]. The memory the
+/// request was charged (connection.rs) is held by the connection until the response is
+/// written.
 pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientSession) -> ResponseFuture {
-    let peer = &session.peer;
-    let Request { api_key, api_version, correlation_id, body, client_id } = request;
-    let arrived = std::time::Instant::now();
-    let broker = broker.clone();
-    let metered = broker.clone();
-    let produce_bytes = match &body {
-        RequestKind::Produce(request) => request
-            .topic_data
-            .iter()
-            .flat_map(|t| &t.partition_data)
-            .map(|p| p.records.as_ref().map_or(0, |r| r.len() as u64))
-            .sum(),
-        _ => 0,
-    };
-    let consumer_fetch = match &body {
-        RequestKind::Fetch(request) => request.replica_id.0 < 0 && request.replica_state.replica_id.0 < 0,
-        _ => false,
-    };
-    let exchange = Exchange {
-        api_key,
-        api_version,
-        correlation_id,
-        arrived,
-        client_id: client_id.clone(),
-        produce_bytes,
-        consumer_fetch,
-        authorized_operations: authorize::OperationsWanted::of(&body),
-    };
-    let (body, denied) = match authorize::before(&broker, session, api_key, body) {
+    let exchange = Exchange::of(&request);
+    let Request { api_key, api_version, body, client_id, .. } = request;
+    let (body, denied) = match authorize::before(broker, session, api_key, body) {
         Ok(checked) => checked,
         Err(refused) => {
-            return respond(metered, session.clone(), exchange, ready(*refused), authorize::Denied::default(), None);
+            let denied = authorize::Denied::default();
+            return respond(broker.clone(), session.clone(), exchange, now(*refused), denied, None);
         }
     };
-    let mut file_chunks: Option<FileChunks> = None;
-    let response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> = match body {
-        RequestKind::ApiVersions(_) => ready(ResponseKind::ApiVersions(api_versions_response(0))),
-        RequestKind::Produce(request) => {
-            let pending = produce::append(&broker, request, session);
-            Box::pin(async move { pending.await.map(ResponseKind::Produce) })
+    let call = Call { broker: broker.clone(), session: session.clone(), api_version, client_id };
+    let mut file_chunks = None;
+    let answer = route(&call, body, &mut file_chunks);
+    respond(call.broker, call.session, exchange, answer, denied, file_chunks)
+}
+
+/// What a handler may take besides its request; owned, since its future outlives
+/// [`dispatch`].
+#[derive(Clone)]
+struct Call {
+    broker: Arc<Broker>,
+    session: ClientSession,
+    api_version: i16,
+    client_id: Option<StrBytes>,
+}
+
+/// A handler's answer to come: `None` when the request gets no response (acks=0).
+type Answer = Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>;
+
+/// A handler that answers at once.
+fn now(response: ResponseKind) -> Answer {
+    Box::pin(std::future::ready(Some(response)))
+}
+
+/// A handler that did its synchronous part already and returned the rest as `pending`.
+fn pending<R: Send + 'static>(pending: impl Future<Output = R> + Send + 'static, kind: fn(R) -> ResponseKind) -> Answer {
+    Box::pin(async move { Some(kind(pending.await)) })
+}
+
+/// An async handler run on the call's own broker and session (bound to the two patterns),
+/// its answer as `ResponseKind::$kind`.
+macro_rules! later {
+    ($call:expr, $kind:ident, |$broker:pat_param, $session:pat_param| $handler:expr) => {{
+        let Call { broker: $broker, session: $session, .. } = $call.clone();
+        Box::pin(async move { Some(ResponseKind::$kind($handler.await)) }) as Answer
+    }};
+}
+
+/// The handler of each request kind: one row per API (authorization is declared per API in
+/// `authorize::rule`). A fetch leaves the file chunks its response sends in `file_chunks`.
+fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -> Answer {
+    use RequestKind as Rq;
+    use ResponseKind as Rs;
+    let (broker, session, version) = (&call.broker, &call.session, call.api_version);
+    let (client_id, listener) = (call.client_id.clone(), session.listener);
+    match body {
+        Rq::ApiVersions(_) => now(Rs::ApiVersions(api_versions_response(0))),
+        Rq::Produce(r) => {
+            let appended = produce::append(broker, r, session);
+            Box::pin(async move { appended.await.map(Rs::Produce) })
         }
-        RequestKind::Fetch(request) => {
-            let session = session.clone();
-            let files = file_chunks.insert(FileChunks::default()).clone();
-            Box::pin(async move {
-                let (response, chunks) = fetch::handle(&broker, request, api_version, &session).await;
-                *files.lock() = chunks;
-                Some(ResponseKind::Fetch(response))
-            })
+        Rq::Fetch(r) => fetch_answer(call, r, file_chunks.insert(FileChunks::default()).clone()),
+        Rq::ListOffsets(r) => later!(call, ListOffsets, |b, _| offsets::list_offsets(&b, r, version)),
+        Rq::DeleteRecords(r) => later!(call, DeleteRecords, |b, _| offsets::delete_records(&b, r)),
+        Rq::Metadata(r) if admin::may_create_logs(broker, &r) => {
+            let broker = broker.clone();
+            Box::pin(on_blocking_pool(move || Rs::Metadata(admin::metadata(&broker, r, listener))))
         }
-        RequestKind::ListOffsets(request) => Box::pin(async move {
-            Some(ResponseKind::ListOffsets(offsets::list_offsets(&broker, request, api_version).await))
-        }),
-        RequestKind::DeleteRecords(request) => {
-            Box::pin(async move { Some(ResponseKind::DeleteRecords(offsets::delete_records(&broker, request).await)) })
+        Rq::Metadata(r) => now(Rs::Metadata(admin::metadata(broker, r, listener))),
+        Rq::CreateTopics(r) => later!(call, CreateTopics, |b, _| admin::create_topics(b, r, version)),
+        Rq::DeleteTopics(r) => later!(call, DeleteTopics, |b, _| admin::delete_topics(b, r)),
+        Rq::CreatePartitions(r) => later!(call, CreatePartitions, |b, _| admin::create_partitions(b, r)),
+        Rq::AlterPartitionReassignments(r) => {
+            later!(call, AlterPartitionReassignments, |b, _| reassignments::alter(b, r))
         }
-        RequestKind::Metadata(request) if admin::may_create_logs(&broker, &request) => {
-            let listener = session.listener;
-            Box::pin(on_blocking_pool(move || ResponseKind::Metadata(admin::metadata(&broker, request, listener))))
+        Rq::ListPartitionReassignments(r) => now(Rs::ListPartitionReassignments(reassignments::list(broker, r))),
+        Rq::DescribeLogDirs(r) => now(Rs::DescribeLogDirs(admin::describe_log_dirs(broker, r))),
+        Rq::DescribeCluster(r) => now(Rs::DescribeCluster(admin::describe_cluster(broker, r, listener))),
+        Rq::InitProducerId(r) if r.transactional_id.is_some() => {
+            later!(call, InitProducerId, |b, s| transactions::init_producer_id(&b, &s, r))
         }
-        RequestKind::Metadata(request) => {
-            ready(ResponseKind::Metadata(admin::metadata(&broker, request, session.listener)))
+        Rq::InitProducerId(r) => now(Rs::InitProducerId(admin::init_producer_id(broker, r))),
+        Rq::AddPartitionsToTxn(r) => later!(call, AddPartitionsToTxn, |b, s| transactions::add_partitions(&b, &s, r)),
+        Rq::AddOffsetsToTxn(r) => later!(call, AddOffsetsToTxn, |b, s| transactions::add_offsets(&b, &s, r)),
+        Rq::TxnOffsetCommit(r) => {
+            later!(call, TxnOffsetCommit, |b, s| transactions::txn_offset_commit(&b, &s, r, version))
         }
-        RequestKind::CreateTopics(request) => Box::pin(async move {
-            Some(ResponseKind::CreateTopics(admin::create_topics(broker, request, api_version).await))
-        }),
-        RequestKind::DeleteTopics(request) => {
-            Box::pin(async move { Some(ResponseKind::DeleteTopics(admin::delete_topics(broker, request).await)) })
+        Rq::EndTxn(r) => later!(call, EndTxn, |b, s| transactions::end(&b, &s, r)),
+        Rq::WriteTxnMarkers(r) => later!(call, WriteTxnMarkers, |b, _| transactions::write_markers(&b, r)),
+        Rq::ListTransactions(r) => now(Rs::ListTransactions(transactions::list(broker, session, r))),
+        Rq::DescribeTransactions(r) => now(Rs::DescribeTransactions(transactions::describe(broker, session, r))),
+        Rq::DescribeProducers(r) => now(Rs::DescribeProducers(transactions::describe_producers(broker, session, r))),
+        Rq::DescribeConfigs(r) => now(Rs::DescribeConfigs(configs::describe(broker, r, version))),
+        Rq::AlterConfigs(r) => later!(call, AlterConfigs, |b, _| configs::alter(&b, r)),
+        Rq::IncrementalAlterConfigs(r) => {
+            later!(call, IncrementalAlterConfigs, |b, _| configs::incremental_alter(&b, r))
         }
-        RequestKind::CreatePartitions(request) => {
-            Box::pin(
-                async move { Some(ResponseKind::CreatePartitions(admin::create_partitions(broker, request).await)) },
-            )
+        Rq::FindCoordinator(r) => now(Rs::FindCoordinator(groups::find_coordinator(broker, r, version, listener))),
+        Rq::JoinGroup(r) => {
+            let host = client_host(&session.peer);
+            pending(groups::join_group(broker, r, version, client_id, host), Rs::JoinGroup)
         }
-        RequestKind::AlterPartitionReassignments(request) => Box::pin(async move {
-            Some(ResponseKind::AlterPartitionReassignments(reassignments::alter(broker, request).await))
-        }),
-        RequestKind::DescribeLogDirs(request) => {
-            ready(ResponseKind::DescribeLogDirs(admin::describe_log_dirs(&broker, request)))
+        Rq::SyncGroup(r) => pending(groups::sync_group(broker, r), Rs::SyncGroup),
+        Rq::Heartbeat(r) => now(Rs::Heartbeat(groups::heartbeat(broker, r))),
+        Rq::LeaveGroup(r) => now(Rs::LeaveGroup(groups::leave_group(broker, r, version))),
+        Rq::OffsetCommit(r) => pending(groups::offset_commit(broker, r, version), Rs::OffsetCommit),
+        Rq::OffsetFetch(r) => now(Rs::OffsetFetch(groups::offset_fetch(broker, r, version))),
+        Rq::OffsetDelete(r) => pending(groups::offset_delete(broker, r), Rs::OffsetDelete),
+        Rq::ListGroups(r) => now(Rs::ListGroups(groups::list_groups(broker, r))),
+        Rq::DescribeGroups(r) => now(Rs::DescribeGroups(groups::describe_groups(broker, r))),
+        Rq::DeleteGroups(r) => pending(groups::delete_groups(broker, r), Rs::DeleteGroups),
+        Rq::ConsumerGroupHeartbeat(r) => {
+            let host = client_host(&session.peer);
+            now(Rs::ConsumerGroupHeartbeat(consumer_groups::heartbeat(broker, r, version, client_id, host)))
         }
-        RequestKind::ListPartitionReassignments(request) => {
-            ready(ResponseKind::ListPartitionReassignments(reassignments::list(&broker, request)))
+        Rq::ConsumerGroupDescribe(r) => now(Rs::ConsumerGroupDescribe(consumer_groups::describe(broker, r, version))),
+        Rq::ShareGroupHeartbeat(r) => {
+            now(Rs::ShareGroupHeartbeat(share::heartbeat(broker, r, client_id, client_host(&session.peer))))
         }
-        RequestKind::DescribeCluster(request) => {
-            ready(ResponseKind::DescribeCluster(admin::describe_cluster(&broker, request, session.listener)))
+        Rq::ShareGroupDescribe(r) => now(Rs::ShareGroupDescribe(share::describe(broker, r))),
+        Rq::ShareFetch(r) => later!(call, ShareFetch, |b, s| share::fetch(&b, &s, r)),
+        Rq::ShareAcknowledge(r) => later!(call, ShareAcknowledge, |b, _| share::acknowledge_request(&b, r)),
+        Rq::DescribeShareGroupOffsets(r) => {
+            later!(call, DescribeShareGroupOffsets, |b, _| share::describe_offsets(&b, r))
         }
-        RequestKind::InitProducerId(request) if request.transactional_id.is_some() => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::InitProducerId(transactions::init_producer_id(&broker, &session, request).await))
-            })
+        Rq::AlterShareGroupOffsets(r) => later!(call, AlterShareGroupOffsets, |b, _| share::alter_offsets(&b, r)),
+        Rq::DeleteShareGroupOffsets(r) => later!(call, DeleteShareGroupOffsets, |b, _| share::delete_offsets(&b, r)),
+        Rq::InitializeShareGroupState(r) => {
+            later!(call, InitializeShareGroupState, |b, s| share::initialize_state(&b, &s, r))
         }
-        RequestKind::InitProducerId(request) => {
-            ready(ResponseKind::InitProducerId(admin::init_producer_id(&broker, request)))
+        Rq::ReadShareGroupState(r) => later!(call, ReadShareGroupState, |b, s| share::read_state(&b, &s, r)),
+        Rq::WriteShareGroupState(r) => later!(call, WriteShareGroupState, |b, s| share::write_state(&b, &s, r)),
+        Rq::DeleteShareGroupState(r) => later!(call, DeleteShareGroupState, |b, s| share::delete_state(&b, &s, r)),
+        Rq::ReadShareGroupStateSummary(r) => {
+            now(Rs::ReadShareGroupStateSummary(share::read_state_summary(broker, session, r)))
         }
-        RequestKind::AddPartitionsToTxn(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::AddPartitionsToTxn(transactions::add_partitions(&broker, &session, request).await))
-            })
-        }
-        RequestKind::AddOffsetsToTxn(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::AddOffsetsToTxn(transactions::add_offsets(&broker, &session, request).await))
-            })
-        }
-        RequestKind::TxnOffsetCommit(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                let response = transactions::txn_offset_commit(&broker, &session, request, api_version).await;
-                Some(ResponseKind::TxnOffsetCommit(response))
-            })
-        }
-        RequestKind::EndTxn(request) => {
-            let session = session.clone();
-            Box::pin(async move { Some(ResponseKind::EndTxn(transactions::end(&broker, &session, request).await)) })
-        }
-        RequestKind::ListTransactions(request) => {
-            ready(ResponseKind::ListTransactions(transactions::list(&broker, session, request)))
-        }
-        RequestKind::DescribeTransactions(request) => {
-            ready(ResponseKind::DescribeTransactions(transactions::describe(&broker, session, request)))
-        }
-        RequestKind::DescribeProducers(request) => {
-            ready(ResponseKind::DescribeProducers(transactions::describe_producers(&broker, session, request)))
-        }
-        RequestKind::WriteTxnMarkers(request) => {
-            Box::pin(
-                async move { Some(ResponseKind::WriteTxnMarkers(transactions::write_markers(&broker, request).await)) },
-            )
-        }
-        RequestKind::DescribeConfigs(request) => {
-            ready(ResponseKind::DescribeConfigs(configs::describe(&broker, request, api_version)))
-        }
-        RequestKind::AlterConfigs(request) => {
-            Box::pin(async move { Some(ResponseKind::AlterConfigs(configs::alter(&broker, request).await)) })
-        }
-        RequestKind::IncrementalAlterConfigs(request) => Box::pin(async move {
-            Some(ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&broker, request).await))
-        }),
-        RequestKind::FindCoordinator(request) => ready(ResponseKind::FindCoordinator(groups::find_coordinator(
-            &broker,
-            request,
-            api_version,
-            session.listener,
-        ))),
-        RequestKind::JoinGroup(request) => {
-            let pending = groups::join_group(&broker, request, api_version, client_id, client_host(peer));
-            Box::pin(async move { Some(ResponseKind::JoinGroup(pending.await)) })
-        }
-        RequestKind::SyncGroup(request) => {
-            let pending = groups::sync_group(&broker, request);
-            Box::pin(async move { Some(ResponseKind::SyncGroup(pending.await)) })
-        }
-        RequestKind::Heartbeat(request) => ready(ResponseKind::Heartbeat(groups::heartbeat(&broker, request))),
-        RequestKind::LeaveGroup(request) => {
-            ready(ResponseKind::LeaveGroup(groups::leave_group(&broker, request, api_version)))
-        }
-        RequestKind::OffsetCommit(request) => {
-            let pending = groups::offset_commit(&broker, request, api_version);
-            Box::pin(async move { Some(ResponseKind::OffsetCommit(pending.await)) })
-        }
-        RequestKind::OffsetFetch(request) => {
-            ready(ResponseKind::OffsetFetch(groups::offset_fetch(&broker, request, api_version)))
-        }
-        RequestKind::OffsetDelete(request) => {
-            let pending = groups::offset_delete(&broker, request);
-            Box::pin(async move { Some(ResponseKind::OffsetDelete(pending.await)) })
-        }
-        RequestKind::ListGroups(request) => ready(ResponseKind::ListGroups(groups::list_groups(&broker, request))),
-        RequestKind::DescribeGroups(request) => {
-            ready(ResponseKind::DescribeGroups(groups::describe_groups(&broker, request)))
-        }
-        RequestKind::ConsumerGroupHeartbeat(request) => ready(ResponseKind::ConsumerGroupHeartbeat(
-            consumer_groups::heartbeat(&broker, request, api_version, client_id, client_host(peer)),
-        )),
-        RequestKind::ShareGroupHeartbeat(request) => {
-            ready(ResponseKind::ShareGroupHeartbeat(share::heartbeat(&broker, request, client_id, client_host(peer))))
-        }
-        RequestKind::ShareGroupDescribe(request) => {
-            ready(ResponseKind::ShareGroupDescribe(share::describe(&broker, request)))
-        }
-        RequestKind::DescribeShareGroupOffsets(request) => Box::pin(async move {
-            Some(ResponseKind::DescribeShareGroupOffsets(share::describe_offsets(&broker, request).await))
-        }),
-        RequestKind::ReadShareGroupState(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::ReadShareGroupState(share::read_state(&broker, &session, request).await))
-            })
-        }
-        RequestKind::WriteShareGroupState(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                Some(ResponseKind::WriteShareGroupState(share::write_state(&broker, &session, request).await))
-            })
-        }
-        RequestKind::AlterShareGroupOffsets(request) => {
-            Box::pin(
-                async move { Some(ResponseKind::AlterShareGroupOffsets(share::alter_offsets(&broker, request).await)) },
-            )
-        }
-        RequestKind::DeleteShareGroupOffsets(request) => Box::pin(async move {
-            Some(ResponseKind::DeleteShareGroupOffsets(share::delete_offsets(&broker, request).await))
-        }),
-        RequestKind::InitializeShareGroupState(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                use kafka_protocol::messages::initialize_share_group_state_response::{
-                    InitializeStateResult, PartitionResult,
-                };
-                let changes = request
-                    .topics
-                    .into_iter()
-                    .map(|t| {
-                        let partitions = t
-                            .partitions
-                            .into_iter()
-                            .map(|p| {
-                                (p.partition, sluice_coordinator::share::store::AdminChange::Start(p.start_offset))
-                            })
-                            .collect();
-                        (t.topic_id, partitions)
-                    })
-                    .collect();
-                let results = share::administer_state(&broker, &session, &request.group_id, changes).await;
-                let mut response = kafka_protocol::messages::InitializeShareGroupStateResponse::default();
-                response.results = results
-                    .into_iter()
-                    .map(|(topic_id, codes)| {
-                        let mut result = InitializeStateResult::default();
-                        result.topic_id = topic_id;
-                        result.partitions = codes
-                            .into_iter()
-                            .map(|(partition, code)| {
-                                PartitionResult::default().with_partition(partition).with_error_code(code)
-                            })
-                            .collect();
-                        result
-                    })
-                    .collect();
-                Some(ResponseKind::InitializeShareGroupState(response))
-            })
-        }
-        RequestKind::DeleteShareGroupState(request) => {
-            let session = session.clone();
-            Box::pin(async move {
-                use kafka_protocol::messages::delete_share_group_state_response::{DeleteStateResult, PartitionResult};
-                let changes = request
-                    .topics
-                    .into_iter()
-                    .map(|t| {
-                        let partitions = t
-                            .partitions
-                            .into_iter()
-                            .map(|p| (p.partition, sluice_coordinator::share::store::AdminChange::Delete))
-                            .collect();
-                        (t.topic_id, partitions)
-                    })
-                    .collect();
-                let results = share::administer_state(&broker, &session, &request.group_id, changes).await;
-                let mut response = kafka_protocol::messages::DeleteShareGroupStateResponse::default();
-                response.results = results
-                    .into_iter()
-                    .map(|(topic_id, codes)| {
-                        let mut result = DeleteStateResult::default();
-                        result.topic_id = topic_id;
-                        result.partitions = codes
-                            .into_iter()
-                            .map(|(partition, code)| {
-                                PartitionResult::default().with_partition(partition).with_error_code(code)
-                            })
-                            .collect();
-                        result
-                    })
-                    .collect();
-                Some(ResponseKind::DeleteShareGroupState(response))
-            })
-        }
-        RequestKind::ReadShareGroupStateSummary(request) => {
-            ready(ResponseKind::ReadShareGroupStateSummary(share::read_state_summary(&broker, session, request)))
-        }
-        RequestKind::ShareFetch(request) => {
-            let session = session.clone();
-            Box::pin(async move { Some(ResponseKind::ShareFetch(share::fetch(&broker, &session, request).await)) })
-        }
-        RequestKind::ShareAcknowledge(request) => {
-            Box::pin(
-                async move { Some(ResponseKind::ShareAcknowledge(share::acknowledge_request(&broker, request).await)) },
-            )
-        }
-        RequestKind::ConsumerGroupDescribe(request) => {
-            ready(ResponseKind::ConsumerGroupDescribe(consumer_groups::describe(&broker, request, api_version)))
-        }
-        RequestKind::DeleteGroups(request) => {
-            let pending = groups::delete_groups(&broker, request);
-            Box::pin(async move { Some(ResponseKind::DeleteGroups(pending.await)) })
-        }
-        RequestKind::CreateAcls(request) => {
-            let session = session.clone();
-            Box::pin(async move { Some(ResponseKind::CreateAcls(acls::create(&broker, &session, request).await)) })
-        }
-        RequestKind::DescribeAcls(request) => {
-            ready(ResponseKind::DescribeAcls(acls::describe(&broker, session, request)))
-        }
-        RequestKind::DeleteAcls(request) => {
-            let session = session.clone();
-            Box::pin(async move { Some(ResponseKind::DeleteAcls(acls::delete(&broker, &session, request).await)) })
-        }
-        RequestKind::DescribeClientQuotas(request) => {
-            ready(ResponseKind::DescribeClientQuotas(quotas::describe(&broker, session, request)))
-        }
-        RequestKind::AlterClientQuotas(request) => {
-            let session = session.clone();
-            Box::pin(
-                async move { Some(ResponseKind::AlterClientQuotas(quotas::alter(&broker, &session, request).await)) },
-            )
-        }
-        RequestKind::DescribeUserScramCredentials(request) => {
-            ready(ResponseKind::DescribeUserScramCredentials(users::describe(&broker, request)))
-        }
-        RequestKind::AlterUserScramCredentials(request) => {
-            Box::pin(async move { Some(ResponseKind::AlterUserScramCredentials(users::alter(&broker, request).await)) })
-        }
+        Rq::CreateAcls(r) => later!(call, CreateAcls, |b, s| acls::create(&b, &s, r)),
+        Rq::DescribeAcls(r) => now(Rs::DescribeAcls(acls::describe(broker, session, r))),
+        Rq::DeleteAcls(r) => later!(call, DeleteAcls, |b, s| acls::delete(&b, &s, r)),
+        Rq::DescribeClientQuotas(r) => now(Rs::DescribeClientQuotas(quotas::describe(broker, session, r))),
+        Rq::AlterClientQuotas(r) => later!(call, AlterClientQuotas, |b, s| quotas::alter(&b, &s, r)),
+        Rq::DescribeUserScramCredentials(r) => now(Rs::DescribeUserScramCredentials(users::describe(broker, r))),
+        Rq::AlterUserScramCredentials(r) => later!(call, AlterUserScramCredentials, |b, _| users::alter(&b, r)),
         other => {
             // parse_request only lets advertised APIs through; this is a bug, not bad input.
-            tracing::error!(?api_key, "no handler for advertised api: {:?}", std::mem::discriminant(&other));
+            tracing::error!("no handler for an advertised api: {:?}", std::mem::discriminant(&other));
             Box::pin(async { None })
         }
-    };
-    respond(metered, session.clone(), exchange, response, denied, file_chunks)
+    }
+}
+
+/// A Fetch's answer; the file chunks its response's placeholders stand for go to `files`.
+fn fetch_answer(call: &Call, request: kafka_protocol::messages::FetchRequest, files: FileChunks) -> Answer {
+    let Call { broker, session, api_version, .. } = call.clone();
+    Box::pin(async move {
+        let (response, chunks) = fetch::handle(&broker, request, api_version, &session).await;
+        *files.lock() = chunks;
+        Some(ResponseKind::Fetch(response))
+    })
 }
 
 /// Awaits a handler's response, completes its authorization masks, charges quotas, meters
@@ -579,10 +435,6 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         DescribeTransactions,
         DescribeProducers,
     )
-}
-
-fn ready(response: ResponseKind) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
-    Box::pin(std::future::ready(Some(response)))
 }
 
 pub(crate) fn str_bytes(text: &str) -> StrBytes {

@@ -23,11 +23,12 @@ use kafka_protocol::messages::share_group_heartbeat_response::{self as heartbeat
 use kafka_protocol::messages::write_share_group_state_response as write_state_response;
 use kafka_protocol::messages::{
     AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse, DeleteShareGroupOffsetsRequest,
-    DeleteShareGroupOffsetsResponse, ReadShareGroupStateRequest, ReadShareGroupStateResponse,
-    ReadShareGroupStateSummaryRequest, ReadShareGroupStateSummaryResponse, ShareAcknowledgeRequest,
-    ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse, ShareGroupDescribeRequest,
-    ShareGroupDescribeResponse, ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse, TopicName,
-    WriteShareGroupStateRequest, WriteShareGroupStateResponse,
+    DeleteShareGroupOffsetsResponse, DeleteShareGroupStateRequest, DeleteShareGroupStateResponse,
+    InitializeShareGroupStateRequest, InitializeShareGroupStateResponse, ReadShareGroupStateRequest,
+    ReadShareGroupStateResponse, ReadShareGroupStateSummaryRequest, ReadShareGroupStateSummaryResponse,
+    ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest, ShareFetchResponse,
+    ShareGroupDescribeRequest, ShareGroupDescribeResponse, ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse,
+    TopicName, WriteShareGroupStateRequest, WriteShareGroupStateResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -732,9 +733,62 @@ pub(super) fn read_state_summary(
     response
 }
 
-/// InitializeShareGroupState / DeleteShareGroupState (broker to broker; CLUSTER_ACTION): a
-/// group coordinator's administrative change of share-partitions stored here.
-pub(super) async fn administer_state(
+/// InitializeShareGroupState (broker to broker): each named share-partition starts at the
+/// given offset.
+pub(super) async fn initialize_state(
+    broker: &Arc<Broker>,
+    client: &ClientSession,
+    request: InitializeShareGroupStateRequest,
+) -> InitializeShareGroupStateResponse {
+    use kafka_protocol::messages::initialize_share_group_state_response::{InitializeStateResult, PartitionResult};
+    let changes = request
+        .topics
+        .into_iter()
+        .map(|t| {
+            (t.topic_id, t.partitions.into_iter().map(|p| (p.partition, AdminChange::Start(p.start_offset))).collect())
+        })
+        .collect();
+    let mut response = InitializeShareGroupStateResponse::default();
+    for (topic_id, codes) in administer_state(broker, client, &request.group_id, changes).await {
+        let mut result = InitializeStateResult::default();
+        result.topic_id = topic_id;
+        result.partitions = codes
+            .into_iter()
+            .map(|(partition, code)| PartitionResult::default().with_partition(partition).with_error_code(code))
+            .collect();
+        response.results.push(result);
+    }
+    response
+}
+
+/// DeleteShareGroupState (broker to broker): the named share-partitions' state is deleted.
+pub(super) async fn delete_state(
+    broker: &Arc<Broker>,
+    client: &ClientSession,
+    request: DeleteShareGroupStateRequest,
+) -> DeleteShareGroupStateResponse {
+    use kafka_protocol::messages::delete_share_group_state_response::{DeleteStateResult, PartitionResult};
+    let changes = request
+        .topics
+        .into_iter()
+        .map(|t| (t.topic_id, t.partitions.into_iter().map(|p| (p.partition, AdminChange::Delete)).collect()))
+        .collect();
+    let mut response = DeleteShareGroupStateResponse::default();
+    for (topic_id, codes) in administer_state(broker, client, &request.group_id, changes).await {
+        let mut result = DeleteStateResult::default();
+        result.topic_id = topic_id;
+        result.partitions = codes
+            .into_iter()
+            .map(|(partition, code)| PartitionResult::default().with_partition(partition).with_error_code(code))
+            .collect();
+        response.results.push(result);
+    }
+    response
+}
+
+/// A group coordinator's administrative change of share-partitions stored here
+/// (InitializeShareGroupState, DeleteShareGroupState; CLUSTER_ACTION).
+async fn administer_state(
     broker: &Arc<Broker>,
     client: &ClientSession,
     group_id: &str,
