@@ -7,6 +7,7 @@
 //! reaches into them through their APIs and they reach back only through [`CoordinatorHost`].
 
 pub mod group;
+pub mod internal_log;
 pub mod share;
 pub mod state_log;
 pub mod txn;

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_storage::{LogConfig, Partition, Syncer};
 
-use crate::group::journal::{encode_internal_batch, read_internal_log, InternalLog, LogWriteError};
+use crate::internal_log::{encode_internal_batch, read_internal_log, InternalLog, LogWriteError};
 use sluice_replication::Replica;
 
 /// The largest batch appended (one change, or a part of a snapshot).

@@ -140,7 +140,10 @@ fn now(response: ResponseKind) -> Answer {
 }
 
 /// A handler that did its synchronous part already and returned the rest as `pending`.
-fn pending<R: Send + 'static>(pending: impl Future<Output = R> + Send + 'static, kind: fn(R) -> ResponseKind) -> Answer {
+fn pending<R: Send + 'static>(
+    pending: impl Future<Output = R> + Send + 'static,
+    kind: fn(R) -> ResponseKind,
+) -> Answer {
     Box::pin(async move { Some(kind(pending.await)) })
 }
 
