@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::Broker;
 use sluice_config::ClusterConfig;
-use sluice_coordinator::group::placement::IncomingLeaderships;
+use sluice_coordinator::placement::IncomingLeaderships;
 use sluice_meta::topics::TopicMeta;
 use sluice_replication::{Assignment, IsrChanges, ReplicaManager};
 

@@ -8,6 +8,8 @@
 
 pub mod group;
 pub mod internal_log;
+pub mod leadership;
+pub mod placement;
 pub mod share;
 pub mod state_log;
 pub mod txn;

@@ -31,12 +31,12 @@ use crate::metadata_writes::{MetadataWriter, NewTopic};
 use crate::Broker;
 use sluice_coordinator::group::error::GroupError;
 use sluice_coordinator::group::offsets::CommittedOffset;
-use sluice_coordinator::group::placement::partition_for;
 use sluice_coordinator::group::state::{JoinRequest, JoinResponse, Protocol, Reply, SyncRequest, SyncResponse};
 use sluice_coordinator::group::{
     validate_group_id, Committer, GroupCoordinator, OffsetQuery, LONG_POLL_SLACK_MS, OFFSETS_BATCH_BYTES_MAX,
     OFFSETS_TOPIC, OFFSET_METADATA_BYTES_MAX, REBALANCE_TIMEOUT_MS_MAX,
 };
+use sluice_coordinator::placement::partition_for;
 use sluice_coordinator::txn::log::{TXN_LOG_BATCH_BYTES_MAX, TXN_LOG_SEGMENT_BYTES, TXN_STATE_TOPIC};
 use sluice_meta::topics::TopicMeta;
 

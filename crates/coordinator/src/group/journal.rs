@@ -5,7 +5,7 @@
 //! `<data>/groups/` rather than with the topics so that clients can neither produce to
 //! nor fetch from it. In a cluster it is the replicated internal topic `__consumer_offsets`
 //! (N partitions, created through the controller); a group's records live in partition
-//! `placement::partition_for(group)` and only that partition's leader writes them.
+//! `crate::placement::partition_for(group)` and only that partition's leader writes them.
 //! Each OffsetCommit becomes one record batch (built by `RecordBatchEncoder`); deletions
 //! are tombstones (no value); a compaction snapshot is a run of ordinary commit records.
 //! A write is acknowledged only once it is durable: fsynced by the group-commit syncer,

@@ -2,7 +2,7 @@
 //! coordinates, classic ([`state`]) or consumer protocol (KIP-848, [`consumer`] with the
 //! server-side assignors of [`assignor`]), the committed offsets ([`offsets`]) and their
 //! durable log ([`journal`]). A group id names one group of one protocol at a time. A node
-//! coordinates the groups whose `__consumer_offsets` partition ([`placement`]) it leads:
+//! coordinates the groups whose `__consumer_offsets` partition ([`crate::placement`]) it leads:
 //! on a single node its one local partition, in a cluster the replicated partitions the
 //! controller made it leader of ([`shards`]: loading, dropping, compaction, retention).
 //!
@@ -24,7 +24,6 @@ pub mod consumer;
 pub mod error;
 pub mod journal;
 pub mod offsets;
-pub mod placement;
 pub mod shards;
 pub mod state;
 
@@ -177,7 +176,7 @@ impl GroupCoordinator {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "replayed committed offsets"
         );
-        Ok(Arc::new(GroupCoordinator::new(timing, settings, ShardMap::local(log), table)))
+        Ok(Arc::new(GroupCoordinator::new(timing, settings, crate::group::shards::local_shards(log), table)))
     }
 
     /// Cluster mode: coordinates nothing until [`GroupCoordinator::follow_leadership`]
@@ -243,8 +242,8 @@ impl GroupCoordinator {
     fn forget_unserved_groups(&self) {
         let shards = self.shards.read();
         let mut groups = self.groups.lock();
-        groups.classic.retain(|group_id, _| shards.serves(group_id));
-        groups.consumer.retain(|group_id, _| shards.serves(group_id));
+        groups.classic.retain(|group_id, _| shards.serving(group_id).is_ok());
+        groups.consumer.retain(|group_id, _| shards.serving(group_id).is_ok());
     }
 
     pub fn join(&self, group_id: &str, request: JoinRequest) -> Result<Reply<JoinResponse>, GroupError> {
@@ -744,7 +743,8 @@ impl GroupCoordinator {
 
     /// Clean shutdown: fsync and seal the local offsets log (after the syncer has stopped).
     pub fn close(&self) {
-        for shard in self.shards.read().active() {
+        let active: Vec<_> = self.shards.read().active().cloned().collect();
+        for shard in active {
             shard.close();
         }
     }
@@ -861,7 +861,7 @@ mod tests {
 
     #[test]
     fn a_leadership_being_applied_answers_load_in_progress_until_taken() {
-        use crate::group::placement::{partition_for, IncomingLeaderships};
+        use crate::placement::{partition_for, IncomingLeaderships};
         let coordinator = GroupCoordinator::replicated(TIMING, SETTINGS);
         let syncer = Syncer::start();
         let commit = |group: &str| coordinator.commit_offsets(group, Committer::simple(), Vec::new(), &syncer).err();

@@ -1,6 +1,6 @@
 //! Where the coordinator's state lives: one *shard* per `__consumer_offsets` partition
 //! this node leads (the single node leads its one local partition). A group is served
-//! only by the leader of its partition ([`placement::partition_for`]); every other node
+//! only by the leader of its partition ([`crate::placement::partition_for`]); every other node
 //! answers NOT_COORDINATOR, and a new leader answers COORDINATOR_LOAD_IN_PROGRESS until it
 //! has replayed the partition. Losing leadership drops the partition's groups from memory.
 //!
@@ -19,7 +19,7 @@
 //! is taken are folded in from `ShardWrites::pending` (the log is a prefix: if the
 //! snapshot is durable, so are they).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +30,9 @@ use sluice_storage::Syncer;
 use crate::group::error::GroupError;
 use crate::group::journal::{OffsetRecord, OffsetsLog};
 use crate::group::offsets::{CommittedOffset, OffsetTable};
-use crate::group::placement::{partition_for, IncomingLeaderships};
 use crate::group::{GroupCoordinator, OFFSETS_WRITE_TIMEOUT_MS};
+use crate::leadership::{CoordinatorShard, Load, NotServed, Shards};
+use crate::placement::{partition_for, IncomingLeaderships};
 use sluice_replication::Replica;
 
 /// Records per snapshot batch: far below `OFFSETS_BATCH_BYTES_MAX` even with the largest
@@ -51,20 +52,7 @@ pub struct OffsetsSettings {
 }
 
 /// The shards of this node by offsets partition.
-#[derive(Default)]
-pub struct ShardMap {
-    /// Partitions of the offsets topic (0 until a cluster node learns it).
-    partition_count: i32,
-    shards: HashMap<i32, Shard>,
-    next_generation: u64,
-    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
-    incoming: IncomingLeaderships,
-}
-
-enum Shard {
-    Loading { leader_epoch: i32, generation: u64 },
-    Active(Arc<ShardLog>),
-}
+pub type ShardMap = Shards<ShardLog>;
 
 /// One offsets partition this node serves.
 pub struct ShardLog {
@@ -85,32 +73,22 @@ struct ShardWrites {
     snapshot_in_flight: bool,
 }
 
-impl ShardMap {
-    pub fn local(log: OffsetsLog) -> ShardMap {
-        let bytes_since_snapshot = log.partition().size_bytes();
-        let shard = ShardLog::new(0, sluice_meta::LEADER_EPOCH, log, bytes_since_snapshot);
-        ShardMap {
-            partition_count: 1,
-            shards: HashMap::from([(0, Shard::Active(Arc::new(shard)))]),
-            next_generation: 1,
-            incoming: IncomingLeaderships::default(),
-        }
+impl CoordinatorShard for ShardLog {
+    fn leader_epoch(&self) -> i32 {
+        self.leader_epoch
     }
+}
 
-    /// True when `group_id`'s partition is loaded and served here.
-    pub fn serves(&self, group_id: &str) -> bool {
-        self.partition_count > 0
-            && matches!(self.shards.get(&partition_for(group_id, self.partition_count)), Some(Shard::Active(_)))
-    }
+/// A single node's one offsets partition, active from the start.
+pub fn local_shards(log: OffsetsLog) -> ShardMap {
+    let bytes_since_snapshot = log.partition().size_bytes();
+    Shards::local(ShardLog::new(0, sluice_meta::LEADER_EPOCH, log, bytes_since_snapshot))
+}
 
-    pub fn active(&self) -> Vec<Arc<ShardLog>> {
-        self.shards
-            .values()
-            .filter_map(|shard| match shard {
-                Shard::Active(log) => Some(log.clone()),
-                Shard::Loading { .. } => None,
-            })
-            .collect()
+fn refusal(not_served: NotServed) -> GroupError {
+    match not_served {
+        NotServed::Loading => GroupError::CoordinatorLoadInProgress,
+        NotServed::NotLeader | NotServed::NoPartitions => GroupError::NotCoordinator,
     }
 }
 
@@ -141,106 +119,67 @@ impl GroupCoordinator {
     /// The log of offsets partition `partition` while this node serves it (a single node
     /// serves its one partition, 0): what Fetch and ListOffsets of `__consumer_offsets` read.
     pub fn offsets_partition(&self, partition: i32) -> Option<Arc<sluice_storage::Partition>> {
-        match self.shards.read().shards.get(&partition)? {
-            Shard::Active(shard) => Some(shard.log.partition().clone()),
-            Shard::Loading { .. } => None,
-        }
+        let shards = self.shards.read();
+        shards.serving_partition(partition).ok().map(|shard| shard.log.partition().clone())
     }
 
     /// The shard serving `group_id` here, or why this node cannot serve it.
     pub fn serving(&self, group_id: &str) -> Result<Arc<ShardLog>, GroupError> {
-        let shards = self.shards.read();
-        let shard = match shards.partition_count {
-            0 => None,
-            count => shards.shards.get(&partition_for(group_id, count)),
-        };
-        match shard {
-            Some(Shard::Active(shard)) => Ok(shard.clone()),
-            Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
-            None if shards.incoming.holds(group_id) => Err(GroupError::CoordinatorLoadInProgress),
-            None => Err(GroupError::NotCoordinator),
-        }
+        self.shards.read().serving(group_id).cloned().map_err(refusal)
     }
 
     /// The shard of offsets partition `partition`, or why this node cannot serve it.
     pub fn serving_partition(&self, partition: i32) -> Result<Arc<ShardLog>, GroupError> {
-        let shards = self.shards.read();
-        match shards.shards.get(&partition) {
-            Some(Shard::Active(shard)) => Ok(shard.clone()),
-            Some(Shard::Loading { .. }) => Err(GroupError::CoordinatorLoadInProgress),
-            None if shards.incoming.holds_partition(partition) => Err(GroupError::CoordinatorLoadInProgress),
-            None => Err(GroupError::NotCoordinator),
-        }
+        self.shards.read().serving_partition(partition).cloned().map_err(refusal)
     }
 
     /// Cluster mode: the offsets partitions that the metadata being applied has this node
     /// lead, before [`GroupCoordinator::follow_leadership`] takes them.
     pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
-        self.shards.write().incoming = incoming;
+        self.shards.write().expect(incoming);
     }
 
     /// The offsets partition count (0 until a cluster node learns it; 1 on a single node).
     pub fn offsets_partition_count(&self) -> i32 {
-        self.shards.read().partition_count
+        self.shards.read().partition_count()
     }
 
     /// Cluster mode: follows the leadership of the offsets partitions (`leaders[p]` is the
     /// replica and leader epoch when this node leads partition p). Starts loading newly
-    /// led partitions and drops those led no longer (or led at another epoch).
+    /// led partitions and drops the groups of those led no longer (or led at another epoch).
     pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
-        let count = i32::try_from(leaders.len()).expect("partition count fits i32");
         let mut shards = self.shards.write();
-        shards.incoming = IncomingLeaderships::default();
-        if shards.partition_count != count {
-            // The topic appeared (or was deleted and recreated): every placement changes.
-            let loaded: Vec<i32> = shards.shards.keys().copied().collect();
-            for partition in loaded {
-                self.unload(&mut shards, partition);
-            }
-            tracing::info!(partitions = count, "offsets topic partition count");
-            shards.partition_count = count;
+        let count = shards.partition_count();
+        let followed = shards.follow(leaders);
+        if shards.partition_count() != count {
+            tracing::info!(partitions = shards.partition_count(), "offsets topic partition count");
         }
-        for (partition, leader) in leaders.into_iter().enumerate() {
-            let partition = partition as i32;
-            let current_epoch = shards.shards.get(&partition).map(|shard| match shard {
-                Shard::Loading { leader_epoch, .. } => *leader_epoch,
-                Shard::Active(log) => log.leader_epoch,
-            });
-            let wanted_epoch = leader.as_ref().map(|(_, epoch)| *epoch);
-            if current_epoch == wanted_epoch {
-                continue;
-            }
-            if current_epoch.is_some() {
-                self.unload(&mut shards, partition);
-            }
-            if let Some((replica, leader_epoch)) = leader {
-                let generation = shards.next_generation;
-                shards.next_generation += 1;
-                shards.shards.insert(partition, Shard::Loading { leader_epoch, generation });
-                let coordinator = self.clone();
-                tracing::info!(partition, leader_epoch, "loading offsets partition");
-                tokio::task::spawn_blocking(move || coordinator.load(partition, replica, leader_epoch, generation));
-            }
+        for dropped in followed.dropped {
+            self.forget(&dropped.shard, dropped.partition, dropped.partition_count);
+        }
+        for load in followed.loads {
+            let coordinator = self.clone();
+            tracing::info!(partition = load.partition, leader_epoch = load.leader_epoch, "loading offsets partition");
+            tokio::task::spawn_blocking(move || coordinator.load(load));
         }
     }
 
-    fn unload(&self, shards: &mut ShardMap, partition: i32) {
-        let count = shards.partition_count;
-        if let Some(Shard::Active(shard)) = shards.shards.remove(&partition) {
-            let mut groups = self.groups.lock();
-            let mut offsets = self.offsets.lock();
-            shard.live.store(false, Ordering::Release);
-            groups.classic.retain(|group_id, _| partition_for(group_id, count) != partition);
-            groups.consumer.retain(|group_id, _| partition_for(group_id, count) != partition);
-            offsets.remove_groups(|group_id| partition_for(group_id, count) == partition);
-            tracing::info!(partition, "no longer coordinator of offsets partition; groups dropped");
-        }
-        shards.shards.remove(&partition);
+    /// Drops the groups and offsets of a partition this node no longer serves (under the
+    /// shards' lock: lock order shards, groups, offsets).
+    fn forget(&self, shard: &ShardLog, partition: i32, count: i32) {
+        let mut groups = self.groups.lock();
+        let mut offsets = self.offsets.lock();
+        shard.live.store(false, Ordering::Release);
+        groups.classic.retain(|group_id, _| partition_for(group_id, count) != partition);
+        groups.consumer.retain(|group_id, _| partition_for(group_id, count) != partition);
+        offsets.remove_groups(|group_id| partition_for(group_id, count) == partition);
+        tracing::info!(partition, "no longer coordinator of offsets partition; groups dropped");
     }
 
-    /// Replays partition `partition` (outside any lock), then serves it if this node still
-    /// leads it at the same epoch.
-    fn load(&self, partition: i32, replica: Arc<Replica>, leader_epoch: i32, generation: u64) {
+    /// Replays the partition (outside any lock), then serves it if this node still leads
+    /// it at the same epoch.
+    fn load(&self, load: Load<Arc<Replica>>) {
+        let Load { partition, replica, leader_epoch, generation } = load;
         let started = std::time::Instant::now();
         let log = OffsetsLog::replicated(replica, leader_epoch);
         let records = match log.replay() {
@@ -254,11 +193,10 @@ impl GroupCoordinator {
         let table = table_from(records);
         let bytes_since_snapshot = log.partition().size_bytes();
         let mut shards = self.shards.write();
-        let count = shards.partition_count;
-        match shards.shards.get(&partition) {
-            Some(Shard::Loading { generation: current, .. }) if *current == generation => {}
-            _ => return,
+        if !shards.awaits(partition, generation) {
+            return;
         }
+        let count = shards.partition_count();
         {
             let mut groups = self.groups.lock();
             let mut offsets = self.offsets.lock();
@@ -268,7 +206,7 @@ impl GroupCoordinator {
             offsets.absorb(table);
         }
         let shard = ShardLog::new(partition, leader_epoch, log, bytes_since_snapshot);
-        shards.shards.insert(partition, Shard::Active(Arc::new(shard)));
+        assert!(shards.activate(partition, generation, shard), "awaited under the same lock");
         let elapsed_ms = started.elapsed().as_millis() as u64;
         tracing::info!(partition, leader_epoch, records = replayed, elapsed_ms, "offsets partition loaded");
     }
@@ -302,7 +240,7 @@ impl GroupCoordinator {
             let written = shard.writes.lock().pending.get(&base_offset).cloned();
             let (group_id, records) = written.expect("a pending write is removed only here");
             if result.is_ok() {
-                let count = coordinator.shards.read().partition_count;
+                let count = coordinator.shards.read().partition_count();
                 let mut offsets = coordinator.offsets.lock();
                 if shard.live.load(Ordering::Acquire) {
                     for (index, record) in records.into_iter().enumerate() {
@@ -322,7 +260,7 @@ impl GroupCoordinator {
     /// Periodic offsets upkeep (from the ticker): compaction snapshots, and every
     /// `retention_check_interval_ms` the expiry of old offsets of groups without members.
     pub fn upkeep(self: &Arc<Self>, now_ms: i64, syncer: &Syncer) {
-        let active = self.shards.read().active();
+        let active: Vec<Arc<ShardLog>> = self.shards.read().active().cloned().collect();
         for shard in &active {
             self.maybe_snapshot(shard, syncer);
         }
@@ -378,7 +316,7 @@ impl GroupCoordinator {
 
     /// Writes a compaction snapshot of `shard` when enough was appended since the last.
     fn maybe_snapshot(self: &Arc<Self>, shard: &Arc<ShardLog>, syncer: &Syncer) {
-        let count = self.shards.read().partition_count;
+        let count = self.shards.read().partition_count();
         let mut writes = shard.writes.lock();
         if writes.snapshot_in_flight || writes.bytes_since_snapshot < self.settings.snapshot_interval_bytes {
             return;

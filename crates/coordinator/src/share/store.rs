@@ -43,7 +43,8 @@ use uuid::Uuid;
 
 use super::partition::StoredPartition;
 use super::{config_log_key, parse_partition_log_key, partition_log_key, GroupConfigs, PartitionKey, ShareRecord};
-use crate::group::placement::{partition_for, IncomingLeaderships};
+use crate::leadership::{CoordinatorShard, Load, NotServed, Shards};
+use crate::placement::IncomingLeaderships;
 use crate::state_log::{PendingChange, StateLog, STATE_LOG_WRITE_TIMEOUT_MS};
 use crate::CoordinatorHost;
 use sluice_replication::Replica;
@@ -87,19 +88,10 @@ pub enum AdminChange {
     Delete,
 }
 
-enum Slot {
-    Loading { leader_epoch: i32, generation: u64 },
-    Active(Arc<StateShard>),
-}
-
-#[derive(Default)]
-struct Shards {
-    /// Partitions of the state topic (0 until a cluster node learns it).
-    partition_count: i32,
-    slots: HashMap<i32, Slot>,
-    next_generation: u64,
-    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
-    incoming: IncomingLeaderships,
+impl CoordinatorShard for StateShard {
+    fn leader_epoch(&self) -> i32 {
+        self.log.coordinator_epoch()
+    }
 }
 
 /// Where a share-partition's state is kept.
@@ -109,7 +101,7 @@ enum Route {
 }
 
 pub struct ShareStateStore {
-    shards: RwLock<Shards>,
+    shards: RwLock<Shards<StateShard>>,
     /// Cluster mode: a creation of `__share_group_state` is under way.
     pub creating_topic: AtomicBool,
     peers: crate::txn::markers::PeerPool,
@@ -245,12 +237,7 @@ impl ShareStateStore {
         let shard = StateShard::new(log, stored);
         let configs = shard.configs.lock().clone();
         tracing::info!(share_partitions = shard.states.lock().len(), "replayed share group state");
-        let shards = Shards {
-            partition_count: 1,
-            slots: HashMap::from([(0, Slot::Active(Arc::new(shard)))]),
-            next_generation: 0,
-            incoming: IncomingLeaderships::default(),
-        };
+        let shards = Shards::local(shard);
         Ok((ShareStateStore::new(shards), configs))
     }
 
@@ -260,7 +247,7 @@ impl ShareStateStore {
         ShareStateStore::new(Shards::default())
     }
 
-    fn new(shards: Shards) -> ShareStateStore {
+    fn new(shards: Shards<StateShard>) -> ShareStateStore {
         ShareStateStore {
             shards: RwLock::new(shards),
             creating_topic: AtomicBool::new(false),
@@ -269,55 +256,27 @@ impl ShareStateStore {
     }
 
     fn active(&self) -> Vec<Arc<StateShard>> {
-        let shards = self.shards.read();
-        shards
-            .slots
-            .values()
-            .filter_map(|slot| match slot {
-                Slot::Active(shard) => Some(shard.clone()),
-                Slot::Loading { .. } => None,
-            })
-            .collect()
+        self.shards.read().active().cloned().collect()
     }
 
     /// Cluster mode: the state topic's partitions that the metadata being applied has this
     /// node lead, before [`ShareStateStore::follow_leadership`] takes them.
     pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
-        self.shards.write().incoming = incoming;
+        self.shards.write().expect(incoming);
     }
 
     /// Cluster mode: follows the leadership of the state topic's partitions (`leaders[p]`:
     /// the replica and leader epoch when this node leads p), as the other coordinators do.
     pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
-        let count = i32::try_from(leaders.len()).expect("partition count fits i32");
-        let mut shards = self.shards.write();
-        shards.incoming = IncomingLeaderships::default();
-        if shards.partition_count != count {
-            shards.slots.clear();
-            shards.partition_count = count;
-        }
-        for (partition, leader) in leaders.into_iter().enumerate() {
-            let partition = partition as i32;
-            let current_epoch = shards.slots.get(&partition).map(|slot| match slot {
-                Slot::Loading { leader_epoch, .. } => *leader_epoch,
-                Slot::Active(shard) => shard.log.coordinator_epoch(),
-            });
-            let wanted_epoch = leader.as_ref().map(|(_, epoch)| *epoch);
-            if current_epoch == wanted_epoch {
-                continue;
-            }
-            shards.slots.remove(&partition);
-            if let Some((replica, leader_epoch)) = leader {
-                let generation = shards.next_generation;
-                shards.next_generation += 1;
-                shards.slots.insert(partition, Slot::Loading { leader_epoch, generation });
-                let store = self.clone();
-                tokio::task::spawn_blocking(move || store.load(partition, replica, leader_epoch, generation));
-            }
+        let followed = self.shards.write().follow(leaders);
+        for load in followed.loads {
+            let store = self.clone();
+            tokio::task::spawn_blocking(move || store.load(load));
         }
     }
 
-    fn load(&self, partition: i32, replica: Arc<Replica>, leader_epoch: i32, generation: u64) {
+    fn load(&self, load: Load<Arc<Replica>>) {
+        let Load { partition, replica, leader_epoch, generation } = load;
         let (log, stored) = match StateLog::<ShareRecord>::replicated(replica, leader_epoch) {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -325,14 +284,11 @@ impl ShareStateStore {
                 return;
             }
         };
-        let mut shards = self.shards.write();
-        match shards.slots.get(&partition) {
-            Some(Slot::Loading { generation: current, .. }) if *current == generation => {}
-            _ => return,
-        }
         let shard = StateShard::new(log, stored);
-        tracing::debug!(partition, leader_epoch, share_partitions = shard.states.lock().len(), "share state loaded");
-        shards.slots.insert(partition, Slot::Active(Arc::new(shard)));
+        let share_partitions = shard.states.lock().len();
+        if self.shards.write().activate(partition, generation, shard) {
+            tracing::debug!(partition, leader_epoch, share_partitions, "share state loaded");
+        }
     }
 
     /// Clean shutdown.
@@ -378,19 +334,13 @@ impl ShareStateStore {
         let shards = self.shards.read();
         let (group, topic, partition) = key;
         let state_key = format!("{group}:{topic}:{partition}");
-        if shards.partition_count == 0 {
-            if shards.incoming.holds(&state_key) {
-                return Err(ResponseError::CoordinatorLoadInProgress);
-            }
+        let index = shards.partition_of(&state_key).unwrap_or(0);
+        match shards.serving(&state_key) {
+            Ok(shard) => Ok((Route::Here(shard.clone()), index)),
+            Err(NotServed::Loading) => Err(ResponseError::CoordinatorLoadInProgress),
             // A cluster creates the topic once formed (`create_internal_topics_once_formed`).
-            return Err(ResponseError::CoordinatorNotAvailable);
-        }
-        let index = partition_for(&state_key, shards.partition_count);
-        match shards.slots.get(&index) {
-            Some(Slot::Active(shard)) => Ok((Route::Here(shard.clone()), index)),
-            Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
-            None if shards.incoming.holds(&state_key) => Err(ResponseError::CoordinatorLoadInProgress),
-            None => {
+            Err(NotServed::NoPartitions) => Err(ResponseError::CoordinatorNotAvailable),
+            Err(NotServed::NotLeader) => {
                 let leader = host.partition_leader(SHARE_STATE_TOPIC, index).filter(|&led| led != host.node_id());
                 leader.map(|node| (Route::Node(node), index)).ok_or(ResponseError::CoordinatorNotAvailable)
             }
@@ -668,8 +618,8 @@ impl ShareStateStore {
         group: &str,
         configs: GroupConfigs,
     ) -> Result<(), ResponseError> {
-        let shard = match self.shards.read().slots.get(&0) {
-            Some(Slot::Active(shard)) if !host.clustered() => shard.clone(),
+        let shard = match self.shards.read().serving_partition(0) {
+            Ok(shard) if !host.clustered() => shard.clone(),
             _ => return Err(ResponseError::NotController),
         };
         let change = {

@@ -46,7 +46,8 @@ use serde::{Deserialize, Serialize};
 use sluice_storage::Syncer;
 
 use crate::group::offsets::CommittedOffset;
-use crate::group::placement::{partition_for, IncomingLeaderships};
+use crate::leadership::{CoordinatorShard, Load, NotServed, Shards};
+use crate::placement::{partition_for, IncomingLeaderships};
 use crate::state_log::PendingChange;
 use crate::txn::log::TxnLog;
 use crate::txn::markers::{Marker, MarkerTarget};
@@ -160,21 +161,14 @@ pub struct TxnShard {
     transactions: Mutex<Transactions>,
 }
 
-enum Slot {
-    Loading { leader_epoch: i32, generation: u64 },
-    Active(Arc<TxnShard>),
+impl CoordinatorShard for TxnShard {
+    fn leader_epoch(&self) -> i32 {
+        self.log.coordinator_epoch()
+    }
 }
 
 /// The shards of this node by transaction log partition.
-#[derive(Default)]
-struct TxnShards {
-    /// Partitions of the transaction log (0 until a cluster node learns it).
-    partition_count: i32,
-    slots: HashMap<i32, Slot>,
-    next_generation: u64,
-    /// Leaderships of the metadata being applied, not yet taken (see [`IncomingLeaderships`]).
-    incoming: IncomingLeaderships,
-}
+type TxnShards = Shards<TxnShard>;
 
 pub struct TransactionCoordinator {
     /// Lock order: shards, then a shard's transactions.
@@ -222,13 +216,7 @@ impl TransactionCoordinator {
     /// Single node: opens (replaying) the one local transaction log partition.
     pub fn open_local(data_dir: &std::path::Path, syncer: &Syncer) -> io::Result<TransactionCoordinator> {
         let (log, transactions) = crate::txn::log::open_local(data_dir, syncer)?;
-        let shard = TxnShard::new(0, log, transactions);
-        let shards = TxnShards {
-            partition_count: 1,
-            slots: HashMap::from([(0, Slot::Active(Arc::new(shard)))]),
-            next_generation: 1,
-            incoming: IncomingLeaderships::default(),
-        };
+        let shards = Shards::local(TxnShard::new(0, log, transactions));
         Ok(TransactionCoordinator::new(shards))
     }
 
@@ -248,79 +236,46 @@ impl TransactionCoordinator {
     }
 
     fn active(&self) -> Vec<Arc<TxnShard>> {
-        self.shards
-            .read()
-            .slots
-            .values()
-            .filter_map(|slot| match slot {
-                Slot::Active(shard) => Some(shard.clone()),
-                Slot::Loading { .. } => None,
-            })
-            .collect()
+        self.shards.read().active().cloned().collect()
     }
 
     /// The shard serving `transactional_id` here, or why this node cannot serve it.
     fn serving(&self, transactional_id: &str) -> Result<Arc<TxnShard>, ResponseError> {
-        let shards = self.shards.read();
-        let slot = match shards.partition_count {
-            0 => None,
-            count => shards.slots.get(&partition_for(transactional_id, count)),
-        };
-        match slot {
-            Some(Slot::Active(shard)) => Ok(shard.clone()),
-            Some(Slot::Loading { .. }) => Err(ResponseError::CoordinatorLoadInProgress),
-            None if shards.incoming.holds(transactional_id) => Err(ResponseError::CoordinatorLoadInProgress),
-            None => Err(ResponseError::NotCoordinator),
-        }
+        self.shards.read().serving(transactional_id).cloned().map_err(|not_served| match not_served {
+            NotServed::Loading => ResponseError::CoordinatorLoadInProgress,
+            NotServed::NotLeader | NotServed::NoPartitions => ResponseError::NotCoordinator,
+        })
     }
 
     /// Cluster mode: the transaction log partitions that the metadata being applied has
     /// this node lead, before [`TransactionCoordinator::follow_leadership`] takes them.
     pub fn expect_leadership(&self, incoming: IncomingLeaderships) {
-        self.shards.write().incoming = incoming;
+        self.shards.write().expect(incoming);
     }
 
     /// Cluster mode: follows the leadership of the `__transaction_state` partitions
     /// (`leaders[p]` is the replica and leader epoch when this node leads partition p):
     /// loads newly led partitions, drops those led no longer or at another epoch.
     pub fn follow_leadership(self: &Arc<Self>, leaders: Vec<Option<(Arc<Replica>, i32)>>) {
-        let count = i32::try_from(leaders.len()).expect("partition count fits i32");
-        let mut shards = self.shards.write();
-        shards.incoming = IncomingLeaderships::default();
-        if shards.partition_count != count {
-            // The topic appeared: every placement changes.
-            shards.slots.clear();
-            tracing::info!(partitions = count, "transaction log partition count");
-            shards.partition_count = count;
+        let followed = self.shards.write().follow(leaders);
+        for dropped in followed.dropped {
+            tracing::debug!(partition = dropped.partition, "no longer transaction coordinator of this partition");
         }
-        for (partition, leader) in leaders.into_iter().enumerate() {
-            let partition = partition as i32;
-            let current_epoch = shards.slots.get(&partition).map(|slot| match slot {
-                Slot::Loading { leader_epoch, .. } => *leader_epoch,
-                Slot::Active(shard) => shard.log.coordinator_epoch(),
-            });
-            let wanted_epoch = leader.as_ref().map(|(_, epoch)| *epoch);
-            if current_epoch == wanted_epoch {
-                continue;
-            }
-            if current_epoch.is_some() {
-                shards.slots.remove(&partition);
-                tracing::debug!(partition, "no longer transaction coordinator of this transaction log partition");
-            }
-            if let Some((replica, leader_epoch)) = leader {
-                let generation = shards.next_generation;
-                shards.next_generation += 1;
-                shards.slots.insert(partition, Slot::Loading { leader_epoch, generation });
-                let coordinator = self.clone();
-                tracing::debug!(partition, leader_epoch, "loading transaction log partition");
-                tokio::task::spawn_blocking(move || coordinator.load(partition, replica, leader_epoch, generation));
-            }
+        for load in followed.loads {
+            let coordinator = self.clone();
+            tracing::debug!(
+                partition = load.partition,
+                leader_epoch = load.leader_epoch,
+                "loading transaction log partition"
+            );
+            tokio::task::spawn_blocking(move || coordinator.load(load));
         }
     }
 
-    /// Replays partition `partition` (outside any lock), then serves it if this node still
-    /// leads it at the same epoch, and completes what was left prepared.
-    fn load(&self, partition: i32, replica: Arc<Replica>, leader_epoch: i32, generation: u64) {
+    /// Replays the partition (outside any lock), then serves it if this node still leads
+    /// it at the same epoch.
+    fn load(&self, load: Load<Arc<Replica>>) {
+        let Load { partition, replica, leader_epoch, generation } = load;
         let started = std::time::Instant::now();
         let (log, transactions) = match TxnLog::replicated(replica, leader_epoch) {
             Ok(loaded) => loaded,
@@ -330,13 +285,9 @@ impl TransactionCoordinator {
             }
         };
         let count = transactions.len();
-        let mut shards = self.shards.write();
-        match shards.slots.get(&partition) {
-            Some(Slot::Loading { generation: current, .. }) if *current == generation => {}
-            _ => return,
+        if !self.shards.write().activate(partition, generation, TxnShard::new(partition, log, transactions)) {
+            return;
         }
-        shards.slots.insert(partition, Slot::Active(Arc::new(TxnShard::new(partition, log, transactions))));
-        drop(shards);
         let elapsed_ms = started.elapsed().as_millis() as u64;
         // Prepared transactions are completed by the next upkeep (at most a second away).
         tracing::debug!(
@@ -652,10 +603,7 @@ impl TransactionCoordinator {
         // No allocation on this per-batch path: the shards are walked under their read lock
         // (lock order: shards, then a shard's transactions).
         let shards = self.shards.read();
-        let active = shards.slots.values().filter_map(|slot| match slot {
-            Slot::Active(shard) => Some(shard),
-            Slot::Loading { .. } => None,
-        });
+        let active = shards.active();
         for shard in active {
             let transactions = shard.transactions.lock();
             let Some(meta) = transactions.by_producer(producer_id) else { continue };
