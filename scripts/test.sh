@@ -76,6 +76,8 @@ trap 'for pid in $base_build_pid $s3_build_pid $tools_pid; do kill -- "-$pid" 2>
 echo "== style"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# Each crate's modules form layers: no two import each other, directly or in a circle.
+python3 scripts/import_cycles.py
 
 echo "== build"
 cargo build --release -p sluice-cli -p sluice-lossyfs --features sluice-cli/bench

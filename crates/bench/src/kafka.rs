@@ -671,7 +671,7 @@ pub fn spawn_consumer(
     control: Arc<ConsumerControl>,
 ) -> anyhow::Result<JoinHandle<()>> {
     if spec.mode == ConsumerMode::Share {
-        bail!("librdkafka has no share consumer: {} belongs to crate::share", spec.label);
+        bail!("librdkafka has no share consumer: {} runs on the share-group driver", spec.label);
     }
     let mut config = spec.config.clone();
     config.set("client.id", &spec.label);

@@ -94,14 +94,6 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(500);
 const COORDINATOR_WAIT: Duration = Duration::from_secs(30);
 /// Errors printed per consumer before going quiet.
 const ERRORS_PRINTED_MAX: usize = 5;
-/// Longest work time per record the workload may ask for.
-pub const WORK_MS_MAX: f64 = 1_000.0;
-/// Most records one ShareFetch may ask for.
-pub const RECORDS_PER_FETCH_MAX: u32 = 1_000;
-/// Longest a consumer may spend working one fetch's records: it must stay well inside
-/// the acquisition lock (30 s on both brokers by default) and the heartbeat interval
-/// (5 s), as the consumer heartbeats between fetches.
-pub const WORK_PER_FETCH_MS_MAX: f64 = 4_000.0;
 
 const _: () = assert!(FETCH_WAIT_MS > 0 && (FETCH_WAIT_MS as u64) < REQUEST_TIMEOUT.as_millis() as u64);
 
@@ -333,7 +325,7 @@ pub fn spawn_share_consumer(
     queue: Arc<QueueStats>,
     control: Arc<ConsumerControl>,
 ) -> anyhow::Result<JoinHandle<()>> {
-    assert!(spec.max_records_per_fetch >= 1 && spec.max_records_per_fetch <= RECORDS_PER_FETCH_MAX);
+    assert!(spec.max_records_per_fetch >= 1 && spec.max_records_per_fetch <= crate::workload::RECORDS_PER_FETCH_MAX);
     let handle = std::thread::Builder::new().name(spec.label.clone()).spawn(move || {
         let mut errors_count = 0usize;
         while !control.stop.load(Ordering::Relaxed) {

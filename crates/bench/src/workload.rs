@@ -143,6 +143,15 @@ fn max_records_per_fetch_default() -> u32 {
     MAX_RECORDS_PER_FETCH_DEFAULT
 }
 
+/// Longest work time per record the workload may ask for.
+pub const WORK_MS_MAX: f64 = 1_000.0;
+/// Most records one ShareFetch may ask for.
+pub const RECORDS_PER_FETCH_MAX: u32 = 1_000;
+/// Longest a consumer may spend working one fetch's records: it must stay well inside
+/// the acquisition lock (30 s on both brokers by default) and the heartbeat interval
+/// (5 s), as the consumer heartbeats between fetches.
+pub const WORK_PER_FETCH_MS_MAX: f64 = 4_000.0;
+
 impl QueueSpec {
     /// The work time per record.
     pub fn work(&self) -> std::time::Duration {
@@ -150,7 +159,6 @@ impl QueueSpec {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        use crate::share::{RECORDS_PER_FETCH_MAX, WORK_MS_MAX, WORK_PER_FETCH_MS_MAX};
         if !(0.0..=WORK_MS_MAX).contains(&self.work_millis) {
             bail!("queue.workMillis must be within 0..={WORK_MS_MAX}");
         }

@@ -177,8 +177,8 @@ impl Broker {
         let authorizer = sluice_security::Authorizer::new(&settings);
         let inter_broker =
             sluice_security::InterBroker::new(&settings).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let oauth = sluice_security::OauthValidator::new(&settings)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let oauth =
+            sluice_security::oauth_validator(&settings).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let sluice_security::SecuritySettings { listeners, inter_broker_listener, .. } = settings;
         let quotas = sluice_security::quota::QuotaManager::default();
         let security = match &config.cluster {

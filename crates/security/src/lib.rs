@@ -56,6 +56,13 @@ pub fn sasl_mechanisms(enabled: &str) -> Result<Vec<sasl::Mechanism>, String> {
     Ok(mechanisms)
 }
 
+/// The OAUTHBEARER token validator, when `sasl.enabled.mechanisms` offers OAUTHBEARER (it
+/// then needs a key set).
+pub fn oauth_validator(settings: &SecuritySettings) -> Result<Option<OauthValidator>, String> {
+    let enabled = sasl_mechanisms(&settings.sasl_enabled_mechanisms)?.contains(&sasl::Mechanism::OauthBearer);
+    enabled.then(|| OauthValidator::new(&settings.oauth)).transpose()
+}
+
 /// Checks the security settings: listeners, TLS files (read now, so a bad certificate
 /// stops the start instead of the first client), SASL mechanisms.
 pub fn validate(settings: &SecuritySettings) -> Result<(), String> {
@@ -65,7 +72,7 @@ pub fn validate(settings: &SecuritySettings) -> Result<(), String> {
     }
     tls::acceptor(&settings.listeners, &settings.tls)?;
     InterBroker::new(settings)?;
-    OauthValidator::new(settings)?;
+    oauth_validator(settings)?;
     if settings.cluster.as_ref().is_some_and(|cluster| cluster.rpc_tls) {
         tls::rpc_tls(&settings.tls).map_err(|error| format!("cluster.rpc_tls: {error}"))?;
     }

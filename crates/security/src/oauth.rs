@@ -18,7 +18,7 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::Mutex;
 
-use crate::settings::SecuritySettings;
+use crate::settings::OauthSettings;
 
 /// Longest OAUTHBEARER message accepted (a JWT with its framing).
 const MESSAGE_BYTES_MAX: usize = 16 * 1024;
@@ -36,14 +36,9 @@ pub struct OauthValidator {
 }
 
 impl OauthValidator {
-    /// The validator, when a listener offers OAUTHBEARER (it then needs a key set).
-    pub fn new(settings: &SecuritySettings) -> Result<Option<OauthValidator>, String> {
-        let enabled =
-            crate::sasl_mechanisms(&settings.sasl_enabled_mechanisms)?.contains(&crate::sasl::Mechanism::OauthBearer);
-        let oauth = &settings.oauth;
-        if !enabled {
-            return Ok(None);
-        }
+    /// The validator of the key set `oauth` names (OAUTHBEARER is enabled: see
+    /// [`crate::oauth_validator`]).
+    pub fn new(oauth: &OauthSettings) -> Result<OauthValidator, String> {
         let url = oauth.jwks_endpoint_url.as_deref().ok_or(
             "OAUTHBEARER needs sasl.oauthbearer.jwks.endpoint.url (a file: URL of the identity provider's key \
              set); unsecured tokens are not accepted",
@@ -66,7 +61,7 @@ impl OauthValidator {
             clock_skew_seconds: oauth.clock_skew_seconds,
         };
         validator.key_set().map_err(|error| format!("sasl.oauthbearer.jwks.endpoint.url: {error}"))?;
-        Ok(Some(validator))
+        Ok(validator)
     }
 
     /// The key set, re-read when its file changed.

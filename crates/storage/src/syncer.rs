@@ -31,8 +31,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::log::wal_link::{Control, ControlLog, WalLink};
 use crate::log::{Partition, TopicSignals};
-use crate::wal::{self, Control, WalWriter};
+use crate::wal::{self, WalWriter};
 
 /// Concurrent per-file group-commit workers (fsyncs in flight at once).
 pub const SYNC_THREADS: usize = 8;
@@ -87,26 +88,17 @@ struct Shared {
 /// Told how long each group-commit fsync took (the broker's metrics).
 pub type FsyncObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
-/// What a partition logging into the WAL uses to log a [`Control`] record.
-#[derive(Clone)]
-pub(crate) struct WalLink {
-    shared: Arc<Shared>,
-    /// The partition's directory as WAL records name it.
-    pub(crate) path: Arc<str>,
-}
-
-impl WalLink {
-    /// Logs `control` for this partition and waits until it is durable.
-    pub(crate) fn log(&self, control: Control) -> io::Result<()> {
+impl ControlLog for Shared {
+    fn log(&self, path: &str, control: Control) -> io::Result<()> {
         let (done, wait) = mpsc::sync_channel(1);
         {
-            let mut queue = self.shared.wal.lock();
+            let mut queue = self.wal.lock();
             if queue.shutdown {
                 return Err(io::Error::other("the WAL is shut down"));
             }
-            queue.controls.push(ControlRequest { path: self.path.to_string(), control, done });
+            queue.controls.push(ControlRequest { path: path.to_string(), control, done });
         }
-        self.shared.wal_ready.notify_one();
+        self.wal_ready.notify_one();
         wait.recv().map_err(|_| io::Error::other("the WAL thread stopped"))?
     }
 }
@@ -191,8 +183,7 @@ impl Syncer {
         let Some(base) = &self.shared.wal_base else {
             return self.schedule_flush(partition);
         };
-        partition
-            .link_wal(|| WalLink { shared: self.shared.clone(), path: wal::record_path(base, partition.dir()).into() });
+        partition.link_wal(|| WalLink::new(wal::record_path(base, partition.dir()).into(), self.shared.clone()));
         if partition.sync_queued.swap(true, Ordering::AcqRel) {
             return;
         }

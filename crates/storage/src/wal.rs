@@ -66,6 +66,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::log::wal_link::Control;
 use crate::log::{CheckpointSync, LogConfig, Partition};
 
 /// A WAL file is closed (and handed to the checkpointer) once it holds this much, by
@@ -112,15 +113,6 @@ const RECORD_BYTES_MAX: usize = 1 << 30;
 const KIND_BATCHES: u8 = 1;
 const KIND_TRUNCATE: u8 = 2;
 const KIND_FORGET: u8 = 3;
-
-/// A change of a partition's log other than an append, logged before it takes effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Control {
-    /// The log is cut to end at or before this offset.
-    Truncate(i64),
-    /// The partition is deleted: its earlier records must not replay.
-    Forget,
-}
 
 /// Appends to `buf` the header of one record of WAL file `sequence`, up to where its
 /// `payload` starts: the payload is written from where it lies ([`WalWriter::write_round`]).

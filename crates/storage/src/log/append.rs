@@ -33,6 +33,7 @@ use bytes::Bytes;
 use super::recovery::{
     capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs, write_snapshot,
 };
+use super::wal_link::{Control, WalLink};
 use super::{
     AbortedTransaction, AppendError, AppendOutcome, LogConfig, LogState, Partition, ReplicaAppend, TopicSignals,
     ABORTED_TRANSACTIONS_FILE,
@@ -40,8 +41,6 @@ use super::{
 use crate::batch::{self, BatchHeader, BatchIter};
 use crate::producer_state::{ProducerStateTable, SequenceCheck};
 use crate::segment::{is_roll_in_progress, RollInProgress, Sealing, Segment};
-use crate::syncer::WalLink;
-use crate::wal::Control;
 
 /// What one fsync must cover and what it makes visible.
 pub(crate) struct SyncTarget {

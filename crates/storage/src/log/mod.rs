@@ -33,6 +33,7 @@ mod read;
 mod recovery;
 mod retention;
 mod tier;
+pub(crate) mod wal_link;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -44,10 +45,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use self::wal_link::WalLink;
 use crate::batch::BatchError;
 use crate::producer_state::ProducerStateTable;
 use crate::segment::Segment;
-use crate::syncer::WalLink;
 
 pub use self::read::{read_file_range, FileRange, FILE_RANGE_BYTES_MIN};
 pub(crate) use self::retention::{CleanableSegment, CleaningPlan};

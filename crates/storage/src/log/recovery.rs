@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::wal_link::Control;
 use super::{
     AbortedTransaction, LogConfig, LogState, Partition, Progress, PublishedOffsets, Visible, ABORTED_TRANSACTIONS_FILE,
     CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LEADER_EPOCHS_MAX, LOG_START_OFFSET_FILE,
@@ -42,7 +43,6 @@ use super::{
 use crate::batch::BatchHeader;
 use crate::producer_state::ProducerStateTable;
 use crate::segment::{index_file_name, Segment, STAGED_IMAGE_EXTENSION};
-use crate::wal::Control;
 
 /// A cut below the high watermark copies what its segment keeps in pieces of this size
 /// (one `copy_file_range` call, or one buffer where the kernel cannot copy).
