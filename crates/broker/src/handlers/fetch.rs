@@ -79,27 +79,94 @@ pub(super) async fn handle(
         (None, READ_COMMITTED) => ReadLimit::LastStable,
         (None, _) => ReadLimit::HighWatermark,
     };
-    if follower.is_some() && request.cluster_id.as_ref().is_some_and(|id| id.as_str() != broker.topics.cluster_id()) {
-        tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
-        let mut response = FetchResponse::default();
-        response.error_code = ResponseError::InconsistentClusterId.code();
-        return (response, Vec::new());
-    }
-    if follower.is_some() && !broker.may_replicate(client) {
-        let mut response = FetchResponse::default();
-        response.error_code = ResponseError::ClusterAuthorizationFailed.code();
-        return (response, Vec::new());
+    if let Some(error) = follower.and_then(|replica_id| refuse_follower(broker, &request, replica_id, client)) {
+        return (refused(error), Vec::new());
     }
     let (session, items) = match broker.fetch_sessions.begin(request) {
         Ok(begun) => begun,
-        Err(error) => {
-            let mut response = FetchResponse::default();
-            response.error_code = error.code();
-            return (response, Vec::new());
-        }
+        Err(error) => return (refused(error), Vec::new()),
     };
     // Whether this fetch may send records as file ranges (see the module's doc).
     let zero_copy = limit != ReadLimit::LogEnd && !broker.listeners()[client.listener].protocol.uses_tls();
+    let mut targets = resolve_targets(broker, &items, version, follower, client);
+    let signals = topic_signals(&targets);
+    loop {
+        // Subscribe before reading so a produce landing in between still wakes us. A
+        // follower waits for the log end to move, a consumer for the high watermark.
+        let mut notified: Vec<_> = signals.iter().map(|s| Box::pin(s.notified())).collect();
+        for notified in &mut notified {
+            notified.as_mut().enable();
+        }
+        let mut receivers: Vec<_> =
+            targets
+                .iter()
+                .filter_map(|t| t.log.as_ref().ok())
+                .filter(|log| log.signal().is_none())
+                .map(|log| {
+                    if follower.is_some() {
+                        Wakeup::Progress(log.progress())
+                    } else {
+                        Wakeup::Visible(log.subscribe())
+                    }
+                })
+                .collect();
+        // A wake-up (or a fetch arriving) with nothing new for any of its partitions waits
+        // again without building an answer: a round wakes every fetch of its topics, most of
+        // them for partitions it did not touch.
+        let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
+        if min_bytes > 0 && !nothing_to_wait_for && nothing_new(&targets, limit) && Instant::now() < deadline {
+            wait_for_news(&mut receivers, &mut notified, deadline).await;
+            continue;
+        }
+        let mut pass;
+        (targets, pass) = read_pass(broker, targets, max_bytes, limit, zero_copy).await;
+        if !pass.remote.is_empty() {
+            read_remote(broker, &items, &targets, &mut pass, max_bytes, limit, version).await;
+        }
+        let remote_read = !pass.remote.is_empty();
+        if pass.bytes >= min_bytes || pass.has_error || remote_read || nothing_to_wait_for || Instant::now() >= deadline
+        {
+            let answered = broker.fetch_sessions.finish(session, items, pass.partitions);
+            let mut response = build_response(answered, version);
+            count_fetched_bytes(broker, &response, version);
+            response.session_id = session.id();
+            return (response, pass.files);
+        }
+        wait_for_news(&mut receivers, &mut notified, deadline).await;
+    }
+}
+
+/// A fetch answered with `error` alone.
+fn refused(error: ResponseError) -> FetchResponse {
+    let mut response = FetchResponse::default();
+    response.error_code = error.code();
+    response
+}
+
+/// Why a follower's fetch is refused: it belongs to another cluster, or its principal may
+/// not replicate.
+fn refuse_follower(
+    broker: &Broker,
+    request: &FetchRequest,
+    replica_id: i32,
+    client: &super::ClientSession,
+) -> Option<ResponseError> {
+    if request.cluster_id.as_ref().is_some_and(|id| id.as_str() != broker.topics.cluster_id()) {
+        tracing::warn!(replica_id, theirs = ?request.cluster_id, "refusing a replica fetch from another cluster");
+        return Some(ResponseError::InconsistentClusterId);
+    }
+    (!broker.may_replicate(client)).then_some(ResponseError::ClusterAuthorizationFailed)
+}
+
+/// Each fetched partition with the log that serves it here, or why none does (an unknown
+/// topic, one the client may not read, a partition not led here).
+fn resolve_targets(
+    broker: &Arc<Broker>,
+    items: &[FetchItem],
+    version: i16,
+    follower: Option<i32>,
+    client: &super::ClientSession,
+) -> Vec<Target> {
     let now_ms = sluice_storage::now_ms();
     let unknown_error = if version >= TOPIC_ID_VERSION {
         ResponseError::UnknownTopicId
@@ -109,7 +176,7 @@ pub(super) async fn handle(
     let mut targets = Vec::with_capacity(items.len());
     // (first item of the topic, its name, whether the client may read it)
     let mut resolved: Option<(&FetchItem, Option<String>, bool)> = None;
-    for item in &items {
+    for item in items {
         // Consecutive partitions of one topic resolve its name once.
         let same_topic = resolved.as_ref().is_some_and(|(last, _, _)| last.same_topic(item));
         if !same_topic {
@@ -142,8 +209,12 @@ pub(super) async fn handle(
             diverging,
         });
     }
-    // The topics' signals the fetch waits on (a handful, however many partitions), and the
-    // partitions without one, waited on one by one.
+    targets
+}
+
+/// The topics' signals a fetch waits on (a handful, however many partitions); the
+/// partitions without one are waited on one by one.
+fn topic_signals(targets: &[Target]) -> Vec<Arc<tokio::sync::Notify>> {
     let mut signals: Vec<Arc<tokio::sync::Notify>> = Vec::new();
     for log in targets.iter().filter_map(|t| t.log.as_ref().ok()) {
         if let Some(signal) = log.signal() {
@@ -152,66 +223,33 @@ pub(super) async fn handle(
             }
         }
     }
-    loop {
-        // Subscribe before reading so a produce landing in between still wakes us. A
-        // follower waits for the log end to move, a consumer for the high watermark.
-        let mut notified: Vec<_> = signals.iter().map(|s| Box::pin(s.notified())).collect();
-        for notified in &mut notified {
-            notified.as_mut().enable();
-        }
-        let mut receivers: Vec<_> =
-            targets
-                .iter()
-                .filter_map(|t| t.log.as_ref().ok())
-                .filter(|log| log.signal().is_none())
-                .map(|log| {
-                    if follower.is_some() {
-                        Wakeup::Progress(log.progress())
-                    } else {
-                        Wakeup::Visible(log.subscribe())
-                    }
-                })
-                .collect();
-        // A wake-up (or a fetch arriving) with nothing new for any of its partitions waits
-        // again without building an answer: a round wakes every fetch of its topics, most of
-        // them for partitions it did not touch.
-        let nothing_to_wait_for = receivers.is_empty() && notified.is_empty();
-        if min_bytes > 0 && !nothing_to_wait_for && nothing_new(&targets, limit) && Instant::now() < deadline {
-            wait_for_news(&mut receivers, &mut notified, deadline).await;
-            continue;
-        }
-        let pass = match read_all(&targets, max_bytes, limit, ReadMode::CachedOnly, zero_copy) {
-            Some(read) => read,
-            None => {
-                tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
-                broker.metrics.fetch_disk_reads.inc();
-                let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
-                let (returned, read) = tokio::task::spawn_blocking(move || {
-                    let cold_max_bytes = max_bytes.min(sluice_config::fetch_disk_read_bytes());
-                    let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock, false);
-                    (targets, read)
-                })
-                .await
-                .expect("fetch read panicked");
-                targets = returned;
-                read.expect("a blocking read never would block")
-            }
-        };
-        let mut pass = pass;
-        if !pass.remote.is_empty() {
-            read_remote(broker, &items, &targets, &mut pass, max_bytes, limit, version).await;
-        }
-        let remote_read = !pass.remote.is_empty();
-        if pass.bytes >= min_bytes || pass.has_error || remote_read || nothing_to_wait_for || Instant::now() >= deadline
-        {
-            let answered = broker.fetch_sessions.finish(session, items, pass.partitions);
-            let mut response = build_response(answered, version);
-            count_fetched_bytes(broker, &response, version);
-            response.session_id = session.id();
-            return (response, pass.files);
-        }
-        wait_for_news(&mut receivers, &mut notified, deadline).await;
+    signals
+}
+
+/// Reads every target once: from the page cache and the tails' memory on this thread, or,
+/// when some bytes are on the disk only, on the blocking pool (at most
+/// `fetch_disk_reads` at once, each taking less).
+async fn read_pass(
+    broker: &Broker,
+    targets: Vec<Target>,
+    max_bytes: usize,
+    limit: ReadLimit,
+    zero_copy: bool,
+) -> (Vec<Target>, ReadPass) {
+    if let Some(pass) = read_all(&targets, max_bytes, limit, ReadMode::CachedOnly, zero_copy) {
+        return (targets, pass);
     }
+    tracing::debug!("fetch data not in the page cache: reading on the blocking pool");
+    broker.metrics.fetch_disk_reads.inc();
+    let _permit = broker.fetch_disk_reads.acquire().await.expect("never closed");
+    let (targets, read) = tokio::task::spawn_blocking(move || {
+        let cold_max_bytes = max_bytes.min(sluice_config::fetch_disk_read_bytes());
+        let read = read_all(&targets, cold_max_bytes, limit, ReadMode::MayBlock, false);
+        (targets, read)
+    })
+    .await
+    .expect("fetch read panicked");
+    (targets, read.expect("a blocking read never would block"))
 }
 
 /// Waits until one of the fetch's channels or topic signals fires, or the deadline.

@@ -221,6 +221,13 @@ struct Fetched {
     error: Option<ResponseError>,
 }
 
+/// What one share-partition answers in a ShareFetch: what was fetched, and the code of its
+/// acknowledgements when it had some.
+type Answers = BTreeMap<(Uuid, i32), (Fetched, Option<i16>)>;
+
+/// The catalog of topics a ShareFetch resolves its topic ids in.
+type Catalog = sluice_meta::topics::TopicCatalog;
+
 pub(super) async fn fetch(
     broker: &Arc<Broker>,
     client: &ClientSession,
@@ -232,24 +239,7 @@ pub(super) async fn fetch(
         return response;
     };
     let catalog = broker.topics.catalog();
-    let added: Vec<(Uuid, i32)> =
-        request.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p.partition_index))).collect();
-    let forgotten: Vec<(Uuid, i32)> =
-        request.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, *p))).collect();
-    let acks: Vec<((Uuid, i32), AckBatches)> = request
-        .topics
-        .iter()
-        .flat_map(|t| {
-            t.partitions.iter().filter(|p| !p.acknowledgement_batches.is_empty()).map(move |p| {
-                let batches = p
-                    .acknowledgement_batches
-                    .iter()
-                    .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone()))
-                    .collect();
-                ((t.topic_id, p.partition_index), batches)
-            })
-        })
-        .collect();
+    let acks = acknowledgements(&request);
     if request.share_session_epoch == 0 && !acks.is_empty() {
         response.error_code = ResponseError::InvalidRequest.code();
         return response;
@@ -260,22 +250,16 @@ pub(super) async fn fetch(
         response.error_code = error.code();
         return response;
     }
-    let fetching = if closing {
-        Vec::new()
-    } else {
-        match broker.shares.session_step(&group_id, &member_id, request.share_session_epoch, &added, &forgotten, true) {
-            Ok(ShareSessionStep::Open(partitions)) => partitions,
-            Ok(ShareSessionStep::Closed) => Vec::new(),
-            Err(error) => {
-                tracing::debug!(member = %member_id, epoch = request.share_session_epoch, ?error, "share fetch session step refused");
-                response.error_code = error.code();
-                return response;
-            }
+    let fetching = match session_partitions(broker, &request, &group_id, &member_id, closing) {
+        Ok(fetching) => fetching,
+        Err(error) => {
+            response.error_code = error.code();
+            return response;
         }
     };
     let full = request.share_session_epoch == 0;
     response.acquisition_lock_timeout_ms = broker.shares.group_lock_duration_ms(&group_id) as i32;
-    let mut answers: BTreeMap<(Uuid, i32), (Fetched, Option<i16>)> = BTreeMap::new();
+    let mut answers = Answers::new();
     for ((topic_id, partition), batches) in &acks {
         let topic = catalog.name_for_id(topic_id);
         let code = match acknowledge(broker, &group_id, &member_id, topic, *partition, batches).await {
@@ -290,90 +274,167 @@ pub(super) async fn fetch(
         }
     }
     if !fetching.is_empty() {
-        let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
-        let max_records = if request.max_records <= 0 { usize::MAX } else { request.max_records as usize };
-        let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
-        let mut first_pass = true;
-        loop {
-            let released = broker.shares.released();
-            let mut receivers = Vec::new();
-            let mut targets = Vec::new();
-            for &(topic_id, partition) in &fetching {
-                let name = catalog.name_for_id(&topic_id).map(str::to_string);
-                let mut log = match &name {
-                    None => Err(ResponseError::UnknownTopicId),
-                    Some(name) if !broker.authorized(client, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
-                        Err(ResponseError::TopicAuthorizationFailed)
-                    }
-                    Some(name) => {
-                        match (
-                            broker.partition(name, partition),
-                            sluice_coordinator::share::leader_epoch(&**broker, name, partition),
-                        ) {
-                            (Some(log), Some(epoch)) => Ok((log, epoch)),
-                            _ if catalog.get(name).is_some_and(|(_, count)| partition < count) => {
-                                Err(ResponseError::NotLeaderOrFollower)
-                            }
-                            _ => Err(ResponseError::UnknownTopicOrPartition),
-                        }
-                    }
-                };
-                let mut fenced = false;
-                if let (Ok((log, epoch)), Some(name)) = (&log, &name) {
-                    receivers.push(log.subscribe());
-                    let offsets = log.offsets();
-                    let key = (group_id.clone(), name.clone(), partition);
-                    let bounds = (offsets.log_start_offset, offsets.high_watermark);
-                    match broker
-                        .shares
-                        .ensure_loaded(&**broker, &key, topic_id, *epoch, bounds, full && first_pass)
-                        .await
-                    {
-                        Ok(()) => {}
-                        Err(ResponseError::FencedLeaderEpoch) => fenced = true,
-                        Err(error) => {
-                            // The state store is moving (a failover): nothing to hand out
-                            // from this partition until it answers.
-                            tracing::debug!(?error, topic = %name, partition, "share-partition state not available yet");
-                        }
-                    }
-                }
-                if fenced {
-                    log = Err(ResponseError::NotLeaderOrFollower);
-                }
-                targets.push(((topic_id, partition), name, log));
-            }
-            first_pass = false;
-            let pass = {
-                let broker = broker.clone();
-                let (group_id, member_id) = (group_id.clone(), member_id.clone());
-                tokio::task::spawn_blocking(move || {
-                    acquire_pass(&broker, &group_id, &member_id, targets, max_records, max_bytes)
-                })
-                .await
-                .expect("share fetch pass panicked")
-            };
-            let acquired_any = pass.iter().any(|(_, fetched)| !fetched.acquired.is_empty());
-            let errors = pass.iter().any(|(_, fetched)| fetched.error.is_some());
-            if acquired_any || errors || Instant::now() >= deadline || receivers.is_empty() {
-                for (key, fetched) in pass {
-                    answers.entry(key).or_default().0 = fetched;
-                }
-                break;
-            }
-            let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
-            tokio::select! {
-                _ = any_changed => {}
-                () = released => {}
-                () = tokio::time::sleep_until(deadline) => {}
-            }
-        }
+        let member = (group_id.as_str(), member_id.as_str());
+        acquire_records(broker, client, &catalog, member, &request, &fetching, &mut answers).await;
         if full {
             for key in &fetching {
                 answers.entry(*key).or_default();
             }
         }
     }
+    response.responses = topic_responses(answers, full);
+    count_fetched_bytes(broker, &catalog, &response);
+    response
+}
+
+/// The acknowledgement batches of each partition of a ShareFetch.
+fn acknowledgements(request: &ShareFetchRequest) -> Vec<((Uuid, i32), AckBatches)> {
+    request
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().filter(|p| !p.acknowledgement_batches.is_empty()).map(move |p| {
+                let batches = p
+                    .acknowledgement_batches
+                    .iter()
+                    .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone()))
+                    .collect();
+                ((t.topic_id, p.partition_index), batches)
+            })
+        })
+        .collect()
+}
+
+/// The partitions the member's share session fetches after this request's additions and
+/// removals (none when the request closes it).
+fn session_partitions(
+    broker: &Broker,
+    request: &ShareFetchRequest,
+    group_id: &str,
+    member_id: &str,
+    closing: bool,
+) -> Result<Vec<(Uuid, i32)>, ResponseError> {
+    if closing {
+        return Ok(Vec::new());
+    }
+    let added: Vec<(Uuid, i32)> =
+        request.topics.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, p.partition_index))).collect();
+    let forgotten: Vec<(Uuid, i32)> =
+        request.forgotten_topics_data.iter().flat_map(|t| t.partitions.iter().map(move |p| (t.topic_id, *p))).collect();
+    let epoch = request.share_session_epoch;
+    match broker.shares.session_step(group_id, member_id, epoch, &added, &forgotten, true) {
+        Ok(ShareSessionStep::Open(partitions)) => Ok(partitions),
+        Ok(ShareSessionStep::Closed) => Ok(Vec::new()),
+        Err(error) => {
+            tracing::debug!(member = %member_id, epoch, ?error, "share fetch session step refused");
+            Err(error)
+        }
+    }
+}
+
+/// Acquires records of the `fetching` partitions for `member` (group id, member id) into
+/// `answers`: at once when any partition has some, else when records arrive or are released,
+/// or at the request's deadline.
+async fn acquire_records(
+    broker: &Arc<Broker>,
+    client: &ClientSession,
+    catalog: &Catalog,
+    member: (&str, &str),
+    request: &ShareFetchRequest,
+    fetching: &[(Uuid, i32)],
+    answers: &mut Answers,
+) {
+    let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
+    let max_records = if request.max_records <= 0 { usize::MAX } else { request.max_records as usize };
+    let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
+    // A new session's first pass loads each share-partition's state from the store.
+    let mut reload = request.share_session_epoch == 0;
+    loop {
+        let released = broker.shares.released();
+        let mut receivers = Vec::new();
+        let mut targets = Vec::new();
+        for &(topic_id, partition) in fetching {
+            let target = share_target(broker, client, catalog, member.0, (topic_id, partition), reload).await;
+            if let Ok((log, _)) = &target.2 {
+                receivers.push(log.subscribe());
+            }
+            targets.push(target);
+        }
+        reload = false;
+        let pass = {
+            let broker = broker.clone();
+            let (group_id, member_id) = (member.0.to_string(), member.1.to_string());
+            tokio::task::spawn_blocking(move || {
+                acquire_pass(&broker, &group_id, &member_id, targets, max_records, max_bytes)
+            })
+            .await
+            .expect("share fetch pass panicked")
+        };
+        let acquired_any = pass.iter().any(|(_, fetched)| !fetched.acquired.is_empty());
+        let errors = pass.iter().any(|(_, fetched)| fetched.error.is_some());
+        if acquired_any || errors || Instant::now() >= deadline || receivers.is_empty() {
+            for (key, fetched) in pass {
+                answers.entry(key).or_default().0 = fetched;
+            }
+            return;
+        }
+        let any_changed = futures::future::select_all(receivers.iter_mut().map(|r| Box::pin(r.changed())));
+        tokio::select! {
+            _ = any_changed => {}
+            () = released => {}
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// The log of a fetched share-partition here with its leader epoch, its share-partition
+/// state loaded (`reload`: from the store), or why it cannot be fetched.
+async fn share_target(
+    broker: &Arc<Broker>,
+    client: &ClientSession,
+    catalog: &Catalog,
+    group_id: &str,
+    (topic_id, partition): (Uuid, i32),
+    reload: bool,
+) -> Target {
+    let name = catalog.name_for_id(&topic_id).map(str::to_string);
+    let log = match &name {
+        None => Err(ResponseError::UnknownTopicId),
+        Some(name) if !broker.authorized(client, acl::OP_READ, acl::RESOURCE_TOPIC, name) => {
+            Err(ResponseError::TopicAuthorizationFailed)
+        }
+        Some(name) => {
+            match (
+                broker.partition(name, partition),
+                sluice_coordinator::share::leader_epoch(&**broker, name, partition),
+            ) {
+                (Some(log), Some(epoch)) => Ok((log, epoch)),
+                _ if catalog.get(name).is_some_and(|(_, count)| partition < count) => {
+                    Err(ResponseError::NotLeaderOrFollower)
+                }
+                _ => Err(ResponseError::UnknownTopicOrPartition),
+            }
+        }
+    };
+    if let (Ok((log, epoch)), Some(name)) = (&log, &name) {
+        let offsets = log.offsets();
+        let key = (group_id.to_string(), name.clone(), partition);
+        let bounds = (offsets.log_start_offset, offsets.high_watermark);
+        match broker.shares.ensure_loaded(&**broker, &key, topic_id, *epoch, bounds, reload).await {
+            Ok(()) => {}
+            Err(ResponseError::FencedLeaderEpoch) => {
+                return ((topic_id, partition), name.clone().into(), Err(ResponseError::NotLeaderOrFollower))
+            }
+            // The state store is moving (a failover): nothing to hand out from this
+            // partition until it answers.
+            Err(error) => tracing::debug!(?error, topic = %name, partition, "share-partition state not available yet"),
+        }
+    }
+    ((topic_id, partition), name, log)
+}
+
+/// The answers by topic; an incremental fetch leaves out the partitions with nothing to say.
+fn topic_responses(answers: Answers, full: bool) -> Vec<ShareFetchableTopicResponse> {
     let mut by_topic: BTreeMap<Uuid, Vec<PartitionData>> = BTreeMap::new();
     for ((topic_id, partition), (fetched, ack_code)) in answers {
         if !full && fetched.acquired.is_empty() && fetched.error.is_none() && ack_code.is_none() {
@@ -389,7 +450,7 @@ pub(super) async fn fetch(
         data.acquired_records = fetched.acquired;
         by_topic.entry(topic_id).or_default().push(data);
     }
-    response.responses = by_topic
+    by_topic
         .into_iter()
         .map(|(topic_id, partitions)| {
             let mut topic = ShareFetchableTopicResponse::default();
@@ -397,9 +458,7 @@ pub(super) async fn fetch(
             topic.partitions = partitions;
             topic
         })
-        .collect();
-    count_fetched_bytes(broker, &catalog, &response);
-    response
+        .collect()
 }
 
 type Target = ((Uuid, i32), Option<String>, Result<(Arc<sluice_storage::Partition>, i32), ResponseError>);
