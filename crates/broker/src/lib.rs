@@ -12,6 +12,7 @@ mod fetch_session;
 mod handlers;
 mod metadata_writes;
 pub mod metrics;
+mod open;
 mod replica_host;
 mod security;
 pub mod server;
@@ -20,15 +21,14 @@ mod tiered_host;
 use std::io;
 use std::sync::Arc;
 
-use sluice_storage::{LogConfig, LogManager, Partition, TopicPartition};
+use sluice_storage::{LogManager, Partition, TopicPartition};
 use tokio::sync::Semaphore;
 
 use sluice_config::BrokerConfig;
-use sluice_coordinator::group::{self, GroupCoordinator};
+use sluice_coordinator::group::GroupCoordinator;
 use sluice_coordinator::share;
-use sluice_meta::meta_properties;
 use sluice_meta::topics::{self as topics, TopicMeta, TopicRegistry};
-use sluice_tiered::{RemoteLogController, TieredStorage};
+use sluice_tiered::TieredStorage;
 
 pub use sluice_meta::LEADER_EPOCH;
 
@@ -101,129 +101,22 @@ impl Broker {
             cluster_link::ensure_rpc_secret(cluster, &config.data_dir)?;
         }
         let topics = TopicRegistry::open(&config.data_dir)?;
-        let logs_dir = config.data_dir.join("logs");
-        // Before any log opens: every tail takes the mode. Direct I/O only where the
-        // filesystem's is trusted (`durable::direct_io_trusted`; not on FUSE, say).
-        let direct_io_trusted = sluice_storage::durable::direct_io_trusted(&config.data_dir);
-        if config.log_segment_direct_io && !direct_io_trusted {
-            tracing::info!(
-                dir = %config.data_dir.display(),
-                "log_segment_direct_io is on, but this filesystem's direct I/O is not trusted: segments are written through the page cache"
-            );
-        }
-        sluice_storage::segment_tail::set_direct_writes(config.log_segment_direct_io && direct_io_trusted);
-        let logs = if config.log_wal {
-            LogManager::with_wal_files_of(&logs_dir, config.log_wal_file_bytes)?
-        } else {
-            LogManager::new(&logs_dir)?
-        };
-        logs.syncer().set_wal_round_interval(std::time::Duration::from_micros(config.log_wal_round_interval_us));
+        let logs = open::log_manager(&config)?;
         let metrics = metrics::Metrics::new();
         logs.syncer().observe(metrics.fsync_observer());
-        let (replicas, cluster) = match &config.cluster {
-            None => (None, None),
-            Some(cluster_config) => {
-                // The controller's metadata decides which logs this node hosts; they are
-                // opened as it arrives (cluster_link), not from the local registry.
-                topics.replace_all(Vec::new());
-                let cluster_id =
-                    cluster_config.cluster_id.clone().unwrap_or_else(|| cluster_id_for(&cluster_config.voters));
-                meta_properties::check_or_write(&config.data_dir, config.node_id, &cluster_id)?;
-                topics.set_cluster_id(cluster_id);
-                topics.use_node_producer_ids(config.node_id);
-                let link = Arc::new(cluster_link::ClusterLink::default());
-                let replicas = sluice_replication::ReplicaManager::new(
-                    config.node_id,
-                    link.clone(),
-                    cluster_config.replica_lag_time_max_ms,
-                );
-                (Some(replicas), Some(link))
-            }
-        };
-        let wanted: Vec<(TopicPartition, LogConfig)> = topics
-            .all()
-            .into_iter()
-            .flat_map(|topic| {
-                let log_config = config.topic_defaults.log_config(&topic.configs);
-                (0..topic.partitions).map(move |p| (TopicPartition::new(topic.name.clone(), p), log_config.clone()))
-            })
-            .collect();
-        let partition_count = wanted.len();
-        logs.open_all(wanted)?;
-        // A cluster's nodes must share one store: the per-node default directory cannot be it.
-        let shared_store = config.cluster.is_none() || config.tiered_storage.url.is_some();
-        let tiered = if config.tiered_storage.enabled && shared_store {
-            let controller = cluster.clone().map(|link| link as Arc<dyn RemoteLogController>);
-            let tiered =
-                TieredStorage::open(&config.tiered_storage, &config.data_dir, controller, metrics.tiered.clone())?;
-            for topic in topics.all().into_iter().filter(sluice_tiered::is_tiered) {
-                for p in 0..topic.partitions {
-                    if let Some(log) = logs.get_in(&topic.name, p) {
-                        tiered.attach(&topic, &log, p);
-                    }
-                }
-            }
-            Some(Arc::new(tiered))
-        } else {
-            None
-        };
+        let (replicas, cluster) = open::cluster_role(&config, &topics)?;
+        let partition_count = open::recover_logs(&config, &topics, &logs)?;
+        let tiered = open::tiered_storage(&config, &topics, &logs, cluster.as_ref(), &metrics)?;
         logs.start_cleaner(config.cleaner_settings())?;
         tracing::info!(
             partitions = partition_count,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "recovered partition logs"
         );
-        let settings = config.security_settings().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let authorizer = sluice_security::Authorizer::new(&settings);
-        let inter_broker =
-            sluice_security::InterBroker::new(&settings).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let oauth =
-            sluice_security::oauth_validator(&settings).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let sluice_security::SecuritySettings { listeners, inter_broker_listener, .. } = settings;
-        let quotas = sluice_security::quota::QuotaManager::default();
-        let security = match &config.cluster {
-            None => sluice_security::SecurityStore::open_local(&config.data_dir)?,
-            Some(_) => sluice_security::SecurityStore::replicated(),
-        };
-        security.with_local_quotas(|local| quotas.set_configured(local));
-        let request_memory = connection::RequestMemory::new(config.queued_max_request_bytes);
-        let timing = group::state::Timing {
-            initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms as i64,
-            consumer_heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms as i32,
-            consumer_session_timeout_ms: config.group_consumer_session_timeout_ms as i64,
-        };
-        let settings = group::shards::OffsetsSettings {
-            retention_ms: config.offsets_retention_ms(),
-            retention_check_interval_ms: config.offsets_retention_check_interval_ms as i64,
-            snapshot_interval_bytes: config.offsets_snapshot_interval_bytes,
-        };
-        // One local offsets partition on a single node; in a cluster the replicated
-        // `__consumer_offsets` partitions this node leads, as the metadata says.
-        let groups = match &config.cluster {
-            None => {
-                topics.register_local_offsets_topic(config.offsets_topic_segment_bytes);
-                GroupCoordinator::open_local(&config.data_dir, timing, settings, config.offsets_topic_segment_bytes)?
-            }
-            Some(_) => GroupCoordinator::replicated(timing, settings),
-        };
-        let share_settings = share::ShareSettings {
-            record_lock_duration_ms: config.group_share_record_lock_duration_ms as i64,
-            delivery_count_limit: config.group_share_delivery_count_limit,
-            partition_max_record_locks: config.group_share_partition_max_record_locks,
-            heartbeat_interval_ms: config.group_share_heartbeat_interval_ms as i32,
-            session_timeout_ms: config.group_share_session_timeout_ms as i64,
-        };
-        let shares = Arc::new(match &config.cluster {
-            None => share::ShareCoordinator::open_local(&config.data_dir, share_settings)?,
-            Some(_) => share::ShareCoordinator::replicated(share_settings),
-        });
-        let transactions = Arc::new(match &config.cluster {
-            None => sluice_coordinator::txn::TransactionCoordinator::open_local(&config.data_dir, logs.syncer())?,
-            Some(_) => sluice_coordinator::txn::TransactionCoordinator::replicated(),
-        });
-        let connection_limits = Arc::new(connection_limits::ConnectionLimits::new(&config));
+        let open::Security { listeners, inter_broker_listener, inter_broker, oauth, security, authorizer, quotas } =
+            open::security(&config)?;
+        let open::Coordinators { groups, shares, transactions } = open::coordinators(&config, &topics, &logs)?;
         Ok(Arc::new(Broker {
-            config,
             listeners,
             inter_broker_listener,
             inter_broker,
@@ -233,8 +126,8 @@ impl Broker {
             quotas,
             topics,
             logs,
-            request_memory,
-            connection_limits,
+            request_memory: connection::RequestMemory::new(config.queued_max_request_bytes),
+            connection_limits: Arc::new(connection_limits::ConnectionLimits::new(&config)),
             fetch_disk_reads: Arc::new(Semaphore::new(sluice_config::FETCH_DISK_READS_MAX)),
             fetch_sessions: fetch_session::FetchSessions::default(),
             metrics,
@@ -245,6 +138,7 @@ impl Broker {
             cluster,
             tiered,
             topic_changes: parking_lot::Mutex::new(()),
+            config,
             _data_dir_lock: data_dir_lock,
         }))
     }
