@@ -134,78 +134,121 @@ pub(crate) struct Metrics {
     pub(crate) fetch_disk_reads: Counter,
 }
 
+/// A gauge registered as `name`.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
+}
+
+/// A counter registered as `name`.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
+}
+
+/// A family of counters registered as `name`, one per label set.
+fn counters<L>(registry: &mut Registry, name: &str, help: &str) -> Family<L, Counter>
+where
+    L: Clone
+        + std::hash::Hash
+        + Eq
+        + prometheus_client::encoding::EncodeLabelSet
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let family = Family::<L, Counter>::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
 fn histogram((start, factor, count): (f64, f64, u16)) -> Histogram {
     Histogram::new(exponential_buckets(start, factor, count))
+}
+
+/// Registers the tiered-storage counters (`sluice-tiered` counts into them).
+fn register_tiered(registry: &mut Registry, tiered: &TieredMetrics) {
+    for (name, help, counter) in [
+        ("remote_copy_bytes", "Segment bytes copied to the object store (tiered topics)", &tiered.copied_bytes),
+        ("remote_copy_segments", "Segments copied to the object store and committed", &tiered.copied_segments),
+        (
+            "remote_copy_failures",
+            "Copies to the object store that failed (retried after a backoff)",
+            &tiered.copy_failures,
+        ),
+        ("remote_fetch_bytes", "Record bytes read from the object store for fetches", &tiered.fetched_bytes),
+        (
+            "remote_fetch_failures",
+            "Reads from the object store that failed (answered with a retriable error)",
+            &tiered.fetch_failures,
+        ),
+        ("remote_expired_segments", "Remote segments deleted by retention or DeleteRecords", &tiered.expired_segments),
+    ] {
+        registry.register(name, help, counter.clone());
+    }
+}
+
+/// Each advertised API's request counter and duration histogram, by API key.
+fn api_metrics(registry: &mut Registry) -> Vec<Option<ApiMetrics>> {
+    let requests = Family::<ApiLabels, Counter>::default();
+    let request_seconds = Family::<ApiLabels, Histogram>::new_with_constructor(|| histogram(REQUEST_SECONDS_BUCKETS));
+    registry.register("requests", "Requests handled, by Kafka API", requests.clone());
+    registry.register(
+        "request_duration_seconds",
+        "Time from a request's arrival to its answer, by Kafka API",
+        request_seconds.clone(),
+    );
+    let mut apis = vec![None; API_KEYS_MAX];
+    for (api, _, _) in sluice_protocol::ADVERTISED_APIS {
+        let labels = ApiLabels { api: format!("{api:?}").trim_end_matches("Key").to_string() };
+        let index = *api as i16 as usize;
+        assert!(index < API_KEYS_MAX, "API key {api:?} has no metrics slot");
+        apis[index] = Some(ApiMetrics {
+            requests: requests.get_or_create_owned(&labels),
+            seconds: request_seconds.get_or_create_owned(&labels),
+        });
+    }
+    apis
 }
 
 impl Metrics {
     pub(crate) fn new() -> Metrics {
         let mut registry = Registry::with_prefix("sluice");
-        let requests = Family::<ApiLabels, Counter>::default();
-        let request_seconds =
-            Family::<ApiLabels, Histogram>::new_with_constructor(|| histogram(REQUEST_SECONDS_BUCKETS));
-        registry.register("requests", "Requests handled, by Kafka API", requests.clone());
-        registry.register(
-            "request_duration_seconds",
-            "Time from a request's arrival to its answer, by Kafka API",
-            request_seconds.clone(),
-        );
-        let mut apis = vec![None; API_KEYS_MAX];
-        for (api, _, _) in sluice_protocol::ADVERTISED_APIS {
-            let labels = ApiLabels { api: format!("{api:?}").trim_end_matches("Key").to_string() };
-            let index = *api as i16 as usize;
-            assert!(index < API_KEYS_MAX, "API key {api:?} has no metrics slot");
-            apis[index] = Some(ApiMetrics {
-                requests: requests.get_or_create_owned(&labels),
-                seconds: request_seconds.get_or_create_owned(&labels),
-            });
-        }
-        let produce_bytes = Family::<TopicLabels, Counter>::default();
-        let fetch_bytes = Family::<TopicLabels, Counter>::default();
-        let produce_records = Family::<TopicLabels, Counter>::default();
-        registry.register("produce_bytes", "Record batch bytes appended by producers, by topic", produce_bytes.clone());
-        registry.register("produce_records", "Records appended by producers, by topic", produce_records.clone());
-        registry.register(
-            "fetch_bytes",
-            "Record batch bytes sent to consumers and followers, by topic",
-            fetch_bytes.clone(),
-        );
+        let apis = api_metrics(&mut registry);
+        let produce_bytes =
+            counters(&mut registry, "produce_bytes", "Record batch bytes appended by producers, by topic");
+        let produce_records = counters(&mut registry, "produce_records", "Records appended by producers, by topic");
+        let fetch_bytes =
+            counters(&mut registry, "fetch_bytes", "Record batch bytes sent to consumers and followers, by topic");
         let fsync_seconds = histogram(FSYNC_SECONDS_BUCKETS);
         registry.register("fsync_duration_seconds", "Duration of each group-commit fdatasync", fsync_seconds.clone());
-        let gauge = |registry: &mut Registry, name: &str, help: &str| {
-            let gauge = Gauge::default();
-            registry.register(name, help, gauge.clone());
-            gauge
-        };
         let connections = gauge(&mut registry, "connections", "Open client connections");
-        let connections_refused = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let connections_refused = counters::<ReasonLabels>(
+            &mut registry,
             "connections_refused",
             "Connections closed at accept, by the limit: max_connections or max_connections_per_ip",
-            connections_refused.clone(),
         );
-        let connections_closed = Family::<ReasonLabels, Counter>::default();
-        registry.register(
+        let connections_closed = counters::<ReasonLabels>(
+            &mut registry,
             "connections_closed",
             "Connections the broker closed: idle (connections.max.idle.ms), request_read_timeout \
              (request_read_timeout_ms), unauthenticated_frame_too_large (sasl.server.max.receive.size), \
              failed_authentication",
-            connections_closed.clone(),
         );
-        let throttled = Family::<ApiLabels, Counter>::default();
-        registry.register(
+        let throttled = counters::<ApiLabels>(
+            &mut registry,
             "quota_throttled_responses",
             "Answers throttled for exceeding a client quota (api=\"any\": request_percentage)",
-            throttled.clone(),
         );
         let throttled_produce = throttled.get_or_create_owned(&ApiLabels { api: "Produce".into() });
         let throttled_fetch = throttled.get_or_create_owned(&ApiLabels { api: "Fetch".into() });
         // Request-time (request_percentage) throttles, whatever the API.
         let throttled_request_time = throttled.get_or_create_owned(&ApiLabels { api: "any".into() });
-        let isr_shrinks = Counter::default();
-        registry.register("isr_shrinks", "ISR shrinks committed for partitions led here", isr_shrinks.clone());
-        let isr_expands = Counter::default();
-        registry.register("isr_expands", "ISR expansions committed for partitions led here", isr_expands.clone());
+        let isr_shrinks = counter(&mut registry, "isr_shrinks", "ISR shrinks committed for partitions led here");
+        let isr_expands = counter(&mut registry, "isr_expands", "ISR expansions committed for partitions led here");
         let group_lag = Family::<GroupTopicLabels, Gauge>::default();
         registry.register(
             "consumer_group_lag",
@@ -235,18 +278,8 @@ impl Metrics {
             "segment_tail_memory_bytes",
             "Memory of the active segments' tails: their newest bytes, read by tailing consumers and written to the segment files with direct I/O",
         );
-        let segment_tail_written_bytes = Family::<WriteModeLabels, Counter>::default();
-        registry.register(
-            "segment_tail_written_bytes",
-            "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a batch that found the tails' memory full)",
-            segment_tail_written_bytes.clone(),
-        );
-        let segment_tail_full_appends = Counter::default();
-        registry.register(
-            "segment_tail_full_appends",
-            "Batches appended through the page cache on the request path because the tails' memory (TAIL_MEMORY_BYTES_MAX) was full; each also wrote what its segment's tail held",
-            segment_tail_full_appends.clone(),
-        );
+        let segment_tail_written_bytes = counters::<WriteModeLabels>(&mut registry, "segment_tail_written_bytes", "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a batch that found the tails' memory full)");
+        let segment_tail_full_appends = counter(&mut registry, "segment_tail_full_appends", "Batches appended through the page cache on the request path because the tails' memory (TAIL_MEMORY_BYTES_MAX) was full; each also wrote what its segment's tail held");
         let segment_files_open = gauge(
             &mut registry,
             "segment_files_open",
@@ -255,45 +288,18 @@ impl Metrics {
         let active_controller =
             gauge(&mut registry, "active_controller", "1 when this node is the active controller (a single node is)");
         let tiered = TieredMetrics::default();
-        for (name, help, counter) in [
-            ("remote_copy_bytes", "Segment bytes copied to the object store (tiered topics)", &tiered.copied_bytes),
-            ("remote_copy_segments", "Segments copied to the object store and committed", &tiered.copied_segments),
-            (
-                "remote_copy_failures",
-                "Copies to the object store that failed (retried after a backoff)",
-                &tiered.copy_failures,
-            ),
-            ("remote_fetch_bytes", "Record bytes read from the object store for fetches", &tiered.fetched_bytes),
-            (
-                "remote_fetch_failures",
-                "Reads from the object store that failed (answered with a retriable error)",
-                &tiered.fetch_failures,
-            ),
-            (
-                "remote_expired_segments",
-                "Remote segments deleted by retention or DeleteRecords",
-                &tiered.expired_segments,
-            ),
-        ] {
-            registry.register(name, help, counter.clone());
-        }
+        register_tiered(&mut registry, &tiered);
         let remote_log_size_bytes = gauge(
             &mut registry,
             "remote_log_size_bytes",
             "Bytes in the object store of the tiered partitions this node leads",
         );
-        let sendfile_bytes = Counter::default();
-        registry.register(
+        let sendfile_bytes = counter(
+            &mut registry,
             "fetch_sendfile_bytes",
             "Record bytes of fetch responses sent from the page cache without a copy (sendfile, plaintext listeners)",
-            sendfile_bytes.clone(),
         );
-        let fetch_disk_reads = Counter::default();
-        registry.register(
-            "fetch_disk_reads",
-            "Fetches read on the blocking pool because some of their data was not in the page cache or the tails' memory",
-            fetch_disk_reads.clone(),
-        );
+        let fetch_disk_reads = counter(&mut registry, "fetch_disk_reads", "Fetches read on the blocking pool because some of their data was not in the page cache or the tails' memory");
         Metrics {
             registry,
             apis,
