@@ -80,123 +80,24 @@ pub(crate) async fn run(
     listener: usize,
     certificate_user: Option<String>,
 ) {
-    let mut authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
-    let mut session = ClientSession { peer, listener, principal: Arc::from(""), throttle: Default::default() };
-    let frame_bytes_max = broker.config().max_request_bytes;
-    // Before SASL authentication, Kafka's sasl.server.max.receive.size.
-    let unauthenticated_frame_bytes_max = frame_bytes_max.min(broker.config().sasl_server_max_receive_size);
-    let inflight_max = broker.config().max_inflight_requests_per_connection;
-    let connection_bytes_max = broker.config().queued_max_request_bytes_per_connection;
-    let mut buffer = BytesMut::with_capacity(READ_BUFFER_BYTES);
-    let mut inflight: FuturesOrdered<ResponseFuture> = FuturesOrdered::new();
-    // The memory charged for each request in `inflight`, in the same order.
-    let mut charges: VecDeque<Charge> = VecDeque::new();
-    // Bytes charged to this connection: `charges` and `head`.
-    let mut connection_bytes = 0;
-    // The charge of the frame at the front of `buffer`, admitted but not yet whole.
-    let mut head: Option<Charge> = None;
-    let mut read_closed = false;
+    let mut intake = Intake::new(&broker, peer, listener, certificate_user);
+    let inflight_max = intake.inflight_max;
     let mut deadlines = Deadlines::new(broker.config(), Instant::now());
     // Armed for the nearest deadline; reset only when that moves (not at every read).
     let timer = tokio::time::sleep_until(deadlines.idle_due);
     tokio::pin!(timer);
     loop {
         // Over a quota: take no new request until the throttle time has passed (KIP-219).
-        let muted = session.throttle.remaining(broker.quotas.now_ms());
-        // Turn buffered bytes into requests while there is room in flight.
-        let mut blocked_on_memory = false;
-        // A frame completed or admitted: the next one gets a fresh read deadline.
-        let mut frame_progress = false;
-        while muted.is_none() && inflight.len() < inflight_max {
-            let charge = match head.take() {
-                Some(charge) => charge,
-                None => {
-                    let authenticated = authenticator.user().is_some();
-                    let limit = if authenticated { frame_bytes_max } else { unauthenticated_frame_bytes_max };
-                    let next = match peek_frame(&buffer, limit) {
-                        Ok(Some(next)) => next,
-                        Ok(None) => break,
-                        Err(error) => {
-                            refuse_frame(&broker, &peer, &error, authenticated);
-                            return;
-                        }
-                    };
-                    if !authenticated {
-                        // Bounded by sasl.server.max.receive.size; not the shared budget's.
-                        connection_bytes += next.size;
-                        head = Some(Charge::unbudgeted(next.size));
-                        continue; // Taken off `head` at once.
-                    }
-                    // Alone, a connection may take any request up to max_request_bytes.
-                    let over_connection = connection_bytes + next.size > connection_bytes_max;
-                    let now = match over_connection && !inflight.is_empty() {
-                        true => None,
-                        false => broker.request_memory.try_charge(next),
-                    };
-                    let charged = match now {
-                        Some(charge) => charge,
-                        None if inflight.is_empty() => {
-                            frame_progress = true;
-                            broker.request_memory.charge(next).await
-                        }
-                        None => {
-                            // Our own requests hold memory: let them finish first.
-                            blocked_on_memory = true;
-                            break;
-                        }
-                    };
-                    connection_bytes += charged.bytes;
-                    charged
-                }
-            };
-            if buffer.len() < FRAME_SIZE_PREFIX_BYTES + charge.bytes {
-                head = Some(charge);
-                break;
-            }
-            let frame = decode_frame(&mut buffer, frame_bytes_max).ok().flatten().expect("a whole checked frame");
-            charges.push_back(charge);
-            frame_progress = true;
-            let request = match parse_request(frame) {
-                Ok(request) => request,
-                Err(error) => match reject(error, &peer) {
-                    Some(response) => {
-                        inflight.push_back(response);
-                        continue;
-                    }
-                    None => return,
-                },
-            };
-            let sasl_step = matches!(request.body, RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_));
-            if !sasl_step && authenticator.session_expired() {
-                tracing::info!(%peer, "closing connection: SASL session expired without re-authentication (KIP-368)");
-                return;
-            }
-            if !sasl_step && (authenticator.user().is_some() || request.api_key == ApiKey::ApiVersions) {
-                if session.principal.is_empty() {
-                    if let Some(user) = authenticator.user() {
-                        session.principal = Arc::from(format!("User:{user}"));
-                    }
-                }
-                inflight.push_back(handlers::dispatch(&broker, request, &session));
-                continue;
-            }
-            match authenticate(&broker, &mut authenticator, request, &peer).await {
-                None => return,
-                Some((response, Next::Continue)) => inflight.push_back(response),
-                Some((response, Next::Close)) => {
-                    // Answer, then close: nothing more is read from this client.
-                    inflight.push_back(response);
-                    read_closed = true;
-                    buffer.clear();
-                    break;
-                }
-            }
-        }
+        let muted = intake.session.throttle.remaining(broker.quotas.now_ms());
+        let Some(Admitted { blocked_on_memory, frame_progress }) = intake.admit(&broker, muted.is_some()).await else {
+            return;
+        };
+        let Intake { buffer, inflight, charges, connection_bytes, head, read_closed, .. } = &mut intake;
         // Read at most the rest of the admitted frame and READ_BUFFER_BYTES beyond it.
         let admitted = head.as_ref().map_or(0, |charge| FRAME_SIZE_PREFIX_BYTES + charge.bytes);
         let read_max = (admitted + READ_BUFFER_BYTES).saturating_sub(buffer.len());
         let can_read =
-            !read_closed && !blocked_on_memory && muted.is_none() && inflight.len() < inflight_max && read_max > 0;
+            !*read_closed && !blocked_on_memory && muted.is_none() && inflight.len() < inflight_max && read_max > 0;
         if inflight.is_empty() && !can_read && muted.is_none() {
             return;
         }
@@ -247,17 +148,178 @@ pub(crate) async fn run(
                 // Answered: their memory goes back to the budgets.
                 for _ in 0..answered {
                     let charge = charges.pop_front().expect("one charge per request in flight");
-                    connection_bytes -= charge.bytes;
+                    *connection_bytes -= charge.bytes;
                 }
             }
-            read = limited.read_buf(&mut buffer), if can_read => match read {
-                Ok(0) => read_closed = true,
+            read = limited.read_buf(buffer), if can_read => match read {
+                Ok(0) => *read_closed = true,
                 Ok(_) => deadlines.active(Instant::now()),
                 Err(error) => {
                     tracing::debug!(%peer, %error, "read failed");
                     return;
                 }
             },
+        }
+    }
+}
+
+/// A connection's side that turns the bytes read into requests in flight: the buffer of
+/// unread bytes, the requests dispatched and the memory charged for them, and who the
+/// client is.
+struct Intake {
+    peer: SocketAddr,
+    authenticator: Authenticator,
+    session: ClientSession,
+    buffer: BytesMut,
+    inflight: FuturesOrdered<ResponseFuture>,
+    /// The memory charged for each request in `inflight`, in the same order.
+    charges: VecDeque<Charge>,
+    /// Bytes charged to this connection: `charges` and `head`.
+    connection_bytes: usize,
+    /// The charge of the frame at the front of `buffer`, admitted but not yet whole.
+    head: Option<Charge>,
+    read_closed: bool,
+    frame_bytes_max: usize,
+    /// Before SASL authentication, Kafka's sasl.server.max.receive.size.
+    unauthenticated_frame_bytes_max: usize,
+    inflight_max: usize,
+    connection_bytes_max: usize,
+}
+
+/// What one [`Intake::admit`] left for the reads.
+struct Admitted {
+    /// The next frame waits for memory this connection's own requests hold.
+    blocked_on_memory: bool,
+    /// A frame completed or was admitted: the next one gets a fresh read deadline.
+    frame_progress: bool,
+}
+
+impl Intake {
+    fn new(broker: &Broker, peer: SocketAddr, listener: usize, certificate_user: Option<String>) -> Intake {
+        let config = broker.config();
+        let authenticator = Authenticator::new(broker.listeners()[listener].protocol.uses_sasl(), certificate_user);
+        Intake {
+            peer,
+            authenticator,
+            session: ClientSession { peer, listener, principal: Arc::from(""), throttle: Default::default() },
+            buffer: BytesMut::with_capacity(READ_BUFFER_BYTES),
+            inflight: FuturesOrdered::new(),
+            charges: VecDeque::new(),
+            connection_bytes: 0,
+            head: None,
+            read_closed: false,
+            frame_bytes_max: config.max_request_bytes,
+            unauthenticated_frame_bytes_max: config.max_request_bytes.min(config.sasl_server_max_receive_size),
+            inflight_max: config.max_inflight_requests_per_connection,
+            connection_bytes_max: config.queued_max_request_bytes_per_connection,
+        }
+    }
+
+    /// Turns buffered bytes into requests in flight while there is room (none while
+    /// `muted`); `None` when the connection is to close.
+    async fn admit(&mut self, broker: &Arc<Broker>, muted: bool) -> Option<Admitted> {
+        let mut admitted = Admitted { blocked_on_memory: false, frame_progress: false };
+        while !muted && self.inflight.len() < self.inflight_max {
+            let charge = match self.head.take() {
+                Some(charge) => charge,
+                None => match self.charge_next(broker, &mut admitted).await? {
+                    Some(charge) => charge,
+                    None => break,
+                },
+            };
+            if self.buffer.len() < FRAME_SIZE_PREFIX_BYTES + charge.bytes {
+                self.head = Some(charge);
+                break;
+            }
+            let frame =
+                decode_frame(&mut self.buffer, self.frame_bytes_max).ok().flatten().expect("a whole checked frame");
+            self.charges.push_back(charge);
+            admitted.frame_progress = true;
+            let request = match parse_request(frame) {
+                Ok(request) => request,
+                Err(error) => {
+                    self.inflight.push_back(reject(error, &self.peer)?);
+                    continue;
+                }
+            };
+            if !self.take(broker, request).await? {
+                break;
+            }
+        }
+        Some(admitted)
+    }
+
+    /// Charges the frame at the front of the buffer: `Some(None)` when there is none yet or
+    /// it waits for memory, `None` when it closes the connection.
+    async fn charge_next(&mut self, broker: &Broker, admitted: &mut Admitted) -> Option<Option<Charge>> {
+        let authenticated = self.authenticator.user().is_some();
+        let limit = if authenticated { self.frame_bytes_max } else { self.unauthenticated_frame_bytes_max };
+        let next = match peek_frame(&self.buffer, limit) {
+            Ok(Some(next)) => next,
+            Ok(None) => return Some(None),
+            Err(error) => {
+                refuse_frame(broker, &self.peer, &error, authenticated);
+                return None;
+            }
+        };
+        if !authenticated {
+            // Bounded by sasl.server.max.receive.size; not the shared budget's.
+            self.connection_bytes += next.size;
+            return Some(Some(Charge::unbudgeted(next.size)));
+        }
+        // Alone, a connection may take any request up to max_request_bytes.
+        let over_connection = self.connection_bytes + next.size > self.connection_bytes_max;
+        let now = match over_connection && !self.inflight.is_empty() {
+            true => None,
+            false => broker.request_memory.try_charge(next),
+        };
+        let charged = match now {
+            Some(charge) => charge,
+            None if self.inflight.is_empty() => {
+                admitted.frame_progress = true;
+                broker.request_memory.charge(next).await
+            }
+            None => {
+                // Our own requests hold memory: let them finish first.
+                admitted.blocked_on_memory = true;
+                return Some(None);
+            }
+        };
+        self.connection_bytes += charged.bytes;
+        Some(Some(charged))
+    }
+
+    /// Dispatches `request`, or runs its step of SASL authentication: `Some(true)` to take
+    /// the next, `Some(false)` when nothing more is read from this client, `None` when the
+    /// connection closes at once.
+    async fn take(&mut self, broker: &Arc<Broker>, request: Request) -> Option<bool> {
+        let peer = self.peer;
+        let sasl_step = matches!(request.body, RequestKind::SaslHandshake(_) | RequestKind::SaslAuthenticate(_));
+        if !sasl_step && self.authenticator.session_expired() {
+            tracing::info!(%peer, "closing connection: SASL session expired without re-authentication (KIP-368)");
+            return None;
+        }
+        if !sasl_step && (self.authenticator.user().is_some() || request.api_key == ApiKey::ApiVersions) {
+            if self.session.principal.is_empty() {
+                if let Some(user) = self.authenticator.user() {
+                    self.session.principal = Arc::from(format!("User:{user}"));
+                }
+            }
+            self.inflight.push_back(handlers::dispatch(broker, request, &self.session));
+            return Some(true);
+        }
+        match authenticate(broker, &mut self.authenticator, request, &peer).await? {
+            (response, Next::Continue) => {
+                self.inflight.push_back(response);
+                Some(true)
+            }
+            (response, Next::Close) => {
+                // Answer, then close: nothing more is read from this client.
+                self.inflight.push_back(response);
+                self.read_closed = true;
+                self.buffer.clear();
+                Some(false)
+            }
         }
     }
 }
