@@ -71,10 +71,7 @@ pub const PARTITIONS_PER_TOPIC_MAX: i32 = 100_000;
 /// Longest a fetch may wait, whatever the client asks for.
 pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
-/// wide); the others wait. Each holds at most one fetch response's bytes. With reads through
-/// the page cache one was best (alternating catch-up runs drained at the same
-/// rate with 1 as with 8, and the producers' p50 during the drain fell from 7.0-10.2 ms to
-/// 2.4-4.4 ms, `bench/results/2026-11-27/catchup-ab`). Cold reads go by direct
+/// wide); the others wait. Each holds at most one fetch response's bytes. Cold reads go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
 /// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in 1 GiB cold
 /// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s
