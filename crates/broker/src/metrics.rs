@@ -427,14 +427,14 @@ impl Metrics {
         let (queued, produce_memory) = broker.request_memory.held();
         self.produce_memory_bytes.set(produce_memory as i64);
         self.queued_request_bytes.set(queued as i64);
-        self.segment_tail_memory_bytes.set(sluice_storage::segment_tail::tail_memory_bytes() as i64);
-        let (direct, page_cache) = sluice_storage::segment_tail::tail_written_bytes();
+        self.segment_tail_memory_bytes.set(sluice_storage::tail_memory_bytes() as i64);
+        let (direct, page_cache) = sluice_storage::tail_written_bytes();
         for (mode, total) in [("direct", direct), ("page_cache", page_cache)] {
             let counter = self.segment_tail_written_bytes.get_or_create(&WriteModeLabels { mode });
             // The storage's totals only grow: the counter follows them.
             counter.inc_by(total.saturating_sub(counter.get()));
         }
-        let full_appends = sluice_storage::segment_tail::tail_full_appends();
+        let full_appends = sluice_storage::tail_full_appends();
         self.segment_tail_full_appends.inc_by(full_appends.saturating_sub(self.segment_tail_full_appends.get()));
         self.segment_files_open.set(sluice_storage::sealed_files_open() as i64);
         let active = match &broker.cluster {

@@ -32,7 +32,7 @@ pub(crate) fn log_manager(config: &BrokerConfig) -> io::Result<LogManager> {
             "log_segment_direct_io is on, but this filesystem's direct I/O is not trusted: segments are written through the page cache"
         );
     }
-    sluice_storage::segment_tail::set_direct_writes(config.log_segment_direct_io && direct_io_trusted);
+    sluice_storage::set_direct_writes(config.log_segment_direct_io && direct_io_trusted);
     let logs_dir = config.data_dir.join("logs");
     let logs = if config.log_wal {
         LogManager::with_wal_files_of(&logs_dir, config.log_wal_file_bytes)?

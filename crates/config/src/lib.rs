@@ -69,7 +69,7 @@ pub struct BrokerConfig {
     pub log_wal_round_interval_us: u64,
     /// A WAL file is closed and checkpointed (every partition it covers fsynced, then the
     /// file recycled) once it holds this many bytes: at least
-    /// `sluice_storage::wal::WAL_FILE_BYTES_MIN`. Smaller files mean a shorter replay after
+    /// `sluice_storage::WAL_FILE_BYTES_MIN`. Smaller files mean a shorter replay after
     /// a crash for more segment fsyncs.
     pub log_wal_file_bytes: u64,
     /// The active segments' tails reach their files with direct I/O instead of through
@@ -359,7 +359,7 @@ impl ClusterConfig {
 
 impl Default for BrokerConfig {
     fn default() -> Self {
-        let cleaner = sluice_storage::cleaner::CleanerSettings::default();
+        let cleaner = sluice_storage::CleanerSettings::default();
         BrokerConfig {
             node_id: 0,
             listen: "127.0.0.1:9092".parse().expect("valid address"),
@@ -377,7 +377,7 @@ impl Default for BrokerConfig {
             queued_max_request_bytes_per_connection: QUEUED_MAX_REQUEST_BYTES_PER_CONNECTION_DEFAULT,
             log_wal: true,
             log_wal_round_interval_us: WAL_ROUND_INTERVAL_US_DEFAULT,
-            log_wal_file_bytes: sluice_storage::wal::WAL_FILE_BYTES,
+            log_wal_file_bytes: sluice_storage::WAL_FILE_BYTES,
             log_segment_direct_io: true,
             io_threads: 0,
             metrics_listen: None,
@@ -446,8 +446,8 @@ const LOG_CLEANER_DEDUPE_BUFFER_MIN: u64 = 1024 * 1024;
 
 impl BrokerConfig {
     /// The log cleaner's settings.
-    pub fn cleaner_settings(&self) -> sluice_storage::cleaner::CleanerSettings {
-        sluice_storage::cleaner::CleanerSettings {
+    pub fn cleaner_settings(&self) -> sluice_storage::CleanerSettings {
+        sluice_storage::CleanerSettings {
             enabled: self.log_cleaner_enable,
             backoff_ms: self.log_cleaner_backoff_ms,
             io_max_bytes_per_second: self.log_cleaner_io_max_bytes_per_second,
@@ -469,10 +469,10 @@ impl BrokerConfig {
                 self.log_wal_round_interval_us
             ));
         }
-        if self.log_wal_file_bytes < sluice_storage::wal::WAL_FILE_BYTES_MIN {
+        if self.log_wal_file_bytes < sluice_storage::WAL_FILE_BYTES_MIN {
             return Err(format!(
                 "log_wal_file_bytes must be at least {}, got {}",
-                sluice_storage::wal::WAL_FILE_BYTES_MIN,
+                sluice_storage::WAL_FILE_BYTES_MIN,
                 self.log_wal_file_bytes
             ));
         }

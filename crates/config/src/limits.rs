@@ -73,7 +73,7 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 /// Fetches whose data is not in the page cache, read at once on the blocking pool (broker
 /// wide); the others wait. Each holds at most one fetch response's bytes. Cold reads go by direct
 /// I/O in pieces as large as the WAL's recent rounds, 128 KiB to 1 MiB
-/// (`sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN`): in 1 GiB cold
+/// (`sluice_storage::DIRECT_READ_PIECE_BYTES_MIN`): in 1 GiB cold
 /// drains under a 256 MiB cap, one read at a time drained at 339 MB/s, two at 434-496 MB/s
 /// with the producers' p99 5.9-9.0 ms during the drain, four at 496 MB/s with 9.5 ms; at
 /// 320k msg/s (a peak trial) four kept the consumers near the producers' rate where one left
@@ -81,7 +81,7 @@ pub const FETCH_WAIT_MS_MAX: i32 = 60_000;
 pub const FETCH_DISK_READS_MAX: usize = 2;
 /// Bytes one fetch reads from the disk (a consumer or follower catching up asks for up to
 /// `fetch.max.bytes`, 50 MiB by default; it gets the rest with its next fetch): this many of
-/// the direct reads' pieces (`sluice_storage::segment::direct_read_piece_bytes`), so 4 MiB
+/// the direct reads' pieces (`sluice_storage::direct_read_piece_bytes`), so 4 MiB
 /// while the WAL's rounds are small and up to `FETCH_DISK_READ_BYTES_MAX` when they are large.
 /// A cold fetch's turn costs the consumer a round trip and the blocking pool a hop: at 330k
 /// msg/s consumers behind the tails' memory read 200-360 MB/s from the disk in
@@ -95,12 +95,12 @@ pub const FETCH_DISK_READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// What one cold fetch reads at most now (see `FETCH_DISK_READ_PIECES`).
 pub fn fetch_disk_read_bytes() -> usize {
-    (FETCH_DISK_READ_PIECES * sluice_storage::segment::direct_read_piece_bytes()).min(FETCH_DISK_READ_BYTES_MAX)
+    (FETCH_DISK_READ_PIECES * sluice_storage::direct_read_piece_bytes()).min(FETCH_DISK_READ_BYTES_MAX)
 }
 // The smallest pieces make the smallest cold fetch, 4 MiB; the bound never cuts it.
 const _: () = assert!(
-    FETCH_DISK_READ_PIECES * sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN == 4 * 1024 * 1024
-        && FETCH_DISK_READ_PIECES * sluice_storage::segment::DIRECT_READ_PIECE_BYTES_MIN <= FETCH_DISK_READ_BYTES_MAX
+    FETCH_DISK_READ_PIECES * sluice_storage::DIRECT_READ_PIECE_BYTES_MIN == 4 * 1024 * 1024
+        && FETCH_DISK_READ_PIECES * sluice_storage::DIRECT_READ_PIECE_BYTES_MIN <= FETCH_DISK_READ_BYTES_MAX
 );
 /// Kafka's default `group.initial.rebalance.delay.ms`.
 pub const GROUP_INITIAL_REBALANCE_DELAY_MS_DEFAULT: u64 = 3_000;

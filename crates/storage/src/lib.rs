@@ -1,7 +1,7 @@
 //! Sluice's storage engine: durable, crash-safe partition logs of Kafka record batches.
 //!
 //! The map: a [`LogManager`] owns every [`Partition`] of this node and the group-commit
-//! [`Syncer`]; a partition is a set of [`segment::Segment`] files with sparse offset and
+//! [`Syncer`]; a partition is a set of [`Segment`] files with sparse offset and
 //! time indexes, plus its idempotent-producer state. Batches are stored byte for byte as
 //! the client sent them; only the base offset and the leader epoch are written by us.
 //!
@@ -15,23 +15,24 @@
 //! ([`cleaner`], [`records`]).
 
 pub mod batch;
-pub mod cleaner;
+mod cleaner;
 pub mod durable;
 mod log;
 mod manager;
 mod page_cache;
-pub mod producer_state;
-pub mod records;
-pub mod segment;
+mod producer_state;
+mod records;
+mod segment;
 mod segment_file;
-pub mod segment_tail;
+mod segment_tail;
 mod syncer;
-pub mod wal;
+mod wal;
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
+pub use crate::cleaner::{clean_partition, CleanStats, CleanerSettings, IoPacer};
 pub use crate::log::{
     read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
     Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
@@ -39,9 +40,14 @@ pub use crate::log::{
 };
 pub use crate::manager::{LogManager, TopicPartition};
 pub use crate::page_cache::{cachestat, Cachestat};
-pub use crate::segment::{ReadMode, SegmentIndex};
+pub use crate::segment::{direct_read_piece_bytes, ReadMode, Segment, SegmentIndex, DIRECT_READ_PIECE_BYTES_MIN};
 pub use crate::segment_file::{sealed_files_open, set_sealed_files_open_max, SEALED_SEGMENT_FILES_OPEN_MAX};
+pub use crate::segment_tail::{
+    set_direct_writes, tail_full_appends, tail_memory_bytes, tail_written_bytes, PAGE_BYTES, TAIL_CHUNK_BYTES_MAX,
+    TAIL_CHUNK_BYTES_MIN, TAIL_FROZEN_CHUNKS_MAX,
+};
 pub use crate::syncer::{FsyncObserver, Syncer, WAL_ROUND_INTERVAL_MAX};
+pub use crate::wal::{WAL_DIR, WAL_FILE_BYTES, WAL_FILE_BYTES_MIN};
 
 /// Writes a small file so that a crash leaves either the old or the new content.
 pub fn write_file_atomically(path: &Path, data: &[u8]) -> io::Result<()> {

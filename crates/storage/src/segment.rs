@@ -274,13 +274,6 @@ struct TimeEntry {
 /// Page-cache bytes of a segment file for the steady writeback: the file and `[from, to)`.
 pub(crate) type WritebackRange = (Arc<File>, u64, u64);
 
-/// A batch located by a scan: its header and where it starts in the segment file.
-#[derive(Debug, Clone, Copy)]
-pub struct LocatedBatch {
-    pub header: BatchHeader,
-    pub position: u64,
-}
-
 /// Why an append stopped: it needs a roll while the last one's disk work is not done yet
 /// (see `log/append.rs`); that roll must finish first.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use sluice_storage::cleaner::{clean_partition, CleanStats, CleanerSettings, IoPacer};
+use sluice_storage::{clean_partition, CleanStats, CleanerSettings, IoPacer};
 use sluice_storage::{LogConfig, Partition, ReadMode};
 
 const NOW_MS: i64 = 1_700_000_000_000;

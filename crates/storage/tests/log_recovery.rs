@@ -656,11 +656,11 @@ fn wal_files_are_checkpointed_and_recycled_as_they_fill() {
     let t = manager.open(&TopicPartition::new("t", 0), LogConfig::default()).unwrap();
     // ~150 MB through 64 MiB WAL files: two rotations, each checkpointed.
     let big = batch(120_000, 10, None);
-    let batches = 2 * sluice_storage::wal::WAL_FILE_BYTES as usize / big.len() + 10;
+    let batches = 2 * sluice_storage::WAL_FILE_BYTES as usize / big.len() + 10;
     for _ in 0..batches {
         append_acknowledged(&manager, &t, std::slice::from_ref(&big));
     }
-    let wal_dir = root.join(sluice_storage::wal::WAL_DIR);
+    let wal_dir = root.join(sluice_storage::WAL_DIR);
     let wal_files = || {
         std::fs::read_dir(&wal_dir)
             .unwrap()

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_storage::batch::BatchIter;
-use sluice_storage::segment_tail::{TAIL_CHUNK_BYTES_MAX, TAIL_CHUNK_BYTES_MIN, TAIL_FROZEN_CHUNKS_MAX};
 use sluice_storage::{LogConfig, LogManager, ReadMode, TopicPartition};
+use sluice_storage::{TAIL_CHUNK_BYTES_MAX, TAIL_CHUNK_BYTES_MIN, TAIL_FROZEN_CHUNKS_MAX};
 
 mod common;
 use common::{append_acknowledged, batch};
@@ -59,7 +59,7 @@ fn read_all(log: &sluice_storage::Partition, mut offset: i64, mode: ReadMode) ->
 
 #[test]
 fn batches_in_the_tail_read_the_same_from_memory_and_the_file_and_survive_a_crash_through_the_wal() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -114,7 +114,7 @@ fn batches_in_the_tail_read_the_same_from_memory_and_the_file_and_survive_a_cras
 
 #[test]
 fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -147,7 +147,7 @@ fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
 
 #[test]
 fn without_the_wal_an_acknowledged_batch_is_in_the_file_fsynced() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     // Per-file fsyncs (no WAL): the fsync that acknowledges a batch must cover the bytes
     // the segment kept in memory, so a crash after it loses nothing.
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +168,7 @@ fn without_the_wal_an_acknowledged_batch_is_in_the_file_fsynced() {
 
 #[test]
 fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -177,7 +177,7 @@ fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
     // checkpointer: the last round's final batches are then still in memory, and only
     // that file holds them.
     let round: Vec<Bytes> = (0..1000).map(|i| batch(b'a' + (i % 26) as u8, 1000)).collect();
-    let wal_dir = root.join(sluice_storage::wal::WAL_DIR);
+    let wal_dir = root.join(sluice_storage::WAL_DIR);
     let wal_file = |sequence: u64| wal_dir.join(format!("{sequence:020}.wal"));
     let mut rounds = 0;
     while !wal_file(1).exists() {
@@ -207,7 +207,7 @@ fn a_wal_checkpoint_writes_what_memory_held_before_the_wal_file_goes() {
 
 #[test]
 fn segment_bytes_reach_the_file_steadily_with_direct_io_not_through_the_page_cache() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("logs");
     let manager = LogManager::with_wal(&root).unwrap();
@@ -232,7 +232,7 @@ fn segment_bytes_reach_the_file_steadily_with_direct_io_not_through_the_page_cac
 
 #[test]
 fn a_consumer_behind_the_tails_memory_reads_the_file_with_direct_io_leaving_the_page_cache_empty() {
-    sluice_storage::segment_tail::set_direct_writes(true);
+    sluice_storage::set_direct_writes(true);
     // On the build's disk: a temporary directory may be a tmpfs, which refuses direct I/O.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let root = dir.path().join("logs");

@@ -3,7 +3,7 @@
 //! test binary: the tails' memory is counted per process.)
 
 use bytes::Bytes;
-use sluice_storage::segment_tail::{tail_memory_bytes, PAGE_BYTES};
+use sluice_storage::{tail_memory_bytes, PAGE_BYTES};
 use sluice_storage::{LogConfig, LogManager, TopicPartition};
 
 mod common;

@@ -294,7 +294,7 @@ impl TieredStorage {
             }
             let file = segment.file.clone();
             let part = tokio::task::spawn_blocking(move || {
-                sluice_storage::segment::Segment::read_at(&file, position, length, ReadMode::MayBlock, false)
+                sluice_storage::Segment::read_at(&file, position, length, ReadMode::MayBlock, false)
             })
             .await
             .map_err(io::Error::other)??;
