@@ -66,13 +66,27 @@ struct BenchMissing {
 /// Errors are printed as one line, `error: what: why` (anyhow's chain, no backtrace): the
 /// reader is an operator, not a debugger.
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::DevCluster(_) | Command::Bench(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// A tool whose reader went away (`sluice topic describe t | head -1`) ends as `cat` does,
+/// killed by SIGPIPE, instead of panicking in `println!`. Rust ignores SIGPIPE so that a
+/// server's writes to a closed socket fail instead; the tools' sockets are written with
+/// `MSG_NOSIGNAL` (std, librdkafka), so only their stdout raises it. Not for the commands
+/// that run brokers.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

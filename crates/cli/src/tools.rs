@@ -15,6 +15,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a command tries to reach the cluster before it says it cannot.
+const REACH_TIMEOUT: Duration = Duration::from_secs(8);
 /// Unhealthy partitions `sluice cluster` names one by one (the rest are only counted).
 const CLUSTER_PARTITIONS_LISTED_MAX: usize = 50;
 
@@ -30,6 +32,35 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// A client that asks the cluster for metadata only, never creating a topic it names
+    /// (a Metadata request's `allow_auto_topic_creation` is false): read-only commands
+    /// create nothing.
+    fn probe(&self) -> anyhow::Result<BaseConsumer> {
+        Ok(self.config().set("allow.auto.create.topics", "false").create()?)
+    }
+
+    /// The cluster's metadata (of `topic` alone, or of every topic), or an error that names
+    /// the bootstrap address when no broker answered within [`REACH_TIMEOUT`].
+    fn metadata(&self, probe: &BaseConsumer, topic: Option<&str>) -> anyhow::Result<rdkafka::metadata::Metadata> {
+        probe.fetch_metadata(topic, REACH_TIMEOUT).map_err(|error| self.unreachable(error))
+    }
+
+    /// `error` as the user should read it: a transport failure or a timeout means that no
+    /// broker at the bootstrap address answered.
+    fn unreachable(&self, error: rdkafka::error::KafkaError) -> anyhow::Error {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        match error.rdkafka_error_code() {
+            Some(Code::BrokerTransportFailure | Code::AllBrokersDown | Code::OperationTimedOut | Code::Resolve) => {
+                anyhow::anyhow!(
+                    "cannot reach {}: no broker answered within {} s",
+                    self.bootstrap,
+                    REACH_TIMEOUT.as_secs()
+                )
+            }
+            _ => anyhow::Error::new(error),
+        }
+    }
+
     fn config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap);
@@ -142,12 +173,12 @@ pub fn topic(args: TopicArgs) -> anyhow::Result<()> {
             println!("created topic {name} with {partitions} partitions");
         }
         TopicCommand::List => {
-            let metadata = admin.inner().fetch_metadata(None, METADATA_TIMEOUT)?;
+            let metadata = args.connection.metadata(&args.connection.probe()?, None)?;
             for topic in metadata.topics() {
                 println!("{}", topic.name());
             }
         }
-        TopicCommand::Describe { name } => describe_topic(&admin, &runtime, &options, &name)?,
+        TopicCommand::Describe { name } => describe_topic(&args.connection, &admin, &runtime, &options, &name)?,
         TopicCommand::Delete { name } => {
             for result in runtime.block_on(admin.delete_topics(&[&name], &options))? {
                 result.map_err(|(topic, error)| anyhow::anyhow!("deleting {topic}: {error}"))?;
@@ -159,19 +190,18 @@ pub fn topic(args: TopicArgs) -> anyhow::Result<()> {
 }
 
 fn describe_topic(
+    connection: &Connection,
     admin: &AdminClient<DefaultClientContext>,
     runtime: &tokio::runtime::Runtime,
     options: &AdminOptions,
     name: &str,
 ) -> anyhow::Result<()> {
-    let metadata = admin.inner().fetch_metadata(Some(name), METADATA_TIMEOUT)?;
-    let Some(topic) = metadata.topics().first() else { bail!("no metadata for {name}") };
-    if let Some(error) = topic.error() {
-        bail!("{name}: {error:?}");
-    }
+    let probe = connection.probe()?;
+    let metadata = connection.metadata(&probe, Some(name))?;
+    let topic = existing_topic(&metadata, name)?;
     println!("topic {name}: {} partitions", topic.partitions().len());
     for partition in topic.partitions() {
-        let (low, high) = admin.inner().fetch_watermarks(name, partition.id(), METADATA_TIMEOUT)?;
+        let (low, high) = probe.fetch_watermarks(name, partition.id(), METADATA_TIMEOUT)?;
         println!(
             "  partition {:>4}  leader {}  replicas {:?}  isr {:?}  offsets [{low}, {high})",
             partition.id(),
@@ -190,7 +220,25 @@ fn describe_topic(
     Ok(())
 }
 
+/// `name`'s metadata in `metadata`, or "topic NAME not found".
+fn existing_topic<'a>(
+    metadata: &'a rdkafka::metadata::Metadata,
+    name: &str,
+) -> anyhow::Result<&'a rdkafka::metadata::MetadataTopic> {
+    use rdkafka::types::RDKafkaRespErr;
+    let Some(topic) = metadata.topics().iter().find(|topic| topic.name() == name) else {
+        bail!("topic {name} not found")
+    };
+    match topic.error() {
+        None => Ok(topic),
+        Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => bail!("topic {name} not found"),
+        Some(error) => bail!("topic {name}: {}", rdkafka::error::RDKafkaErrorCode::from(error)),
+    }
+}
+
 pub fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    // Before reading stdin: a cluster that cannot be reached is said at once.
+    args.connection.metadata(&args.connection.probe()?, None)?;
     let producer: FutureProducer = args
         .connection
         .config()
@@ -237,8 +285,8 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .create()?;
-    let metadata = consumer.fetch_metadata(Some(&args.topic), METADATA_TIMEOUT)?;
-    let topic = metadata.topics().first().context("no such topic")?;
+    let metadata = args.connection.metadata(&args.connection.probe()?, Some(&args.topic))?;
+    let topic = existing_topic(&metadata, &args.topic)?;
     let mut assignment = TopicPartitionList::new();
     let start = if args.from_beginning { Offset::Beginning } else { Offset::End };
     for partition in topic.partitions() {
