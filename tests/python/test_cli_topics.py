@@ -22,10 +22,13 @@ def topics_of(broker) -> set[str]:
 
 
 def test_describing_a_missing_topic_says_so_and_creates_nothing(broker):
-    res = sluice("topic", "-b", broker.bootstrap, "describe", "typo-topic")
+    # -b after the subcommand, as rpk and kcat take it.
+    res = sluice("topic", "describe", "typo-topic", "-b", broker.bootstrap)
     assert res.returncode != 0, res.stdout
     assert "typo-topic" in res.stderr and "not found" in res.stderr, res.stderr
     assert "typo-topic" not in topics_of(broker), "a read-only command created the topic"
+    listed = sluice("group", "list", "-b", broker.bootstrap)
+    assert listed.returncode == 0, listed.stderr
 
 
 def test_a_consumer_of_a_missing_topic_is_told_and_creates_nothing(broker):

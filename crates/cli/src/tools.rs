@@ -20,14 +20,15 @@ const REACH_TIMEOUT: Duration = Duration::from_secs(8);
 /// Unhealthy partitions `sluice cluster` names one by one (the rest are only counted).
 const CLUSTER_PARTITIONS_LISTED_MAX: usize = 50;
 
+/// `-b` and `-X` of the client tools; both may be given before or after the subcommand.
 #[derive(Debug, clap::Args)]
 pub struct Connection {
     /// Broker to bootstrap from.
-    #[arg(long, short = 'b', env = "SLUICE_BOOTSTRAP", default_value = "127.0.0.1:9092")]
+    #[arg(long, short = 'b', env = "SLUICE_BOOTSTRAP", default_value = "127.0.0.1:9092", global = true)]
     bootstrap: String,
     /// Client settings, repeatable, librdkafka names: -X security.protocol=SASL_SSL
     /// -X sasl.mechanism=SCRAM-SHA-512 -X sasl.username=alice ...
-    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    #[arg(short = 'X', value_name = "KEY=VALUE", global = true)]
     settings: Vec<String>,
 }
 
