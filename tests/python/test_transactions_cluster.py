@@ -152,17 +152,26 @@ def leaders(cluster: Cluster, topic: str) -> dict[int, int]:
 def wait_settled(cluster: Cluster, topics: dict[str, int], timeout=60.0) -> None:
     """Every node running and reporting, for each topic, its partitions all with a leader and
     the full ISR (so min.insync.replicas=2 holds through the next kill)."""
+    unsettled: list[str] = []
+
     def settled():
+        unsettled.clear()
         for node_id, node in cluster.nodes.items():
             if not node.is_running():
-                return False
+                unsettled.append(f"node {node_id} down")
+                continue
             for topic, count in topics.items():
                 states = cluster.partition_states_at(node_id, topic)
-                if len(states) != count or not all(p.leader > 0 and len(p.isr) == 3 for p in states.values()):
-                    return False
-        return True
+                if len(states) != count:
+                    unsettled.append(f"node {node_id} knows {len(states)} of {count} partitions of {topic}")
+                unsettled.extend(f"node {node_id} sees {topic}-{p} led by {s.leader} with ISR {s.isr}"
+                                 for p, s in sorted(states.items()) if s.leader <= 0 or len(s.isr) != 3)
+        return not unsettled
 
-    wait_for(f"full ISRs of {sorted(topics)} on every node", settled, timeout=timeout)
+    try:
+        wait_for(f"full ISRs of {sorted(topics)} on every node", settled, timeout=timeout)
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {unsettled[:20]}{cluster_logs(cluster)}") from None
 
 
 def roles_of(cluster: Cluster, node_id: int, txn_id: str, group: str) -> list[str]:

@@ -109,6 +109,19 @@ struct LeaderRole {
     followers: HashMap<i32, FollowerProgress>,
 }
 
+impl LeaderRole {
+    /// Drops the joiners of a proposal that metadata newer than it has settled: those it
+    /// added are in the ISR (and left `joining` then), the rest were never added.
+    fn forget_settled_expansion(&mut self) {
+        assert!(
+            self.joining.iter().all(|j| !self.assignment.isr.contains(j)),
+            "a joiner leaves `joining` when metadata lists it in the ISR"
+        );
+        self.joining.clear();
+        self.expansion_refused_at = None;
+    }
+}
+
 #[derive(Debug)]
 enum Role {
     Leader(LeaderRole),
@@ -318,14 +331,22 @@ impl Replica {
             let mut role = replica.role.lock();
             if let Role::Leader(leader) = &mut *role {
                 leader.isr_change_pending = false;
-                if result.is_ok() {
-                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                if let Err(error) = result {
-                    tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "ISR change refused");
-                    if !leader.joining.is_empty() && leader.assignment.partition_epoch == proposed_at {
-                        leader.expansion_refused_at = Some(proposed_at);
+                match result {
+                    Ok(()) => {
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
+                    Err(error) => {
+                        tracing::warn!(topic = %replica.topic, partition = replica.partition, %error, "ISR change refused");
+                        if !leader.joining.is_empty() {
+                            leader.expansion_refused_at = Some(proposed_at);
+                        }
+                    }
+                }
+                if leader.assignment.partition_epoch > proposed_at {
+                    // Metadata newer than the proposal arrived while it was out: whatever it
+                    // committed is in the ISR by now, and a refused one can never commit. A
+                    // joiner still outside the ISR joins again with its next fetch.
+                    leader.forget_settled_expansion();
                 }
             }
         });
@@ -500,14 +521,13 @@ impl ReplicaManager {
         let leads = assignment.leader == self.node_id;
         let changed = match &mut *role {
             Role::Leader(leader) if leads && leader.assignment.leader_epoch == assignment.leader_epoch => {
-                leader.joining.retain(|j| !assignment.isr.contains(j));
+                leader.assignment = assignment.clone();
+                leader.joining.retain(|j| !leader.assignment.isr.contains(j));
                 if leader.expansion_refused_at.is_some_and(|epoch| assignment.partition_epoch > epoch) {
                     // The refused proposal can no longer commit: whoever it added is in the
                     // ISR now or was never added.
-                    leader.joining.clear();
-                    leader.expansion_refused_at = None;
+                    leader.forget_settled_expansion();
                 }
-                leader.assignment = assignment.clone();
                 leader.level = config.level;
                 leader.min_insync = config.min_insync_replicas;
                 // The replica set (a reassignment) or the durability level may have changed
@@ -701,6 +721,73 @@ mod tests {
         replica.log.append(&one_batch(1), 1, now).unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(replica.log.offsets().high_watermark, 7);
+        manager.remove(&logs, "t", 0).unwrap();
+    }
+
+    /// ISR changes whose answers wait until the test releases them (each a refusal), so
+    /// metadata can arrive while a proposal is out, as it does when the controller moves the
+    /// partition on (fencing a node) before the leader hears back.
+    struct HeldIsrChanges {
+        proposed: Mutex<Vec<(i32, Vec<i32>)>>,
+        answer: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl IsrChanges for HeldIsrChanges {
+        fn alter_isr(
+            &self,
+            _topic: String,
+            _partition: i32,
+            _leader_epoch: i32,
+            partition_epoch: i32,
+            isr: Vec<i32>,
+        ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+            self.proposed.lock().push((partition_epoch, isr));
+            let answer = self.answer.clone();
+            Box::pin(async move {
+                answer.acquire().await.unwrap().forget();
+                Err("stale partition epoch".to_string())
+            })
+        }
+    }
+
+    /// A follower whose expansion is refused after newer metadata (without it in the ISR)
+    /// already arrived is proposed again when it fetches: the refused proposal can never
+    /// commit, so nothing else would ever bring it back into the ISR.
+    #[tokio::test]
+    async fn a_follower_whose_expansion_is_refused_after_the_partition_moved_on_is_proposed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = LogManager::new(dir.path()).unwrap();
+        let held = Arc::new(HeldIsrChanges {
+            proposed: Mutex::new(Vec::new()),
+            answer: Arc::new(tokio::sync::Semaphore::new(0)),
+        });
+        let isr_changes: Arc<dyn IsrChanges> = held.clone();
+        let manager = ReplicaManager::new(1, isr_changes.clone(), 10_000);
+        let config = page_cache_config(DurabilityLevel::ReplicatedFsynced);
+        let alone =
+            Assignment { replicas: vec![1, 2, 3], leader: 1, leader_epoch: 1, isr: vec![1, 3], partition_epoch: 1 };
+        manager.apply(&logs, "t", 0, &alone, &config).unwrap();
+        let replica = manager.get("t", 0).unwrap();
+        let now = sluice_storage::now_ms();
+        replica.log.append(&one_batch(3), 1, now).unwrap();
+        replica.follower_fetched(3, 1, 3, 1, now, &isr_changes).unwrap();
+        replica.follower_fetched(2, 1, 3, 1, now, &isr_changes).unwrap();
+        assert_eq!(held.proposed.lock().clone(), vec![(1, vec![1, 2, 3])]);
+
+        // The controller moved the partition on (node 3 fenced) before answering.
+        let moved_on = Assignment { isr: vec![1], partition_epoch: 2, ..alone.clone() };
+        manager.apply(&logs, "t", 0, &moved_on, &config).unwrap();
+        held.answer.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+
+        replica.follower_fetched(2, 1, 3, 1, now, &isr_changes).unwrap();
+        replica.check_isr(now, 10_000, &isr_changes);
+        assert_eq!(
+            held.proposed.lock().last().cloned(),
+            Some((2, vec![1, 2])),
+            "the caught-up follower was never proposed again"
+        );
+        held.answer.add_permits(1);
         manager.remove(&logs, "t", 0).unwrap();
     }
 
