@@ -103,7 +103,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     // Other nodes replicate from the inter-broker listener; clients get the endpoint of
     // the listener they connected to.
     let (host, port) = broker.advertised(broker.inter_broker_listener);
-    let endpoints = broker
+    let mut endpoints: Vec<sluice_cluster::Endpoint> = broker
         .listeners()
         .iter()
         .map(|listener| {
@@ -111,6 +111,12 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
             sluice_cluster::Endpoint { name: listener.name.clone(), host: listener.advertised.0.clone(), port }
         })
         .collect();
+    // Where other nodes forward schema registry writes when this node leads `_schemas`.
+    if let Some(registry) = broker.config().schema_registry_listen {
+        let host = if registry.ip().is_unspecified() { host.clone() } else { registry.ip().to_string() };
+        let name = crate::schema_host::SCHEMA_REGISTRY_ENDPOINT.to_string();
+        endpoints.push(sluice_cluster::Endpoint { name, host, port: registry.port() });
+    }
     let config = ControllerConfig {
         node_id: broker.node_id(),
         listen: cluster.controller_listen,

@@ -41,26 +41,38 @@ pub fn stop_on_panic() {
 /// Upkeep (flush.ms checks, retention) runs at least this often.
 const UPKEEP_INTERVAL_MS_MAX: u64 = 1000;
 
+/// The bound sockets of the broker's HTTP services (each off when `None`).
+#[derive(Default)]
+pub struct HttpListeners {
+    /// `/metrics`, `/healthz` and `/readyz`.
+    pub metrics: Option<TcpListener>,
+    /// The Schema Registry's REST API.
+    pub schema_registry: Option<TcpListener>,
+}
+
 /// Serves clients until `shutdown` resolves, then closes the logs. `listeners` are bound
-/// sockets for [`Broker::listeners`], in the same order. `metrics` (if any) serves
-/// `/metrics`, `/healthz` and `/readyz` alongside.
+/// sockets for [`Broker::listeners`], in the same order; `http` serves the HTTP services
+/// alongside.
 pub async fn serve(
     broker: Arc<Broker>,
     listeners: Vec<TcpListener>,
-    metrics: Option<TcpListener>,
+    http: HttpListeners,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     assert_eq!(listeners.len(), broker.listeners().len(), "one socket per configured listener");
     let tls = sluice_security::tls::acceptor(broker.listeners(), &broker.config().tls_settings())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let metrics_server = match metrics {
-        None => None,
-        Some(metrics_listener) => {
-            let address = metrics_listener.local_addr()?;
-            tracing::info!(%address, "metrics at http://{address}/metrics (and /healthz, /readyz)");
-            Some(tokio::spawn(crate::metrics::serve(broker.clone(), metrics_listener)))
-        }
-    };
+    let mut http_servers = Vec::new();
+    if let Some(metrics_listener) = http.metrics {
+        let address = metrics_listener.local_addr()?;
+        tracing::info!(%address, "metrics at http://{address}/metrics (and /healthz, /readyz)");
+        http_servers.push(tokio::spawn(crate::metrics::serve(broker.clone(), metrics_listener)));
+    }
+    if let Some(registry_listener) = http.schema_registry {
+        let address = registry_listener.local_addr()?;
+        tracing::info!(%address, "schema registry at http://{address}/");
+        http_servers.push(tokio::spawn(crate::schema_host::serve(broker.clone(), registry_listener)));
+    }
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));
     let shares_upkeep = tokio::spawn(shares_upkeep_loop(broker.clone()));
@@ -95,8 +107,8 @@ pub async fn serve(
     if let Some(tiering) = tiering {
         tiering.abort();
     }
-    if let Some(metrics_server) = metrics_server {
-        metrics_server.abort();
+    for server in http_servers {
+        server.abort();
     }
     let closing = broker.clone();
     tokio::task::spawn_blocking(move || closing.close()).await.map_err(io::Error::other)?;

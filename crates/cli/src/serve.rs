@@ -147,6 +147,10 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (and /healthz, /readyz) [default: off].
     #[arg(long, env = "SLUICE_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the Schema Registry's REST API (Confluent-compatible) at http://ADDR/
+    /// (8081 by convention) [default: off].
+    #[arg(long, env = "SLUICE_SCHEMA_REGISTRY_LISTEN")]
+    schema_registry_listen: Option<SocketAddr>,
     /// Any config key as KEY=VALUE, Kafka's names included (e.g. --override
     /// listeners=PLAINTEXT://:9092,SSL://:9093); applied over the TOML file. Repeatable.
     #[arg(long = "override", value_name = "KEY=VALUE")]
@@ -196,6 +200,9 @@ impl ServeArgs {
         }
         if self.metrics_listen.is_some() {
             config.metrics_listen = self.metrics_listen;
+        }
+        if self.schema_registry_listen.is_some() {
+            config.schema_registry_listen = self.schema_registry_listen;
         }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
@@ -338,18 +345,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listeners = config.listeners().map_err(anyhow::Error::msg)?;
         let metrics_listen = config.metrics_listen;
+        let schema_registry_listen = config.schema_registry_listen;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
             .with_context(|| format!("opening data dir {}", data_dir.display()))?;
-        // The metrics port first: a start that fails on it never accepted a client.
-        let metrics_listener = match metrics_listen {
-            None => None,
-            Some(address) => Some(
-                tokio::net::TcpListener::bind(address)
-                    .await
-                    .with_context(|| format!("metrics listener on {address}"))?,
-            ),
+        // The HTTP ports first: a start that fails on one never accepted a client.
+        let http = sluice_broker::server::HttpListeners {
+            metrics: bind_http(metrics_listen, "metrics").await?,
+            schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
         };
         let mut sockets = Vec::with_capacity(listeners.len());
         for listener in &listeners {
@@ -359,9 +363,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             sockets.push(socket);
         }
         broker.join_cluster().await.context("joining the cluster")?;
-        sluice_broker::server::serve(broker, sockets, metrics_listener, shutdown_signal()).await?;
+        sluice_broker::server::serve(broker, sockets, http, shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Binds an HTTP service's listener, when it has an address.
+async fn bind_http(address: Option<SocketAddr>, service: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    match address {
+        None => Ok(None),
+        Some(address) => Ok(Some(
+            tokio::net::TcpListener::bind(address).await.with_context(|| format!("{service} listener on {address}"))?,
+        )),
+    }
 }
 
 async fn shutdown_signal() {

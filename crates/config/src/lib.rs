@@ -85,6 +85,9 @@ pub struct BrokerConfig {
     pub io_threads: usize,
     /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` are served over HTTP; off when unset.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where the Schema Registry's REST API (Confluent-compatible) is served over HTTP; off
+    /// when unset (8081 by convention).
+    pub schema_registry_listen: Option<SocketAddr>,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
     pub listeners: Option<String>,
     /// Kafka's `advertised.listeners`; a listener not named here advertises its own address.
@@ -381,6 +384,7 @@ impl Default for BrokerConfig {
             log_segment_direct_io: true,
             io_threads: 0,
             metrics_listen: None,
+            schema_registry_listen: None,
             listeners: None,
             advertised_listeners: None,
             listener_security_protocol_map: None,

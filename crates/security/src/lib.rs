@@ -29,7 +29,7 @@ pub use inter_broker::{is_reserved_user, read_rpc_secret, InterBroker, INTER_BRO
 pub use listeners::{inter_broker_listener, parse_listeners, Listener, SecurityProtocol};
 pub use oauth::OauthValidator;
 pub use principal_mapping::PrincipalMappingRules;
-pub use sasl::{Authenticator, Mechanism as SaslMechanism, Next, SaslServer};
+pub use sasl::{password_matches, Authenticator, Mechanism as SaslMechanism, Next, SaslServer};
 /// The client side of SCRAM, for tools that authenticate to a SASL listener
 /// (`sluice acl`, `sluice user`) and for replica fetches between nodes.
 pub use scram::{Mechanism as ScramMechanism, ScramClient};

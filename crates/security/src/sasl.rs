@@ -300,6 +300,16 @@ fn plain(broker: &impl SaslServer, message: &[u8]) -> Result<String, String> {
             "Authentication failed: Client requested an authorization id that is different from username".into()
         );
     }
+    if password_matches(broker, user, password) {
+        Ok(user.to_string())
+    } else {
+        Err(invalid())
+    }
+}
+
+/// Whether `password` is `user`'s, checked against the user's SCRAM credentials (SHA-512
+/// first, then SHA-256): what SASL/PLAIN and the HTTP APIs' basic authentication check.
+pub fn password_matches(broker: &impl SaslServer, user: &str, password: &str) -> bool {
     // Every mechanism is tried, with a stand-in for a credential the user lacks: the same
     // work whether the user exists, has one credential or two, or the first one matched.
     let matches = [ScramMechanism::Sha512, ScramMechanism::Sha256].map(|mechanism| {
@@ -313,9 +323,5 @@ fn plain(broker: &impl SaslServer, message: &[u8]) -> Result<String, String> {
             }
         }
     });
-    if matches.contains(&true) {
-        Ok(user.to_string())
-    } else {
-        Err(invalid())
-    }
+    matches.contains(&true)
 }

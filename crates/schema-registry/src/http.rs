@@ -1,0 +1,430 @@
+//! The REST API: Confluent's Schema Registry paths, bodies, content types and error
+//! bodies (`{"error_code": 40401, "message": ...}`), as its clients call them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State as Shared};
+pub use axum::http::HeaderMap;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::compatibility::Level;
+use crate::error::RegistryError;
+use crate::registry::{find_version, referenced_by, Registry, SchemaRequest, VersionAnswer, VersionSpec};
+use crate::schema::SUPPORTED_TYPES;
+use crate::state::Mode;
+
+/// The largest request body accepted (a schema with its references).
+pub const REQUEST_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The media type of every answer.
+const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
+
+/// Request media types accepted (a missing one too, as Confluent's registry does).
+const ACCEPTED_TYPES: [&str; 4] = [
+    "application/vnd.schemaregistry.v1+json",
+    "application/vnd.schemaregistry+json",
+    "application/json",
+    "application/octet-stream",
+];
+
+/// Who may call the API.
+pub trait Gate: Send + Sync + 'static {
+    /// Checks the request's credentials (its `Authorization` header): the principal, or
+    /// why it is refused (401).
+    fn authenticate(&self, headers: HeaderMap) -> crate::LogFuture<'_, String>;
+}
+
+#[derive(Clone)]
+struct Api {
+    registry: Arc<Registry>,
+    gate: Option<Arc<dyn Gate>>,
+}
+
+type Answer = Result<Response, RegistryError>;
+type Params = Query<HashMap<String, String>>;
+
+impl IntoResponse for RegistryError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error_code": self.code(), "message": self.to_string()});
+        let mut response = (status, body.to_string()).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+        response
+    }
+}
+
+fn ok(body: impl serde::Serialize) -> Answer {
+    let mut response = serde_json::to_string(&body).expect("answers serialize").into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    Ok(response)
+}
+
+fn flag(params: &Params, name: &str) -> bool {
+    params.get(name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The router of the whole API over `registry`; `gate` checks every call.
+pub fn router(registry: Arc<Registry>, gate: Option<Arc<dyn Gate>>) -> Router {
+    Router::new()
+        .route("/", get(|| async { ok(json!({})) }))
+        .route("/schemas/types", get(|| async { ok(SUPPORTED_TYPES.map(|t| t.name())) }))
+        .route("/schemas/ids/{id}", get(schema_by_id))
+        .route("/schemas/ids/{id}/schema", get(raw_schema_by_id))
+        .route("/schemas/ids/{id}/subjects", get(subjects_of_id))
+        .route("/schemas/ids/{id}/versions", get(versions_of_id))
+        .route("/subjects", get(subjects))
+        .route("/subjects/{subject}", post(lookup).delete(delete_subject))
+        .route("/subjects/{subject}/versions", get(versions).post(register))
+        .route("/subjects/{subject}/versions/{version}", get(version).delete(delete_version))
+        .route("/subjects/{subject}/versions/{version}/schema", get(raw_version))
+        .route("/subjects/{subject}/versions/{version}/referencedby", get(version_referenced_by))
+        .route("/config", get(global_config).put(set_global_config))
+        .route("/config/{subject}", get(subject_config).put(set_subject_config).delete(delete_subject_config))
+        .route("/mode", get(global_mode).put(set_global_mode))
+        .route("/mode/{subject}", get(subject_mode).put(set_subject_mode).delete(delete_subject_mode))
+        .route("/compatibility/subjects/{subject}/versions", post(compatible_with_all))
+        .route("/compatibility/subjects/{subject}/versions/{version}", post(compatible_with_version))
+        .fallback(|| async { RegistryError::NotFound("HTTP 404 Not Found".to_string()) })
+        .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(registry.clone(), route))
+        .layer(axum::middleware::from_fn_with_state(Api { registry: registry.clone(), gate: gate.clone() }, guard))
+        .with_state(Api { registry, gate })
+}
+
+/// Authenticates every request before its handler runs.
+async fn guard(Shared(api): Shared<Api>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if let Some(gate) = &api.gate {
+        if let Err(refused) = gate.authenticate(request.headers().clone()).await {
+            let mut response = refused.into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"sluice\""));
+            return response;
+        }
+    }
+    next.run(request).await
+}
+
+/// Runs a request here or at the leader of `_schemas` (see `forward`).
+async fn route(
+    Shared(registry): Shared<Arc<Registry>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    crate::forward::route(&registry, request, next).await
+}
+
+/// The JSON body of a write, checked for media type and size.
+fn body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, RegistryError> {
+    if let Some(kind) = headers.get(header::CONTENT_TYPE) {
+        let kind = kind.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if !ACCEPTED_TYPES.contains(&kind.as_str()) {
+            return Err(RegistryError::UnsupportedMediaType(format!("HTTP 415 Unsupported Media Type: {kind}")));
+        }
+    }
+    let bytes = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            RegistryError::PayloadTooLarge(format!("request body larger than {REQUEST_BYTES_MAX} bytes"))
+        }
+        _ => RegistryError::BadRequest(rejection.body_text()),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|error| RegistryError::UnprocessableBody(error.to_string()))
+}
+
+fn parse_id(id: &str) -> Result<i32, RegistryError> {
+    id.parse().map_err(|_| RegistryError::SchemaNotFound(String::new()))
+}
+
+fn schema_answer(value: &crate::records::SchemaValue) -> Value {
+    let mut answer = json!({"schema": value.schema});
+    if !value.schema_type.is_avro() {
+        answer["schemaType"] = json!(value.schema_type.name());
+    }
+    if !value.references.is_empty() {
+        answer["references"] = json!(value.references);
+    }
+    answer
+}
+
+async fn schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>) -> Answer {
+    let id = parse_id(&id)?;
+    let answer = api
+        .registry
+        .read(|state| state.by_id(id).map(schema_answer).ok_or_else(|| RegistryError::SchemaNotFound(String::new())))?;
+    ok(answer)
+}
+
+async fn raw_schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>) -> Answer {
+    let id = parse_id(&id)?;
+    let text = api.registry.read(|state| {
+        state.by_id(id).map(|v| v.schema.clone()).ok_or_else(|| RegistryError::SchemaNotFound(String::new()))
+    })?;
+    raw(text)
+}
+
+/// A schema's own text as the body (what `/schema` paths answer).
+fn raw(text: String) -> Answer {
+    let mut response = text.into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    Ok(response)
+}
+
+async fn subjects_of_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
+    let id = parse_id(&id)?;
+    let deleted = flag(&params, "deleted");
+    let subjects = api.registry.read(|state| {
+        let mut subjects: Vec<String> = state
+            .uses_of(id)
+            .filter(|(s, v)| deleted || state.version(s, *v).is_some_and(|v| !v.deleted))
+            .map(|(s, _)| s.clone())
+            .collect();
+        subjects.dedup();
+        if state.by_id(id).is_none() {
+            return Err(RegistryError::SchemaNotFound(String::new()));
+        }
+        Ok(subjects)
+    })?;
+    ok(subjects)
+}
+
+async fn versions_of_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
+    let id = parse_id(&id)?;
+    let deleted = flag(&params, "deleted");
+    let pairs = api.registry.read(|state| {
+        if state.by_id(id).is_none() {
+            return Err(RegistryError::SchemaNotFound(String::new()));
+        }
+        Ok(state
+            .uses_of(id)
+            .filter(|(s, v)| deleted || state.version(s, *v).is_some_and(|v| !v.deleted))
+            .map(|(subject, version)| json!({"subject": subject, "version": version}))
+            .collect::<Vec<_>>())
+    })?;
+    ok(pairs)
+}
+
+async fn subjects(Shared(api): Shared<Api>, params: Params) -> Answer {
+    let deleted = flag(&params, "deleted");
+    let prefix = params.get("subjectPrefix").cloned().unwrap_or_default();
+    let subjects = api.registry.read(|state| {
+        Ok(state
+            .subjects(deleted)
+            .into_iter()
+            .filter(|s| s.starts_with(&prefix))
+            .map(str::to_string)
+            .collect::<Vec<_>>())
+    })?;
+    ok(subjects)
+}
+
+async fn versions(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
+    let deleted = flag(&params, "deleted");
+    let versions = api.registry.read(|state| {
+        let versions: Vec<i32> = state.versions(&subject, deleted).iter().map(|v| v.version).collect();
+        if versions.is_empty() {
+            return Err(RegistryError::SubjectNotFound(subject.clone()));
+        }
+        Ok(versions)
+    })?;
+    ok(versions)
+}
+
+async fn register(
+    Shared(api): Shared<Api>,
+    Path(subject): Path<String>,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let request: SchemaRequest = body(&headers, payload)?;
+    let id = api.registry.register(&subject, request).await?;
+    ok(json!({"id": id}))
+}
+
+/// The version `version` of `subject` names (soft-deleted ones with `deleted`).
+fn resolve(api: &Api, subject: &str, version: &str, deleted: bool) -> Result<VersionAnswer, RegistryError> {
+    let spec = VersionSpec::parse(version)?;
+    api.registry.read(|state| {
+        if !state.knows_subject(subject) || (!deleted && state.versions(subject, false).is_empty()) {
+            return Err(RegistryError::SubjectNotFound(subject.to_string()));
+        }
+        find_version(state, subject, spec, deleted).map(VersionAnswer::from)
+    })
+}
+
+async fn version(Shared(api): Shared<Api>, Path((subject, version)): Path<(String, String)>, params: Params) -> Answer {
+    ok(resolve(&api, &subject, &version, flag(&params, "deleted"))?)
+}
+
+async fn raw_version(
+    Shared(api): Shared<Api>,
+    Path((subject, version)): Path<(String, String)>,
+    params: Params,
+) -> Answer {
+    raw(resolve(&api, &subject, &version, flag(&params, "deleted"))?.schema)
+}
+
+async fn version_referenced_by(Shared(api): Shared<Api>, Path((subject, version)): Path<(String, String)>) -> Answer {
+    let found = resolve(&api, &subject, &version, true)?;
+    ok(api.registry.read(|state| Ok(referenced_by(state, &subject, found.version)))?)
+}
+
+async fn delete_version(
+    Shared(api): Shared<Api>,
+    Path((subject, version)): Path<(String, String)>,
+    params: Params,
+) -> Answer {
+    let spec = VersionSpec::parse(&version)?;
+    ok(api.registry.delete_version(&subject, spec, flag(&params, "permanent")).await?)
+}
+
+async fn lookup(
+    Shared(api): Shared<Api>,
+    Path(subject): Path<String>,
+    params: Params,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let request: SchemaRequest = body(&headers, payload)?;
+    ok(api.registry.lookup(&subject, &request, flag(&params, "deleted"))?)
+}
+
+async fn delete_subject(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
+    ok(api.registry.delete_subject(&subject, flag(&params, "permanent")).await?)
+}
+
+#[derive(serde::Deserialize)]
+struct ConfigUpdate {
+    compatibility: String,
+}
+
+async fn global_config(Shared(api): Shared<Api>) -> Answer {
+    let level = api.registry.read(|state| Ok(state.global_level()))?;
+    ok(json!({"compatibilityLevel": level.name()}))
+}
+
+async fn set_global_config(
+    Shared(api): Shared<Api>,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let update: ConfigUpdate = body(&headers, payload)?;
+    let level = Level::parse(&update.compatibility).ok_or(RegistryError::InvalidCompatibilityLevel)?;
+    api.registry.set_level(None, level).await?;
+    ok(json!({"compatibility": level.name()}))
+}
+
+async fn subject_config(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
+    let default_to_global = flag(&params, "defaultToGlobal");
+    let level = api.registry.read(|state| match state.subject_level(&subject) {
+        Some(level) => Ok(level),
+        None if default_to_global => Ok(state.global_level()),
+        None => Err(RegistryError::SubjectConfigNotFound(subject.clone())),
+    })?;
+    ok(json!({"compatibilityLevel": level.name()}))
+}
+
+async fn set_subject_config(
+    Shared(api): Shared<Api>,
+    Path(subject): Path<String>,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let update: ConfigUpdate = body(&headers, payload)?;
+    let level = Level::parse(&update.compatibility).ok_or(RegistryError::InvalidCompatibilityLevel)?;
+    api.registry.set_level(Some(&subject), level).await?;
+    ok(json!({"compatibility": level.name()}))
+}
+
+async fn delete_subject_config(Shared(api): Shared<Api>, Path(subject): Path<String>) -> Answer {
+    let previous = api.registry.delete_level(&subject).await?;
+    ok(json!({"compatibilityLevel": previous.name()}))
+}
+
+#[derive(serde::Deserialize)]
+struct ModeUpdate {
+    mode: String,
+}
+
+async fn global_mode(Shared(api): Shared<Api>) -> Answer {
+    let mode = api.registry.read(|state| Ok(state.global_mode()))?;
+    ok(json!({"mode": mode.name()}))
+}
+
+async fn set_global_mode(
+    Shared(api): Shared<Api>,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let update: ModeUpdate = body(&headers, payload)?;
+    let mode = Mode::parse(&update.mode).ok_or(RegistryError::InvalidMode)?;
+    api.registry.set_mode(None, mode).await?;
+    ok(json!({"mode": mode.name()}))
+}
+
+async fn subject_mode(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
+    let default_to_global = flag(&params, "defaultToGlobal");
+    let mode = api.registry.read(|state| match state.subject_mode(&subject) {
+        Some(mode) => Ok(mode),
+        None if default_to_global => Ok(state.global_mode()),
+        None => Err(RegistryError::SubjectModeNotFound(subject.clone())),
+    })?;
+    ok(json!({"mode": mode.name()}))
+}
+
+async fn set_subject_mode(
+    Shared(api): Shared<Api>,
+    Path(subject): Path<String>,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let update: ModeUpdate = body(&headers, payload)?;
+    let mode = Mode::parse(&update.mode).ok_or(RegistryError::InvalidMode)?;
+    api.registry.set_mode(Some(&subject), mode).await?;
+    ok(json!({"mode": mode.name()}))
+}
+
+async fn delete_subject_mode(Shared(api): Shared<Api>, Path(subject): Path<String>) -> Answer {
+    let previous = api.registry.delete_mode(&subject).await?;
+    ok(json!({"mode": previous.name()}))
+}
+
+fn compatibility_answer(reasons: Vec<String>, verbose: bool) -> Answer {
+    let mut answer = json!({"is_compatible": reasons.is_empty()});
+    if verbose {
+        answer["messages"] = json!(reasons);
+    }
+    ok(answer)
+}
+
+async fn compatible_with_all(
+    Shared(api): Shared<Api>,
+    Path(subject): Path<String>,
+    params: Params,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let request: SchemaRequest = body(&headers, payload)?;
+    let reasons = api.registry.test_compatibility(&subject, None, &request)?;
+    compatibility_answer(reasons, flag(&params, "verbose"))
+}
+
+async fn compatible_with_version(
+    Shared(api): Shared<Api>,
+    Path((subject, version)): Path<(String, String)>,
+    params: Params,
+    headers: HeaderMap,
+    payload: Result<Bytes, BytesRejection>,
+) -> Answer {
+    let spec = VersionSpec::parse(&version)?;
+    let request: SchemaRequest = body(&headers, payload)?;
+    let reasons = api.registry.test_compatibility(&subject, Some(spec), &request)?;
+    compatibility_answer(reasons, flag(&params, "verbose"))
+}

@@ -1,0 +1,324 @@
+"""The Schema Registry served by the broker (`--schema-registry-listen`), driven by
+confluent-kafka's own registry client and serializers: Avro and JSON Schema payloads go
+through Sluice's registry and topics and come back decoded; schema evolution is accepted or
+refused exactly as each compatibility level says; ids survive kill -9 and are never given
+twice; bad input gets the registry's error codes; with SASL users, HTTP basic auth is
+required and checked against their SCRAM credentials."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import ScramMechanism
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from conftest import free_port
+from test_security import add_user, start_secure_broker
+
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+USER_V1 = {"type": "record", "name": "User", "fields": [{"name": "name", "type": "string"}]}
+
+
+def avro(fields: list[dict]) -> str:
+    return json.dumps({"type": "record", "name": "User", "fields": fields})
+
+
+class Registry:
+    """A broker serving the registry, and its URL."""
+
+    def __init__(self, broker, port: int):
+        self.broker = broker
+        self.url = f"http://127.0.0.1:{port}"
+
+    def client(self, **conf) -> SchemaRegistryClient:
+        return SchemaRegistryClient({"url": self.url, **conf})
+
+    def call(self, method: str, path: str, body=None, content_type=CONTENT_TYPE, raw: bytes | None = None,
+             auth: str | None = None) -> tuple[int, object]:
+        """(HTTP status, decoded JSON body) of one request."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None and content_type:
+            request.add_header("Content-Type", content_type)
+        if auth:
+            request.add_header("Authorization", auth)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+
+@pytest.fixture
+def registry(broker_factory) -> Registry:
+    port = free_port()
+    broker = broker_factory(extra_args=["--schema-registry-listen", f"127.0.0.1:{port}"])
+    return Registry(broker, port)
+
+
+def round_trip(registry: Registry, topic: str, serializer, deserializer, values: list) -> list:
+    """Produces `values` serialized to `topic` and consumes them back deserialized."""
+    producer = Producer({"bootstrap.servers": registry.broker.bootstrap})
+    for value in values:
+        producer.produce(topic, serializer(value, SerializationContext(topic, MessageField.VALUE)))
+    assert producer.flush(10) == 0
+    consumer = Consumer({"bootstrap.servers": registry.broker.bootstrap, "group.id": f"{topic}-reader",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    read = []
+    try:
+        while len(read) < len(values):
+            message = consumer.poll(10)
+            assert message is not None, f"read only {read}"
+            assert message.error() is None, message.error()
+            read.append(deserializer(message.value(), SerializationContext(topic, MessageField.VALUE)))
+    finally:
+        consumer.close()
+    return read
+
+
+def test_avro_serializer_and_deserializer_round_trip_through_the_registry(registry):
+    client = registry.client()
+    serializer = AvroSerializer(client, json.dumps(USER_V1))
+    values = [{"name": f"user-{i}"} for i in range(20)]
+    assert round_trip(registry, "users", serializer, AvroDeserializer(client), values) == values
+    latest = client.get_latest_version("users-value")
+    assert latest.version == 1 and latest.schema.schema_type == "AVRO"
+    assert json.loads(client.get_schema(latest.schema_id).schema_str) == USER_V1
+    # The same schema registered again, and under another subject, keeps its id.
+    assert client.register_schema("users-value", Schema(json.dumps(USER_V1), "AVRO")) == latest.schema_id
+    assert client.register_schema("other-value", Schema(json.dumps(USER_V1), "AVRO")) == latest.schema_id
+    assert sorted(client.get_subjects()) == ["other-value", "users-value"]
+
+
+def test_json_schema_serializer_round_trip_through_the_registry(registry):
+    client = registry.client()
+    schema = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"type": "string"}},
+                         "required": ["id"]})
+    values = [{"id": i, "tag": "t"} for i in range(10)]
+    read = round_trip(registry, "events", JSONSerializer(schema, client),
+                      JSONDeserializer(schema, schema_registry_client=client), values)
+    assert read == values
+    latest = client.get_latest_version("events-value")
+    assert latest.schema.schema_type == "JSON"
+    # The serializer validates against the registered schema: a document it refuses.
+    with pytest.raises(Exception):
+        JSONSerializer(schema, client)({"tag": "no id"}, SerializationContext("events", MessageField.VALUE))
+
+
+NAME = {"name": "name", "type": "string"}
+AGE_DEFAULT = {"name": "age", "type": "int", "default": 0}
+AGE = {"name": "age", "type": "int"}
+NAME_DEFAULT = {"name": "name", "type": "string", "default": ""}
+NAME_INT_DEFAULT = {"name": "name", "type": "int", "default": 0}
+
+# (level, versions registered first, the new version, accepted?) as Confluent's documentation
+# of each level says: adding a field with a default is compatible every way; adding one without
+# a default breaks BACKWARD (new readers cannot read old data); deleting a field without a
+# default breaks FORWARD (old readers need it); transitive levels check every earlier version.
+EVOLUTIONS = {
+    "backward-add-with-default": ("BACKWARD", [[NAME]], [NAME, AGE_DEFAULT], True),
+    "backward-add-without-default": ("BACKWARD", [[NAME]], [NAME, AGE], False),
+    "backward-delete-field": ("BACKWARD", [[NAME, AGE]], [NAME], True),
+    "forward-add-without-default": ("FORWARD", [[NAME]], [NAME, AGE], True),
+    "forward-delete-field-without-default": ("FORWARD", [[NAME, AGE]], [NAME], False),
+    "forward-delete-field-with-default": ("FORWARD", [[NAME, AGE_DEFAULT]], [NAME], True),
+    "full-add-with-default": ("FULL", [[NAME]], [NAME, AGE_DEFAULT], True),
+    "full-add-without-default": ("FULL", [[NAME]], [NAME, AGE], False),
+    "full-delete-field-without-default": ("FULL", [[NAME, AGE]], [NAME], False),
+    "none-anything": ("NONE", [[NAME]], [{"name": "other", "type": "long"}], True),
+    # Each transitive case is accepted by its non-transitive level: the new version is
+    # compatible with the latest one and not with an older one.
+    "backward-transitive-checks-every-version": ("BACKWARD_TRANSITIVE", [[NAME], [AGE_DEFAULT]], [AGE_DEFAULT, NAME_INT_DEFAULT], False),
+    "backward-checks-the-latest-only": ("BACKWARD", [[NAME], [AGE_DEFAULT]], [AGE_DEFAULT, NAME_INT_DEFAULT], True),
+    "forward-transitive-checks-every-version": ("FORWARD_TRANSITIVE", [[NAME, AGE], [NAME, AGE_DEFAULT]], [NAME], False),
+    "forward-checks-the-latest-only": ("FORWARD", [[NAME, AGE], [NAME, AGE_DEFAULT]], [NAME], True),
+    "full-transitive-checks-every-version": ("FULL_TRANSITIVE", [[NAME_DEFAULT], [AGE_DEFAULT]], [AGE_DEFAULT, NAME_INT_DEFAULT], False),
+    "full-checks-the-latest-only": ("FULL", [[NAME_DEFAULT], [AGE_DEFAULT]], [AGE_DEFAULT, NAME_INT_DEFAULT], True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVOLUTIONS))
+def test_schema_evolution_follows_the_compatibility_level(registry, case):
+    level, earlier, new, accepted = EVOLUTIONS[case]
+    client = registry.client()
+    subject = f"{case}-value"
+    client.set_compatibility(subject, level)
+    previous = client.get_compatibility()
+    for fields in earlier:
+        client.register_schema(subject, Schema(avro(fields), "AVRO"))
+    tested = client.test_compatibility_all_versions(subject, Schema(avro(new), "AVRO"))
+    assert tested is accepted, f"{case}: the compatibility check said {tested}"
+    # Against the latest version alone, every case but the transitive ones decides the same.
+    against_latest = client.test_compatibility(subject, Schema(avro(new), "AVRO"))
+    assert against_latest is (accepted or "transitive" in case), f"{case}: against the latest: {against_latest}"
+    if accepted:
+        client.register_schema(subject, Schema(avro(new), "AVRO"))
+        assert client.get_latest_version(subject).version == len(earlier) + 1
+    else:
+        with pytest.raises(SchemaRegistryError) as refused:
+            client.register_schema(subject, Schema(avro(new), "AVRO"))
+        assert refused.value.http_status_code == 409 and refused.value.error_code == 409
+        assert client.get_latest_version(subject).version == len(earlier)
+    assert client.get_compatibility() == previous == "BACKWARD", "a subject's level left the default alone"
+
+
+def test_ids_survive_kill_9_and_are_never_given_twice(registry):
+    client = registry.client()
+    first = client.register_schema("a-value", Schema(avro([NAME]), "AVRO"))
+    second = client.register_schema("b-value", Schema(avro([AGE]), "AVRO"))
+    assert second > first
+    registry.broker.kill()
+    registry.broker.start()
+    client = registry.client()
+    assert json.loads(client.get_schema(second).schema_str)["fields"] == [AGE]
+    # Hard-delete every schema: the next one still gets a new id, also after a restart.
+    for subject in ("a-value", "b-value"):
+        client.delete_subject(subject)
+        client.delete_subject(subject, permanent=True)
+    assert client.get_subjects() == []
+    registry.broker.kill()
+    registry.broker.start()
+    third = registry.client().register_schema("c-value", Schema(avro([NAME, AGE_DEFAULT]), "AVRO"))
+    assert third > second
+    status, body = registry.call("GET", f"/schemas/ids/{second}")
+    assert (status, body["error_code"]) == (404, 40403)
+
+
+def test_soft_and_hard_deletes_modes_and_lookups(registry):
+    client = registry.client()
+    v1 = client.register_schema("s-value", Schema(avro([NAME]), "AVRO"))
+    client.register_schema("s-value", Schema(avro([NAME, AGE_DEFAULT]), "AVRO"))
+    found = client.lookup_schema("s-value", Schema(avro([NAME]), "AVRO"))
+    assert (found.schema_id, found.version) == (v1, 1)
+    assert registry.call("DELETE", "/subjects/s-value/versions/1") == (200, 1)
+    assert registry.call("GET", "/subjects/s-value/versions") == (200, [2])
+    assert registry.call("GET", "/subjects/s-value/versions?deleted=true") == (200, [1, 2])
+    # Permanent deletion needs a soft deletion first.
+    status, body = registry.call("DELETE", "/subjects/s-value/versions/2?permanent=true")
+    assert (status, body["error_code"]) == (404, 40407)
+    assert registry.call("DELETE", "/subjects/s-value") == (200, [2])
+    status, body = registry.call("GET", "/subjects/s-value/versions")
+    assert (status, body["error_code"]) == (404, 40401)
+    assert registry.call("DELETE", "/subjects/s-value?permanent=true") == (200, [1, 2])
+    # The registry's mode: READONLY refuses writes, READWRITE accepts them again.
+    assert registry.call("PUT", "/mode", {"mode": "READONLY"}) == (200, {"mode": "READONLY"})
+    status, body = registry.call("POST", "/subjects/t-value/versions", {"schema": avro([NAME])})
+    assert (status, body["error_code"]) == (422, 42205)
+    assert registry.call("PUT", "/mode", {"mode": "READWRITE"}) == (200, {"mode": "READWRITE"})
+    assert registry.call("POST", "/subjects/t-value/versions", {"schema": avro([NAME])})[0] == 200
+    # IMPORT mode keeps the given id and version.
+    assert registry.call("PUT", "/mode/imported-value", {"mode": "IMPORT"})[0] == 200
+    imported = {"schema": avro([AGE]), "id": 1000, "version": 7}
+    assert registry.call("POST", "/subjects/imported-value/versions", imported) == (200, {"id": 1000})
+    status, body = registry.call("GET", "/subjects/imported-value/versions/latest")
+    assert (body["id"], body["version"]) == (1000, 7)
+    assert registry.call("GET", "/schemas/types")[1] == ["JSON", "AVRO"]
+
+
+def test_bad_input_gets_the_registrys_error_codes(registry):
+    registry.client().register_schema("s-value", Schema(avro([NAME]), "AVRO"))
+    cases = [
+        ("invalid Avro", "POST", "/subjects/x-value/versions", {"schema": '{"type":"recrd"}'}, 422, 42201),
+        ("schema not JSON", "POST", "/subjects/x-value/versions", {"schema": "{"}, 422, 42201),
+        ("unknown type", "POST", "/subjects/x-value/versions", {"schema": "{}", "schemaType": "XML"}, 422, 42201),
+        ("missing reference", "POST", "/subjects/x-value/versions",
+         {"schema": avro([NAME]), "references": [{"name": "A", "subject": "nope", "version": 1}]}, 422, 42201),
+        ("unknown subject", "GET", "/subjects/nope/versions", None, 404, 40401),
+        ("unknown version", "GET", "/subjects/s-value/versions/9", None, 404, 40402),
+        ("invalid version", "GET", "/subjects/s-value/versions/zero", None, 422, 42202),
+        ("unknown id", "GET", "/schemas/ids/424242", None, 404, 40403),
+        ("unknown subject config", "GET", "/config/s-value", None, 404, 40408),
+        ("invalid level", "PUT", "/config", {"compatibility": "SIDEWAYS"}, 422, 42203),
+        ("invalid mode", "PUT", "/mode", {"mode": "WRITEONLY"}, 422, 42204),
+        ("lookup of an unregistered schema", "POST", "/subjects/s-value", {"schema": avro([AGE])}, 404, 40403),
+    ]
+    for what, method, path, body, status, code in cases:
+        got_status, got = registry.call(method, path, body)
+        assert (got_status, got["error_code"]) == (status, code), f"{what}: {got_status} {got}"
+        assert got["message"], what
+    status, body = registry.call("POST", "/subjects/x-value/versions", raw=b'{"schema":', content_type=CONTENT_TYPE)
+    assert (status, body["error_code"]) == (422, 422)
+    status, body = registry.call("POST", "/subjects/x-value/versions", {"schema": avro([NAME])},
+                                 content_type="text/plain")
+    assert (status, body["error_code"]) == (415, 415)
+    huge = json.dumps({"schema": json.dumps({"type": "string", "doc": "x" * (17 * 1024 * 1024)})}).encode()
+    status, body = registry.call("POST", "/subjects/x-value/versions", raw=huge)
+    assert (status, body["error_code"]) == (413, 413)
+    # Nothing of the refused requests was registered; the broker still serves.
+    assert registry.client().get_subjects() == ["s-value"]
+
+
+def test_basic_auth_against_the_sasl_users(broker_factory, tmp_path):
+    port = free_port()
+    secure = start_secure_broker(broker_factory, tmp_path, "--schema-registry-listen", f"127.0.0.1:{port}")
+    add_user(secure.admin(), "alice", "alice-secret", [ScramMechanism.SCRAM_SHA_256])
+    registry = Registry(secure, port)
+    status, body = registry.call("GET", "/subjects")
+    assert (status, body["error_code"]) == (401, 401)
+    wrong = "Basic " + base64.b64encode(b"alice:wrong").decode()
+    status, body = registry.call("GET", "/subjects", auth=wrong)
+    assert (status, body["error_code"]) == (401, 401)
+    unknown = "Basic " + base64.b64encode(b"mallory:alice-secret").decode()
+    assert registry.call("GET", "/subjects", auth=unknown)[0] == 401
+    client = registry.client(**{"basic.auth.user.info": "alice:alice-secret"})
+    schema_id = client.register_schema("s-value", Schema(avro([NAME]), "AVRO"))
+    assert client.get_schema(schema_id).schema_type == "AVRO"
+    with pytest.raises(SchemaRegistryError) as refused:
+        registry.client(**{"basic.auth.user.info": "alice:wrong"}).get_subjects()
+    assert refused.value.http_status_code == 401
+
+
+def test_three_nodes_answer_from_every_node_and_keep_ids_unique_through_a_leader_kill(tmp_path):
+    from cluster_support import Cluster, wait_for
+
+    registry_ports = {}
+
+    def node_args(node_id, _port):
+        registry_ports[node_id] = free_port()
+        return ["--schema-registry-listen", f"127.0.0.1:{registry_ports[node_id]}"]
+
+    cluster = Cluster(tmp_path, node_args=node_args).start()
+    try:
+        registries = {node: Registry(cluster.nodes[node], port) for node, port in registry_ports.items()}
+        ids = {}
+        # A write through every node: two of them forward it to the leader of _schemas.
+        for node, registry in registries.items():
+            subject = f"from-node-{node}-value"
+            ids[subject] = wait_for(f"a registration through node {node}",
+                                    lambda: registry.client().register_schema(subject, Schema(avro([NAME]), "AVRO")),
+                                    timeout=60)
+        # One schema, one id, whichever node took the write; every node answers every subject.
+        assert len(set(ids.values())) == 1, ids
+        for node, registry in registries.items():
+            wait_for(f"node {node} answering every subject",
+                     lambda: sorted(registry.client().get_subjects()) == sorted(ids), timeout=10)
+        # Kill the leader of _schemas: the others elect one and go on giving new ids.
+        leader, _, _ = cluster.partition_state("_schemas", 0)
+        cluster.nodes[leader].kill()
+        survivors = {node: r for node, r in registries.items() if node != leader}
+        taken = set(ids.values())
+        for n, (node, registry) in enumerate(survivors.items()):
+            schema = Schema(avro([NAME, {"name": f"f{n}", "type": "int", "default": n}]), "AVRO")
+            new_id = wait_for(f"a registration through node {node} after the leader's kill",
+                              lambda: registry.client().register_schema("evolving-value", schema), timeout=60)
+            assert new_id not in taken, (new_id, taken)
+            taken.add(new_id)
+        cluster.nodes[leader].start()
+        back = registries[leader]
+        wait_for("the restarted node answering every subject",
+                 lambda: "evolving-value" in back.client().get_subjects(), timeout=60)
+        versions = [back.client().get_version("evolving-value", v).schema_id for v in (1, 2)]
+        assert set(versions) == taken - set(ids.values())
+    finally:
+        cluster.kill_all()
