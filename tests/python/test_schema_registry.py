@@ -322,3 +322,39 @@ def test_three_nodes_answer_from_every_node_and_keep_ids_unique_through_a_leader
         assert set(versions) == taken - set(ids.values())
     finally:
         cluster.kill_all()
+
+
+def test_sluice_schema_commands(registry, tmp_path):
+    import subprocess
+    from conftest import SLUICE_BIN
+
+    def sluice(*args, ok=True):
+        result = subprocess.run([SLUICE_BIN, "schema", "--registry", registry.url, *args], capture_output=True,
+                                text=True, timeout=60)
+        assert (result.returncode == 0) == ok, f"{args}: {result.stdout}{result.stderr}"
+        return result.stdout + result.stderr
+
+    v1, v2 = tmp_path / "v1.avsc", tmp_path / "v2.avsc"
+    v1.write_text(avro([NAME]))
+    v2.write_text(avro([NAME, AGE]))
+    assert "registered users-value: id 1" in sluice("register", "users-value", str(v1))
+    assert sluice("list") == "users-value\n"
+    shown = sluice("get", "users-value", "--version", "latest")
+    assert shown.startswith("users-value version 1  id 1  type AVRO\n") and json.loads(shown.split("\n", 1)[1]) == json.loads(avro([NAME]))
+    assert "used by users-value v1" in sluice("get", "--id", "1")
+    # A field without a default breaks BACKWARD: check says why and exits 1; so does register.
+    refused = sluice("check", "users-value", str(v2), ok=False)
+    assert "incompatible with users-value" in refused and "must have a default value" in refused
+    assert "(error 409)" in sluice("register", "users-value", str(v2), ok=False)
+    assert sluice("compatibility", "users-value", "--set", "NONE") == "users-value: NONE\n"
+    assert sluice("check", "users-value", str(v2)) == "compatible\n"
+    assert "id 2" in sluice("register", "users-value", str(v2))
+    assert sluice("get", "users-value") == "users-value: version(s) 1, 2\n"
+    assert sluice("delete", "users-value") == "soft-deleted users-value version(s) 1, 2\n"
+    assert sluice("delete", "users-value", "--permanent") == "permanently deleted users-value version(s) 1, 2\n"
+    assert "Subject 'users-value' not found. (error 40401)" in sluice("get", "users-value", ok=False)
+    assert sluice("mode", "--set", "READONLY") == "the registry: READONLY\n"
+    assert "(error 42205)" in sluice("register", "users-value", str(v1), ok=False)
+    unreachable = subprocess.run([SLUICE_BIN, "schema", "--registry", f"http://127.0.0.1:{free_port()}", "list"],
+                                 capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode != 0 and "cannot reach the schema registry" in unreachable.stderr

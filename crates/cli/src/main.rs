@@ -2,6 +2,7 @@
 
 mod dev_cluster;
 mod kafka_connection;
+mod schema_tools;
 mod security_tools;
 mod serve;
 mod share_tools;
@@ -44,6 +45,8 @@ enum Command {
     User(security_tools::UserArgs),
     /// Show the cluster's brokers.
     Cluster(tools::ClusterArgs),
+    /// Register, list, show, check, delete schemas in the Schema Registry (its REST API).
+    Schema(schema_tools::SchemaArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
     DevCluster(dev_cluster::DevClusterArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
@@ -100,6 +103,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::User(args) => security_tools::user(args),
         Command::Consume(args) => tools::consume(args),
         Command::Cluster(args) => tools::cluster(args),
+        Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => sluice_bench::run(args),
