@@ -236,12 +236,19 @@ def test_replication_and_controller_rpc_run_over_authenticated_tls(tmp_path):
             return True
         wait_for("the SCRAM user (metadata.version finalized)", user_created)
         leader = cluster.partition_state(topic, 0)[0]
-        conn = kw.Conn("127.0.0.1", internal[leader])
-        conn.sock = context.wrap_socket(conn.sock, server_hostname="127.0.0.1")
-        with conn:
+
+        def as_mallory():
+            """A TLS connection to the leader authenticated as mallory, once her credential,
+            committed by the controller, has reached the leader (None until then)."""
+            conn = kw.Conn("127.0.0.1", internal[leader])
+            conn.sock = context.wrap_socket(conn.sock, server_hostname="127.0.0.1")
             assert conn.request(17, 1, kw.Writer().string("PLAIN").getvalue()).i16() == 0
             answer = conn.request(36, 1, kw.Writer().bytes_(b"\0mallory\0mallory-secret").getvalue())
-            assert answer.i16() == 0, "mallory's PLAIN authentication failed"
+            if answer.i16() == 0:
+                return conn
+            conn.close()
+            return None
+        with wait_for("mallory's PLAIN authentication at the leader", as_mallory) as conn:
             fetch = conn.request(kw.FETCH, 11, kw.fetch_body(11, topic, 0, 0, 1 << 20, 0, replica_id=2))
             fetch.i32()  # throttle
             assert fetch.i16() == 31, "a replica fetch by a non-broker principal was not refused"  # CLUSTER_AUTHORIZATION_FAILED

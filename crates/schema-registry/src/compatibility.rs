@@ -4,7 +4,11 @@
 //! new one), FULL (both), each against the latest version only or, `_TRANSITIVE`, against
 //! every version; NONE checks nothing.
 //!
-//! Avro uses `apache-avro`'s schema resolution check. JSON Schema uses the subset of
+//! Avro uses `apache-avro`'s schema resolution check. Protobuf checks, per message both
+//! define, that a field number keeps its kind (within Protobuf's wire-compatible groups,
+//! e.g. int32/int64/uint32/uint64/bool) and its cardinality, that no message the writer has
+//! is missing for the reader, and that the reader requires no field the writer lacks.
+//! JSON Schema uses the subset of
 //! Confluent's JSON rules that decides most real evolutions: types may only widen for the
 //! reader (integer to number), an enum may only grow, a property the writer may send must
 //! be allowed by the reader (a closed content model refuses additions), and a property the
@@ -102,8 +106,87 @@ fn can_read(writer: &Parsed, reader: &Parsed) -> Result<(), String> {
                 .map_err(|error| error.to_string())
         }
         (Parsed::Json(writer), Parsed::Json(reader)) => json_reader_accepts(writer, reader, "#"),
+        (Parsed::Protobuf(writer), Parsed::Protobuf(reader)) => protobuf_reader_accepts(writer, reader),
         _ => Err("the schema type changed".to_string()),
     }
+}
+
+/// Whether messages written with `writer`'s types parse with `reader`'s.
+fn protobuf_reader_accepts(
+    writer: &prost_types::FileDescriptorProto,
+    reader: &prost_types::FileDescriptorProto,
+) -> Result<(), String> {
+    let read = messages_of(reader);
+    for (name, written) in messages_of(writer) {
+        let Some(read) = read.get(&name) else { return Err(format!("message {name} was removed")) };
+        for field in &written.field {
+            if let Some(other) = read.field.iter().find(|f| f.number == field.number) {
+                check_field(&name, field, other)?;
+            }
+        }
+        for field in &read.field {
+            let required = field.label == Some(prost_types::field_descriptor_proto::Label::Required as i32);
+            if required && !written.field.iter().any(|f| f.number == field.number) {
+                return Err(format!("{name}: required field {} was added", field.name()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every message of a file, nested ones included, by its name within the file.
+fn messages_of(
+    file: &prost_types::FileDescriptorProto,
+) -> std::collections::BTreeMap<String, &prost_types::DescriptorProto> {
+    fn add<'a>(
+        prefix: &str,
+        messages: &'a [prost_types::DescriptorProto],
+        into: &mut std::collections::BTreeMap<String, &'a prost_types::DescriptorProto>,
+    ) {
+        for message in messages {
+            let name = format!("{prefix}{}", message.name());
+            add(&format!("{name}."), &message.nested_type, into);
+            into.insert(name, message);
+        }
+    }
+    let mut into = std::collections::BTreeMap::new();
+    add("", &file.message_type, &mut into);
+    into
+}
+
+/// A field's wire kind: scalars in groups Protobuf reads interchangeably, named types by
+/// their last name (a `.proto` text names them as written, a descriptor fully qualified).
+fn field_kind(field: &prost_types::FieldDescriptorProto) -> String {
+    use prost_types::field_descriptor_proto::Type;
+    if !field.type_name().is_empty() {
+        return field.type_name().rsplit('.').next().unwrap_or_default().to_string();
+    }
+    let group = match field.r#type() {
+        Type::Int32 | Type::Int64 | Type::Uint32 | Type::Uint64 | Type::Bool => "varint",
+        Type::Sint32 | Type::Sint64 => "zigzag",
+        Type::Fixed32 | Type::Sfixed32 => "fixed32",
+        Type::Fixed64 | Type::Sfixed64 => "fixed64",
+        Type::String | Type::Bytes => "length-delimited",
+        other => return format!("{other:?}"),
+    };
+    group.to_string()
+}
+
+fn check_field(
+    message: &str,
+    writer: &prost_types::FieldDescriptorProto,
+    reader: &prost_types::FieldDescriptorProto,
+) -> Result<(), String> {
+    use prost_types::field_descriptor_proto::Label;
+    let (written, read) = (field_kind(writer), field_kind(reader));
+    if written != read {
+        return Err(format!("{message}: field {} changed from {written} to {read}", writer.number()));
+    }
+    let repeated = |f: &prost_types::FieldDescriptorProto| f.label == Some(Label::Repeated as i32);
+    if repeated(writer) != repeated(reader) {
+        return Err(format!("{message}: field {} changed between repeated and single", writer.number()));
+    }
+    Ok(())
 }
 
 /// Whether every document `writer` accepts is accepted by `reader` (the checked subset).
@@ -239,6 +322,34 @@ mod tests {
 
     fn json(text: &str) -> Parsed {
         Parsed::parse(SchemaType::Json, text, &[]).unwrap()
+    }
+
+    fn proto(text: &str) -> Parsed {
+        Parsed::parse(SchemaType::Protobuf, text, &[]).unwrap()
+    }
+
+    #[test]
+    fn protobuf_rules() {
+        let v1 = proto("syntax = \"proto3\"; message M { int32 a = 1; string b = 2; }");
+        let added = proto("syntax = \"proto3\"; message M { int32 a = 1; string b = 2; int64 c = 3; }");
+        let widened = proto("syntax = \"proto3\"; message M { int64 a = 1; string b = 2; }");
+        let retyped = proto("syntax = \"proto3\"; message M { string a = 1; string b = 2; }");
+        let repeated = proto("syntax = \"proto3\"; message M { repeated int32 a = 1; string b = 2; }");
+        let renamed = proto("syntax = \"proto3\"; message N { int32 a = 1; string b = 2; }");
+        assert!(check(Level::Full, &added, std::slice::from_ref(&v1)).is_empty());
+        assert!(check(Level::Full, &widened, std::slice::from_ref(&v1)).is_empty());
+        assert!(!check(Level::Backward, &retyped, std::slice::from_ref(&v1)).is_empty());
+        assert!(!check(Level::Backward, &repeated, std::slice::from_ref(&v1)).is_empty());
+        assert!(!check(Level::Backward, &renamed, std::slice::from_ref(&v1)).is_empty());
+        let required = Parsed::parse(
+            SchemaType::Protobuf,
+            "syntax = \"proto2\"; message M { optional int32 a = 1; required int32 z = 9; }",
+            &[],
+        )
+        .unwrap();
+        let old2 = Parsed::parse(SchemaType::Protobuf, "syntax = \"proto2\"; message M { optional int32 a = 1; }", &[])
+            .unwrap();
+        assert!(!check(Level::Backward, &required, std::slice::from_ref(&old2)).is_empty());
     }
 
     #[test]

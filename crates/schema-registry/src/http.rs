@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::compatibility::Level;
 use crate::error::RegistryError;
 use crate::registry::{find_version, referenced_by, Registry, SchemaRequest, VersionAnswer, VersionSpec};
-use crate::schema::SUPPORTED_TYPES;
+use crate::schema::{Parsed, SchemaType, SUPPORTED_TYPES};
 use crate::state::Mode;
 
 /// The largest request body accepted (a schema with its references).
@@ -143,8 +143,19 @@ fn parse_id(id: &str) -> Result<i32, RegistryError> {
     id.parse().map_err(|_| RegistryError::SchemaNotFound(String::new()))
 }
 
-fn schema_answer(value: &crate::records::SchemaValue) -> Value {
-    let mut answer = json!({"schema": value.schema});
+/// The schema text to answer with: as registered, or in `?format=serialized` the form
+/// that names (a Protobuf schema as a base64 descriptor).
+fn formatted(params: &Params, schema_type: SchemaType, text: &str) -> String {
+    let serialized = params.get("format").is_some_and(|f| f == "serialized");
+    let converted = match serialized {
+        true => Parsed::parse(schema_type, text, &[]).ok().and_then(|parsed| parsed.serialized()),
+        false => None,
+    };
+    converted.unwrap_or_else(|| text.to_string())
+}
+
+fn schema_answer(value: &crate::records::SchemaValue, params: &Params) -> Value {
+    let mut answer = json!({"schema": formatted(params, value.schema_type, &value.schema)});
     if !value.schema_type.is_avro() {
         answer["schemaType"] = json!(value.schema_type.name());
     }
@@ -154,11 +165,11 @@ fn schema_answer(value: &crate::records::SchemaValue) -> Value {
     answer
 }
 
-async fn schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>) -> Answer {
+async fn schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
     let id = parse_id(&id)?;
-    let answer = api
-        .registry
-        .read(|state| state.by_id(id).map(schema_answer).ok_or_else(|| RegistryError::SchemaNotFound(String::new())))?;
+    let answer = api.registry.read(|state| {
+        state.by_id(id).map(|v| schema_answer(v, &params)).ok_or_else(|| RegistryError::SchemaNotFound(String::new()))
+    })?;
     ok(answer)
 }
 
@@ -260,7 +271,9 @@ fn resolve(api: &Api, subject: &str, version: &str, deleted: bool) -> Result<Ver
 }
 
 async fn version(Shared(api): Shared<Api>, Path((subject, version)): Path<(String, String)>, params: Params) -> Answer {
-    ok(resolve(&api, &subject, &version, flag(&params, "deleted"))?)
+    let mut answer = resolve(&api, &subject, &version, flag(&params, "deleted"))?;
+    answer.schema = formatted(&params, answer.schema_type, &answer.schema);
+    ok(answer)
 }
 
 async fn raw_version(

@@ -1,5 +1,5 @@
 //! A Schema Registry served by the broker, compatible with Confluent's REST API as
-//! serializers and tools call it (Avro and JSON Schema), whose whole state is the
+//! serializers and tools call it (Avro, JSON Schema, Protobuf), whose whole state is the
 //! compacted `_schemas` topic.
 //!
 //! Why inside the broker: a Kafka workload that carries Avro or JSON Schema payloads needs

@@ -2,14 +2,18 @@
 //! registrations of the same schema are recognised (by a canonical form) and a new
 //! version can be checked against older ones (see `compatibility`).
 //!
-//! Avro is parsed by `apache-avro` (references resolved as named types); JSON Schema is parsed as JSON and must be an object or a boolean, its canonical
-//! form being the JSON re-serialized with sorted keys. Protobuf is not served: a
-//! registration of one is refused with the registry's "invalid schema" error.
+//! Avro is parsed by `apache-avro` (references resolved as named types); JSON Schema is
+//! parsed as JSON and must be an object or a boolean, its canonical form being the JSON
+//! re-serialized with sorted keys. Protobuf comes as `.proto` text (parsed by
+//! `protox-parse`) or, as confluent-kafka's serializers send it, as a base64
+//! `FileDescriptorProto`; either becomes a descriptor, whose encoding is its identity.
 
+use base64::Engine;
+use prost::Message;
 use serde::{Deserialize, Serialize};
 
 /// The schema languages this registry answers for, in `/schemas/types` order.
-pub const SUPPORTED_TYPES: [SchemaType; 2] = [SchemaType::Json, SchemaType::Avro];
+pub const SUPPORTED_TYPES: [SchemaType; 3] = [SchemaType::Json, SchemaType::Protobuf, SchemaType::Avro];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum SchemaType {
@@ -59,6 +63,7 @@ pub struct Reference {
 pub enum Parsed {
     Avro(apache_avro::Schema),
     Json(serde_json::Value),
+    Protobuf(Box<prost_types::FileDescriptorProto>),
 }
 
 impl Parsed {
@@ -82,7 +87,19 @@ impl Parsed {
                 check_json_schema_shape(&value)?;
                 Ok(Parsed::Json(value))
             }
-            SchemaType::Protobuf => Err("PROTOBUF schemas are not supported by this registry".to_string()),
+            SchemaType::Protobuf => parse_protobuf(text).map(|descriptor| Parsed::Protobuf(Box::new(descriptor))),
+        }
+    }
+
+    /// The schema as `?format=serialized` answers it: a Protobuf schema as a base64
+    /// `FileDescriptorProto` (what confluent-kafka's deserializers read); `None` for the
+    /// other types, whose text is their only form.
+    pub fn serialized(&self) -> Option<String> {
+        match self {
+            Parsed::Protobuf(descriptor) => {
+                Some(base64::engine::general_purpose::STANDARD.encode(descriptor.encode_to_vec()))
+            }
+            _ => None,
         }
     }
 
@@ -96,9 +113,29 @@ impl Parsed {
                 sorted_json(&serde_json::to_value(schema).expect("Avro schemas serialize")).to_string()
             }
             Parsed::Json(value) => sorted_json(value).to_string(),
+            Parsed::Protobuf(_) => self.serialized().expect("a Protobuf schema has a serialized form"),
         }
     }
 }
+
+/// A `.proto` file's text, or a base64 `FileDescriptorProto`, as a descriptor without
+/// source positions (so formatting does not change its identity).
+fn parse_protobuf(text: &str) -> Result<prost_types::FileDescriptorProto, String> {
+    let decoded = base64::engine::general_purpose::STANDARD.decode(text.trim()).ok();
+    let mut descriptor = match decoded.and_then(|bytes| prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok())
+    {
+        Some(descriptor) => descriptor,
+        None => protox_parse::parse(PROTO_FILE_NAME, text).map_err(|error| error.to_string())?,
+    };
+    descriptor.source_code_info = None;
+    if descriptor.message_type.is_empty() && descriptor.enum_type.is_empty() && descriptor.service.is_empty() {
+        return Err("a Protobuf schema must define a message, an enum or a service".to_string());
+    }
+    Ok(descriptor)
+}
+
+/// The file name a `.proto` text is parsed under (it names no file of its own).
+const PROTO_FILE_NAME: &str = "schema.proto";
 
 /// `value` with every object's keys in sorted order (whatever order the map type keeps).
 fn sorted_json(value: &serde_json::Value) -> serde_json::Value {
@@ -188,6 +225,18 @@ mod tests {
         assert!(Parsed::parse(SchemaType::Json, r#"{"type":"objet"}"#, &[]).is_err());
         assert!(Parsed::parse(SchemaType::Json, r#"{"required":"a"}"#, &[]).is_err());
         assert!(Parsed::parse(SchemaType::Protobuf, "syntax = \"proto3\";", &[]).is_err());
+        assert!(Parsed::parse(SchemaType::Protobuf, "message M { int32 a = ; }", &[]).is_err());
+    }
+
+    #[test]
+    fn protobuf_text_and_its_descriptor_are_one_schema() {
+        let text = "syntax = \"proto3\";\npackage p;\nmessage M {\n  int32 a = 1;\n  string b = 2;\n}\n";
+        let parsed = Parsed::parse(SchemaType::Protobuf, text, &[]).unwrap();
+        let serialized = parsed.serialized().unwrap();
+        let again = Parsed::parse(SchemaType::Protobuf, &serialized, &[]).unwrap();
+        assert_eq!(parsed.canonical(), again.canonical());
+        let reformatted = "syntax = \"proto3\"; package p; message M { int32 a = 1; string b = 2; }";
+        assert_eq!(Parsed::parse(SchemaType::Protobuf, reformatted, &[]).unwrap().canonical(), parsed.canonical());
     }
 
     #[test]
