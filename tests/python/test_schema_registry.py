@@ -404,3 +404,43 @@ def test_sluice_schema_commands(registry, tmp_path):
     unreachable = subprocess.run([SLUICE_BIN, "schema", "--registry", f"http://127.0.0.1:{free_port()}", "list"],
                                  capture_output=True, text=True, timeout=60)
     assert unreachable.returncode != 0 and "cannot reach the schema registry" in unreachable.stderr
+
+
+def test_https_with_the_brokers_certificate_and_basic_auth(broker_factory, tmp_path):
+    port = free_port()
+    secure = start_secure_broker(broker_factory, tmp_path, "--schema-registry-listen", f"127.0.0.1:{port}",
+                                 "--schema-registry-tls")
+    add_user(secure.admin(), "alice", "alice-secret", [ScramMechanism.SCRAM_SHA_512])
+    client = SchemaRegistryClient({"url": f"https://127.0.0.1:{port}", "ssl.ca.location": str(secure.pki.ca),
+                                   "basic.auth.user.info": "alice:alice-secret"})
+    schema_id = client.register_schema("s-value", Schema(avro([NAME]), "AVRO"))
+    assert client.get_schema(schema_id).schema_type == "AVRO"
+    # Plain HTTP on the HTTPS port gets no HTTP answer.
+    import http.client
+    with pytest.raises((urllib.error.URLError, OSError, http.client.HTTPException)):
+        Registry(secure, port).call("GET", "/subjects")
+
+
+def test_idle_and_half_sent_connections_do_not_stall_the_registry(registry):
+    import socket
+    import time
+    host, port = "127.0.0.1", int(registry.url.rsplit(":", 1)[1])
+    # Far more connections than the registry serves at once, each holding half a request.
+    held = []
+    for i in range(400):
+        s = socket.create_connection((host, port), timeout=5)
+        s.sendall(b"POST /subjects/x/versions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        held.append(s)
+    try:
+        started = time.monotonic()
+        client = registry.client()
+        assert client.register_schema("s-value", Schema(avro([NAME]), "AVRO")) >= 1
+        assert client.get_subjects() == ["s-value"]
+        assert time.monotonic() - started < 5, "a client waited behind connections that send nothing"
+    finally:
+        for s in held:
+            s.close()
+    # The broker still serves Kafka clients.
+    producer = Producer({"bootstrap.servers": registry.broker.bootstrap})
+    producer.produce("after", b"v")
+    assert producer.flush(10) == 0

@@ -114,7 +114,7 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
     // Where other nodes forward schema registry writes when this node leads `_schemas`.
     if let Some(registry) = broker.config().schema_registry_listen {
         let host = if registry.ip().is_unspecified() { host.clone() } else { registry.ip().to_string() };
-        let name = crate::schema_host::SCHEMA_REGISTRY_ENDPOINT.to_string();
+        let name = sluice_schema_registry::REGISTRY_ENDPOINT.to_string();
         endpoints.push(sluice_cluster::Endpoint { name, host, port: registry.port() });
     }
     let config = ControllerConfig {

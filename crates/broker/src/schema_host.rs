@@ -30,10 +30,6 @@ const REPLICATION_FACTOR_MAX: usize = 3;
 /// The largest registry batch (a schema with its references).
 const MAX_MESSAGE_BYTES: usize = 20 * 1024 * 1024;
 
-/// The name of the registration endpoint that carries a node's registry address (lower
-/// case with a dot: no Kafka listener can have this name).
-pub const SCHEMA_REGISTRY_ENDPOINT: &str = "sluice.schema-registry";
-
 /// `_schemas` as the broker hosts it.
 pub struct BrokerSchemaLog {
     broker: Arc<Broker>,
@@ -83,7 +79,7 @@ impl BrokerSchemaLog {
     fn registry_address(&self, node: i32) -> Option<String> {
         let cluster = self.broker.cluster.as_ref()?;
         let metadata = cluster.metadata();
-        let (host, port) = metadata.brokers.get(&node)?.endpoint(SCHEMA_REGISTRY_ENDPOINT)?;
+        let (host, port) = metadata.brokers.get(&node)?.endpoint(sluice_schema_registry::REGISTRY_ENDPOINT)?;
         Some(format!("{host}:{port}"))
     }
 
@@ -197,11 +193,21 @@ fn write_error(error: LogWriteError) -> RegistryError {
     }
 }
 
+/// The HTTPS acceptor of the registry, when `schema_registry_tls` is on.
+pub fn tls(broker: &Broker) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    match broker.config().schema_registry_tls {
+        false => Ok(None),
+        true => sluice_security::tls::server_acceptor(&broker.config().tls_settings())
+            .map(Some)
+            .map_err(|error| format!("schema registry TLS: {error}")),
+    }
+}
+
 /// Serves the Schema Registry's REST API on `listener` for as long as the broker runs.
-pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener) {
+pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>) {
     let gate = crate::http_auth::BasicAuth::for_broker(&broker);
     let registry = Arc::new(sluice_schema_registry::Registry::new(Arc::new(BrokerSchemaLog::new(broker))));
-    if let Err(error) = sluice_schema_registry::serve(listener, registry, gate).await {
+    if let Err(error) = sluice_schema_registry::serve(listener, registry, gate, tls).await {
         tracing::error!(%error, "the schema registry stopped serving");
     }
 }

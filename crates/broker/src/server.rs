@@ -70,8 +70,11 @@ pub async fn serve(
     }
     if let Some(registry_listener) = http.schema_registry {
         let address = registry_listener.local_addr()?;
-        tracing::info!(%address, "schema registry at http://{address}/");
-        http_servers.push(tokio::spawn(crate::schema_host::serve(broker.clone(), registry_listener)));
+        let registry_tls =
+            crate::schema_host::tls(&broker).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let scheme = if registry_tls.is_some() { "https" } else { "http" };
+        tracing::info!(%address, "schema registry at {scheme}://{address}/");
+        http_servers.push(tokio::spawn(crate::schema_host::serve(broker.clone(), registry_listener, registry_tls)));
     }
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));

@@ -151,6 +151,10 @@ pub struct ServeArgs {
     /// (8081 by convention) [default: off].
     #[arg(long, env = "SLUICE_SCHEMA_REGISTRY_LISTEN")]
     schema_registry_listen: Option<SocketAddr>,
+    /// Serve the Schema Registry over HTTPS, with the certificate of the SSL listeners
+    /// (`ssl.keystore.location`; `ssl.client.auth` applies too).
+    #[arg(long, env = "SLUICE_SCHEMA_REGISTRY_TLS")]
+    schema_registry_tls: bool,
     /// Any config key as KEY=VALUE, Kafka's names included (e.g. --override
     /// listeners=PLAINTEXT://:9092,SSL://:9093); applied over the TOML file. Repeatable.
     #[arg(long = "override", value_name = "KEY=VALUE")]
@@ -203,6 +207,9 @@ impl ServeArgs {
         }
         if self.schema_registry_listen.is_some() {
             config.schema_registry_listen = self.schema_registry_listen;
+        }
+        if self.schema_registry_tls {
+            config.schema_registry_tls = true;
         }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;

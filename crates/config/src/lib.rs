@@ -88,6 +88,9 @@ pub struct BrokerConfig {
     /// Where the Schema Registry's REST API (Confluent-compatible) is served over HTTP; off
     /// when unset (8081 by convention).
     pub schema_registry_listen: Option<SocketAddr>,
+    /// Serve the Schema Registry over HTTPS with the listeners' `ssl.keystore.*` (and
+    /// `ssl.client.auth`).
+    pub schema_registry_tls: bool,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
     pub listeners: Option<String>,
     /// Kafka's `advertised.listeners`; a listener not named here advertises its own address.
@@ -385,6 +388,7 @@ impl Default for BrokerConfig {
             io_threads: 0,
             metrics_listen: None,
             schema_registry_listen: None,
+            schema_registry_tls: false,
             listeners: None,
             advertised_listeners: None,
             listener_security_protocol_map: None,
@@ -463,6 +467,9 @@ impl BrokerConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.node_id < 0 {
             return Err(format!("node_id must be >= 0, got {}", self.node_id));
+        }
+        if self.schema_registry_tls && self.schema_registry_listen.is_none() {
+            return Err("schema_registry_tls needs schema_registry_listen (--schema-registry-listen)".into());
         }
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
             return Err(format!("max_request_bytes must be in [1024, {}], got {}", i32::MAX, self.max_request_bytes));

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 
 use crate::error::RegistryError;
-use crate::http::REQUEST_BYTES_MAX;
+use crate::limits::REQUEST_BYTES_MAX;
 use crate::registry::{Registry, Writer};
 
 /// Marks a forwarded request: its receiver never forwards it again.

@@ -16,12 +16,10 @@ use serde_json::{json, Value};
 
 use crate::compatibility::Level;
 use crate::error::RegistryError;
+use crate::limits::{REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
 use crate::registry::{find_version, referenced_by, Registry, SchemaRequest, VersionAnswer, VersionSpec};
 use crate::schema::{Parsed, SchemaType, SUPPORTED_TYPES};
 use crate::state::Mode;
-
-/// The largest request body accepted (a schema with its references).
-pub const REQUEST_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The media type of every answer.
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
@@ -107,7 +105,10 @@ async fn guard(Shared(api): Shared<Api>, request: axum::extract::Request, next: 
             return response;
         }
     }
-    next.run(request).await
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => RegistryError::Timeout.into_response(),
+    }
 }
 
 /// Runs a request here or at the leader of `_schemas` (see `forward`).

@@ -16,22 +16,20 @@ pub mod compatibility;
 pub mod error;
 mod forward;
 pub mod http;
+pub mod limits;
 pub mod records;
 pub mod registry;
 pub mod schema;
+pub mod serve;
 pub mod state;
 
 pub use error::RegistryError;
 pub use registry::{LogFuture, LogRecord, Registry, SchemaLog, Writer};
+pub use serve::serve;
 
 /// The internal topic that holds the registry (Confluent's default `kafkastore.topic`).
 pub const SCHEMAS_TOPIC: &str = "_schemas";
 
-/// Serves the REST API on `listener` until the listener fails.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    registry: std::sync::Arc<Registry>,
-    gate: Option<std::sync::Arc<dyn http::Gate>>,
-) -> std::io::Result<()> {
-    axum::serve(listener, http::router(registry, gate)).await
-}
+/// The name of the registration endpoint that carries a node's registry address, where
+/// other nodes forward writes (lower case with a dot: no Kafka listener has this name).
+pub const REGISTRY_ENDPOINT: &str = "sluice.schema-registry";

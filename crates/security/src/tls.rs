@@ -142,6 +142,12 @@ pub fn acceptor(listeners: &[Listener], settings: &TlsSettings) -> Result<Option
     if !listeners.iter().any(|listener| listener.protocol.uses_tls()) {
         return Ok(None);
     }
+    server_acceptor(settings).map(Some)
+}
+
+/// The server side of TLS from `ssl.keystore.*` (and `ssl.client.auth` with
+/// `ssl.truststore.*`): what the TLS listeners and the HTTPS services accept with.
+pub fn server_acceptor(settings: &TlsSettings) -> Result<TlsAcceptor, String> {
     check_supported(settings)?;
     let client_auth = match settings.client_auth.to_ascii_lowercase().as_str() {
         "none" => ClientAuth::None,
@@ -168,7 +174,7 @@ pub fn acceptor(listeners: &[Listener], settings: &TlsSettings) -> Result<Option
     let server = builder
         .with_single_cert(chain, key)
         .map_err(|error| format!("ssl.keystore: the key does not fit the certificate: {error}"))?;
-    Ok(Some(TlsAcceptor::from(Arc::new(server))))
+    Ok(TlsAcceptor::from(Arc::new(server)))
 }
 
 /// The connector this node uses to reach other nodes' TLS inter-broker listener: it
