@@ -19,6 +19,7 @@ use crate::error::RegistryError;
 use crate::limits::{REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
 use crate::registry::{find_version, referenced_by, Registry, SchemaRequest, VersionAnswer, VersionSpec};
 use crate::schema::{Parsed, SchemaType, SUPPORTED_TYPES};
+use crate::setting::Setting;
 use crate::state::Mode;
 
 /// The media type of every answer.
@@ -83,10 +84,13 @@ pub fn router(registry: Arc<Registry>, gate: Option<Arc<dyn Gate>>) -> Router {
         .route("/subjects/{subject}/versions/{version}", get(version).delete(delete_version))
         .route("/subjects/{subject}/versions/{version}/schema", get(raw_version))
         .route("/subjects/{subject}/versions/{version}/referencedby", get(version_referenced_by))
-        .route("/config", get(global_config).put(set_global_config))
-        .route("/config/{subject}", get(subject_config).put(set_subject_config).delete(delete_subject_config))
-        .route("/mode", get(global_mode).put(set_global_mode))
-        .route("/mode/{subject}", get(subject_mode).put(set_subject_mode).delete(delete_subject_mode))
+        .route("/config", get(show_global::<Level>).put(set_global::<Level>))
+        .route(
+            "/config/{subject}",
+            get(show_subject::<Level>).put(set_subject::<Level>).delete(remove_subject::<Level>),
+        )
+        .route("/mode", get(show_global::<Mode>).put(set_global::<Mode>))
+        .route("/mode/{subject}", get(show_subject::<Mode>).put(set_subject::<Mode>).delete(remove_subject::<Mode>))
         .route("/compatibility/subjects/{subject}/versions", post(compatible_with_all))
         .route("/compatibility/subjects/{subject}/versions/{version}", post(compatible_with_version))
         .fallback(|| async { RegistryError::NotFound("HTTP 404 Not Found".to_string()) })
@@ -314,100 +318,60 @@ async fn delete_subject(Shared(api): Shared<Api>, Path(subject): Path<String>, p
     ok(api.registry.delete_subject(&subject, flag(&params, "permanent")).await?)
 }
 
-#[derive(serde::Deserialize)]
-struct ConfigUpdate {
-    compatibility: String,
+/// `{field: value}`.
+fn field(name: &str, value: &str) -> Value {
+    Value::Object(serde_json::Map::from_iter([(name.to_string(), Value::from(value))]))
 }
 
-async fn global_config(Shared(api): Shared<Api>) -> Answer {
-    let level = api.registry.read(|state| Ok(state.global_level()))?;
-    ok(json!({"compatibilityLevel": level.name()}))
+/// The value of a setting a PUT body carries in its `S::UPDATE_FIELD`.
+fn update<S: Setting>(headers: &HeaderMap, payload: Result<Bytes, BytesRejection>) -> Result<S, RegistryError> {
+    let body: HashMap<String, Value> = body(headers, payload)?;
+    let name = body
+        .get(S::UPDATE_FIELD)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RegistryError::UnprocessableBody(format!("expected {{\"{}\": ...}}", S::UPDATE_FIELD)))?;
+    S::parse(name).ok_or_else(S::invalid)
 }
 
-async fn set_global_config(
+async fn show_global<S: Setting>(Shared(api): Shared<Api>) -> Answer {
+    let value = api.registry.read(|state| Ok(S::stored(state, None).unwrap_or_default()))?;
+    ok(field(S::SHOW_FIELD, value.name()))
+}
+
+async fn set_global<S: Setting>(
     Shared(api): Shared<Api>,
     headers: HeaderMap,
     payload: Result<Bytes, BytesRejection>,
 ) -> Answer {
-    let update: ConfigUpdate = body(&headers, payload)?;
-    let level = Level::parse(&update.compatibility).ok_or(RegistryError::InvalidCompatibilityLevel)?;
-    api.registry.set_level(None, level).await?;
-    ok(json!({"compatibility": level.name()}))
+    let value: S = update(&headers, payload)?;
+    api.registry.set(None, value).await?;
+    ok(field(S::UPDATE_FIELD, value.name()))
 }
 
-async fn subject_config(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
+async fn show_subject<S: Setting>(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
     let default_to_global = flag(&params, "defaultToGlobal");
-    let level = api.registry.read(|state| match state.subject_level(&subject) {
-        Some(level) => Ok(level),
-        None if default_to_global => Ok(state.global_level()),
-        None => Err(RegistryError::SubjectConfigNotFound(subject.clone())),
+    let value = api.registry.read(|state| match S::stored(state, Some(&subject)) {
+        Some(value) => Ok(value),
+        None if default_to_global => Ok(S::stored(state, None).unwrap_or_default()),
+        None => Err(S::not_set(&subject)),
     })?;
-    ok(json!({"compatibilityLevel": level.name()}))
+    ok(field(S::SHOW_FIELD, value.name()))
 }
 
-async fn set_subject_config(
+async fn set_subject<S: Setting>(
     Shared(api): Shared<Api>,
     Path(subject): Path<String>,
     headers: HeaderMap,
     payload: Result<Bytes, BytesRejection>,
 ) -> Answer {
-    let update: ConfigUpdate = body(&headers, payload)?;
-    let level = Level::parse(&update.compatibility).ok_or(RegistryError::InvalidCompatibilityLevel)?;
-    api.registry.set_level(Some(&subject), level).await?;
-    ok(json!({"compatibility": level.name()}))
+    let value: S = update(&headers, payload)?;
+    api.registry.set(Some(&subject), value).await?;
+    ok(field(S::UPDATE_FIELD, value.name()))
 }
 
-async fn delete_subject_config(Shared(api): Shared<Api>, Path(subject): Path<String>) -> Answer {
-    let previous = api.registry.delete_level(&subject).await?;
-    ok(json!({"compatibilityLevel": previous.name()}))
-}
-
-#[derive(serde::Deserialize)]
-struct ModeUpdate {
-    mode: String,
-}
-
-async fn global_mode(Shared(api): Shared<Api>) -> Answer {
-    let mode = api.registry.read(|state| Ok(state.global_mode()))?;
-    ok(json!({"mode": mode.name()}))
-}
-
-async fn set_global_mode(
-    Shared(api): Shared<Api>,
-    headers: HeaderMap,
-    payload: Result<Bytes, BytesRejection>,
-) -> Answer {
-    let update: ModeUpdate = body(&headers, payload)?;
-    let mode = Mode::parse(&update.mode).ok_or(RegistryError::InvalidMode)?;
-    api.registry.set_mode(None, mode).await?;
-    ok(json!({"mode": mode.name()}))
-}
-
-async fn subject_mode(Shared(api): Shared<Api>, Path(subject): Path<String>, params: Params) -> Answer {
-    let default_to_global = flag(&params, "defaultToGlobal");
-    let mode = api.registry.read(|state| match state.subject_mode(&subject) {
-        Some(mode) => Ok(mode),
-        None if default_to_global => Ok(state.global_mode()),
-        None => Err(RegistryError::SubjectModeNotFound(subject.clone())),
-    })?;
-    ok(json!({"mode": mode.name()}))
-}
-
-async fn set_subject_mode(
-    Shared(api): Shared<Api>,
-    Path(subject): Path<String>,
-    headers: HeaderMap,
-    payload: Result<Bytes, BytesRejection>,
-) -> Answer {
-    let update: ModeUpdate = body(&headers, payload)?;
-    let mode = Mode::parse(&update.mode).ok_or(RegistryError::InvalidMode)?;
-    api.registry.set_mode(Some(&subject), mode).await?;
-    ok(json!({"mode": mode.name()}))
-}
-
-async fn delete_subject_mode(Shared(api): Shared<Api>, Path(subject): Path<String>) -> Answer {
-    let previous = api.registry.delete_mode(&subject).await?;
-    ok(json!({"mode": previous.name()}))
+async fn remove_subject<S: Setting>(Shared(api): Shared<Api>, Path(subject): Path<String>) -> Answer {
+    let previous: S = api.registry.remove(&subject).await?;
+    ok(field(S::SHOW_FIELD, previous.name()))
 }
 
 fn compatibility_answer(reasons: Vec<String>, verbose: bool) -> Answer {

@@ -21,6 +21,7 @@ pub mod records;
 pub mod registry;
 pub mod schema;
 pub mod serve;
+pub mod setting;
 pub mod state;
 
 pub use error::RegistryError;

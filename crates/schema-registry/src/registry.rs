@@ -13,10 +13,11 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 
-use crate::compatibility::{self, Level};
+use crate::compatibility;
 use crate::error::RegistryError;
-use crate::records::{Change, ConfigValue, IdAllocationValue, Key, ModeValue, SchemaValue};
+use crate::records::{Change, IdAllocationValue, Key, SchemaValue};
 use crate::schema::{Parsed, Reference, SchemaType};
+use crate::setting::Setting;
 use crate::state::{Mode, State};
 
 /// The longest subject name accepted.
@@ -381,36 +382,17 @@ impl Registry {
         Ok(version)
     }
 
-    /// Sets the compatibility level of `subject` (`None`: the registry's default).
-    pub async fn set_level(&self, subject: Option<&str>, level: Level) -> Result<(), RegistryError> {
+    /// Sets a setting of `subject` (`None`: the registry's).
+    pub async fn set<S: Setting>(&self, subject: Option<&str>, value: S) -> Result<(), RegistryError> {
         let _one_writer = self.writes.lock().await;
-        let value = ConfigValue { compatibility_level: level.name().to_string() };
-        self.write(vec![Change::put(Key::config(subject), value)]).await
+        self.write(vec![Change { key: S::key(subject), value: Some(value.record()) }]).await
     }
 
-    /// Removes `subject`'s own level: the level it had.
-    pub async fn delete_level(&self, subject: &str) -> Result<Level, RegistryError> {
+    /// Removes `subject`'s own setting: the value it had.
+    pub async fn remove<S: Setting>(&self, subject: &str) -> Result<S, RegistryError> {
         let _one_writer = self.writes.lock().await;
-        let previous = self.read(|state| {
-            state.subject_level(subject).ok_or_else(|| RegistryError::SubjectConfigNotFound(subject.to_string()))
-        })?;
-        self.write(vec![Change::remove(Key::config(Some(subject)))]).await?;
-        Ok(previous)
-    }
-
-    /// Sets the mode of `subject` (`None`: the registry's).
-    pub async fn set_mode(&self, subject: Option<&str>, mode: Mode) -> Result<(), RegistryError> {
-        let _one_writer = self.writes.lock().await;
-        self.write(vec![Change::put(Key::mode(subject), ModeValue { mode: mode.name().to_string() })]).await
-    }
-
-    /// Removes `subject`'s own mode: the mode it had.
-    pub async fn delete_mode(&self, subject: &str) -> Result<Mode, RegistryError> {
-        let _one_writer = self.writes.lock().await;
-        let previous = self.read(|state| {
-            state.subject_mode(subject).ok_or_else(|| RegistryError::SubjectModeNotFound(subject.to_string()))
-        })?;
-        self.write(vec![Change::remove(Key::mode(Some(subject)))]).await?;
+        let previous = self.read(|state| S::stored(state, Some(subject)).ok_or_else(|| S::not_set(subject)))?;
+        self.write(vec![Change::remove(S::key(Some(subject)))]).await?;
         Ok(previous)
     }
 }

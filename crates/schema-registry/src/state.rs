@@ -191,28 +191,24 @@ impl State {
         self.subjects.values().flat_map(|versions| versions.values())
     }
 
-    pub fn subject_level(&self, subject: &str) -> Option<Level> {
-        self.configs.get(&Some(subject.to_string())).copied()
+    /// The level stored for `subject` (`None`: the registry's), if any.
+    pub fn level(&self, subject: Option<&str>) -> Option<Level> {
+        self.configs.get(&subject.map(str::to_string)).copied()
     }
 
-    pub fn global_level(&self) -> Level {
-        self.configs.get(&None).copied().unwrap_or_default()
-    }
-
+    /// The level `subject`'s registrations are checked at: its own, else the registry's.
     pub fn level_for(&self, subject: &str) -> Level {
-        self.subject_level(subject).unwrap_or_else(|| self.global_level())
+        self.level(Some(subject)).or_else(|| self.level(None)).unwrap_or_default()
     }
 
-    pub fn subject_mode(&self, subject: &str) -> Option<Mode> {
-        self.modes.get(&Some(subject.to_string())).copied()
+    /// The mode stored for `subject` (`None`: the registry's), if any.
+    pub fn mode(&self, subject: Option<&str>) -> Option<Mode> {
+        self.modes.get(&subject.map(str::to_string)).copied()
     }
 
-    pub fn global_mode(&self) -> Mode {
-        self.modes.get(&None).copied().unwrap_or_default()
-    }
-
+    /// The mode `subject`'s writes are under: its own, else the registry's.
     pub fn mode_for(&self, subject: &str) -> Mode {
-        self.subject_mode(subject).unwrap_or_else(|| self.global_mode())
+        self.mode(Some(subject)).or_else(|| self.mode(None)).unwrap_or_default()
     }
 }
 
