@@ -77,8 +77,10 @@ def test_more_share_consumers_than_partitions_all_receive_each_record_once(broke
 def test_release_reject_delivery_limit_and_lock_expiry(broker, java_cp):
     res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "ack-types", "--topic", unique("q"),
                                     "--group", unique("acks")], timeout=150)
-    assert res.returncode == 0 and "DONE" in res.stdout, res.report()
-    assert "ACK_TYPES_OK" in res.stdout and "LOCK_EXPIRY_OK" in res.stdout, res.report()
+    # On failure, the broker's side too: which phase waited, and what the group was doing.
+    report = f"{res.report()}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
+    assert res.returncode == 0 and "DONE" in res.stdout, report
+    assert "ACK_TYPES_OK" in res.stdout and "LOCK_EXPIRY_OK" in res.stdout, report
 
 
 def test_acknowledged_records_are_not_redelivered_after_kill_9(broker_factory, java_cp):
