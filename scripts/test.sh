@@ -57,8 +57,8 @@ if ! scripts/s3_server.sh check 2>/dev/null; then
   s3_build_pid=$!
 fi
 # The end-to-end tests' own tools, prepared while the builds below run (downloads, mostly):
-# the Python venv with its packages, then the Java test programs (Maven) and Kafka's tools,
-# which the tests would otherwise build on their first use while a worker waits.
+# the Python venv with its packages, then the Java test programs (Maven), Kafka's tools and the
+# Go registry client, which the tests would otherwise build on their first use while a worker waits.
 echo "== test tools: preparing in the background, log in target/test-tools.log"
 mkdir -p target
 # At normal priority: it needs little CPU (most of it waits on the network), but at the
@@ -68,7 +68,7 @@ setsid bash -c '
     set -e
     [ -x .venv/bin/pytest ] || python3 -m venv .venv
     .venv/bin/pip install -q -r tests/python/requirements.txt
-    cd tests/python && ../../.venv/bin/python -c "import java_support as j; j.java_test_classpath(); j.kafka_tools_classpath()"
+    cd tests/python && ../../.venv/bin/python -c "import java_support as j; j.java_test_classpath(); j.kafka_tools_classpath(); import go_support; go_support.registry_client_binary()"
   ' > target/test-tools.log 2>&1 &
 tools_pid=$!
 trap 'for pid in $base_build_pid $s3_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT

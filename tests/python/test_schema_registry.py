@@ -325,6 +325,67 @@ def test_basic_auth_against_the_sasl_users(broker_factory, tmp_path):
     assert refused.value.http_status_code == 401
 
 
+def test_acls_decide_who_reads_registers_and_configures_each_subject(broker_factory):
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
+                                       ResourceType)
+    plaintext, sasl, port = free_port(), free_port(), free_port()
+    broker = broker_factory(extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{plaintext},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "allow.everyone.if.no.acl.found=false",
+        "--override", "super.users=User:admin;User:ANONYMOUS",
+        "--override", "sasl.enabled.mechanisms=SCRAM-SHA-256",
+        "--schema-registry-listen", f"127.0.0.1:{port}"], port=plaintext)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for user in ["admin", "alice", "bob"]:
+        add_user(admin, user, f"{user}-secret")
+
+    def allow(principal, name, operation, pattern=ResourcePatternType.LITERAL, resource=ResourceType.TOPIC):
+        binding = AclBinding(resource, name, pattern, principal, "*", operation, AclPermissionType.ALLOW)
+        for future in admin.create_acls([binding]).values():
+            future.result(timeout=10)
+
+    # alice produces to `orders` and everything under `shared-`; bob only consumes `orders`.
+    allow("User:alice", "orders", AclOperation.WRITE)
+    allow("User:alice", "shared-", AclOperation.WRITE, ResourcePatternType.PREFIXED)
+    allow("User:bob", "orders", AclOperation.READ)
+    registry = Registry(broker, port)
+
+    def as_user(user):
+        return registry.client(**{"basic.auth.user.info": f"{user}:{user}-secret"})
+
+    def refused(call):
+        with pytest.raises(SchemaRegistryError) as error:
+            call()
+        return error.value.http_status_code, error.value.error_code
+
+    alice, bob, admin_client = as_user("alice"), as_user("bob"), as_user("admin")
+    # A producer's serializer registers the schema of the topic it may write, and only that.
+    value = AvroSerializer(alice, json.dumps(USER_V1))({"name": "x"}, SerializationContext("orders", MessageField.VALUE))
+    orders_id = int.from_bytes(value[1:5], "big")
+    assert alice.register_schema("shared-events-value", Schema(avro([NAME]), "AVRO")) == orders_id
+    assert refused(lambda: alice.register_schema("payments-value", Schema(avro([NAME]), "AVRO"))) == (403, 40301)
+    payments_id = admin_client.register_schema("payments-value", Schema(avro([NAME, AGE_DEFAULT]), "AVRO"))
+    # A consumer's deserializer reads the schemas of the topic it may read; it lists only those.
+    assert bob.get_schema(orders_id).schema_type == "AVRO"
+    assert AvroDeserializer(bob)(value, SerializationContext("orders", MessageField.VALUE)) == {"name": "x"}
+    assert bob.get_subjects() == ["orders-value"]
+    assert bob.get_latest_version("orders-value").schema_id == orders_id
+    assert refused(lambda: bob.get_schema(payments_id)) == (403, 40301)
+    assert refused(lambda: bob.get_latest_version("payments-value")) == (403, 40301)
+    assert refused(lambda: bob.register_schema("orders-value", Schema(avro([NAME, AGE_DEFAULT]), "AVRO"))) == (403, 40301)
+    assert refused(lambda: bob.delete_subject("orders-value")) == (403, 40301)
+    assert sorted(admin_client.get_subjects()) == ["orders-value", "payments-value", "shared-events-value"]
+    # Deleting needs DELETE; the compatibility level needs ALTER_CONFIGS (the global one on the cluster).
+    assert refused(lambda: alice.set_compatibility("orders-value", "NONE")) == (403, 40301)
+    assert refused(lambda: alice.set_compatibility(level="NONE")) == (403, 40301)
+    allow("User:alice", "orders", AclOperation.ALTER_CONFIGS)
+    allow("User:alice", "orders", AclOperation.DELETE)
+    assert alice.set_compatibility("orders-value", "NONE")["compatibility"] == "NONE"
+    assert alice.delete_subject("orders-value") == [1]
+    assert admin_client.set_compatibility(level="FULL")["compatibility"] == "FULL"
+
+
 def test_three_nodes_answer_from_every_node_and_keep_ids_unique_through_a_leader_kill(tmp_path):
     from cluster_support import Cluster, wait_for
 
@@ -366,6 +427,18 @@ def test_three_nodes_answer_from_every_node_and_keep_ids_unique_through_a_leader
                  lambda: "evolving-value" in back.client().get_subjects(), timeout=60)
         versions = [back.client().get_version("evolving-value", v).schema_id for v in (1, 2)]
         assert set(versions) == taken - set(ids.values())
+        # A node that holds no replica of _schemas (a cluster larger than its replication factor,
+        # here after a reassignment) answers from the leader: reads and writes, and its own writes.
+        from test_cluster_admin import alter_reassignment
+        leader, _, _ = cluster.partition_state("_schemas", 0)
+        outsider = next(node for node in registries if node != leader)
+        keep = [leader] + [node for node in registries if node not in (leader, outsider)]
+        assert alter_reassignment(cluster.nodes[leader].bootstrap, "_schemas", 0, keep)[:2] == (0, 0)
+        wait_for("_schemas off the outsider", lambda: sorted(cluster.partition_state("_schemas", 0)[1]) == sorted(keep), timeout=30)
+        outside = registries[outsider].client()
+        assert sorted(outside.get_subjects()) == sorted([*ids, "evolving-value"])
+        new_id = outside.register_schema("outside-value", Schema(avro([NAME, AGE_DEFAULT]), "AVRO"))
+        assert outside.get_latest_version("outside-value").schema_id == new_id
     finally:
         cluster.kill_all()
 
@@ -444,3 +517,81 @@ def test_idle_and_half_sent_connections_do_not_stall_the_registry(registry):
     producer = Producer({"bootstrap.servers": registry.broker.bootstrap})
     producer.produce("after", b"v")
     assert producer.flush(10) == 0
+
+
+def schemas_log(bootstrap: str) -> list[tuple[int, dict, bool]]:
+    """(offset, key, is a tombstone) of every record of `_schemas`, read with a Kafka consumer
+    from offset 0 through the partition's end."""
+    import time
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "schemas-log-reader",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition("_schemas", 0), timeout=10)
+        consumer.assign([TopicPartition("_schemas", 0, OFFSET_BEGINNING)])
+        records = []
+        deadline = time.monotonic() + 15
+        while not records or records[-1][0] < end - 1:
+            assert time.monotonic() < deadline, f"read only up to {records[-1:]} of _schemas, whose end is {end}"
+            for message in consumer.consume(1000, 0.5):
+                assert message.error() is None, message.error()
+                records.append((message.offset(), json.loads(message.key()), message.value() is None))
+        return records
+    finally:
+        consumer.close()
+
+
+def test_ids_are_never_reused_after_deletes_and_compaction(broker_factory):
+    """Schemas registered, then all permanently deleted, and `_schemas` compacted until
+    neither their records nor their tombstones are left in it: after a kill -9 the registry
+    rebuilds its state from what compaction kept, and a new schema still gets an id above
+    every id given before."""
+    import itertools
+    import time
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    port = free_port()
+    broker = broker_factory(extra_args=["--schema-registry-listen", f"127.0.0.1:{port}",
+                                        "--override", "log.cleaner.backoff.ms=100"])
+    registry = Registry(broker, port)
+    client = registry.client()
+    subjects = [f"deleted-{i}-value" for i in range(5)]
+    given = [client.register_schema(subject, Schema(avro([NAME, {"name": f"f{i}", "type": "int"}]), "AVRO"))
+             for i, subject in enumerate(subjects)]
+    assert sorted(set(given)) == given, given
+    # So that the cleaner takes `_schemas` at once: short segments, any dirty share cleans, and a
+    # tombstone goes on the pass after the one that first cleaned it.
+    settings = {"segment.ms": "200", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0.01",
+                "delete.retention.ms": "0"}
+    resource = ConfigResource(ResourceType.TOPIC, "_schemas", incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET) for name, value in settings.items()])
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(10)
+    for subject in subjects:
+        client.delete_subject(subject)
+        client.delete_subject(subject, permanent=True)
+    assert client.get_subjects() == []
+    # More writes (the registry's default level, back and forth) seal the segments holding
+    # the deletes so the cleaner can take them; wait until no schema's key is left.
+    levels = itertools.cycle(["FULL", "BACKWARD"])
+    deadline = time.monotonic() + 20
+    while True:
+        level = next(levels)
+        assert registry.call("PUT", "/config", {"compatibility": level}) == (200, {"compatibility": level})
+        time.sleep(0.3)
+        log = schemas_log(broker.bootstrap)
+        left = [(offset, key, tombstone) for offset, key, tombstone in log if key["keytype"] == "SCHEMA"]
+        if not left:
+            break
+        assert time.monotonic() < deadline, (
+            f"_schemas still holds {len(left)} schema records or tombstones after 20 s, e.g. {left[:3]}; "
+            f"the whole log: {log}\n--- broker log (tail) ---\n{broker.log()[-4000:]}")
+    broker.kill()
+    broker.start()
+    client = registry.client()
+    assert client.get_subjects() == []
+    new = client.register_schema("after-value", Schema(avro([AGE]), "AVRO"))
+    assert new > max(given), f"a new schema got id {new} after ids {given} were given and deleted"
+    for old in given:
+        status, body = registry.call("GET", f"/schemas/ids/{old}")
+        assert (status, body["error_code"]) == (404, 40403), (old, status, body)

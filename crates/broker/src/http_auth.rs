@@ -1,19 +1,32 @@
 //! HTTP basic authentication for the broker's HTTP APIs (the Schema Registry), against
-//! the SASL users' SCRAM credentials: the users and passwords Kafka clients log in with.
+//! the SASL users' SCRAM credentials: the users and passwords Kafka clients log in with,
+//! and authorization against the same ACLs.
 //!
 //! Required whenever a Kafka listener requires SASL (a broker with users); off otherwise,
 //! like the PLAINTEXT listener. A password check costs two PBKDF2 derivations, so it runs
 //! on the blocking pool, and a verified (user, password) pair is remembered briefly:
 //! serializers send the header with every request.
+//!
+//! A subject is authorized as the topic it belongs to (`orders-value` as `orders`), so the
+//! ACLs that let a client produce to or consume a topic also let its serializer register or
+//! read the topic's schemas: reading needs DESCRIBE (which READ and WRITE imply), registering
+//! WRITE, deleting DELETE; a subject's compatibility level and mode need DESCRIBE_CONFIGS /
+//! ALTER_CONFIGS on the topic, the global ones on the cluster.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
+use sluice_schema_registry::authorization::{subject_topic, Access, Caller, Target};
 use sluice_schema_registry::http::{Gate, HeaderMap};
 use sluice_schema_registry::{LogFuture, RegistryError};
+use sluice_security::acl::{
+    CLUSTER_RESOURCE_NAME, OP_ALTER_CONFIGS, OP_DELETE, OP_DESCRIBE, OP_DESCRIBE_CONFIGS, OP_WRITE, RESOURCE_CLUSTER,
+    RESOURCE_TOPIC,
+};
 
 use crate::Broker;
 
@@ -77,13 +90,35 @@ fn credentials(headers: &HeaderMap) -> Result<(String, String), RegistryError> {
     Ok((user.to_string(), password.to_string()))
 }
 
+/// The Kafka operation and resource (type, name) an access to a target is authorized as.
+fn acl_check(access: Access, target: &Target) -> (i8, i8, &str) {
+    let operation = match access {
+        Access::Read => OP_DESCRIBE,
+        Access::Write => OP_WRITE,
+        Access::Delete => OP_DELETE,
+        Access::ReadConfig => OP_DESCRIBE_CONFIGS,
+        Access::WriteConfig => OP_ALTER_CONFIGS,
+    };
+    match target {
+        Target::Subject(subject) => (operation, RESOURCE_TOPIC, subject_topic(subject)),
+        Target::Global => (operation, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME),
+    }
+}
+
 impl Gate for BasicAuth {
-    fn authenticate(&self, headers: HeaderMap) -> LogFuture<'_, String> {
+    fn allows(&self, caller: &Caller, access: Access, target: &Target) -> bool {
+        let Some(authorizer) = &self.broker.authorizer else { return true };
+        let (operation, resource_type, name) = acl_check(access, target);
+        authorizer.allows(&*self.broker, &caller.principal, caller.host, operation, resource_type, name)
+    }
+
+    fn authenticate(&self, headers: HeaderMap, host: IpAddr) -> LogFuture<'_, Caller> {
         Box::pin(async move {
+            let caller = |user: String| Caller { principal: format!("User:{user}"), host };
             let (user, password) = credentials(&headers)?;
             let digest: [u8; 32] = Sha256::digest(format!("{user}:{password}")).into();
             if let Some(user) = self.remembered(&digest) {
-                return Ok(user);
+                return Ok(caller(user));
             }
             let broker = self.broker.clone();
             let checked = user.clone();
@@ -95,7 +130,7 @@ impl Gate for BasicAuth {
                 return Err(unauthorized("invalid username or password"));
             }
             self.remember(digest, user.clone());
-            Ok(user)
+            Ok(caller(user))
         })
     }
 }

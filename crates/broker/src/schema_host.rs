@@ -15,7 +15,7 @@ use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
 use sluice_coordinator::internal_log::{encode_internal_batch, InternalLog, LogWriteError};
 use sluice_meta::topics::TopicMeta;
-use sluice_schema_registry::{LogFuture, LogRecord, RegistryError, SchemaLog, Writer, SCHEMAS_TOPIC};
+use sluice_schema_registry::{LogFuture, LogRecord, RegistryError, RegistryTls, SchemaLog, Writer, SCHEMAS_TOPIC};
 use sluice_storage::{Partition, ReadMode};
 
 use crate::metadata_writes::{MetadataWriter, NewTopic};
@@ -65,6 +65,16 @@ impl BrokerSchemaLog {
             None => self.broker.topics.get(SCHEMAS_TOPIC).is_some(),
             Some(cluster) => cluster.metadata().topics.contains_key(SCHEMAS_TOPIC),
         }
+    }
+
+    /// Whether this node's replica is in sync (always, on a single node): a replica out of
+    /// the ISR (one still catching up after a restart) would answer from an older state
+    /// than the one a client may have seen a moment ago.
+    fn in_sync(&self) -> bool {
+        let Some(cluster) = &self.broker.cluster else { return true };
+        let metadata = cluster.metadata();
+        let partition = metadata.topics.get(SCHEMAS_TOPIC).and_then(|topic| topic.partitions.first());
+        partition.is_some_and(|partition| partition.isr.contains(&self.broker.node_id()))
     }
 
     /// The node leading `_schemas`-0 (`None`: no leader right now), in a cluster.
@@ -169,6 +179,10 @@ impl SchemaLog for BrokerSchemaLog {
         self.local().map_or(0, |partition| partition.offsets().high_watermark)
     }
 
+    fn answers_reads(&self) -> bool {
+        !self.topic_exists() || (self.local().is_some() && self.in_sync())
+    }
+
     fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> LogFuture<'_, i64> {
         Box::pin(async move {
             self.ensure_topic().await?;
@@ -193,18 +207,25 @@ fn write_error(error: LogWriteError) -> RegistryError {
     }
 }
 
-/// The HTTPS acceptor of the registry, when `schema_registry_tls` is on.
-pub fn tls(broker: &Broker) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
-    match broker.config().schema_registry_tls {
-        false => Ok(None),
-        true => sluice_security::tls::server_acceptor(&broker.config().tls_settings())
-            .map(Some)
-            .map_err(|error| format!("schema registry TLS: {error}")),
+/// The registry's HTTPS, when `schema_registry_tls` is on: the broker's certificate, and in
+/// a cluster the truststore's CAs to check other nodes' (writes are forwarded to the leader
+/// of `_schemas` over HTTPS too).
+pub fn tls(broker: &Broker) -> Result<Option<RegistryTls>, String> {
+    if !broker.config().schema_registry_tls {
+        return Ok(None);
     }
+    let settings = broker.config().tls_settings();
+    let why = |error: String| format!("schema registry TLS: {error}");
+    let acceptor = sluice_security::tls::server_acceptor(&settings).map_err(why)?;
+    let peers = match broker.cluster {
+        None => None,
+        Some(_) => Some(sluice_security::tls::connector(&settings).map_err(why)?),
+    };
+    Ok(Some(RegistryTls { acceptor, peers }))
 }
 
 /// Serves the Schema Registry's REST API on `listener` for as long as the broker runs.
-pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener, tls: Option<tokio_rustls::TlsAcceptor>) {
+pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener, tls: Option<RegistryTls>) {
     let gate = crate::http_auth::BasicAuth::for_broker(&broker);
     let registry = Arc::new(sluice_schema_registry::Registry::new(Arc::new(BrokerSchemaLog::new(broker))));
     if let Err(error) = sluice_schema_registry::serve(listener, registry, gate, tls).await {

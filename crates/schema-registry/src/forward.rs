@@ -1,5 +1,7 @@
-//! Writes that reach a node not leading `_schemas` go to the node that does, over HTTP,
-//! as Confluent's followers forward to their leader: the client may call any node.
+//! Writes that reach a node not leading `_schemas` go to the node that does, over HTTP or
+//! HTTPS as the registries serve, as Confluent's followers forward to their leader: the
+//! client may call any node. So do reads that reach a node holding no replica of `_schemas`
+//! (a cluster larger than the topic's replication factor), which has no state to answer from.
 //!
 //! The leader stamps every answer with the `_schemas` offset its state has applied
 //! ([`APPLIED_HEADER`]); the forwarding node waits (within [`CATCH_UP_WAIT`]) until its own
@@ -9,12 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 
 use crate::error::RegistryError;
 use crate::limits::REQUEST_BYTES_MAX;
@@ -40,14 +45,25 @@ pub fn is_write(request: &Request) -> bool {
     }
 }
 
-/// Runs `request` where it must run: here, or (a write this node cannot make) at the
-/// leader of `_schemas`.
-pub async fn route(registry: &Arc<Registry>, request: Request, next: axum::middleware::Next) -> Response {
-    if is_write(&request) && request.headers().get(FORWARDED_HEADER).is_none() {
+/// What forwarding needs: the registry (its log says who leads) and, when the registries
+/// serve HTTPS, how to reach another node's.
+#[derive(Clone)]
+pub struct Forwarder {
+    pub registry: Arc<Registry>,
+    /// Connects to other nodes' registries over TLS (`None`: they serve plain HTTP).
+    pub peers_tls: Option<TlsConnector>,
+}
+
+/// Runs `request` where it must run: here, or at the leader of `_schemas` when it is a
+/// write this node cannot make, or a read on a node that holds no replica to answer from.
+pub async fn route(forwarder: &Forwarder, request: Request, next: axum::middleware::Next) -> Response {
+    let registry = &forwarder.registry;
+    let forwarded = request.headers().get(FORWARDED_HEADER).is_some();
+    if !forwarded && (is_write(&request) || !registry.log().answers_reads()) {
         match registry.log().writer().await {
             Err(error) => return error.into_response(),
             Ok(Writer::Remote(address)) => {
-                return forward(registry, address, request).await.unwrap_or_else(|e| e.into_response())
+                return forward(forwarder, address, request).await.unwrap_or_else(|e| e.into_response())
             }
             Ok(Writer::Local) => {}
         }
@@ -59,7 +75,7 @@ pub async fn route(registry: &Arc<Registry>, request: Request, next: axum::middl
 }
 
 /// Sends `request` to the registry at `address` and relays its answer.
-async fn forward(registry: &Arc<Registry>, address: String, request: Request) -> Result<Response, RegistryError> {
+async fn forward(forwarder: &Forwarder, address: String, request: Request) -> Result<Response, RegistryError> {
     let unreachable = |why: String| RegistryError::NotLeader(format!("{address}: {why}"));
     let (mut parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, REQUEST_BYTES_MAX)
@@ -72,22 +88,37 @@ async fn forward(registry: &Arc<Registry>, address: String, request: Request) ->
     let outbound = hyper::Request::from_parts(parts, http_body_util::Full::new(body));
     let answer = tokio::time::timeout(FORWARD_TIMEOUT, async {
         let stream = tokio::net::TcpStream::connect(&address).await.map_err(|e| unreachable(e.to_string()))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        tokio::spawn(connection);
-        let answer = sender.send_request(outbound).await.map_err(|e| unreachable(e.to_string()))?;
-        let (parts, body) = answer.into_parts();
-        let body = body.collect().await.map_err(|e| unreachable(e.to_string()))?.to_bytes();
-        Ok::<_, RegistryError>((parts, body))
+        match &forwarder.peers_tls {
+            None => exchange(stream, outbound).await,
+            Some(connector) => {
+                let host = address.rsplit_once(':').map_or(address.as_str(), |(host, _)| host);
+                let name = ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+                    .map_err(|e| unreachable(e.to_string()))?;
+                let stream = connector.connect(name, stream).await.map_err(|e| unreachable(e.to_string()))?;
+                exchange(stream, outbound).await
+            }
+        }
+        .map_err(|e| unreachable(e.to_string()))
     })
     .await
     .map_err(|_| unreachable("no answer in time".to_string()))??;
     let (parts, body) = answer;
-    if let Some(applied) = parts.headers.get(APPLIED_HEADER).and_then(|v| v.to_str().ok()?.parse::<i64>().ok()) {
-        wait_committed(registry, applied).await;
+    let applied = parts.headers.get(APPLIED_HEADER).and_then(|v| v.to_str().ok()?.parse::<i64>().ok());
+    if let Some(applied) = applied.filter(|_| forwarder.registry.log().answers_reads()) {
+        wait_committed(&forwarder.registry, applied).await;
     }
     Ok(Response::from_parts(parts, Body::from(body)))
+}
+
+/// One HTTP/1.1 request and its whole answer over `stream`.
+async fn exchange(
+    stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    outbound: hyper::Request<http_body_util::Full<Bytes>>,
+) -> Result<(axum::http::response::Parts, Bytes), hyper::Error> {
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let (parts, body) = sender.send_request(outbound).await?.into_parts();
+    Ok((parts, body.collect().await?.to_bytes()))
 }
 
 /// Waits until this node's replica committed up to `offset` (or [`CATCH_UP_WAIT`] passed).

@@ -2,20 +2,24 @@
 //! bodies (`{"error_code": 40401, "message": ...}`), as its clients call them.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State as Shared};
+use axum::extract::{Extension, MatchedPath, Path, Query, State as Shared};
 pub use axum::http::HeaderMap;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{RequestExt, Router};
 use serde_json::{json, Value};
+use tokio_rustls::TlsConnector;
 
+use crate::authorization::{required, Access, Caller, ClientAddress, Target};
 use crate::compatibility::Level;
 use crate::error::RegistryError;
+use crate::forward::Forwarder;
 use crate::limits::{REQUEST_BYTES_MAX, REQUEST_TIMEOUT};
 use crate::registry::{find_version, referenced_by, Registry, SchemaRequest, VersionAnswer, VersionSpec};
 use crate::schema::{Parsed, SchemaType, SUPPORTED_TYPES};
@@ -33,11 +37,47 @@ const ACCEPTED_TYPES: [&str; 4] = [
     "application/octet-stream",
 ];
 
-/// Who may call the API.
+/// Who may call the API, and what each caller may do.
 pub trait Gate: Send + Sync + 'static {
-    /// Checks the request's credentials (its `Authorization` header): the principal, or
-    /// why it is refused (401).
-    fn authenticate(&self, headers: HeaderMap) -> crate::LogFuture<'_, String>;
+    /// Checks the request's credentials (its `Authorization` header) for a call from
+    /// `host`: the caller, or why it is refused (401).
+    fn authenticate(&self, headers: HeaderMap, host: IpAddr) -> crate::LogFuture<'_, Caller>;
+    /// Whether `caller` may have `access` to `target`.
+    fn allows(&self, caller: &Caller, access: Access, target: &Target) -> bool;
+}
+
+/// What the caller of one request may do: everything when the registry has no gate.
+#[derive(Clone)]
+struct Permissions(Option<(Arc<dyn Gate>, Caller)>);
+
+impl Permissions {
+    fn allow(&self, access: Access, target: &Target) -> bool {
+        self.0.as_ref().is_none_or(|(gate, caller)| gate.allows(caller, access, target))
+    }
+
+    fn check(&self, access: Access, target: &Target) -> Result<(), RegistryError> {
+        match (self.allow(access, target), &self.0) {
+            (false, Some((_, caller))) => Err(RegistryError::Forbidden(format!(
+                "User is denied operation {} on {target}: {} from {}",
+                access.name(),
+                caller.principal,
+                caller.host
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn may_read(&self, subject: &str) -> bool {
+        self.allow(Access::Read, &Target::Subject(subject.to_string()))
+    }
+
+    /// Refuses a call about schema `id` unless the caller may read a subject that uses it.
+    fn check_schema(&self, state: &crate::state::State, id: i32) -> Result<(), RegistryError> {
+        match state.uses_of(id).any(|(subject, _)| self.may_read(subject)) {
+            true => Ok(()),
+            false => Err(RegistryError::Forbidden(format!("no subject of schema {id} may be read by this user"))),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -69,8 +109,10 @@ fn flag(params: &Params, name: &str) -> bool {
     params.get(name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
-/// The router of the whole API over `registry`; `gate` checks every call.
-pub fn router(registry: Arc<Registry>, gate: Option<Arc<dyn Gate>>) -> Router {
+/// The router of the whole API over `registry`; `gate` checks every call; `peers_tls`
+/// reaches other nodes' registries when they serve HTTPS.
+pub fn router(registry: Arc<Registry>, gate: Option<Arc<dyn Gate>>, peers_tls: Option<TlsConnector>) -> Router {
+    let forwarder = Forwarder { registry: registry.clone(), peers_tls };
     Router::new()
         .route("/", get(|| async { ok(json!({})) }))
         .route("/schemas/types", get(|| async { ok(SUPPORTED_TYPES.map(|t| t.name())) }))
@@ -95,20 +137,42 @@ pub fn router(registry: Arc<Registry>, gate: Option<Arc<dyn Gate>>) -> Router {
         .route("/compatibility/subjects/{subject}/versions/{version}", post(compatible_with_version))
         .fallback(|| async { RegistryError::NotFound("HTTP 404 Not Found".to_string()) })
         .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
-        .layer(axum::middleware::from_fn_with_state(registry.clone(), route))
+        .layer(axum::middleware::from_fn_with_state(forwarder, route))
         .layer(axum::middleware::from_fn_with_state(Api { registry: registry.clone(), gate: gate.clone() }, guard))
         .with_state(Api { registry, gate })
 }
 
-/// Authenticates every request before its handler runs.
-async fn guard(Shared(api): Shared<Api>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    if let Some(gate) = &api.gate {
-        if let Err(refused) = gate.authenticate(request.headers().clone()).await {
-            let mut response = refused.into_response();
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"sluice\""));
-            return response;
+/// Authenticates every request and checks what its route needs (see `authorization`)
+/// before it runs here or is forwarded.
+async fn guard(
+    Shared(api): Shared<Api>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let permissions = match &api.gate {
+        None => Permissions(None),
+        Some(gate) => {
+            let host = request.extensions().get::<ClientAddress>().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.0);
+            match gate.authenticate(request.headers().clone(), host).await {
+                Ok(caller) => Permissions(Some((gate.clone(), caller))),
+                Err(refused) => {
+                    let mut response = refused.into_response();
+                    let challenge = HeaderValue::from_static("Basic realm=\"sluice\"");
+                    response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
+                    return response;
+                }
+            }
+        }
+    };
+    let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_string());
+    let params = request.extract_parts::<Path<HashMap<String, String>>>().await.ok();
+    let subject = params.as_ref().and_then(|Path(params)| params.get("subject")).map(String::as_str);
+    if let Some((access, target)) = route.and_then(|route| required(request.method(), &route, subject)) {
+        if let Err(refused) = permissions.check(access, &target) {
+            return refused.into_response();
         }
     }
+    request.extensions_mut().insert(permissions);
     match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
         Ok(response) => response,
         Err(_) => RegistryError::Timeout.into_response(),
@@ -117,11 +181,11 @@ async fn guard(Shared(api): Shared<Api>, request: axum::extract::Request, next: 
 
 /// Runs a request here or at the leader of `_schemas` (see `forward`).
 async fn route(
-    Shared(registry): Shared<Arc<Registry>>,
+    Shared(forwarder): Shared<Forwarder>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    crate::forward::route(&registry, request, next).await
+    crate::forward::route(&forwarder, request, next).await
 }
 
 /// The JSON body of a write, checked for media type and size.
@@ -170,20 +234,35 @@ fn schema_answer(value: &crate::records::SchemaValue, params: &Params) -> Value 
     answer
 }
 
-async fn schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
-    let id = parse_id(&id)?;
-    let answer = api.registry.read(|state| {
-        state.by_id(id).map(|v| schema_answer(v, &params)).ok_or_else(|| RegistryError::SchemaNotFound(String::new()))
-    })?;
-    ok(answer)
+/// Schema `id` as stored, once the caller may read it.
+fn readable_schema(
+    api: &Api,
+    permissions: &Permissions,
+    id: &str,
+) -> Result<crate::records::SchemaValue, RegistryError> {
+    let id = parse_id(id)?;
+    api.registry.read(|state| {
+        let value = state.by_id(id).ok_or_else(|| RegistryError::SchemaNotFound(String::new()))?;
+        permissions.check_schema(state, id)?;
+        Ok(value.clone())
+    })
 }
 
-async fn raw_schema_by_id(Shared(api): Shared<Api>, Path(id): Path<String>) -> Answer {
-    let id = parse_id(&id)?;
-    let text = api.registry.read(|state| {
-        state.by_id(id).map(|v| v.schema.clone()).ok_or_else(|| RegistryError::SchemaNotFound(String::new()))
-    })?;
-    raw(text)
+async fn schema_by_id(
+    Shared(api): Shared<Api>,
+    Extension(permissions): Extension<Permissions>,
+    Path(id): Path<String>,
+    params: Params,
+) -> Answer {
+    ok(schema_answer(&readable_schema(&api, &permissions, &id)?, &params))
+}
+
+async fn raw_schema_by_id(
+    Shared(api): Shared<Api>,
+    Extension(permissions): Extension<Permissions>,
+    Path(id): Path<String>,
+) -> Answer {
+    raw(readable_schema(&api, &permissions, &id)?.schema)
 }
 
 /// A schema's own text as the body (what `/schema` paths answer).
@@ -193,48 +272,59 @@ fn raw(text: String) -> Answer {
     Ok(response)
 }
 
-async fn subjects_of_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
-    let id = parse_id(&id)?;
-    let deleted = flag(&params, "deleted");
-    let subjects = api.registry.read(|state| {
-        let mut subjects: Vec<String> = state
-            .uses_of(id)
-            .filter(|(s, v)| deleted || state.version(s, *v).is_some_and(|v| !v.deleted))
-            .map(|(s, _)| s.clone())
-            .collect();
-        subjects.dedup();
+/// The (subject, version) pairs that use schema `id` and the caller may read (soft-deleted
+/// ones with `deleted`).
+fn uses_of_id(
+    api: &Api,
+    permissions: &Permissions,
+    id: &str,
+    deleted: bool,
+) -> Result<Vec<(String, i32)>, RegistryError> {
+    let id = parse_id(id)?;
+    api.registry.read(|state| {
         if state.by_id(id).is_none() {
             return Err(RegistryError::SchemaNotFound(String::new()));
         }
-        Ok(subjects)
-    })?;
-    ok(subjects)
-}
-
-async fn versions_of_id(Shared(api): Shared<Api>, Path(id): Path<String>, params: Params) -> Answer {
-    let id = parse_id(&id)?;
-    let deleted = flag(&params, "deleted");
-    let pairs = api.registry.read(|state| {
-        if state.by_id(id).is_none() {
-            return Err(RegistryError::SchemaNotFound(String::new()));
-        }
+        permissions.check_schema(state, id)?;
         Ok(state
             .uses_of(id)
             .filter(|(s, v)| deleted || state.version(s, *v).is_some_and(|v| !v.deleted))
-            .map(|(subject, version)| json!({"subject": subject, "version": version}))
-            .collect::<Vec<_>>())
-    })?;
-    ok(pairs)
+            .filter(|(s, _)| permissions.may_read(s))
+            .cloned()
+            .collect())
+    })
 }
 
-async fn subjects(Shared(api): Shared<Api>, params: Params) -> Answer {
+async fn subjects_of_id(
+    Shared(api): Shared<Api>,
+    Extension(permissions): Extension<Permissions>,
+    Path(id): Path<String>,
+    params: Params,
+) -> Answer {
+    let mut subjects: Vec<String> =
+        uses_of_id(&api, &permissions, &id, flag(&params, "deleted"))?.into_iter().map(|(s, _)| s).collect();
+    subjects.dedup();
+    ok(subjects)
+}
+
+async fn versions_of_id(
+    Shared(api): Shared<Api>,
+    Extension(permissions): Extension<Permissions>,
+    Path(id): Path<String>,
+    params: Params,
+) -> Answer {
+    let pairs = uses_of_id(&api, &permissions, &id, flag(&params, "deleted"))?;
+    ok(pairs.into_iter().map(|(subject, version)| json!({"subject": subject, "version": version})).collect::<Vec<_>>())
+}
+
+async fn subjects(Shared(api): Shared<Api>, Extension(permissions): Extension<Permissions>, params: Params) -> Answer {
     let deleted = flag(&params, "deleted");
     let prefix = params.get("subjectPrefix").cloned().unwrap_or_default();
     let subjects = api.registry.read(|state| {
         Ok(state
             .subjects(deleted)
             .into_iter()
-            .filter(|s| s.starts_with(&prefix))
+            .filter(|s| s.starts_with(&prefix) && permissions.may_read(s))
             .map(str::to_string)
             .collect::<Vec<_>>())
     })?;

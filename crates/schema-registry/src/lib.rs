@@ -10,8 +10,9 @@
 //! and the next id is itself a record (`records`): unique and never reused.
 //!
 //! The crate knows nothing of the broker: the broker hosts the log through
-//! [`SchemaLog`] and authenticates callers through [`http::Gate`].
+//! [`SchemaLog`] and authenticates and authorizes callers through [`http::Gate`].
 
+pub mod authorization;
 pub mod compatibility;
 pub mod error;
 mod forward;
@@ -26,7 +27,7 @@ pub mod state;
 
 pub use error::RegistryError;
 pub use registry::{LogFuture, LogRecord, Registry, SchemaLog, Writer};
-pub use serve::serve;
+pub use serve::{serve, RegistryTls};
 
 /// The internal topic that holds the registry (Confluent's default `kafkastore.topic`).
 pub const SCHEMAS_TOPIC: &str = "_schemas";

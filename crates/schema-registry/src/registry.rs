@@ -46,6 +46,10 @@ pub trait SchemaLog: Send + Sync + 'static {
     fn writer(&self) -> LogFuture<'_, Writer>;
     /// The offset up to which this node's replica is committed (its high watermark).
     fn committed_end(&self) -> i64;
+    /// Whether this node answers reads from its own replica: it holds an in-sync one, or
+    /// the partition does not exist yet (so the registry is empty everywhere). Otherwise
+    /// reads go to the leader.
+    fn answers_reads(&self) -> bool;
 }
 
 /// Which node takes this node's writes.

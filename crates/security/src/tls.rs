@@ -181,7 +181,7 @@ pub fn server_acceptor(settings: &TlsSettings) -> Result<TlsAcceptor, String> {
 /// trusts the CAs of `ssl.truststore.*`, checks the peer's name against its certificate
 /// (Kafka's default `ssl.endpoint.identification.algorithm=https`) and shows this node's
 /// own certificate, so peers that require client certificates accept it.
-pub(crate) fn connector(settings: &TlsSettings) -> Result<TlsConnector, String> {
+pub fn connector(settings: &TlsSettings) -> Result<TlsConnector, String> {
     check_supported(settings)?;
     let roots = truststore(settings)?
         .ok_or("TLS between nodes needs ssl.truststore.location (the CA that signed the brokers' certificates)")?;
