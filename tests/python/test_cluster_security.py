@@ -184,9 +184,11 @@ def test_replication_and_controller_rpc_run_over_authenticated_tls(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("correct-horse-battery-staple-42\n")
     internal = {node_id: free_port() for node_id in range(1, NODES + 1)}
+    registry_ports = {node_id: free_port() for node_id in range(1, NODES + 1)}
 
     def node_args(node_id, port):
         return [
+            "--schema-registry-listen", f"127.0.0.1:{registry_ports[node_id]}", "--schema-registry-tls",
             "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal[node_id]}",
             "--override", "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:SASL_SSL",
             "--override", "inter.broker.listener.name=INTERNAL",
@@ -252,6 +254,26 @@ def test_replication_and_controller_rpc_run_over_authenticated_tls(tmp_path):
             fetch = conn.request(kw.FETCH, 11, kw.fetch_body(11, topic, 0, 0, 1 << 20, 0, replica_id=2))
             fetch.i32()  # throttle
             assert fetch.i16() == 31, "a replica fetch by a non-broker principal was not refused"  # CLUSTER_AUTHORIZATION_FAILED
+
+        # The schema registries serve HTTPS, and forward writes to the leader of _schemas over it.
+        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+        from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+        grant = AclBinding(ResourceType.TOPIC, "tls-", ResourcePatternType.PREFIXED, "User:mallory", "*",
+                           AclOperation.ALL, AclPermissionType.ALLOW)
+        for future in admin.create_acls([grant]).values():
+            future.result(timeout=20)
+
+        def registry(node):
+            return SchemaRegistryClient({"url": f"https://127.0.0.1:{registry_ports[node]}",
+                                         "ssl.ca.location": str(pki.ca),
+                                         "basic.auth.user.info": "mallory:mallory-secret"})
+        schema = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}]}'
+        first = wait_for("a registration over HTTPS (the ACL everywhere)",
+                         lambda: registry(1).register_schema("tls-first-value", Schema(schema, "AVRO")), timeout=60)
+        schemas_leader = cluster.partition_state("_schemas", 0)[0]
+        follower = next(node for node in cluster.nodes if node != schemas_leader)
+        assert registry(follower).register_schema("tls-second-value", Schema(schema, "AVRO")) == first
+        assert sorted(registry(follower).get_subjects()) == ["tls-first-value", "tls-second-value"]
 
         # The brokers' user is reserved.
         reserved = UserScramCredentialUpsertion("sluice-inter-broker",
