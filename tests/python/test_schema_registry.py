@@ -131,6 +131,42 @@ def order_message_class():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
 
 
+def test_protobuf_imports_are_registered_as_references(registry):
+    """A message whose .proto file imports another: the serializer registers the imported
+    file under its own subject first, then the message's schema with a reference to it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    field = descriptor_pb2.FieldDescriptorProto
+    common = descriptor_pb2.FileDescriptorProto(name="shop/money.proto", package="shop", syntax="proto3")
+    money = common.message_type.add(name="Money")
+    money.field.add(name="cents", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    money.field.add(name="currency", number=2, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    file = descriptor_pb2.FileDescriptorProto(name="shop/payment.proto", package="shop", syntax="proto3",
+                                              dependency=["shop/money.proto"])
+    payment = file.message_type.add(name="Payment")
+    payment.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    payment.field.add(name="amount", number=2, type=field.TYPE_MESSAGE, type_name=".shop.Money",
+                      label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(common)
+    pool.Add(file)
+    payment_class = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Payment"))
+    client = registry.client()
+    conf = {"use.deprecated.format": False}
+    values = [payment_class(id=i, amount={"cents": 100 * i, "currency": "EUR"}) for i in range(5)]
+    read = round_trip(registry, "payments", ProtobufSerializer(payment_class, client, conf),
+                      ProtobufDeserializer(payment_class, conf, client), values)
+    assert read == values
+    latest = client.get_latest_version("payments-value")
+    assert [(r.name, r.subject) for r in latest.schema.references] == [("shop/money.proto", "shop/money.proto")]
+    referenced = client.get_latest_version("shop/money.proto")
+    assert registry.call("GET", f"/subjects/shop%2Fmoney.proto/versions/{referenced.version}/referencedby")[1] == \
+        [latest.schema_id]
+    # The imported file cannot be deleted while the message's schema refers to it.
+    status, body = registry.call("DELETE", f"/subjects/shop%2Fmoney.proto/versions/{referenced.version}")
+    assert (status, body["error_code"]) == (422, 42206), body
+
+
 def test_protobuf_serializer_round_trip_and_proto_text(registry):
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
     order = order_message_class()
