@@ -179,6 +179,10 @@ impl SchemaLog for BrokerSchemaLog {
         self.local().map_or(0, |partition| partition.offsets().high_watermark)
     }
 
+    fn log_end(&self) -> i64 {
+        self.local().map_or(0, |partition| partition.offsets().log_end_offset)
+    }
+
     fn answers_reads(&self) -> bool {
         !self.topic_exists() || (self.local().is_some() && self.in_sync())
     }

@@ -24,6 +24,10 @@ use crate::state::{Mode, State};
 pub const SUBJECT_BYTES_MAX: usize = 4096;
 /// How deep references may nest (a cycle is refused by this bound).
 pub const REFERENCE_DEPTH_MAX: usize = 32;
+/// How long a write waits for the local log to be wholly committed before it decides.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+/// How often that wait looks again.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A record read back from the log: (offset, key, value).
 pub type LogRecord = (i64, Option<Bytes>, Option<Bytes>);
@@ -46,6 +50,8 @@ pub trait SchemaLog: Send + Sync + 'static {
     fn writer(&self) -> LogFuture<'_, Writer>;
     /// The offset up to which this node's replica is committed (its high watermark).
     fn committed_end(&self) -> i64;
+    /// The offset after the last record of this node's replica, committed or not.
+    fn log_end(&self) -> i64;
     /// Whether this node answers reads from its own replica: it holds an in-sync one, or
     /// the partition does not exist yet (so the registry is empty everywhere). Otherwise
     /// reads go to the leader.
@@ -190,6 +196,23 @@ impl Registry {
         read(&self.state.read().expect("state lock"))
     }
 
+    /// Takes this node's one write slot once its state holds every record of the local log.
+    /// A node that has just become the leader may hold records its predecessor committed
+    /// above its own high watermark (it learns they are committed when its followers fetch):
+    /// a write decided without them could give an id out again.
+    async fn write_slot(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, RegistryError> {
+        let slot = self.writes.lock().await;
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        while self.log.committed_end() < self.log.log_end() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RegistryError::Timeout);
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+        self.catch_up()?;
+        Ok(slot)
+    }
+
     /// Appends `changes` and applies them: the write path of every change.
     async fn write(&self, changes: Vec<Change>) -> Result<(), RegistryError> {
         let records = changes.iter().map(Change::encode).collect();
@@ -204,8 +227,7 @@ impl Registry {
     /// identical schema's from another subject, or a new one).
     pub async fn register(&self, subject: &str, request: SchemaRequest) -> Result<i32, RegistryError> {
         check_subject(subject)?;
-        let _one_writer = self.writes.lock().await;
-        self.catch_up()?;
+        let _one_writer = self.write_slot().await?;
         let (changes, id) = {
             let state = self.state.read().expect("state lock");
             let mode = state.mode_for(subject);
@@ -327,7 +349,7 @@ impl Registry {
     /// Soft-deletes every live version of `subject` (or, `permanent`, removes the
     /// soft-deleted ones): the versions deleted.
     pub async fn delete_subject(&self, subject: &str, permanent: bool) -> Result<Vec<i32>, RegistryError> {
-        let _one_writer = self.writes.lock().await;
+        let _one_writer = self.write_slot().await?;
         let (changes, versions) = self.read(|state| {
             if state.mode_for(subject) == Mode::ReadOnly {
                 return Err(RegistryError::OperationNotPermitted(subject.to_string()));
@@ -361,7 +383,7 @@ impl Registry {
         spec: VersionSpec,
         permanent: bool,
     ) -> Result<i32, RegistryError> {
-        let _one_writer = self.writes.lock().await;
+        let _one_writer = self.write_slot().await?;
         let (change, version) = self.read(|state| {
             if state.mode_for(subject) == Mode::ReadOnly {
                 return Err(RegistryError::OperationNotPermitted(subject.to_string()));
@@ -388,13 +410,13 @@ impl Registry {
 
     /// Sets a setting of `subject` (`None`: the registry's).
     pub async fn set<S: Setting>(&self, subject: Option<&str>, value: S) -> Result<(), RegistryError> {
-        let _one_writer = self.writes.lock().await;
+        let _one_writer = self.write_slot().await?;
         self.write(vec![Change { key: S::key(subject), value: Some(value.record()) }]).await
     }
 
     /// Removes `subject`'s own setting: the value it had.
     pub async fn remove<S: Setting>(&self, subject: &str) -> Result<S, RegistryError> {
-        let _one_writer = self.writes.lock().await;
+        let _one_writer = self.write_slot().await?;
         let previous = self.read(|state| S::stored(state, Some(subject)).ok_or_else(|| S::not_set(subject)))?;
         self.write(vec![Change::remove(S::key(Some(subject)))]).await?;
         Ok(previous)
@@ -520,4 +542,77 @@ pub fn referenced_by(state: &State, subject: &str, version: i32) -> Vec<i32> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A replica of `_schemas` in memory whose high watermark the test moves.
+    #[derive(Default)]
+    struct MemoryLog {
+        records: Mutex<Vec<(Bytes, Option<Bytes>)>>,
+        committed: AtomicI64,
+    }
+
+    impl SchemaLog for MemoryLog {
+        fn read(&self, offset: i64) -> Result<Vec<LogRecord>, RegistryError> {
+            let records = self.records.lock().unwrap();
+            let committed = self.committed.load(Ordering::SeqCst);
+            Ok((offset..committed)
+                .map(|o| (o, Some(records[o as usize].0.clone()), records[o as usize].1.clone()))
+                .collect())
+        }
+
+        fn append(&self, records: Vec<(Bytes, Option<Bytes>)>) -> LogFuture<'_, i64> {
+            Box::pin(async move {
+                let mut log = self.records.lock().unwrap();
+                log.extend(records);
+                self.committed.store(log.len() as i64, Ordering::SeqCst);
+                Ok(log.len() as i64)
+            })
+        }
+
+        fn writer(&self) -> LogFuture<'_, Writer> {
+            Box::pin(async { Ok(Writer::Local) })
+        }
+
+        fn committed_end(&self) -> i64 {
+            self.committed.load(Ordering::SeqCst)
+        }
+
+        fn log_end(&self) -> i64 {
+            self.records.lock().unwrap().len() as i64
+        }
+
+        fn answers_reads(&self) -> bool {
+            true
+        }
+    }
+
+    fn avro_request(field: &str) -> SchemaRequest {
+        let schema = format!(r#"{{"type":"record","name":"R","fields":[{{"name":"{field}","type":"int"}}]}}"#);
+        SchemaRequest { schema, ..SchemaRequest::default() }
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_gives_no_id_its_predecessor_gave_while_its_high_watermark_lags() {
+        let previous = Registry::new(Arc::new(MemoryLog::default()));
+        assert_eq!(previous.register("a-value", avro_request("a")).await.unwrap(), 1);
+        // The new leader holds the predecessor's records, committed but above its own high
+        // watermark until its followers fetch.
+        let handed_over = Arc::new(MemoryLog::default());
+        *handed_over.records.lock().unwrap() =
+            previous.log.read(0).unwrap().into_iter().map(|(_, k, v)| (k.unwrap(), v)).collect();
+        let leader = Registry::new(handed_over.clone());
+        let end = handed_over.log_end();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            handed_over.committed.store(end, Ordering::SeqCst);
+        });
+        assert_eq!(leader.register("b-value", avro_request("b")).await.unwrap(), 2);
+    }
 }
