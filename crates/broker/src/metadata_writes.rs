@@ -41,6 +41,18 @@ pub(crate) struct CreatedTopic {
     pub(crate) replication_factor: i16,
 }
 
+/// The configs every internal topic has (the coordinators' and the schema registry's):
+/// `min.insync.replicas` 2 from three replicas on, durability level 1 (fsynced at every
+/// in-sync replica before an acknowledgement), no time retention.
+pub(crate) fn internal_topic_configs(replication_factor: i16) -> BTreeMap<String, String> {
+    let min_insync = if replication_factor >= 3 { 2 } else { 1 };
+    BTreeMap::from([
+        ("min.insync.replicas".to_string(), min_insync.to_string()),
+        ("sluice.durability.level".to_string(), "1".to_string()),
+        ("retention.ms".to_string(), "-1".to_string()),
+    ])
+}
+
 /// Where this node's topic changes are decided and made durable.
 pub(crate) enum MetadataWriter<'a> {
     /// A node without a controller quorum: its own topic registry and logs.

@@ -43,7 +43,7 @@ const API_KEYS_MAX: usize = 128;
 const METRICS_CONNECTIONS_MAX: usize = 64;
 /// A metrics connection whose request headers have not arrived this long after it
 /// opened (or after its previous answer) is closed.
-const METRICS_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+const METRICS_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ApiLabels {
@@ -470,35 +470,17 @@ impl Metrics {
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 pub(crate) async fn serve(broker: Arc<Broker>, listener: TcpListener) {
-    // Served connections, oldest first.
-    let mut open: std::collections::VecDeque<tokio::task::AbortHandle> = std::collections::VecDeque::new();
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        open.retain(|connection| !connection.is_finished());
-        if open.len() >= METRICS_CONNECTIONS_MAX {
-            // Full: the newest client is the one most likely to be a scrape or a probe
-            // waiting for its answer; the oldest, one left idle.
-            open.pop_front().expect("full").abort();
-        }
-        assert!(open.len() < METRICS_CONNECTIONS_MAX);
+    let limits = sluice_http::HttpLimits {
+        connections_max: METRICS_CONNECTIONS_MAX,
+        header_read_timeout: METRICS_HEADER_READ_TIMEOUT,
+        // The metrics port serves plain HTTP only.
+        tls_handshake_timeout: METRICS_HEADER_READ_TIMEOUT,
+    };
+    let service = tower::service_fn(move |request: Request<Incoming>| {
         let broker = broker.clone();
-        let served = tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let broker = broker.clone();
-                async move { Ok::<_, Infallible>(answer(&broker, &request)) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_millis(METRICS_HEADER_READ_TIMEOUT_MS))
-                .serve_connection(io, service)
-                .await;
-        });
-        open.push_back(served.abort_handle());
-    }
+        async move { Ok::<_, Infallible>(answer(&broker, &request)) }
+    });
+    sluice_http::serve(listener, service, None, limits, "metrics").await
 }
 
 fn answer(broker: &Broker, request: &Request<Incoming>) -> Response<Full<Bytes>> {

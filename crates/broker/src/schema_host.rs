@@ -6,7 +6,6 @@
 //! watermark while still leading). The topic is created on the first write: one
 //! partition, compacted, replicated like the internal topics, durability level 1.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use sluice_meta::topics::TopicMeta;
 use sluice_schema_registry::{LogFuture, LogRecord, RegistryError, RegistryTls, SchemaLog, Writer, SCHEMAS_TOPIC};
 use sluice_storage::{Partition, ReadMode};
 
-use crate::metadata_writes::{MetadataWriter, NewTopic};
+use crate::metadata_writes::{internal_topic_configs, MetadataWriter, NewTopic};
 use crate::Broker;
 
 /// Bytes read from the log per catch-up step.
@@ -98,17 +97,14 @@ impl BrokerSchemaLog {
     async fn ensure_topic(&self) -> Result<(), RegistryError> {
         if !self.topic_exists() {
             let voters = self.broker.config().cluster.as_ref().and_then(|c| c.voters().ok()).map_or(1, |v| v.len());
-            let replication_factor = voters.min(REPLICATION_FACTOR_MAX);
-            let min_insync = if replication_factor >= 3 { 2 } else { 1 };
-            let configs = BTreeMap::from([
+            let replication_factor = voters.min(REPLICATION_FACTOR_MAX) as i16;
+            let mut configs = internal_topic_configs(replication_factor);
+            configs.extend([
                 ("cleanup.policy".to_string(), "compact".to_string()),
-                ("min.insync.replicas".to_string(), min_insync.to_string()),
-                ("sluice.durability.level".to_string(), "1".to_string()),
-                ("retention.ms".to_string(), "-1".to_string()),
                 ("max.message.bytes".to_string(), MAX_MESSAGE_BYTES.to_string()),
             ]);
             let meta = TopicMeta { name: SCHEMAS_TOPIC.to_string(), id: uuid::Uuid::new_v4(), partitions: 1, configs };
-            let topic = NewTopic { meta, replication_factor: replication_factor as i16, assignment: None };
+            let topic = NewTopic { meta, replication_factor, assignment: None };
             let writer = MetadataWriter::of(&self.broker).map_err(|(_, message)| RegistryError::NotLeader(message))?;
             match writer.create_topic(topic, false).await {
                 Ok(_) => {
@@ -232,7 +228,5 @@ pub fn tls(broker: &Broker) -> Result<Option<RegistryTls>, String> {
 pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener, tls: Option<RegistryTls>) {
     let gate = crate::http_auth::BasicAuth::for_broker(&broker);
     let registry = Arc::new(sluice_schema_registry::Registry::new(Arc::new(BrokerSchemaLog::new(broker))));
-    if let Err(error) = sluice_schema_registry::serve(listener, registry, gate, tls).await {
-        tracing::error!(%error, "the schema registry stopped serving");
-    }
+    sluice_schema_registry::serve(listener, registry, gate, tls).await
 }

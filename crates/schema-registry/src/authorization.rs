@@ -60,10 +60,6 @@ pub struct Caller {
     pub host: IpAddr,
 }
 
-/// The address a connection came from, put in each request's extensions by the listener.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddress(pub IpAddr);
-
 /// The topic a subject belongs to under the naming every serializer uses by default
 /// (`<topic>-key`, `<topic>-value`); any other subject (record-name strategies, the files
 /// Protobuf schemas import) is its own name.

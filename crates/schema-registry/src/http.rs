@@ -14,9 +14,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{RequestExt, Router};
 use serde_json::{json, Value};
+use sluice_http::ClientAddress;
 use tokio_rustls::TlsConnector;
 
-use crate::authorization::{required, Access, Caller, ClientAddress, Target};
+use crate::authorization::{required, Access, Caller, Target};
 use crate::compatibility::Level;
 use crate::error::RegistryError;
 use crate::forward::Forwarder;

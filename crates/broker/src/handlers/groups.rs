@@ -194,11 +194,8 @@ fn create_internal_topic(broker: &Arc<Broker>, topic: InternalTopic) {
     tokio::spawn(async move {
         let replication_factor = topic.replication_factor(&broker);
         let (partitions, segment_bytes, max_message_bytes) = topic.layout(&broker);
-        let min_insync = if replication_factor >= 3 { 2 } else { 1 };
-        let configs = std::collections::BTreeMap::from([
-            ("min.insync.replicas".to_string(), min_insync.to_string()),
-            ("sluice.durability.level".to_string(), "1".to_string()),
-            ("retention.ms".to_string(), "-1".to_string()),
+        let mut configs = crate::metadata_writes::internal_topic_configs(replication_factor);
+        configs.extend([
             ("retention.bytes".to_string(), "-1".to_string()),
             ("segment.bytes".to_string(), segment_bytes.to_string()),
             ("max.message.bytes".to_string(), max_message_bytes.to_string()),
