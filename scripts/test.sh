@@ -19,6 +19,36 @@ if ! pkg-config --exists openssl 2>/dev/null; then
   fi
 fi
 
+# The web console's browser tests drive Debian's headless Chromium through its ChromeDriver
+# (tests/python/browser_support.py). Installed when missing and this runs as root: in the
+# background while the builds below run (133 MB to fetch, 440 MB unpacked: ~20 s), in a
+# session of its own so that a ^C to this script does not reach dpkg. It is not in the EXIT
+# trap below: dpkg stopped halfway leaves a package database that every later apt-get refuses
+# until `dpkg --configure -a`, and the install ends by itself. Without recommends: they add
+# systemd, perl, avahi and printing tools (105 more packages), none of which headless needs.
+browser_pid=""
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    echo "== chromium, chromium-driver: installing in the background, log in target/browser-install.log"
+    mkdir -p target
+    setsid env DEBIAN_FRONTEND=noninteractive bash -c '
+        set -e
+        install_chromium() { apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 chromium chromium-driver; }
+        # Not `a || { b && c; }`: set -e ignores a failing b there, and the script would go on.
+        if ! install_chromium; then
+          apt-get update -q -o DPkg::Lock::Timeout=300
+          install_chromium
+        fi
+        /usr/bin/chromium --version
+        /usr/bin/chromedriver --version
+      ' > target/browser-install.log 2>&1 < /dev/null &
+    browser_pid=$!
+  else
+    echo "Chromium is missing: install chromium and chromium-driver (Debian)" >&2
+    exit 1
+  fi
+fi
+
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
 # rolling-upgrade test: built once from the repository's own history into
 # target/upgrade-base, in the background, at idle I/O priority, in a session of its own whose
@@ -97,6 +127,14 @@ if ! wait "$tools_pid"; then
   exit 1
 fi
 tools_pid=""
+if [ -n "$browser_pid" ]; then
+  if ! wait "$browser_pid"; then
+    tail -50 target/browser-install.log >&2
+    echo "installing chromium and chromium-driver failed" >&2
+    exit 1
+  fi
+  browser_pid=""
+fi
 # Two worker processes (pytest-xdist): most tests wait on sockets, timers and child
 # processes, and one process at a time left the 2 cores three-quarters idle. Each worker
 # picks listen ports from a range of its own (conftest.free_port).

@@ -315,10 +315,11 @@ def test_a_dev_cluster_refuses_forged_controller_writes_with_nothing_configured(
     import socket
     import subprocess
 
-    from test_dev_cluster import base_port_with_room, CONTROLLER_PORT_OFFSET
+    from test_dev_cluster import base_port_with_room, CONSOLE_PORT_OFFSET, CONTROLLER_PORT_OFFSET
     base = base_port_with_room(3)
     proc = subprocess.Popen([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
-                             "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--console-port", str(base + CONSOLE_PORT_OFFSET), "--data-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         bootstrap = None
         while bootstrap is None:

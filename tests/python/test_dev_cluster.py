@@ -1,5 +1,6 @@
 """`sluice dev-cluster`: it fails fast when a node cannot start (a taken port, a bad flag)
-and leaves no node behind, and its nodes die with it even when it is SIGKILLed."""
+and leaves no node behind, its nodes die with it even when it is SIGKILLed, and each node
+serves its web console."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import time
 from conftest import SLUICE_BIN, free_port
 
 CONTROLLER_PORT_OFFSET = 100
+# The tests put each node's console this far above its Kafka port.
+CONSOLE_PORT_OFFSET = 200
 
 
 def base_port_with_room(nodes: int) -> int:
-    """A base port whose Kafka and controller ports for `nodes` nodes are all free now."""
+    """A base port whose Kafka, controller and console ports for `nodes` nodes are all free now."""
     for _ in range(50):
         base = free_port()
-        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
+        ports = [base + offset + i for offset in (0, CONTROLLER_PORT_OFFSET, CONSOLE_PORT_OFFSET) for i in range(nodes)]
         try:
             for port in ports:
                 with socket.socket() as s:
@@ -55,7 +58,8 @@ def test_a_taken_port_fails_the_start_and_starts_nothing(tmp_path):
         taken.bind(("127.0.0.1", base + 1))
         taken.listen()
         result = subprocess.run([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
-                                 "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+                                 "--console-port", "0", "--data-dir", str(tmp_path)],
+                                capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert f"port {base + 1}" in result.stderr and "not free" in result.stderr, result.stderr
     assert nodes_of(tmp_path) == []
@@ -65,7 +69,7 @@ def test_a_node_failing_at_start_up_stops_the_others(tmp_path):
     base = base_port_with_room(3)
     started = time.monotonic()
     result = subprocess.run([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
-                             "--data-dir", str(tmp_path), "--", "--num-partitions", "0"],
+                             "--console-port", "0", "--data-dir", str(tmp_path), "--", "--num-partitions", "0"],
                             capture_output=True, text=True, timeout=90)
     assert result.returncode != 0
     assert "exited during start-up" in result.stderr, result.stderr
@@ -73,21 +77,28 @@ def test_a_node_failing_at_start_up_stops_the_others(tmp_path):
     assert nodes_of(tmp_path) == []
 
 
-def test_nodes_die_with_a_sigkilled_dev_cluster(tmp_path):
+def test_nodes_serve_their_consoles_and_die_with_a_sigkilled_dev_cluster(tmp_path):
+    import urllib.request
     base = base_port_with_room(3)
+    consoles = base + CONSOLE_PORT_OFFSET
     proc = subprocess.Popen([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
-                             "--data-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--console-port", str(consoles), "--data-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        pids = []
+        pids, urls = [], []
         deadline = time.monotonic() + 60
         while len(pids) < 3:
             assert time.monotonic() < deadline, "dev-cluster did not report its nodes"
             line = proc.stdout.readline()
             assert line, "dev-cluster exited early"
-            match = re.match(r"node \d+: pid (\d+)", line)
+            match = re.match(r"node \d+: pid (\d+) .* console (http://\S+)", line)
             if match:
                 pids.append(int(match.group(1)))
+                urls.append(match.group(2))
         assert all(alive(pid) for pid in pids)
+        assert urls == [f"http://127.0.0.1:{consoles + i}/" for i in range(3)]
+        with urllib.request.urlopen(urls[2], timeout=30) as page:
+            assert page.status == 200 and b"Nodes" in page.read()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 30

@@ -7,6 +7,7 @@ mod blocking;
 pub mod cluster_link;
 mod connection;
 mod connection_limits;
+mod console_host;
 mod coordinator_host;
 mod fetch_session;
 mod handlers;

@@ -48,6 +48,8 @@ pub struct HttpListeners {
     pub metrics: Option<TcpListener>,
     /// The Schema Registry's REST API.
     pub schema_registry: Option<TcpListener>,
+    /// The web console.
+    pub console: Option<TcpListener>,
 }
 
 /// Serves clients until `shutdown` resolves, then closes the logs. `listeners` are bound
@@ -75,6 +77,13 @@ pub async fn serve(
         let scheme = if registry_tls.is_some() { "https" } else { "http" };
         tracing::info!(%address, "schema registry at {scheme}://{address}/");
         http_servers.push(tokio::spawn(crate::schema_host::serve(broker.clone(), registry_listener, registry_tls)));
+    }
+    if let Some(console_listener) = http.console {
+        let address = console_listener.local_addr()?;
+        let config =
+            crate::console_host::config(&broker).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        tracing::info!(%address, "console at http://{address}/");
+        http_servers.push(tokio::spawn(crate::console_host::serve(config, console_listener)));
     }
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));

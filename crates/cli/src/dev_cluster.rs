@@ -33,6 +33,10 @@ pub struct DevClusterArgs {
     /// Kafka port of node 1; node i listens on base-port + i - 1.
     #[arg(long, default_value_t = 9092)]
     base_port: u16,
+    /// Console port of node 1 (node i serves its web console on console-port + i - 1);
+    /// 0: no console.
+    #[arg(long, default_value_t = 8080)]
+    console_port: u16,
     /// Parent of the nodes' data dirs.
     #[arg(long, default_value = "./sluice-dev-cluster")]
     data_dir: PathBuf,
@@ -48,6 +52,8 @@ pub fn run(args: DevClusterArgs) -> anyhow::Result<()> {
     );
     let last_port = u32::from(args.base_port) + u32::from(CONTROLLER_PORT_OFFSET) + u32::from(args.nodes);
     anyhow::ensure!(last_port <= u32::from(u16::MAX), "--base-port too high for {} nodes", args.nodes);
+    let last_console_port = u32::from(args.console_port) + u32::from(args.nodes);
+    anyhow::ensure!(last_console_port <= u32::from(u16::MAX), "--console-port too high for {} nodes", args.nodes);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run_nodes(args))
 }
@@ -57,12 +63,13 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
     let ids: Vec<u16> = (1..=args.nodes).collect();
     let kafka_port = |id: u16| args.base_port + id - 1;
     let controller_port = |id: u16| args.base_port + CONTROLLER_PORT_OFFSET + id - 1;
+    let console_port = |id: u16| (args.console_port > 0).then(|| args.console_port + id - 1);
     let voters: Vec<String> = ids.iter().map(|&id| format!("{id}@127.0.0.1:{}", controller_port(id))).collect();
     let voters = voters.join(",");
     // A port taken by another process would let a node fail after its data dir is open,
     // or make another program look like our node: refuse before starting anything.
     for &id in &ids {
-        for port in [kafka_port(id), controller_port(id)] {
+        for port in [Some(kafka_port(id)), Some(controller_port(id)), console_port(id)].into_iter().flatten() {
             std::net::TcpListener::bind(("127.0.0.1", port))
                 .with_context(|| format!("port {port} (node {id}) is not free; pick another --base-port"))?;
         }
@@ -97,6 +104,7 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             .arg(&secret_file)
             .arg("--data-dir")
             .arg(&data_dir)
+            .args(console_port(id).map(|port| format!("--console-listen=127.0.0.1:{port}")))
             .args(&args.serve_args)
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -111,8 +119,9 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
     let bootstrap: Vec<String> = ids.iter().map(|&id| format!("127.0.0.1:{}", kafka_port(id))).collect();
     println!("bootstrap: {}", bootstrap.join(","));
     for &id in &ids {
+        let console = console_port(id).map(|port| format!(" console http://127.0.0.1:{port}/")).unwrap_or_default();
         println!(
-            "node {id}: pid {} kafka 127.0.0.1:{} controller 127.0.0.1:{}",
+            "node {id}: pid {} kafka 127.0.0.1:{} controller 127.0.0.1:{}{console}",
             pid_of(&children, id),
             kafka_port(id),
             controller_port(id)

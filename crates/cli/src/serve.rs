@@ -155,6 +155,9 @@ pub struct ServeArgs {
     /// (`ssl.keystore.location`; `ssl.client.auth` applies too).
     #[arg(long, env = "SLUICE_SCHEMA_REGISTRY_TLS")]
     schema_registry_tls: bool,
+    /// Serve the web console at http://ADDR/ (8080 by convention) [default: off].
+    #[arg(long, env = "SLUICE_CONSOLE_LISTEN")]
+    console_listen: Option<SocketAddr>,
     /// Any config key as KEY=VALUE, Kafka's names included (e.g. --override
     /// listeners=PLAINTEXT://:9092,SSL://:9093); applied over the TOML file. Repeatable.
     #[arg(long = "override", value_name = "KEY=VALUE")]
@@ -210,6 +213,9 @@ impl ServeArgs {
         }
         if self.schema_registry_tls {
             config.schema_registry_tls = true;
+        }
+        if self.console_listen.is_some() {
+            config.console_listen = self.console_listen;
         }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
@@ -353,6 +359,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let listeners = config.listeners().map_err(anyhow::Error::msg)?;
         let metrics_listen = config.metrics_listen;
         let schema_registry_listen = config.schema_registry_listen;
+        let console_listen = config.console_listen;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
@@ -361,6 +368,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let http = sluice_broker::server::HttpListeners {
             metrics: bind_http(metrics_listen, "metrics").await?,
             schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
+            console: bind_http(console_listen, "console").await?,
         };
         let mut sockets = Vec::with_capacity(listeners.len());
         for listener in &listeners {

@@ -91,6 +91,8 @@ pub struct BrokerConfig {
     /// Serve the Schema Registry over HTTPS with the listeners' `ssl.keystore.*` (and
     /// `ssl.client.auth`).
     pub schema_registry_tls: bool,
+    /// Where the web console is served over HTTP; off when unset.
+    pub console_listen: Option<SocketAddr>,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
     pub listeners: Option<String>,
     /// Kafka's `advertised.listeners`; a listener not named here advertises its own address.
@@ -388,6 +390,7 @@ impl Default for BrokerConfig {
             io_threads: 0,
             metrics_listen: None,
             schema_registry_listen: None,
+            console_listen: None,
             schema_registry_tls: false,
             listeners: None,
             advertised_listeners: None,

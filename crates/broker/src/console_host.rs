@@ -1,0 +1,77 @@
+//! The broker's side of the web console: which of this broker's own listeners the console
+//! connects to as a Kafka client, and how.
+//!
+//! When any listener takes SASL, visitors log in and the console connects to the first SASL
+//! listener with their credentials (SCRAM first, then PLAIN, as enabled), so they see what
+//! their ACLs allow. Otherwise it connects to the first listener, anonymous as every client
+//! there. Over TLS it checks the broker's certificate against `ssl.truststore.location`;
+//! without a truststore it takes the certificate it is shown (the link is to this broker's
+//! own port, and a SCRAM login proves both sides anyway).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use sluice_console::{ConsoleConfig, Login, SaslMechanism, Settings};
+use sluice_security::SecurityProtocol;
+
+use crate::Broker;
+
+/// SASL mechanisms the console logs in with, in the order tried.
+const LOGIN_MECHANISMS: [&str; 3] = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"];
+
+/// How `broker`'s console reaches it.
+pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
+    let listeners = broker.listeners();
+    let chosen = listeners
+        .iter()
+        .find(|l| l.protocol.uses_sasl())
+        .or_else(|| listeners.first())
+        .ok_or("the console needs a Kafka listener to connect to")?;
+    let mut settings = Settings::default();
+    let protocol = match chosen.protocol {
+        SecurityProtocol::Plaintext => "PLAINTEXT",
+        SecurityProtocol::Ssl => "SSL",
+        SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+        SecurityProtocol::SaslSsl => "SASL_SSL",
+    };
+    let configured = |e: anyhow::Error| format!("console: {e:#}");
+    settings.set("security.protocol", protocol).map_err(configured)?;
+    if chosen.protocol.uses_tls() {
+        match &broker.config().ssl_truststore_location {
+            Some(truststore) => settings.set("ssl.ca.location", &truststore.to_string_lossy()),
+            None => settings.set("enable.ssl.certificate.verification", "false"),
+        }
+        .map_err(configured)?;
+    }
+    let login = match chosen.protocol.uses_sasl() {
+        false => Login::Anonymous,
+        true => {
+            let enabled = broker.config().sasl_enabled_mechanisms.to_ascii_uppercase();
+            let enabled: Vec<&str> = enabled.split(',').map(str::trim).collect();
+            let mechanisms: Vec<SaslMechanism> = LOGIN_MECHANISMS
+                .iter()
+                .filter(|name| enabled.contains(name))
+                .filter_map(|name| SaslMechanism::parse(name).ok())
+                .collect();
+            if mechanisms.is_empty() {
+                return Err("the console logs in with SCRAM or PLAIN; sasl.enabled.mechanisms has neither".into());
+            }
+            Login::Sasl(mechanisms)
+        }
+    };
+    Ok(ConsoleConfig { bootstrap: reachable(chosen.bind).to_string(), settings, login, tls: None })
+}
+
+/// `bind` as an address to connect to: a wildcard bind is reached on loopback.
+fn reachable(bind: SocketAddr) -> SocketAddr {
+    let ip = match bind.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, bind.port())
+}
+
+/// Serves the console on `listener` for as long as the broker runs.
+pub async fn serve(config: ConsoleConfig, listener: tokio::net::TcpListener) {
+    sluice_console::serve(listener, config).await
+}

@@ -1,0 +1,107 @@
+//! The web console served by the broker (`--console-listen`): the cluster's nodes, topics
+//! and messages in a browser, from a phone or a laptop.
+//!
+//! Why a Kafka client inside the broker: the console asks the cluster with the protocol's
+//! own requests, authenticated as the user who logged in (`session`), so each page shows
+//! exactly what that principal's ACLs allow, decided by the same authorizer as any client,
+//! and any node's console sees the whole cluster (each request goes to the broker that
+//! answers it: offsets and messages from the partition's leader). Reads that could be large
+//! (message browsing and filtering) run on the broker and send the browser one page.
+//!
+//! Pages are rendered on the server (`askama` templates in `templates/`) and work without
+//! scripts; `htmx` (from npm, embedded: `assets/`) swaps parts of a page in place. No CDN.
+
+mod assets;
+mod cluster;
+mod display;
+mod groups;
+mod messages;
+mod pages;
+mod session;
+mod topics;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue};
+use axum::routing::{get, post};
+use axum::Router;
+use sluice_http::HttpLimits;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+pub use session::Login;
+pub use sluice_client::{SaslMechanism, Settings};
+
+use crate::session::Sessions;
+
+/// Connections served at once; the oldest is closed to admit a new one.
+const CONNECTIONS_MAX: usize = 256;
+/// How long a browser may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a browser may take to finish a TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request body (a login form, a produce form).
+const REQUEST_BYTES_MAX: usize = 1024 * 1024;
+/// What the pages may load: their own scripts and styles only.
+const CONTENT_SECURITY_POLICY: &str =
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+
+/// How the console reaches the cluster and serves browsers.
+pub struct ConsoleConfig {
+    /// A listener of this broker (`host:port`) the console connects to.
+    pub bootstrap: String,
+    /// How to connect to it (protocol and TLS; the SASL user comes from the login).
+    pub settings: Settings,
+    /// Whether visitors log in, and how.
+    pub login: Login,
+    /// Serve HTTPS with this acceptor.
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// A running console's state.
+pub struct Console {
+    sessions: Sessions,
+    /// Served over HTTPS (cookies are `Secure`).
+    https: bool,
+}
+
+/// The console's routes.
+pub fn router(console: Arc<Console>) -> Router {
+    let security_headers = |mut response: axum::response::Response| async move {
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+        headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+        headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+        headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+        response
+    };
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/login", get(pages::login_form).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/topics", get(pages::topics))
+        .route("/topics/{name}", get(pages::topic))
+        .route("/topics/{name}/messages", get(pages::messages))
+        .route("/groups", get(pages::groups))
+        .route("/groups/{id}", get(pages::group))
+        .route("/assets/{file}", get(assets::serve))
+        .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(console)
+}
+
+/// Serves the console on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
+    let console = Arc::new(Console {
+        sessions: Sessions::new(config.bootstrap, config.settings, config.login),
+        https: config.tls.is_some(),
+    });
+    let limits = HttpLimits {
+        connections_max: CONNECTIONS_MAX,
+        header_read_timeout: HEADER_READ_TIMEOUT,
+        tls_handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
+    };
+    sluice_http::serve(listener, router(console), config.tls, limits, "console").await
+}
