@@ -19,7 +19,8 @@ from java_support import _digest, _FileLock
 
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY_CLIENT_DIR = REPO / "tests" / "go" / "registry_client"
-GO = os.environ.get("GO", "go")
+# The Go toolchain: $GO, else `go` on PATH, else where the official tarball installs it.
+GO = os.environ.get("GO") or shutil.which("go") or "/usr/local/go/bin/go"
 BUILD_TIMEOUT_S = 600
 
 _registry_client: Path | None = None
@@ -30,7 +31,7 @@ def registry_client_binary() -> Path:
     global _registry_client
     if _registry_client is not None:
         return _registry_client
-    if shutil.which(GO) is None:
+    if shutil.which(GO) is None and not os.access(GO, os.X_OK):
         pytest.fail(f"`{GO}` not found on PATH: install Go (https://go.dev/dl/) to build {REGISTRY_CLIENT_DIR}")
     binary = REPO / "target" / "go" / "registry_client"
     stamp = binary.with_name("registry_client.digest")
