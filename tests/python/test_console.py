@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 
 from confluent_kafka import Consumer, Producer
@@ -147,6 +148,67 @@ def test_overview_topics_partitions_and_messages_in_the_browser(broker_factory, 
         assert answer.headers["X-Frame-Options"] == "DENY"
 
 
+def test_topics_are_created_changed_produced_to_and_deleted_in_the_browser(broker_factory, browser):  # noqa: F811
+    port = free_port()
+    broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}"])
+    console = f"http://127.0.0.1:{port}"
+    browser.get(console + "/topics")
+    browser.find_element(By.ID, "create-topic").click()
+    wait_for_element(browser, "#new-name").send_keys("payments")
+    browser.find_element(By.ID, "new-partitions").send_keys("2")
+    browser.find_element(By.ID, "new-configs").send_keys("retention.ms=60000")
+    browser.find_element(By.ID, "create").click()
+    wait_for_text(browser, "#topic-name", "payments")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) == 2
+    assert "retention.ms 60000 topic" in browser.find_element(By.ID, "configs").text
+
+    def submit(form: str, **fields):
+        for field, value in fields.items():
+            element = browser.find_element(By.ID, field)
+            element.clear()
+            element.send_keys(value)
+        browser.find_element(By.ID, form).click()
+
+    # Kafka's validation answers, shown as they come.
+    submit("config-set", **{"config-key": "retention.ms", "config-value": "soon"})
+    wait_for_text(browser, "#refused", "InvalidConfig")
+    submit("config-set", **{"config-key": "cleanup.policy", "config-value": "compact"})
+    wait_for_text(browser, "#done", "cleanup.policy set to compact")
+    assert "cleanup.policy compact topic" in browser.find_element(By.ID, "configs").text
+    # A record produced from the page is read back with its key and header.
+    submit("produce", **{"produce-partition": "1", "produce-key": "k1", "produce-value": "hello",
+                         "produce-headers": "origin: console"})
+    wait_for_text(browser, "#done", "produced to partition 1 at offset 0")
+    browser.find_element(By.ID, "browse").click()
+    wait_for_text(browser, "#messages .count", "1 message(s)")
+    row = browser.find_element(By.CSS_SELECTOR, "#message-table tbody tr").text
+    assert "k1" in row and "hello" in row and "origin: console" in row
+    browser.get(console + "/topics/payments")
+    # Partitions grow, never shrink.
+    submit("add-partitions", **{"partition-count": "3"})
+    wait_for_text(browser, "#done", "now has 3 partitions")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) == 3
+    submit("add-partitions", **{"partition-count": "1"})
+    wait_for_text(browser, "#refused", "InvalidPartitions")
+    # Deleting asks for the name first.
+    submit("delete", **{"delete-confirm": "pay"})
+    wait_for_text(browser, "#refused", "type the topic's name")
+    submit("delete", **{"delete-confirm": "payments"})
+    wait_for_element(browser, "#topics")
+    assert "payments" not in browser.find_element(By.ID, "topics").text
+    # A form posted from another site changes nothing.
+    forged = urllib.request.Request(console + "/create-topic", data=b"name=forged", method="POST",
+                                    headers={"Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"})
+    try:
+        urllib.request.urlopen(forged, timeout=10)
+        raise AssertionError("a cross-site POST was accepted")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 403
+    browser.get(console + "/topics")
+    assert "forged" not in browser.find_element(By.ID, "topics").text
+    shoot(browser, "create-topic")
+
+
 def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, browser):  # noqa: F811
     plaintext, sasl, port = free_port(), free_port(), free_port()
     broker = broker_factory(extra_args=[
@@ -190,6 +252,11 @@ def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, bro
     browser.get(console + "/topics/public/messages")
     wait_for_text(browser, "#messages .count", "1 message(s)")
     assert "hello" in browser.find_element(By.ID, "message-table").text
+    # What she may not do the broker refuses, and the page says so.
+    browser.get(console + "/topics/public")
+    browser.find_element(By.ID, "produce-value").send_keys("from alice")
+    browser.find_element(By.ID, "produce").click()
+    wait_for_text(browser, "#refused", "TopicAuthorizationFailed")
     browser.get(console + "/topics/secret/messages")
     wait_for_text(browser, "#error", "TopicAuthorizationFailed")
     assert "launch codes" not in browser.page_source

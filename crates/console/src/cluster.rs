@@ -29,6 +29,11 @@ pub mod versions {
     pub const CONSUMER_GROUP_DESCRIBE: i16 = 0;
     pub const SHARE_GROUP_DESCRIBE: i16 = 1;
     pub const DESCRIBE_SHARE_GROUP_OFFSETS: i16 = 0;
+    pub const CREATE_TOPICS: i16 = 7;
+    pub const CREATE_PARTITIONS: i16 = 3;
+    pub const DELETE_TOPICS: i16 = 6;
+    pub const INCREMENTAL_ALTER_CONFIGS: i16 = 1;
+    pub const PRODUCE: i16 = 9;
 }
 
 /// Idle connections kept per broker.

@@ -11,7 +11,9 @@
 //! Pages are rendered on the server (`askama` templates in `templates/`) and work without
 //! scripts; `htmx` (from npm, embedded: `assets/`) swaps parts of a page in place. No CDN.
 
+mod admin;
 mod assets;
+mod changes;
 mod cluster;
 mod display;
 mod groups;
@@ -82,12 +84,18 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/topics", get(pages::topics))
+        .route("/create-topic", get(changes::create_topic_form).post(changes::create_topic))
         .route("/topics/{name}", get(pages::topic))
         .route("/topics/{name}/messages", get(pages::messages))
+        .route("/topics/{name}/partitions", post(changes::add_partitions))
+        .route("/topics/{name}/configs", post(changes::alter_config))
+        .route("/topics/{name}/delete", post(changes::delete_topic))
+        .route("/topics/{name}/produce", post(changes::produce))
         .route("/groups", get(pages::groups))
         .route("/groups/{id}", get(pages::group))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
+        .layer(axum::middleware::from_fn(changes::same_origin))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(console)
 }

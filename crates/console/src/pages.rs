@@ -29,7 +29,7 @@ pub struct Chrome {
 }
 
 impl Chrome {
-    fn of(session: &Session) -> Chrome {
+    pub fn of(session: &Session) -> Chrome {
         Chrome { user: session.user.clone() }
     }
 
@@ -39,7 +39,7 @@ impl Chrome {
     }
 }
 
-fn render(page: impl Template) -> Response {
+pub fn render(page: impl Template) -> Response {
     match page.render() {
         Ok(html) => Html(html).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("rendering failed: {error}")).into_response(),
@@ -47,7 +47,7 @@ fn render(page: impl Template) -> Response {
 }
 
 /// The session of a request, or the answer that sends the browser to log in.
-async fn session_of(console: &Console, headers: &HeaderMap) -> Result<Arc<Session>, Response> {
+pub async fn session_of(console: &Console, headers: &HeaderMap) -> Result<Arc<Session>, Response> {
     match console.sessions.find(headers).await {
         Ok(Some(session)) => Ok(session),
         Ok(None) => Err(Redirect::to("/login").into_response()),
@@ -62,7 +62,7 @@ struct ErrorPage {
     message: String,
 }
 
-fn failure(message: &str) -> Response {
+pub fn failure(message: &str) -> Response {
     let page = ErrorPage { chrome: Chrome::nobody(), message: message.to_string() };
     (StatusCode::BAD_GATEWAY, render(page)).into_response()
 }
@@ -278,6 +278,8 @@ struct TopicPage {
     partitions: Vec<PartitionLine>,
     configs: Vec<ConfigLine>,
     configs_error: Option<String>,
+    done: Option<String>,
+    refused: Option<String>,
 }
 
 fn ids(ids: &[i32]) -> String {
@@ -301,11 +303,22 @@ async fn topic_row(session: &Session, topic: &str) -> Result<(crate::cluster::Cl
 }
 
 pub async fn topic(State(console): State<Arc<Console>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    let session = match session_of(&console, &headers).await {
-        Ok(session) => session,
-        Err(response) => return response,
-    };
-    let (_, row) = match topic_row(&session, &name).await {
+    match session_of(&console, &headers).await {
+        Ok(session) => topic_page(&session, name, Outcome::None).await,
+        Err(response) => response,
+    }
+}
+
+/// What a form that changed something did, shown atop the page it returns to.
+pub enum Outcome {
+    None,
+    Done(String),
+    Refused(String),
+}
+
+/// The topic page, with the outcome of the change that led to it.
+pub async fn topic_page(session: &Session, name: String, outcome: Outcome) -> Response {
+    let (_, row) = match topic_row(session, &name).await {
         Ok(found) => found,
         Err(response) => return response,
     };
@@ -335,7 +348,14 @@ pub async fn topic(State(console): State<Arc<Console>>, headers: HeaderMap, Path
             source: c.source,
         })
         .collect();
-    render(TopicPage { chrome: Chrome::of(&session), name, partitions, configs, configs_error })
+    let (done, refused) = match outcome {
+        Outcome::None => (None, None),
+        Outcome::Done(text) => (Some(text), None),
+        Outcome::Refused(text) => (None, Some(text)),
+    };
+    let status = if refused.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let page = TopicPage { chrome: Chrome::of(session), name, partitions, configs, configs_error, done, refused };
+    (status, render(page)).into_response()
 }
 
 pub struct MessageLine {
