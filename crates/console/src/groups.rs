@@ -212,6 +212,27 @@ fn consumer_assignment(mut bytes: bytes::Bytes) -> String {
     }
 }
 
+/// The rows of a consumer or share group's members: their types differ, their fields agree.
+macro_rules! assigned_members {
+    ($members:expr) => {
+        $members
+            .into_iter()
+            .map(|member| MemberRow {
+                id: member.member_id.to_string(),
+                client_id: member.client_id.to_string(),
+                host: member.client_host.to_string(),
+                assignment: assignment_text(
+                    member
+                        .assignment
+                        .topic_partitions
+                        .iter()
+                        .map(|tp| (tp.topic_name.as_str(), tp.partitions.as_slice())),
+                ),
+            })
+            .collect()
+    };
+}
+
 async fn consumer_members(client: &Arc<ClusterClient>, address: &str, id: &str) -> anyhow::Result<Vec<MemberRow>> {
     let mut request = ConsumerGroupDescribeRequest::default();
     request.group_ids = group_ids(id);
@@ -220,18 +241,7 @@ async fn consumer_members(client: &Arc<ClusterClient>, address: &str, id: &str) 
     if group.error_code != 0 {
         bail!("group {id}: {}", error_name(group.error_code));
     }
-    Ok(group
-        .members
-        .into_iter()
-        .map(|member| MemberRow {
-            id: member.member_id.to_string(),
-            client_id: member.client_id.to_string(),
-            host: member.client_host.to_string(),
-            assignment: assignment_text(
-                member.assignment.topic_partitions.iter().map(|tp| (tp.topic_name.as_str(), tp.partitions.as_slice())),
-            ),
-        })
-        .collect())
+    Ok(assigned_members!(group.members))
 }
 
 async fn share_members(client: &Arc<ClusterClient>, address: &str, id: &str) -> anyhow::Result<Vec<MemberRow>> {
@@ -242,18 +252,7 @@ async fn share_members(client: &Arc<ClusterClient>, address: &str, id: &str) -> 
     if group.error_code != 0 {
         bail!("group {id}: {}", error_name(group.error_code));
     }
-    Ok(group
-        .members
-        .into_iter()
-        .map(|member| MemberRow {
-            id: member.member_id.to_string(),
-            client_id: member.client_id.to_string(),
-            host: member.client_host.to_string(),
-            assignment: assignment_text(
-                member.assignment.topic_partitions.iter().map(|tp| (tp.topic_name.as_str(), tp.partitions.as_slice())),
-            ),
-        })
-        .collect())
+    Ok(assigned_members!(group.members))
 }
 
 type Positions = BTreeMap<(String, i32), Option<i64>>;
