@@ -42,6 +42,20 @@ fn refusal(code: i16, message: Option<StrBytes>) -> anyhow::Error {
     }
 }
 
+/// A result's error code as the outcome: success, or Kafka's refusal.
+fn checked(code: i16, message: Option<StrBytes>) -> anyhow::Result<()> {
+    match code {
+        0 => Ok(()),
+        code => Err(refusal(code, message)),
+    }
+}
+
+/// The active controller's address, where topic changes go.
+async fn controller_address(client: &Arc<ClusterClient>) -> anyhow::Result<String> {
+    let metadata = client.metadata(Some(&[])).await?;
+    Ok(metadata.address(metadata.controller)?.to_string())
+}
+
 /// Creates `topic`; `replication_factor` -1 is the broker's default. `configs` are
 /// `(name, value)` overrides.
 pub async fn create_topic(
@@ -67,14 +81,10 @@ pub async fn create_topic(
     let mut request = CreateTopicsRequest::default();
     request.topics = vec![creatable];
     request.timeout_ms = ADMIN_TIMEOUT_MS;
-    let controller = client.metadata(Some(&[])).await?;
-    let address = controller.address(controller.controller)?.to_string();
+    let address = controller_address(client).await?;
     let answer = client.send(&address, versions::CREATE_TOPICS, request).await?;
     let result = answer.topics.into_iter().next().ok_or_else(|| anyhow!("no CreateTopics result"))?;
-    match result.error_code {
-        0 => Ok(()),
-        code => Err(refusal(code, result.error_message)),
-    }
+    checked(result.error_code, result.error_message)
 }
 
 /// Grows `topic` to `count` partitions.
@@ -86,14 +96,10 @@ pub async fn add_partitions(client: &Arc<ClusterClient>, topic: &str, count: i32
     let mut request = CreatePartitionsRequest::default();
     request.topics = vec![grown];
     request.timeout_ms = ADMIN_TIMEOUT_MS;
-    let controller = client.metadata(Some(&[])).await?;
-    let address = controller.address(controller.controller)?.to_string();
+    let address = controller_address(client).await?;
     let answer = client.send(&address, versions::CREATE_PARTITIONS, request).await?;
     let result = answer.results.into_iter().next().ok_or_else(|| anyhow!("no CreatePartitions result"))?;
-    match result.error_code {
-        0 => Ok(()),
-        code => Err(refusal(code, result.error_message)),
-    }
+    checked(result.error_code, result.error_message)
 }
 
 /// Deletes `topic`.
@@ -103,14 +109,10 @@ pub async fn delete_topic(client: &Arc<ClusterClient>, topic: &str) -> anyhow::R
     let mut request = DeleteTopicsRequest::default();
     request.topics = vec![deleted];
     request.timeout_ms = ADMIN_TIMEOUT_MS;
-    let controller = client.metadata(Some(&[])).await?;
-    let address = controller.address(controller.controller)?.to_string();
+    let address = controller_address(client).await?;
     let answer = client.send(&address, versions::DELETE_TOPICS, request).await?;
     let result = answer.responses.into_iter().next().ok_or_else(|| anyhow!("no DeleteTopics result"))?;
-    match result.error_code {
-        0 => Ok(()),
-        code => Err(refusal(code, result.error_message)),
-    }
+    checked(result.error_code, result.error_message)
 }
 
 /// Sets topic config `key` to `value`, or (`None`) removes the topic's override.
@@ -133,10 +135,7 @@ pub async fn alter_config(
     let bootstrap = client.bootstrap().to_string();
     let answer = client.send(&bootstrap, versions::INCREMENTAL_ALTER_CONFIGS, request).await?;
     let result = answer.responses.into_iter().next().ok_or_else(|| anyhow!("no IncrementalAlterConfigs result"))?;
-    match result.error_code {
-        0 => Ok(()),
-        code => Err(refusal(code, result.error_message)),
-    }
+    checked(result.error_code, result.error_message)
 }
 
 /// One record to produce.

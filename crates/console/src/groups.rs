@@ -156,8 +156,25 @@ async fn coordinator_of(client: &Arc<ClusterClient>, id: &str) -> anyhow::Result
     Ok((found.node_id.0, format!("{}:{}", found.host, found.port)))
 }
 
+fn group_id(id: &str) -> GroupId {
+    GroupId(StrBytes::from_string(id.to_string()))
+}
+
 fn group_ids(id: &str) -> Vec<GroupId> {
-    vec![GroupId(StrBytes::from_string(id.to_string()))]
+    vec![group_id(id)]
+}
+
+/// A group's answer as the outcome: described, or why not.
+fn answered(id: &str, error_code: i16) -> anyhow::Result<()> {
+    match error_code {
+        0 => Ok(()),
+        code => bail!("group {id}: {}", error_name(code)),
+    }
+}
+
+/// A stored position (-1: none).
+fn position(offset: i64) -> Option<i64> {
+    (offset >= 0).then_some(offset)
 }
 
 /// `topic: 0, 1; other: 2` of (topic, partitions) pairs.
@@ -182,9 +199,7 @@ async fn classic_members(client: &Arc<ClusterClient>, address: &str, id: &str) -
     request.groups = group_ids(id);
     let answer = client.send(address, versions::DESCRIBE_GROUPS, request).await?;
     let group = answer.groups.into_iter().next().ok_or_else(|| anyhow!("no DescribeGroups answer"))?;
-    if group.error_code != 0 {
-        bail!("group {id}: {}", error_name(group.error_code));
-    }
+    answered(id, group.error_code)?;
     let consumer = group.protocol_type.as_str() == "consumer";
     Ok(group
         .members
@@ -238,9 +253,7 @@ async fn consumer_members(client: &Arc<ClusterClient>, address: &str, id: &str) 
     request.group_ids = group_ids(id);
     let answer = client.send(address, versions::CONSUMER_GROUP_DESCRIBE, request).await?;
     let group = answer.groups.into_iter().next().ok_or_else(|| anyhow!("no ConsumerGroupDescribe answer"))?;
-    if group.error_code != 0 {
-        bail!("group {id}: {}", error_name(group.error_code));
-    }
+    answered(id, group.error_code)?;
     Ok(assigned_members!(group.members))
 }
 
@@ -249,9 +262,7 @@ async fn share_members(client: &Arc<ClusterClient>, address: &str, id: &str) -> 
     request.group_ids = group_ids(id);
     let answer = client.send(address, versions::SHARE_GROUP_DESCRIBE, request).await?;
     let group = answer.groups.into_iter().next().ok_or_else(|| anyhow!("no ShareGroupDescribe answer"))?;
-    if group.error_code != 0 {
-        bail!("group {id}: {}", error_name(group.error_code));
-    }
+    answered(id, group.error_code)?;
     Ok(assigned_members!(group.members))
 }
 
@@ -259,48 +270,39 @@ type Positions = BTreeMap<(String, i32), Option<i64>>;
 
 async fn committed_offsets(client: &Arc<ClusterClient>, address: &str, id: &str) -> anyhow::Result<Positions> {
     let mut group = OffsetFetchRequestGroup::default();
-    group.group_id = GroupId(StrBytes::from_string(id.to_string()));
+    group.group_id = group_id(id);
     group.topics = None;
     group.member_epoch = -1;
     let mut request = OffsetFetchRequest::default();
     request.groups = vec![group];
     let answer = client.send(address, versions::OFFSET_FETCH, request).await?;
     let group = answer.groups.into_iter().next().ok_or_else(|| anyhow!("no OffsetFetch answer"))?;
-    if group.error_code != 0 {
-        bail!("group {id}: {}", error_name(group.error_code));
-    }
+    answered(id, group.error_code)?;
     Ok(group
         .topics
         .into_iter()
         .flat_map(|topic| {
             let name = topic.name.to_string();
-            topic.partitions.into_iter().map(move |p| {
-                ((name.clone(), p.partition_index), (p.committed_offset >= 0).then_some(p.committed_offset))
-            })
+            topic.partitions.into_iter().map(move |p| ((name.clone(), p.partition_index), position(p.committed_offset)))
         })
         .collect())
 }
 
 async fn share_start_offsets(client: &Arc<ClusterClient>, address: &str, id: &str) -> anyhow::Result<Positions> {
     let mut group = DescribeShareGroupOffsetsRequestGroup::default();
-    group.group_id = GroupId(StrBytes::from_string(id.to_string()));
+    group.group_id = group_id(id);
     group.topics = None;
     let mut request = DescribeShareGroupOffsetsRequest::default();
     request.groups = vec![group];
     let answer = client.send(address, versions::DESCRIBE_SHARE_GROUP_OFFSETS, request).await?;
     let group = answer.groups.into_iter().next().ok_or_else(|| anyhow!("no DescribeShareGroupOffsets answer"))?;
-    if group.error_code != 0 {
-        bail!("group {id}: {}", error_name(group.error_code));
-    }
+    answered(id, group.error_code)?;
     Ok(group
         .topics
         .into_iter()
         .flat_map(|topic| {
             let name = topic.topic_name.to_string();
-            topic
-                .partitions
-                .into_iter()
-                .map(move |p| ((name.clone(), p.partition_index), (p.start_offset >= 0).then_some(p.start_offset)))
+            topic.partitions.into_iter().map(move |p| ((name.clone(), p.partition_index), position(p.start_offset)))
         })
         .collect())
 }

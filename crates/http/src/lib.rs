@@ -35,6 +35,42 @@ pub struct HttpLimits {
     pub tls_handshake_timeout: Duration,
 }
 
+/// What a port serves: a cloneable service answering hyper's requests.
+pub trait HttpService<B>:
+    tower::Service<
+        hyper::Request<Incoming>,
+        Response = hyper::Response<B>,
+        Future: Send + 'static,
+        Error: std::error::Error + Send + Sync + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> HttpService<B> for S where
+    S: tower::Service<
+            hyper::Request<Incoming>,
+            Response = hyper::Response<B>,
+            Future: Send + 'static,
+            Error: std::error::Error + Send + Sync + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// What an answer's body must be to be written.
+pub trait HttpBody:
+    http_body::Body<Data: Send, Error: std::error::Error + Send + Sync + 'static> + Send + 'static
+{
+}
+
+impl<B> HttpBody for B where
+    B: http_body::Body<Data: Send, Error: std::error::Error + Send + Sync + 'static> + Send + 'static
+{
+}
+
 /// How long the loop waits after a failed accept (EMFILE and friends) instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -42,12 +78,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// dropped. `name` names the port in logs.
 pub async fn serve<S, B>(listener: TcpListener, service: S, tls: Option<TlsAcceptor>, limits: HttpLimits, name: &str)
 where
-    S: tower::Service<hyper::Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: std::error::Error + Send + Sync + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: std::error::Error + Send + Sync + 'static,
+    S: HttpService<B>,
+    B: HttpBody,
 {
     assert!(limits.connections_max > 0, "a port serves at least one connection");
     // Served connections, oldest first.
