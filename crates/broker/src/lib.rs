@@ -3,6 +3,7 @@
 //!
 //! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
 
+mod amqp_host;
 mod blocking;
 pub mod cluster_link;
 mod connection;

@@ -50,6 +50,8 @@ pub struct HttpListeners {
     pub schema_registry: Option<TcpListener>,
     /// The web console.
     pub console: Option<TcpListener>,
+    /// AMQP 0-9-1 (not HTTP, but bound and served the same way).
+    pub amqp: Option<TcpListener>,
 }
 
 /// Serves clients until `shutdown` resolves, then closes the logs. `listeners` are bound
@@ -84,6 +86,12 @@ pub async fn serve(
             crate::console_host::config(&broker).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         tracing::info!(%address, "console at http://{address}/");
         http_servers.push(tokio::spawn(crate::console_host::serve(config, console_listener)));
+    }
+    if let Some(amqp_listener) = http.amqp {
+        let address = amqp_listener.local_addr()?;
+        let server = crate::amqp_host::server(&broker)?;
+        tracing::info!(%address, "AMQP 0-9-1 at amqp://{address}/");
+        http_servers.push(tokio::spawn(sluice_amqp::serve(amqp_listener, server)));
     }
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));

@@ -158,6 +158,9 @@ pub struct ServeArgs {
     /// Serve the web console at http://ADDR/ (8080 by convention) [default: off].
     #[arg(long, env = "SLUICE_CONSOLE_LISTEN")]
     console_listen: Option<SocketAddr>,
+    /// Take AMQP 0-9-1 clients (RabbitMQ's) at ADDR (5672 by convention) [default: off].
+    #[arg(long, env = "SLUICE_AMQP_LISTEN")]
+    amqp_listen: Option<SocketAddr>,
     /// Any config key as KEY=VALUE, Kafka's names included (e.g. --override
     /// listeners=PLAINTEXT://:9092,SSL://:9093); applied over the TOML file. Repeatable.
     #[arg(long = "override", value_name = "KEY=VALUE")]
@@ -216,6 +219,9 @@ impl ServeArgs {
         }
         if self.console_listen.is_some() {
             config.console_listen = self.console_listen;
+        }
+        if self.amqp_listen.is_some() {
+            config.amqp_listen = self.amqp_listen;
         }
         if self.advertised_listener.is_some() {
             config.advertised_listener = self.advertised_listener;
@@ -360,6 +366,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let metrics_listen = config.metrics_listen;
         let schema_registry_listen = config.schema_registry_listen;
         let console_listen = config.console_listen;
+        let amqp_listen = config.amqp_listen;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
@@ -369,6 +376,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             metrics: bind_http(metrics_listen, "metrics").await?,
             schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
             console: bind_http(console_listen, "console").await?,
+            amqp: bind_http(amqp_listen, "AMQP").await?,
         };
         let mut sockets = Vec::with_capacity(listeners.len());
         for listener in &listeners {

@@ -93,6 +93,8 @@ pub struct BrokerConfig {
     pub schema_registry_tls: bool,
     /// Where the web console is served over HTTP; off when unset.
     pub console_listen: Option<SocketAddr>,
+    /// Where AMQP 0-9-1 clients (RabbitMQ's) connect; off when unset (5672 by convention).
+    pub amqp_listen: Option<SocketAddr>,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
     pub listeners: Option<String>,
     /// Kafka's `advertised.listeners`; a listener not named here advertises its own address.
@@ -391,6 +393,7 @@ impl Default for BrokerConfig {
             metrics_listen: None,
             schema_registry_listen: None,
             console_listen: None,
+            amqp_listen: None,
             schema_registry_tls: false,
             listeners: None,
             advertised_listeners: None,

@@ -121,6 +121,31 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientS
     respond(call.broker, call.session, exchange, answer, denied, file_chunks)
 }
 
+/// Runs one request for a front door of the broker's own (AMQP): authorized as `session`,
+/// answered as a `ResponseKind`, not encoded. Not for Fetch, whose records travel as file
+/// chunks beside its response.
+pub(crate) fn answer_in_process(
+    broker: &Arc<Broker>,
+    session: &ClientSession,
+    api_key: kafka_protocol::messages::ApiKey,
+    api_version: i16,
+    body: RequestKind,
+) -> Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>> {
+    assert!(api_key != kafka_protocol::messages::ApiKey::Fetch, "a fetch's records are file chunks");
+    let (body, denied) = match authorize::before(broker, session, api_key, body) {
+        Ok(checked) => checked,
+        Err(refused) => return now(*refused),
+    };
+    let call = Call { broker: broker.clone(), session: session.clone(), api_version, client_id: None };
+    let answer = route(&call, body, &mut None);
+    let (broker, session) = (broker.clone(), session.clone());
+    Box::pin(async move {
+        let mut body = answer.await?;
+        authorize::after(&broker, &session, api_key, denied, &mut body);
+        Some(body)
+    })
+}
+
 /// What a handler may take besides its request; owned, since its future outlives
 /// [`dispatch`].
 #[derive(Clone)]

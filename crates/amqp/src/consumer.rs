@@ -1,0 +1,711 @@
+//! Reading a queue: one share-group member per AMQP consumer (and one per channel and
+//! queue for `basic.get`), and the channel's delivery tags.
+//!
+//! Why a member per consumer: the share group then does what RabbitMQ does for a queue's
+//! consumers — hands each record to one of them, takes it back when its lock runs out or
+//! its consumer goes (a requeue), counts deliveries (the `redelivered` flag) and
+//! dead-letters past `share.delivery.count.limit` — and Kafka share consumers of the same
+//! queue take part on equal terms. A member only asks for as many records as its
+//! consumer's prefetch leaves room for, so records it holds are records its client has.
+//!
+//! Acknowledgements travel with the member's next fetch (at most `LONG_POLL_MS` later),
+//! or alone in a ShareAcknowledge when the consumer has no room for more.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
+use amq_protocol::protocol::{basic, AMQPClass};
+use bytes::Bytes;
+use kafka_protocol::messages::share_acknowledge_request::{AcknowledgePartition, AcknowledgeTopic};
+use kafka_protocol::messages::share_fetch_request::{AcknowledgementBatch, FetchPartition, FetchTopic, ForgottenTopic};
+use kafka_protocol::messages::{
+    GroupId, RequestKind, ResponseKind, ShareAcknowledgeRequest, ShareFetchRequest, ShareGroupHeartbeatRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::ResponseError;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::frames::{encode, reply};
+use crate::gateway::{versions, Gateway, Session};
+use crate::messages::{from_record, Delivered};
+use crate::topology::Refused;
+
+/// How long a member's fetch waits for records when it has nothing to acknowledge.
+const LONG_POLL_MS: i32 = 500;
+/// Records one fetch asks for at most (a consumer with no prefetch limit).
+const FETCH_RECORDS_MAX: u32 = 500;
+/// Bytes one fetch asks for at most.
+const FETCH_BYTES_MAX: i32 = 8 * 1024 * 1024;
+/// How long a `basic.get` waits for its member to be given the queue's partitions.
+const GET_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause before a member tries again after the broker could not serve it.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Kafka's acknowledgement types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    Accept = 1,
+    Release = 2,
+    Reject = 3,
+}
+
+/// A record handed to a client and not yet settled.
+#[derive(Clone, Copy, Debug)]
+pub struct Unacked {
+    /// The reader that fetched it.
+    pub reader: u64,
+    pub topic_id: Uuid,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// One channel's delivery tags and prefetch limits, shared by its readers.
+#[derive(Default)]
+pub struct Deliveries {
+    state: Mutex<DeliveriesState>,
+    /// Signalled when unacked records are settled (room for more).
+    pub settled: Notify,
+}
+
+#[derive(Default)]
+struct DeliveriesState {
+    next_tag: u64,
+    unacked: BTreeMap<u64, Unacked>,
+    by_reader: HashMap<u64, usize>,
+    /// `basic.qos` with global=true: unacked records on the whole channel at most (0: none).
+    channel_prefetch: u32,
+}
+
+impl Deliveries {
+    pub fn set_channel_prefetch(&self, prefetch: u32) {
+        self.state.lock().channel_prefetch = prefetch;
+        self.settled.notify_waiters();
+    }
+
+    /// Gives `unacked` the channel's next delivery tag.
+    fn record(&self, unacked: Unacked) -> u64 {
+        let mut state = self.state.lock();
+        state.next_tag += 1;
+        let tag = state.next_tag;
+        state.unacked.insert(tag, unacked);
+        *state.by_reader.entry(unacked.reader).or_default() += 1;
+        tag
+    }
+
+    /// How many more records `reader` may hand out under `prefetch` (0: no limit).
+    fn room(&self, reader: u64, prefetch: u32) -> u32 {
+        let state = self.state.lock();
+        let held = *state.by_reader.get(&reader).unwrap_or(&0) as u32;
+        let own = if prefetch == 0 { FETCH_RECORDS_MAX } else { prefetch.saturating_sub(held) };
+        let channel = match state.channel_prefetch {
+            0 => FETCH_RECORDS_MAX,
+            limit => limit.saturating_sub(state.unacked.len() as u32),
+        };
+        own.min(channel).min(FETCH_RECORDS_MAX)
+    }
+
+    pub fn held_by(&self, reader: u64) -> usize {
+        *self.state.lock().by_reader.get(&reader).unwrap_or(&0)
+    }
+
+    /// Takes the records `tag` names (and, with `multiple`, every one before it; tag 0 with
+    /// `multiple` is all of them); `None` if `tag` is not an unacked delivery tag.
+    pub fn take(&self, tag: u64, multiple: bool) -> Option<Vec<(u64, Unacked)>> {
+        let mut state = self.state.lock();
+        let taken: Vec<(u64, Unacked)> = if multiple {
+            if tag != 0 && !state.unacked.contains_key(&tag) {
+                return None;
+            }
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            let tags: Vec<u64> = state.unacked.range(..=upto).map(|(t, _)| *t).collect();
+            tags.into_iter().map(|t| (t, state.unacked.remove(&t).expect("listed"))).collect()
+        } else {
+            vec![(tag, state.unacked.remove(&tag)?)]
+        };
+        for (_, unacked) in &taken {
+            if let Some(count) = state.by_reader.get_mut(&unacked.reader) {
+                *count -= 1;
+            }
+        }
+        drop(state);
+        self.settled.notify_waiters();
+        Some(taken)
+    }
+
+    /// Takes the unacked records `reader` handed out.
+    fn take_reader(&self, reader: u64) -> Vec<Unacked> {
+        let mut state = self.state.lock();
+        let tags: Vec<u64> = state.unacked.iter().filter(|(_, u)| u.reader == reader).map(|(t, _)| *t).collect();
+        state.by_reader.remove(&reader);
+        tags.into_iter().filter_map(|t| state.unacked.remove(&t)).collect()
+    }
+
+    /// A delivery tag for a record that is settled as it is handed out (no-ack).
+    fn unrecorded_tag(&self) -> u64 {
+        let mut state = self.state.lock();
+        state.next_tag += 1;
+        state.next_tag
+    }
+
+    /// Takes every unacked record (a recover, or the channel closing).
+    pub fn take_all(&self) -> Vec<(u64, Unacked)> {
+        self.take(0, true).unwrap_or_default()
+    }
+}
+
+/// What a reader is told by its channel.
+pub enum ReaderCommand {
+    /// Settle these records (all fetched by this reader).
+    Settle(Vec<(Unacked, Settlement)>),
+    /// `basic.get`: one record, or none.
+    Get { reply: oneshot::Sender<Result<Option<Got>, Refused>>, no_ack: bool },
+    /// The consumer was cancelled: fetch no more, end once what it handed out is settled.
+    Cancel,
+    /// Release what is unsettled, leave the group, end.
+    Stop,
+}
+
+/// A record `basic.get` took.
+pub struct Got {
+    pub delivery_tag: u64,
+    pub redelivered: bool,
+    pub message: Delivered,
+}
+
+pub struct ReaderHandle {
+    pub id: u64,
+    pub queue: String,
+    pub commands: mpsc::UnboundedSender<ReaderCommand>,
+}
+
+static NEXT_READER: AtomicU64 = AtomicU64::new(1);
+
+/// Where a reader's deliveries go: the connection's writer, on `channel`.
+#[derive(Clone)]
+pub struct Outlet {
+    pub outbox: mpsc::Sender<Vec<u8>>,
+    pub channel: u16,
+    pub frame_max: u32,
+}
+
+/// The frames of one delivered message (method, content header, bodies).
+pub fn content_frames(outlet: &Outlet, method: AMQPClass, message: &Delivered) -> Vec<u8> {
+    let mut bytes = encode(&AMQPFrame::Method(outlet.channel, method));
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: message.body.len() as u64,
+        properties: message.properties.clone(),
+    };
+    bytes.extend(encode(&AMQPFrame::Header(outlet.channel, header)));
+    for chunk in message.body.chunks(outlet.frame_max as usize - 8) {
+        bytes.extend(encode(&AMQPFrame::Body(outlet.channel, chunk.to_vec())));
+    }
+    bytes
+}
+
+/// What a consumer reader needs besides its member.
+pub struct ConsumerSpec {
+    pub tag: String,
+    pub no_ack: bool,
+    pub prefetch: u32,
+}
+
+/// Starts a reader of `queue` for `consumer` (None: one that serves `basic.get`).
+pub fn start(
+    gateway: Arc<dyn Gateway>,
+    session: Session,
+    queue: String,
+    deliveries: Arc<Deliveries>,
+    outlet: Outlet,
+    consumer: Option<ConsumerSpec>,
+) -> ReaderHandle {
+    let id = NEXT_READER.fetch_add(1, Ordering::Relaxed);
+    let (commands, inbox) = mpsc::unbounded_channel();
+    let member = Member::new(gateway, session, &queue);
+    let reader = Reader { id, member, deliveries, outlet, inbox, acks: Vec::new(), stopping: false, cancelled: false };
+    tokio::spawn(async move {
+        match consumer {
+            Some(spec) => reader.consume(spec).await,
+            None => reader.serve_gets().await,
+        }
+    });
+    ReaderHandle { id, queue, commands }
+}
+
+struct Reader {
+    id: u64,
+    member: Member,
+    deliveries: Arc<Deliveries>,
+    outlet: Outlet,
+    inbox: mpsc::UnboundedReceiver<ReaderCommand>,
+    /// Settlements not yet sent.
+    acks: Vec<(Unacked, Settlement)>,
+    stopping: bool,
+    cancelled: bool,
+}
+
+impl Reader {
+    fn apply(&mut self, command: ReaderCommand) -> Option<(oneshot::Sender<Result<Option<Got>, Refused>>, bool)> {
+        match command {
+            ReaderCommand::Settle(settled) => self.acks.extend(settled),
+            ReaderCommand::Stop => self.stopping = true,
+            ReaderCommand::Cancel => self.cancelled = true,
+            ReaderCommand::Get { reply, no_ack } => return Some((reply, no_ack)),
+        }
+        None
+    }
+
+    async fn consume(mut self, spec: ConsumerSpec) {
+        loop {
+            while let Ok(command) = self.inbox.try_recv() {
+                self.apply(command);
+            }
+            let settled = self.acks.is_empty() && self.deliveries.held_by(self.id) == 0;
+            if self.stopping || (self.cancelled && settled) {
+                break;
+            }
+            if let Err(error) = self.member.keep_alive().await {
+                self.cancelled(&spec, &error).await;
+                break;
+            }
+            let room = if self.cancelled { 0 } else { self.deliveries.room(self.id, spec.prefetch) };
+            if !self.member.assigned() || room == 0 {
+                if !self.acks.is_empty() && self.member.has_session() {
+                    let acks = std::mem::take(&mut self.acks);
+                    let _ = self.member.acknowledge(&acks).await;
+                    continue;
+                }
+                let pause = self.member.until_heartbeat();
+                tokio::select! {
+                    command = self.inbox.recv() => match command {
+                        Some(command) => { self.apply(command); }
+                        None => break,
+                    },
+                    () = self.deliveries.settled.notified() => {}
+                    () = tokio::time::sleep(pause) => {}
+                }
+                continue;
+            }
+            let acks = std::mem::take(&mut self.acks);
+            let wait = if acks.is_empty() { LONG_POLL_MS } else { 0 };
+            match self.member.fetch(&acks, room, wait).await {
+                Ok(fetched) => {
+                    for record in fetched {
+                        self.deliver(&spec, record).await;
+                    }
+                }
+                Err(error) if error.0 == reply::NOT_FOUND => {
+                    self.cancelled(&spec, &error).await;
+                    break;
+                }
+                Err(error) => {
+                    tracing::debug!(queue = %self.member.topic, error = %error.1, "AMQP consumer fetch failed");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+        self.finish().await;
+    }
+
+    /// Hands `record` to the consumer; with no_ack it is accepted at once.
+    async fn deliver(&mut self, spec: &ConsumerSpec, record: Acquired) {
+        let unacked = Unacked { reader: self.id, topic_id: record.topic_id, partition: record.partition, offset: record.offset };
+        let delivery_tag = if spec.no_ack {
+            self.acks.push((unacked, Settlement::Accept));
+            self.deliveries.unrecorded_tag()
+        } else {
+            self.deliveries.record(unacked)
+        };
+        let message = from_record(&record.record);
+        let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
+            consumer_tag: spec.tag.clone().into(),
+            delivery_tag,
+            redelivered: record.delivery_count > 1,
+            exchange: message.exchange.clone().into(),
+            routing_key: message.routing_key.clone().into(),
+        }));
+        let _ = self.outlet.outbox.send(content_frames(&self.outlet, method, &message)).await;
+    }
+
+    /// The queue went away under the consumer: the client is told (basic.cancel).
+    async fn cancelled(&mut self, spec: &ConsumerSpec, why: &Refused) {
+        tracing::debug!(queue = %self.member.topic, why = %why.1, "AMQP consumer cancelled by the server");
+        let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: spec.tag.clone().into(), nowait: true }));
+        let _ = self.outlet.outbox.send(encode(&AMQPFrame::Method(self.outlet.channel, cancel))).await;
+    }
+
+    async fn serve_gets(mut self) {
+        while let Some(command) = self.inbox.recv().await {
+            if let Some((reply, no_ack)) = self.apply(command) {
+                let got = self.get(no_ack).await;
+                let _ = reply.send(got);
+            }
+            if self.stopping {
+                break;
+            }
+            if !self.acks.is_empty() && self.member.has_session() {
+                let acks = std::mem::take(&mut self.acks);
+                let _ = self.member.acknowledge(&acks).await;
+            }
+        }
+        self.finish().await;
+    }
+
+    async fn get(&mut self, no_ack: bool) -> Result<Option<Got>, Refused> {
+        let deadline = Instant::now() + GET_JOIN_TIMEOUT;
+        self.member.keep_alive().await?;
+        while !self.member.assigned() && Instant::now() < deadline {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            self.member.heartbeat().await?;
+        }
+        // A new session's first fetch loads the share-partitions' state: one more try.
+        for _ in 0..2 {
+            let acks = std::mem::take(&mut self.acks);
+            let mut fetched = self.member.fetch(&acks, 1, 0).await?.into_iter();
+            let Some(first) = fetched.next() else { continue };
+            let extra: Vec<(Unacked, Settlement)> = fetched
+                .map(|r| {
+                    let unacked = Unacked { reader: self.id, topic_id: r.topic_id, partition: r.partition, offset: r.offset };
+                    (unacked, Settlement::Release)
+                })
+                .collect();
+            self.acks.extend(extra);
+            let unacked = Unacked { reader: self.id, topic_id: first.topic_id, partition: first.partition, offset: first.offset };
+            let delivery_tag = if no_ack {
+                self.acks.push((unacked, Settlement::Accept));
+                self.deliveries.unrecorded_tag()
+            } else {
+                self.deliveries.record(unacked)
+            };
+            let redelivered = first.delivery_count > 1;
+            return Ok(Some(Got { delivery_tag, redelivered, message: from_record(&first.record) }));
+        }
+        Ok(None)
+    }
+
+    /// Releases what the client still holds of this reader and leaves the group.
+    async fn finish(mut self) {
+        while let Ok(command) = self.inbox.try_recv() {
+            self.apply(command);
+        }
+        let held = self.deliveries.take_reader(self.id);
+        self.acks.extend(held.into_iter().map(|u| (u, Settlement::Release)));
+        if self.member.has_session() && !self.acks.is_empty() {
+            let acks = std::mem::take(&mut self.acks);
+            let _ = self.member.acknowledge(&acks).await;
+        }
+        self.member.leave().await;
+    }
+}
+
+/// A record a member acquired.
+struct Acquired {
+    topic_id: Uuid,
+    partition: i32,
+    offset: i64,
+    delivery_count: i16,
+    record: kafka_protocol::records::Record,
+}
+
+/// A share-group member, through Kafka's share-group requests.
+struct Member {
+    gateway: Arc<dyn Gateway>,
+    session: Session,
+    /// The queue: its topic and its share group.
+    topic: String,
+    member_id: String,
+    member_epoch: i32,
+    /// The share session's next epoch (0: none open).
+    session_epoch: i32,
+    assignment: Vec<(Uuid, Vec<i32>)>,
+    /// What the share session fetches (to tell it what it no longer should).
+    fetching: Vec<(Uuid, Vec<i32>)>,
+    heartbeat_interval: Duration,
+    next_heartbeat: Instant,
+}
+
+impl Member {
+    fn new(gateway: Arc<dyn Gateway>, session: Session, queue: &str) -> Member {
+        Member {
+            gateway,
+            session,
+            topic: queue.to_string(),
+            member_id: Uuid::new_v4().to_string(),
+            member_epoch: 0,
+            session_epoch: 0,
+            assignment: Vec::new(),
+            fetching: Vec::new(),
+            heartbeat_interval: Duration::from_secs(1),
+            next_heartbeat: Instant::now(),
+        }
+    }
+
+    fn assigned(&self) -> bool {
+        self.assignment.iter().any(|(_, partitions)| !partitions.is_empty())
+    }
+
+    fn has_session(&self) -> bool {
+        self.session_epoch > 0
+    }
+
+    fn until_heartbeat(&self) -> Duration {
+        self.next_heartbeat.saturating_duration_since(Instant::now())
+    }
+
+    async fn call(&self, version: i16, request: RequestKind) -> Result<ResponseKind, Refused> {
+        self.gateway
+            .call(&self.session, version, request)
+            .await
+            .ok_or_else(|| Refused(reply::INTERNAL_ERROR, "the broker gave no answer".into()))
+    }
+
+    fn refused(&self, error: ResponseError, message: Option<&StrBytes>) -> Refused {
+        crate::queues::refusal(error, &self.topic, message)
+    }
+
+    /// Heartbeats when one is due.
+    async fn keep_alive(&mut self) -> Result<(), Refused> {
+        if Instant::now() >= self.next_heartbeat {
+            self.heartbeat().await?;
+        }
+        Ok(())
+    }
+
+    async fn heartbeat(&mut self) -> Result<(), Refused> {
+        let mut request = ShareGroupHeartbeatRequest::default();
+        request.group_id = GroupId(StrBytes::from_string(self.topic.clone()));
+        request.member_id = StrBytes::from_string(self.member_id.clone());
+        request.member_epoch = self.member_epoch;
+        if self.member_epoch == 0 {
+            request.subscribed_topic_names = Some(vec![TopicName(StrBytes::from_string(self.topic.clone()))]);
+        }
+        let ResponseKind::ShareGroupHeartbeat(response) =
+            self.call(versions::SHARE_GROUP_HEARTBEAT, RequestKind::ShareGroupHeartbeat(request)).await?
+        else {
+            return Err(Refused(reply::INTERNAL_ERROR, "unexpected answer to ShareGroupHeartbeat".into()));
+        };
+        self.next_heartbeat = Instant::now() + self.heartbeat_interval;
+        match ResponseError::try_from_code(response.error_code) {
+            None => {}
+            Some(ResponseError::FencedMemberEpoch | ResponseError::UnknownMemberId) => {
+                self.member_epoch = 0;
+                self.session_epoch = 0;
+                self.next_heartbeat = Instant::now();
+                return Ok(());
+            }
+            Some(
+                error @ (ResponseError::CoordinatorNotAvailable
+                | ResponseError::NotCoordinator
+                | ResponseError::CoordinatorLoadInProgress),
+            ) => {
+                tracing::debug!(queue = %self.topic, %error, "share group coordinator not here yet");
+                self.next_heartbeat = Instant::now() + RETRY_PAUSE;
+                return Ok(());
+            }
+            Some(error) => return Err(self.refused(error, response.error_message.as_ref())),
+        }
+        self.member_epoch = response.member_epoch;
+        if response.heartbeat_interval_ms > 0 {
+            self.heartbeat_interval = Duration::from_millis(response.heartbeat_interval_ms as u64);
+            self.next_heartbeat = Instant::now() + self.heartbeat_interval;
+        }
+        if let Some(assignment) = response.assignment {
+            self.assignment = assignment.topic_partitions.into_iter().map(|t| (t.topic_id, t.partitions)).collect();
+        }
+        Ok(())
+    }
+
+    /// Settlements as acknowledgement batches of each (topic id, partition), one offset each.
+    fn batches(acks: &[(Unacked, Settlement)]) -> BTreeMap<(Uuid, i32), Vec<AcknowledgementBatch>> {
+        let mut by_partition: BTreeMap<(Uuid, i32), Vec<(i64, Settlement)>> = BTreeMap::new();
+        for (unacked, settlement) in acks {
+            by_partition.entry((unacked.topic_id, unacked.partition)).or_default().push((unacked.offset, *settlement));
+        }
+        by_partition
+            .into_iter()
+            .map(|(key, mut offsets)| {
+                offsets.sort_by_key(|(offset, _)| *offset);
+                let batches = offsets
+                    .into_iter()
+                    .map(|(offset, settlement)| {
+                        let mut batch = AcknowledgementBatch::default();
+                        batch.first_offset = offset;
+                        batch.last_offset = offset;
+                        batch.acknowledge_types = vec![settlement as i8];
+                        batch
+                    })
+                    .collect();
+                (key, batches)
+            })
+            .collect()
+    }
+
+    /// Fetches up to `max_records` records, settling `acks` first.
+    async fn fetch(&mut self, acks: &[(Unacked, Settlement)], max_records: u32, max_wait_ms: i32) -> Result<Vec<Acquired>, Refused> {
+        let mut acks_by_partition = Self::batches(acks);
+        if self.session_epoch == 0 && !acks_by_partition.is_empty() {
+            // Acknowledgements need an open session; a new one starts without them, and
+            // what they settled is released when its lock runs out.
+            acks_by_partition.clear();
+        }
+        let mut request = ShareFetchRequest::default();
+        request.group_id = Some(GroupId(StrBytes::from_string(self.topic.clone())));
+        request.member_id = Some(StrBytes::from_string(self.member_id.clone()));
+        request.share_session_epoch = self.session_epoch;
+        request.max_wait_ms = max_wait_ms;
+        request.min_bytes = 1;
+        request.max_bytes = FETCH_BYTES_MAX;
+        request.max_records = max_records as i32;
+        request.batch_size = max_records as i32;
+        request.topics = self
+            .assignment
+            .iter()
+            .map(|(topic_id, partitions)| {
+                let mut topic = FetchTopic::default();
+                topic.topic_id = *topic_id;
+                topic.partitions = partitions
+                    .iter()
+                    .map(|&p| {
+                        let mut partition = FetchPartition::default();
+                        partition.partition_index = p;
+                        partition.partition_max_bytes = FETCH_BYTES_MAX;
+                        partition.acknowledgement_batches = acks_by_partition.remove(&(*topic_id, p)).unwrap_or_default();
+                        partition
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
+        request.forgotten_topics_data = self.forgotten();
+        let ResponseKind::ShareFetch(response) = self.call(versions::SHARE_FETCH, RequestKind::ShareFetch(request)).await?
+        else {
+            return Err(Refused(reply::INTERNAL_ERROR, "unexpected answer to ShareFetch".into()));
+        };
+        if let Some(error) = ResponseError::try_from_code(response.error_code) {
+            self.session_epoch = 0;
+            return Err(self.refused(error, response.error_message.as_ref()));
+        }
+        self.session_epoch += 1;
+        self.fetching = self.assignment.clone();
+        let mut acquired = Vec::new();
+        for topic in response.responses {
+            for partition in topic.partitions {
+                if let Some(error) = ResponseError::try_from_code(partition.error_code) {
+                    if matches!(error, ResponseError::UnknownTopicOrPartition | ResponseError::UnknownTopicId) {
+                        return Err(self.refused(error, partition.error_message.as_ref()));
+                    }
+                    tracing::debug!(queue = %self.topic, %error, "share fetch partition error");
+                    continue;
+                }
+                let Some(records) = partition.records else { continue };
+                collect_acquired(topic.topic_id, partition.partition_index, records, &partition.acquired_records, &mut acquired);
+            }
+        }
+        Ok(acquired)
+    }
+
+    /// The partitions the session fetched that the member is no longer assigned.
+    fn forgotten(&self) -> Vec<ForgottenTopic> {
+        self.fetching
+            .iter()
+            .filter_map(|(topic_id, partitions)| {
+                let kept = self.assignment.iter().find(|(t, _)| t == topic_id).map(|(_, p)| p.clone()).unwrap_or_default();
+                let gone: Vec<i32> = partitions.iter().copied().filter(|p| !kept.contains(p)).collect();
+                (!gone.is_empty()).then(|| {
+                    let mut forgotten = ForgottenTopic::default();
+                    forgotten.topic_id = *topic_id;
+                    forgotten.partitions = gone;
+                    forgotten
+                })
+            })
+            .collect()
+    }
+
+    async fn acknowledge(&mut self, acks: &[(Unacked, Settlement)]) -> Result<(), Refused> {
+        if !self.has_session() || acks.is_empty() {
+            return Ok(());
+        }
+        let mut request = ShareAcknowledgeRequest::default();
+        request.group_id = Some(GroupId(StrBytes::from_string(self.topic.clone())));
+        request.member_id = Some(StrBytes::from_string(self.member_id.clone()));
+        request.share_session_epoch = self.session_epoch;
+        let mut topics: BTreeMap<Uuid, AcknowledgeTopic> = BTreeMap::new();
+        for ((topic_id, partition), batches) in Self::batches(acks) {
+            let topic = topics.entry(topic_id).or_insert_with(|| {
+                let mut topic = AcknowledgeTopic::default();
+                topic.topic_id = topic_id;
+                topic
+            });
+            let mut entry = AcknowledgePartition::default();
+            entry.partition_index = partition;
+            entry.acknowledgement_batches = batches
+                .into_iter()
+                .map(|b| {
+                    let mut batch = kafka_protocol::messages::share_acknowledge_request::AcknowledgementBatch::default();
+                    batch.first_offset = b.first_offset;
+                    batch.last_offset = b.last_offset;
+                    batch.acknowledge_types = b.acknowledge_types;
+                    batch
+                })
+                .collect();
+            topic.partitions.push(entry);
+        }
+        request.topics = topics.into_values().collect();
+        let answer = self.call(versions::SHARE_ACKNOWLEDGE, RequestKind::ShareAcknowledge(request)).await?;
+        self.session_epoch += 1;
+        if let ResponseKind::ShareAcknowledge(response) = answer {
+            if let Some(error) = ResponseError::try_from_code(response.error_code) {
+                self.session_epoch = 0;
+                return Err(self.refused(error, response.error_message.as_ref()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes the share session and leaves the group.
+    async fn leave(&mut self) {
+        if self.member_epoch == 0 {
+            return;
+        }
+        let mut request = ShareGroupHeartbeatRequest::default();
+        request.group_id = GroupId(StrBytes::from_string(self.topic.clone()));
+        request.member_id = StrBytes::from_string(self.member_id.clone());
+        request.member_epoch = -1;
+        let _ = self.call(versions::SHARE_GROUP_HEARTBEAT, RequestKind::ShareGroupHeartbeat(request)).await;
+        self.member_epoch = 0;
+    }
+}
+
+/// The records of `records` (stored batches) inside the `acquired` ranges.
+fn collect_acquired(
+    topic_id: Uuid,
+    partition: i32,
+    mut records: Bytes,
+    acquired: &[kafka_protocol::messages::share_fetch_response::AcquiredRecords],
+    out: &mut Vec<Acquired>,
+) {
+    let sets = match RecordBatchDecoder::decode_all(&mut records) {
+        Ok(sets) => sets,
+        Err(error) => {
+            tracing::warn!(%error, "undecodable records in a share fetch");
+            return;
+        }
+    };
+    for record in sets.into_iter().flat_map(|set| set.records) {
+        if record.control {
+            continue;
+        }
+        let Some(range) = acquired.iter().find(|a| a.first_offset <= record.offset && record.offset <= a.last_offset)
+        else {
+            continue;
+        };
+        out.push(Acquired { topic_id, partition, offset: record.offset, delivery_count: range.delivery_count, record });
+    }
+}

@@ -1,0 +1,61 @@
+//! The one way this crate reaches the broker: Kafka requests run as a user.
+//!
+//! Why a trait: the broker implements it with its own request handlers (authorization
+//! included), and this crate stays a client of the Kafka API, below the broker in the
+//! workspace.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+
+use kafka_protocol::messages::{RequestKind, ResponseKind};
+
+pub type GatewayFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Who an AMQP connection runs its requests as.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// The Kafka principal, `User:<name>` (`User:ANONYMOUS` when the broker takes no logins).
+    pub principal: String,
+    pub peer: SocketAddr,
+}
+
+pub trait Gateway: Send + Sync + 'static {
+    /// Whether connections must log in (the broker has SASL users): then a login is checked
+    /// against their SCRAM credentials; otherwise every connection is anonymous, as a Kafka
+    /// client on a PLAINTEXT listener.
+    fn login_required(&self) -> bool;
+
+    /// Whether `password` is `user`'s.
+    fn authenticate(&self, user: String, password: String) -> GatewayFuture<'static, bool>;
+
+    /// Runs one Kafka request at `api_version` as `session`; `None` if the broker gave no
+    /// answer (a bug, or shutdown).
+    fn call(&self, session: &Session, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>>;
+
+    /// Whether `session` may declare or delete exchanges and bindings: routing is shared by
+    /// every publisher, so it takes what creating any topic takes, CREATE on the cluster.
+    /// True when the broker has no authorizer.
+    fn may_configure_routing(&self, session: &Session) -> bool;
+
+    /// Runs one Kafka request as the broker itself: only for what a request a user was
+    /// allowed already implies (a queue's share group starting at its first record, the
+    /// deletion of an exclusive queue when its connection ends).
+    fn call_internal(&self, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>>;
+}
+
+/// The API versions this crate builds its requests for (ones the broker serves).
+pub mod versions {
+    pub const PRODUCE: i16 = 11;
+    pub const METADATA: i16 = 12;
+    pub const LIST_OFFSETS: i16 = 8;
+    pub const CREATE_TOPICS: i16 = 7;
+    pub const DELETE_TOPICS: i16 = 6;
+    pub const INCREMENTAL_ALTER_CONFIGS: i16 = 1;
+    pub const SHARE_GROUP_HEARTBEAT: i16 = 1;
+    pub const SHARE_FETCH: i16 = 1;
+    pub const SHARE_ACKNOWLEDGE: i16 = 1;
+    pub const DESCRIBE_SHARE_GROUP_OFFSETS: i16 = 0;
+    pub const ALTER_SHARE_GROUP_OFFSETS: i16 = 0;
+}
+

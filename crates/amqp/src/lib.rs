@@ -1,0 +1,100 @@
+//! The AMQP 0-9-1 front door: RabbitMQ's own clients (pika, the Java `amqp-client`, Spring
+//! AMQP, Celery, ...) publish to and consume from Sluice unchanged.
+//!
+//! Why it is built on Kafka requests: a queue is a topic and its consumers are one share
+//! group of the same name, so everything an AMQP client does is something a Kafka client
+//! could do — a publish is a Produce (acks=all: a confirm goes out only once the broker
+//! made the message as durable as a Kafka produce), a consumer is a share-group member
+//! (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge), a queue declaration is a
+//! CreateTopics. This crate turns AMQP's methods into those requests and hands them to a
+//! [`Gateway`], which the broker implements by running its own request handlers in
+//! process, authorized as the AMQP user: ACLs, durability levels, quotas of the topic and
+//! the share group apply to both kinds of client alike, and the same queue can be read as a
+//! stream by Kafka consumers.
+//!
+//! What AMQP has and Kafka does not — exchanges and bindings — lives here ([`topology`]),
+//! stored in the node's data directory.
+//!
+//! Modules: [`frames`] reads and writes frames (the codec is `amq-protocol`'s);
+//! [`connection`] negotiates and multiplexes channels; [`channel`] runs one channel's
+//! methods; [`publish`] routes and produces; [`consumer`] is one share-group member that
+//! feeds one AMQP consumer; [`messages`] maps AMQP messages to Kafka records and back;
+//! [`queues`] declares and deletes the topics behind queues.
+
+pub mod channel;
+pub mod connection;
+pub mod consumer;
+pub mod frames;
+pub mod gateway;
+pub mod messages;
+pub mod publish;
+pub mod queues;
+pub mod topology;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use gateway::{Gateway, GatewayFuture, Session};
+use tokio::net::TcpListener;
+
+/// The largest frame this server accepts or sends (RabbitMQ's default).
+pub const FRAME_MAX_BYTES: u32 = 128 * 1024;
+/// The most channels one connection may open (RabbitMQ's default).
+pub const CHANNEL_MAX: u16 = 2047;
+/// The heartbeat interval the server proposes, in seconds (RabbitMQ's default).
+pub const HEARTBEAT_S: u16 = 60;
+/// The largest message body accepted; a larger one closes its channel (406).
+pub const MESSAGE_BYTES_MAX: u64 = 16 * 1024 * 1024;
+/// Concurrent AMQP connections at most; beyond it a new one is refused.
+pub const CONNECTIONS_MAX: usize = 4096;
+
+/// How the AMQP front door runs.
+#[derive(Clone, Debug)]
+pub struct AmqpConfig {
+    /// Where exchanges and bindings are kept (a file in this directory).
+    pub state_dir: PathBuf,
+}
+
+/// The front door's shared state: the gateway into the broker, the exchanges and bindings,
+/// the queues of this node's open connections.
+pub struct Server {
+    pub gateway: Arc<dyn Gateway>,
+    pub topology: topology::Topology,
+    pub queues: queues::LocalQueues,
+    connections: Arc<tokio::sync::Semaphore>,
+}
+
+impl Server {
+    pub fn new(gateway: Arc<dyn Gateway>, config: &AmqpConfig) -> std::io::Result<Arc<Server>> {
+        Ok(Arc::new(Server {
+            gateway,
+            topology: topology::Topology::open(&config.state_dir)?,
+            queues: queues::LocalQueues::default(),
+            connections: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
+        }))
+    }
+}
+
+/// Accepts AMQP connections on `listener` for as long as the broker runs.
+pub async fn serve(listener: TcpListener, server: Arc<Server>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(error) => {
+                tracing::warn!(%error, "AMQP accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = server.connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "AMQP connection refused: {CONNECTIONS_MAX} connections open");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let server = server.clone();
+        tokio::spawn(async move {
+            connection::run(stream, peer, server).await;
+            drop(permit);
+        });
+    }
+}

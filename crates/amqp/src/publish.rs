@@ -1,0 +1,122 @@
+//! Publishing: a batch of messages routed through the exchanges and written to their
+//! queues' topics with one Produce (acks=all), so a confirm means what a Kafka producer's
+//! acknowledgement means: the message is as durable as its topic promises.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::BytesMut;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ProduceRequest, RequestKind, ResponseKind, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
+use kafka_protocol::ResponseError;
+
+use crate::frames::reply;
+use crate::gateway::{versions, Session};
+use crate::messages::{to_record, Message};
+use crate::topology::Refused;
+use crate::Server;
+
+/// How long a produce may wait for replication before the broker answers.
+const PRODUCE_TIMEOUT_MS: i32 = 30_000;
+
+/// What became of one published message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// In every queue it was routed to.
+    Stored,
+    /// Routed nowhere.
+    Unroutable,
+    /// A queue's topic refused it (the publisher gets a nack).
+    Failed,
+}
+
+/// Picks partitions of multi-partition queues in turn.
+#[derive(Default)]
+pub struct Partitioner {
+    next: HashMap<String, u32>,
+}
+
+impl Partitioner {
+    fn pick(&mut self, queue: &str, partitions: i32) -> i32 {
+        let next = self.next.entry(queue.to_string()).or_default();
+        let partition = (*next % partitions.max(1) as u32) as i32;
+        *next = next.wrapping_add(1);
+        partition
+    }
+}
+
+/// Routes and stores `messages`; an unknown exchange is a channel error (404), as in
+/// RabbitMQ, and refuses the whole batch.
+pub async fn publish(
+    server: &Server,
+    session: &Session,
+    partitioner: &mut Partitioner,
+    messages: &[Message],
+) -> Result<Vec<Outcome>, Refused> {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let mut outcomes = vec![Outcome::Stored; messages.len()];
+    // (queue, partition) -> (records, indexes of their messages)
+    let mut writes: BTreeMap<(String, i32), (Vec<kafka_protocol::records::Record>, Vec<usize>)> = BTreeMap::new();
+    for (index, message) in messages.iter().enumerate() {
+        let queues = server
+            .topology
+            .route(&message.exchange, &message.routing_key, message.properties.headers().as_ref())
+            .ok_or_else(|| Refused(reply::NOT_FOUND, format!("no exchange '{}' in vhost '/'", message.exchange)))?;
+        if queues.is_empty() {
+            outcomes[index] = Outcome::Unroutable;
+            continue;
+        }
+        let record = to_record(message, now_ms);
+        for queue in queues {
+            let partitions = server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
+            let partition = partitioner.pick(&queue, partitions);
+            let entry = writes.entry((queue, partition)).or_default();
+            entry.0.push(record.clone());
+            entry.1.push(index);
+        }
+    }
+    if writes.is_empty() {
+        return Ok(outcomes);
+    }
+    let mut topics: BTreeMap<String, TopicProduceData> = BTreeMap::new();
+    for ((queue, partition), (records, _)) in &writes {
+        let mut buffer = BytesMut::new();
+        let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+        RecordBatchEncoder::encode(&mut buffer, records, &options)
+            .map_err(|e| Refused(reply::INTERNAL_ERROR, format!("could not encode records: {e}")))?;
+        let topic = topics.entry(queue.clone()).or_insert_with(|| {
+            let mut topic = TopicProduceData::default();
+            topic.name = TopicName(StrBytes::from_string(queue.clone()));
+            topic
+        });
+        let mut data = PartitionProduceData::default();
+        data.index = *partition;
+        data.records = Some(buffer.freeze());
+        topic.partition_data.push(data);
+    }
+    let mut request = ProduceRequest::default();
+    request.acks = -1;
+    request.timeout_ms = PRODUCE_TIMEOUT_MS;
+    request.topic_data = topics.into_values().collect();
+    let answer = server.gateway.call(session, versions::PRODUCE, RequestKind::Produce(request)).await;
+    let Some(ResponseKind::Produce(response)) = answer else {
+        return Err(Refused(reply::INTERNAL_ERROR, "the broker gave no answer to a produce".into()));
+    };
+    for topic in &response.responses {
+        for partition in &topic.partition_responses {
+            let Some(error) = ResponseError::try_from_code(partition.error_code) else { continue };
+            let queue = topic.name.0.to_string();
+            if error == ResponseError::TopicAuthorizationFailed {
+                return Err(Refused(reply::ACCESS_REFUSED, format!("write access to queue '{queue}' in vhost '/' refused")));
+            }
+            tracing::debug!(%queue, partition = partition.index, %error, "AMQP publish not stored");
+            if let Some((_, indexes)) = writes.get(&(queue, partition.index)) {
+                for &index in indexes {
+                    outcomes[index] = Outcome::Failed;
+                }
+            }
+        }
+    }
+    Ok(outcomes)
+}

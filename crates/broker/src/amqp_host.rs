@@ -1,0 +1,97 @@
+//! The broker's side of the AMQP front door: its request handlers, run in process as the
+//! AMQP user (authorized as a Kafka client of that name would be), and its users' passwords.
+//!
+//! Logins are required whenever a Kafka listener requires SASL (the broker has users), as
+//! for the HTTP APIs; otherwise AMQP connections are anonymous, as Kafka clients on a
+//! PLAINTEXT listener.
+
+use std::io;
+use std::sync::Arc;
+
+use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
+use sluice_amqp::{AmqpConfig, Gateway, GatewayFuture, Server, Session};
+use sluice_security::acl::{CLUSTER_RESOURCE_NAME, OP_CREATE, RESOURCE_CLUSTER};
+
+use crate::handlers::ClientSession;
+use crate::Broker;
+
+/// Where the AMQP topology lives, under the data directory.
+const AMQP_STATE_DIR: &str = "amqp";
+
+struct AmqpGateway {
+    broker: Arc<Broker>,
+    login_required: bool,
+}
+
+/// The AMQP server of `broker`.
+pub fn server(broker: &Arc<Broker>) -> io::Result<Arc<Server>> {
+    let login_required = broker.listeners().iter().any(|listener| listener.protocol.uses_sasl());
+    let gateway = Arc::new(AmqpGateway { broker: broker.clone(), login_required });
+    let config = AmqpConfig { state_dir: broker.config().data_dir.join(AMQP_STATE_DIR) };
+    Server::new(gateway, &config)
+}
+
+/// The API of the requests the AMQP front door sends; None for any other.
+fn api_of(request: &RequestKind) -> Option<ApiKey> {
+    Some(match request {
+        RequestKind::Produce(_) => ApiKey::Produce,
+        RequestKind::Metadata(_) => ApiKey::Metadata,
+        RequestKind::ListOffsets(_) => ApiKey::ListOffsets,
+        RequestKind::CreateTopics(_) => ApiKey::CreateTopics,
+        RequestKind::DeleteTopics(_) => ApiKey::DeleteTopics,
+        RequestKind::DeleteRecords(_) => ApiKey::DeleteRecords,
+        RequestKind::IncrementalAlterConfigs(_) => ApiKey::IncrementalAlterConfigs,
+        RequestKind::ShareGroupHeartbeat(_) => ApiKey::ShareGroupHeartbeat,
+        RequestKind::ShareFetch(_) => ApiKey::ShareFetch,
+        RequestKind::ShareAcknowledge(_) => ApiKey::ShareAcknowledge,
+        _ => return None,
+    })
+}
+
+impl AmqpGateway {
+    fn client_session(&self, principal: &str, peer: std::net::SocketAddr) -> ClientSession {
+        ClientSession {
+            peer,
+            listener: 0,
+            principal: principal.into(),
+            throttle: Arc::new(sluice_security::quota::ConnectionThrottle::default()),
+        }
+    }
+
+    fn run(&self, session: ClientSession, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+        let Some(api) = api_of(&request) else {
+            tracing::error!("the AMQP front door sent a request it has no rule for");
+            return Box::pin(async { None });
+        };
+        crate::handlers::answer_in_process(&self.broker, &session, api, api_version, request)
+    }
+}
+
+impl Gateway for AmqpGateway {
+    fn login_required(&self) -> bool {
+        self.login_required
+    }
+
+    fn authenticate(&self, user: String, password: String) -> GatewayFuture<'static, bool> {
+        let broker = self.broker.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || sluice_security::password_matches(&*broker, &user, &password))
+                .await
+                .unwrap_or(false)
+        })
+    }
+
+    fn may_configure_routing(&self, session: &Session) -> bool {
+        let client = self.client_session(&session.principal, session.peer);
+        self.broker.authorized(&client, OP_CREATE, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
+    }
+
+    fn call(&self, session: &Session, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+        self.run(self.client_session(&session.principal, session.peer), api_version, request)
+    }
+
+    fn call_internal(&self, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        self.run(self.client_session(sluice_security::INTER_BROKER_PRINCIPAL, local), api_version, request)
+    }
+}

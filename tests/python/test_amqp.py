@@ -1,0 +1,344 @@
+"""AMQP 0-9-1: RabbitMQ's own Python client (pika) against `sluice serve --amqp-listen`.
+
+RabbitMQ's tutorials, run as they are written (hello world, work queues, publish/subscribe,
+routing, topics, RPC); publisher confirms surviving `kill -9`; requeue and redelivery; the
+same queue read by Kafka clients and fed by them; bad frames answered with RabbitMQ's
+error codes; logins against the broker's SCRAM users and ACLs.
+"""
+
+import socket
+import struct
+import threading
+import time
+import uuid
+
+import pika
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from conftest import Broker, free_port
+
+READ_TIMEOUT_S = 20.0
+
+
+def amqp_broker(tmp_path, extra_args=()) -> Broker:
+    """A broker taking AMQP clients on `broker.amqp_port`."""
+    amqp_port = free_port()
+    broker = Broker(tmp_path / "data", extra_args=["--amqp-listen", f"127.0.0.1:{amqp_port}", *extra_args])
+    broker.amqp_port = amqp_port
+    return broker.start()
+
+
+def connect(port: int, user: str = "guest", password: str = "guest") -> pika.BlockingConnection:
+    credentials = pika.PlainCredentials(user, password)
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, credentials=credentials,
+                                                             blocked_connection_timeout=30))
+
+
+def receive(channel, queue: str, count: int, auto_ack: bool = True) -> list:
+    """`count` messages of `queue` as (method, properties, body), consumed as the tutorials do."""
+    got = []
+    for method, properties, body in channel.consume(queue, auto_ack=auto_ack, inactivity_timeout=READ_TIMEOUT_S):
+        assert method is not None, f"{queue}: {len(got)} of {count} messages arrived"
+        got.append((method, properties, body))
+        if len(got) == count:
+            break
+    channel.cancel()
+    return got
+
+
+@pytest.fixture
+def amqp(tmp_path):
+    broker = amqp_broker(tmp_path)
+    yield broker
+    broker.stop()
+
+
+def test_hello_world_and_work_queues(amqp):
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare(queue="hello")
+    channel.basic_publish(exchange="", routing_key="hello", body=b"Hello World!")
+    [(method, _, body)] = receive(channel, "hello", 1)
+    assert body == b"Hello World!" and method.routing_key == "hello" and not method.redelivered
+
+    # Work queues: a durable queue, persistent messages, fair dispatch (prefetch 1) to two
+    # workers that acknowledge by hand; each task is done exactly once.
+    channel.queue_declare(queue="task_queue", durable=True)
+    channel.confirm_delivery()
+    tasks = [f"task {i}".encode() for i in range(20)]
+    for task in tasks:
+        channel.basic_publish(exchange="", routing_key="task_queue", body=task,
+                              properties=pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent))
+    done: list[bytes] = []
+    lock = threading.Lock()
+
+    def worker():
+        worker_connection = connect(amqp.amqp_port)
+        worker_channel = worker_connection.channel()
+        worker_channel.basic_qos(prefetch_count=1)
+        for method, properties, body in worker_channel.consume("task_queue", inactivity_timeout=3):
+            if method is None:
+                break
+            assert properties.delivery_mode == 2
+            with lock:
+                done.append(body)
+            worker_channel.basic_ack(delivery_tag=method.delivery_tag)
+        worker_connection.close()
+
+    workers = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(60)
+    assert sorted(done) == sorted(tasks)
+    connection.close()
+
+
+def test_a_message_not_acknowledged_is_redelivered_flagged(amqp):
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare(queue="jobs", durable=True)
+    channel.basic_publish(exchange="", routing_key="jobs", body=b"job")
+    method, _, body = channel.basic_get("jobs", auto_ack=False)
+    assert body == b"job" and not method.redelivered
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    [(method, _, body)] = receive(channel, "jobs", 1, auto_ack=False)
+    assert body == b"job" and method.redelivered
+    # A consumer whose connection goes away without acknowledging gives its messages back.
+    other = connect(amqp.amqp_port)
+    other_channel = other.channel()
+    other_channel.basic_publish(exchange="", routing_key="jobs", body=b"second")
+    got = receive(other_channel, "jobs", 1, auto_ack=False)
+    assert got[0][2] in (b"job", b"second")
+    other.close()
+    channel.basic_ack(0, multiple=True)
+    bodies = sorted(body for _, _, body in receive(channel, "jobs", 1, auto_ack=True))
+    assert bodies and all(b in (b"job", b"second") for b in bodies)
+    connection.close()
+
+
+def test_publish_subscribe_routing_and_topics(amqp):
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    # Publish/subscribe: every subscriber's exclusive queue gets every message.
+    channel.exchange_declare(exchange="logs", exchange_type="fanout")
+    subscribers = []
+    for _ in range(2):
+        queue = channel.queue_declare(queue="", exclusive=True).method.queue
+        assert queue.startswith("amq.gen-")
+        channel.queue_bind(exchange="logs", queue=queue)
+        subscribers.append(queue)
+    channel.basic_publish(exchange="logs", routing_key="", body=b"info: hello")
+    for queue in subscribers:
+        assert [body for _, _, body in receive(channel, queue, 1)] == [b"info: hello"]
+
+    # Routing: a direct exchange by severity.
+    channel.exchange_declare(exchange="direct_logs", exchange_type="direct")
+    errors = channel.queue_declare(queue="", exclusive=True).method.queue
+    everything = channel.queue_declare(queue="", exclusive=True).method.queue
+    channel.queue_bind(exchange="direct_logs", queue=errors, routing_key="error")
+    for severity in ("info", "warning", "error"):
+        channel.queue_bind(exchange="direct_logs", queue=everything, routing_key=severity)
+    for severity in ("info", "error", "debug"):
+        channel.basic_publish(exchange="direct_logs", routing_key=severity, body=severity.encode())
+    assert [body for _, _, body in receive(channel, errors, 1)] == [b"error"]
+    assert [body for _, _, body in receive(channel, everything, 2)] == [b"info", b"error"]
+
+    # Topics: "*" is one word, "#" any number.
+    channel.exchange_declare(exchange="topic_logs", exchange_type="topic")
+    orange = channel.queue_declare(queue="", exclusive=True).method.queue
+    lazy = channel.queue_declare(queue="", exclusive=True).method.queue
+    channel.queue_bind(exchange="topic_logs", queue=orange, routing_key="*.orange.*")
+    channel.queue_bind(exchange="topic_logs", queue=lazy, routing_key="lazy.#")
+    for key in ("quick.orange.rabbit", "lazy.brown.fox", "lazy.orange.elephant", "quick.brown.fox"):
+        channel.basic_publish(exchange="topic_logs", routing_key=key, body=key.encode())
+    assert [m.routing_key for m, _, _ in receive(channel, orange, 2)] == ["quick.orange.rabbit", "lazy.orange.elephant"]
+    assert [m.routing_key for m, _, _ in receive(channel, lazy, 2)] == ["lazy.brown.fox", "lazy.orange.elephant"]
+
+    # Unroutable with mandatory: returned, and the confirm still comes.
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError):
+        channel.basic_publish(exchange="direct_logs", routing_key="nobody", body=b"x", mandatory=True)
+    # Publishing to an exchange that does not exist closes the channel with 404.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.basic_publish(exchange="missing", routing_key="", body=b"x")
+    assert closed.value.reply_code == 404
+    connection.close()
+    # Exclusive queues went with their connection.
+    check = connect(amqp.amqp_port).channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        check.queue_declare(queue=subscribers[0], passive=True)
+    assert gone.value.reply_code == 404
+
+
+def test_rpc(amqp):
+    server_connection = connect(amqp.amqp_port)
+    server_channel = server_connection.channel()
+    server_channel.queue_declare(queue="rpc_queue")
+    stop = threading.Event()
+
+    def fib(n):
+        return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+    def serve():
+        for method, properties, body in server_channel.consume("rpc_queue", inactivity_timeout=0.5):
+            if stop.is_set():
+                break
+            if method is None:
+                continue
+            answer = str(fib(int(body))).encode()
+            server_channel.basic_publish(exchange="", routing_key=properties.reply_to, body=answer,
+                                         properties=pika.BasicProperties(correlation_id=properties.correlation_id))
+            server_channel.basic_ack(delivery_tag=method.delivery_tag)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        client = connect(amqp.amqp_port)
+        channel = client.channel()
+        callback = channel.queue_declare(queue="", exclusive=True).method.queue
+        answers = {}
+
+        def on_response(ch, method, properties, body):
+            answers[properties.correlation_id] = body
+
+        channel.basic_consume(queue=callback, on_message_callback=on_response, auto_ack=True)
+        asked = {}
+        for n in (10, 20):
+            correlation_id = str(uuid.uuid4())
+            asked[correlation_id] = n
+            channel.basic_publish(exchange="", routing_key="rpc_queue", body=str(n).encode(),
+                                  properties=pika.BasicProperties(reply_to=callback, correlation_id=correlation_id))
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(answers) < len(asked) and time.monotonic() < deadline:
+            client.process_data_events(time_limit=0.2)
+        assert {asked[c]: int(a) for c, a in answers.items()} == {10: 55, 20: 6765}
+        client.close()
+    finally:
+        stop.set()
+        thread.join(10)
+        server_connection.close()
+
+
+def test_confirmed_messages_survive_kill_9_and_held_ones_come_back_redelivered(tmp_path):
+    broker = amqp_broker(tmp_path)
+    port = broker.amqp_port
+    connection = connect(port)
+    channel = connection.channel()
+    channel.queue_declare(queue="orders", durable=True)
+    channel.confirm_delivery()
+    sent = [f"order {i}".encode() for i in range(200)]
+    for body in sent:
+        channel.basic_publish(exchange="", routing_key="orders", body=body,
+                              properties=pika.BasicProperties(delivery_mode=2))
+    held = receive(channel, "orders", 5, auto_ack=False)
+    broker.kill()
+    broker.start()
+    connection = connect(port)
+    channel = connection.channel()
+    got = receive(channel, "orders", len(sent), auto_ack=False)
+    assert sorted(body for _, _, body in got) == sorted(sent), "every confirmed message is there once"
+    redelivered = {body for method, _, body in got if method.redelivered}
+    assert {body for _, _, body in held} <= redelivered
+    channel.basic_ack(0, multiple=True)
+    connection.close()
+    broker.stop()
+
+
+def test_kafka_clients_read_what_amqp_published_and_feed_amqp_consumers(amqp):
+    bootstrap = amqp.bootstrap
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare(queue="events", durable=True)
+    channel.confirm_delivery()
+    channel.basic_publish(exchange="", routing_key="events", body=b"from amqp",
+                          properties=pika.BasicProperties(content_type="text/plain", headers={"trace": "t-1"}))
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["events"])
+    message = None
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    while message is None and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+    consumer.close()
+    assert message is not None and message.error() is None and message.value() == b"from amqp"
+    headers = dict(message.headers())
+    assert headers["amqp-content-type"] == b"text/plain" and headers["trace"] == b"t-1"
+    assert message.key() == b"events"
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce("events", key=b"k", value=b"from kafka", headers={"source": b"kafka"})
+    producer.flush(10)
+    got = receive(channel, "events", 2)
+    assert [body for _, _, body in got] == [b"from amqp", b"from kafka"]
+    method, properties, _ = got[1]
+    assert method.routing_key == "k" and properties.headers == {"source": b"kafka"}
+    connection.close()
+
+
+def raw_handshake(port: int) -> socket.socket:
+    """A socket past the handshake (PLAIN guest/guest, vhost /)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"AMQP\x00\x00\x09\x01")
+    read_frame(sock)  # connection.start
+    response = b"\x00guest\x00guest"
+    args = struct.pack(">I", 0) + short_str("PLAIN") + struct.pack(">I", len(response)) + response + short_str("en_US")
+    send_method(sock, 0, 10, 11, args)
+    read_frame(sock)  # connection.tune
+    send_method(sock, 0, 10, 31, struct.pack(">HIH", 0, 131072, 0))
+    send_method(sock, 0, 10, 40, short_str("/") + short_str("") + b"\x00")
+    assert read_frame(sock)[2][:4] == struct.pack(">HH", 10, 41)  # open-ok
+    return sock
+
+
+def short_str(text: str) -> bytes:
+    return bytes([len(text)]) + text.encode()
+
+
+def send_method(sock, channel: int, class_id: int, method_id: int, args: bytes) -> None:
+    payload = struct.pack(">HH", class_id, method_id) + args
+    sock.sendall(struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce")
+
+
+def read_frame(sock) -> tuple[int, int, bytes]:
+    header = b""
+    while len(header) < 7:
+        chunk = sock.recv(7 - len(header))
+        assert chunk, "connection closed"
+        header += chunk
+    kind, channel, size = struct.unpack(">BHI", header)
+    payload = b""
+    while len(payload) < size + 1:
+        chunk = sock.recv(size + 1 - len(payload))
+        assert chunk, "connection closed"
+        payload += chunk
+    return kind, channel, payload[:-1]
+
+
+def close_code(sock) -> int:
+    """The reply code of the connection.close the server sends."""
+    while True:
+        kind, channel, payload = read_frame(sock)
+        if kind == 1 and payload[:4] == struct.pack(">HH", 10, 50):
+            return struct.unpack(">H", payload[4:6])[0]
+
+
+@pytest.mark.parametrize("frame, code", [
+    (struct.pack(">BHI", 1, 0, 4) + struct.pack(">HH", 99, 1) + b"\xce", 540),  # unknown class
+    (struct.pack(">BHI", 1, 1, 4) + struct.pack(">HH", 60, 40) + b"\x00", 501),  # no frame end
+    (struct.pack(">BHI", 1, 1, 5) + struct.pack(">HH", 60, 80) + b"\x01\xce", 502),  # truncated basic.ack
+    (struct.pack(">BHI", 3, 1, 1 << 20) + b"\x00", 501),  # above frame_max
+    (struct.pack(">BHI", 3, 5, 1) + b"x\xce", 504),  # body on a channel never opened
+])
+def test_bad_frames_close_the_connection_with_rabbitmqs_codes(amqp, frame, code):
+    sock = raw_handshake(amqp.amqp_port)
+    sock.sendall(frame)
+    assert close_code(sock) == code
+    sock.close()
+
+
+def test_a_wrong_protocol_header_is_answered_with_the_one_spoken(amqp):
+    sock = socket.create_connection(("127.0.0.1", amqp.amqp_port), timeout=10)
+    sock.sendall(b"AMQP\x00\x01\x00\x00")
+    assert sock.recv(8) == b"AMQP\x00\x00\x09\x01"
+    sock.close()
