@@ -122,7 +122,9 @@ impl Channel {
                     self.publish(batch).await
                 }
                 ChannelInput::Method(method) => self.method(method).await,
-                ChannelInput::Refuse(code, text, class_id, method_id) => Err((Refused(code, text), class_id, method_id)),
+                ChannelInput::Refuse(code, text, class_id, method_id) => {
+                    Err((Refused(code, text), class_id, method_id))
+                }
                 ChannelInput::Close => {
                     self.release().await;
                     self.send(AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {}))).await;
@@ -241,7 +243,9 @@ impl Channel {
             for (i, outcome) in outcomes.iter().enumerate() {
                 let delivery_tag = first_tag + i as u64;
                 let method = match outcome {
-                    Outcome::Failed => basic::AMQPMethod::Nack(basic::Nack { delivery_tag, multiple: false, requeue: false }),
+                    Outcome::Failed => {
+                        basic::AMQPMethod::Nack(basic::Nack { delivery_tag, multiple: false, requeue: false })
+                    }
                     _ => basic::AMQPMethod::Ack(basic::Ack { delivery_tag, multiple: false }),
                 };
                 frames.extend(encode(&AMQPFrame::Method(self.id, AMQPClass::Basic(method))));
@@ -274,7 +278,10 @@ impl Channel {
             AMQPClass::Basic(method) => self.basic_method(method).await.map_err(at)?,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(select)) => {
                 if self.transaction.is_some() {
-                    return Err(at(Refused(reply::PRECONDITION_FAILED, "cannot switch from tx to confirm mode".into())));
+                    return Err(at(Refused(
+                        reply::PRECONDITION_FAILED,
+                        "cannot switch from tx to confirm mode".into(),
+                    )));
                 }
                 self.confirm = true;
                 if !select.nowait {
@@ -291,7 +298,10 @@ impl Channel {
                 self.send(AMQPClass::Access(access::AMQPMethod::RequestOk(access::RequestOk {}))).await;
             }
             _ => {
-                return Err(at(Refused(reply::COMMAND_INVALID, format!("method {class_id}.{method_id} not valid here"))));
+                return Err(at(Refused(
+                    reply::COMMAND_INVALID,
+                    format!("method {class_id}.{method_id} not valid here"),
+                )));
             }
         }
         Ok(())
@@ -301,7 +311,10 @@ impl Channel {
         if !self.server.gateway.may_configure_routing(&self.session) {
             return Err(Refused(
                 reply::ACCESS_REFUSED,
-                format!("access to exchanges and bindings refused for {} (needs CREATE on the cluster)", self.session.principal),
+                format!(
+                    "access to exchanges and bindings refused for {} (needs CREATE on the cluster)",
+                    self.session.principal
+                ),
             ));
         }
         Ok(())
@@ -320,7 +333,10 @@ impl Channel {
                     let Some(kind) = ExchangeKind::parse(declare.kind.as_str()) else {
                         return Err(Refused(
                             reply::COMMAND_INVALID,
-                            format!("invalid exchange type '{}' (direct, fanout, topic, headers)", declare.kind.as_str()),
+                            format!(
+                                "invalid exchange type '{}' (direct, fanout, topic, headers)",
+                                declare.kind.as_str()
+                            ),
                         ));
                     };
                     if topology.exchange(name).is_none() {
@@ -449,7 +465,8 @@ impl Channel {
                     self.server.queues.forget(&name);
                 }
                 if !delete.nowait {
-                    self.send(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 }))).await;
+                    self.send(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })))
+                        .await;
                 }
             }
             _ => return Err(Refused(reply::COMMAND_INVALID, "a server method sent by the client".into())),
@@ -461,7 +478,10 @@ impl Channel {
         let name = match declare.queue.as_str() {
             "" => format!("amq.gen-{}", Alphanumeric.sample_string(&mut rand::rng(), 22)),
             name if name.starts_with("amq.") && !declare.passive => {
-                return Err(Refused(reply::ACCESS_REFUSED, format!("queue name '{name}' contains reserved prefix 'amq.*'")));
+                return Err(Refused(
+                    reply::ACCESS_REFUSED,
+                    format!("queue name '{name}' contains reserved prefix 'amq.*'"),
+                ));
             }
             name => name.to_string(),
         };
@@ -477,7 +497,12 @@ impl Channel {
             if created || !known {
                 queues::start_at_earliest(&*self.server.gateway, &name).await?;
             }
-            let queue = Queue { durable: declare.durable, exclusive: declare.exclusive, auto_delete: declare.auto_delete, arguments };
+            let queue = Queue {
+                durable: declare.durable,
+                exclusive: declare.exclusive,
+                auto_delete: declare.auto_delete,
+                arguments,
+            };
             self.server.topology.declare_queue(&name, queue)?;
             if declare.exclusive {
                 self.server.queues.claim(&name, self.connection);
@@ -644,7 +669,11 @@ impl Channel {
     }
 
     /// A transaction's publishes, stored together, then its settlements.
-    async fn commit(&mut self, publishes: Vec<Published>, settlements: Vec<(Unacked, Settlement)>) -> Result<(), Refused> {
+    async fn commit(
+        &mut self,
+        publishes: Vec<Published>,
+        settlements: Vec<(Unacked, Settlement)>,
+    ) -> Result<(), Refused> {
         for chunk in publishes.chunks(PUBLISH_BATCH_MAX) {
             let messages: Vec<Message> = chunk.iter().map(|p| p.message.clone()).collect();
             let outcomes = publish::publish(&self.server, &self.session, &mut self.partitioner, &messages).await?;

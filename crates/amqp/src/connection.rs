@@ -53,15 +53,16 @@ struct HardError(u16, String);
 pub async fn run(stream: TcpStream, peer: SocketAddr, server: Arc<Server>) {
     let (read, mut write) = stream.into_split();
     let mut reader = FrameReader::new(read, FRAME_MAX_BYTES);
-    let negotiated = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut write, peer, &server)).await {
-        Ok(Ok(negotiated)) => negotiated,
-        Ok(Err(Some(HardError(code, text)))) => {
-            tracing::debug!(%peer, code, %text, "AMQP handshake refused");
-            let _ = write.write_all(&close_frame(code, &text, 0, 0)).await;
-            return;
-        }
-        Ok(Err(None)) | Err(_) => return,
-    };
+    let negotiated =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut write, peer, &server)).await {
+            Ok(Ok(negotiated)) => negotiated,
+            Ok(Err(Some(HardError(code, text)))) => {
+                tracing::debug!(%peer, code, %text, "AMQP handshake refused");
+                let _ = write.write_all(&close_frame(code, &text, 0, 0)).await;
+                return;
+            }
+            Ok(Err(None)) | Err(_) => return,
+        };
     let (outbox, outgoing) = mpsc::channel(OUTBOX_FRAMES);
     let writer = tokio::spawn(write_frames(write, outgoing, negotiated.heartbeat));
     let mut connection = Connection { server, negotiated, outbox, channels: HashMap::new() };
@@ -76,8 +77,13 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, server: Arc<Server>) {
 }
 
 /// Writes queued frames; sends a heartbeat when nothing was written for half the interval.
-async fn write_frames(mut write: tokio::net::tcp::OwnedWriteHalf, mut outgoing: mpsc::Receiver<Vec<u8>>, heartbeat: u16) {
-    let idle = if heartbeat == 0 { Duration::from_secs(3600) } else { Duration::from_millis(u64::from(heartbeat) * 500) };
+async fn write_frames(
+    mut write: tokio::net::tcp::OwnedWriteHalf,
+    mut outgoing: mpsc::Receiver<Vec<u8>>,
+    heartbeat: u16,
+) {
+    let idle =
+        if heartbeat == 0 { Duration::from_secs(3600) } else { Duration::from_millis(u64::from(heartbeat) * 500) };
     loop {
         let bytes = match tokio::time::timeout(idle, outgoing.recv()).await {
             Ok(Some(bytes)) => bytes,
@@ -216,10 +222,17 @@ fn credentials(mechanism: &str, response: &LongString) -> Option<(String, String
     }
 }
 
-async fn login(server: &Server, start_ok: &connection::StartOk, peer: SocketAddr) -> Result<Session, Option<HardError>> {
+async fn login(
+    server: &Server,
+    start_ok: &connection::StartOk,
+    peer: SocketAddr,
+) -> Result<Session, Option<HardError>> {
     let mechanism = start_ok.mechanism.as_str();
     let refused = |why: &str| {
-        Some(HardError(reply::ACCESS_REFUSED, format!("ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}: {why}")))
+        Some(HardError(
+            reply::ACCESS_REFUSED,
+            format!("ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}: {why}"),
+        ))
     };
     if !server.gateway.login_required() {
         return Ok(Session { principal: "User:ANONYMOUS".into(), peer });
@@ -307,14 +320,19 @@ impl Connection {
                 let _ = self.outbox.send(encode(&AMQPFrame::Method(0, ok))).await;
                 Ok(false)
             }
-            AMQPClass::Connection(connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_)) => Ok(false),
+            AMQPClass::Connection(connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_)) => {
+                Ok(false)
+            }
             _ => Err(HardError(reply::COMMAND_INVALID, "unexpected method on channel 0".into())),
         }
     }
 
     async fn channel_method(&mut self, id: u16, method: AMQPClass) -> Result<(), HardError> {
         if id > self.negotiated.channel_max {
-            return Err(HardError(reply::CHANNEL_ERROR, format!("channel {id} above channel_max {}", self.negotiated.channel_max)));
+            return Err(HardError(
+                reply::CHANNEL_ERROR,
+                format!("channel {id} above channel_max {}", self.negotiated.channel_max),
+            ));
         }
         if let AMQPClass::Channel(channel::AMQPMethod::Open(_)) = method {
             if self.channels.contains_key(&id) {
@@ -346,7 +364,8 @@ impl Connection {
             }
             _ if closing => Ok(()),
             AMQPClass::Basic(basic::AMQPMethod::Publish(publish)) => {
-                open.content = Some(Assembling { publish, properties: None, size: 0, body: Vec::new(), discard: false });
+                open.content =
+                    Some(Assembling { publish, properties: None, size: 0, body: Vec::new(), discard: false });
                 Ok(())
             }
             method => {
@@ -372,7 +391,11 @@ impl Connection {
         self.channels.insert(id, OpenChannel { inbox, closing, content: None, task });
     }
 
-    async fn content_header(&mut self, id: u16, header: amq_protocol::frame::AMQPContentHeader) -> Result<(), HardError> {
+    async fn content_header(
+        &mut self,
+        id: u16,
+        header: amq_protocol::frame::AMQPContentHeader,
+    ) -> Result<(), HardError> {
         let Some(open) = self.channels.get_mut(&id) else {
             return Err(HardError(reply::CHANNEL_ERROR, format!("expected 'channel.open' on channel {id}")));
         };
@@ -386,7 +409,8 @@ impl Connection {
         content.properties = Some(header.properties);
         if header.body_size > MESSAGE_BYTES_MAX {
             content.discard = true;
-            let text = format!("message size {} is larger than configured max size {MESSAGE_BYTES_MAX}", header.body_size);
+            let text =
+                format!("message size {} is larger than configured max size {MESSAGE_BYTES_MAX}", header.body_size);
             let _ = open.inbox.send(ChannelInput::Refuse(reply::PRECONDITION_FAILED, text, 60, 40)).await;
         } else {
             content.body.reserve(header.body_size as usize);
@@ -409,7 +433,10 @@ impl Connection {
         if content.discard {
             content.size = content.size.saturating_sub(body.len() as u64);
         } else if received > content.size {
-            return Err(HardError(reply::FRAME_ERROR, format!("content body longer than its header's {} bytes", content.size)));
+            return Err(HardError(
+                reply::FRAME_ERROR,
+                format!("content body longer than its header's {} bytes", content.size),
+            ));
         } else {
             content.body.extend_from_slice(&body);
         }

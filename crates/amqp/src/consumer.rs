@@ -22,7 +22,8 @@ use bytes::Bytes;
 use kafka_protocol::messages::share_acknowledge_request::{AcknowledgePartition, AcknowledgeTopic};
 use kafka_protocol::messages::share_fetch_request::{AcknowledgementBatch, FetchPartition, FetchTopic, ForgottenTopic};
 use kafka_protocol::messages::{
-    GroupId, RequestKind, ResponseKind, ShareAcknowledgeRequest, ShareFetchRequest, ShareGroupHeartbeatRequest, TopicName,
+    GroupId, RequestKind, ResponseKind, ShareAcknowledgeRequest, ShareFetchRequest, ShareGroupHeartbeatRequest,
+    TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::RecordBatchDecoder;
@@ -316,7 +317,8 @@ impl Reader {
 
     /// Hands `record` to the consumer; with no_ack it is accepted at once.
     async fn deliver(&mut self, spec: &ConsumerSpec, record: Acquired) {
-        let unacked = Unacked { reader: self.id, topic_id: record.topic_id, partition: record.partition, offset: record.offset };
+        let unacked =
+            Unacked { reader: self.id, topic_id: record.topic_id, partition: record.partition, offset: record.offset };
         let delivery_tag = if spec.no_ack {
             self.acks.push((unacked, Settlement::Accept));
             self.deliveries.unrecorded_tag()
@@ -337,7 +339,10 @@ impl Reader {
     /// The queue went away under the consumer: the client is told (basic.cancel).
     async fn cancelled(&mut self, spec: &ConsumerSpec, why: &Refused) {
         tracing::debug!(queue = %self.member.topic, why = %why.1, "AMQP consumer cancelled by the server");
-        let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel { consumer_tag: spec.tag.clone().into(), nowait: true }));
+        let cancel = AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+            consumer_tag: spec.tag.clone().into(),
+            nowait: true,
+        }));
         let _ = self.outlet.outbox.send(encode(&AMQPFrame::Method(self.outlet.channel, cancel))).await;
     }
 
@@ -372,12 +377,14 @@ impl Reader {
             let Some(first) = fetched.next() else { continue };
             let extra: Vec<(Unacked, Settlement)> = fetched
                 .map(|r| {
-                    let unacked = Unacked { reader: self.id, topic_id: r.topic_id, partition: r.partition, offset: r.offset };
+                    let unacked =
+                        Unacked { reader: self.id, topic_id: r.topic_id, partition: r.partition, offset: r.offset };
                     (unacked, Settlement::Release)
                 })
                 .collect();
             self.acks.extend(extra);
-            let unacked = Unacked { reader: self.id, topic_id: first.topic_id, partition: first.partition, offset: first.offset };
+            let unacked =
+                Unacked { reader: self.id, topic_id: first.topic_id, partition: first.partition, offset: first.offset };
             let delivery_tag = if no_ack {
                 self.acks.push((unacked, Settlement::Accept));
                 self.deliveries.unrecorded_tag()
@@ -548,7 +555,12 @@ impl Member {
     }
 
     /// Fetches up to `max_records` records, settling `acks` first.
-    async fn fetch(&mut self, acks: &[(Unacked, Settlement)], max_records: u32, max_wait_ms: i32) -> Result<Vec<Acquired>, Refused> {
+    async fn fetch(
+        &mut self,
+        acks: &[(Unacked, Settlement)],
+        max_records: u32,
+        max_wait_ms: i32,
+    ) -> Result<Vec<Acquired>, Refused> {
         let mut acks_by_partition = Self::batches(acks);
         if self.session_epoch == 0 && !acks_by_partition.is_empty() {
             // Acknowledgements need an open session; a new one starts without them, and
@@ -576,7 +588,8 @@ impl Member {
                         let mut partition = FetchPartition::default();
                         partition.partition_index = p;
                         partition.partition_max_bytes = FETCH_BYTES_MAX;
-                        partition.acknowledgement_batches = acks_by_partition.remove(&(*topic_id, p)).unwrap_or_default();
+                        partition.acknowledgement_batches =
+                            acks_by_partition.remove(&(*topic_id, p)).unwrap_or_default();
                         partition
                     })
                     .collect();
@@ -584,7 +597,8 @@ impl Member {
             })
             .collect();
         request.forgotten_topics_data = self.forgotten();
-        let ResponseKind::ShareFetch(response) = self.call(versions::SHARE_FETCH, RequestKind::ShareFetch(request)).await?
+        let ResponseKind::ShareFetch(response) =
+            self.call(versions::SHARE_FETCH, RequestKind::ShareFetch(request)).await?
         else {
             return Err(Refused(reply::INTERNAL_ERROR, "unexpected answer to ShareFetch".into()));
         };
@@ -605,7 +619,13 @@ impl Member {
                     continue;
                 }
                 let Some(records) = partition.records else { continue };
-                collect_acquired(topic.topic_id, partition.partition_index, records, &partition.acquired_records, &mut acquired);
+                collect_acquired(
+                    topic.topic_id,
+                    partition.partition_index,
+                    records,
+                    &partition.acquired_records,
+                    &mut acquired,
+                );
             }
         }
         Ok(acquired)
@@ -616,7 +636,8 @@ impl Member {
         self.fetching
             .iter()
             .filter_map(|(topic_id, partitions)| {
-                let kept = self.assignment.iter().find(|(t, _)| t == topic_id).map(|(_, p)| p.clone()).unwrap_or_default();
+                let kept =
+                    self.assignment.iter().find(|(t, _)| t == topic_id).map(|(_, p)| p.clone()).unwrap_or_default();
                 let gone: Vec<i32> = partitions.iter().copied().filter(|p| !kept.contains(p)).collect();
                 (!gone.is_empty()).then(|| {
                     let mut forgotten = ForgottenTopic::default();
@@ -648,7 +669,8 @@ impl Member {
             entry.acknowledgement_batches = batches
                 .into_iter()
                 .map(|b| {
-                    let mut batch = kafka_protocol::messages::share_acknowledge_request::AcknowledgementBatch::default();
+                    let mut batch =
+                        kafka_protocol::messages::share_acknowledge_request::AcknowledgementBatch::default();
                     batch.first_offset = b.first_offset;
                     batch.last_offset = b.last_offset;
                     batch.acknowledge_types = b.acknowledge_types;

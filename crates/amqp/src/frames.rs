@@ -144,7 +144,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_frame_reads_back_as_written() {
-        let frame = AMQPFrame::Method(3, AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: 7, multiple: true })));
+        let frame = AMQPFrame::Method(
+            3,
+            AMQPClass::Basic(basic::AMQPMethod::Ack(basic::Ack { delivery_tag: 7, multiple: true })),
+        );
         assert_eq!(read(encode(&frame), 8192).await.unwrap(), frame);
     }
 

@@ -31,7 +31,12 @@ pub trait Gateway: Send + Sync + 'static {
 
     /// Runs one Kafka request at `api_version` as `session`; `None` if the broker gave no
     /// answer (a bug, or shutdown).
-    fn call(&self, session: &Session, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>>;
+    fn call(
+        &self,
+        session: &Session,
+        api_version: i16,
+        request: RequestKind,
+    ) -> GatewayFuture<'static, Option<ResponseKind>>;
 
     /// Whether `session` may declare or delete exchanges and bindings: routing is shared by
     /// every publisher, so it takes what creating any topic takes, CREATE on the cluster.
@@ -58,4 +63,3 @@ pub mod versions {
     pub const DESCRIBE_SHARE_GROUP_OFFSETS: i16 = 0;
     pub const ALTER_SHARE_GROUP_OFFSETS: i16 = 0;
 }
-

@@ -110,7 +110,10 @@ pub fn from_record(record: &Record) -> Delivered {
             other => match other.strip_prefix(RESERVED_PREFIX) {
                 Some(property) => properties = with_property(properties, property, &text()),
                 None => {
-                    table.insert(ShortString::from(other.to_string()), AMQPValue::LongString(LongString::from(value.to_vec())));
+                    table.insert(
+                        ShortString::from(other.to_string()),
+                        AMQPValue::LongString(LongString::from(value.to_vec())),
+                    );
                 }
             },
         }
@@ -210,7 +213,10 @@ mod tests {
         };
         let record = to_record(&message, 5);
         assert_eq!(record.key.as_deref(), Some(&b"eu.new"[..]));
-        assert_eq!(record.headers.get(&b"amqp-content-type"[..]).cloned().flatten().as_deref(), Some(&b"application/json"[..]));
+        assert_eq!(
+            record.headers.get(&b"amqp-content-type"[..]).cloned().flatten().as_deref(),
+            Some(&b"application/json"[..])
+        );
         assert_eq!(record.headers.get(&b"trace"[..]).cloned().flatten().as_deref(), Some(&b"abc"[..]));
         let back = from_record(&record);
         assert_eq!((back.exchange.as_str(), back.routing_key.as_str()), ("orders", "eu.new"));
@@ -222,12 +228,19 @@ mod tests {
     fn a_kafka_record_becomes_a_message_with_string_headers() {
         let mut headers = IndexMap::new();
         headers.insert(StrBytes::from_static_str("source"), Some(Bytes::from_static(b"kafka")));
-        let record = Record { headers, key: None, ..to_record(&Message {
-            exchange: String::new(),
-            routing_key: String::new(),
-            properties: AMQPProperties::default(),
-            body: Bytes::from_static(b"v"),
-        }, 0) };
+        let record = Record {
+            headers,
+            key: None,
+            ..to_record(
+                &Message {
+                    exchange: String::new(),
+                    routing_key: String::new(),
+                    properties: AMQPProperties::default(),
+                    body: Bytes::from_static(b"v"),
+                },
+                0,
+            )
+        };
         let delivered = from_record(&record);
         let table = delivered.properties.headers().clone().unwrap();
         assert_eq!(table.inner().get("source"), Some(&AMQPValue::LongString("kafka".into())));

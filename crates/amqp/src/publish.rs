@@ -69,10 +69,14 @@ pub async fn publish(
         }
         let record = to_record(message, now_ms);
         for queue in queues {
-            let partitions = server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
+            let partitions =
+                server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
             let partition = partitioner.pick(&queue, partitions);
             let entry = writes.entry((queue, partition)).or_default();
-            entry.0.push(record.clone());
+            // Offsets within the batch: the encoder writes them as deltas, which must rise.
+            let mut record = record.clone();
+            record.offset = entry.0.len() as i64;
+            entry.0.push(record);
             entry.1.push(index);
         }
     }
@@ -108,7 +112,10 @@ pub async fn publish(
             let Some(error) = ResponseError::try_from_code(partition.error_code) else { continue };
             let queue = topic.name.0.to_string();
             if error == ResponseError::TopicAuthorizationFailed {
-                return Err(Refused(reply::ACCESS_REFUSED, format!("write access to queue '{queue}' in vhost '/' refused")));
+                return Err(Refused(
+                    reply::ACCESS_REFUSED,
+                    format!("write access to queue '{queue}' in vhost '/' refused"),
+                ));
             }
             tracing::debug!(%queue, partition = partition.index, %error, "AMQP publish not stored");
             if let Some((_, indexes)) = writes.get(&(queue, partition.index)) {

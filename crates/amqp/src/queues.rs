@@ -64,7 +64,12 @@ pub fn partitions(arguments: &std::collections::BTreeMap<String, String>) -> Res
     }
 }
 
-async fn call(gateway: &dyn Gateway, session: Option<&Session>, version: i16, request: RequestKind) -> Result<ResponseKind, Refused> {
+async fn call(
+    gateway: &dyn Gateway,
+    session: Option<&Session>,
+    version: i16,
+    request: RequestKind,
+) -> Result<ResponseKind, Refused> {
     let answer = match session {
         Some(session) => gateway.call(session, version, request).await,
         None => gateway.call_internal(version, request).await,
@@ -89,7 +94,12 @@ pub fn refusal(error: ResponseError, queue: &str, message: Option<&StrBytes>) ->
 }
 
 /// Creates the topic of queue `name` as `session`; true if it did not exist.
-pub async fn create_topic(gateway: &dyn Gateway, session: &Session, name: &str, partitions: i32) -> Result<bool, Refused> {
+pub async fn create_topic(
+    gateway: &dyn Gateway,
+    session: &Session,
+    name: &str,
+    partitions: i32,
+) -> Result<bool, Refused> {
     let mut topic = CreatableTopic::default();
     topic.name = TopicName(StrBytes::from_string(name.to_string()));
     topic.num_partitions = partitions;
@@ -102,7 +112,8 @@ pub async fn create_topic(gateway: &dyn Gateway, session: &Session, name: &str, 
     else {
         return Err(Refused(reply::INTERNAL_ERROR, "unexpected answer to CreateTopics".into()));
     };
-    let result = response.topics.first().ok_or_else(|| Refused(reply::INTERNAL_ERROR, "empty CreateTopics answer".into()))?;
+    let result =
+        response.topics.first().ok_or_else(|| Refused(reply::INTERNAL_ERROR, "empty CreateTopics answer".into()))?;
     match ResponseError::try_from_code(result.error_code) {
         None => Ok(true),
         Some(ResponseError::TopicAlreadyExists) => Ok(false),
@@ -159,7 +170,12 @@ pub async fn delete_topic(gateway: &dyn Gateway, session: Option<&Session>, name
 }
 
 /// The (log start, end) offsets of each partition of `name`.
-pub async fn offsets(gateway: &dyn Gateway, session: &Session, name: &str, partitions: i32) -> Result<Vec<(i64, i64)>, Refused> {
+pub async fn offsets(
+    gateway: &dyn Gateway,
+    session: &Session,
+    name: &str,
+    partitions: i32,
+) -> Result<Vec<(i64, i64)>, Refused> {
     let mut bounds = Vec::new();
     for timestamp in [-2i64, -1] {
         let mut topic = ListOffsetsTopic::default();
@@ -257,7 +273,8 @@ impl LocalQueues {
     /// The exclusive queues `connection` owns (taken: they go with it).
     pub fn release_owner(&self, connection: u64) -> Vec<String> {
         let mut queues = self.queues.lock();
-        let owned: Vec<String> = queues.iter().filter(|(_, q)| q.owner == Some(connection)).map(|(n, _)| n.clone()).collect();
+        let owned: Vec<String> =
+            queues.iter().filter(|(_, q)| q.owner == Some(connection)).map(|(n, _)| n.clone()).collect();
         for name in &owned {
             queues.remove(name);
         }
