@@ -21,10 +21,10 @@ from conftest import Broker, free_port
 READ_TIMEOUT_S = 20.0
 
 
-def amqp_broker(tmp_path, extra_args=()) -> Broker:
+def amqp_broker(tmp_path, extra_args=(), port=None) -> Broker:
     """A broker taking AMQP clients on `broker.amqp_port`."""
     amqp_port = free_port()
-    broker = Broker(tmp_path / "data", extra_args=["--amqp-listen", f"127.0.0.1:{amqp_port}", *extra_args])
+    broker = Broker(tmp_path / "data", port=port, extra_args=["--amqp-listen", f"127.0.0.1:{amqp_port}", *extra_args])
     broker.amqp_port = amqp_port
     return broker.start()
 
@@ -343,3 +343,59 @@ def test_a_wrong_protocol_header_is_answered_with_the_one_spoken(amqp):
     sock.sendall(b"AMQP\x00\x01\x00\x00")
     assert sock.recv(8) == b"AMQP\x00\x00\x09\x01"
     sock.close()
+
+
+def test_logins_and_acls_decide_who_declares_publishes_and_consumes(tmp_path):
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType,
+                                       ResourceType)
+    from test_security import add_user
+    plaintext, sasl = free_port(), free_port()
+    broker = amqp_broker(tmp_path, extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{plaintext},SASL_PLAINTEXT://127.0.0.1:{sasl}",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "allow.everyone.if.no.acl.found=false",
+        "--override", "super.users=User:admin;User:ANONYMOUS",
+        "--override", "sasl.enabled.mechanisms=SCRAM-SHA-256"], port=plaintext)
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{plaintext}"})
+    for user in ["alice", "bob"]:
+        add_user(admin, user, f"{user}-secret")
+
+    def allow(principal, name, operation, resource=ResourceType.TOPIC):
+        binding = AclBinding(resource, name, ResourcePatternType.LITERAL, principal, "*", operation,
+                             AclPermissionType.ALLOW)
+        for future in admin.create_acls([binding]).values():
+            future.result(timeout=10)
+
+    # alice may create and write `orders`; bob may read it through its share group.
+    allow("User:alice", "orders", AclOperation.CREATE)
+    allow("User:alice", "orders", AclOperation.WRITE)
+    allow("User:bob", "orders", AclOperation.READ)
+    allow("User:bob", "orders", AclOperation.READ, ResourceType.GROUP)
+    port = broker.amqp_port
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        connect(port, "alice", "wrong")
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        connect(port, "guest", "guest")
+
+    alice = connect(port, "alice", "alice-secret").channel()
+    alice.queue_declare(queue="orders", durable=True)
+    alice.confirm_delivery()
+    alice.basic_publish(exchange="", routing_key="orders", body=b"order 1")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        alice.exchange_declare(exchange="orders-x", exchange_type="fanout")
+    assert refused.value.reply_code == 403
+
+    bob_connection = connect(port, "bob", "bob-secret")
+    bob = bob_connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        bob.basic_publish(exchange="", routing_key="orders", body=b"forged")
+        bob.queue_declare(queue="orders", passive=True)  # the close arrives by then
+    assert refused.value.reply_code == 403
+    bob = bob_connection.channel()
+    assert [body for _, _, body in receive(bob, "orders", 1)] == [b"order 1"]
+
+    alice = connect(port, "alice", "alice-secret").channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        alice.basic_consume(queue="orders", on_message_callback=lambda *a: None)
+    assert refused.value.reply_code == 403
+    broker.stop()

@@ -591,19 +591,23 @@ impl Channel {
         if self.consumers.contains_key(&tag) {
             return Err(Refused(reply::NOT_ALLOWED, format!("attempt to reuse consumer tag '{tag}'")));
         }
-        if !consume.nowait {
-            let ok = basic::ConsumeOk { consumer_tag: tag.clone().into() };
-            self.send(AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))).await;
-        }
         let spec = ConsumerSpec { tag: tag.clone(), no_ack: consume.no_ack, prefetch: self.prefetch };
+        let (joined, joined_answer) = oneshot::channel();
+        let (go, go_answer) = oneshot::channel();
         let reader = consumer::start(
             self.server.gateway.clone(),
             self.session.clone(),
             name.clone(),
             self.deliveries.clone(),
             self.outlet.clone(),
-            Some(spec),
+            Some((spec, consumer::Start { joined, go: go_answer })),
         );
+        joined_answer.await.map_err(|_| Refused(reply::INTERNAL_ERROR, "the queue reader stopped".into()))??;
+        if !consume.nowait {
+            let ok = basic::ConsumeOk { consumer_tag: tag.clone().into() };
+            self.send(AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))).await;
+        }
+        let _ = go.send(());
         self.server.queues.consumer_added(&name);
         self.consumers.insert(tag, reader);
         Ok(())

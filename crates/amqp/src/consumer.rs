@@ -218,6 +218,14 @@ pub struct ConsumerSpec {
     pub prefetch: u32,
 }
 
+/// How a consumer's reader starts: it joins the share group, says whether it could
+/// (`joined`: a refusal is the consumer's error), then waits for `go` — sent once the
+/// client has its consume-ok — before it delivers anything.
+pub struct Start {
+    pub joined: oneshot::Sender<Result<(), Refused>>,
+    pub go: oneshot::Receiver<()>,
+}
+
 /// Starts a reader of `queue` for `consumer` (None: one that serves `basic.get`).
 pub fn start(
     gateway: Arc<dyn Gateway>,
@@ -225,7 +233,7 @@ pub fn start(
     queue: String,
     deliveries: Arc<Deliveries>,
     outlet: Outlet,
-    consumer: Option<ConsumerSpec>,
+    consumer: Option<(ConsumerSpec, Start)>,
 ) -> ReaderHandle {
     let id = NEXT_READER.fetch_add(1, Ordering::Relaxed);
     let (commands, inbox) = mpsc::unbounded_channel();
@@ -233,7 +241,7 @@ pub fn start(
     let reader = Reader { id, member, deliveries, outlet, inbox, acks: Vec::new(), stopping: false, cancelled: false };
     tokio::spawn(async move {
         match consumer {
-            Some(spec) => reader.consume(spec).await,
+            Some((spec, start)) => reader.consume(spec, start).await,
             None => reader.serve_gets().await,
         }
     });
@@ -263,7 +271,14 @@ impl Reader {
         None
     }
 
-    async fn consume(mut self, spec: ConsumerSpec) {
+    async fn consume(mut self, spec: ConsumerSpec, start: Start) {
+        let joined = self.member.heartbeat().await;
+        let refused = joined.is_err();
+        let _ = start.joined.send(joined);
+        if refused || start.go.await.is_err() {
+            self.member.leave().await;
+            return;
+        }
         loop {
             while let Ok(command) = self.inbox.try_recv() {
                 self.apply(command);
@@ -302,7 +317,7 @@ impl Reader {
                         self.deliver(&spec, record).await;
                     }
                 }
-                Err(error) if error.0 == reply::NOT_FOUND => {
+                Err(error) if matches!(error.0, reply::NOT_FOUND | reply::ACCESS_REFUSED) => {
                     self.cancelled(&spec, &error).await;
                     break;
                 }
