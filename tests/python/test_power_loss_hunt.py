@@ -29,6 +29,7 @@ WAL records after a hole.
 
 import os
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -41,6 +42,7 @@ from confluent_kafka.admin import NewTopic
 from conftest import Broker
 from kafka_wire import admin_client, consume_until, watermarks
 from lossyfs import LossyMount
+from power_loss_diagnostics import describe_dir
 
 HUNT_CUTS_DEFAULT = 8
 HUNT_CUTS_SLOW = 120
@@ -149,6 +151,7 @@ class Hunt:
         self.deleted: set[str] = set()  # names whose deletion was answered
         self.names = [f"hunt-{i}" for i in range(LIVE_TOPICS_MAX + 2)]
         self.cut_log: list[str] = []
+        self.left_by_cut = mount.backing.parent / "left-by-last-cut"
 
     def create(self, name: str, kind: str) -> None:
         partitions = self.rng.choice([1, 3, 8, 16])
@@ -208,6 +211,10 @@ class Hunt:
         time.sleep(delay)
         self.broker.kill()
         self.mount.power_loss()
+        # What the cut left, before the restart's recovery and WAL replay change it: a
+        # failed check describes it next to what the restarted broker made of it.
+        shutil.rmtree(self.left_by_cut, ignore_errors=True)
+        shutil.copytree(self.mount.backing / "data" / "logs", self.left_by_cut, symlinks=True)
         if change is not None:
             change.join(40)
         started = time.monotonic()
@@ -238,15 +245,20 @@ class Hunt:
             with topic.lock:
                 acked = dict(topic.acked)
                 assert not topic.failures, f"{when}: {name}: producer fatal errors {topic.failures[:3]}"
-            checked += check_topic(self.broker.bootstrap, topic, acked, when)
+            checked += check_topic(self.broker.bootstrap, topic, acked, when, self.explain)
         return checked
+
+    def explain(self, topic: str, partition: int) -> str:
+        name = f"{topic}-{partition}"
+        return (f"--- {name} after the restart ---\n{describe_dir(self.mount.mount / 'data' / 'logs', name)}\n"
+                f"--- {name} as the cut left it ---\n{describe_dir(self.left_by_cut, name)}")
 
     def close(self) -> None:
         for _, producer in self.live.values():
             producer.close(0)
 
 
-def check_topic(bootstrap: str, topic: Incarnation, acked: dict, when: str) -> int:
+def check_topic(bootstrap: str, topic: Incarnation, acked: dict, when: str, explain=None) -> int:
     ends = {}
     starts = {}
     for p in range(topic.partitions):
@@ -268,7 +280,17 @@ def check_topic(bootstrap: str, topic: Incarnation, acked: dict, when: str) -> i
         for (p, offset), (key, _) in found.items():
             present[(p, key)] = max(present.get((p, key), -1), offset)
         missing = [k for k, offset in latest.items() if present.get(k, -1) < offset]
-        assert not missing, f"{when}: {topic.name}: keys without their latest acknowledged value: {missing[:5]}"
+        if missing and explain is not None:
+            details = []
+            for p in sorted({p for p, _ in missing})[:2]:
+                acked_tail = sorted((o, k) for (q, o), (k, _) in acked.items() if q == p)[-12:]
+                found_tail = sorted((o, k) for (q, o), (k, _) in found.items() if q == p)[-12:]
+                details.append(f"[{p}] acknowledged (offset, key), last 12: {acked_tail}\n"
+                               f"[{p}] read, last 12: {found_tail}\n{explain(topic.name, p)}")
+            print("\n".join(details))
+        assert not missing, (f"{when}: {topic.name}: keys without their latest acknowledged value "
+                             f"(latest acknowledged, latest read): "
+                             f"{[(k, latest[k], present.get(k, -1)) for k in missing[:5]]}")
         return len(latest)
     if topic.kind == "retention":
         # Retention may move the log start while the records are read (the read then
