@@ -313,8 +313,17 @@ impl Reader {
             let wait = if acks.is_empty() { LONG_POLL_MS } else { 0 };
             match self.member.fetch(&acks, room, wait).await {
                 Ok(fetched) => {
+                    // A cancel or close that came during the fetch: what it took goes back
+                    // unseen, nothing is delivered after the client's cancel-ok.
+                    while let Ok(command) = self.inbox.try_recv() {
+                        self.apply(command);
+                    }
                     for record in fetched {
-                        self.deliver(&spec, record).await;
+                        if self.cancelled || self.stopping {
+                            self.acks.push((record.unacked(self.id), Settlement::Release));
+                        } else {
+                            self.deliver(&spec, record).await;
+                        }
                     }
                 }
                 Err(error) if matches!(error.0, reply::NOT_FOUND | reply::ACCESS_REFUSED) => {
@@ -434,6 +443,12 @@ struct Acquired {
     offset: i64,
     delivery_count: i16,
     record: kafka_protocol::records::Record,
+}
+
+impl Acquired {
+    fn unacked(&self, reader: u64) -> Unacked {
+        Unacked { reader, topic_id: self.topic_id, partition: self.partition, offset: self.offset }
+    }
 }
 
 /// A share-group member, through Kafka's share-group requests.

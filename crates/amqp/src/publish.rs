@@ -73,10 +73,7 @@ pub async fn publish(
                 server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
             let partition = partitioner.pick(&queue, partitions);
             let entry = writes.entry((queue, partition)).or_default();
-            // Offsets within the batch: the encoder writes them as deltas, which must rise.
-            let mut record = record.clone();
-            record.offset = entry.0.len() as i64;
-            entry.0.push(record);
+            entry.0.push(record.clone());
             entry.1.push(index);
         }
     }
@@ -84,11 +81,8 @@ pub async fn publish(
         return Ok(outcomes);
     }
     let mut topics: BTreeMap<String, TopicProduceData> = BTreeMap::new();
-    for ((queue, partition), (records, _)) in &writes {
-        let mut buffer = BytesMut::new();
-        let options = RecordEncodeOptions { version: 2, compression: Compression::None };
-        RecordBatchEncoder::encode(&mut buffer, records, &options)
-            .map_err(|e| Refused(reply::INTERNAL_ERROR, format!("could not encode records: {e}")))?;
+    for ((queue, partition), (records, _)) in &mut writes {
+        let batch = one_batch(records)?;
         let topic = topics.entry(queue.clone()).or_insert_with(|| {
             let mut topic = TopicProduceData::default();
             topic.name = TopicName(StrBytes::from_string(queue.clone()));
@@ -96,7 +90,7 @@ pub async fn publish(
         });
         let mut data = PartitionProduceData::default();
         data.index = *partition;
-        data.records = Some(buffer.freeze());
+        data.records = Some(batch);
         topic.partition_data.push(data);
     }
     let mut request = ProduceRequest::default();
@@ -126,4 +120,40 @@ pub async fn publish(
         }
     }
     Ok(outcomes)
+}
+
+/// `records` as the one batch a Produce takes per partition: the encoder writes offsets as
+/// deltas, which must rise, and keeps records in one batch while offset minus sequence
+/// stays the same (the batch's base sequence is then -1: no producer id).
+fn one_batch(records: &mut [kafka_protocol::records::Record]) -> Result<bytes::Bytes, Refused> {
+    for (index, record) in records.iter_mut().enumerate() {
+        record.offset = index as i64;
+        record.sequence = index as i32 - 1;
+    }
+    let mut buffer = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buffer, &*records, &options)
+        .map_err(|e| Refused(reply::INTERNAL_ERROR, format!("could not encode records: {e}")))?;
+    Ok(buffer.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_records_of_one_partition_encode_as_one_batch() {
+        let message = Message {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties: Default::default(),
+            body: bytes::Bytes::from_static(b"x"),
+        };
+        let mut records: Vec<_> = (0..3).map(|_| to_record(&message, 0)).collect();
+        let mut bytes = one_batch(&mut records).unwrap();
+        let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+        assert_eq!(sets.len(), 1, "one batch");
+        assert_eq!(sets[0].records.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(sets[0].records[0].sequence, -1);
+    }
 }
