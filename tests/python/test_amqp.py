@@ -399,3 +399,18 @@ def test_logins_and_acls_decide_who_declares_publishes_and_consumes(tmp_path):
         alice.basic_consume(queue="orders", on_message_callback=lambda *a: None)
     assert refused.value.reply_code == 403
     broker.stop()
+
+
+def test_transactions_publish_on_commit_only(amqp):
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare(queue="ledger", durable=True)
+    channel.tx_select()
+    channel.basic_publish(exchange="", routing_key="ledger", body=b"rolled back")
+    channel.tx_rollback()
+    channel.basic_publish(exchange="", routing_key="ledger", body=b"committed")
+    assert channel.basic_get("ledger", auto_ack=True) == (None, None, None), "nothing before the commit"
+    channel.tx_commit()
+    assert [body for _, _, body in receive(channel, "ledger", 1)] == [b"committed"]
+    assert channel.basic_get("ledger", auto_ack=True) == (None, None, None)
+    connection.close()

@@ -33,10 +33,17 @@ pub struct Published {
     pub mandatory: bool,
 }
 
+/// The publishes and settlements of an open transaction, applied at commit.
+#[derive(Default)]
+struct Transaction {
+    publishes: Vec<Published>,
+    settlements: Vec<(Unacked, Settlement)>,
+}
+
 /// What the connection hands a channel.
 pub enum ChannelInput {
     Method(AMQPClass),
-    Publish(Published),
+    Publish(Box<Published>),
     /// Close the channel with this soft error: (code, text, class id, method id).
     Refuse(u16, String, u16, u16),
     /// The client closed the channel: release, answer close-ok, end.
@@ -65,8 +72,8 @@ pub struct Channel {
     confirm: bool,
     /// The delivery tag of the last publish (confirm mode counts them).
     published: u64,
-    /// In transaction mode: the publishes and settlements of the open transaction.
-    transaction: Option<(Vec<Published>, Vec<(Unacked, Settlement)>)>,
+    /// In transaction mode: the open transaction.
+    transaction: Option<Transaction>,
     partitioner: Partitioner,
     pending: VecDeque<ChannelInput>,
 }
@@ -118,7 +125,7 @@ impl Channel {
             };
             let outcome = match input {
                 ChannelInput::Publish(first) => {
-                    let batch = self.gather_publishes(first, &mut inputs);
+                    let batch = self.gather_publishes(*first, &mut inputs);
                     self.publish(batch).await
                 }
                 ChannelInput::Method(method) => self.method(method).await,
@@ -180,7 +187,7 @@ impl Channel {
         let mut batch = vec![first];
         while batch.len() < PUBLISH_BATCH_MAX {
             match inputs.try_recv() {
-                Ok(ChannelInput::Publish(next)) => batch.push(next),
+                Ok(ChannelInput::Publish(next)) => batch.push(*next),
                 Ok(other) => {
                     self.pending.push_back(other);
                     break;
@@ -196,8 +203,8 @@ impl Channel {
         if self.confirm {
             self.published += batch.len() as u64;
         }
-        if let Some((publishes, _)) = self.transaction.as_mut() {
-            publishes.extend(batch);
+        if let Some(transaction) = self.transaction.as_mut() {
+            transaction.publishes.extend(batch);
             return Ok(());
         }
         let messages: Vec<Message> = batch.iter().map(|p| p.message.clone()).collect();
@@ -575,7 +582,7 @@ impl Channel {
             .ok_or_else(|| Refused(reply::PRECONDITION_FAILED, format!("unknown delivery tag {tag}")))?;
         let settled = taken.into_iter().map(|(_, u)| (u, settlement));
         match self.transaction.as_mut() {
-            Some((_, settlements)) => settlements.extend(settled),
+            Some(transaction) => transaction.settlements.extend(settled),
             None => self.settle(settled.collect()),
         }
         Ok(())
@@ -651,18 +658,18 @@ impl Channel {
                 if self.confirm {
                     return Err(Refused(reply::PRECONDITION_FAILED, "cannot switch from confirm to tx mode".into()));
                 }
-                self.transaction.get_or_insert_with(Default::default);
+                self.transaction.get_or_insert_with(Transaction::default);
                 self.send(AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {}))).await;
             }
             tx::AMQPMethod::Commit(_) => {
-                let Some((publishes, settlements)) = self.transaction.replace(Default::default()) else {
+                let Some(transaction) = self.transaction.replace(Transaction::default()) else {
                     return Err(Refused(reply::PRECONDITION_FAILED, "channel is not transactional".into()));
                 };
-                self.commit(publishes, settlements).await?;
+                self.commit(transaction).await?;
                 self.send(AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {}))).await;
             }
             tx::AMQPMethod::Rollback(_) => {
-                if self.transaction.replace(Default::default()).is_none() {
+                if self.transaction.replace(Transaction::default()).is_none() {
                     return Err(Refused(reply::PRECONDITION_FAILED, "channel is not transactional".into()));
                 }
                 self.send(AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {}))).await;
@@ -673,12 +680,8 @@ impl Channel {
     }
 
     /// A transaction's publishes, stored together, then its settlements.
-    async fn commit(
-        &mut self,
-        publishes: Vec<Published>,
-        settlements: Vec<(Unacked, Settlement)>,
-    ) -> Result<(), Refused> {
-        for chunk in publishes.chunks(PUBLISH_BATCH_MAX) {
+    async fn commit(&mut self, transaction: Transaction) -> Result<(), Refused> {
+        for chunk in transaction.publishes.chunks(PUBLISH_BATCH_MAX) {
             let messages: Vec<Message> = chunk.iter().map(|p| p.message.clone()).collect();
             let outcomes = publish::publish(&self.server, &self.session, &mut self.partitioner, &messages).await?;
             if outcomes.contains(&Outcome::Failed) {
@@ -690,7 +693,7 @@ impl Channel {
                 }
             }
         }
-        self.settle(settlements);
+        self.settle(transaction.settlements);
         Ok(())
     }
 

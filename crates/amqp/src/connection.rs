@@ -464,7 +464,7 @@ impl Connection {
             body: content.body.into(),
         };
         let published = Published { message, mandatory: content.publish.mandatory };
-        let _ = open.inbox.send(ChannelInput::Publish(published)).await;
+        let _ = open.inbox.send(ChannelInput::Publish(Box::new(published))).await;
     }
 
     /// Closes every channel (what they hold is released) and deletes the exclusive queues

@@ -173,6 +173,9 @@ pub enum ReaderCommand {
     Stop,
 }
 
+/// Where a `basic.get` wants its answer, and whether it acknowledges on receipt.
+type GetRequest = (oneshot::Sender<Result<Option<Got>, Refused>>, bool);
+
 /// A record `basic.get` took.
 pub struct Got {
     pub delivery_tag: u64,
@@ -261,7 +264,7 @@ struct Reader {
 }
 
 impl Reader {
-    fn apply(&mut self, command: ReaderCommand) -> Option<(oneshot::Sender<Result<Option<Got>, Refused>>, bool)> {
+    fn apply(&mut self, command: ReaderCommand) -> Option<GetRequest> {
         match command {
             ReaderCommand::Settle(settled) => self.acks.extend(settled),
             ReaderCommand::Stop => self.stopping = true,

@@ -58,7 +58,12 @@ impl AmqpGateway {
         }
     }
 
-    fn run(&self, session: ClientSession, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+    fn run(
+        &self,
+        session: ClientSession,
+        api_version: i16,
+        request: RequestKind,
+    ) -> GatewayFuture<'static, Option<ResponseKind>> {
         let Some(api) = api_of(&request) else {
             tracing::error!("the AMQP front door sent a request it has no rule for");
             return Box::pin(async { None });
@@ -86,7 +91,12 @@ impl Gateway for AmqpGateway {
         self.broker.authorized(&client, OP_CREATE, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
     }
 
-    fn call(&self, session: &Session, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+    fn call(
+        &self,
+        session: &Session,
+        api_version: i16,
+        request: RequestKind,
+    ) -> GatewayFuture<'static, Option<ResponseKind>> {
         self.run(self.client_session(&session.principal, session.peer), api_version, request)
     }
 
