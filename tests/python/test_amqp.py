@@ -1,4 +1,5 @@
-"""AMQP 0-9-1: RabbitMQ's own Python client (pika) against `sluice serve --amqp-listen`.
+"""AMQP 0-9-1: RabbitMQ's own clients (pika, and the Java `amqp-client`) against
+`sluice serve --amqp-listen`.
 
 RabbitMQ's tutorials, run as they are written (hello world, work queues, publish/subscribe,
 routing, topics, RPC); publisher confirms surviving `kill -9`; requeue and redelivery; the
@@ -17,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from conftest import Broker, free_port
+from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
 
 READ_TIMEOUT_S = 20.0
 
@@ -116,6 +118,14 @@ def test_a_message_not_acknowledged_is_redelivered_flagged(amqp):
     bodies = sorted(body for _, _, body in receive(channel, "jobs", 1, auto_ack=True))
     assert bodies and all(b in (b"job", b"second") for b in bodies)
     connection.close()
+
+
+def test_the_java_client_runs_rabbitmqs_tutorials(amqp, java_cp):  # noqa: F811
+    res = run_java(java_cp, "sluice.tests.AmqpTutorials", ["--host", "127.0.0.1", "--port", str(amqp.amqp_port)],
+                   timeout=120)
+    assert res.returncode == 0, f"{res.report()}\n--- broker log (tail) ---\n{amqp.log()[-4000:]}"
+    for tutorial in ["hello-world", "work-queues", "publish-subscribe", "routing", "topics", "rpc"]:
+        assert f"tutorial {tutorial} ok" in res.stdout, res.report()
 
 
 def test_publish_subscribe_routing_and_topics(amqp):
