@@ -340,6 +340,8 @@ def close_code(sock) -> int:
     (struct.pack(">BHI", 1, 1, 5) + struct.pack(">HH", 60, 80) + b"\x01\xce", 502),  # truncated basic.ack
     (struct.pack(">BHI", 3, 1, 1 << 20) + b"\x00", 501),  # above frame_max
     (struct.pack(">BHI", 3, 5, 1) + b"x\xce", 504),  # body on a channel never opened
+    (struct.pack(">BHI", 1, 1, 5) + struct.pack(">HH", 20, 10) + b"\x00\xce"  # channel.open, then
+     + struct.pack(">BHI", 2, 1, 14) + struct.pack(">HHQH", 60, 0, 0, 0) + b"\xce", 505),  # a header, no publish
 ])
 def test_bad_frames_close_the_connection_with_rabbitmqs_codes(amqp, frame, code):
     sock = raw_handshake(amqp.amqp_port)
