@@ -61,7 +61,9 @@ def test_hello_world_and_work_queues(amqp):
     channel = connection.channel()
     channel.queue_declare(queue="hello")
     channel.basic_publish(exchange="", routing_key="hello", body=b"Hello World!")
-    [(method, _, body)] = receive(channel, "hello", 1)
+    channel.basic_publish(exchange="", routing_key="hello", body=b"Hello again")
+    assert channel.queue_declare(queue="hello", passive=True).method.message_count == 2
+    [(method, _, body), _] = receive(channel, "hello", 2)
     assert body == b"Hello World!" and method.routing_key == "hello" and not method.redelivered
 
     # Work queues: a durable queue, persistent messages, fair dispatch (prefetch 1) to two

@@ -518,7 +518,9 @@ impl Channel {
         self.last_queue = Some(name.clone());
         if !declare.nowait {
             let consumer_count = self.server.queues.consumers(&name) as u32;
-            let ok = queue::DeclareOk { queue: name.into(), message_count: 0, consumer_count };
+            let partitions = self.server.topology.queue(&name).map_or(Ok(1), |q| queues::partitions(&q.arguments))?;
+            let message_count = queues::message_count(&*self.server.gateway, &self.session, &name, partitions).await;
+            let ok = queue::DeclareOk { queue: name.into(), message_count, consumer_count };
             self.send(AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok))).await;
         }
         Ok(())

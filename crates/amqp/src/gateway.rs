@@ -61,5 +61,4 @@ pub mod versions {
     pub const SHARE_FETCH: i16 = 1;
     pub const SHARE_ACKNOWLEDGE: i16 = 1;
     pub const DESCRIBE_SHARE_GROUP_OFFSETS: i16 = 0;
-    pub const ALTER_SHARE_GROUP_OFFSETS: i16 = 0;
 }

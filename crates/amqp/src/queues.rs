@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::describe_share_group_offsets_request::{
+    DescribeShareGroupOffsetsRequestGroup, DescribeShareGroupOffsetsRequestTopic,
+};
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{
-    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest,
-    RequestKind, ResponseKind, TopicName,
+    CreateTopicsRequest, DeleteRecordsRequest, DeleteTopicsRequest, DescribeShareGroupOffsetsRequest, GroupId,
+    IncrementalAlterConfigsRequest, ListOffsetsRequest, RequestKind, ResponseKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -206,6 +209,32 @@ pub async fn offsets(
         bounds.push(found);
     }
     Ok(bounds[0].iter().copied().zip(bounds[1].iter().copied()).collect())
+}
+
+/// The records of queue `name` its share group has not yet settled below (its start offset
+/// on each partition, or the log start where it never fetched): ready and unacknowledged
+/// messages together. 0 when `session` may not see them.
+pub async fn message_count(gateway: &dyn Gateway, session: &Session, name: &str, partitions: i32) -> u32 {
+    let Ok(bounds) = offsets(gateway, session, name, partitions).await else { return 0 };
+    let mut topic = DescribeShareGroupOffsetsRequestTopic::default();
+    topic.topic_name = TopicName(StrBytes::from_string(name.to_string()));
+    topic.partitions = (0..partitions).collect();
+    let mut group = DescribeShareGroupOffsetsRequestGroup::default();
+    group.group_id = GroupId(StrBytes::from_string(name.to_string()));
+    group.topics = Some(vec![topic]);
+    let mut request = DescribeShareGroupOffsetsRequest::default();
+    request.groups = vec![group];
+    let answer = call(gateway, Some(session), versions::DESCRIBE_SHARE_GROUP_OFFSETS, request.into()).await;
+    let mut starts = vec![-1i64; bounds.len()];
+    if let Ok(ResponseKind::DescribeShareGroupOffsets(response)) = answer {
+        for partition in response.groups.iter().flat_map(|g| &g.topics).flat_map(|t| &t.partitions) {
+            if let Some(start) = starts.get_mut(partition.partition_index as usize) {
+                *start = partition.start_offset;
+            }
+        }
+    }
+    let count: i64 = bounds.iter().zip(&starts).map(|(&(log_start, end), &start)| end - start.max(log_start)).sum();
+    count.clamp(0, u32::MAX as i64) as u32
 }
 
 /// Deletes every record of queue `name` now in it; returns how many there were.

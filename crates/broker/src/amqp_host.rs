@@ -44,6 +44,7 @@ fn api_of(request: &RequestKind) -> Option<ApiKey> {
         RequestKind::ShareGroupHeartbeat(_) => ApiKey::ShareGroupHeartbeat,
         RequestKind::ShareFetch(_) => ApiKey::ShareFetch,
         RequestKind::ShareAcknowledge(_) => ApiKey::ShareAcknowledge,
+        RequestKind::DescribeShareGroupOffsets(_) => ApiKey::DescribeShareGroupOffsets,
         _ => return None,
     })
 }
