@@ -468,3 +468,69 @@ fn a_crash_after_segments_are_removed_and_before_the_checkpoint_loses_nothing() 
     assert_eq!(latest_by_key(&consume(&reopened)), expected);
     assert!(segment_files(dir.path()).len() <= 4, "{:?}", segment_files(dir.path()));
 }
+
+/// An idempotent producer's batch of one record per key, starting at `sequence`.
+fn idempotent(producer_id: i64, sequence: i32, keys: &[&str]) -> Bytes {
+    let value = "y".repeat(100);
+    let records: Vec<Record> = (0..)
+        .zip(keys)
+        .map(|(i, key)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id,
+            producer_epoch: 0,
+            timestamp_type: TimestampType::Creation,
+            offset: i64::from(i),
+            sequence: sequence + i,
+            timestamp: NOW_MS,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
+    buf.freeze()
+}
+
+#[test]
+fn a_segment_left_with_a_producers_last_batch_header_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(dir.path(), compacted_config()).unwrap();
+    // Producer 5's batches fill the first segments; its last one (sequence 40) is followed
+    // by plain updates of every key, so a pass keeps only its header.
+    let keys = ["k0", "k1", "k2", "k3", "k4"];
+    for round in 0..10 {
+        partition.append(&idempotent(5, round * 5, &keys), 0, NOW_MS).unwrap();
+    }
+    let last_base = partition.offsets().log_end_offset - 5;
+    let expected = write_rounds(&partition, 20);
+    let holding_last = *segment_files(dir.path()).range(..=last_base).next_back().unwrap().0;
+    assert!(holding_last > 0, "the producer's last batch is not in the first segment");
+
+    let stats = clean(&partition, NOW_MS).expect("a pass is due");
+    assert!(stats.segments_removed > 0, "{stats:?}");
+    let after = segment_files(dir.path());
+    assert!(after.get(&holding_last).is_some_and(|&size| size > 0), "{after:?}");
+    assert_eq!(latest_by_key(&consume(&partition)), expected);
+
+    // Replayed from the log alone, the producer's sequence survives: a retry of its last
+    // batch is a duplicate, and its next batch is in order.
+    let end = partition.offsets().log_end_offset;
+    drop(partition);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snapshot") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets().log_end_offset, end);
+    let retry = reopened.append(&idempotent(5, 45, &keys), 0, NOW_MS).unwrap();
+    assert!(retry.duplicate && retry.base_offset == last_base, "{retry:?}");
+    let next = reopened.append(&idempotent(5, 50, &keys), 0, NOW_MS).unwrap();
+    assert!(!next.duplicate && next.base_offset == end, "{next:?}");
+}
