@@ -17,6 +17,28 @@
 //!    (then its header stays, so the producer's sequence survives a replay).
 //! 4. The copy is fsynced and moved over the original ([`Partition::install_cleaned`]):
 //!    a rename, so a crash leaves the original or the copy, never both or neither.
+//! 5. A copy left without a single batch is not installed: its segment leaves the log and
+//!    the original's files are deleted, leaving a gap in the offsets (as between the batches
+//!    of a cleaned segment; recovery accepts a segment that ends before the next starts, and
+//!    reads go on at the next segment). Two segments are kept even empty: the log's first,
+//!    whose base is the log start offset when no log-start file says otherwise (removing it
+//!    would move the start), and the active one, never cleaned. So a log whose old records
+//!    are all superseded holds one empty segment at its head, not one per segment cleaned.
+//!    The segments are not merged: small non-empty ones stay as they are.
+//!
+//! Crash safety of a removal: the superseded records' later versions are in sealed
+//! segments (fsynced before they were sealed) that this pass keeps them in, so from the
+//! unlink on either the original is found again at a restart (records the log holds later
+//! versions of: a valid log, cleaned again by the next pass) or it is gone, which is what
+//! its empty copy would have held. A batch the cleaner keeps (a key's latest record, the
+//! header of a producer's last batch, a kept marker) makes the copy non-empty, so no such
+//! batch leaves with a removed segment. The removed segment's base offset is nothing the
+//! log or the files beside it depend on: producer snapshots, the leader-epoch cache and the
+//! cleaner's checkpoint hold offsets, which stay valid over a gap; the log end is the
+//! active segment's; WAL replay appends past the log end only. The directory is fsynced
+//! before the pass's checkpoint is written, so a checkpoint never covers a removal a crash
+//! could undo. Compacted topics are never tiered (the topic config refuses it), and a
+//! tiered log's segments are never removed here.
 //!
 //! The cleaner runs on its own thread, off the produce and fetch paths, and its reads and
 //! writes are paced by `log.cleaner.io.max.bytes.per.second` so it cannot take the disk
@@ -31,7 +53,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::batch::{self, BatchHeader, BatchIter, BATCH_HEADER_BYTES};
-use crate::log::{CleanableSegment, CleaningPlan, Partition, CLEANING_DIR};
+use crate::log::{CleanableSegment, CleaningPlan, Installed, Partition, CLEANING_DIR};
 use crate::records;
 use crate::segment::Segment;
 
@@ -74,7 +96,10 @@ impl CleanerSettings {
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CleanStats {
+    /// Segments replaced by their cleaned copy.
     pub segments_rewritten: usize,
+    /// Segments left with no batch, and so removed from the log.
+    pub segments_removed: usize,
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub records_removed: u64,
@@ -155,8 +180,10 @@ pub fn clean_partition(
         };
         if let Some(cleaned) = copy_cleaned(partition, segment, &cleaning_dir, &mut filter, now_ms, pacer, &mut stats)?
         {
-            if partition.install_cleaned(segment, cleaned)? {
-                stats.segments_rewritten += 1;
+            match partition.install_cleaned(segment, cleaned)? {
+                Installed::Replaced => stats.segments_rewritten += 1,
+                Installed::Removed => stats.segments_removed += 1,
+                Installed::Dropped => {}
             }
         }
     }

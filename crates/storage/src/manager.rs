@@ -435,6 +435,7 @@ fn cleaner_loop(
                         topic = %tp.topic,
                         partition = tp.partition,
                         segments = stats.segments_rewritten,
+                        segments_removed = stats.segments_removed,
                         bytes_before = stats.bytes_before,
                         bytes_after = stats.bytes_after,
                         records_removed = stats.records_removed,

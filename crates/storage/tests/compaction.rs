@@ -334,3 +334,203 @@ fn transaction_markers_go_once_their_records_are_gone_and_delete_retention_passe
     assert_eq!(reopened.offsets().last_stable_offset, end);
     assert!(!reopened.has_open_transaction(7) && !reopened.has_open_transaction(9));
 }
+
+/// The `.log` files of the partition: base offset -> size.
+fn segment_files(dir: &std::path::Path) -> BTreeMap<i64, u64> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "log"))
+        .map(|path| {
+            let base = path.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+            (base, std::fs::metadata(&path).unwrap().len())
+        })
+        .collect()
+}
+
+/// Rounds of updates to five keys, one batch per round, over many segments, then a
+/// sentinel that seals them all; returns the key -> latest value map.
+fn write_rounds(partition: &Partition, rounds: usize) -> BTreeMap<String, Option<String>> {
+    let mut expected = BTreeMap::new();
+    for round in 0..rounds {
+        let values: Vec<(String, String)> =
+            (0..5).map(|k| (format!("k{k}"), format!("v{round}-{k}-{}", "x".repeat(100)))).collect();
+        let records: Vec<(&str, Option<&str>)> = values.iter().map(|(k, v)| (k.as_str(), Some(v.as_str()))).collect();
+        partition.append(&batch(&records, NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+        expected.extend(values.into_iter().map(|(k, v)| (k, Some(v))));
+    }
+    let filler = "f".repeat(2100);
+    partition.append(&batch(&[("sentinel", Some(&filler))], NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+    partition.append(&batch(&[("sentinel", Some("last"))], NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+    expected
+}
+
+#[test]
+fn segments_a_pass_empties_leave_the_log_except_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(dir.path(), compacted_config()).unwrap();
+    let expected = write_rounds(&partition, 40);
+    let before = segment_files(dir.path());
+    assert!(before.len() > 10, "{before:?}");
+    let offsets = partition.offsets();
+
+    let stats = clean(&partition, NOW_MS).expect("a pass is due");
+    let after = segment_files(dir.path());
+    let first = *before.keys().next().unwrap();
+    let active = *before.keys().next_back().unwrap();
+    // Left: the first segment (emptied, it holds the log start), the segment with the last
+    // round, the sentinel's and the active one; every other segment held only superseded
+    // records and is gone, index included.
+    assert!(after.contains_key(&first) && after.contains_key(&active), "{after:?}");
+    let emptied: Vec<_> = after.iter().filter(|&(&base, &size)| size == 0 && base != first && base != active).collect();
+    assert!(emptied.is_empty(), "emptied segments kept: {emptied:?} of {after:?}");
+    assert!(after.len() <= 4, "{after:?}");
+    assert_eq!(stats.segments_removed, before.len() - after.len(), "{stats:?}");
+    for base in before.keys().filter(|base| !after.contains_key(base)) {
+        assert!(!dir.path().join(format!("{base:020}.index")).exists(), "index of removed segment {base}");
+    }
+    assert_eq!(partition.offsets(), offsets, "the log start and end stay");
+    let seen = consume(&partition);
+    assert_eq!(latest_by_key(&seen), expected);
+    assert_eq!(seen.len(), 5 + 2);
+    // A read at an offset of a removed segment goes on at the next segment.
+    let removed = *before.keys().find(|base| !after.contains_key(base)).unwrap();
+    let read = partition.read(removed, 1 << 20, true, ReadMode::MayBlock).unwrap();
+    let first_read = sluice_storage::batch::BatchIter::new(&read).next().unwrap().unwrap().0;
+    assert!(first_read.base_offset > removed, "{} after {removed}", first_read.base_offset);
+
+    // A restart recovers the same log over the gaps, from the index files or scanning.
+    partition.close().unwrap();
+    drop(partition);
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets(), offsets);
+    assert_eq!(consume(&reopened), seen);
+    drop(reopened);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "index" || e == "snapshot") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let scanned = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(scanned.offsets(), offsets);
+    assert_eq!(consume(&scanned), seen);
+    // A second pass finds nothing more to remove, and appends go on.
+    scanned.append(&batch(&[("k1", Some("new"))], NOW_MS, Compression::None), 0, NOW_MS).unwrap();
+    assert_eq!(scanned.offsets().log_end_offset, offsets.log_end_offset + 1);
+}
+
+#[test]
+fn a_crash_after_segments_are_removed_and_before_the_checkpoint_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(dir.path(), compacted_config()).unwrap();
+    let expected = write_rounds(&partition, 40);
+    let before = segment_files(dir.path());
+    let offsets = partition.offsets();
+    let originals = tempfile::tempdir().unwrap();
+    for base in before.keys() {
+        let name = format!("{base:020}.log");
+        std::fs::copy(dir.path().join(&name), originals.path().join(&name)).unwrap();
+    }
+    // A pass that stops part way: segments removed, no directory fsync, no checkpoint.
+    let settings = CleanerSettings::default();
+    let mut pacer = IoPacer::new(settings.io_max_bytes_per_second);
+    let calls = std::cell::Cell::new(0);
+    let stop = || {
+        calls.set(calls.get() + 1);
+        calls.get() > 6
+    };
+    let stats = clean_partition(&partition, NOW_MS, &settings, &mut pacer, &stop).unwrap().unwrap();
+    assert!(stats.segments_removed >= 4, "{stats:?}");
+    assert!(!dir.path().join("cleaner-offset").exists(), "the pass was cut before its checkpoint");
+    let after = segment_files(dir.path());
+    let removed: Vec<i64> = before.keys().copied().filter(|base| !after.contains_key(base)).collect();
+    assert!(removed.len() >= 4, "segments removed by the pass cut short: {removed:?} of {after:?}");
+    assert_eq!(removed.len(), stats.segments_removed);
+    // Dropped without a close, as by a crash: every record the cleaner keeps is found again.
+    drop(partition);
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets(), offsets);
+    let seen = consume(&reopened);
+    assert_eq!(latest_by_key(&seen), expected);
+    drop(reopened);
+    // A crash that took back some unlinks (the directory was not fsynced yet): the
+    // originals come back between the gaps, with older values, and the latest still wins.
+    for base in removed.iter().step_by(2) {
+        let name = format!("{base:020}.log");
+        std::fs::copy(originals.path().join(&name), dir.path().join(&name)).unwrap();
+    }
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets(), offsets);
+    assert_eq!(latest_by_key(&consume(&reopened)), expected);
+    // The next pass finishes the work.
+    clean(&reopened, NOW_MS).expect("the rest is still dirty");
+    assert_eq!(latest_by_key(&consume(&reopened)), expected);
+    assert!(segment_files(dir.path()).len() <= 4, "{:?}", segment_files(dir.path()));
+}
+
+/// An idempotent producer's batch of one record per key, starting at `sequence`.
+fn idempotent(producer_id: i64, sequence: i32, keys: &[&str]) -> Bytes {
+    let value = "y".repeat(100);
+    let records: Vec<Record> = (0..)
+        .zip(keys)
+        .map(|(i, key)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id,
+            producer_epoch: 0,
+            timestamp_type: TimestampType::Creation,
+            offset: i64::from(i),
+            sequence: sequence + i,
+            timestamp: NOW_MS,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
+    buf.freeze()
+}
+
+#[test]
+fn a_segment_left_with_a_producers_last_batch_header_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let partition = Partition::open(dir.path(), compacted_config()).unwrap();
+    // Producer 5's batches fill the first segments; its last one (sequence 40) is followed
+    // by plain updates of every key, so a pass keeps only its header.
+    let keys = ["k0", "k1", "k2", "k3", "k4"];
+    for round in 0..10 {
+        partition.append(&idempotent(5, round * 5, &keys), 0, NOW_MS).unwrap();
+    }
+    let last_base = partition.offsets().log_end_offset - 5;
+    let expected = write_rounds(&partition, 20);
+    let holding_last = *segment_files(dir.path()).range(..=last_base).next_back().unwrap().0;
+    assert!(holding_last > 0, "the producer's last batch is not in the first segment");
+
+    let stats = clean(&partition, NOW_MS).expect("a pass is due");
+    assert!(stats.segments_removed > 0, "{stats:?}");
+    let after = segment_files(dir.path());
+    assert!(after.get(&holding_last).is_some_and(|&size| size > 0), "{after:?}");
+    assert_eq!(latest_by_key(&consume(&partition)), expected);
+
+    // Replayed from the log alone, the producer's sequence survives: a retry of its last
+    // batch is a duplicate, and its next batch is in order.
+    let end = partition.offsets().log_end_offset;
+    drop(partition);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snapshot") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let reopened = Partition::open(dir.path(), compacted_config()).unwrap();
+    assert_eq!(reopened.offsets().log_end_offset, end);
+    let retry = reopened.append(&idempotent(5, 45, &keys), 0, NOW_MS).unwrap();
+    assert!(retry.duplicate && retry.base_offset == last_base, "{retry:?}");
+    let next = reopened.append(&idempotent(5, 50, &keys), 0, NOW_MS).unwrap();
+    assert!(!next.duplicate && next.base_offset == end, "{next:?}");
+}

@@ -51,7 +51,7 @@ use crate::producer_state::ProducerStateTable;
 use crate::segment::Segment;
 
 pub use self::read::{read_file_range, FileRange, FILE_RANGE_BYTES_MIN};
-pub(crate) use self::retention::{CleanableSegment, CleaningPlan};
+pub(crate) use self::retention::{CleanableSegment, CleaningPlan, Installed};
 pub use self::tier::SealedSegment;
 
 const LOG_START_OFFSET_FILE: &str = "log-start-offset";

@@ -13,8 +13,11 @@
 //! fsyncs the directory before returning; a crash before that may bring the oldest segments
 //! back (the log start moves back to them, and the next pass deletes them again), never
 //! lose one it did not delete. A cleaned segment replaces its original by an atomic rename
-//! made durable before it is used ([`crate::segment::Segment::move_into`]); the cleaner's
-//! checkpoint is written atomically and fsynced after, so a crash only means cleaning again.
+//! made durable before it is used ([`crate::segment::Segment::move_into`]); a cleaned copy
+//! without a batch instead removes its segment (not the first, not the active one): it
+//! leaves the log's map, then its files are unlinked under the head lock, as retention's
+//! are. The cleaner's checkpoint is written atomically and fsynced after the directory, so
+//! a crash only means cleaning again.
 
 use std::io;
 use std::sync::Arc;
@@ -36,6 +39,17 @@ pub(crate) struct CleaningPlan {
     pub(crate) config: LogConfig,
     /// Aborted transactions: their records are dropped, never kept as a key's latest.
     pub(crate) aborted: Vec<AbortedTransaction>,
+}
+
+/// What [`Partition::install_cleaned`] did with a cleaned copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Installed {
+    /// The copy took the original's place.
+    Replaced,
+    /// The copy held no batch: the original left the log and its files were deleted.
+    Removed,
+    /// The log changed under the cleaner: the copy was dropped, the log left as it was.
+    Dropped,
 }
 
 pub(crate) struct CleanableSegment {
@@ -197,19 +211,48 @@ impl Partition {
 
     /// Puts a cleaned copy in place of `original`, unless the log changed under the
     /// cleaner (the segment was deleted by retention or truncation): then the copy is
-    /// dropped and false returned.
-    pub(crate) fn install_cleaned(&self, original: &CleanableSegment, mut cleaned: Segment) -> io::Result<bool> {
-        let mut state = self.state.lock();
-        let unchanged = state.segments.get(&original.base).is_some_and(|s| s.has_file_slot(&original.slot));
-        if !unchanged || state.failed {
-            cleaned.delete_files()?;
-            return Ok(false);
+    /// dropped and [`Installed::Dropped`] returned. A copy without a batch is not installed
+    /// when its segment is neither the log's first (which holds the log start) nor the
+    /// active one: the segment leaves the log and its files are deleted
+    /// ([`Installed::Removed`]), leaving a gap in the offsets as compaction does between
+    /// batches. Its unlinks are made durable by the directory fsync before the pass's
+    /// checkpoint ([`crate::cleaner`]).
+    pub(crate) fn install_cleaned(&self, original: &CleanableSegment, mut cleaned: Segment) -> io::Result<Installed> {
+        // Held over the unlinks, as retention does: a cut or a reset reloading the log from
+        // its directory must not find the removed segment's files still there.
+        let _head = self.head_lock.lock();
+        let removed = {
+            let mut state = self.state.lock();
+            let unchanged = state.segments.get(&original.base).is_some_and(|s| s.has_file_slot(&original.slot));
+            if !unchanged || state.failed {
+                cleaned.delete_files()?;
+                return Ok(Installed::Dropped);
+            }
+            assert_eq!(cleaned.base_offset(), original.base);
+            assert!(cleaned.next_offset() <= original.end, "a cleaned segment stays within its offsets");
+            let first_base = *state.segments.keys().next().expect("non-empty");
+            let removable = cleaned.is_empty()
+                && original.base > first_base
+                && original.base < first_unsealed_base(&state)
+                && !state.config.remote_storage;
+            if !removable {
+                cleaned.move_into(&self.dir)?;
+                state.segments.insert(original.base, cleaned);
+                return Ok(Installed::Replaced);
+            }
+            state.segments.remove(&original.base).expect("the original segment")
+        };
+        // An empty copy left behind by an error goes when the log next opens (the cleaning
+        // directory is emptied then).
+        let _ = cleaned.delete_files();
+        // Readers that hold the original's file keep reading it; one that opens it again
+        // finds it gone and locates its offset again, in the gap (`log/read.rs`).
+        if let Err(error) = removed.delete_files() {
+            // Left on disk, it comes back at the next start with records the log holds
+            // later versions of, for the next pass to clean again.
+            tracing::warn!(dir = %self.dir.display(), base = original.base, %error, "failed to delete an emptied segment");
         }
-        assert_eq!(cleaned.base_offset(), original.base);
-        assert!(cleaned.next_offset() <= original.end, "a cleaned segment stays within its offsets");
-        cleaned.move_into(&self.dir)?;
-        state.segments.insert(original.base, cleaned);
-        Ok(true)
+        Ok(Installed::Removed)
     }
 
     /// Records a finished pass: segments below `cleaned_up_to` are clean, and the next
