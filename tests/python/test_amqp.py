@@ -428,3 +428,90 @@ def test_transactions_publish_on_commit_only(amqp):
     assert [body for _, _, body in receive(channel, "ledger", 1)] == [b"committed"]
     assert channel.basic_get("ledger", auto_ack=True) == (None, None, None)
     connection.close()
+
+
+def get_one(channel, queue: str, timeout_s: float = READ_TIMEOUT_S):
+    """`basic.get` until `queue` gives a message (a share group's first fetch may come back empty)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        method, properties, body = channel.basic_get(queue, auto_ack=False)
+        if method is not None:
+            return method, properties, body
+        time.sleep(0.1)
+    raise AssertionError(f"{queue}: no message within {timeout_s}s")
+
+
+def death(properties) -> dict:
+    [entry, *_] = properties.headers["x-death"]
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in entry.items()}
+
+
+def test_dead_letter_exchanges_take_rejected_expired_and_over_delivered_messages(amqp):
+    """RabbitMQ's dead-lettering: a message rejected without requeue, one older than the
+    queue's `x-message-ttl` or its own `expiration`, and one returned more often than
+    `x-delivery-limit` allows, each republished to the queue's `x-dead-letter-exchange` with
+    an `x-death` header saying why; without a dead-letter exchange an expired message is
+    dropped; a wrong argument is refused with 406."""
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.exchange_declare("dlx", exchange_type="direct")
+    channel.queue_declare("dead", durable=True)
+    for key in ("work", "parked"):
+        channel.queue_bind("dead", "dlx", routing_key=key)
+    channel.queue_declare("work", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+    channel.queue_declare("short", durable=True, arguments={
+        "x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "parked", "x-message-ttl": 300})
+    channel.queue_declare("retried", durable=True, arguments={"x-dead-letter-exchange": "dlx",
+                                                              "x-delivery-limit": 1})
+    channel.queue_bind("retried", "amq.direct", routing_key="work")
+    channel.confirm_delivery()
+
+    # Rejected without requeue: dead-lettered with the routing key it was published with.
+    channel.basic_publish("", "work", b"refused", properties=pika.BasicProperties(headers={"trace": "t1"}))
+    method, _, _ = get_one(channel, "work")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    method, properties, body = get_one(channel, "dead")
+    assert body == b"refused" and method.exchange == "dlx" and method.routing_key == "work"
+    assert death(properties) | {"time": None} == {
+        "count": 1, "reason": "rejected", "queue": "work", "exchange": "", "routing-keys": ["work"], "time": None}
+    assert properties.headers["x-first-death-reason"] == "rejected" and properties.headers["trace"] == "t1"
+    channel.basic_ack(method.delivery_tag)
+
+    # Expired in the queue (its TTL), or by its own expiration on a queue without TTL.
+    channel.basic_publish("", "short", b"stale")
+    channel.basic_publish("", "work", b"own-ttl", properties=pika.BasicProperties(expiration="200"))
+    time.sleep(0.6)
+    assert channel.basic_get("short", auto_ack=False) == (None, None, None)
+    method, properties, body = get_one(channel, "dead")
+    assert (body, method.routing_key, death(properties)["reason"]) == (b"stale", "parked", "expired")
+    channel.basic_ack(method.delivery_tag)
+    assert channel.basic_get("work", auto_ack=False) == (None, None, None)
+    method, properties, body = get_one(channel, "dead")
+    assert body == b"own-ttl" and death(properties)["original-expiration"] == "200"
+    assert properties.expiration is None
+    channel.basic_ack(method.delivery_tag)
+
+    # Returned once (the limit), redelivered with x-delivery-count; returned again: dead.
+    channel.basic_publish("amq.direct", "work", b"flaky")
+    method, properties, _ = get_one(channel, "retried")
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    method, properties, _ = get_one(channel, "retried")
+    assert method.redelivered and properties.headers["x-delivery-count"] == 1
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    method, properties, body = get_one(channel, "dead")
+    assert body == b"flaky" and death(properties)["reason"] == "delivery_limit"
+    assert death(properties)["exchange"] == "amq.direct"
+    channel.basic_ack(method.delivery_tag)
+    assert channel.basic_get("retried", auto_ack=False) == (None, None, None)
+
+    # No dead-letter exchange: an expired message is dropped.
+    channel.queue_declare("fleeting", arguments={"x-message-ttl": 100})
+    channel.basic_publish("", "fleeting", b"gone")
+    time.sleep(0.3)
+    assert channel.basic_get("fleeting", auto_ack=False) == (None, None, None)
+    assert channel.queue_declare("dead", passive=True).method.message_count == 0
+
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_declare("bad", arguments={"x-dead-letter-routing-key": "k"})
+    assert refused.value.reply_code == 406 and "x-dead-letter-exchange" in refused.value.reply_text
+    connection.close()

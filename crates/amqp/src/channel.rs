@@ -16,6 +16,7 @@ use rand::distr::{Alphanumeric, SampleString};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::consumer::{self, ConsumerSpec, Deliveries, Outlet, ReaderCommand, ReaderHandle, Settlement, Unacked};
+use crate::dead_letter::QueuePolicy;
 use crate::frames::{encode, reply};
 use crate::gateway::Session;
 use crate::messages::{Delivered, Message};
@@ -208,7 +209,7 @@ impl Channel {
             return Ok(());
         }
         let messages: Vec<Message> = batch.iter().map(|p| p.message.clone()).collect();
-        let outcomes = publish::publish(&self.server, &self.session, &mut self.partitioner, &messages)
+        let outcomes = publish::publish(&self.server, Some(&self.session), &mut self.partitioner, &messages)
             .await
             .map_err(|refused| (refused, 60, 40))?;
         for (published, outcome) in batch.iter().zip(&outcomes) {
@@ -499,10 +500,16 @@ impl Channel {
             self.server.queues.check_access(&name, self.connection)?;
             let arguments = arguments_text(&declare.arguments);
             let partitions = queues::partitions(&arguments)?;
+            let policy = QueuePolicy::parse(&arguments)?;
+            if policy.dead_letter_exchange.is_some() {
+                // Dead letters are republished by the broker: naming where they go is routing.
+                self.check_routing_allowed()?;
+            }
             let known = self.server.topology.queue(&name).is_some();
             let created = queues::create_topic(&*self.server.gateway, &self.session, &name, partitions).await?;
             if created || !known {
-                queues::start_at_earliest(&*self.server.gateway, &name).await?;
+                queues::configure_share_group(&*self.server.gateway, &name, policy.share_delivery_count_limit())
+                    .await?;
             }
             let queue = Queue {
                 durable: declare.durable,
@@ -592,7 +599,7 @@ impl Channel {
 
     async fn consume(&mut self, consume: basic::Consume) -> Result<(), Refused> {
         let name = self.queue_name(consume.queue.as_str())?;
-        self.existing_queue(&name)?;
+        let policy = QueuePolicy::parse(&self.existing_queue(&name)?.arguments)?;
         let tag = match consume.consumer_tag.as_str() {
             "" => format!("amq.ctag-{}", Alphanumeric.sample_string(&mut rand::rng(), 22)),
             tag => tag.to_string(),
@@ -604,9 +611,10 @@ impl Channel {
         let (joined, joined_answer) = oneshot::channel();
         let (go, go_answer) = oneshot::channel();
         let reader = consumer::start(
-            self.server.gateway.clone(),
+            self.server.clone(),
             self.session.clone(),
             name.clone(),
+            policy,
             self.deliveries.clone(),
             self.outlet.clone(),
             Some((spec, consumer::Start { joined, go: go_answer })),
@@ -624,12 +632,13 @@ impl Channel {
 
     async fn get(&mut self, get: basic::Get) -> Result<(), Refused> {
         let name = self.queue_name(get.queue.as_str())?;
-        self.existing_queue(&name)?;
+        let policy = QueuePolicy::parse(&self.existing_queue(&name)?.arguments)?;
         let reader = self.getters.entry(name.clone()).or_insert_with(|| {
             consumer::start(
-                self.server.gateway.clone(),
+                self.server.clone(),
                 self.session.clone(),
                 name.clone(),
+                policy,
                 self.deliveries.clone(),
                 self.outlet.clone(),
                 None,
@@ -685,7 +694,8 @@ impl Channel {
     async fn commit(&mut self, transaction: Transaction) -> Result<(), Refused> {
         for chunk in transaction.publishes.chunks(PUBLISH_BATCH_MAX) {
             let messages: Vec<Message> = chunk.iter().map(|p| p.message.clone()).collect();
-            let outcomes = publish::publish(&self.server, &self.session, &mut self.partitioner, &messages).await?;
+            let outcomes =
+                publish::publish(&self.server, Some(&self.session), &mut self.partitioner, &messages).await?;
             if outcomes.contains(&Outcome::Failed) {
                 return Err(Refused(reply::INTERNAL_ERROR, "a queue refused a message of the transaction".into()));
             }

@@ -33,10 +33,13 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::dead_letter::{self, QueuePolicy, Reason};
 use crate::frames::{encode, reply};
 use crate::gateway::{versions, Gateway, Session};
 use crate::messages::{from_record, Delivered};
+use crate::publish::Partitioner;
 use crate::topology::Refused;
+use crate::Server;
 
 /// How long a member's fetch waits for records when it has nothing to acknowledge.
 const LONG_POLL_MS: i32 = 500;
@@ -46,6 +49,8 @@ const FETCH_RECORDS_MAX: u32 = 500;
 const FETCH_BYTES_MAX: i32 = 8 * 1024 * 1024;
 /// How long a `basic.get` waits for its member to be given the queue's partitions.
 const GET_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Fetches one `basic.get` makes at most (records the queue gives up on are skipped).
+const GET_FETCHES_MAX: usize = 100;
 /// The pause before a member tries again after the broker could not serve it.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -229,19 +234,35 @@ pub struct Start {
     pub go: oneshot::Receiver<()>,
 }
 
-/// Starts a reader of `queue` for `consumer` (None: one that serves `basic.get`).
+/// Starts a reader of `queue` (which gives up on messages as `policy` says) for `consumer`
+/// (None: one that serves `basic.get`).
 pub fn start(
-    gateway: Arc<dyn Gateway>,
+    server: Arc<Server>,
     session: Session,
     queue: String,
+    policy: QueuePolicy,
     deliveries: Arc<Deliveries>,
     outlet: Outlet,
     consumer: Option<(ConsumerSpec, Start)>,
 ) -> ReaderHandle {
     let id = NEXT_READER.fetch_add(1, Ordering::Relaxed);
     let (commands, inbox) = mpsc::unbounded_channel();
-    let member = Member::new(gateway, session, &queue);
-    let reader = Reader { id, member, deliveries, outlet, inbox, acks: Vec::new(), stopping: false, cancelled: false };
+    let member = Member::new(server.gateway.clone(), session, &queue);
+    let reader = Reader {
+        id,
+        member,
+        server,
+        policy,
+        partitioner: Partitioner::default(),
+        held: HashMap::new(),
+        doomed: Vec::new(),
+        deliveries,
+        outlet,
+        inbox,
+        acks: Vec::new(),
+        stopping: false,
+        cancelled: false,
+    };
     tokio::spawn(async move {
         match consumer {
             Some((spec, start)) => reader.consume(spec, start).await,
@@ -254,6 +275,16 @@ pub fn start(
 struct Reader {
     id: u64,
     member: Member,
+    server: Arc<Server>,
+    policy: QueuePolicy,
+    /// Spreads dead letters over the partitions of their queues.
+    partitioner: Partitioner,
+    /// What the client holds unacknowledged, by record: a reject or a return past the
+    /// delivery limit is a dead letter.
+    held: HashMap<(Uuid, i32, i64), Held>,
+    /// Records settled by the client that the queue gives up on, to dead-letter before
+    /// they are accepted.
+    doomed: Vec<Doomed>,
     deliveries: Arc<Deliveries>,
     outlet: Outlet,
     inbox: mpsc::UnboundedReceiver<ReaderCommand>,
@@ -266,7 +297,15 @@ struct Reader {
 impl Reader {
     fn apply(&mut self, command: ReaderCommand) -> Option<GetRequest> {
         match command {
-            ReaderCommand::Settle(settled) => self.acks.extend(settled),
+            ReaderCommand::Settle(settled) => {
+                for (unacked, settlement) in settled {
+                    let held = self.held.remove(&(unacked.topic_id, unacked.partition, unacked.offset));
+                    match held.and_then(|held| self.settled_reason(&held, settlement).map(|r| (held.message, r))) {
+                        Some((message, reason)) => self.doomed.push((unacked, message, reason)),
+                        None => self.acks.push((unacked, settlement)),
+                    }
+                }
+            }
             ReaderCommand::Stop => self.stopping = true,
             ReaderCommand::Cancel => self.cancelled = true,
             ReaderCommand::Get { reply, no_ack } => return Some((reply, no_ack)),
@@ -286,6 +325,7 @@ impl Reader {
             while let Ok(command) = self.inbox.try_recv() {
                 self.apply(command);
             }
+            self.give_up_settled().await;
             let settled = self.acks.is_empty() && self.deliveries.held_by(self.id) == 0;
             if self.stopping || (self.cancelled && settled) {
                 break;
@@ -321,13 +361,17 @@ impl Reader {
                     while let Ok(command) = self.inbox.try_recv() {
                         self.apply(command);
                     }
+                    let mut given_up = Vec::new();
                     for record in fetched {
                         if self.cancelled || self.stopping {
                             self.acks.push((record.unacked(self.id), Settlement::Release));
+                        } else if let Some(doomed) = self.verdict(&record) {
+                            given_up.push(doomed);
                         } else {
                             self.deliver(&spec, record).await;
                         }
                     }
+                    self.give_up(given_up).await;
                 }
                 Err(error) if matches!(error.0, reply::NOT_FOUND | reply::ACCESS_REFUSED) => {
                     self.cancelled(&spec, &error).await;
@@ -342,17 +386,74 @@ impl Reader {
         self.finish().await;
     }
 
-    /// Hands `record` to the consumer; with no_ack it is accepted at once.
-    async fn deliver(&mut self, spec: &ConsumerSpec, record: Acquired) {
-        let unacked =
-            Unacked { reader: self.id, topic_id: record.topic_id, partition: record.partition, offset: record.offset };
-        let delivery_tag = if spec.no_ack {
-            self.acks.push((unacked, Settlement::Accept));
-            self.deliveries.unrecorded_tag()
-        } else {
-            self.deliveries.record(unacked)
-        };
+    /// Why the queue gives up on a record the client settled this way: rejected (with a
+    /// dead-letter exchange), or returned once more than its delivery limit allows.
+    fn settled_reason(&self, held: &Held, settlement: Settlement) -> Option<Reason> {
+        match settlement {
+            Settlement::Reject if self.policy.keeps_rejected() => Some(Reason::Rejected),
+            Settlement::Release if u32::try_from(held.delivery_count).unwrap_or(0) > self.policy.delivery_limit => {
+                Some(Reason::DeliveryLimit)
+            }
+            _ => None,
+        }
+    }
+
+    /// The record with its message and why the queue gives up on it, if it does.
+    fn verdict(&self, record: &Acquired) -> Option<Doomed> {
         let message = from_record(&record.record);
+        let reason = self.policy.verdict(&message, record.record.timestamp, record.delivery_count, now_ms())?;
+        Some((record.unacked(self.id), Some(message), reason))
+    }
+
+    /// Dead-letters `doomed` (or drops it, with no dead-letter exchange), then accepts it in
+    /// its queue; if the dead letters could not be stored, it goes back to the queue.
+    async fn give_up(&mut self, doomed: Vec<Doomed>) {
+        if doomed.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let queue = &self.member.topic;
+        let letters: Vec<_> = doomed
+            .iter()
+            .filter_map(|(_, message, reason)| self.policy.dead_letter(queue, message.clone()?, *reason, now))
+            .collect();
+        let settlement = match dead_letter::store(&self.server, &mut self.partitioner, &letters).await {
+            Ok(()) => Settlement::Accept,
+            Err(Refused(_, text)) => {
+                tracing::warn!(queue = %self.member.topic, %text, "dead letters not stored: their messages go back");
+                Settlement::Release
+            }
+        };
+        self.acks.extend(doomed.into_iter().map(|(unacked, _, _)| (unacked, settlement)));
+    }
+
+    async fn give_up_settled(&mut self) {
+        let doomed = std::mem::take(&mut self.doomed);
+        self.give_up(doomed).await;
+    }
+
+    /// The delivery tag of `record`, handed to the client: with no_ack it is accepted at
+    /// once; otherwise it is the client's to settle (and held: how it is settled may make it
+    /// a dead letter, which needs the message only when there is a dead-letter exchange).
+    fn hand_out(&mut self, record: &Acquired, message: &Delivered, no_ack: bool) -> u64 {
+        let unacked = record.unacked(self.id);
+        if no_ack {
+            self.acks.push((unacked, Settlement::Accept));
+            return self.deliveries.unrecorded_tag();
+        }
+        let held = Held {
+            delivery_count: record.delivery_count,
+            message: self.policy.keeps_rejected().then(|| message.clone()),
+        };
+        self.held.insert((record.topic_id, record.partition, record.offset), held);
+        self.deliveries.record(unacked)
+    }
+
+    /// Hands `record` to the consumer.
+    async fn deliver(&mut self, spec: &ConsumerSpec, record: Acquired) {
+        let message = from_record(&record.record);
+        let delivery_tag = self.hand_out(&record, &message, spec.no_ack);
+        let message = dead_letter::with_delivery_count(message, record.delivery_count);
         let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
             consumer_tag: spec.tag.clone().into(),
             delivery_tag,
@@ -382,6 +483,7 @@ impl Reader {
             if self.stopping {
                 break;
             }
+            self.give_up_settled().await;
             if !self.acks.is_empty() && self.member.has_session() {
                 let acks = std::mem::take(&mut self.acks);
                 let _ = self.member.acknowledge(&acks).await;
@@ -397,29 +499,28 @@ impl Reader {
             tokio::time::sleep(RETRY_PAUSE).await;
             self.member.heartbeat().await?;
         }
-        // A new session's first fetch loads the share-partitions' state: one more try.
-        for _ in 0..2 {
+        // A new session's first fetch loads the share-partitions' state: one more try. A
+        // record the queue gives up on (expired, delivered too often) does not count.
+        let mut empty_fetches = 0;
+        let mut fetches = 0;
+        while empty_fetches < 2 && fetches < GET_FETCHES_MAX {
+            fetches += 1;
             let acks = std::mem::take(&mut self.acks);
             let mut fetched = self.member.fetch(&acks, 1, 0).await?.into_iter();
-            let Some(first) = fetched.next() else { continue };
-            let extra: Vec<(Unacked, Settlement)> = fetched
-                .map(|r| {
-                    let unacked =
-                        Unacked { reader: self.id, topic_id: r.topic_id, partition: r.partition, offset: r.offset };
-                    (unacked, Settlement::Release)
-                })
-                .collect();
-            self.acks.extend(extra);
-            let unacked =
-                Unacked { reader: self.id, topic_id: first.topic_id, partition: first.partition, offset: first.offset };
-            let delivery_tag = if no_ack {
-                self.acks.push((unacked, Settlement::Accept));
-                self.deliveries.unrecorded_tag()
-            } else {
-                self.deliveries.record(unacked)
+            let Some(first) = fetched.next() else {
+                empty_fetches += 1;
+                continue;
             };
+            self.acks.extend(fetched.map(|r| (r.unacked(self.id), Settlement::Release)));
+            if let Some(doomed) = self.verdict(&first) {
+                self.give_up(vec![doomed]).await;
+                continue;
+            }
+            let message = from_record(&first.record);
+            let delivery_tag = self.hand_out(&first, &message, no_ack);
             let redelivered = first.delivery_count > 1;
-            return Ok(Some(Got { delivery_tag, redelivered, message: from_record(&first.record) }));
+            let message = dead_letter::with_delivery_count(message, first.delivery_count);
+            return Ok(Some(Got { delivery_tag, redelivered, message }));
         }
         Ok(None)
     }
@@ -429,6 +530,7 @@ impl Reader {
         while let Ok(command) = self.inbox.try_recv() {
             self.apply(command);
         }
+        self.give_up_settled().await;
         let held = self.deliveries.take_reader(self.id);
         self.acks.extend(held.into_iter().map(|u| (u, Settlement::Release)));
         if self.member.has_session() && !self.acks.is_empty() {
@@ -438,6 +540,18 @@ impl Reader {
         self.member.leave().await;
     }
 }
+
+/// A record the client holds unacknowledged.
+struct Held {
+    /// Its acquisitions so far, this one included.
+    delivery_count: i16,
+    /// The message, when a dead letter may need it.
+    message: Option<Delivered>,
+}
+
+/// A record the queue gives up on: its message (None: dropped whatever the queue's dead-letter
+/// exchange) and why.
+type Doomed = (Unacked, Option<Delivered>, Reason);
 
 /// A record a member acquired.
 struct Acquired {
@@ -763,4 +877,8 @@ fn collect_acquired(
         };
         out.push(Acquired { topic_id, partition, offset: record.offset, delivery_count: range.delivery_count, record });
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

@@ -18,12 +18,14 @@
 //! Modules: [`frames`] reads and writes frames (the codec is `amq-protocol`'s);
 //! [`connection`] negotiates and multiplexes channels; [`channel`] runs one channel's
 //! methods; [`publish`] routes and produces; [`consumer`] is one share-group member that
-//! feeds one AMQP consumer; [`messages`] maps AMQP messages to Kafka records and back;
+//! feeds one AMQP consumer; [`dead_letter`] gives up on messages as RabbitMQ does
+//! (rejected, expired, delivered too often); [`messages`] maps AMQP messages to Kafka records and back;
 //! [`queues`] declares and deletes the topics behind queues.
 
 pub mod channel;
 pub mod connection;
 pub mod consumer;
+pub mod dead_letter;
 pub mod frames;
 pub mod gateway;
 pub mod messages;

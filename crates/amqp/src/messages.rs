@@ -146,6 +146,19 @@ fn property_texts(properties: &AMQPProperties) -> Vec<(&'static str, String)> {
     fields.into_iter().filter_map(|(name, value)| value.map(|v| (name, v))).collect()
 }
 
+/// `properties` without its `expiration` (a dead letter must not expire again for the same
+/// reason; `x-death` keeps the original).
+pub fn without_expiration(properties: &AMQPProperties) -> AMQPProperties {
+    let mut kept = AMQPProperties::default();
+    for (name, text) in property_texts(properties).into_iter().filter(|(name, _)| *name != "expiration") {
+        kept = with_property(kept, name, &text);
+    }
+    match properties.headers() {
+        Some(headers) => kept.with_headers(headers.clone()),
+        None => kept,
+    }
+}
+
 /// `properties` with the property `name` set from its text (an unknown name or an
 /// unreadable number is left out).
 fn with_property(properties: AMQPProperties, name: &str, text: &str) -> AMQPProperties {

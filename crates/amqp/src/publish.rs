@@ -46,11 +46,11 @@ impl Partitioner {
     }
 }
 
-/// Routes and stores `messages`; an unknown exchange is a channel error (404), as in
-/// RabbitMQ, and refuses the whole batch.
+/// Routes and stores `messages` as `session` (None: as the broker, for dead letters); an
+/// unknown exchange is a channel error (404), as in RabbitMQ, and refuses the whole batch.
 pub async fn publish(
     server: &Server,
-    session: &Session,
+    session: Option<&Session>,
     partitioner: &mut Partitioner,
     messages: &[Message],
 ) -> Result<Vec<Outcome>, Refused> {
@@ -97,7 +97,10 @@ pub async fn publish(
     request.acks = -1;
     request.timeout_ms = PRODUCE_TIMEOUT_MS;
     request.topic_data = topics.into_values().collect();
-    let answer = server.gateway.call(session, versions::PRODUCE, RequestKind::Produce(request)).await;
+    let answer = match session {
+        Some(session) => server.gateway.call(session, versions::PRODUCE, RequestKind::Produce(request)).await,
+        None => server.gateway.call_internal(versions::PRODUCE, RequestKind::Produce(request)).await,
+    };
     let Some(ResponseKind::Produce(response)) = answer else {
         return Err(Refused(reply::INTERNAL_ERROR, "the broker gave no answer to a produce".into()));
     };

@@ -124,17 +124,28 @@ pub async fn create_topic(
     }
 }
 
-/// Makes the share group of queue `name` start at the earliest record. Part of declaring
-/// the queue (which `session` was allowed), so it runs as the broker.
-pub async fn start_at_earliest(gateway: &dyn Gateway, name: &str) -> Result<(), Refused> {
-    let mut config = AlterableConfig::default();
-    config.name = StrBytes::from_static_str("share.auto.offset.reset");
-    config.config_operation = 0;
-    config.value = Some(StrBytes::from_static_str("earliest"));
+/// Sets up the share group of queue `name`: it starts at the earliest record, and acquires a
+/// record at most `delivery_count_limit` times (what the queue's delivery limit needs). Part
+/// of declaring the queue (which the declaring user was allowed), so it runs as the broker.
+pub async fn configure_share_group(
+    gateway: &dyn Gateway,
+    name: &str,
+    delivery_count_limit: i16,
+) -> Result<(), Refused> {
+    let config = |key: &'static str, value: String| {
+        let mut config = AlterableConfig::default();
+        config.name = StrBytes::from_static_str(key);
+        config.config_operation = 0;
+        config.value = Some(StrBytes::from_string(value));
+        config
+    };
     let mut resource = AlterConfigsResource::default();
     resource.resource_type = RESOURCE_GROUP;
     resource.resource_name = StrBytes::from_string(name.to_string());
-    resource.configs = vec![config];
+    resource.configs = vec![
+        config("share.auto.offset.reset", "earliest".into()),
+        config("share.delivery.count.limit", delivery_count_limit.to_string()),
+    ];
     let mut request = IncrementalAlterConfigsRequest::default();
     request.resources = vec![resource];
     let answer =
