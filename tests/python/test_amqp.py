@@ -515,3 +515,55 @@ def test_dead_letter_exchanges_take_rejected_expired_and_over_delivered_messages
         channel.queue_declare("bad", arguments={"x-dead-letter-routing-key": "k"})
     assert refused.value.reply_code == 406 and "x-dead-letter-exchange" in refused.value.reply_text
     connection.close()
+
+
+def test_amqp_and_amqps_ports_are_named_in_listeners(tmp_path):
+    """`listeners` names AMQP ports as RabbitMQ users write them, `AMQP://` and `AMQPS://`
+    (TLS with the broker's `ssl.keystore.*`): pika over TLS checks the broker's certificate,
+    publishes and consumes, and sees what was published on the plain port; a client that
+    does not trust the certificate gets no connection."""
+    import ssl
+
+    from tls_certs import make_pki
+    pki = make_pki(tmp_path / "pki")
+    kafka, amqp, amqps = free_port(), free_port(), free_port()
+    broker = Broker(tmp_path / "data", port=kafka, extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{kafka},AMQP://127.0.0.1:{amqp},AMQPS://127.0.0.1:{amqps}",
+        "--override", f"ssl.keystore.location={pki.server}"]).start()
+    try:
+        assert f"AMQP 0-9-1 at amqps://127.0.0.1:{amqps}/" in broker.log()
+        plain = connect(amqp)
+        plain.channel().queue_declare("over-tls", durable=True)
+        plain.channel().basic_publish("", "over-tls", b"plain")
+        plain.close()
+
+        def tls_params(cafile):
+            context = ssl.create_default_context(cafile=str(cafile))
+            return pika.ConnectionParameters("127.0.0.1", amqps, ssl_options=pika.SSLOptions(context, "127.0.0.1"),
+                                             credentials=pika.PlainCredentials("guest", "guest"))
+
+        secure = pika.BlockingConnection(tls_params(pki.ca))
+        channel = secure.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", "over-tls", b"secure")
+        assert sorted(body for _, _, body in receive(channel, "over-tls", 2)) == [b"plain", b"secure"]
+        secure.close()
+        with pytest.raises((pika.exceptions.AMQPConnectionError, ssl.SSLError)):
+            pika.BlockingConnection(tls_params(pki.other_ca))
+    finally:
+        broker.stop()
+
+
+def test_amqp_ports_named_twice_or_without_a_keystore_are_refused_at_start(tmp_path):
+    from test_startup import run_serve
+    port = free_port()
+    cases = [
+        (["--amqp-listen", f"127.0.0.1:{free_port()}",
+          "--override", f"listeners=PLAINTEXT://127.0.0.1:{port},AMQP://127.0.0.1:{free_port()}"], "not both"),
+        (["--override", f"listeners=PLAINTEXT://127.0.0.1:{port},AMQPS://127.0.0.1:{free_port()}"], "AMQPS listener"),
+        (["--override", f"listeners=AMQP://127.0.0.1:{port}"], "Kafka listeners"),
+    ]
+    for args, named in cases:
+        result = run_serve("--data-dir", str(tmp_path / "d"), *args)
+        assert result.returncode != 0, f"{args} was accepted"
+        assert named in result.stderr, f"{args}: error does not say {named!r}: {result.stderr}"

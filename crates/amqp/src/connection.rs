@@ -16,9 +16,7 @@ use std::time::Duration;
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable, LongString};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::channel::{ChannelInput, Published};
@@ -50,8 +48,12 @@ pub struct Negotiated {
 /// A connection-level error: the connection closes with this code and text.
 struct HardError(u16, String);
 
-pub async fn run(stream: TcpStream, peer: SocketAddr, server: Arc<Server>) {
-    let (read, mut write) = stream.into_split();
+/// A connection's byte streams, whatever carries them (TCP, or TLS over TCP).
+pub type ReadStream = Box<dyn AsyncRead + Send + Unpin>;
+pub type WriteStream = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Serves one connection, read from `read` and written to `write`, until it ends.
+pub async fn run(read: ReadStream, mut write: WriteStream, peer: SocketAddr, server: Arc<Server>) {
     let mut reader = FrameReader::new(read, FRAME_MAX_BYTES);
     let negotiated =
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut write, peer, &server)).await {
@@ -77,11 +79,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, server: Arc<Server>) {
 }
 
 /// Writes queued frames; sends a heartbeat when nothing was written for half the interval.
-async fn write_frames(
-    mut write: tokio::net::tcp::OwnedWriteHalf,
-    mut outgoing: mpsc::Receiver<Vec<u8>>,
-    heartbeat: u16,
-) {
+async fn write_frames(mut write: WriteStream, mut outgoing: mpsc::Receiver<Vec<u8>>, heartbeat: u16) {
     let idle =
         if heartbeat == 0 { Duration::from_secs(3600) } else { Duration::from_millis(u64::from(heartbeat) * 500) };
     loop {
@@ -111,7 +109,7 @@ fn close_frame(code: u16, text: &str, class_id: u16, method_id: u16) -> Vec<u8> 
     ))
 }
 
-async fn next_method(reader: &mut FrameReader<OwnedReadHalf>) -> Result<AMQPClass, Option<HardError>> {
+async fn next_method(reader: &mut FrameReader<ReadStream>) -> Result<AMQPClass, Option<HardError>> {
     loop {
         match reader.next().await {
             Ok(AMQPFrame::Method(0, method)) => return Ok(method),
@@ -144,8 +142,8 @@ fn server_properties() -> FieldTable {
 }
 
 async fn handshake(
-    reader: &mut FrameReader<OwnedReadHalf>,
-    write: &mut tokio::net::tcp::OwnedWriteHalf,
+    reader: &mut FrameReader<ReadStream>,
+    write: &mut WriteStream,
     peer: SocketAddr,
     server: &Server,
 ) -> Result<Negotiated, Option<HardError>> {
@@ -273,7 +271,7 @@ struct Connection {
 
 impl Connection {
     /// Reads and dispatches frames until the connection ends; an error closes it with a code.
-    async fn serve(&mut self, reader: &mut FrameReader<OwnedReadHalf>) -> Result<(), HardError> {
+    async fn serve(&mut self, reader: &mut FrameReader<ReadStream>) -> Result<(), HardError> {
         let timeout = match self.negotiated.heartbeat {
             0 => Duration::from_secs(u64::MAX / 4),
             beat => Duration::from_secs(u64::from(beat) * 2),

@@ -38,6 +38,7 @@ use std::sync::Arc;
 
 pub use gateway::{Gateway, GatewayFuture, Session};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 /// The largest frame this server accepts or sends (RabbitMQ's default).
 pub const FRAME_MAX_BYTES: u32 = 128 * 1024;
@@ -77,8 +78,12 @@ impl Server {
     }
 }
 
-/// Accepts AMQP connections on `listener` for as long as the broker runs.
-pub async fn serve(listener: TcpListener, server: Arc<Server>) {
+/// How long a client has to finish its TLS handshake on an AMQPS port.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Accepts AMQP connections on `listener` for as long as the broker runs; over TLS (AMQPS)
+/// when `tls` is given.
+pub async fn serve(listener: TcpListener, server: Arc<Server>, tls: Option<TlsAcceptor>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(pair) => pair,
@@ -94,8 +99,22 @@ pub async fn serve(listener: TcpListener, server: Arc<Server>) {
         };
         let _ = stream.set_nodelay(true);
         let server = server.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            connection::run(stream, peer, server).await;
+            match tls {
+                None => {
+                    let (read, write) = stream.into_split();
+                    connection::run(Box::new(read), Box::new(write), peer, server).await;
+                }
+                Some(tls) => match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let (read, write) = tokio::io::split(stream);
+                        connection::run(Box::new(read), Box::new(write), peer, server).await;
+                    }
+                    Ok(Err(error)) => tracing::debug!(%peer, %error, "AMQPS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "AMQPS handshake timed out"),
+                },
+            }
             drop(permit);
         });
     }

@@ -50,8 +50,9 @@ pub struct HttpListeners {
     pub schema_registry: Option<TcpListener>,
     /// The web console.
     pub console: Option<TcpListener>,
-    /// AMQP 0-9-1 (not HTTP, but bound and served the same way).
-    pub amqp: Option<TcpListener>,
+    /// AMQP 0-9-1 ports (not HTTP, but bound and served the same way): each socket, and
+    /// whether it takes TLS (AMQPS).
+    pub amqp: Vec<(TcpListener, bool)>,
 }
 
 /// Serves clients until `shutdown` resolves, then closes the logs. `listeners` are bound
@@ -87,11 +88,21 @@ pub async fn serve(
         tracing::info!(%address, "console at http://{address}/");
         http_servers.push(tokio::spawn(crate::console_host::serve(config, console_listener)));
     }
-    if let Some(amqp_listener) = http.amqp {
-        let address = amqp_listener.local_addr()?;
+    if !http.amqp.is_empty() {
         let server = crate::amqp_host::server(&broker)?;
-        tracing::info!(%address, "AMQP 0-9-1 at amqp://{address}/");
-        http_servers.push(tokio::spawn(sluice_amqp::serve(amqp_listener, server)));
+        for (amqp_listener, uses_tls) in http.amqp {
+            let address = amqp_listener.local_addr()?;
+            let tls = match uses_tls {
+                false => None,
+                true => Some(
+                    sluice_security::tls::server_acceptor(&broker.config().tls_settings())
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("AMQPS listener: {e}")))?,
+                ),
+            };
+            let scheme = if uses_tls { "amqps" } else { "amqp" };
+            tracing::info!(%address, "AMQP 0-9-1 at {scheme}://{address}/");
+            http_servers.push(tokio::spawn(sluice_amqp::serve(amqp_listener, server.clone(), tls)));
+        }
     }
     let upkeep = tokio::spawn(upkeep_loop(broker.clone()));
     let transactions_upkeep = tokio::spawn(transactions_upkeep_loop(broker.clone()));

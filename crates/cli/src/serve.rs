@@ -366,7 +366,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let metrics_listen = config.metrics_listen;
         let schema_registry_listen = config.schema_registry_listen;
         let console_listen = config.console_listen;
-        let amqp_listen = config.amqp_listen;
+        let amqp_listeners = config.amqp_listeners().map_err(anyhow::Error::msg)?;
         let data_dir = config.data_dir.clone();
         let broker = tokio::task::spawn_blocking(move || Broker::open(config))
             .await?
@@ -376,7 +376,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             metrics: bind_http(metrics_listen, "metrics").await?,
             schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
             console: bind_http(console_listen, "console").await?,
-            amqp: bind_http(amqp_listen, "AMQP").await?,
+            amqp: bind_amqp(&amqp_listeners).await?,
         };
         let mut sockets = Vec::with_capacity(listeners.len());
         for listener in &listeners {
@@ -389,6 +389,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         sluice_broker::server::serve(broker, sockets, http, shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Binds the AMQP ports, each with whether it takes TLS.
+async fn bind_amqp(
+    listeners: &[sluice_security::AmqpListener],
+) -> anyhow::Result<Vec<(tokio::net::TcpListener, bool)>> {
+    let mut bound = Vec::with_capacity(listeners.len());
+    for listener in listeners {
+        let socket = tokio::net::TcpListener::bind(listener.bind)
+            .await
+            .with_context(|| format!("AMQP listener {} on {}", listener.name, listener.bind))?;
+        bound.push((socket, listener.tls));
+    }
+    Ok(bound)
 }
 
 /// Binds an HTTP service's listener, when it has an address.

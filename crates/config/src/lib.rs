@@ -477,6 +477,7 @@ impl BrokerConfig {
         if self.schema_registry_tls && self.schema_registry_listen.is_none() {
             return Err("schema_registry_tls needs schema_registry_listen (--schema-registry-listen)".into());
         }
+        self.amqp_listeners()?;
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
             return Err(format!("max_request_bytes must be in [1024, {}], got {}", i32::MAX, self.max_request_bytes));
         }
@@ -688,6 +689,26 @@ impl BrokerConfig {
             self.advertised_listeners.as_deref(),
             self.listener_security_protocol_map.as_deref(),
         )
+    }
+
+    /// The AMQP 0-9-1 ports: `amqp_listen` (plain), and the `AMQP://` / `AMQPS://` entries of
+    /// `listeners`. Setting both ways is refused: one place says where AMQP is served.
+    pub fn amqp_listeners(&self) -> Result<Vec<sluice_security::AmqpListener>, String> {
+        let named = match &self.listeners {
+            None => Vec::new(),
+            Some(listeners) => sluice_security::parse_amqp_listeners(
+                listeners,
+                self.advertised_listeners.as_deref(),
+                self.listener_security_protocol_map.as_deref(),
+            )?,
+        };
+        match self.amqp_listen {
+            None => Ok(named),
+            Some(_) if !named.is_empty() => {
+                Err("set either `amqp_listen` or AMQP:// listeners in `listeners`, not both".into())
+            }
+            Some(bind) => Ok(vec![sluice_security::AmqpListener { name: "AMQP".into(), bind, tls: false }]),
+        }
     }
 
     /// Index of the listener other nodes fetch from: `inter.broker.listener.name`, else the

@@ -26,7 +26,9 @@ pub mod tls;
 
 pub use acl::{AclSource, Authorizer};
 pub use inter_broker::{is_reserved_user, read_rpc_secret, InterBroker, INTER_BROKER_PRINCIPAL, INTER_BROKER_USER};
-pub use listeners::{inter_broker_listener, parse_listeners, Listener, SecurityProtocol};
+pub use listeners::{
+    inter_broker_listener, parse_amqp_listeners, parse_listeners, AmqpListener, Listener, SecurityProtocol,
+};
 pub use oauth::OauthValidator;
 pub use principal_mapping::PrincipalMappingRules;
 pub use sasl::{password_matches, Authenticator, Mechanism as SaslMechanism, Next, SaslServer};
