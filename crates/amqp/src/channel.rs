@@ -471,6 +471,7 @@ impl Channel {
                     queues::delete_topic(&*self.server.gateway, Some(&self.session), &name).await?;
                     self.server.topology.forget_queue(&name)?;
                     self.server.queues.forget(&name);
+                    self.server.delivered.forget(&name);
                 }
                 if !delete.nowait {
                     self.send(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })))
@@ -728,4 +729,5 @@ pub async fn delete_queue_of_connection(server: &Server, queue: &str) {
     }
     let _ = server.topology.forget_queue(queue);
     server.queues.forget(queue);
+    server.delivered.forget(queue);
 }

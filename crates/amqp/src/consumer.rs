@@ -361,6 +361,12 @@ impl Reader {
                     while let Ok(command) = self.inbox.try_recv() {
                         self.apply(command);
                     }
+                    if let Err(refused) = self.cover(&fetched).await {
+                        tracing::warn!(queue = %self.member.topic, text = %refused.1, "AMQP deliveries held back");
+                        self.acks.extend(fetched.iter().map(|r| (r.unacked(self.id), Settlement::Release)));
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
                     let mut given_up = Vec::new();
                     for record in fetched {
                         if self.cancelled || self.stopping {
@@ -384,6 +390,29 @@ impl Reader {
             }
         }
         self.finish().await;
+    }
+
+    /// Makes sure a crash cannot hide that `records` were handed out (the `redelivered`
+    /// flag after a restart).
+    async fn cover(&self, records: &[Acquired]) -> Result<(), Refused> {
+        let mut highest: BTreeMap<i32, i64> = BTreeMap::new();
+        for record in records {
+            let entry = highest.entry(record.partition).or_insert(record.offset);
+            *entry = (*entry).max(record.offset);
+        }
+        for (partition, offset) in highest {
+            self.server.delivered.cover(&self.member.topic, partition, offset).await.map_err(|error| {
+                Refused(reply::INTERNAL_ERROR, format!("could not record what is delivered: {error}"))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether `record` may have been delivered before: acquired before, or (after a
+    /// restart, which forgets acquisitions) handed out before the node started.
+    fn redelivered(&self, record: &Acquired) -> bool {
+        record.delivery_count > 1
+            || self.server.delivered.before_start(&self.member.topic, record.partition, record.offset)
     }
 
     /// Why the queue gives up on a record the client settled this way: rejected (with a
@@ -457,7 +486,7 @@ impl Reader {
         let method = AMQPClass::Basic(basic::AMQPMethod::Deliver(basic::Deliver {
             consumer_tag: spec.tag.clone().into(),
             delivery_tag,
-            redelivered: record.delivery_count > 1,
+            redelivered: self.redelivered(&record),
             exchange: message.exchange.clone().into(),
             routing_key: message.routing_key.clone().into(),
         }));
@@ -516,9 +545,13 @@ impl Reader {
                 self.give_up(vec![doomed]).await;
                 continue;
             }
+            if let Err(refused) = self.cover(std::slice::from_ref(&first)).await {
+                self.acks.push((first.unacked(self.id), Settlement::Release));
+                return Err(refused);
+            }
             let message = from_record(&first.record);
             let delivery_tag = self.hand_out(&first, &message, no_ack);
-            let redelivered = first.delivery_count > 1;
+            let redelivered = self.redelivered(&first);
             let message = dead_letter::with_delivery_count(message, first.delivery_count);
             return Ok(Some(Got { delivery_tag, redelivered, message }));
         }

@@ -47,6 +47,9 @@ pub trait Gateway: Send + Sync + 'static {
     /// allowed already implies (a queue's share group starting at its first record, the
     /// deletion of an exclusive queue when its connection ends).
     fn call_internal(&self, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>>;
+
+    /// The log end offset of this node's replica of `topic`'s `partition`, if it has one.
+    fn local_log_end(&self, topic: &str, partition: i32) -> Option<i64>;
 }
 
 /// The API versions this crate builds its requests for (ones the broker serves).

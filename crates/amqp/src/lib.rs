@@ -19,13 +19,15 @@
 //! [`connection`] negotiates and multiplexes channels; [`channel`] runs one channel's
 //! methods; [`publish`] routes and produces; [`consumer`] is one share-group member that
 //! feeds one AMQP consumer; [`dead_letter`] gives up on messages as RabbitMQ does
-//! (rejected, expired, delivered too often); [`messages`] maps AMQP messages to Kafka records and back;
+//! (rejected, expired, delivered too often); [`delivered`] remembers what may have been
+//! delivered before a crash; [`messages`] maps AMQP messages to Kafka records and back;
 //! [`queues`] declares and deletes the topics behind queues.
 
 pub mod channel;
 pub mod connection;
 pub mod consumer;
 pub mod dead_letter;
+pub mod delivered;
 pub mod frames;
 pub mod gateway;
 pub mod messages;
@@ -64,14 +66,21 @@ pub struct Server {
     pub gateway: Arc<dyn Gateway>,
     pub topology: topology::Topology,
     pub queues: queues::LocalQueues,
+    /// What may have been delivered before a restart (the `redelivered` flag).
+    pub delivered: delivered::DeliveredMarks,
     connections: Arc<tokio::sync::Semaphore>,
 }
 
 impl Server {
     pub fn new(gateway: Arc<dyn Gateway>, config: &AmqpConfig) -> std::io::Result<Arc<Server>> {
+        let topology = topology::Topology::open(&config.state_dir)?;
+        let delivered = delivered::DeliveredMarks::open(&config.state_dir, |queue, partition| {
+            gateway.local_log_end(queue, partition)
+        })?;
         Ok(Arc::new(Server {
             gateway,
-            topology: topology::Topology::open(&config.state_dir)?,
+            topology,
+            delivered,
             queues: queues::LocalQueues::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
         }))

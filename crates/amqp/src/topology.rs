@@ -387,7 +387,8 @@ fn headers_match(arguments: &BTreeMap<String, String>, headers: &BTreeMap<String
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Replaces `path` with `bytes`: written new, fsynced, renamed, the directory fsynced.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let staged = path.with_extension("json.new");
     let mut file = std::fs::File::create(&staged)?;
     file.write_all(bytes)?;

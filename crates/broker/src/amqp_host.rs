@@ -101,6 +101,14 @@ impl Gateway for AmqpGateway {
         self.run(self.client_session(&session.principal, session.peer), api_version, request)
     }
 
+    fn local_log_end(&self, topic: &str, partition: i32) -> Option<i64> {
+        let log = match &self.broker.replicas {
+            None => self.broker.logs.get_in(topic, partition),
+            Some(replicas) => replicas.get(topic, partition).map(|replica| replica.log.clone()),
+        }?;
+        Some(log.offsets().log_end_offset)
+    }
+
     fn call_internal(&self, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
         let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         self.run(self.client_session(sluice_security::INTER_BROKER_PRINCIPAL, local), api_version, request)
