@@ -573,3 +573,27 @@ def test_amqp_ports_named_twice_or_without_a_keystore_are_refused_at_start(tmp_p
         result = run_serve("--data-dir", str(tmp_path / "d"), *args)
         assert result.returncode != 0, f"{args} was accepted"
         assert named in result.stderr, f"{args}: error does not say {named!r}: {result.stderr}"
+
+
+def test_an_exclusive_consumer_has_the_queue_to_itself(amqp):
+    """`basic.consume` with `exclusive`: refused (403) while the queue has another consumer;
+    once it has the queue, every other consumer is refused, and when it goes others may come."""
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare("solo", durable=True)
+    first = channel.basic_consume("solo", lambda *_: None)
+    other = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        other.basic_consume("solo", lambda *_: None, exclusive=True)
+    assert refused.value.reply_code == 403 and "exclusive access" in refused.value.reply_text
+    channel.basic_cancel(first)
+
+    owner = connection.channel()
+    owner.basic_consume("solo", lambda *_: None, exclusive=True)
+    intruder = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        intruder.basic_consume("solo", lambda *_: None)
+    assert refused.value.reply_code == 403 and "in exclusive use" in refused.value.reply_text
+    owner.close()
+    connection.channel().basic_consume("solo", lambda *_: None)
+    connection.close()

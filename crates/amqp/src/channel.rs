@@ -608,6 +608,7 @@ impl Channel {
         if self.consumers.contains_key(&tag) {
             return Err(Refused(reply::NOT_ALLOWED, format!("attempt to reuse consumer tag '{tag}'")));
         }
+        self.server.queues.consumer_added(&name, consume.exclusive)?;
         let spec = ConsumerSpec { tag: tag.clone(), no_ack: consume.no_ack, prefetch: self.prefetch };
         let (joined, joined_answer) = oneshot::channel();
         let (go, go_answer) = oneshot::channel();
@@ -620,13 +621,18 @@ impl Channel {
             self.outlet.clone(),
             Some((spec, consumer::Start { joined, go: go_answer })),
         );
-        joined_answer.await.map_err(|_| Refused(reply::INTERNAL_ERROR, "the queue reader stopped".into()))??;
+        let joined = joined_answer
+            .await
+            .unwrap_or_else(|_| Err(Refused(reply::INTERNAL_ERROR, "the queue reader stopped".into())));
+        if let Err(refused) = joined {
+            self.server.queues.consumer_removed(&name);
+            return Err(refused);
+        }
         if !consume.nowait {
             let ok = basic::ConsumeOk { consumer_tag: tag.clone().into() };
             self.send(AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(ok))).await;
         }
         let _ = go.send(());
-        self.server.queues.consumer_added(&name);
         self.consumers.insert(tag, reader);
         Ok(())
     }

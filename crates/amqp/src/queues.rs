@@ -286,6 +286,8 @@ struct LocalQueue {
     /// The connection that declared it exclusive.
     owner: Option<u64>,
     consumers: usize,
+    /// Its one consumer asked for exclusive access (`basic.consume` with `exclusive`).
+    exclusive_consumer: bool,
 }
 
 #[derive(Default)]
@@ -321,8 +323,23 @@ impl LocalQueues {
         owned
     }
 
-    pub fn consumer_added(&self, name: &str) {
-        self.queues.lock().entry(name.to_string()).or_default().consumers += 1;
+    /// One consumer of `name` more, unless the queue has an exclusive consumer, or this one
+    /// wants exclusive access and the queue has consumers (403, as RabbitMQ).
+    pub fn consumer_added(&self, name: &str, exclusive: bool) -> Result<(), Refused> {
+        let mut queues = self.queues.lock();
+        let queue = queues.entry(name.to_string()).or_default();
+        if queue.exclusive_consumer {
+            return Err(Refused(reply::ACCESS_REFUSED, format!("queue '{name}' in vhost '/' in exclusive use")));
+        }
+        if exclusive && queue.consumers > 0 {
+            return Err(Refused(
+                reply::ACCESS_REFUSED,
+                format!("cannot obtain exclusive access to locked queue '{name}' in vhost '/'"),
+            ));
+        }
+        queue.consumers += 1;
+        queue.exclusive_consumer = exclusive;
+        Ok(())
     }
 
     /// One consumer of `name` fewer; returns how many remain.
@@ -331,6 +348,9 @@ impl LocalQueues {
         let Some(queue) = queues.get_mut(name) else { return 0 };
         queue.consumers = queue.consumers.saturating_sub(1);
         let left = queue.consumers;
+        if left == 0 {
+            queue.exclusive_consumer = false;
+        }
         if left == 0 && queue.owner.is_none() {
             queues.remove(name);
         }
