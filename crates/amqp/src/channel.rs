@@ -371,12 +371,12 @@ impl Channel {
             }
             exchange::AMQPMethod::Bind(bind) => {
                 self.check_routing_allowed()?;
-                let binding = Binding {
-                    source: bind.source.as_str().to_string(),
-                    destination: Destination::Exchange(bind.destination.as_str().to_string()),
-                    routing_key: bind.routing_key.as_str().to_string(),
-                    arguments: arguments_text(&bind.arguments),
-                };
+                let binding = Binding::new(
+                    bind.source.as_str(),
+                    Destination::Exchange(bind.destination.as_str().to_string()),
+                    bind.routing_key.as_str(),
+                    &bind.arguments,
+                );
                 topology.bind(binding)?;
                 if !bind.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {}))).await;
@@ -384,12 +384,12 @@ impl Channel {
             }
             exchange::AMQPMethod::Unbind(unbind) => {
                 self.check_routing_allowed()?;
-                let binding = Binding {
-                    source: unbind.source.as_str().to_string(),
-                    destination: Destination::Exchange(unbind.destination.as_str().to_string()),
-                    routing_key: unbind.routing_key.as_str().to_string(),
-                    arguments: arguments_text(&unbind.arguments),
-                };
+                let binding = Binding::new(
+                    unbind.source.as_str(),
+                    Destination::Exchange(unbind.destination.as_str().to_string()),
+                    unbind.routing_key.as_str(),
+                    &unbind.arguments,
+                );
                 topology.unbind(&binding)?;
                 if !unbind.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}))).await;
@@ -428,12 +428,12 @@ impl Channel {
                 self.check_routing_allowed()?;
                 let name = self.queue_name(bind.queue.as_str())?;
                 self.existing_queue(&name)?;
-                let binding = Binding {
-                    source: bind.exchange.as_str().to_string(),
-                    destination: Destination::Queue(name),
-                    routing_key: bind.routing_key.as_str().to_string(),
-                    arguments: arguments_text(&bind.arguments),
-                };
+                let binding = Binding::new(
+                    bind.exchange.as_str(),
+                    Destination::Queue(name),
+                    bind.routing_key.as_str(),
+                    &bind.arguments,
+                );
                 self.server.topology.bind(binding)?;
                 if !bind.nowait {
                     self.send(AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {}))).await;
@@ -442,12 +442,12 @@ impl Channel {
             queue::AMQPMethod::Unbind(unbind) => {
                 self.check_routing_allowed()?;
                 let name = self.queue_name(unbind.queue.as_str())?;
-                let binding = Binding {
-                    source: unbind.exchange.as_str().to_string(),
-                    destination: Destination::Queue(name),
-                    routing_key: unbind.routing_key.as_str().to_string(),
-                    arguments: arguments_text(&unbind.arguments),
-                };
+                let binding = Binding::new(
+                    unbind.exchange.as_str(),
+                    Destination::Queue(name),
+                    unbind.routing_key.as_str(),
+                    &unbind.arguments,
+                );
                 self.server.topology.unbind(&binding)?;
                 self.send(AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))).await;
             }

@@ -58,6 +58,8 @@ pub async fn publish(
     let mut outcomes = vec![Outcome::Stored; messages.len()];
     // (queue, partition) -> (records, indexes of their messages)
     let mut writes: BTreeMap<(String, i32), (Vec<kafka_protocol::records::Record>, Vec<usize>)> = BTreeMap::new();
+    // Each queue's partition count, looked up once per batch.
+    let mut partition_counts: HashMap<String, i32> = HashMap::new();
     for (index, message) in messages.iter().enumerate() {
         let queues = server
             .topology
@@ -69,8 +71,15 @@ pub async fn publish(
         }
         let record = to_record(message, now_ms);
         for queue in queues {
-            let partitions =
-                server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
+            let partitions = match partition_counts.get(&queue) {
+                Some(&count) => count,
+                None => {
+                    let count =
+                        server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
+                    partition_counts.insert(queue.clone(), count);
+                    count
+                }
+            };
             let partition = partitioner.pick(&queue, partitions);
             let entry = writes.entry((queue, partition)).or_default();
             entry.0.push(record.clone());

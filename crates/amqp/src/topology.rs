@@ -74,6 +74,18 @@ pub struct Binding {
     pub arguments: BTreeMap<String, String>,
 }
 
+impl Binding {
+    /// The binding a `bind` or `unbind` method names.
+    pub fn new(source: &str, destination: Destination, routing_key: &str, arguments: &FieldTable) -> Binding {
+        Binding {
+            source: source.to_string(),
+            destination,
+            routing_key: routing_key.to_string(),
+            arguments: arguments_text(arguments),
+        }
+    }
+}
+
 /// Why a topology change was refused: an AMQP reply code and text.
 #[derive(Debug, PartialEq)]
 pub struct Refused(pub u16, pub String);
