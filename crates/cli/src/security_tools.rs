@@ -263,7 +263,12 @@ pub fn acl(connection: &ConnectionArgs, format: Format, args: AclArgs) -> anyhow
                 bail!("unexpected answer");
             };
             for (result, operation) in response.results.iter().zip(&operations) {
-                check(result.error_code, result.error_message.as_ref(), &format!("adding {operation}"))?;
+                let what = format!(
+                    "adding ACL {} on {} {name}",
+                    operation.to_ascii_uppercase(),
+                    resource_type_name(resource_type)
+                );
+                check(result.error_code, result.error_message.as_ref(), &what)?;
             }
             println!("added {} on {} {name}", count(operations.len(), "ACL"), resource_type_name(resource_type));
         }

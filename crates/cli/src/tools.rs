@@ -1029,6 +1029,7 @@ fn reset_offsets(
     }
     table.print();
     if !execute {
+        println!();
         println!("(dry run: add --execute to commit these offsets)");
         return Ok(());
     }
