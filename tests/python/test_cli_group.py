@@ -70,7 +70,9 @@ def test_group_list_describe_reset_delete(broker):
     sluice_group(broker, "reset-offsets", "cli-g", "--topic", "cli-t", "--to-offset", "7", "--execute")
     assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 7, 10, 3)]
 
-    sluice_group(broker, "delete", "cli-g")
+    assert sluice_group(broker, "delete", "cli-g") == "deleted group cli-g\n"
+    again = sluice_group(broker, "delete", "cli-g", ok=False)
+    assert again == "error: group cli-g does not exist\nerror: 1 group not deleted\n", again
     assert "cli-g" not in sluice_group(broker, "list")
     assert "error: group cli-g does not exist" in sluice_group(broker, "describe", "cli-g", ok=False)
 

@@ -140,7 +140,7 @@ impl Cluster {
         metadata.brokers.iter().map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port))).collect()
     }
 
-    /// A connection to `address`, or the bootstrap one when it is that broker.
+    /// A new connection to `address` (a partition's leader), with the same settings.
     pub fn connect(&self, address: &str) -> anyhow::Result<KafkaConnection> {
         self.connector.connect(address)
     }

@@ -109,7 +109,7 @@ fn metadata(connector: &Connector, bootstrap: &str, topics: Option<Vec<String>>)
 }
 
 /// The host:port of `group`'s coordinator.
-fn coordinator(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Result<String> {
+pub(crate) fn coordinator(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Result<String> {
     let mut request = FindCoordinatorRequest::default();
     request.key_type = KEY_TYPE_GROUP;
     request.coordinator_keys = vec![StrBytes::from_string(group.to_string())];

@@ -16,13 +16,11 @@ use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsRe
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest, IncrementalAlterConfigsRequest,
-    ListOffsetsRequest, MetadataRequest, ProduceRequest, RequestKind, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest, GroupId,
+    IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, RequestKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -64,6 +62,10 @@ const CONFIG_SET: i8 = 0;
 const CONFIG_DELETE: i8 = 1;
 /// Metadata error code of a partition whose leader is being elected.
 const LEADER_NOT_AVAILABLE: i16 = 5;
+const DELETE_GROUPS_VERSION: i16 = 2;
+/// DeleteGroups error codes said in the tool's own words.
+const NON_EMPTY_GROUP: i16 = 68;
+const GROUP_ID_NOT_FOUND: i16 = 69;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TopicCommand {
@@ -501,7 +503,12 @@ fn produce_target(
 impl ProduceTarget {
     /// Sends the buffered records of each partition, one request per leader, and says what
     /// the broker said of any it refused.
-    fn send(&self, cluster: &Cluster, buffered: &mut BTreeMap<i32, Vec<Record>>) -> anyhow::Result<()> {
+    fn send(
+        &self,
+        cluster: &Cluster,
+        leaders: &mut BTreeMap<i32, sluice_client::KafkaConnection>,
+        buffered: &mut BTreeMap<i32, Vec<Record>>,
+    ) -> anyhow::Result<()> {
         let mut by_leader: BTreeMap<i32, Vec<PartitionProduceData>> = BTreeMap::new();
         for (partition, records) in std::mem::take(buffered) {
             if records.is_empty() {
@@ -514,8 +521,14 @@ impl ProduceTarget {
                 .push(PartitionProduceData::default().with_index(partition).with_records(Some(self.batch(records)?)));
         }
         for (leader, partitions) in by_leader {
-            let address = self.addresses.get(&leader).context("a partition's leader is not among the brokers")?;
-            let mut connection = cluster.connect(address)?;
+            let connection = match leaders.entry(leader) {
+                std::collections::btree_map::Entry::Occupied(open) => open.into_mut(),
+                std::collections::btree_map::Entry::Vacant(entry) => {
+                    let address =
+                        self.addresses.get(&leader).context("a partition's leader is not among the brokers")?;
+                    entry.insert(cluster.connect(address)?)
+                }
+            };
             let mut request = ProduceRequest::default();
             request.acks = self.acks;
             request.timeout_ms = BROKER_TIMEOUT_MS;
@@ -579,6 +592,8 @@ pub fn produce(connection: &ConnectionArgs, args: ProduceArgs) -> anyhow::Result
     let target = produce_target(&mut cluster, &args.topic, acks, compression)?;
     let partitions = target.leaders.len().max(1);
     let mut buffered: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+    // One connection per leader, opened at its first batch.
+    let mut leaders = BTreeMap::new();
     let (mut buffered_bytes, mut count_produced, mut next_partition) = (0usize, 0u64, 0usize);
     for line in std::io::stdin().lock().lines() {
         let line = line.context("reading standard input")?;
@@ -612,11 +627,11 @@ pub fn produce(connection: &ConnectionArgs, args: ProduceArgs) -> anyhow::Result
         });
         count_produced += 1;
         if buffered_bytes >= PRODUCE_BUFFER_BYTES {
-            target.send(&cluster, &mut buffered)?;
+            target.send(&cluster, &mut leaders, &mut buffered)?;
             buffered_bytes = 0;
         }
     }
-    target.send(&cluster, &mut buffered)?;
+    target.send(&cluster, &mut leaders, &mut buffered)?;
     eprintln!("produced {} to {}", count(count_produced as usize, "record"), args.topic);
     Ok(())
 }
@@ -855,34 +870,39 @@ pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> an
             if groups.is_empty() {
                 bail!("name at least one group");
             }
-            let admin: AdminClient<DefaultClientContext> = rdkafka_config(connection).create()?;
-            let names: Vec<&str> = groups.iter().map(String::as_str).collect();
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let results = runtime.block_on(admin.delete_groups(&names, &AdminOptions::new()))?;
-            let mut failed = false;
-            for result in results {
-                match result {
-                    Ok(name) => println!("deleted group {name}"),
-                    Err((name, error)) => {
-                        failed = true;
-                        eprintln!("group {name}: {}", rdkafka_error(error));
+            let connector = connection.connector()?;
+            let mut failed = 0;
+            for group in &groups {
+                match delete_group(&connector, connection.bootstrap(), group) {
+                    Ok(()) => println!("deleted group {group}"),
+                    Err(error) => {
+                        failed += 1;
+                        eprintln!("error: {error:#}");
                     }
                 }
             }
-            if failed {
-                bail!("some groups were not deleted");
+            if failed > 0 {
+                bail!("{} not deleted", count(failed, "group"));
             }
         }
     }
     Ok(())
 }
 
-/// An error code of librdkafka in words: "the group is not empty", not `NonEmptyGroup`.
-fn rdkafka_error(code: rdkafka::types::RDKafkaErrorCode) -> String {
-    let text = code.to_string();
-    let text = text.strip_prefix("Broker: ").unwrap_or(&text);
-    let mut chars = text.chars();
-    chars.next().map_or(String::new(), |first| first.to_lowercase().chain(chars).collect())
+/// DeleteGroups at the group's coordinator.
+fn delete_group(connector: &sluice_client::Connector, bootstrap: &str, group: &str) -> anyhow::Result<()> {
+    let coordinator = crate::share_tools::coordinator(connector, bootstrap, group)?;
+    let mut request = DeleteGroupsRequest::default();
+    request.groups_names = vec![GroupId(StrBytes::from_string(group.to_string()))];
+    let response = connector.connect(&coordinator)?.send(DELETE_GROUPS_VERSION, request)?;
+    for result in &response.results {
+        match result.error_code {
+            GROUP_ID_NOT_FOUND => bail!("group {group} does not exist"),
+            NON_EMPTY_GROUP => bail!("group {group} has active members: stop them first"),
+            code => check(code, None, &format!("deleting group {group}"))?,
+        }
+    }
+    Ok(())
 }
 
 /// (topic, partition, committed offset if any) of a group.

@@ -1,7 +1,7 @@
 //! A refused request in the broker's own words. A response's `error_message` says what was
 //! wrong (`invalid value "abc" for configuration retention.ms: expected a number`); its
 //! error code alone only says which kind of thing was (`InvalidConfig`). Tools show the
-//! message when the broker sent one, else the protocol's description of the code.
+//! message when the broker sent one, else the protocol's name of the code, in words.
 
 use anyhow::bail;
 use kafka_protocol::ResponseError;
@@ -23,18 +23,20 @@ pub fn check(error_code: i16, error_message: Option<&str>, what: &str) -> anyhow
     }
 }
 
-/// The protocol's description of an error, as a clause: "configuration is invalid".
+/// The protocol's name of an error, in words: "invalid config", not `InvalidConfig`.
 fn describe(error: ResponseError) -> String {
-    let text = error.to_string();
-    let text = text.trim_end_matches('.');
-    let mut chars = text.chars();
-    match chars.next() {
-        // Keep acronyms (SASL, ACL) as they are; lower-case an ordinary first word.
-        Some(first) if !chars.clone().next().is_some_and(char::is_uppercase) => {
-            first.to_lowercase().chain(chars).collect()
-        }
-        _ => text.to_string(),
+    if let ResponseError::Unknown(code) = error {
+        return format!("error code {code}");
     }
+    let name = format!("{error:?}");
+    let mut words = String::with_capacity(name.len() + 4);
+    for (index, letter) in name.chars().enumerate() {
+        if letter.is_uppercase() && index > 0 {
+            words.push(' ');
+        }
+        words.extend(letter.to_lowercase());
+    }
+    words
 }
 
 #[cfg(test)]
@@ -48,7 +50,9 @@ mod tests {
             broker_error(40, Some("invalid value \"abc\" for configuration retention.ms")).unwrap(),
             "invalid value \"abc\" for configuration retention.ms"
         );
-        assert_eq!(broker_error(40, None).unwrap(), "configuration is invalid");
-        assert_eq!(broker_error(3, Some("  ")).unwrap(), "this server does not host this topic-partition");
+        assert_eq!(broker_error(40, None).unwrap(), "invalid config");
+        assert_eq!(broker_error(3, Some("  ")).unwrap(), "unknown topic or partition");
+        assert_eq!(broker_error(-1, None).unwrap(), "unknown server error");
+        assert_eq!(broker_error(30_000, None).unwrap(), "error code 30000");
     }
 }
