@@ -168,6 +168,16 @@ def test_output_cut_short_by_a_closed_pipe_ends_quietly(broker):
     stderr = process.stderr.read()
     code = process.wait(timeout=30)
     assert stderr == "" and code != 101, f"exit {code}: {stderr}"
+    # More output than a pipe holds: the writes after the reader left fail.
+    ok("produce", "-b", broker.bootstrap, "wide", stdin="".join(f"{i}\n" for i in range(30_000)))
+    process = subprocess.Popen([SLUICE_BIN, "consume", "-b", broker.bootstrap, "wide", "--from-beginning",
+                                "--max-messages", "30000", "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().startswith("partition=")
+    process.stdout.close()
+    stderr = process.stderr.read()
+    code = process.wait(timeout=30)
+    assert stderr == "" and code != 101, f"exit {code}: {stderr}"
     for command in (["topic", "list"], ["--format", "json", "topic", "describe", "wide"]):
         shell = subprocess.run(["sh", "-c", '"$0" "$@" | head -c 10 >/dev/null', SLUICE_BIN, "-b", broker.bootstrap,
                                 *command], capture_output=True, text=True, timeout=30)

@@ -35,7 +35,7 @@ struct Cli {
 enum Command {
     /// Start a broker (single node; defaults: 127.0.0.1:9092, ./sluice-data).
     Serve(serve::ServeArgs),
-    /// Create, list, describe and delete topics.
+    /// Create, list, describe, alter the configs of and delete topics.
     Topic(tools::TopicArgs),
     /// Produce lines from stdin as records.
     Produce(tools::ProduceArgs),

@@ -1059,3 +1059,23 @@ fn reset_offsets(
     println!("committed new offsets for group {group}");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kafka's own test vectors (`Utils.murmur2`), made positive as its partitioner does.
+    #[test]
+    fn keyed_records_go_where_kafka_clients_send_them() {
+        let vectors: [(&str, i32); 5] = [
+            ("21", -973_932_308),
+            ("foobar", -790_332_482),
+            ("a-little-bit-long-string", -985_981_536),
+            ("a-little-bit-longer-string", -1_486_304_829),
+            ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+        ];
+        for (key, kafka) in vectors {
+            assert_eq!(murmur2(key.as_bytes()), kafka & 0x7fff_ffff, "{key}");
+        }
+    }
+}

@@ -242,6 +242,9 @@ impl KafkaConnection {
             std::io::ErrorKind::UnexpectedEof => anyhow!("{address} closed the connection without answering {hint}"),
             _ => anyhow!("reading the answer of {address}: {} {hint}", io_reason(&error, self.io_timeout)),
         })?;
+        if &size == b"HTTP" {
+            bail!("{address} answered in HTTP: it is not a Kafka listener");
+        }
         let size = usize::try_from(i32::from_be_bytes(size)).map_err(|_| anyhow!("{address}: negative answer size"))?;
         if size > RESPONSE_BYTES_MAX {
             bail!("{address} sent an answer of {size} bytes, more than {RESPONSE_BYTES_MAX} {hint}");
