@@ -129,3 +129,29 @@ def test_user_and_acl_commands_manage_what_clients_see(broker_factory):
         refused
     health = sluice(broker, "cluster")
     assert "under-replicated" in health and "0 offline" in health, health
+
+
+def test_a_group_with_a_live_member_is_described_and_not_reset(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("live-t", 2)]).values():
+        future.result(timeout=10)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "live-g", "client.id": "live-client",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe(["live-t"])
+    try:
+        for _ in range(100):
+            consumer.poll(0.1)
+            if consumer.assignment():
+                break
+        assert consumer.assignment(), "the consumer got no partitions"
+        described = sluice_group(broker, "describe", "live-g")
+        assert described.startswith("group live-g: 1 member, state Stable, protocol "), described
+        members = table(described, "MEMBER")
+        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST"] and members[1][1] == "live-client", described
+        refused = sluice_group(broker, "reset-offsets", "live-g", "--topic", "live-t", "--to-earliest", "--execute",
+                               ok=False)
+        assert refused == "error: group live-g has 1 active member: stop them first\n", refused
+        as_json = json.loads(sluice_group(broker, "describe", "live-g", "--format", "json"))
+        assert as_json["state"] == "Stable" and [m["client_id"] for m in as_json["members"]] == ["live-client"]
+    finally:
+        consumer.close()

@@ -1,8 +1,7 @@
 //! Client subcommands (`topic`, `produce`, `consume`, `group`, `cluster`). They speak the
-//! Kafka protocol through `sluice-client`, so a refused request is reported in the broker's
-//! own words and nothing is created by a command that only reads; `consume` and the group
-//! offsets go through librdkafka (its fetch loop and commit path), after the same checks,
-//! so they behave as any other client of the cluster.
+//! Kafka protocol through `sluice-client`, over any listener (TLS, SASL), so a refused
+//! request is reported in the broker's own words and nothing is created by a command that
+//! only reads; `consume` fetches through librdkafka (its fetch loop), after the same checks.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -14,10 +13,13 @@ use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableT
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest, GroupId,
-    IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, RequestKind, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, GroupId, IncrementalAlterConfigsRequest, ListGroupsRequest, ListOffsetsRequest,
+    MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, RequestKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
@@ -31,8 +33,6 @@ use sluice_client::check;
 use crate::kafka_connection::{Cluster, ConnectionArgs};
 use crate::output::{count, ids, rfc3339_millis, Format, TextTable};
 
-/// How long librdkafka's calls (group list, committed offsets, commits) may take.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the broker may take to create or delete a topic, or to store a produced batch.
 const BROKER_TIMEOUT_MS: i32 = 30_000;
 /// Unhealthy partitions `sluice cluster` names one by one (the rest are only counted).
@@ -63,6 +63,14 @@ const CONFIG_DELETE: i8 = 1;
 /// Metadata error code of a partition whose leader is being elected.
 const LEADER_NOT_AVAILABLE: i16 = 5;
 const DELETE_GROUPS_VERSION: i16 = 2;
+/// ListGroups v5 filters by group type (classic and consumer; `sluice share` lists shares).
+const LIST_GROUPS_VERSION: i16 = 5;
+const DESCRIBE_GROUPS_VERSION: i16 = 5;
+/// OffsetFetch v8: groups in a list, all of a group's topics at once.
+const OFFSET_FETCH_VERSION: i16 = 8;
+const OFFSET_COMMIT_VERSION: i16 = 8;
+/// Metadata error code of a topic the cluster does not have.
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 /// DeleteGroups error codes said in the tool's own words.
 const NON_EMPTY_GROUP: i16 = 68;
 const GROUP_ID_NOT_FOUND: i16 = 69;
@@ -835,17 +843,24 @@ struct GroupSummary {
 }
 
 pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> anyhow::Result<()> {
-    // librdkafka would retry an unreachable broker in silence: check it answers first.
-    drop(connection.cluster()?);
+    let mut cluster = connection.cluster()?;
     match args.command {
         GroupCommand::List => {
-            let consumer: BaseConsumer = rdkafka_config(connection).create()?;
-            let groups = consumer.fetch_group_list(None, METADATA_TIMEOUT)?;
-            let mut listed: Vec<GroupSummary> = groups
-                .groups()
-                .iter()
-                .map(|g| GroupSummary { name: g.name().to_string(), state: g.state().to_string() })
-                .collect();
+            let metadata = cluster.metadata(Some(&[]))?;
+            let mut listed = Vec::new();
+            for address in Cluster::addresses(&metadata).values() {
+                let mut request = ListGroupsRequest::default();
+                request.types_filter =
+                    vec![StrBytes::from_static_str("classic"), StrBytes::from_static_str("consumer")];
+                let response = cluster.connect(address)?.send(LIST_GROUPS_VERSION, request)?;
+                check(response.error_code, None, &format!("listing the groups of {address}"))?;
+                listed.extend(
+                    response
+                        .groups
+                        .into_iter()
+                        .map(|g| GroupSummary { name: g.group_id.to_string(), state: g.group_state.to_string() }),
+                );
+            }
             listed.sort_by(|a, b| a.name.cmp(&b.name));
             if format.document(&listed)? {
                 return Ok(());
@@ -856,24 +871,23 @@ pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> an
             }
             table.print();
         }
-        GroupCommand::Describe { group } => describe_group(connection, format, &group)?,
+        GroupCommand::Describe { group } => describe_group(&mut cluster, format, &group)?,
         GroupCommand::ResetOffsets { group, topic, to_earliest, to_latest, to_offset, execute } => {
             let target = match (to_earliest, to_latest, to_offset) {
-                (true, _, _) => Offset::Beginning,
-                (_, true, _) => Offset::End,
-                (_, _, Some(offset)) if offset >= 0 => Offset::Offset(offset),
+                (true, _, _) => ResetTo::Earliest,
+                (_, true, _) => ResetTo::Latest,
+                (_, _, Some(offset)) if offset >= 0 => ResetTo::Offset(offset),
                 _ => bail!("say where to: --to-earliest, --to-latest or --to-offset N (N >= 0)"),
             };
-            reset_offsets(connection, &group, &topic, target, execute)?;
+            reset_offsets(&mut cluster, &group, &topic, target, execute)?;
         }
         GroupCommand::Delete { groups } => {
             if groups.is_empty() {
                 bail!("name at least one group");
             }
-            let connector = connection.connector()?;
             let mut failed = 0;
             for group in &groups {
-                match delete_group(&connector, connection.bootstrap(), group) {
+                match delete_group(&cluster, group) {
                     Ok(()) => println!("deleted group {group}"),
                     Err(error) => {
                         failed += 1;
@@ -889,12 +903,17 @@ pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> an
     Ok(())
 }
 
+/// A connection to `group`'s coordinator.
+fn coordinator(cluster: &Cluster, group: &str) -> anyhow::Result<sluice_client::KafkaConnection> {
+    let address = crate::share_tools::coordinator(&cluster.connector, cluster.bootstrap.address(), group)?;
+    cluster.connect(&address)
+}
+
 /// DeleteGroups at the group's coordinator.
-fn delete_group(connector: &sluice_client::Connector, bootstrap: &str, group: &str) -> anyhow::Result<()> {
-    let coordinator = crate::share_tools::coordinator(connector, bootstrap, group)?;
+fn delete_group(cluster: &Cluster, group: &str) -> anyhow::Result<()> {
     let mut request = DeleteGroupsRequest::default();
     request.groups_names = vec![GroupId(StrBytes::from_string(group.to_string()))];
-    let response = connector.connect(&coordinator)?.send(DELETE_GROUPS_VERSION, request)?;
+    let response = coordinator(cluster, group)?.send(DELETE_GROUPS_VERSION, request)?;
     for result in &response.results {
         match result.error_code {
             GROUP_ID_NOT_FOUND => bail!("group {group} does not exist"),
@@ -905,29 +924,81 @@ fn delete_group(connector: &sluice_client::Connector, bootstrap: &str, group: &s
     Ok(())
 }
 
-/// (topic, partition, committed offset if any) of a group.
-fn committed_offsets(connection: &ConnectionArgs, group: &str) -> anyhow::Result<Vec<(String, i32, Option<i64>)>> {
-    let metadata = connection.cluster()?.metadata(None)?;
-    let consumer: BaseConsumer = rdkafka_config(connection).set("group.id", group).create()?;
-    let mut all = TopicPartitionList::new();
-    for topic in &metadata.topics {
-        let Some(name) = topic.name.as_ref().filter(|name| !name.starts_with("__")) else { continue };
-        for partition in &topic.partitions {
-            all.add_partition(name, partition.partition_index);
+/// The group as DescribeGroups answers it, or "group NAME does not exist".
+fn described_group(
+    coordinator: &mut sluice_client::KafkaConnection,
+    group: &str,
+) -> anyhow::Result<kafka_protocol::messages::describe_groups_response::DescribedGroup> {
+    let mut request = DescribeGroupsRequest::default();
+    request.groups = vec![GroupId(StrBytes::from_string(group.to_string()))];
+    let response = coordinator.send(DESCRIBE_GROUPS_VERSION, request)?;
+    let described = response.groups.into_iter().next().context("DescribeGroups: no answer")?;
+    if described.error_code == GROUP_ID_NOT_FOUND || described.group_state.as_str() == "Dead" {
+        bail!("group {group} does not exist");
+    }
+    check(described.error_code, described.error_message.as_deref(), &format!("describing group {group}"))?;
+    Ok(described)
+}
+
+/// (topic, partition) -> committed offset of every partition the group committed.
+fn committed_offsets(
+    coordinator: &mut sluice_client::KafkaConnection,
+    group: &str,
+) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+    let mut wanted = OffsetFetchRequestGroup::default();
+    wanted.group_id = GroupId(StrBytes::from_string(group.to_string()));
+    wanted.topics = None;
+    let mut request = OffsetFetchRequest::default();
+    request.groups = vec![wanted];
+    let response = coordinator.send(OFFSET_FETCH_VERSION, request)?;
+    let answered = response.groups.into_iter().next().context("OffsetFetch: no answer")?;
+    check(answered.error_code, None, &format!("committed offsets of group {group}"))?;
+    let mut committed = BTreeMap::new();
+    for topic in answered.topics {
+        for partition in topic.partitions {
+            check(
+                partition.error_code,
+                None,
+                &format!("committed offset of {}-{}", topic.name.as_str(), partition.partition_index),
+            )?;
+            if partition.committed_offset >= 0 {
+                committed.insert((topic.name.to_string(), partition.partition_index), partition.committed_offset);
+            }
         }
     }
-    let committed = consumer.committed_offsets(all, METADATA_TIMEOUT)?;
-    Ok(committed
-        .elements()
-        .iter()
-        .map(|e| {
-            let offset = match e.offset() {
-                Offset::Offset(offset) => Some(offset),
-                _ => None,
-            };
-            (e.topic().to_string(), e.partition(), offset)
-        })
-        .collect())
+    Ok(committed)
+}
+
+/// The offsets at `timestamp` (earliest or latest) of every partition of `topics`, asked of
+/// their leaders.
+fn offsets_of_topics(
+    cluster: &mut Cluster,
+    topics: &[&str],
+    timestamp: i64,
+) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
+    let mut offsets = BTreeMap::new();
+    if topics.is_empty() {
+        return Ok(offsets);
+    }
+    let metadata = cluster.metadata(Some(topics))?;
+    let addresses = Cluster::addresses(&metadata);
+    for topic in &metadata.topics {
+        let Some(name) = topic.name.as_ref().map(|n| n.to_string()) else { continue };
+        if topic.error_code == UNKNOWN_TOPIC_OR_PARTITION {
+            continue;
+        }
+        check(topic.error_code, None, &format!("topic {name}"))?;
+        let mut by_leader: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+        for partition in &topic.partitions {
+            by_leader.entry(partition.leader_id.0).or_default().push(partition.partition_index);
+        }
+        for (leader, partitions) in by_leader {
+            let Some(address) = addresses.get(&leader) else { continue };
+            let found = list_offsets(&mut cluster.connect(address)?, &name, &partitions, timestamp)?;
+            offsets.extend(found.into_iter().map(|(partition, offset)| ((name.clone(), partition), offset)));
+        }
+    }
+    Ok(offsets)
 }
 
 #[derive(Serialize)]
@@ -942,8 +1013,8 @@ struct LagView {
     topic: String,
     partition: i32,
     committed: i64,
-    log_end: i64,
-    lag: i64,
+    log_end: Option<i64>,
+    lag: Option<i64>,
 }
 
 #[derive(Serialize)]
@@ -955,32 +1026,39 @@ struct GroupView {
     offsets: Vec<LagView>,
 }
 
-fn describe_group(connection: &ConnectionArgs, format: Format, group: &str) -> anyhow::Result<()> {
-    let consumer: BaseConsumer = rdkafka_config(connection).create()?;
-    let groups = consumer.fetch_group_list(Some(group), METADATA_TIMEOUT)?;
-    let Some(info) = groups.groups().iter().find(|g| g.name() == group && g.state() != "Dead") else {
-        bail!("group {group} does not exist");
-    };
-    let members = info
-        .members()
+fn describe_group(cluster: &mut Cluster, format: Format, group: &str) -> anyhow::Result<()> {
+    let mut coordinator = coordinator(cluster, group)?;
+    let described = described_group(&mut coordinator, group)?;
+    let committed = committed_offsets(&mut coordinator, group)?;
+    let mut topics: Vec<&str> = committed.keys().map(|(topic, _)| topic.as_str()).collect();
+    topics.dedup();
+    let ends = offsets_of_topics(cluster, &topics, LATEST_TIMESTAMP)?;
+    let offsets = committed
         .iter()
-        .map(|m| MemberView {
-            member_id: m.id().to_string(),
-            client_id: m.client_id().to_string(),
-            host: m.client_host().to_string(),
+        .map(|((topic, partition), &committed)| {
+            let log_end = ends.get(&(topic.clone(), *partition)).copied();
+            LagView {
+                topic: topic.clone(),
+                partition: *partition,
+                committed,
+                log_end,
+                lag: log_end.map(|end| (end - committed).max(0)),
+            }
         })
         .collect();
-    let mut offsets = Vec::new();
-    for (topic, partition, committed) in committed_offsets(connection, group)? {
-        let Some(committed) = committed else { continue };
-        let (_, end) = consumer.fetch_watermarks(&topic, partition, METADATA_TIMEOUT)?;
-        offsets.push(LagView { topic, partition, committed, log_end: end, lag: (end - committed).max(0) });
-    }
-    offsets.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let members = described
+        .members
+        .iter()
+        .map(|m| MemberView {
+            member_id: m.member_id.to_string(),
+            client_id: m.client_id.to_string(),
+            host: m.client_host.to_string(),
+        })
+        .collect();
     let view = GroupView {
         group: group.to_string(),
-        state: info.state().to_string(),
-        protocol: info.protocol().to_string(),
+        state: described.group_state.to_string(),
+        protocol: described.protocol_data.to_string(),
         members,
         offsets,
     };
@@ -998,6 +1076,7 @@ fn describe_group(connection: &ConnectionArgs, format: Format, group: &str) -> a
         table.print();
     }
     println!();
+    let dash = |value: Option<i64>| value.map_or("-".to_string(), |v| v.to_string());
     let mut table = TextTable::new(&["TOPIC", "PARTITION", "COMMITTED", "LOG-END", "LAG"]).numeric(&[
         "PARTITION",
         "COMMITTED",
@@ -1009,43 +1088,57 @@ fn describe_group(connection: &ConnectionArgs, format: Format, group: &str) -> a
             lag.topic.clone(),
             lag.partition.to_string(),
             lag.committed.to_string(),
-            lag.log_end.to_string(),
-            lag.lag.to_string(),
+            dash(lag.log_end),
+            dash(lag.lag),
         ]);
     }
     table.print();
     Ok(())
 }
 
+/// Where `group reset-offsets` moves a group's offsets.
+#[derive(Debug, Clone, Copy)]
+enum ResetTo {
+    Earliest,
+    Latest,
+    /// This offset, kept within the partition's log start and end.
+    Offset(i64),
+}
+
 fn reset_offsets(
-    connection: &ConnectionArgs,
+    cluster: &mut Cluster,
     group: &str,
     topic: &str,
-    target: Offset,
+    target: ResetTo,
     execute: bool,
 ) -> anyhow::Result<()> {
-    let probe: BaseConsumer = rdkafka_config(connection).create()?;
-    let groups = probe.fetch_group_list(Some(group), METADATA_TIMEOUT)?;
-    if let Some(info) = groups.groups().iter().find(|g| g.name() == group) {
-        if !info.members().is_empty() {
-            bail!("group {group} has {}: stop them first", count(info.members().len(), "active member"));
+    let mut coordinator = coordinator(cluster, group)?;
+    // A group that does not exist yet gets its first offsets.
+    if let Ok(described) = described_group(&mut coordinator, group) {
+        if !described.members.is_empty() {
+            bail!("group {group} has {}: stop them first", count(described.members.len(), "active member"));
         }
     }
-    let (_, found) = connection.cluster()?.topic(topic)?;
-    let mut partitions: Vec<i32> = found.partitions.iter().map(|p| p.partition_index).collect();
-    partitions.sort_unstable();
-    let mut plan = TopicPartitionList::new();
+    cluster.topic(topic)?;
+    let starts = offsets_of_topics(cluster, &[topic], EARLIEST_TIMESTAMP)?;
+    let ends = offsets_of_topics(cluster, &[topic], LATEST_TIMESTAMP)?;
+    let mut plan = Vec::new();
     let mut table = TextTable::new(&["TOPIC", "PARTITION", "NEW-OFFSET"]).numeric(&["PARTITION", "NEW-OFFSET"]);
-    for partition in partitions {
-        let (low, high) = probe.fetch_watermarks(topic, partition, METADATA_TIMEOUT)?;
+    for ((_, partition), &high) in &ends {
+        let low = starts.get(&(topic.to_string(), *partition)).copied().unwrap_or(0);
         let offset = match target {
-            Offset::Beginning => low,
-            Offset::End => high,
-            Offset::Offset(offset) => offset.clamp(low, high),
-            _ => unreachable!("only the targets above are built"),
+            ResetTo::Earliest => low,
+            ResetTo::Latest => high,
+            ResetTo::Offset(offset) => offset.clamp(low, high),
         };
         table.row([topic.to_string(), partition.to_string(), offset.to_string()]);
-        plan.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+        plan.push(
+            OffsetCommitRequestPartition::default()
+                .with_partition_index(*partition)
+                .with_committed_offset(offset)
+                .with_committed_leader_epoch(-1)
+                .with_committed_metadata(Some(StrBytes::from_static_str(""))),
+        );
     }
     table.print();
     if !execute {
@@ -1053,9 +1146,22 @@ fn reset_offsets(
         println!("(dry run: add --execute to commit these offsets)");
         return Ok(());
     }
-    let consumer: BaseConsumer =
-        rdkafka_config(connection).set("group.id", group).set("enable.auto.commit", "false").create()?;
-    consumer.commit(&plan, rdkafka::consumer::CommitMode::Sync)?;
+    let mut request = OffsetCommitRequest::default();
+    request.group_id = GroupId(StrBytes::from_string(group.to_string()));
+    // No generation and no member: the commit of a tool, accepted while the group is empty.
+    request.generation_id_or_member_epoch = -1;
+    request.member_id = StrBytes::from_static_str("");
+    request.topics = vec![OffsetCommitRequestTopic::default().with_name(topic_name(topic)).with_partitions(plan)];
+    let response = coordinator.send(OFFSET_COMMIT_VERSION, request)?;
+    for answered in &response.topics {
+        for partition in &answered.partitions {
+            check(
+                partition.error_code,
+                None,
+                &format!("committing the offset of {topic}-{}", partition.partition_index),
+            )?;
+        }
+    }
     println!("committed new offsets for group {group}");
     Ok(())
 }
