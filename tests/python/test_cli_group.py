@@ -1,6 +1,7 @@
 """`sluice group`: list, describe (lag), reset-offsets (dry run, then --execute) and delete,
 against a real broker, with what a librdkafka consumer of the group committed."""
 
+import json
 import subprocess
 
 from confluent_kafka import Consumer, Producer
@@ -17,13 +18,22 @@ def sluice_group(broker, *args, ok=True) -> str:
     return res.stdout + res.stderr
 
 
-def lag_rows(text: str) -> list[tuple[str, int, int, int, int]]:
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows of the table whose header line starts with `header` (the header included)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in text.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 5 and parts[1].isdigit():
-            rows.append((parts[0], int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4])))
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
     return rows
+
+
+def lag_rows(text: str) -> list[tuple[str, int, int, int, int]]:
+    rows = table(text, "TOPIC")
+    assert rows[0] == ["TOPIC", "PARTITION", "COMMITTED", "LOG-END", "LAG"], text
+    return [(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows[1:]]
 
 
 def test_group_list_describe_reset_delete(broker):
@@ -46,18 +56,25 @@ def test_group_list_describe_reset_delete(broker):
                 consumer.commit(message=msg, asynchronous=False)
     consumer.close()
 
-    assert "cli-g\tEmpty" in sluice_group(broker, "list")
-    assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 4, 10, 6)]
+    assert table(sluice_group(broker, "list"), "GROUP") == [["GROUP", "STATE"], ["cli-g", "Empty"]]
+    described = sluice_group(broker, "describe", "cli-g")
+    assert described.startswith("group cli-g: 0 members, state Empty"), described
+    assert lag_rows(described) == [("cli-t", 0, 4, 10, 6)]
+    assert json.loads(sluice_group(broker, "describe", "cli-g", "--format", "json"))["offsets"] == [
+        {"topic": "cli-t", "partition": 0, "committed": 4, "log_end": 10, "lag": 6}]
 
     plan = sluice_group(broker, "reset-offsets", "cli-g", "--topic", "cli-t", "--to-earliest")
-    assert "cli-t\t0\t0" in plan and "dry run" in plan
+    assert table(plan, "TOPIC") == [["TOPIC", "PARTITION", "NEW-OFFSET"], ["cli-t", "0", "0"]], plan
+    assert "dry run" in plan
     assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 4, 10, 6)], "a dry run commits nothing"
     sluice_group(broker, "reset-offsets", "cli-g", "--topic", "cli-t", "--to-offset", "7", "--execute")
     assert lag_rows(sluice_group(broker, "describe", "cli-g")) == [("cli-t", 0, 7, 10, 3)]
 
-    sluice_group(broker, "delete", "cli-g")
+    assert sluice_group(broker, "delete", "cli-g") == "deleted group cli-g\n"
+    again = sluice_group(broker, "delete", "cli-g", ok=False)
+    assert again == "error: group cli-g does not exist\nerror: 1 group not deleted\n", again
     assert "cli-g" not in sluice_group(broker, "list")
-    assert "not found" in sluice_group(broker, "describe", "cli-g", ok=False)
+    assert "error: group cli-g does not exist" in sluice_group(broker, "describe", "cli-g", ok=False)
 
 
 def sluice(broker, *args, ok=True) -> str:
@@ -79,12 +96,14 @@ def test_user_and_acl_commands_manage_what_clients_see(broker_factory):
         "--override", "super.users=User:ANONYMOUS",
     ], port=plaintext)
     sluice(broker, "user", "add", "carol", "--password", "carol-secret")
-    assert "carol\tSCRAM-SHA-512 (iterations 8192)" in sluice(broker, "user", "list")
+    assert ["carol", "SCRAM-SHA-512", "8192"] in table(sluice(broker, "user", "list"), "NAME")
     sluice(broker, "topic", "create", "cli-acl")
     sluice(broker, "acl", "add", "--allow", "--principal", "User:carol", "--operation", "write",
            "--operation", "describe", "--topic", "cli-acl")
-    listed = sluice(broker, "acl", "list", "--topic", "cli-acl")
-    assert "ALLOW User:carol WRITE from host *" in listed and "ALLOW User:carol DESCRIBE" in listed, listed
+    listed = table(sluice(broker, "acl", "list", "--topic", "cli-acl"), "PRINCIPAL")
+    assert listed == [["PRINCIPAL", "HOST", "RESOURCE-TYPE", "RESOURCE-NAME", "PATTERN", "OPERATION", "PERMISSION"],
+                      ["User:carol", "*", "TOPIC", "cli-acl", "LITERAL", "WRITE", "ALLOW"],
+                      ["User:carol", "*", "TOPIC", "cli-acl", "LITERAL", "DESCRIBE", "ALLOW"]], listed
 
     carol = {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT",
              "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "carol", "sasl.password": "carol-secret",
@@ -106,6 +125,33 @@ def test_user_and_acl_commands_manage_what_clients_see(broker_factory):
     # Kafka's error comes back as the command's failure, not a crash.
     refused = sluice(broker, "acl", "add", "--allow", "--principal", "carol", "--operation", "read", "--topic", "t",
                      ok=False)
-    assert "InvalidRequest" in refused and "principal" in refused, refused
+    assert refused == "error: adding ACL READ on TOPIC t: Could not parse principal from `carol` (no colon is found)\n", \
+        refused
     health = sluice(broker, "cluster")
     assert "under-replicated" in health and "0 offline" in health, health
+
+
+def test_a_group_with_a_live_member_is_described_and_not_reset(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("live-t", 2)]).values():
+        future.result(timeout=10)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "live-g", "client.id": "live-client",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe(["live-t"])
+    try:
+        for _ in range(100):
+            consumer.poll(0.1)
+            if consumer.assignment():
+                break
+        assert consumer.assignment(), "the consumer got no partitions"
+        described = sluice_group(broker, "describe", "live-g")
+        assert described.startswith("group live-g: 1 member, state Stable, protocol "), described
+        members = table(described, "MEMBER")
+        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST"] and members[1][1] == "live-client", described
+        refused = sluice_group(broker, "reset-offsets", "live-g", "--topic", "live-t", "--to-earliest", "--execute",
+                               ok=False)
+        assert refused == "error: group live-g has 1 active member: stop them first\n", refused
+        as_json = json.loads(sluice_group(broker, "describe", "live-g", "--format", "json"))
+        assert as_json["state"] == "Stable" and [m["client_id"] for m in as_json["members"]] == ["live-client"]
+    finally:
+        consumer.close()

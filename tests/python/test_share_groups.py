@@ -67,10 +67,10 @@ def test_more_share_consumers_than_partitions_all_receive_each_record_once(broke
         assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
         return res.stdout
 
-    assert f"{group}\tEmpty" in sluice_share("list").splitlines()
+    assert [group, "Empty"] in [line.split() for line in sluice_share("list").splitlines()]
     described = sluice_share("describe", group)
-    assert f"share group {group}  state Empty" in described, described
-    rows = sorted(line.split("\t") for line in described.splitlines() if line.startswith(topic + "\t"))
+    assert described.startswith(f"share group {group}: 0 members, state Empty"), described
+    rows = sorted(line.split() for line in described.splitlines() if line.startswith(topic + " "))
     assert rows == [[topic, "0", "200", "200", "0"], [topic, "1", "200", "200", "0"]], described
 
 

@@ -2,6 +2,7 @@
 
 mod dev_cluster;
 mod kafka_connection;
+mod output;
 mod schema_tools;
 mod security_tools;
 mod serve;
@@ -19,6 +20,11 @@ static ALLOCATOR: sluice_protocol::GuardedAllocator = sluice_protocol::GuardedAl
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "A Kafka-protocol streaming broker")]
 struct Cli {
+    #[command(flatten)]
+    connection: kafka_connection::ConnectionArgs,
+    /// Output of the list and describe commands: text (aligned tables), json or yaml.
+    #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
+    format: output::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,7 +35,7 @@ struct Cli {
 enum Command {
     /// Start a broker (single node; defaults: 127.0.0.1:9092, ./sluice-data).
     Serve(serve::ServeArgs),
-    /// Create, list, describe and delete topics.
+    /// Create, list, describe, alter the configs of and delete topics.
     Topic(tools::TopicArgs),
     /// Produce lines from stdin as records.
     Produce(tools::ProduceArgs),
@@ -93,16 +99,17 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let (connection, format) = (&cli.connection, cli.format);
     match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Topic(args) => tools::topic(args),
-        Command::Produce(args) => tools::produce(args),
-        Command::Group(args) => tools::group(args),
-        Command::Share(args) => share_tools::share(args),
-        Command::Acl(args) => security_tools::acl(args),
-        Command::User(args) => security_tools::user(args),
-        Command::Consume(args) => tools::consume(args),
-        Command::Cluster(args) => tools::cluster(args),
+        Command::Topic(args) => tools::topic(connection, format, args),
+        Command::Produce(args) => tools::produce(connection, args),
+        Command::Group(args) => tools::group(connection, format, args),
+        Command::Share(args) => share_tools::share(connection, format, args),
+        Command::Acl(args) => security_tools::acl(connection, format, args),
+        Command::User(args) => security_tools::user(connection, format, args),
+        Command::Consume(args) => tools::consume(connection, args),
+        Command::Cluster(_) => tools::cluster(connection, format),
         Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
         #[cfg(feature = "bench")]

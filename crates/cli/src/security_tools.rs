@@ -24,24 +24,41 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use serde::Serialize;
+
 use crate::kafka_connection::{ConnectionArgs, Connector};
+use crate::output::{count, Format, TextTable};
 
 const ACLS_VERSION: i16 = 3;
 const SCRAM_VERSION: i16 = 0;
 /// Iterations `sluice user add` uses unless told otherwise (Kafka's tools use 4096).
 pub const SCRAM_ITERATIONS_DEFAULT: i32 = 8192;
 
+/// `Err("what: the broker's words")` unless `error_code` is 0.
 pub(crate) fn check(error_code: i16, message: Option<&StrBytes>, what: &str) -> anyhow::Result<()> {
-    if error_code == 0 {
-        return Ok(());
-    }
-    let name = kafka_protocol::ResponseError::try_from_code(error_code)
-        .map_or("unknown error".to_string(), |e| format!("{e:?}"));
-    bail!("{what}: {name} ({error_code}){}", message.map(|m| format!(": {m}")).unwrap_or_default())
+    sluice_client::check(error_code, message.map(|m| m.as_str()), what)
 }
 
 /// Where `sluice user add` reads the new password when no `--password-file` is given.
 pub const USER_PASSWORD_ENV: &str = "SLUICE_USER_PASSWORD";
+
+#[derive(Serialize)]
+struct AclView {
+    principal: String,
+    host: String,
+    resource_type: &'static str,
+    resource_name: String,
+    pattern: &'static str,
+    operation: String,
+    permission: &'static str,
+}
+
+#[derive(Serialize)]
+struct UserView {
+    name: String,
+    mechanism: &'static str,
+    iterations: i32,
+}
 
 /// Which resources an ACL names.
 #[derive(Debug, Clone, clap::Args)]
@@ -118,8 +135,6 @@ pub enum AclCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct AclArgs {
-    #[command(flatten)]
-    connection: ConnectionArgs,
     #[command(subcommand)]
     command: AclCommand,
 }
@@ -163,9 +178,9 @@ fn resource_type_name(code: i8) -> &'static str {
     }
 }
 
-pub fn acl(args: AclArgs) -> anyhow::Result<()> {
-    let connector = args.connection.connector()?;
-    let call = |api_key, version, body| connector.call(args.connection.bootstrap(), api_key, version, body);
+pub fn acl(connection: &ConnectionArgs, format: Format, args: AclArgs) -> anyhow::Result<()> {
+    let connector = connection.connector()?;
+    let call = |api_key, version, body| connector.call(connection.bootstrap(), api_key, version, body);
     match args.command {
         AclCommand::List { resource, principal } => {
             let mut request = DescribeAclsRequest::default();
@@ -183,19 +198,45 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
                 bail!("unexpected answer");
             };
             check(response.error_code, response.error_message.as_ref(), "listing ACLs")?;
+            let mut acls = Vec::new();
             for resource in response.resources {
                 let pattern = if resource.pattern_type == 4 { "PREFIXED" } else { "LITERAL" };
-                println!("{} {} ({pattern}):", resource_type_name(resource.resource_type), resource.resource_name);
                 for acl in resource.acls {
-                    let permission = if acl.permission_type == 2 { "DENY" } else { "ALLOW" };
-                    println!(
-                        "  {permission} {} {} from host {}",
-                        acl.principal,
-                        operation_name(acl.operation),
-                        acl.host
-                    );
+                    acls.push(AclView {
+                        resource_type: resource_type_name(resource.resource_type),
+                        resource_name: resource.resource_name.to_string(),
+                        pattern,
+                        principal: acl.principal.to_string(),
+                        host: acl.host.to_string(),
+                        operation: operation_name(acl.operation),
+                        permission: if acl.permission_type == 2 { "DENY" } else { "ALLOW" },
+                    });
                 }
             }
+            if format.document(&acls)? {
+                return Ok(());
+            }
+            let mut table = TextTable::new(&[
+                "PRINCIPAL",
+                "HOST",
+                "RESOURCE-TYPE",
+                "RESOURCE-NAME",
+                "PATTERN",
+                "OPERATION",
+                "PERMISSION",
+            ]);
+            for acl in &acls {
+                table.row([
+                    acl.principal.as_str(),
+                    acl.host.as_str(),
+                    acl.resource_type,
+                    acl.resource_name.as_str(),
+                    acl.pattern,
+                    acl.operation.as_str(),
+                    acl.permission,
+                ]);
+            }
+            table.print();
         }
         AclCommand::Add { resource, allow, deny, principal, operations, host } => {
             let Some((resource_type, name)) = resource.named() else {
@@ -222,9 +263,14 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
                 bail!("unexpected answer");
             };
             for (result, operation) in response.results.iter().zip(&operations) {
-                check(result.error_code, result.error_message.as_ref(), &format!("adding {operation}"))?;
+                let what = format!(
+                    "adding ACL {} on {} {name}",
+                    operation.to_ascii_uppercase(),
+                    resource_type_name(resource_type)
+                );
+                check(result.error_code, result.error_message.as_ref(), &what)?;
             }
-            println!("added {} ACL(s) on {} {name}", operations.len(), resource_type_name(resource_type));
+            println!("added {} on {} {name}", count(operations.len(), "ACL"), resource_type_name(resource_type));
         }
         AclCommand::Remove { resource, principal } => {
             let Some((resource_type, name)) = resource.named() else {
@@ -248,8 +294,8 @@ pub fn acl(args: AclArgs) -> anyhow::Result<()> {
             for result in &response.filter_results {
                 check(result.error_code, result.error_message.as_ref(), "removing ACLs")?;
                 println!(
-                    "removed {} ACL(s) on {} {name}",
-                    result.matching_acls.len(),
+                    "removed {} on {} {name}",
+                    count(result.matching_acls.len(), "ACL"),
                     resource_type_name(resource_type)
                 );
             }
@@ -288,8 +334,6 @@ pub enum UserCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct UserArgs {
-    #[command(flatten)]
-    connection: ConnectionArgs,
     #[command(subcommand)]
     command: UserCommand,
 }
@@ -316,12 +360,12 @@ fn salted_password(mechanism: i8, password: &str, salt: &[u8], iterations: i32) 
     }
 }
 
-pub fn user(args: UserArgs) -> anyhow::Result<()> {
-    let bootstrap = args.connection.bootstrap();
+pub fn user(connection: &ConnectionArgs, format: Format, args: UserArgs) -> anyhow::Result<()> {
+    let bootstrap = connection.bootstrap();
     match args.command {
         UserCommand::List => {
             let request = DescribeUserScramCredentialsRequest::default();
-            let ResponseKind::DescribeUserScramCredentials(response) = args.connection.connector()?.call(
+            let ResponseKind::DescribeUserScramCredentials(response) = connection.connector()?.call(
                 bootstrap,
                 ApiKey::DescribeUserScramCredentials,
                 SCRAM_VERSION,
@@ -331,22 +375,31 @@ pub fn user(args: UserArgs) -> anyhow::Result<()> {
                 bail!("unexpected answer");
             };
             check(response.error_code, response.error_message.as_ref(), "listing users")?;
+            let mut users = Vec::new();
             for result in response.results {
-                let mechanisms: Vec<String> = result
-                    .credential_infos
-                    .iter()
-                    .map(|c| {
-                        let name = if c.mechanism == 1 { "SCRAM-SHA-256" } else { "SCRAM-SHA-512" };
-                        format!("{name} (iterations {})", c.iterations)
-                    })
-                    .collect();
-                println!("{}\t{}", result.user, mechanisms.join(", "));
+                check(result.error_code, result.error_message.as_ref(), &format!("user {}", result.user))?;
+                for credential in &result.credential_infos {
+                    let mechanism = if credential.mechanism == 1 { "SCRAM-SHA-256" } else { "SCRAM-SHA-512" };
+                    users.push(UserView {
+                        name: result.user.to_string(),
+                        mechanism,
+                        iterations: credential.iterations,
+                    });
+                }
             }
+            if format.document(&users)? {
+                return Ok(());
+            }
+            let mut table = TextTable::new(&["NAME", "MECHANISM", "ITERATIONS"]).numeric(&["ITERATIONS"]);
+            for user in &users {
+                table.row([user.name.clone(), user.mechanism.to_string(), user.iterations.to_string()]);
+            }
+            table.print();
         }
         UserCommand::Add { name, password_file, password, mechanism, iterations } => {
             let code = mechanism_code(&mechanism)?;
             // The connection's settings first: a mistake there should not cost a prompt.
-            let connector = args.connection.connector()?;
+            let connector = connection.connector()?;
             let password = new_password(&name, password_file.as_deref(), password)?;
             let salt: [u8; 32] = rand::random();
             let mut upsertion = ScramCredentialUpsertion::default();
@@ -365,7 +418,7 @@ pub fn user(args: UserArgs) -> anyhow::Result<()> {
             deletion.mechanism = mechanism_code(&mechanism)?;
             let mut request = AlterUserScramCredentialsRequest::default();
             request.deletions.push(deletion);
-            let connector = args.connection.connector()?;
+            let connector = connection.connector()?;
             alter_users(&connector, bootstrap, request, &format!("deleted {mechanism} credential of {name}"))?;
         }
     }

@@ -14,8 +14,8 @@ pub struct ServeArgs {
     /// TOML config file (keys as in BrokerConfig; see README).
     #[arg(long, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:9092].
-    #[arg(long, env = "SLUICE_LISTEN")]
+    /// Address to listen on, host:port (a host name is resolved) [default: 127.0.0.1:9092].
+    #[arg(long, env = "SLUICE_LISTEN", value_parser = resolve_listen)]
     listen: Option<SocketAddr>,
     /// host:port given to clients in metadata [default: the listen address].
     #[arg(long, env = "SLUICE_ADVERTISED_LISTENER")]
@@ -182,7 +182,13 @@ impl ServeArgs {
         for entry in &self.overrides {
             apply_override(&mut table, entry)?;
         }
-        let mut config: BrokerConfig = table.try_into().context("invalid configuration")?;
+        let mut config: BrokerConfig = table.try_into().map_err(|error: toml::de::Error| {
+            let message = error.to_string();
+            match sluice_config::explain_unknown_key(&message) {
+                Some(explained) => anyhow::anyhow!("invalid configuration: {explained}"),
+                None => anyhow::anyhow!("invalid configuration: {}", message.trim_end()),
+            }
+        })?;
         macro_rules! set {
             ($($field:ident),*) => { $(if let Some(value) = self.$field { config.$field = value; })* };
         }
@@ -265,6 +271,17 @@ impl ServeArgs {
         config.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
         Ok((config, self.log_format))
     }
+}
+
+/// `--listen`'s host:port; a host name is resolved (its first address is bound).
+fn resolve_listen(value: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(address) = value.parse() {
+        return Ok(address);
+    }
+    let mut resolved =
+        value.to_socket_addrs().map_err(|error| format!("{value} is not a host:port that resolves: {error}"))?;
+    resolved.next().ok_or_else(|| format!("{value} resolves to no address"))
 }
 
 /// `KEY=VALUE` into the config table. A KEY that is not a top-level key but starts with
@@ -368,24 +385,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let console_listen = config.console_listen;
         let amqp_listeners = config.amqp_listeners().map_err(anyhow::Error::msg)?;
         let data_dir = config.data_dir.clone();
-        let broker = tokio::task::spawn_blocking(move || Broker::open(config))
-            .await?
-            .with_context(|| format!("opening data dir {}", data_dir.display()))?;
-        // The HTTP ports first: a start that fails on one never accepted a client.
-        let http = sluice_broker::server::HttpListeners {
-            metrics: bind_http(metrics_listen, "metrics").await?,
-            schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
-            console: bind_http(console_listen, "console").await?,
-            amqp: bind_amqp(&amqp_listeners).await?,
-        };
-        let mut sockets = Vec::with_capacity(listeners.len());
-        for listener in &listeners {
-            let socket = tokio::net::TcpListener::bind(listener.bind)
-                .await
-                .with_context(|| format!("listener {} on {}", listener.name, listener.bind))?;
-            sockets.push(socket);
+        // A start that fails leaves no data dir it created behind (a mistyped port must not
+        // leave an empty broker's files where the next attempt, or an operator, finds them).
+        let fresh = !data_dir.exists();
+        let started = async {
+            let broker = tokio::task::spawn_blocking(move || Broker::open(config))
+                .await?
+                .with_context(|| format!("opening data dir {}", data_dir.display()))?;
+            // The HTTP ports first: a start that fails on one never accepted a client.
+            let http = sluice_broker::server::HttpListeners {
+                metrics: bind_http(metrics_listen, "metrics").await?,
+                schema_registry: bind_http(schema_registry_listen, "schema registry").await?,
+                console: bind_http(console_listen, "console").await?,
+                amqp: bind_amqp(&amqp_listeners).await?,
+            };
+            let mut sockets = Vec::with_capacity(listeners.len());
+            for listener in &listeners {
+                let socket = tokio::net::TcpListener::bind(listener.bind)
+                    .await
+                    .with_context(|| format!("listener {} on {}", listener.name, listener.bind))?;
+                sockets.push(socket);
+            }
+            broker.join_cluster().await.context("joining the cluster")?;
+            anyhow::Ok((broker, sockets, http))
         }
-        broker.join_cluster().await.context("joining the cluster")?;
+        .await;
+        let (broker, sockets, http) = match started {
+            Ok(started) => started,
+            Err(error) => {
+                if fresh {
+                    let _ = std::fs::remove_dir_all(&data_dir);
+                }
+                return Err(error);
+            }
+        };
         sluice_broker::server::serve(broker, sockets, http, shutdown_signal()).await?;
         Ok(())
     })

@@ -20,7 +20,10 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use serde::Serialize;
+
 use crate::kafka_connection::{ConnectionArgs, Connector};
+use crate::output::{count, Format, TextTable};
 use crate::security_tools::check;
 
 const METADATA_VERSION: i16 = 12;
@@ -47,23 +50,21 @@ pub enum ShareCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct ShareArgs {
-    #[command(flatten)]
-    connection: ConnectionArgs,
     #[command(subcommand)]
     command: ShareCommand,
 }
 
-pub fn share(args: ShareArgs) -> anyhow::Result<()> {
-    let connector = args.connection.connector()?;
-    let bootstrap = args.connection.bootstrap();
+pub fn share(connection: &ConnectionArgs, format: Format, args: ShareArgs) -> anyhow::Result<()> {
+    let connector = connection.connector()?;
+    let bootstrap = connection.bootstrap();
     match args.command {
-        ShareCommand::List => list(&connector, bootstrap),
-        ShareCommand::Describe { group } => describe(&connector, bootstrap, &group),
+        ShareCommand::List => list(&connector, bootstrap, format),
+        ShareCommand::Describe { group } => describe(&connector, bootstrap, format, &group),
     }
 }
 
 /// Each coordinator lists its own groups: ListGroups (share type) to every broker.
-fn list(connector: &Connector, bootstrap: &str) -> anyhow::Result<()> {
+fn list(connector: &Connector, bootstrap: &str, format: Format) -> anyhow::Result<()> {
     let metadata = metadata(connector, bootstrap, Some(Vec::new()))?;
     let mut listed = BTreeMap::new();
     for broker in &metadata.brokers {
@@ -78,15 +79,24 @@ fn list(connector: &Connector, bootstrap: &str) -> anyhow::Result<()> {
             listed.insert(group.group_id.to_string(), group.group_state.to_string());
         }
     }
-    for (name, state) in listed {
-        println!("{name}\t{state}");
+    let listed: Vec<ShareGroupSummary> =
+        listed.into_iter().map(|(name, state)| ShareGroupSummary { name, state }).collect();
+    if format.document(&listed)? {
+        return Ok(());
     }
+    let mut table = TextTable::new(&["GROUP", "STATE"]);
+    for group in &listed {
+        table.row([group.name.as_str(), group.state.as_str()]);
+    }
+    table.print();
     Ok(())
 }
 
 /// Metadata of `topics` (`None`: all; empty: only the brokers).
 fn metadata(connector: &Connector, bootstrap: &str, topics: Option<Vec<String>>) -> anyhow::Result<MetadataResponse> {
     let mut request = MetadataRequest::default();
+    // Read-only: never creates a topic.
+    request.allow_auto_topic_creation = false;
     request.topics = topics.map(|names| {
         names
             .into_iter()
@@ -99,7 +109,7 @@ fn metadata(connector: &Connector, bootstrap: &str, topics: Option<Vec<String>>)
 }
 
 /// The host:port of `group`'s coordinator.
-fn coordinator(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Result<String> {
+pub(crate) fn coordinator(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Result<String> {
     let mut request = FindCoordinatorRequest::default();
     request.key_type = KEY_TYPE_GROUP;
     request.coordinator_keys = vec![StrBytes::from_string(group.to_string())];
@@ -115,7 +125,7 @@ fn coordinator(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::R
     Ok(format!("{}:{}", found.host.as_str(), found.port))
 }
 
-fn describe(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Result<()> {
+fn describe(connector: &Connector, bootstrap: &str, format: Format, group: &str) -> anyhow::Result<()> {
     let coordinator_address = coordinator(connector, bootstrap, group)?;
     let mut coordinator = connector.connect(&coordinator_address)?;
     let mut request = ShareGroupDescribeRequest::default();
@@ -130,22 +140,22 @@ fn describe(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Resu
     };
     let described = response.groups.first().context("ShareGroupDescribe: no answer")?;
     check(described.error_code, described.error_message.as_ref(), &format!("describing share group {group}"))?;
-    println!("share group {group}  state {}  epoch {}", described.group_state.as_str(), described.group_epoch);
-    for member in &described.members {
-        let assigned: Vec<String> = member
-            .assignment
-            .topic_partitions
-            .iter()
-            .map(|tp| format!("{}{:?}", tp.topic_name.as_str(), tp.partitions))
-            .collect();
-        println!(
-            "  member {}  client {}  host {}  assigned {}",
-            member.member_id.as_str(),
-            member.client_id.as_str(),
-            member.client_host.as_str(),
-            assigned.join(" ")
-        );
-    }
+    let members: Vec<ShareMemberView> = described
+        .members
+        .iter()
+        .map(|member| ShareMemberView {
+            member_id: member.member_id.to_string(),
+            client_id: member.client_id.to_string(),
+            host: member.client_host.to_string(),
+            assigned: member
+                .assignment
+                .topic_partitions
+                .iter()
+                .flat_map(|tp| tp.partitions.iter().map(move |p| format!("{}-{p}", tp.topic_name.as_str())))
+                .collect(),
+        })
+        .collect();
+    let (state, epoch) = (described.group_state.to_string(), described.group_epoch);
 
     let mut request = DescribeShareGroupOffsetsRequest::default();
     let mut wanted = DescribeShareGroupOffsetsRequestGroup::default();
@@ -170,16 +180,94 @@ fn describe(connector: &Connector, bootstrap: &str, group: &str) -> anyhow::Resu
         }
     }
     let ends = log_ends(connector, bootstrap, starts.keys())?;
-    println!("TOPIC\tPARTITION\tSTART-OFFSET\tLOG-END\tLAG");
+    let mut offsets = Vec::new();
     for ((topic, partition), start) in starts {
         let end = *ends.get(&(topic.clone(), partition)).context("no log end for a share-partition")?;
-        if start < 0 {
-            println!("{topic}\t{partition}\t-\t{end}\t-");
-        } else {
-            println!("{topic}\t{partition}\t{start}\t{end}\t{}", (end - start).max(0));
-        }
+        let start = (start >= 0).then_some(start);
+        offsets.push(ShareOffsetView {
+            topic,
+            partition,
+            start_offset: start,
+            log_end: end,
+            lag: start.map(|s| (end - s).max(0)),
+        });
     }
+    let view = ShareGroupView { group: group.to_string(), state, epoch, members, offsets };
+    if format.document(&view)? {
+        return Ok(());
+    }
+    println!(
+        "share group {group}: {}, state {}, epoch {}",
+        count(view.members.len(), "member"),
+        view.state,
+        view.epoch
+    );
+    if !view.members.is_empty() {
+        println!();
+        let mut table = TextTable::new(&["MEMBER", "CLIENT-ID", "HOST", "ASSIGNED"]);
+        for member in &view.members {
+            table.row([
+                member.member_id.clone(),
+                member.client_id.clone(),
+                member.host.clone(),
+                member.assigned.join(","),
+            ]);
+        }
+        table.print();
+    }
+    println!();
+    let dash = |value: Option<i64>| value.map_or("-".to_string(), |v| v.to_string());
+    let mut table = TextTable::new(&["TOPIC", "PARTITION", "START-OFFSET", "LOG-END", "LAG"]).numeric(&[
+        "PARTITION",
+        "START-OFFSET",
+        "LOG-END",
+        "LAG",
+    ]);
+    for offset in &view.offsets {
+        table.row([
+            offset.topic.clone(),
+            offset.partition.to_string(),
+            dash(offset.start_offset),
+            offset.log_end.to_string(),
+            dash(offset.lag),
+        ]);
+    }
+    table.print();
     Ok(())
+}
+
+#[derive(Serialize)]
+struct ShareGroupSummary {
+    name: String,
+    state: String,
+}
+
+#[derive(Serialize)]
+struct ShareMemberView {
+    member_id: String,
+    client_id: String,
+    host: String,
+    /// topic-partition of each assigned partition.
+    assigned: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct ShareOffsetView {
+    topic: String,
+    partition: i32,
+    /// `None` before the group has a start offset in this partition.
+    start_offset: Option<i64>,
+    log_end: i64,
+    lag: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct ShareGroupView {
+    group: String,
+    state: String,
+    epoch: i32,
+    members: Vec<ShareMemberView>,
+    offsets: Vec<ShareOffsetView>,
 }
 
 /// The log end of each partition, asked of its leader (ListOffsets, latest).

@@ -20,8 +20,11 @@ use crate::exchange::Exchange;
 use crate::settings::{SaslMechanism, Settings};
 use crate::tls::tls_config;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may take to open unless `socket.connection.setup.timeout.ms` says:
+/// a broker that is down is reported within seconds, not after a minute of silence.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// How long an answer may take unless `socket.timeout.ms` says.
+pub const IO_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Largest answer read (a DescribeAcls of many ACLs, a Fetch of a few MiB stay far below).
 const RESPONSE_BYTES_MAX: usize = 64 * 1024 * 1024;
 const SASL_HANDSHAKE_VERSION: i16 = 1;
@@ -53,6 +56,8 @@ pub struct Connector {
     sasl: Option<Sasl>,
     /// The `client.id` of every request (brokers log it and quotas may name it).
     client_id: String,
+    connect_timeout: Duration,
+    io_timeout: Duration,
 }
 
 impl Connector {
@@ -62,7 +67,13 @@ impl Connector {
         let protocol = settings.protocol();
         let tls = if protocol.uses_tls() { Some(Arc::new(tls_config(settings)?)) } else { None };
         let sasl = if protocol.uses_sasl() { Some(Sasl::from_settings(settings)?) } else { None };
-        Ok(Connector { tls, sasl, client_id: DEFAULT_CLIENT_ID.to_string() })
+        Ok(Connector {
+            tls,
+            sasl,
+            client_id: DEFAULT_CLIENT_ID.to_string(),
+            connect_timeout: settings.connect_timeout.unwrap_or(CONNECT_TIMEOUT_DEFAULT),
+            io_timeout: settings.io_timeout.unwrap_or(IO_TIMEOUT_DEFAULT),
+        })
     }
 
     /// The same, sending `client_id` as each request's `client.id`.
@@ -78,7 +89,7 @@ impl Connector {
 
     /// A connection to `address` (host:port), authenticated.
     pub fn connect(&self, address: &str) -> anyhow::Result<KafkaConnection> {
-        let tcp = connect_tcp(address)?;
+        let tcp = connect_tcp(address, self.connect_timeout, self.io_timeout)?;
         let stream: Box<dyn Stream> = match &self.tls {
             None => Box::new(tcp),
             Some(config) => Box::new(handshake_tls(address, tcp, config.clone())?),
@@ -88,6 +99,7 @@ impl Connector {
             stream,
             correlation_id: 0,
             client_id: self.client_id.clone(),
+            io_timeout: self.io_timeout,
         };
         if let Some(sasl) = &self.sasl {
             connection.authenticate(sasl).map_err(|error| {
@@ -109,15 +121,17 @@ impl Connector {
     }
 }
 
-fn connect_tcp(address: &str) -> anyhow::Result<TcpStream> {
-    let resolved: Vec<_> =
-        address.to_socket_addrs().map_err(|error| anyhow!("cannot resolve {address}: {error}"))?.collect();
+fn connect_tcp(address: &str, connect_timeout: Duration, io_timeout: Duration) -> anyhow::Result<TcpStream> {
+    let resolved: Vec<_> = address
+        .to_socket_addrs()
+        .map_err(|error| anyhow!("cannot reach {address}: cannot resolve it ({})", io_reason(&error, connect_timeout)))?
+        .collect();
     let mut last_error = None;
     for socket_address in resolved {
-        match TcpStream::connect_timeout(&socket_address, CONNECT_TIMEOUT) {
+        match TcpStream::connect_timeout(&socket_address, connect_timeout) {
             Ok(stream) => {
-                stream.set_read_timeout(Some(IO_TIMEOUT))?;
-                stream.set_write_timeout(Some(IO_TIMEOUT))?;
+                stream.set_read_timeout(Some(io_timeout))?;
+                stream.set_write_timeout(Some(io_timeout))?;
                 stream.set_nodelay(true)?;
                 return Ok(stream);
             }
@@ -125,8 +139,29 @@ fn connect_tcp(address: &str) -> anyhow::Result<TcpStream> {
         }
     }
     match last_error {
-        Some(error) => bail!("cannot connect to {address}: {error}"),
-        None => bail!("cannot connect to {address}: it resolves to no address"),
+        Some(error) => bail!("cannot reach {address}: {}", io_reason(&error, connect_timeout)),
+        None => bail!("cannot reach {address}: it resolves to no address"),
+    }
+}
+
+/// Why a socket operation failed, in words: "connection refused", not
+/// "Connection refused (os error 111)".
+pub fn io_reason(error: &std::io::Error, timeout: Duration) -> String {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::ConnectionRefused => "connection refused".to_string(),
+        ErrorKind::TimedOut | ErrorKind::WouldBlock => {
+            format!("no answer within {} ms", timeout.as_millis())
+        }
+        ErrorKind::HostUnreachable => "host unreachable".to_string(),
+        ErrorKind::NetworkUnreachable => "network unreachable".to_string(),
+        ErrorKind::ConnectionReset => "connection reset".to_string(),
+        _ => {
+            let text = error.to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text);
+            let mut chars = text.chars();
+            chars.next().map_or(String::new(), |first| first.to_lowercase().chain(chars).collect())
+        }
     }
 }
 
@@ -163,6 +198,7 @@ pub struct KafkaConnection {
     stream: Box<dyn Stream>,
     correlation_id: i32,
     client_id: String,
+    io_timeout: Duration,
 }
 
 impl KafkaConnection {
@@ -179,10 +215,7 @@ impl KafkaConnection {
 
     /// Sends one request and reads its answer.
     pub fn call(&mut self, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<ResponseKind> {
-        self.correlation_id = self.correlation_id.wrapping_add(1);
-        let frame = sluice_protocol::encode_request(api_key, version, self.correlation_id, &self.client_id, &body)?;
-        let sent = self.stream.write_all(&frame).and_then(|()| self.stream.flush());
-        sent.map_err(|error| anyhow!("sending to {}: {error}", self.address))?;
+        self.send_only(api_key, version, body)?;
         let answer = self.read_frame()?;
         let address = &self.address;
         let (correlation_id, response) = sluice_protocol::decode_response(api_key, version, answer)
@@ -193,14 +226,25 @@ impl KafkaConnection {
         Ok(response)
     }
 
+    /// Sends one request that is not answered (a Produce with acks=0).
+    pub fn send_only(&mut self, api_key: ApiKey, version: i16, body: RequestKind) -> anyhow::Result<()> {
+        self.correlation_id = self.correlation_id.wrapping_add(1);
+        let frame = sluice_protocol::encode_request(api_key, version, self.correlation_id, &self.client_id, &body)?;
+        let sent = self.stream.write_all(&frame).and_then(|()| self.stream.flush());
+        sent.map_err(|error| anyhow!("sending to {}: {}", self.address, io_reason(&error, self.io_timeout)))
+    }
+
     fn read_frame(&mut self) -> anyhow::Result<Bytes> {
         let address = &self.address;
         let hint = "(is -X security.protocol that of this listener?)";
         let mut size = [0u8; 4];
         self.stream.read_exact(&mut size).map_err(|error| match error.kind() {
             std::io::ErrorKind::UnexpectedEof => anyhow!("{address} closed the connection without answering {hint}"),
-            _ => anyhow!("reading the answer of {address}: {error} {hint}"),
+            _ => anyhow!("reading the answer of {address}: {} {hint}", io_reason(&error, self.io_timeout)),
         })?;
+        if &size == b"HTTP" {
+            bail!("{address} answered in HTTP: it is not a Kafka listener");
+        }
         let size = usize::try_from(i32::from_be_bytes(size)).map_err(|_| anyhow!("{address}: negative answer size"))?;
         if size > RESPONSE_BYTES_MAX {
             bail!("{address} sent an answer of {size} bytes, more than {RESPONSE_BYTES_MAX} {hint}");

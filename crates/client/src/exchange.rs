@@ -52,4 +52,9 @@ exchanges! {
     DescribeShareGroupOffsets: DescribeShareGroupOffsetsRequest => DescribeShareGroupOffsetsResponse,
     DescribeAcls: DescribeAclsRequest => DescribeAclsResponse,
     DescribeUserScramCredentials: DescribeUserScramCredentialsRequest => DescribeUserScramCredentialsResponse,
+    CreateAcls: CreateAclsRequest => CreateAclsResponse,
+    DeleteAcls: DeleteAclsRequest => DeleteAclsResponse,
+    AlterUserScramCredentials: AlterUserScramCredentialsRequest => AlterUserScramCredentialsResponse,
+    OffsetCommit: OffsetCommitRequest => OffsetCommitResponse,
+    DeleteGroups: DeleteGroupsRequest => DeleteGroupsResponse,
 }

@@ -11,10 +11,12 @@
 //! ```
 
 pub mod connection;
+pub mod errors;
 pub mod exchange;
 pub mod settings;
 mod tls;
 
 pub use connection::{Connector, KafkaConnection};
+pub use errors::{broker_error, check};
 pub use exchange::Exchange;
 pub use settings::{SaslMechanism, SecurityProtocol, Settings, KNOWN_SETTINGS};

@@ -2,6 +2,7 @@
 //! `key=value` pairs reaches the same listener from every tool (and the console).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use sluice_security::ScramMechanism;
@@ -16,6 +17,8 @@ pub const KNOWN_SETTINGS: &[&str] = &[
     "sasl.mechanism",
     "sasl.username",
     "sasl.password",
+    "socket.connection.setup.timeout.ms",
+    "socket.timeout.ms",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +86,10 @@ pub struct Settings {
     pub(crate) mechanism: Option<SaslMechanism>,
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
+    /// How long a connection (TCP, TLS and SASL) may take to be set up.
+    pub(crate) connect_timeout: Option<Duration>,
+    /// How long an answer may take.
+    pub(crate) io_timeout: Option<Duration>,
 }
 
 impl Settings {
@@ -107,6 +114,8 @@ impl Settings {
             "sasl.mechanism" => self.mechanism = Some(SaslMechanism::parse(value)?),
             "sasl.username" => self.username = Some(value.to_string()),
             "sasl.password" => self.password = Some(value.to_string()),
+            "socket.connection.setup.timeout.ms" => self.connect_timeout = Some(parse_millis(key, value)?),
+            "socket.timeout.ms" => self.io_timeout = Some(parse_millis(key, value)?),
             _ => bail!("-X {key}: unknown setting; known: {}", KNOWN_SETTINGS.join(", ")),
         }
         Ok(())
@@ -121,6 +130,13 @@ impl Settings {
     pub fn missing_password(&self) -> Option<&str> {
         let needed = self.protocol().uses_sasl() && self.password.is_none();
         needed.then_some(self.username.as_deref()).flatten()
+    }
+}
+
+fn parse_millis(key: &str, value: &str) -> anyhow::Result<Duration> {
+    match value.parse::<u64>() {
+        Ok(millis) if millis > 0 => Ok(Duration::from_millis(millis)),
+        _ => bail!("-X {key}={value}: must be a number of milliseconds above 0"),
     }
 }
 
@@ -155,5 +171,7 @@ mod tests {
         check(&["sasl.mechanism=GSSAPI"], Some("must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"));
         check(&["security.protocol"], Some("is not KEY=VALUE"));
         check(&["enable.ssl.certificate.verification=no"], Some("must be true or false"));
+        check(&["socket.connection.setup.timeout.ms=2500"], None);
+        check(&["socket.connection.setup.timeout.ms=soon"], Some("must be a number of milliseconds"));
     }
 }

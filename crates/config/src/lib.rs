@@ -6,6 +6,7 @@
 //! their tests run without building the broker.
 
 mod limits;
+mod suggest;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -19,6 +20,7 @@ use sluice_security::{
 use sluice_meta::topic_config::TopicDefaults;
 
 pub use crate::limits::*;
+pub use crate::suggest::{closest, explain_unknown_key};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
