@@ -17,7 +17,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
 use indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Record, TimestampType};
+use kafka_protocol::records::Record;
 
 /// The record header that holds the non-string entries of the `headers` table.
 const TYPED_HEADERS: &str = "amqp-headers";
@@ -73,21 +73,8 @@ pub fn to_record(message: &Message, timestamp_ms: i64) -> Record {
     if !typed.inner().is_empty() {
         put(TYPED_HEADERS, encode_table(&typed));
     }
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: timestamp_ms,
-        key: (!message.routing_key.is_empty()).then(|| Bytes::from(message.routing_key.clone().into_bytes())),
-        value: Some(message.body.clone()),
-        headers,
-    }
+    let key = (!message.routing_key.is_empty()).then(|| Bytes::from(message.routing_key.clone().into_bytes()));
+    sluice_protocol::new_record(key, Some(message.body.clone()), headers, timestamp_ms)
 }
 
 /// The message a record stands for (one written by a Kafka producer too).

@@ -22,7 +22,7 @@ use kafka_protocol::messages::{
     MetadataRequest, OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, RequestKind, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -618,21 +618,12 @@ pub fn produce(connection: &ConnectionArgs, args: ProduceArgs) -> anyhow::Result
         };
         let partition = target.leaders.get(slot).map_or(0, |(p, _)| *p);
         buffered_bytes += value.len() + key.as_ref().map_or(0, Bytes::len);
-        buffered.entry(partition).or_default().push(Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: now_millis(),
+        buffered.entry(partition).or_default().push(sluice_protocol::new_record(
             key,
-            value: Some(Bytes::from(value)),
-            headers: Default::default(),
-        });
+            Some(Bytes::from(value)),
+            Default::default(),
+            now_millis(),
+        ));
         count_produced += 1;
         if buffered_bytes >= PRODUCE_BUFFER_BYTES {
             target.send(&cluster, &mut leaders, &mut buffered)?;

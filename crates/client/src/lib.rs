@@ -20,3 +20,4 @@ pub use connection::{Connector, KafkaConnection};
 pub use errors::{broker_error, check};
 pub use exchange::Exchange;
 pub use settings::{SaslMechanism, SecurityProtocol, Settings, KNOWN_SETTINGS};
+pub use sluice_protocol::new_record;

@@ -17,7 +17,7 @@ use kafka_protocol::messages::{
     TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
 
 use crate::cluster::{versions, ClusterClient};
 use crate::topics::error_name;
@@ -179,21 +179,8 @@ pub async fn produce(client: &Arc<ClusterClient>, topic: &str, record: NewRecord
 /// One record as a batch of its own (uncompressed, created now).
 fn encode(record: NewRecord) -> anyhow::Result<Bytes> {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: -1,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: now_ms,
-        key: record.key,
-        value: record.value,
-        headers: record.headers.into_iter().map(|(k, v)| (StrBytes::from_string(k), Some(v))).collect(),
-    };
+    let headers = record.headers.into_iter().map(|(k, v)| (StrBytes::from_string(k), Some(v))).collect();
+    let record = sluice_client::new_record(record.key, record.value, headers, now_ms);
     let mut buffer = BytesMut::new();
     let options = RecordEncodeOptions { version: 2, compression: Compression::None };
     RecordBatchEncoder::encode(&mut buffer, &[record], &options).map_err(|error| anyhow!("{error}"))?;

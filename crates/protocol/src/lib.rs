@@ -11,6 +11,7 @@ mod alloc_guard;
 mod chunked;
 mod client;
 mod frame;
+mod records;
 mod request;
 mod versions;
 
@@ -20,6 +21,7 @@ pub use crate::chunked::{
 };
 pub use crate::client::{decode_response, encode_request};
 pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_API_KEY_BYTES, FRAME_SIZE_PREFIX_BYTES};
+pub use crate::records::new_record;
 pub use crate::request::{encode_response, parse_request, Request, RequestError};
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;
