@@ -404,6 +404,13 @@ def test_logins_and_acls_decide_who_declares_publishes_and_consumes(tmp_path):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
         alice.exchange_declare(exchange="orders-x", exchange_type="fanout")
     assert refused.value.reply_code == 403
+    # Dead letters are republished by the broker: naming where they go is routing too.
+    alice = connect(port, "alice", "alice-secret").channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        alice.queue_declare(queue="orders", durable=True, arguments={"x-dead-letter-exchange": "amq.fanout"})
+    assert refused.value.reply_code == 403 and "CREATE on the cluster" in refused.value.reply_text
+    alice = connect(port, "alice", "alice-secret").channel()
+    alice.confirm_delivery()
 
     bob_connection = connect(port, "bob", "bob-secret")
     bob = bob_connection.channel()
