@@ -604,3 +604,29 @@ def test_an_exclusive_consumer_has_the_queue_to_itself(amqp):
     owner.close()
     connection.channel().basic_consume("solo", lambda *_: None)
     connection.close()
+
+
+def test_a_queue_unused_past_its_x_expires_is_deleted(amqp):
+    """`x-expires`: a queue nobody consumes, declares or reads for that long goes away with
+    its messages; one with a consumer stays; a bad value is refused with 406."""
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare("brief", arguments={"x-expires": 600})
+    channel.basic_publish("", "brief", b"left behind")
+    channel.queue_declare("watched", arguments={"x-expires": 600})
+    channel.basic_consume("watched", lambda *_: None)
+    time.sleep(0.3)
+    channel.queue_declare("brief", passive=True, arguments={"x-expires": 600})  # a use: the clock starts again
+    time.sleep(0.4)
+    assert channel.queue_declare("brief", passive=True).method.message_count == 1
+    time.sleep(1.0)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        channel.queue_declare("brief", passive=True)
+    assert gone.value.reply_code == 404
+    assert "deleted topic" in amqp.log() or "x-expires" in amqp.log()
+    channel = connection.channel()
+    channel.queue_declare("watched", passive=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.queue_declare("never", arguments={"x-expires": 0})
+    assert refused.value.reply_code == 406
+    connection.close()

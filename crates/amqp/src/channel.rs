@@ -501,6 +501,7 @@ impl Channel {
             self.server.queues.check_access(&name, self.connection)?;
             let arguments = arguments_text(&declare.arguments);
             let partitions = queues::partitions(&arguments)?;
+            queues::expires_ms(&arguments)?;
             let policy = QueuePolicy::parse(&arguments)?;
             if policy.dead_letter_exchange.is_some() {
                 // Dead letters are republished by the broker: naming where they go is routing.
@@ -524,6 +525,7 @@ impl Channel {
             }
         }
         self.last_queue = Some(name.clone());
+        self.server.queues.touch(&name);
         if !declare.nowait {
             let consumer_count = self.server.queues.consumers(&name) as u32;
             let partitions = self.server.topology.queue(&name).map_or(Ok(1), |q| queues::partitions(&q.arguments))?;
@@ -640,6 +642,7 @@ impl Channel {
     async fn get(&mut self, get: basic::Get) -> Result<(), Refused> {
         let name = self.queue_name(get.queue.as_str())?;
         let policy = QueuePolicy::parse(&self.existing_queue(&name)?.arguments)?;
+        self.server.queues.touch(&name);
         let reader = self.getters.entry(name.clone()).or_insert_with(|| {
             consumer::start(
                 self.server.clone(),
@@ -718,18 +721,19 @@ impl Channel {
 
     /// Deletes an auto-delete queue whose last consumer went.
     async fn auto_delete(&self, queue: &str, consumers_left: usize) {
+        self.server.queues.touch(queue);
         if consumers_left > 0 {
             return;
         }
         if self.server.topology.queue(queue).is_some_and(|q| q.auto_delete) {
-            delete_queue_of_connection(&self.server, queue).await;
+            delete_lapsed_queue(&self.server, queue).await;
         }
     }
 }
 
-/// Deletes a queue that goes with its connection or its last consumer (exclusive,
-/// auto-delete), as the broker: its declaration was allowed.
-pub async fn delete_queue_of_connection(server: &Server, queue: &str) {
+/// Deletes a queue that goes by itself — with its connection (exclusive), its last consumer
+/// (auto-delete) or unused past its `x-expires` — as the broker: its declaration was allowed.
+pub async fn delete_lapsed_queue(server: &Server, queue: &str) {
     if let Err(Refused(_, text)) = queues::delete_topic(&*server.gateway, None, queue).await {
         tracing::warn!(%queue, %text, "could not delete the topic of a queue that ended with its connection");
     }

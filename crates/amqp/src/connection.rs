@@ -476,7 +476,7 @@ impl Connection {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, open.task).await;
         }
         for queue in self.server.queues.release_owner(self.negotiated.id) {
-            crate::channel::delete_queue_of_connection(&self.server, &queue).await;
+            crate::channel::delete_lapsed_queue(&self.server, &queue).await;
         }
     }
 }

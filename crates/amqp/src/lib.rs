@@ -87,6 +87,25 @@ impl Server {
     }
 }
 
+/// How often queues declared with `x-expires` are checked for having gone unused.
+const EXPIRY_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Deletes queues that went unused (no consumer here, not declared or read) for longer than
+/// their `x-expires`, for as long as the broker runs.
+pub async fn expire_unused_queues(server: Arc<Server>) {
+    loop {
+        tokio::time::sleep(EXPIRY_CHECK_INTERVAL).await;
+        for (queue, declared) in server.topology.expiring_queues() {
+            let Ok(Some(expires_ms)) = queues::expires_ms(&declared.arguments) else { continue };
+            let unused = server.queues.unused_for(&queue);
+            if server.queues.consumers(&queue) == 0 && unused.as_millis() >= u128::from(expires_ms) {
+                tracing::info!(%queue, expires_ms, "AMQP queue unused for longer than its x-expires: deleted");
+                channel::delete_lapsed_queue(&server, &queue).await;
+            }
+        }
+    }
+}
+
 /// How long a client has to finish its TLS handshake on an AMQPS port.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 

@@ -53,6 +53,21 @@ pub fn check_name(name: &str) -> Result<(), Refused> {
     Ok(())
 }
 
+/// How long queue `x-expires` lets a queue go unused before it is deleted (None: forever);
+/// a value that is not a positive whole number of milliseconds is refused (406).
+pub fn expires_ms(arguments: &std::collections::BTreeMap<String, String>) -> Result<Option<u64>, Refused> {
+    match arguments.get("x-expires") {
+        None => Ok(None),
+        Some(text) => match text.parse::<u64>() {
+            Ok(ms) if (1..=u64::from(u32::MAX)).contains(&ms) => Ok(Some(ms)),
+            _ => Err(Refused(
+                reply::PRECONDITION_FAILED,
+                format!("invalid arg 'x-expires': {text} is not a whole number of milliseconds from 1"),
+            )),
+        },
+    }
+}
+
 /// The partition count `x-queue-partitions` asks for.
 pub fn partitions(arguments: &std::collections::BTreeMap<String, String>) -> Result<i32, Refused> {
     match arguments.get("x-queue-partitions") {
@@ -293,9 +308,22 @@ struct LocalQueue {
 #[derive(Default)]
 pub struct LocalQueues {
     queues: Mutex<HashMap<String, LocalQueue>>,
+    /// When each queue was last used here (declared, read, a consumer added or gone): the
+    /// clock of `x-expires`, which starts again when the broker does (as in RabbitMQ).
+    used: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl LocalQueues {
+    /// Queue `name` was used now.
+    pub fn touch(&self, name: &str) {
+        self.used.lock().insert(name.to_string(), std::time::Instant::now());
+    }
+
+    /// How long queue `name` has gone unused (its clock starts now if it has none).
+    pub fn unused_for(&self, name: &str) -> std::time::Duration {
+        self.used.lock().entry(name.to_string()).or_insert_with(std::time::Instant::now).elapsed()
+    }
+
     /// Makes `connection` the owner of exclusive queue `name`.
     pub fn claim(&self, name: &str, connection: u64) {
         self.queues.lock().entry(name.to_string()).or_default().owner = Some(connection);
@@ -362,6 +390,7 @@ impl LocalQueues {
     }
 
     pub fn forget(&self, name: &str) {
+        self.used.lock().remove(name);
         self.queues.lock().remove(name);
     }
 }

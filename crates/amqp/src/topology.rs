@@ -178,6 +178,17 @@ impl Topology {
         self.state.lock().queues.get(name).cloned()
     }
 
+    /// The queues declared with `x-expires`.
+    pub fn expiring_queues(&self) -> Vec<(String, Queue)> {
+        let state = self.state.lock();
+        state
+            .queues
+            .iter()
+            .filter(|(_, q)| q.arguments.contains_key("x-expires"))
+            .map(|(n, q)| (n.clone(), q.clone()))
+            .collect()
+    }
+
     /// Declares `name` as `exchange`; an existing one must be the same kind and durability.
     pub fn declare_exchange(&self, name: &str, exchange: Exchange) -> Result<(), Refused> {
         let mut state = self.state.lock();

@@ -90,6 +90,7 @@ pub async fn serve(
     }
     if !http.amqp.is_empty() {
         let server = crate::amqp_host::server(&broker)?;
+        http_servers.push(tokio::spawn(sluice_amqp::expire_unused_queues(server.clone())));
         for (amqp_listener, uses_tls) in http.amqp {
             let address = amqp_listener.local_addr()?;
             let tls = match uses_tls {
