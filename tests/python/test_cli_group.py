@@ -8,6 +8,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import SLUICE_BIN
+from test_cli_topics import table
 
 
 def sluice_group(broker, *args, ok=True) -> str:
@@ -18,16 +19,6 @@ def sluice_group(broker, *args, ok=True) -> str:
     return res.stdout + res.stderr
 
 
-def table(text: str, header: str) -> list[list[str]]:
-    """The rows of the table whose header line starts with `header` (the header included)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start:]:
-        if not line.strip():
-            break
-        rows.append(line.split())
-    return rows
 
 
 def lag_rows(text: str) -> list[tuple[str, int, int, int, int]]:
