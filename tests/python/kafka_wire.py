@@ -636,10 +636,11 @@ class Conn:
         return ShareHeartbeat(error, message, member, epoch, interval, assignment)
 
     def share_fetch(self, group: str, member_id: str, session_epoch: int, topics: dict, forgotten: dict | None = None,
-                    max_wait_ms: int = 0, max_records: int = 500, max_bytes: int = 1 << 20) -> "ShareFetchAnswer":
-        """ShareFetch v1. `topics`: {topic_id: {partition: [(first, last, [ack types])]}} (a
-        partition with no acknowledgement batches is just fetched); `forgotten`:
-        {topic_id: [partitions]}."""
+                    max_wait_ms: int = 0, max_records: int = 500, max_bytes: int = 1 << 20,
+                    v2: tuple[int, bool] | None = None) -> "ShareFetchAnswer":
+        """ShareFetch v1, or v2 with `v2` = (ShareAcquireMode, IsRenewAck). `topics`:
+        {topic_id: {partition: [(first, last, [ack types])]}} (a partition with no
+        acknowledgement batches is just fetched); `forgotten`: {topic_id: [partitions]}."""
 
         def batch(w, b):
             w.i64(b[0]).i64(b[1]).array(b[2], lambda w, t: w.i8(t)).tags()
@@ -653,10 +654,13 @@ class Conn:
         def forgotten_topic(w, item):
             w.raw(item[0]).array(item[1], lambda w, p: w.i32(p)).tags()
 
-        w = Writer(True).string(group).string(member_id).i32(session_epoch).i32(max_wait_ms).i32(1).i32(max_bytes)
-        w.i32(max_records).i32(max_records)
+        min_bytes = 0 if max_bytes == 0 else 1
+        w = Writer(True).string(group).string(member_id).i32(session_epoch).i32(max_wait_ms).i32(min_bytes)
+        w.i32(max_bytes).i32(max_records).i32(max_records)
+        if v2 is not None:
+            w.i8(v2[0]).i8(int(v2[1]))
         w.array(list(topics.items()), topic).array(list((forgotten or {}).items()), forgotten_topic).tags()
-        r = self.request(SHARE_FETCH, 1, w.getvalue())
+        r = self.request(SHARE_FETCH, 1 if v2 is None else 2, w.getvalue())
         r.i32()
         error, message, lock_ms = r.i16(), r.string(), r.i32()
 
@@ -681,9 +685,11 @@ class Conn:
         partitions = dict(item for items in r.array(top) for item in items)
         return ShareFetchAnswer(error, message, lock_ms, partitions)
 
-    def share_acknowledge(self, group: str, member_id: str, session_epoch: int, topics: dict) -> tuple[int, dict]:
-        """ShareAcknowledge v1. `topics`: {topic_id: {partition: [(first, last, [ack types])]}}.
-        Returns (error_code, {(topic_id, partition): error_code})."""
+    def share_acknowledge(self, group: str, member_id: str, session_epoch: int, topics: dict,
+                          renew: bool | None = None) -> tuple[int, dict]:
+        """ShareAcknowledge v1, or v2 with `renew` (IsRenewAck). `topics`: {topic_id: {partition:
+        [(first, last, [ack types])]}}. Returns (error_code, {(topic_id, partition): error_code});
+        for v2 the answer's AcquisitionLockTimeoutMs is kept in `self.last_lock_timeout_ms`."""
 
         def batch(w, b):
             w.i64(b[0]).i64(b[1]).array(b[2], lambda w, t: w.i8(t)).tags()
@@ -694,10 +700,15 @@ class Conn:
         def topic(w, item):
             w.raw(item[0]).array(sorted(item[1].items()), partition).tags()
 
-        w = Writer(True).string(group).string(member_id).i32(session_epoch).array(list(topics.items()), topic).tags()
-        r = self.request(SHARE_ACKNOWLEDGE, 1, w.getvalue())
+        w = Writer(True).string(group).string(member_id).i32(session_epoch)
+        if renew is not None:
+            w.i8(int(renew))
+        w.array(list(topics.items()), topic).tags()
+        r = self.request(SHARE_ACKNOWLEDGE, 1 if renew is None else 2, w.getvalue())
         r.i32()
         error, _ = r.i16(), r.string()
+        if renew is not None:
+            self.last_lock_timeout_ms = r.i32()
 
         def part(rr: Reader):
             index, error, _ = rr.i32(), rr.i16(), rr.string()

@@ -477,3 +477,14 @@ def test_a_live_classic_group_is_not_a_consumer_group(cbroker):
         assert [m.host for m in described.members] == ["/127.0.0.1"], described.members
     finally:
         classic.close()
+
+
+def test_a_pattern_matches_internal_topics_as_kafka_does(cbroker):
+    """Kafka 4.3's coordinator resolves a member's regex over every topic of its metadata,
+    `__consumer_offsets` included: a member whose pattern matches it is assigned it."""
+    with kw.Conn.to(cbroker.bootstrap) as conn:
+        offsets_id = uuid.UUID(bytes=conn.topic_id("__consumer_offsets"))
+        error, _, _, _, _, assignment = consumer_heartbeat(conn, "cp-internal", str(uuid.uuid4()), 0,
+                                                           regex="__consumer_off.*", owned=[],
+                                                           rebalance_timeout_ms=30000)
+        assert error == 0 and [topic_id for topic_id, _ in assignment or []] == [offsets_id], assignment

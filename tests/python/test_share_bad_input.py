@@ -15,6 +15,8 @@ acknowledge and receive exactly the records they should, with unchanged delivery
   member holds (INVALID_RECORD_STATE), offsets never handed out, reversed or overlapping
   ranges, a wrong number of types, an unknown type (INVALID_REQUEST), an unknown partition
   or topic id; a batch that is partly wrong changes nothing (all or nothing).
+* v2 (Kafka 4.2+): `record_limit` acquisition, RENEW only where the request announces it
+  (IsRenewAck), a renewing ShareFetch that also asks for records (INVALID_REQUEST).
 
 The same assertions hold against Kafka 4.3.1 itself: set SLUICE_SHARE_PEER_BOOTSTRAP to a
 Kafka broker's address to run them there instead of against Sluice.
@@ -228,3 +230,65 @@ def test_bad_acknowledgements_are_refused_per_partition_and_change_nothing(boots
         assert c.acquire(100) == [(0, 4, 2)]
         assert b.ack([(5, 6, [ACCEPT])]) == kw.NONE
         assert c.ack([(0, 4, [ACCEPT])]) == kw.NONE
+
+
+RENEW = 4  # KIP-1222's acknowledgement type (ShareFetch and ShareAcknowledge v2)
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1  # KIP-1206's ShareAcquireMode
+
+
+def test_v2_record_limit_and_renewals_on_the_wire(bootstrap):
+    """ShareFetch and ShareAcknowledge v2 (Kafka 4.2+): `record_limit` acquires exactly
+    MaxRecords of a larger batch; RENEW keeps records with their member, only in a request
+    that announces it (IsRenewAck), and a renewing ShareFetch must ask for nothing to fetch."""
+    with Conn.to(bootstrap) as conn:
+        _, versions = conn.api_versions(3)
+        assert versions[kw.SHARE_FETCH][1] >= 2 and versions[kw.SHARE_ACKNOWLEDGE][1] >= 2, versions
+        topic = unique("share-v2")
+        assert conn.create_topics([(topic, 1, 1, {})])[topic][0] == kw.NONE
+        deadline = time.monotonic() + 10
+        while conn.metadata([topic])[topic] != (kw.NONE, [0]):
+            assert time.monotonic() < deadline, "topic never appeared"
+            time.sleep(0.1)
+        five = record_batch([Record(key=b"k%d" % i, value=b"v%d" % i) for i in range(5)])
+        assert conn.produce(topic, 0, five)[:2] == (kw.NONE, 0)
+        topic_id = conn.topic_id(topic)
+        group, m = new_group(conn), member_id()
+        join(conn, group, m, topic, topic_id)
+
+        def fetch(epoch, acks=None, max_records=2, v2=(RECORD_LIMIT, False), max_wait_ms=2000):
+            return conn.share_fetch(group, m, epoch, {topic_id: {0: acks or []}}, max_wait_ms=max_wait_ms,
+                                    max_records=max_records, max_bytes=0 if v2[1] else 1 << 20, v2=v2)
+
+        answer = fetch(0)
+        assert answer.error == kw.NONE, answer
+        assert answer.partitions[(topic_id, 0)].acquired == [(0, 1, 1)], "record_limit splits the batch"
+        assert fetch(1).partitions[(topic_id, 0)].acquired == [(2, 3, 1)]
+        epoch = 2
+
+        # RENEW in a v1 request, or in a v2 one that does not announce it: refused, nothing moves.
+        assert conn.share_acknowledge(group, m, epoch, {topic_id: {0: [(0, 1, [RENEW])]}}) == \
+            (kw.NONE, {(topic_id, 0): kw.INVALID_REQUEST})
+        epoch += 1
+        assert conn.share_acknowledge(group, m, epoch, {topic_id: {0: [(0, 1, [RENEW])]}}, renew=False) == \
+            (kw.NONE, {(topic_id, 0): kw.INVALID_REQUEST})
+        epoch += 1
+        # Announced: renewed, and the answer says for how long (the group's lock duration).
+        assert conn.share_acknowledge(group, m, epoch, {topic_id: {0: [(0, 1, [RENEW])]}}, renew=True) == \
+            (kw.NONE, {(topic_id, 0): kw.NONE})
+        assert conn.last_lock_timeout_ms > 0
+        epoch += 1
+        # A renewing ShareFetch that also asks for records is refused as a whole.
+        assert fetch(epoch, acks=[(2, 3, [RENEW])], max_records=5, v2=(RECORD_LIMIT, True)).error == \
+            kw.INVALID_REQUEST
+        answer = fetch(epoch, acks=[(2, 3, [RENEW])], max_records=0, v2=(RECORD_LIMIT, True), max_wait_ms=0)
+        assert answer.error == kw.NONE, answer
+        part = answer.partitions[(topic_id, 0)]
+        assert (part.acknowledge_error, part.acquired) == (kw.NONE, []), "a renewal fetches nothing"
+        epoch += 1
+
+        # The renewed records are still the member's to accept; batch_optimized takes the rest.
+        assert conn.share_acknowledge(group, m, epoch, {topic_id: {0: [(0, 3, [ACCEPT])]}}, renew=False) == \
+            (kw.NONE, {(topic_id, 0): kw.NONE})
+        epoch += 1
+        assert fetch(epoch, max_records=1, v2=(BATCH_OPTIMIZED, False)).partitions[(topic_id, 0)].acquired == \
+            [(4, 4, 1)]

@@ -11,6 +11,9 @@
 * Dead letters: with `errors.deadletterqueue.topic.name` set, a rejected record and one
   released at the delivery limit are copied to that topic with their key, value and
   headers saying why and where from; an accepted one is not.
+* Kafka 4.2's share consumer: `share.acquire.mode=record_limit` gets exactly max.poll.records
+  of a larger batch, and RENEW keeps records with a consumer past its lock duration while
+  another consumer takes the rest.
 * Durability: records acknowledged (commitSync returned) before a broker `kill -9` are never
   delivered again after the restart; every other record still is.
 * Administration with kafka-share-groups: --reset-offsets, --delete-offsets, --delete.
@@ -81,6 +84,14 @@ def test_release_reject_delivery_limit_and_lock_expiry(broker, java_cp):
     report = f"{res.report()}\n--- broker log (tail) ---\n{broker.log()[-6000:]}"
     assert res.returncode == 0 and "DONE" in res.stdout, report
     assert "ACK_TYPES_OK" in res.stdout and "LOCK_EXPIRY_OK" in res.stdout, report
+
+
+def test_kafka_4_2_consumer_renews_locks_and_limits_records(broker, java_cp):
+    """KafkaShareConsumer 4.3.1 with `share.acquire.mode=record_limit` and RENEW, which it
+    sends only over ShareFetch/ShareAcknowledge v2 (it refuses both against a v1 broker)."""
+    res = run_java(java_cp, SHARE, ["--bootstrap", broker.bootstrap, "--mode", "renew", "--topic", unique("q"),
+                                    "--group", unique("renew")], timeout=120)
+    assert res.returncode == 0 and "RENEW_OK" in res.stdout, f"{res.report()}\n{broker.log()[-4000:]}"
 
 
 def test_acknowledged_records_are_not_redelivered_after_kill_9(broker_factory, java_cp):

@@ -13,6 +13,7 @@ mod client;
 mod frame;
 mod records;
 mod request;
+mod share_wire;
 mod versions;
 
 pub use crate::alloc_guard::{GuardedAllocator, LAZY_ALLOCATION_BYTES_MIN};
@@ -23,6 +24,10 @@ pub use crate::client::{decode_response, encode_request};
 pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_API_KEY_BYTES, FRAME_SIZE_PREFIX_BYTES};
 pub use crate::records::new_record;
 pub use crate::request::{encode_response, parse_request, Request, RequestError};
+pub use crate::share_wire::{
+    set_acknowledge_lock_timeout_ms, set_share_fetch_options, share_acknowledge_is_renew, share_fetch_options,
+    ShareAcquireMode, ShareFetchOptions,
+};
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;
 

@@ -5,6 +5,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeade
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
 use crate::chunked::{ChunkedBuf, FileChunk, ResponseChunk, ZERO_COPY_BYTES_MIN};
+use crate::share_wire;
 use crate::versions::supported_range;
 
 /// A decoded request.
@@ -46,14 +47,14 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
         return Err(RequestError::UnknownApiKey { api_key: raw_key, correlation_id });
     };
     let crate_range = api_key.valid_versions();
-    if api_version < range.0 || api_version > range.1 || api_version < crate_range.min || api_version > crate_range.max
-    {
+    let version_max = share_wire::version_max(api_key);
+    if api_version < range.0 || api_version > range.1 || api_version < crate_range.min || api_version > version_max {
         return Err(RequestError::UnsupportedVersion { api_key, api_version, correlation_id });
     }
     let malformed = |reason: String| RequestError::Malformed { api_key, api_version, correlation_id, reason };
     let header_version = api_key.request_header_version(api_version);
     let header = RequestHeader::decode(&mut frame, header_version).map_err(|e| malformed(e.to_string()))?;
-    let body = RequestKind::decode(api_key, &mut frame, api_version).map_err(|e| malformed(e.to_string()))?;
+    let body = share_wire::decode_request(api_key, api_version, &mut frame).map_err(malformed)?;
     // Trailing bytes are tolerated, as Kafka does: librdkafka sends a few on some versions.
     Ok(Request { api_key, api_version, correlation_id, client_id: header.client_id, body })
 }
@@ -88,7 +89,12 @@ pub fn encode_response(
     let mut out = BytesMut::with_capacity(256);
     out.put_i32(0);
     header.encode(&mut out, header_version)?;
-    body.encode(&mut out, api_version)?;
+    match body {
+        ResponseKind::ShareAcknowledge(response) => {
+            share_wire::encode_acknowledge_response(response, api_version, &mut out)?
+        }
+        _ => body.encode(&mut out, share_wire::codec_version(api_key, api_version))?,
+    }
     let size = i32::try_from(out.len() - 4)?;
     out[..4].copy_from_slice(&size.to_be_bytes());
     Ok(vec![ResponseChunk::Bytes(out.freeze())])

@@ -42,8 +42,10 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     // Share groups (KIP-932): v1 is the first GA version (4.1+ clients).
     (ApiKey::ShareGroupHeartbeat, 1, 1),
     (ApiKey::ShareGroupDescribe, 1, 1),
-    (ApiKey::ShareFetch, 1, 1),
-    (ApiKey::ShareAcknowledge, 1, 1),
+    // v2 (KIP-1206 acquire modes, KIP-1222 RENEW) is converted to the codec's v1 in
+    // `share_wire.rs`.
+    (ApiKey::ShareFetch, 1, 2),
+    (ApiKey::ShareAcknowledge, 1, 2),
     (ApiKey::DescribeShareGroupOffsets, 0, 0),
     (ApiKey::AlterShareGroupOffsets, 0, 0),
     (ApiKey::DeleteShareGroupOffsets, 0, 0),
@@ -106,12 +108,52 @@ pub fn api_versions_response(error_code: i16) -> ApiVersionsResponse {
 mod tests {
     use super::*;
 
+    /// The table of [`ADVERTISED_APIS`] that `docs/kafka-apis.md` shows (Markdown), so the page
+    /// cannot drift from what ApiVersions says: a test compares the two.
+    fn advertised_apis_markdown() -> String {
+        let mut table = String::from("| API | key | versions |\n|---|---|---|\n");
+        for (key, min, max) in ADVERTISED_APIS {
+            let versions = match (*key, supported_range(*key)) {
+                (ApiKey::Produce, Some((accepted, _))) => {
+                    format!("{accepted}-{max} ({min}-{} advertised, refused as Kafka does)", accepted - 1)
+                }
+                _ if min == max => min.to_string(),
+                _ => format!("{min}-{max}"),
+            };
+            table.push_str(&format!("| {key:?} | {} | {versions} |\n", *key as i16));
+        }
+        table
+    }
+
+    /// Where the generated table sits in the page.
+    const DOCS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/kafka-apis.md");
+    const TABLE_START: &str = "<!-- advertised-apis: generated from crates/protocol/src/versions.rs -->\n";
+    const TABLE_END: &str = "<!-- end advertised-apis -->";
+
+    #[test]
+    fn the_docs_list_exactly_the_advertised_versions() {
+        let page = std::fs::read_to_string(DOCS_PAGE).expect("docs/kafka-apis.md");
+        let start = page.find(TABLE_START).expect("the page has the table's start marker") + TABLE_START.len();
+        let end = page[start..].find(TABLE_END).expect("the page has the table's end marker") + start;
+        let wanted = advertised_apis_markdown();
+        if page[start..end] == wanted {
+            return;
+        }
+        if std::env::var_os("SLUICE_UPDATE_DOCS").is_some() {
+            let updated = format!("{}{wanted}{}", &page[..start], &page[end..]);
+            std::fs::write(DOCS_PAGE, updated).expect("write docs/kafka-apis.md");
+            return;
+        }
+        panic!("docs/kafka-apis.md lists other versions than ApiVersions advertises: run `SLUICE_UPDATE_DOCS=1 cargo test -p sluice-protocol` and commit the page");
+    }
+
     #[test]
     fn advertised_versions_are_within_the_codec() {
         for (key, min, max) in ADVERTISED_APIS {
             let codec = key.valid_versions();
             assert!(min <= max, "{key:?}");
-            assert!(*max <= codec.max, "{key:?} max {max} beyond codec {}", codec.max);
+            let decodable = crate::share_wire::version_max(*key);
+            assert!(*max <= decodable, "{key:?} max {max} beyond codec {decodable}");
             let (accepted_min, _) = supported_range(*key).unwrap();
             assert!(accepted_min >= codec.min, "{key:?} accepted min below codec");
         }

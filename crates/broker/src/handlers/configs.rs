@@ -240,6 +240,7 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
         (sluice_coordinator::share::CONFIG_AUTO_OFFSET_RESET, "latest".to_string()),
         (sluice_coordinator::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
         (sluice_coordinator::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
+        (sluice_coordinator::share::CONFIG_RENEW_ACKNOWLEDGE_ENABLE, "true".to_string()),
     ];
     let mut configs: Vec<(&'static str, String, bool)> = defaults
         .into_iter()
@@ -259,6 +260,8 @@ fn group_config_type(name: &str) -> ConfigType {
         || name == sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC
     {
         ConfigType::String
+    } else if name == sluice_coordinator::share::CONFIG_RENEW_ACKNOWLEDGE_ENABLE {
+        ConfigType::Boolean
     } else {
         ConfigType::Int
     }
@@ -266,7 +269,7 @@ fn group_config_type(name: &str) -> ConfigType {
 
 /// IncrementalAlterConfigs / AlterConfigs on a GROUP resource: the share-group configs
 /// (`share.auto.offset.reset`, `share.record.lock.duration.ms`,
-/// `share.delivery.count.limit`), durable before the answer.
+/// `share.delivery.count.limit`, `share.renew.acknowledge.enable`), durable before the answer.
 async fn alter_group(
     broker: &Arc<Broker>,
     group_id: &str,
@@ -287,6 +290,7 @@ async fn alter_group(
             (sluice_coordinator::share::CONFIG_DELIVERY_COUNT_LIMIT, Some(v)) => {
                 v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
             }
+            (sluice_coordinator::share::CONFIG_RENEW_ACKNOWLEDGE_ENABLE, Some(v)) => v == "true" || v == "false",
             (sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
                 sluice_meta::topics::validate_topic_name(v).is_ok()
             }

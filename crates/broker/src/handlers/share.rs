@@ -41,7 +41,8 @@ use super::{str_bytes, ClientSession};
 use crate::Broker;
 use sluice_config::FETCH_WAIT_MS_MAX;
 use sluice_coordinator::share::store::AdminChange;
-use sluice_coordinator::share::{batch_spans, PartitionKey, ShareSessionStep};
+use sluice_coordinator::share::{batch_spans, PartitionKey, RecordLimit, ShareSessionStep};
+use sluice_protocol::{share_fetch_options, ShareAcquireMode, ShareFetchOptions};
 
 /// Bytes read per share-partition per fetch pass at most.
 const SHARE_PARTITION_READ_BYTES_MAX: usize = 1024 * 1024;
@@ -164,14 +165,14 @@ pub(super) fn describe(broker: &Arc<Broker>, request: ShareGroupDescribeRequest)
 /// Acknowledgement batches as the wire carries them: (first, last, types).
 type AckBatches = Vec<(i64, i64, Vec<i8>)>;
 
-/// Applies one partition's acknowledgements and waits until they are durable.
+/// Applies one partition's acknowledgements and waits until they are durable. `renewing`:
+/// the request announced RENEW acknowledgements (KIP-1222's `IsRenewAck`).
 async fn acknowledge(
     broker: &Broker,
-    group_id: &str,
-    member_id: &str,
-    topic: Option<&str>,
-    partition: i32,
+    (group_id, member_id): (&str, &str),
+    (topic, partition): (Option<&str>, i32),
     batches: &AckBatches,
+    renewing: bool,
 ) -> Result<(), ResponseError> {
     let Some(topic) = topic else { return Err(ResponseError::UnknownTopicId) };
     // As Kafka: a partition the topic does not have is unknown, not a record-state error.
@@ -181,7 +182,8 @@ async fn acknowledge(
     if sluice_coordinator::share::leader_epoch(broker, topic, partition).is_none() {
         return Err(ResponseError::NotLeaderOrFollower);
     }
-    let write = broker.shares.acknowledge(group_id, member_id, topic, partition, batches)?;
+    let now_ms = sluice_storage::now_ms();
+    let write = broker.shares.acknowledge(group_id, member_id, (topic, partition), batches, renewing, now_ms)?;
     broker.shares.persist(broker, write).await.map_err(|error| match error {
         ResponseError::FencedLeaderEpoch => ResponseError::NotLeaderOrFollower,
         other => other,
@@ -238,6 +240,14 @@ pub(super) async fn fetch(
         response.error_code = ResponseError::InvalidRequest.code();
         return response;
     };
+    let options = match renewal_fetch_checked(&request) {
+        Ok(options) => options,
+        Err(message) => {
+            response.error_code = ResponseError::InvalidRequest.code();
+            response.error_message = Some(str_bytes(&message));
+            return response;
+        }
+    };
     let catalog = broker.topics.catalog();
     let acks = acknowledgements(&request);
     if request.share_session_epoch == 0 && !acks.is_empty() {
@@ -262,7 +272,8 @@ pub(super) async fn fetch(
     let mut answers = Answers::new();
     for ((topic_id, partition), batches) in &acks {
         let topic = catalog.name_for_id(topic_id);
-        let code = match acknowledge(broker, &group_id, &member_id, topic, *partition, batches).await {
+        let member = (group_id.as_str(), member_id.as_str());
+        let code = match acknowledge(broker, member, (topic, *partition), batches, options.is_renew_ack).await {
             Ok(()) => 0,
             Err(error) => error.code(),
         };
@@ -273,9 +284,11 @@ pub(super) async fn fetch(
             response.error_code = error.code();
         }
     }
-    if !fetching.is_empty() {
+    // A renewal fetches nothing: the member is still working on what it holds.
+    if !fetching.is_empty() && !options.is_renew_ack {
         let member = (group_id.as_str(), member_id.as_str());
-        acquire_records(broker, client, &catalog, member, &request, &fetching, &mut answers).await;
+        let exact = options.acquire_mode == ShareAcquireMode::RecordLimit;
+        acquire_records(broker, client, &catalog, member, (&request, exact), &fetching, &mut answers).await;
         if full {
             for key in &fetching {
                 answers.entry(*key).or_default();
@@ -285,6 +298,18 @@ pub(super) async fn fetch(
     response.responses = topic_responses(answers, full);
     count_fetched_bytes(broker, &catalog, &response);
     response
+}
+
+/// A ShareFetch's v2 options, checked as Kafka does: a request carrying RENEW
+/// acknowledgements must ask for nothing to be fetched (zero wait, bytes and records).
+fn renewal_fetch_checked(request: &ShareFetchRequest) -> Result<ShareFetchOptions, String> {
+    let options = share_fetch_options(request)?;
+    let asks_to_fetch =
+        request.max_wait_ms != 0 || request.min_bytes != 0 || request.max_bytes != 0 || request.max_records != 0;
+    if options.is_renew_ack && asks_to_fetch {
+        return Err("maxWaitMs, minBytes, maxBytes and maxRecords must be 0 if isRenewAck is true".into());
+    }
+    Ok(options)
 }
 
 /// The acknowledgement batches of each partition of a ShareFetch.
@@ -340,12 +365,13 @@ async fn acquire_records(
     client: &ClientSession,
     catalog: &Catalog,
     member: (&str, &str),
-    request: &ShareFetchRequest,
+    (request, exact): (&ShareFetchRequest, bool),
     fetching: &[(Uuid, i32)],
     answers: &mut Answers,
 ) {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let max_records = if request.max_records <= 0 { usize::MAX } else { request.max_records as usize };
+    let max_records = RecordLimit { records: max_records, exact };
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
     // A new session's first pass loads each share-partition's state from the store.
     let mut reload = request.share_session_epoch == 0;
@@ -365,7 +391,7 @@ async fn acquire_records(
             let broker = broker.clone();
             let (group_id, member_id) = (member.0.to_string(), member.1.to_string());
             tokio::task::spawn_blocking(move || {
-                acquire_pass(&broker, &group_id, &member_id, targets, max_records, max_bytes)
+                acquire_pass(&broker, (&group_id, &member_id), targets, max_records, max_bytes)
             })
             .await
             .expect("share fetch pass panicked")
@@ -468,13 +494,12 @@ type Target = ((Uuid, i32), Option<String>, Result<(Arc<sluice_storage::Partitio
 /// and byte budgets.
 fn acquire_pass(
     broker: &Broker,
-    group_id: &str,
-    member_id: &str,
+    (group_id, member_id): (&str, &str),
     targets: Vec<Target>,
-    max_records: usize,
+    limit: RecordLimit,
     max_bytes: usize,
 ) -> Vec<((Uuid, i32), Fetched)> {
-    let mut records_left = max_records;
+    let mut records_left = limit.records;
     let mut bytes_left = max_bytes;
     let mut answers = Vec::with_capacity(targets.len());
     let now_ms = sluice_storage::now_ms();
@@ -514,7 +539,8 @@ fn acquire_pass(
         };
         let spans = batch_spans(&bytes);
         let batches: Vec<_> = spans.iter().map(|(span, _)| *span).collect();
-        let (ranges, used) = broker.shares.acquire(&share_key, member_id, &batches, records_left, now_ms);
+        let left = RecordLimit { records: records_left, ..limit };
+        let (ranges, used) = broker.shares.acquire(&share_key, member_id, &batches, left, now_ms);
         let acquired: usize = ranges.iter().map(|r| (r.last_offset - r.first_offset + 1) as usize).sum();
         records_left = records_left.saturating_sub(acquired);
         let records = match (used.first(), used.last()) {
@@ -556,6 +582,9 @@ pub(super) async fn acknowledge_request(
         response.error_code = ResponseError::InvalidRequest.code();
         return response;
     };
+    let lock_duration_ms = broker.shares.group_lock_duration_ms(&group_id) as i32;
+    sluice_protocol::set_acknowledge_lock_timeout_ms(&mut response, lock_duration_ms);
+    let renewing = sluice_protocol::share_acknowledge_is_renew(&request);
     let catalog = broker.topics.catalog();
     // Acknowledgements first: a final request (-1) closes the session after them.
     let closing = request.share_session_epoch == -1;
@@ -580,7 +609,8 @@ pub(super) async fn acknowledge_request(
                 .iter()
                 .map(|b| (b.first_offset, b.last_offset, b.acknowledge_types.clone()))
                 .collect();
-            let result = acknowledge(broker, &group_id, &member_id, name, partition.partition_index, &batches).await;
+            let member = (group_id.as_str(), member_id.as_str());
+            let result = acknowledge(broker, member, (name, partition.partition_index), &batches, renewing).await;
             let mut data = ack_response::PartitionData::default();
             data.partition_index = partition.partition_index;
             data.error_code = result.err().map_or(0, |e| e.code());

@@ -22,9 +22,11 @@
 //! partition to its single owner, and nothing is granted while another owner exists.
 //!
 //! Regular-expression subscriptions (`subscribed_topic_regex`, KIP-848's broker-side
-//! patterns): a member's topics are its names plus every non-internal topic whose whole name
-//! the pattern matches (RE2 syntax, as Kafka's RE2/J), resolved again whenever the topic
-//! catalog changes, so a topic created later joins the assignment at the next heartbeat.
+//! patterns): a member's topics are its names plus every topic whose whole name the pattern
+//! matches (RE2 syntax, as Kafka's RE2/J), internal topics such as `__consumer_offsets`
+//! included, as Kafka 4.3's coordinator resolves them over every topic of its metadata;
+//! resolved again whenever the topic catalog changes, so a topic created later joins the
+//! assignment at the next heartbeat.
 //!
 //! I/O-free and clock-free like `state.rs`: time comes in as `now_ms`, topic metadata as a
 //! [`TopicCatalog`] snapshot.
@@ -84,13 +86,9 @@ impl TopicRegex {
         Ok(TopicRegex { source: source.to_string(), compiled })
     }
 
-    /// Topics of `catalog` the pattern matches, internal topics excepted (Kafka's rule).
+    /// Topics of `catalog` the pattern matches, internal ones included (Kafka's rule).
     fn resolve(&self, catalog: &TopicCatalog) -> BTreeSet<String> {
-        catalog
-            .names()
-            .filter(|name| *name != crate::group::OFFSETS_TOPIC && self.compiled.is_match(name))
-            .map(str::to_string)
-            .collect()
+        catalog.names().filter(|name| self.compiled.is_match(name)).map(str::to_string).collect()
     }
 }
 

@@ -391,8 +391,9 @@ fn a_pattern_subscribes_to_every_matching_topic_including_ones_created_later() {
     let topics = |answer: &HeartbeatAnswer| -> BTreeMap<Uuid, usize> {
         answer.assignment.as_ref().unwrap().iter().map(|(id, p)| (*id, p.len())).collect()
     };
-    // Whole names only ("x.orders.eu" does not match), internal topics never.
-    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1)]));
+    // Whole names only ("x.orders.eu" does not match), internal topics too (as Kafka 4.3).
+    let offsets = Uuid::from_u128(6);
+    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1), (offsets, 3)]));
     assert_eq!(group.describe().members[0].subscribed_topic_regex.as_deref(), Some("orders\\..*|__.*"));
     let epoch = group.group_epoch();
 
@@ -402,6 +403,7 @@ fn a_pattern_subscribes_to_every_matching_topic_including_ones_created_later() {
         ("orders.us".to_string(), orders_us, 1),
         ("orders.apac".to_string(), later, 4),
         ("payments".to_string(), payments, 2),
+        (crate::group::OFFSETS_TOPIC.to_string(), offsets, 3),
     ]);
     let next = Heartbeat {
         member_epoch: answer.member_epoch,
@@ -412,8 +414,9 @@ fn a_pattern_subscribes_to_every_matching_topic_including_ones_created_later() {
     let next = Heartbeat { subscribed_topic_names: None, rebalance_timeout_ms: -1, ..next };
     let answer = group.heartbeat(next, &after, T0 + 1, &TIMING).unwrap();
     assert!(group.group_epoch() > epoch);
-    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1), (later, 4)]));
-    assert_eq!(group.subscribed_topic_names(), vec!["orders.apac", "orders.eu", "orders.us"]);
+    assert_eq!(topics(&answer), BTreeMap::from([(orders_eu, 2), (orders_us, 1), (later, 4), (offsets, 3)]));
+    let subscribed = [crate::group::OFFSETS_TOPIC, "orders.apac", "orders.eu", "orders.us"];
+    assert_eq!(group.subscribed_topic_names(), subscribed);
 
     // Clearing the pattern (an empty one) unsubscribes from all of them.
     let clear = Heartbeat {

@@ -42,6 +42,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::CoordinatorHost;
+pub use partition::RecordLimit;
 use partition::{AckError, AcquiredRange, BatchSpan, DeadRecord, SharePartition, StoredPartition};
 use store::ShareStateStore;
 
@@ -61,6 +62,8 @@ const BACKGROUND_WRITES_MAX: usize = 100_000;
 pub const CONFIG_AUTO_OFFSET_RESET: &str = "share.auto.offset.reset";
 pub const CONFIG_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
 pub const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
+/// KIP-1222: whether members may renew their acquisition locks (default true).
+pub const CONFIG_RENEW_ACKNOWLEDGE_ENABLE: &str = "share.renew.acknowledge.enable";
 
 pub use crate::GroupConfigs;
 
@@ -281,6 +284,11 @@ impl ShareCoordinator {
             .and_then(|c| c.get(CONFIG_LOCK_DURATION_MS))
             .and_then(|v| v.parse().ok())
             .unwrap_or(self.settings.record_lock_duration_ms)
+    }
+
+    /// Whether the group lets members renew their locks ([`CONFIG_RENEW_ACKNOWLEDGE_ENABLE`]).
+    fn renewal_enabled(configs: &HashMap<String, GroupConfigs>, group: &str) -> bool {
+        configs.get(group).and_then(|c| c.get(CONFIG_RENEW_ACKNOWLEDGE_ENABLE)).is_none_or(|v| v != "false")
     }
 
     /// Keeps `dead` for the group's dead-letter topic, if it has one; else they are simply
@@ -643,9 +651,10 @@ impl ShareCoordinator {
         &self,
         group_id: &str,
         member_id: &str,
-        topic: &str,
-        partition: i32,
+        (topic, partition): (&str, i32),
         batches: &[(i64, i64, Vec<i8>)],
+        renewing: bool,
+        now_ms: i64,
     ) -> Result<StateWrite, ResponseError> {
         let mut previous_last = i64::MIN;
         for (first, last, types) in batches {
@@ -657,6 +666,9 @@ impl ShareCoordinator {
         let key = (group_id.to_string(), topic.to_string(), partition);
         let mut state = self.state.lock();
         let limit = self.delivery_limit(&state.configs, group_id);
+        // RENEW only in a request that announced it (IsRenewAck), for a group that allows it.
+        let renew_until_ms = (renewing && Self::renewal_enabled(&state.configs, group_id))
+            .then(|| now_ms + self.lock_duration_ms(&state.configs, group_id));
         let ShareState { configs, partitions, .. } = &mut *state;
         let Some(loaded) = partitions.get_mut(&key) else {
             return Err(ResponseError::InvalidRecordState);
@@ -665,9 +677,11 @@ impl ShareCoordinator {
         let mut dead = Vec::new();
         for (first, last, types) in batches {
             let archived =
-                updated.acknowledge(member_id, *first, *last, types, limit).map_err(|error| match error {
-                    AckError::NotAcquired => ResponseError::InvalidRecordState,
-                    AckError::Invalid => ResponseError::InvalidRequest,
+                updated.acknowledge(member_id, (*first, *last), types, limit, renew_until_ms).map_err(|error| {
+                    match error {
+                        AckError::NotAcquired => ResponseError::InvalidRecordState,
+                        AckError::Invalid => ResponseError::InvalidRequest,
+                    }
                 })?;
             dead.extend(archived);
         }
@@ -785,20 +799,14 @@ impl ShareCoordinator {
         key: &PartitionKey,
         member_id: &str,
         batches: &[BatchSpan],
-        max_records: usize,
+        limit: RecordLimit,
         now_ms: i64,
     ) -> (Vec<AcquiredRange>, Vec<usize>) {
         let mut state = self.state.lock();
         let lock_ms = self.lock_duration_ms(&state.configs, &key.0);
         let Some(loaded) = state.partitions.get_mut(key) else { return (Vec::new(), Vec::new()) };
         let member: Arc<str> = member_id.into();
-        loaded.partition.acquire(
-            &member,
-            batches,
-            max_records,
-            self.settings.partition_max_record_locks,
-            now_ms + lock_ms,
-        )
+        loaded.partition.acquire(&member, batches, limit, self.settings.partition_max_record_locks, now_ms + lock_ms)
     }
 
     /// A future that resolves when records may have become available again.
@@ -1070,9 +1078,9 @@ mod tests {
         assert_eq!(shares.plan_fetch(&key, "m", 1, 0).map(|p| p.offset), None, "not served at another leader epoch");
         assert_eq!(shares.plan_fetch(&key, "m", 0, 0).map(|p| p.offset), Some(0));
         let batch = [BatchSpan { base_offset: 0, last_offset: 4, control: false }];
-        assert_eq!(shares.acquire(&key, "m", &batch, 100, 0).0.len(), 1);
+        assert_eq!(shares.acquire(&key, "m", &batch, RecordLimit::batches(100), 0).0.len(), 1);
         let ack = |member: &str, batches: &[(i64, i64, Vec<i8>)]| {
-            shares.acknowledge("g", member, "t", 0, batches).map(|w| (w.state.version, w.state.start))
+            shares.acknowledge("g", member, ("t", 0), batches, false, 0).map(|w| (w.state.version, w.state.start))
         };
         assert_eq!(ack("intruder", &[(0, 4, vec![1])]).err(), Some(ResponseError::InvalidRecordState));
         assert_eq!(

@@ -19,6 +19,8 @@ pub const ACK_GAP: i8 = 0;
 pub const ACK_ACCEPT: i8 = 1;
 pub const ACK_RELEASE: i8 = 2;
 pub const ACK_REJECT: i8 = 3;
+/// KIP-1222: the member is still working on the record; its lock is extended.
+pub const ACK_RENEW: i8 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
@@ -71,6 +73,23 @@ pub struct AcquiredRange {
     pub first_offset: i64,
     pub last_offset: i64,
     pub delivery_count: i16,
+}
+
+/// How many records one acquisition may take (ShareFetch `MaxRecords` and KIP-1206's
+/// `ShareAcquireMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordLimit {
+    pub records: usize,
+    /// `record_limit` mode: never more than `records`, splitting a batch if need be;
+    /// otherwise (`batch_optimized`) whole batches, the last one taking it past.
+    pub exact: bool,
+}
+
+impl RecordLimit {
+    /// Whole batches up to about `records`.
+    pub fn batches(records: usize) -> RecordLimit {
+        RecordLimit { records, exact: false }
+    }
 }
 
 /// A stored batch as acquisition sees it: its offsets and whether it is a control batch.
@@ -194,23 +213,24 @@ impl SharePartition {
     }
 
     /// Acquires for `member`, until `until_ms`, the available and new offsets of the
-    /// batches read (in offset order), at most `max_records` (whole batches: the last batch
-    /// may take it past) and while the window holds fewer than `max_in_flight` offsets.
-    /// Control batches are archived, never handed out. Returns the acquired runs and which
-    /// batches (by index into `batches`) hold any of them.
+    /// batches read (in offset order), at most `limit.records` (whole batches unless
+    /// `limit.exact`: then the last batch may take it past) and while the window holds fewer
+    /// than `max_in_flight` offsets. Control batches are archived, never handed out. Returns
+    /// the acquired runs and which batches (by index into `batches`) hold any of them.
     pub fn acquire(
         &mut self,
         member: &Arc<str>,
         batches: &[BatchSpan],
-        max_records: usize,
+        limit: RecordLimit,
         max_in_flight: usize,
         until_ms: i64,
     ) -> (Vec<AcquiredRange>, Vec<usize>) {
+        let max_records = limit.records.max(1);
         let mut ranges: Vec<AcquiredRange> = Vec::new();
         let mut used = Vec::new();
         let mut acquired = 0usize;
         for (index, batch) in batches.iter().enumerate() {
-            if acquired >= max_records.max(1) {
+            if acquired >= max_records {
                 break;
             }
             if batch.last_offset < self.start {
@@ -226,6 +246,9 @@ impl SharePartition {
             }
             let mut any = false;
             for offset in batch.base_offset.max(self.start)..=batch.last_offset {
+                if limit.exact && acquired >= max_records {
+                    break;
+                }
                 if offset == self.end {
                     self.records.insert(offset, InFlight { state: State::Available, delivery_count: 0 });
                     self.end += 1;
@@ -265,20 +288,23 @@ impl SharePartition {
 
     /// Applies `member`'s acknowledgement of `[first, last]`: one type for the whole range,
     /// or one per offset. All or nothing: every offset must be acquired by `member`.
-    /// Released offsets delivered `delivery_limit` times are archived. Returns the records
-    /// archived undelivered (rejected, or released at the limit).
+    /// Released offsets delivered `delivery_limit` times are archived; renewed ones stay
+    /// acquired until `renew_until_ms` (`None`: RENEW is not allowed here, as in a request
+    /// that did not announce it). Returns the records archived undelivered (rejected, or
+    /// released at the limit).
     pub fn acknowledge(
         &mut self,
         member: &str,
-        first: i64,
-        last: i64,
+        (first, last): (i64, i64),
         types: &[i8],
         delivery_limit: i16,
+        renew_until_ms: Option<i64>,
     ) -> Result<Vec<DeadRecord>, AckError> {
         if first > last || types.is_empty() || (types.len() != 1 && types.len() as i64 != last - first + 1) {
             return Err(AckError::Invalid);
         }
-        if types.iter().any(|t| !(ACK_GAP..=ACK_REJECT).contains(t)) {
+        let highest_type = if renew_until_ms.is_some() { ACK_RENEW } else { ACK_REJECT };
+        if types.iter().any(|t| !(ACK_GAP..=highest_type).contains(t)) {
             return Err(AckError::Invalid);
         }
         // Offsets below the window are done already: acknowledging them again is a no-op.
@@ -315,6 +341,10 @@ impl SharePartition {
                 ACK_REJECT => {
                     dead.push((offset, DeadReason::Rejected, record.delivery_count));
                     State::Archived
+                }
+                ACK_RENEW => {
+                    let until_ms = renew_until_ms.expect("RENEW is refused above without a deadline");
+                    State::Acquired { member: member.into(), until_ms }
                 }
                 _ => State::Archived,
             };
@@ -456,26 +486,26 @@ mod tests {
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         let mut p = SharePartition::starting_at(0);
         let batches = [batch(0, 4), batch(5, 9)];
-        assert_eq!(p.acquire(&a, &batches, 5, 100, 1_000), (vec![range(0, 4, 1)], vec![0]));
+        assert_eq!(p.acquire(&a, &batches, RecordLimit::batches(5), 100, 1_000), (vec![range(0, 4, 1)], vec![0]));
         assert_eq!(p.next_fetch_offset(100, 0), Some(5));
-        assert_eq!(p.acquire(&b, &batches, 5, 100, 1_000), (vec![range(5, 9, 1)], vec![1]));
+        assert_eq!(p.acquire(&b, &batches, RecordLimit::batches(5), 100, 1_000), (vec![range(5, 9, 1)], vec![1]));
         // a accepts 0-1, releases 2, rejects 3; b cannot acknowledge a's records.
-        assert_eq!(p.acknowledge("b", 0, 0, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
+        assert_eq!(p.acknowledge("b", (0, 0), &[ACK_ACCEPT], 5, None), Err(AckError::NotAcquired));
         assert_eq!(
-            p.acknowledge("a", 0, 3, &[ACK_ACCEPT, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT], 5),
+            p.acknowledge("a", (0, 3), &[ACK_ACCEPT, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT], 5, None),
             Ok(vec![(3, DeadReason::Rejected, 1)])
         );
         assert_eq!(p.start(), 2);
         assert_eq!(p.next_fetch_offset(100, 0), Some(2));
         // b gets 2 again (delivery 2); 4's lock expires and it comes back too.
-        assert_eq!(p.acquire(&b, &batches, 10, 100, 2_000), (vec![range(2, 2, 2)], vec![0]));
+        assert_eq!(p.acquire(&b, &batches, RecordLimit::batches(10), 100, 2_000), (vec![range(2, 2, 2)], vec![0]));
         assert_eq!(p.release_expired(1_000, None, 5), (true, vec![]));
-        assert_eq!(p.acquire(&b, &batches, 10, 100, 3_000), (vec![range(4, 9, 2)], vec![0, 1]));
+        assert_eq!(p.acquire(&b, &batches, RecordLimit::batches(10), 100, 3_000), (vec![range(4, 9, 2)], vec![0, 1]));
         // 3 was rejected: it is done, not b's to acknowledge; 10 was never handed out.
-        assert_eq!(p.acknowledge("b", 2, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
-        assert_eq!(p.acknowledge("b", 9, 10, &[ACK_ACCEPT], 5), Err(AckError::Invalid));
-        p.acknowledge("b", 2, 2, &[ACK_ACCEPT], 5).unwrap();
-        p.acknowledge("b", 4, 9, &[ACK_ACCEPT], 5).unwrap();
+        assert_eq!(p.acknowledge("b", (2, 9), &[ACK_ACCEPT], 5, None), Err(AckError::NotAcquired));
+        assert_eq!(p.acknowledge("b", (9, 10), &[ACK_ACCEPT], 5, None), Err(AckError::Invalid));
+        p.acknowledge("b", (2, 2), &[ACK_ACCEPT], 5, None).unwrap();
+        p.acknowledge("b", (4, 9), &[ACK_ACCEPT], 5, None).unwrap();
         assert_eq!((p.start(), p.end(), p.in_flight()), (10, 10, 0));
     }
 
@@ -485,15 +515,15 @@ mod tests {
         let mut p = SharePartition::starting_at(0);
         let batches = [batch(0, 0), batch(1, 1)];
         for delivery in 1..=3 {
-            assert_eq!(p.acquire(&a, &batches[..1], 1, 1, 0).0, vec![range(0, 0, delivery)]);
+            assert_eq!(p.acquire(&a, &batches[..1], RecordLimit::batches(1), 1, 0).0, vec![range(0, 0, delivery)]);
             // The window is full: nothing new while offset 0 is in flight.
-            assert_eq!(p.acquire(&a, &batches[1..], 1, 1, 0).0, vec![]);
-            let dead = p.acknowledge("a", 0, 0, &[ACK_RELEASE], 3).unwrap();
+            assert_eq!(p.acquire(&a, &batches[1..], RecordLimit::batches(1), 1, 0).0, vec![]);
+            let dead = p.acknowledge("a", (0, 0), &[ACK_RELEASE], 3, None).unwrap();
             assert_eq!(dead, if delivery == 3 { vec![(0, DeadReason::DeliveryLimit, 3)] } else { vec![] });
         }
         assert_eq!(p.start(), 1, "the third release archives the poison record");
         let control = [BatchSpan { base_offset: 1, last_offset: 1, control: true }, batch(2, 3)];
-        assert_eq!(p.acquire(&a, &control, 10, 10, 0), (vec![range(2, 3, 1)], vec![1]));
+        assert_eq!(p.acquire(&a, &control, RecordLimit::batches(10), 10, 0), (vec![range(2, 3, 1)], vec![1]));
         assert!(p.release_expired(0, Some("a"), 3).0, "a member that leaves releases its records");
         assert_eq!((p.start(), p.next_fetch_offset(10, 0)), (2, Some(2)));
     }
@@ -502,21 +532,39 @@ mod tests {
     fn stored_state_restores_without_locks() {
         let a: Arc<str> = "a".into();
         let mut p = SharePartition::starting_at(5);
-        p.acquire(&a, &[batch(5, 9)], 10, 100, 0);
-        p.acknowledge("a", 6, 6, &[ACK_ACCEPT], 5).unwrap();
-        p.acknowledge("a", 8, 8, &[ACK_REJECT], 5).unwrap();
+        p.acquire(&a, &[batch(5, 9)], RecordLimit::batches(10), 100, 0);
+        p.acknowledge("a", (6, 6), &[ACK_ACCEPT], 5, None).unwrap();
+        p.acknowledge("a", (8, 8), &[ACK_REJECT], 5, None).unwrap();
         let restored = SharePartition::from_stored(&p.stored());
         assert_eq!((restored.start(), restored.end()), (5, 10));
         // Acknowledged and archived offsets are never handed out again; the rest come back
         // with their delivery count.
         let mut restored = restored;
         assert_eq!(
-            restored.acquire(&a, &[batch(5, 9)], 10, 100, 0).0,
+            restored.acquire(&a, &[batch(5, 9)], RecordLimit::batches(10), 100, 0).0,
             vec![range(5, 5, 2), range(7, 7, 2), range(9, 9, 2)]
         );
-        assert_eq!(p.acknowledge("a", 5, 9, &[ACK_ACCEPT], 5), Err(AckError::NotAcquired));
-        assert_eq!(restored.acknowledge("a", 3, 2, &[ACK_ACCEPT], 5), Err(AckError::Invalid));
+        assert_eq!(p.acknowledge("a", (5, 9), &[ACK_ACCEPT], 5, None), Err(AckError::NotAcquired));
+        assert_eq!(restored.acknowledge("a", (3, 2), &[ACK_ACCEPT], 5, None), Err(AckError::Invalid));
         // Below the window: already done, a no-op.
-        assert_eq!(restored.acknowledge("b", 0, 4, &[ACK_REJECT], 5), Ok(vec![]));
+        assert_eq!(restored.acknowledge("b", (0, 4), &[ACK_REJECT], 5, None), Ok(vec![]));
+    }
+
+    #[test]
+    fn renewal_extends_a_lock_and_record_limit_splits_a_batch() {
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut p = SharePartition::starting_at(0);
+        let exact = RecordLimit { records: 3, exact: true };
+        // record_limit: 3 of the batch's 5 records; the rest stay for the next fetch.
+        assert_eq!(p.acquire(&a, &[batch(0, 4)], exact, 100, 1_000), (vec![range(0, 2, 1)], vec![0]));
+        assert_eq!(p.next_fetch_offset(100, 0), Some(3));
+        assert_eq!(p.acquire(&b, &[batch(0, 4)], exact, 100, 1_000), (vec![range(3, 4, 1)], vec![0]));
+        // RENEW only where the request announced it; then the lock outlives its first deadline.
+        assert_eq!(p.acknowledge("a", (0, 0), &[ACK_RENEW], 5, None), Err(AckError::Invalid));
+        assert_eq!(p.acknowledge("a", (0, 1), &[ACK_RENEW], 5, Some(5_000)), Ok(vec![]));
+        assert!(p.release_expired(1_000, None, 5).0, "offset 2 and b's records expire");
+        assert_eq!(p.acquire(&b, &[batch(0, 4)], exact, 100, 9_000).0, vec![range(2, 4, 2)]);
+        assert_eq!(p.acknowledge("a", (0, 1), &[ACK_ACCEPT], 5, None), Ok(vec![]), "still a's, same delivery");
+        assert_eq!(p.start(), 2);
     }
 }

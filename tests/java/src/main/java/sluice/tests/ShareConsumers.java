@@ -55,6 +55,12 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *       {@code --dead-letter-topic} and a delivery limit of 2, on a 1-partition topic of 3
  *       records: k-0 is rejected, k-1 released twice (the limit), k-2 accepted; the test
  *       then reads the dead-letter topic.</li>
+ *   <li>{@code renew}: Kafka 4.2's ShareFetch/ShareAcknowledge v2. A consumer in
+ *       {@code share.acquire.mode=record_limit} with {@code max.poll.records=3} gets exactly 3
+ *       of a 10-record batch (batch_optimized would take the whole batch); it renews their
+ *       locks (RENEW, KIP-1222) for twice the group's 2 s lock duration while a second
+ *       consumer takes the other 7 and never sees the renewed ones; then the first accepts
+ *       them, which succeeds only if it still holds them.</li>
  *   <li>{@code consume}: one consumer accepts {@code --count} records (commitSync after each
  *       poll, so each acknowledgement is durable when it returns) and prints "ACKED key" for
  *       each, then exits without closing (as a crash would).</li>
@@ -95,7 +101,7 @@ public final class ShareConsumers {
             groupConfigs.put("share.delivery.count.limit", "2");
             groupConfigs.put("errors.deadletterqueue.topic.name", Check.req(args, "dead-letter-topic"));
         }
-        if (mode.equals("ack-types")) {
+        if (mode.equals("ack-types") || mode.equals("renew")) {
             groupConfigs.put("share.delivery.count.limit", "2");
             groupConfigs.put("share.record.lock.duration.ms", "2000");
         }
@@ -105,6 +111,7 @@ public final class ShareConsumers {
             case "ack-types" -> ackTypes(bootstrap, topic, group);
             case "consume" -> consume(bootstrap, topic, group, Integer.parseInt(Check.req(args, "count")));
             case "dead-letters" -> deadLetters(bootstrap, topic, group);
+            case "renew" -> renew(bootstrap, topic, group);
             default -> throw new IllegalArgumentException("unknown mode " + mode);
         }
         log("DONE");
@@ -152,7 +159,13 @@ public final class ShareConsumers {
     }
 
     static KafkaShareConsumer<byte[], byte[]> consumer(String bootstrap, String group, boolean explicit, int maxPoll) {
+        return consumer(bootstrap, group, explicit, maxPoll, "batch_optimized");
+    }
+
+    static KafkaShareConsumer<byte[], byte[]> consumer(
+            String bootstrap, String group, boolean explicit, int maxPoll, String acquireMode) {
         Properties p = new Properties();
+        p.put("share.acquire.mode", acquireMode);
         p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, Integer.toString(maxPoll));
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ConsumerConfig.GROUP_ID_CONFIG, group);
@@ -339,6 +352,87 @@ public final class ShareConsumers {
         }
         checkEq(Set.of("k-0", "k-1", "k-2"), done, "records handled");
         checkEq(2, releases, "releases of k-1");
+    }
+
+    static void renew(String bootstrap, String topic, String group) throws Exception {
+        createAndFill(bootstrap, topic, 1, 10);
+        long lockMs = 2_000;
+        try (KafkaShareConsumer<byte[], byte[]> worker = consumer(bootstrap, group, true, 3, "record_limit");
+             KafkaShareConsumer<byte[], byte[]> other = consumer(bootstrap, group, true, 500)) {
+            worker.subscribe(List.of(topic));
+            List<ConsumerRecord<byte[], byte[]>> first = pollSome(worker);
+            List<String> held = first.stream().map(ShareConsumers::key).toList();
+            checkEq(List.of("k-0", "k-1", "k-2"), held, "records of a record_limit poll of 3");
+            other.subscribe(List.of(topic));
+            Set<String> otherSaw = new HashSet<>();
+            Set<String> workerExtra = new HashSet<>();
+            long start = System.nanoTime();
+            int renewals = 0;
+            List<ConsumerRecord<byte[], byte[]>> holding = first;
+            // Renew for twice the lock duration; the renewed records come back to the worker's
+            // poll (the client hands them out again), never to the other consumer.
+            while ((System.nanoTime() - start) / 1_000_000 < 2 * lockMs) {
+                for (ConsumerRecord<byte[], byte[]> r : holding) {
+                    checkEq((short) 1, deliveries(r), "delivery count of renewed " + key(r));
+                    worker.acknowledge(r, AcknowledgeType.RENEW);
+                }
+                Map<TopicIdPartition, Optional<KafkaException>> renewed = worker.commitSync();
+                check(renewed.values().stream().allMatch(Optional::isEmpty), "renewal refused: " + renewed);
+                renewals++;
+                acceptAll(other, otherSaw, Duration.ofMillis(400));
+                check(otherSaw.stream().noneMatch(held::contains), "a renewed record went to another consumer: " + otherSaw);
+                holding = pollUntilBack(worker, held, workerExtra);
+            }
+            for (ConsumerRecord<byte[], byte[]> r : holding) worker.acknowledge(r, AcknowledgeType.ACCEPT);
+            Map<TopicIdPartition, Optional<KafkaException>> accepted = worker.commitSync();
+            check(accepted.values().stream().allMatch(Optional::isEmpty), "accept after renewals failed: " + accepted);
+            Set<String> rest = new HashSet<>();
+            for (int i = 3; i < 10; i++) rest.add("k-" + i);
+            long until = System.nanoTime() + 10_000_000_000L;
+            while (!union(otherSaw, workerExtra).containsAll(rest) && System.nanoTime() < until) {
+                acceptAll(other, otherSaw, Duration.ofMillis(200));
+            }
+            checkEq(rest, union(otherSaw, workerExtra), "the other records, each to one consumer");
+            check(otherSaw.stream().noneMatch(workerExtra::contains), "a record went to both consumers");
+            log("RENEW_OK after " + renewals + " renewals over " + (System.nanoTime() - start) / 1_000_000 + " ms");
+        }
+    }
+
+    static Set<String> union(Set<String> a, Set<String> b) {
+        Set<String> both = new HashSet<>(a);
+        both.addAll(b);
+        return both;
+    }
+
+    /** One poll of `c`, every record accepted (durably) and its key added to `seen`. */
+    static void acceptAll(KafkaShareConsumer<byte[], byte[]> c, Set<String> seen, Duration wait) {
+        for (ConsumerRecord<byte[], byte[]> r : c.poll(wait)) {
+            check(seen.add(key(r)), "record " + key(r) + " delivered twice");
+            c.acknowledge(r, AcknowledgeType.ACCEPT);
+        }
+        c.commitSync();
+    }
+
+    /**
+     * Polls `c` until the renewed records `held` are handed out again (within 5 s) and returns
+     * them; new records it acquires meanwhile are accepted and added to `extra`.
+     */
+    static List<ConsumerRecord<byte[], byte[]>> pollUntilBack(
+            KafkaShareConsumer<byte[], byte[]> c, List<String> held, Set<String> extra) {
+        List<ConsumerRecord<byte[], byte[]>> back = new ArrayList<>();
+        long until = System.nanoTime() + 5_000_000_000L;
+        while (back.size() < held.size() && System.nanoTime() < until) {
+            for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(100))) {
+                if (held.contains(key(r))) {
+                    back.add(r);
+                } else {
+                    check(extra.add(key(r)), "record " + key(r) + " delivered twice");
+                    c.acknowledge(r, AcknowledgeType.ACCEPT);
+                }
+            }
+        }
+        checkEq(held, back.stream().map(ShareConsumers::key).toList(), "records back after renewal");
+        return back;
     }
 
     /** Accepts `count` records, each durable (commitSync) before it is printed. */
