@@ -292,3 +292,33 @@ def test_v2_record_limit_and_renewals_on_the_wire(bootstrap):
         epoch += 1
         assert fetch(epoch, max_records=1, v2=(BATCH_OPTIMIZED, False)).partitions[(topic_id, 0)].acquired == \
             [(4, 4, 1)]
+
+
+def test_share_group_configs_are_validated_and_applied(bootstrap):
+    """The share-group configs Kafka 4.3 documents: out-of-range values are refused with
+    INVALID_CONFIG and change nothing; a group's heartbeat interval reaches its members."""
+    with Conn.to(bootstrap) as conn:
+        topic, topic_id = topic_with_records(conn, 1)
+        group = new_group(conn)
+        for name, value in [("share.heartbeat.interval.ms", "1000"), ("share.session.timeout.ms", "5000"),
+                            ("share.renew.acknowledge.enable", "maybe"), ("share.isolation.level", "dirty")]:
+            error, message = conn.set_group_configs(group, {name: value})
+            assert error == kw.INVALID_CONFIG and message, (name, value, error, message)
+        if not os.environ.get("SLUICE_SHARE_PEER_BOOTSTRAP"):
+            # Share groups read up to the high watermark: read_committed is refused, not ignored.
+            error, message = conn.set_group_configs(group, {"share.isolation.level": "read_committed"})
+            assert error == kw.INVALID_CONFIG and "read_committed" in message, message
+        settings = {"share.heartbeat.interval.ms": "6000", "share.session.timeout.ms": "50000",
+                    "share.renew.acknowledge.enable": "false", "share.isolation.level": "read_uncommitted"}
+        assert conn.set_group_configs(group, settings) == (kw.NONE, None)
+        m = member_id()
+        epoch = join(conn, group, m, topic, topic_id)
+        assert conn.share_heartbeat(group, m, epoch).heartbeat_interval_ms == 6000
+        # Renewals are off for this group: a RENEW is refused, the record stays the member's.
+        session = Session(conn, group, m, topic_id)
+        assert session.acquire(1) == [(0, 0, 1)]
+        renew = {topic_id: {0: [(0, 0, [RENEW])]}}
+        assert conn.share_acknowledge(group, m, session.epoch, renew, renew=True) == \
+            (kw.NONE, {(topic_id, 0): kw.INVALID_REQUEST})
+        session.epoch += 1
+        assert session.ack([(0, 0, [ACCEPT])]) == kw.NONE

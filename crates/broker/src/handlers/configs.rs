@@ -241,6 +241,9 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
         (sluice_coordinator::share::CONFIG_LOCK_DURATION_MS, config.group_share_record_lock_duration_ms.to_string()),
         (sluice_coordinator::share::CONFIG_DELIVERY_COUNT_LIMIT, config.group_share_delivery_count_limit.to_string()),
         (sluice_coordinator::share::CONFIG_RENEW_ACKNOWLEDGE_ENABLE, "true".to_string()),
+        (sluice_coordinator::share::CONFIG_HEARTBEAT_INTERVAL_MS, config.group_share_heartbeat_interval_ms.to_string()),
+        (sluice_coordinator::share::CONFIG_SESSION_TIMEOUT_MS, config.group_share_session_timeout_ms.to_string()),
+        (sluice_coordinator::share::CONFIG_ISOLATION_LEVEL, "read_uncommitted".to_string()),
     ];
     let mut configs: Vec<(&'static str, String, bool)> = defaults
         .into_iter()
@@ -257,6 +260,7 @@ fn group_configs(broker: &Broker, group_id: &str) -> Vec<(&'static str, String, 
 
 fn group_config_type(name: &str) -> ConfigType {
     if name == sluice_coordinator::share::CONFIG_AUTO_OFFSET_RESET
+        || name == sluice_coordinator::share::CONFIG_ISOLATION_LEVEL
         || name == sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC
     {
         ConfigType::String
@@ -268,8 +272,9 @@ fn group_config_type(name: &str) -> ConfigType {
 }
 
 /// IncrementalAlterConfigs / AlterConfigs on a GROUP resource: the share-group configs
-/// (`share.auto.offset.reset`, `share.record.lock.duration.ms`,
-/// `share.delivery.count.limit`, `share.renew.acknowledge.enable`), durable before the answer.
+/// (`share.auto.offset.reset`, `share.record.lock.duration.ms`, `share.delivery.count.limit`,
+/// `share.renew.acknowledge.enable`, `share.heartbeat.interval.ms`, `share.session.timeout.ms`,
+/// `share.isolation.level`), durable before the answer.
 async fn alter_group(
     broker: &Arc<Broker>,
     group_id: &str,
@@ -291,6 +296,22 @@ async fn alter_group(
                 v.parse::<i16>().is_ok_and(|n| (2..=10).contains(&n))
             }
             (sluice_coordinator::share::CONFIG_RENEW_ACKNOWLEDGE_ENABLE, Some(v)) => v == "true" || v == "false",
+            // Kafka's bounds: group.share.{min,max}.heartbeat.interval.ms and
+            // group.share.{min,max}.session.timeout.ms at their defaults.
+            (sluice_coordinator::share::CONFIG_HEARTBEAT_INTERVAL_MS, Some(v)) => {
+                v.parse::<i32>().is_ok_and(|ms| (5_000..=15_000).contains(&ms))
+            }
+            (sluice_coordinator::share::CONFIG_SESSION_TIMEOUT_MS, Some(v)) => {
+                v.parse::<i64>().is_ok_and(|ms| (45_000..=60_000).contains(&ms))
+            }
+            (sluice_coordinator::share::CONFIG_ISOLATION_LEVEL, Some("read_committed")) => {
+                return Err((
+                    ResponseError::InvalidConfig,
+                    "share.isolation.level=read_committed is not supported: share groups read up to the high watermark"
+                        .into(),
+                ))
+            }
+            (sluice_coordinator::share::CONFIG_ISOLATION_LEVEL, Some(v)) => v == "read_uncommitted",
             (sluice_coordinator::share::dead_letter::CONFIG_DEAD_LETTER_TOPIC, Some(v)) => {
                 sluice_meta::topics::validate_topic_name(v).is_ok()
             }

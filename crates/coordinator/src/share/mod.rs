@@ -64,6 +64,10 @@ pub const CONFIG_LOCK_DURATION_MS: &str = "share.record.lock.duration.ms";
 pub const CONFIG_DELIVERY_COUNT_LIMIT: &str = "share.delivery.count.limit";
 /// KIP-1222: whether members may renew their acquisition locks (default true).
 pub const CONFIG_RENEW_ACKNOWLEDGE_ENABLE: &str = "share.renew.acknowledge.enable";
+pub const CONFIG_HEARTBEAT_INTERVAL_MS: &str = "share.heartbeat.interval.ms";
+pub const CONFIG_SESSION_TIMEOUT_MS: &str = "share.session.timeout.ms";
+/// Only `read_uncommitted` (Kafka's default) is served.
+pub const CONFIG_ISOLATION_LEVEL: &str = "share.isolation.level";
 
 pub use crate::GroupConfigs;
 
@@ -286,6 +290,20 @@ impl ShareCoordinator {
             .unwrap_or(self.settings.record_lock_duration_ms)
     }
 
+    fn heartbeat_interval_ms(&self, configs: &HashMap<String, GroupConfigs>, group: &str) -> i32 {
+        Self::group_number(configs, group, CONFIG_HEARTBEAT_INTERVAL_MS, self.settings.heartbeat_interval_ms)
+    }
+
+    /// A numeric group config, or the broker's setting.
+    fn group_number<T: std::str::FromStr>(
+        configs: &HashMap<String, GroupConfigs>,
+        group: &str,
+        name: &str,
+        broker_setting: T,
+    ) -> T {
+        configs.get(group).and_then(|c| c.get(name)).and_then(|v| v.parse().ok()).unwrap_or(broker_setting)
+    }
+
     /// Whether the group lets members renew their locks ([`CONFIG_RENEW_ACKNOWLEDGE_ENABLE`]).
     fn renewal_enabled(configs: &HashMap<String, GroupConfigs>, group: &str) -> bool {
         configs.get(group).and_then(|c| c.get(CONFIG_RENEW_ACKNOWLEDGE_ENABLE)).is_none_or(|v| v != "false")
@@ -426,7 +444,7 @@ impl ShareCoordinator {
             self.release_member(partitions, configs, group_id, member_id);
             return Ok(HeartbeatAnswer {
                 member_epoch: -1,
-                heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
+                heartbeat_interval_ms: self.heartbeat_interval_ms(configs, group_id),
                 assignment: None,
                 unregistered: None,
             });
@@ -509,7 +527,7 @@ impl ShareCoordinator {
             .then(|| member.subscribed.iter().cloned().chain(registered).collect());
         Ok(HeartbeatAnswer {
             member_epoch: member.epoch,
-            heartbeat_interval_ms: self.settings.heartbeat_interval_ms,
+            heartbeat_interval_ms: self.heartbeat_interval_ms(configs, group_id),
             assignment,
             unregistered,
         })
@@ -826,10 +844,12 @@ impl ShareCoordinator {
             let mut state = self.state.lock();
             let ShareState { groups, partitions, sessions, configs } = &mut *state;
             for (group_id, group) in groups.iter_mut() {
+                let timeout_ms =
+                    Self::group_number(configs, group_id, CONFIG_SESSION_TIMEOUT_MS, self.settings.session_timeout_ms);
                 let expired: Vec<String> = group
                     .members
                     .iter()
-                    .filter(|(_, m)| now_ms - m.last_heartbeat_ms > self.settings.session_timeout_ms)
+                    .filter(|(_, m)| now_ms - m.last_heartbeat_ms > timeout_ms)
                     .map(|(id, _)| id.clone())
                     .collect();
                 for member_id in &expired {
