@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import kafka_wire as kw
 from java_support import JavaProcess, java_cp, run_java, tools_cp  # noqa: F401  (fixtures)
+from peer_support import kafka_peer  # noqa: F401  (fixture)
 
 HEARTBEAT_MS = 500
 SESSION_MS = 6000
@@ -479,12 +480,58 @@ def test_a_live_classic_group_is_not_a_consumer_group(cbroker):
         classic.close()
 
 
-def test_a_pattern_matches_internal_topics_as_kafka_does(cbroker):
-    """Kafka 4.3's coordinator resolves a member's regex over every topic of its metadata,
-    `__consumer_offsets` included: a member whose pattern matches it is assigned it."""
-    with kw.Conn.to(cbroker.bootstrap) as conn:
-        offsets_id = uuid.UUID(bytes=conn.topic_id("__consumer_offsets"))
-        error, _, _, _, _, assignment = consumer_heartbeat(conn, "cp-internal", str(uuid.uuid4()), 0,
-                                                           regex="__consumer_off.*", owned=[],
-                                                           rebalance_timeout_ms=30000)
-        assert error == 0 and [topic_id for topic_id, _ in assignment or []] == [offsets_id], assignment
+
+#: Server-side patterns and what each shows about Kafka's resolution ({p}: this run's prefix).
+REGEX_CASES = [
+    "{p}-orders.*",  # a prefix: whole names only, so x-{p}-orders does not match
+    ".*{p}-orders.*",  # the same topics and the one with a prefix
+    "__consumer_offsets",  # an internal topic by its name
+    "__consumer_off.*|{p}-pay.*",  # internal and ordinary topics in one pattern
+]
+
+
+#: COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR.
+COORDINATOR_NOT_READY = (14, 15, 16)
+
+
+def resolved_topics(bootstrap: str, pattern: str) -> set[str]:
+    """The topics a lone consumer-protocol member subscribed by `pattern` is assigned."""
+    group, member = f"rx-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    with kw.Conn.to(bootstrap) as conn:
+        deadline = time.monotonic() + 30
+        # FindCoordinator creates the offsets topic where it does not exist yet (Kafka).
+        while conn.find_coordinator(group)[0] != 0 or "__consumer_offsets" not in conn.metadata_detail(None).topics:
+            assert time.monotonic() < deadline, f"{bootstrap}: no group coordinator"
+            time.sleep(0.2)
+        names = {t.topic_id: name for name, t in conn.metadata_detail(None, version=12).topics.items()}
+        epoch, topics = 0, set()
+        # Kafka resolves a new pattern in the background: the assignment comes a beat later.
+        while not topics and time.monotonic() < deadline:
+            error, message, _, next_epoch, _, assignment = consumer_heartbeat(
+                conn, group, member, epoch, regex=pattern if epoch == 0 else None, owned=[] if epoch == 0 else None,
+                rebalance_timeout_ms=30000)
+            if error in COORDINATOR_NOT_READY:  # the offsets topic was just created (Kafka)
+                time.sleep(0.3)
+                continue
+            assert error == 0, (bootstrap, pattern, error, message)
+            epoch = next_epoch
+            topics = {names.get(topic_id.bytes, str(topic_id)) for topic_id, _ in assignment or []}
+            time.sleep(0.0 if topics else 0.3)
+        consumer_heartbeat(conn, group, member, -1)
+    return topics
+
+
+def test_patterns_resolve_to_the_same_topics_as_on_kafka(cbroker, kafka_peer):
+    """KIP-848 server-side patterns give the same assignment on Sluice as on Kafka 4.3.1,
+    run side by side: whole-name matching, and internal topics such as `__consumer_offsets`
+    matched like any other (Kafka resolves a pattern over every topic it has)."""
+    prefix = f"rx{uuid.uuid4().hex[:6]}"
+    for bootstrap in (cbroker.bootstrap, kafka_peer):
+        for topic in (f"{prefix}-orders", f"{prefix}-orders-eu", f"x-{prefix}-orders", f"{prefix}-payments"):
+            create_topic(bootstrap, topic, 1)
+    for case in REGEX_CASES:
+        pattern = case.format(p=prefix)
+        on_kafka = resolved_topics(kafka_peer, pattern)
+        on_sluice = resolved_topics(cbroker.bootstrap, pattern)
+        assert on_sluice == on_kafka, f"{pattern}: Sluice assigns {sorted(on_sluice)}, Kafka {sorted(on_kafka)}"
+        assert on_kafka, f"{pattern} matched nothing on Kafka"

@@ -18,20 +18,20 @@ acknowledge and receive exactly the records they should, with unchanged delivery
 * v2 (Kafka 4.2+): `record_limit` acquisition, RENEW only where the request announces it
   (IsRenewAck), a renewing ShareFetch that also asks for records (INVALID_REQUEST).
 
-The same assertions hold against Kafka 4.3.1 itself: set SLUICE_SHARE_PEER_BOOTSTRAP to a
-Kafka broker's address to run them there instead of against Sluice.
+Every test runs twice, against Sluice and against Kafka 4.3.1 started beside it
+(`peer_support.py`): the assertions are Kafka's behaviour.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import time
 import uuid
 
 import pytest
 
 import kafka_wire as kw
+from peer_support import kafka_peer  # noqa: F401  (fixture)
 from kafka_wire import ACCEPT, REJECT, RELEASE, Conn, Record, record_batch
 
 NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, UNKNOWN_TOPIC_ID = 16, 14, 100
@@ -46,11 +46,12 @@ def member_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-@pytest.fixture
+@pytest.fixture(params=["sluice", "kafka"])
 def bootstrap(request):
-    peer = os.environ.get("SLUICE_SHARE_PEER_BOOTSTRAP")
-    if peer:
-        yield peer
+    """Each test runs against Sluice and against Kafka 4.3.1 (`peer_support.kafka_peer`):
+    the same requests get the same answers from both."""
+    if request.param == "kafka":
+        yield request.getfixturevalue("kafka_peer")
         return
     broker = request.getfixturevalue("broker")
     yield broker.bootstrap
@@ -294,7 +295,7 @@ def test_v2_record_limit_and_renewals_on_the_wire(bootstrap):
             [(4, 4, 1)]
 
 
-def test_share_group_configs_are_validated_and_applied(bootstrap):
+def test_share_group_configs_are_validated_and_applied(bootstrap, request):
     """The share-group configs Kafka 4.3 documents: out-of-range values are refused with
     INVALID_CONFIG and change nothing; a group's heartbeat interval reaches its members."""
     with Conn.to(bootstrap) as conn:
@@ -304,8 +305,9 @@ def test_share_group_configs_are_validated_and_applied(bootstrap):
                             ("share.renew.acknowledge.enable", "maybe"), ("share.isolation.level", "dirty")]:
             error, message = conn.set_group_configs(group, {name: value})
             assert error == kw.INVALID_CONFIG and message, (name, value, error, message)
-        if not os.environ.get("SLUICE_SHARE_PEER_BOOTSTRAP"):
-            # Share groups read up to the high watermark: read_committed is refused, not ignored.
+        if request.node.callspec.params["bootstrap"] == "sluice":
+            # Share groups read up to the high watermark: read_committed is refused, not ignored
+            # (Kafka serves it).
             error, message = conn.set_group_configs(group, {"share.isolation.level": "read_committed"})
             assert error == kw.INVALID_CONFIG and "read_committed" in message, message
         settings = {"share.heartbeat.interval.ms": "6000", "share.session.timeout.ms": "50000",
@@ -319,6 +321,6 @@ def test_share_group_configs_are_validated_and_applied(bootstrap):
         assert session.acquire(1) == [(0, 0, 1)]
         renew = {topic_id: {0: [(0, 0, [RENEW])]}}
         assert conn.share_acknowledge(group, m, session.epoch, renew, renew=True) == \
-            (kw.NONE, {(topic_id, 0): kw.INVALID_REQUEST})
+            (kw.NONE, {(topic_id, 0): kw.INVALID_RECORD_STATE})
         session.epoch += 1
         assert session.ack([(0, 0, [ACCEPT])]) == kw.NONE

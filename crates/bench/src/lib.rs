@@ -25,6 +25,7 @@ pub mod kafka;
 pub mod memcap;
 pub mod neighbour;
 pub mod peak;
+pub mod peer;
 pub mod procstat;
 pub mod rate;
 pub mod result;
@@ -48,7 +49,7 @@ use crate::workload::Workload;
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
-    /// `compare` or `chart`; without one, runs the given workloads.
+    /// `compare`, `chart` or `kafka`; without one, runs the given workloads.
     #[command(subcommand)]
     pub command: Option<BenchCommand>,
     /// Workload runs.
@@ -63,6 +64,9 @@ pub enum BenchCommand {
     Compare(Box<compare::CompareArgs>),
     /// Draws charts (SVG) and an HTML page from result files.
     Chart(chart::ChartArgs),
+    /// Starts Apache Kafka (from Maven Central on first use), prints `ready <bootstrap>` and
+    /// serves until standard input closes: a peer to compare Sluice's answers with.
+    Kafka(peer::PeerArgs),
 }
 
 /// Arguments of a plain run (`sluice bench --driver D W.yaml...`).
@@ -218,6 +222,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Compare(compare_args)) => compare::run(*compare_args),
         Some(BenchCommand::Chart(chart_args)) => chart::run(chart_args),
+        Some(BenchCommand::Kafka(peer_args)) => peer::run(peer_args),
         None => run_workloads(args.run).map(|_| ()),
     }
 }

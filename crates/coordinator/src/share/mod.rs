@@ -684,9 +684,13 @@ impl ShareCoordinator {
         let key = (group_id.to_string(), topic.to_string(), partition);
         let mut state = self.state.lock();
         let limit = self.delivery_limit(&state.configs, group_id);
-        // RENEW only in a request that announced it (IsRenewAck), for a group that allows it.
-        let renew_until_ms = (renewing && Self::renewal_enabled(&state.configs, group_id))
-            .then(|| now_ms + self.lock_duration_ms(&state.configs, group_id));
+        // RENEW only in a request that announced it (IsRenewAck: else INVALID_REQUEST, below),
+        // for a group that allows it (else INVALID_RECORD_STATE, as Kafka answers).
+        let renews = batches.iter().any(|(_, _, types)| types.contains(&partition::ACK_RENEW));
+        if renewing && renews && !Self::renewal_enabled(&state.configs, group_id) {
+            return Err(ResponseError::InvalidRecordState);
+        }
+        let renew_until_ms = renewing.then(|| now_ms + self.lock_duration_ms(&state.configs, group_id));
         let ShareState { configs, partitions, .. } = &mut *state;
         let Some(loaded) = partitions.get_mut(&key) else {
             return Err(ResponseError::InvalidRecordState);
