@@ -630,3 +630,32 @@ def test_a_queue_unused_past_its_x_expires_is_deleted(amqp):
         channel.queue_declare("never", arguments={"x-expires": 0})
     assert refused.value.reply_code == 406
     connection.close()
+
+
+def test_a_consumer_holds_an_unacknowledged_message_past_the_lock_duration(amqp):
+    """RabbitMQ lets a consumer keep a message unacknowledged as long as it likes (up to
+    `consumer_timeout`); the queue's share group would take it back when its lock runs out
+    (here 1 s). The front door renews the lock: another consumer never gets the message, and
+    the late ack is the one that counts."""
+    import kafka_wire as kw
+
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare("slow-jobs", durable=True)
+    with kw.Conn.to(amqp.bootstrap) as conn:
+        assert conn.set_group_configs("slow-jobs", {"share.record.lock.duration.ms": "1000"}) == (kw.NONE, None)
+    channel.basic_publish("", "slow-jobs", b"long job")
+    channel.basic_qos(prefetch_count=1)
+    [(method, _, body)] = receive(channel, "slow-jobs", 1, auto_ack=False)
+    assert body == b"long job"
+    other = connect(amqp.amqp_port)
+    other_channel = other.channel()
+    stolen = []
+    other_channel.basic_consume("slow-jobs", lambda ch, m, p, b: stolen.append(b), auto_ack=True)
+    other.process_data_events(time_limit=4.0)  # four lock durations
+    assert stolen == [], "the held message went to another consumer"
+    channel.basic_ack(method.delivery_tag)
+    other.process_data_events(time_limit=1.5)
+    assert stolen == [], "an acknowledged message came back"
+    other.close()
+    connection.close()

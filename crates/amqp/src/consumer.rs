@@ -10,6 +10,11 @@
 //!
 //! Acknowledgements travel with the member's next fetch (at most `LONG_POLL_MS` later),
 //! or alone in a ShareAcknowledge when the consumer has no room for more.
+//!
+//! RabbitMQ lets a consumer hold an unacknowledged message as long as its channel lives (up
+//! to `consumer_timeout`, 30 minutes by default); a share group takes a record back when its
+//! acquisition lock runs out. So a reader renews the locks of what its client holds (KIP-1222's
+//! RENEW) every third of the lock duration, for at most [`HOLD_MAX`] per message.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +56,14 @@ const FETCH_BYTES_MAX: i32 = 8 * 1024 * 1024;
 const GET_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Fetches one `basic.get` makes at most (records the queue gives up on are skipped).
 const GET_FETCHES_MAX: usize = 100;
+/// How long a client may hold a message unacknowledged before its lock is no longer renewed
+/// and the queue hands it to another consumer (RabbitMQ's default `consumer_timeout`).
+const HOLD_MAX: Duration = Duration::from_secs(30 * 60);
+/// Locks are renewed when this fraction of their duration has passed.
+const RENEWALS_PER_LOCK: u32 = 3;
+/// The lock duration assumed until the broker has said it (Kafka's default).
+const LOCK_DURATION_DEFAULT: Duration = Duration::from_secs(30);
+
 /// The pause before a member tries again after the broker could not serve it.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -60,6 +73,8 @@ pub enum Settlement {
     Accept = 1,
     Release = 2,
     Reject = 3,
+    /// Not a client's settlement: the client still holds it (its lock is extended).
+    Renew = 4,
 }
 
 /// A record handed to a client and not yet settled.
@@ -260,6 +275,7 @@ pub fn start(
         outlet,
         inbox,
         acks: Vec::new(),
+        next_renewal: Instant::now() + LOCK_DURATION_DEFAULT / RENEWALS_PER_LOCK,
         stopping: false,
         cancelled: false,
     };
@@ -290,6 +306,8 @@ struct Reader {
     inbox: mpsc::UnboundedReceiver<ReaderCommand>,
     /// Settlements not yet sent.
     acks: Vec<(Unacked, Settlement)>,
+    /// When the locks of held records are renewed next.
+    next_renewal: Instant,
     stopping: bool,
     cancelled: bool,
 }
@@ -334,6 +352,7 @@ impl Reader {
                 self.cancelled(&spec, &error).await;
                 break;
             }
+            self.renew_locks().await;
             let room = if self.cancelled { 0 } else { self.deliveries.room(self.id, spec.prefetch) };
             if !self.member.assigned() || room == 0 {
                 if !self.acks.is_empty() && self.member.has_session() {
@@ -341,7 +360,8 @@ impl Reader {
                     let _ = self.member.acknowledge(&acks).await;
                     continue;
                 }
-                let pause = self.member.until_heartbeat();
+                let pause =
+                    self.member.until_heartbeat().min(self.next_renewal.saturating_duration_since(Instant::now()));
                 tokio::select! {
                     command = self.inbox.recv() => match command {
                         Some(command) => { self.apply(command); }
@@ -390,6 +410,26 @@ impl Reader {
             }
         }
         self.finish().await;
+    }
+
+    /// Renews the locks of the records the client holds, when due (see the module docs).
+    async fn renew_locks(&mut self) {
+        let now = Instant::now();
+        if now < self.next_renewal {
+            return;
+        }
+        self.next_renewal = now + self.member.lock_duration / RENEWALS_PER_LOCK;
+        let renewals: Vec<(Unacked, Settlement)> = self
+            .held
+            .iter()
+            .filter(|(_, held)| now.duration_since(held.since) < HOLD_MAX)
+            .map(|(&(topic_id, partition, offset), _)| {
+                (Unacked { reader: self.id, topic_id, partition, offset }, Settlement::Renew)
+            })
+            .collect();
+        if let Err(error) = self.member.acknowledge_as(&renewals, true).await {
+            tracing::debug!(queue = %self.member.topic, error = %error.1, "AMQP lock renewal failed");
+        }
     }
 
     /// Makes sure a crash cannot hide that `records` were handed out (the `redelivered`
@@ -471,10 +511,13 @@ impl Reader {
             return self.deliveries.unrecorded_tag();
         }
         let held = Held {
+            since: Instant::now(),
             delivery_count: record.delivery_count,
             message: self.policy.keeps_rejected().then(|| message.clone()),
         };
         self.held.insert((record.topic_id, record.partition, record.offset), held);
+        let renewal = Instant::now() + self.member.lock_duration / RENEWALS_PER_LOCK;
+        self.next_renewal = self.next_renewal.min(renewal);
         self.deliveries.record(unacked)
     }
 
@@ -576,6 +619,8 @@ impl Reader {
 
 /// A record the client holds unacknowledged.
 struct Held {
+    /// When the client was given it.
+    since: Instant,
     /// Its acquisitions so far, this one included.
     delivery_count: i16,
     /// The message, when a dead letter may need it.
@@ -616,6 +661,8 @@ struct Member {
     fetching: Vec<(Uuid, Vec<i32>)>,
     heartbeat_interval: Duration,
     next_heartbeat: Instant,
+    /// The share group's acquisition lock duration, as its last fetch answered.
+    lock_duration: Duration,
 }
 
 impl Member {
@@ -631,6 +678,7 @@ impl Member {
             fetching: Vec::new(),
             heartbeat_interval: Duration::from_secs(1),
             next_heartbeat: Instant::now(),
+            lock_duration: LOCK_DURATION_DEFAULT,
         }
     }
 
@@ -788,6 +836,9 @@ impl Member {
         }
         self.session_epoch += 1;
         self.fetching = self.assignment.clone();
+        if response.acquisition_lock_timeout_ms > 0 {
+            self.lock_duration = Duration::from_millis(response.acquisition_lock_timeout_ms as u64);
+        }
         let mut acquired = Vec::new();
         for topic in response.responses {
             for partition in topic.partitions {
@@ -830,10 +881,16 @@ impl Member {
     }
 
     async fn acknowledge(&mut self, acks: &[(Unacked, Settlement)]) -> Result<(), Refused> {
+        self.acknowledge_as(acks, false).await
+    }
+
+    /// A ShareAcknowledge of `acks`; `renewing`: they include RENEW (the request says so).
+    async fn acknowledge_as(&mut self, acks: &[(Unacked, Settlement)], renewing: bool) -> Result<(), Refused> {
         if !self.has_session() || acks.is_empty() {
             return Ok(());
         }
         let mut request = ShareAcknowledgeRequest::default();
+        sluice_protocol::set_share_acknowledge_renew(&mut request, renewing);
         request.group_id = Some(GroupId(StrBytes::from_string(self.topic.clone())));
         request.member_id = Some(StrBytes::from_string(self.member_id.clone()));
         request.share_session_epoch = self.session_epoch;

@@ -183,6 +183,11 @@ pub fn share_acknowledge_is_renew(request: &ShareAcknowledgeRequest) -> bool {
     flag(request.unknown_tagged_fields.get(&TAG_IS_RENEW_ACK))
 }
 
+/// Announces RENEW acknowledgements in a ShareAcknowledge a broker component builds itself.
+pub fn set_share_acknowledge_renew(request: &mut ShareAcknowledgeRequest, renew: bool) {
+    request.unknown_tagged_fields.insert(TAG_IS_RENEW_ACK, Bytes::copy_from_slice(&[u8::from(renew)]));
+}
+
 fn flag(value: Option<&Bytes>) -> bool {
     value.is_some_and(|b| b.first().is_some_and(|byte| *byte != 0))
 }
