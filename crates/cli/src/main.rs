@@ -1,5 +1,6 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
+mod cluster_health;
 mod dev_cluster;
 mod kafka_connection;
 mod output;
@@ -49,7 +50,7 @@ enum Command {
     Acl(security_tools::AclArgs),
     /// List, add or delete SCRAM users (kafka-configs --entity-type users), over any listener.
     User(security_tools::UserArgs),
-    /// Show the cluster's brokers.
+    /// Show the cluster's brokers and partition health; `cluster health --wait` for scripts.
     Cluster(tools::ClusterArgs),
     /// Register, list, show, check, delete schemas in the Schema Registry (its REST API).
     Schema(schema_tools::SchemaArgs),
@@ -109,7 +110,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Acl(args) => security_tools::acl(connection, format, args),
         Command::User(args) => security_tools::user(connection, format, args),
         Command::Consume(args) => tools::consume(connection, args),
-        Command::Cluster(_) => tools::cluster(connection, format),
+        Command::Cluster(tools::ClusterArgs { command: None }) => tools::cluster(connection, format),
+        Command::Cluster(tools::ClusterArgs { command: Some(tools::ClusterCommand::Health(args)) }) => {
+            cluster_health::health(connection, format, args)
+        }
         Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
         #[cfg(feature = "bench")]
