@@ -4,6 +4,7 @@ mod cluster_health;
 mod dev_cluster;
 mod kafka_connection;
 mod output;
+mod reference;
 mod schema_tools;
 mod security_tools;
 mod serve;
@@ -12,7 +13,7 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Hostile array lengths in requests must not abort the broker (see `GuardedAllocator`).
 #[global_allocator]
@@ -56,6 +57,10 @@ enum Command {
     Schema(schema_tools::SchemaArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
     DevCluster(dev_cluster::DevClusterArgs),
+    /// Print shell completions (bash, zsh, fish, ...) for sluice to stdout.
+    Completions(reference::CompletionsArgs),
+    /// Print the manual page sluice(1) to stdout, or write every subcommand's page to --dir.
+    Manpage(reference::ManpageArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
     #[cfg(feature = "bench")]
     Bench(sluice_bench::BenchArgs),
@@ -116,6 +121,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
+        Command::Completions(args) => reference::completions(Cli::command(), args),
+        Command::Manpage(args) => reference::manpage(Cli::command(), args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => sluice_bench::run(args),
         #[cfg(not(feature = "bench"))]
