@@ -16,7 +16,7 @@ use serde::Serialize;
 use sluice_client::{check, Connector};
 
 use crate::kafka_connection::ConnectionArgs;
-use crate::output::Format;
+use crate::output::{count, Format};
 
 /// DescribeCluster v2: `include_fenced_brokers` (KIP-1073).
 const DESCRIBE_CLUSTER_VERSION: i16 = 2;
@@ -60,7 +60,7 @@ impl Health {
     fn problems(&self, min_brokers: usize) -> Vec<String> {
         let mut problems = Vec::new();
         if self.brokers.len() < min_brokers {
-            problems.push(format!("{} brokers registered, fewer than {min_brokers}", self.brokers.len()));
+            problems.push(format!("{} registered, fewer than {min_brokers}", count(self.brokers.len(), "broker")));
         }
         if !self.fenced_brokers.is_empty() {
             problems.push(format!("fenced brokers: {}", list(&self.fenced_brokers)));
@@ -71,7 +71,7 @@ impl Health {
                 if names.len() > PARTITIONS_NAMED_MAX {
                     named.push_str(&format!(" and {} more", names.len() - PARTITIONS_NAMED_MAX));
                 }
-                problems.push(format!("{} partitions {what}: {named}", names.len()));
+                problems.push(format!("{} {what}: {named}", count(names.len(), "partition")));
             }
         }
         problems
@@ -95,10 +95,10 @@ pub fn health(connection: &ConnectionArgs, format: Format, args: HealthArgs) -> 
                     health.healthy = true;
                     if !format.document(&health)? {
                         println!(
-                            "healthy: {} brokers unfenced ({}), {} partitions led and fully replicated",
-                            health.brokers.len(),
+                            "healthy: {} unfenced ({}), {} led and fully replicated",
+                            count(health.brokers.len(), "broker"),
                             list(&health.brokers),
-                            health.partitions
+                            count(health.partitions, "partition")
                         );
                     }
                     return Ok(());
