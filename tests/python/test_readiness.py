@@ -35,6 +35,13 @@ def readyz(port: int) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_node_answers_clients_only_once_registered_and_unfenced(tmp_path):
     cluster = Cluster(tmp_path)
     try:
@@ -43,11 +50,16 @@ def test_a_node_answers_clients_only_once_registered_and_unfenced(tmp_path):
         with socket.create_connection(("127.0.0.1", first.port), timeout=SILENCE_S) as early:
             early.sendall(struct.pack(">i", len(API_VERSIONS_V0)) + API_VERSIONS_V0)
             # Alone of three voters: no controller quorum, so not registered, so no answer.
+            cpu_before, started = cpu_seconds(first.proc.pid), time.monotonic()
             try:
                 got = early.recv(4)
             except socket.timeout:
                 got = None
             assert got is None, "a node that is not registered and unfenced answered a client"
+            # ...and waiting costs next to nothing: the listeners wait for a metadata change,
+            # they do not spin.
+            busy = (cpu_seconds(first.proc.pid) - cpu_before) / (time.monotonic() - started)
+            assert busy < 0.3, f"a node waiting for its quorum used {busy:.0%} of a core"
             status, body = readyz(cluster.metrics_ports[1])
             assert status == 503 and "no active controller" in body, (status, body)
             for node_id in (2, 3):
@@ -58,8 +70,31 @@ def test_a_node_answers_clients_only_once_registered_and_unfenced(tmp_path):
             size, correlation = struct.unpack(">ii", early.recv(8))
             assert correlation == 7 and size > 4
         assert readyz(cluster.metrics_ports[1])[0] == 200
+
+        # Restarted alone, with the cluster's metadata on disk: not ready again until a
+        # quorum registers this process anew, and waiting at no cost.
+        cluster.kill_all()
+        first.start()
+        assert_silent_and_idle(first)
+        status, body = readyz(cluster.metrics_ports[1])
+        assert status == 503, (status, body)
     finally:
         cluster.kill_all()
+
+
+def assert_silent_and_idle(node) -> None:
+    """`node` leaves an ApiVersions request unanswered for SILENCE_S, using little CPU."""
+    with socket.create_connection(("127.0.0.1", node.port), timeout=SILENCE_S) as early:
+        early.sendall(struct.pack(">i", len(API_VERSIONS_V0)) + API_VERSIONS_V0)
+        cpu_before, started = cpu_seconds(node.proc.pid), time.monotonic()
+        try:
+            got = early.recv(4)
+        except socket.timeout:
+            got = None
+        assert got is None, "a node that is not registered and unfenced answered a client"
+        # The listeners wait for a metadata change; they do not spin.
+        busy = (cpu_seconds(node.proc.pid) - cpu_before) / (time.monotonic() - started)
+        assert busy < 0.3, f"a node waiting for its quorum used {busy:.0%} of a core"
 
 
 def test_dev_cluster_ready_line_then_a_topic_on_every_node_and_a_healthy_cluster(tmp_path):

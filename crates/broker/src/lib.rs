@@ -292,12 +292,29 @@ impl Broker {
     /// each metadata change, and polls every [`READY_POLL_INTERVAL`] for what the metadata
     /// does not carry (which controller is active).
     pub async fn wait_ready(&self) {
-        while self.not_ready().is_some() {
-            match self.cluster.as_ref().and_then(|cluster| cluster.controller()) {
-                Some(controller) => {
-                    let mut metadata = controller.metadata();
-                    let _ = tokio::time::timeout(READY_POLL_INTERVAL, metadata.changed()).await;
+        let mut metadata: Option<tokio::sync::watch::Receiver<Arc<sluice_cluster::ClusterMetadata>>> = None;
+        loop {
+            // Marked seen before the check, so that a change published after it wakes the
+            // wait below, and only such a change: a receiver cloned from one that never
+            // looked starts out "changed", and its `changed()` would return at once, forever.
+            if let Some(receiver) = metadata.as_mut() {
+                drop(receiver.borrow_and_update());
+            }
+            if self.not_ready().is_none() {
+                return;
+            }
+            if metadata.is_none() {
+                metadata = self.cluster.as_ref().and_then(|cluster| cluster.controller()).map(|c| c.metadata());
+                if let Some(receiver) = metadata.as_mut() {
+                    drop(receiver.borrow_and_update());
                 }
+            }
+            match metadata.as_mut() {
+                Some(receiver) => match tokio::time::timeout(READY_POLL_INTERVAL, receiver.changed()).await {
+                    Ok(Ok(())) | Err(_) => {}
+                    // The controller stopped: no change will come; look again after a pause.
+                    Ok(Err(_)) => tokio::time::sleep(READY_POLL_INTERVAL).await,
+                },
                 None => tokio::time::sleep(READY_POLL_INTERVAL).await,
             }
         }
