@@ -57,7 +57,7 @@ for library in $(objdump -p "$root/usr/bin/sluice" | awk '$1 == "NEEDED" {print 
   path="$(ldconfig -p | awk -v lib="$library" '$1 == lib {print $NF; exit}')"
   package="$(dpkg -S "$(readlink -f "$path")" 2> /dev/null | head -1 | cut -d: -f1)"
   [ -n "$package" ] || { echo "no package holds $library" >&2; exit 1; }
-  depends="$depends, $package"
+  case ", $depends, " in *", $package, "*) ;; *) depends="$depends, $package" ;; esac
 done
 installed_kib="$(du -sk --exclude=DEBIAN "$root" | cut -f1)"
 cat > "$root/DEBIAN/control" <<CONTROL
