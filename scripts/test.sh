@@ -86,6 +86,16 @@ if ! scripts/s3_server.sh check 2>/dev/null; then
     nice -n 19 ionice -c 3 scripts/s3_server.sh install > target/tools/build.log 2>&1 &
   s3_build_pid=$!
 fi
+# Helm, for the Helm chart's tests (scripts/helm.sh; from the Go module proxy), built the
+# same way in the background; its test waits on the script's lock if the build is not done.
+helm_build_pid=""
+if ! scripts/helm.sh check 2>/dev/null; then
+  echo "== helm: building in the background, log in target/tools/helm-build.log"
+  mkdir -p target/tools
+  setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
+    nice -n 19 ionice -c 3 scripts/helm.sh install > target/tools/helm-build.log 2>&1 &
+  helm_build_pid=$!
+fi
 # The end-to-end tests' own tools, prepared while the builds below run (downloads, mostly):
 # the Python venv with its packages, then the Java test programs (Maven), Kafka's tools and the
 # Go registry client, which the tests would otherwise build on their first use while a worker waits.
@@ -101,7 +111,7 @@ setsid bash -c '
     cd tests/python && ../../.venv/bin/python -c "import java_support as j; j.java_test_classpath(); j.kafka_tools_classpath(); import go_support; go_support.registry_client_binary()"
   ' > target/test-tools.log 2>&1 &
 tools_pid=$!
-trap 'for pid in $base_build_pid $s3_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 echo "== style"
 cargo fmt --all -- --check

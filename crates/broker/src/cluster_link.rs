@@ -436,7 +436,7 @@ fn remove_recreated_topics(broker: &Arc<Broker>, metadata: &ClusterMetadata) -> 
 }
 
 /// This process's own registration (its incarnation), fenced or not, once applied.
-fn own_registration<'a>(broker: &Broker, metadata: &'a ClusterMetadata) -> Option<&'a BrokerInfo> {
+pub(crate) fn own_registration<'a>(broker: &Broker, metadata: &'a ClusterMetadata) -> Option<&'a BrokerInfo> {
     let controller = broker.cluster.as_ref()?.controller()?;
     metadata.brokers.get(&broker.node_id()).filter(|info| info.incarnation == controller.incarnation())
 }

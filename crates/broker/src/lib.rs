@@ -267,19 +267,56 @@ impl Broker {
         Ok(Some(topic))
     }
 
-    /// Why this node cannot take client traffic yet (`/readyz`); `None` when it can. A single
-    /// node is ready once it serves; a cluster node once a controller is active and this node
-    /// is registered and unfenced.
-    pub(crate) fn not_ready(&self) -> Option<&'static str> {
+    /// Why this node cannot take client traffic yet; `None` when it can. The one notion of
+    /// readiness: `/readyz` answers it, and the client listeners accept nothing before it
+    /// first says ready ([`Broker::wait_ready`]). A single node is ready once it serves; a
+    /// cluster node once a controller is active and this process (its incarnation, not a
+    /// registration left by a previous start) is registered and unfenced, as a Kafka broker
+    /// enables its listeners only once unfenced: before that, a CreateTopics with one
+    /// replica per node would be refused for want of unfenced brokers.
+    pub fn not_ready(&self) -> Option<&'static str> {
         let cluster = self.cluster.as_ref()?;
         let Some(controller) = cluster.controller() else { return Some("controller not started") };
         if controller.active_controller().is_none() {
             return Some("no active controller");
         }
-        match cluster.metadata().brokers.get(&self.node_id()) {
+        let metadata = cluster.metadata();
+        match cluster_link::own_registration(self, &metadata) {
             None => Some("not registered with the controller"),
             Some(registration) if registration.fenced => Some("fenced by the controller"),
             Some(_) => None,
+        }
+    }
+
+    /// Resolves once [`Broker::not_ready`] says ready (at once on a single node). Wakes on
+    /// each metadata change, and polls every [`READY_POLL_INTERVAL`] for what the metadata
+    /// does not carry (which controller is active).
+    pub async fn wait_ready(&self) {
+        let mut metadata: Option<tokio::sync::watch::Receiver<Arc<sluice_cluster::ClusterMetadata>>> = None;
+        loop {
+            // Marked seen before the check, so that a change published after it wakes the
+            // wait below, and only such a change: a receiver cloned from one that never
+            // looked starts out "changed", and its `changed()` would return at once, forever.
+            if let Some(receiver) = metadata.as_mut() {
+                drop(receiver.borrow_and_update());
+            }
+            if self.not_ready().is_none() {
+                return;
+            }
+            if metadata.is_none() {
+                metadata = self.cluster.as_ref().and_then(|cluster| cluster.controller()).map(|c| c.metadata());
+                if let Some(receiver) = metadata.as_mut() {
+                    drop(receiver.borrow_and_update());
+                }
+            }
+            match metadata.as_mut() {
+                Some(receiver) => match tokio::time::timeout(READY_POLL_INTERVAL, receiver.changed()).await {
+                    Ok(Ok(())) | Err(_) => {}
+                    // The controller stopped: no change will come; look again after a pause.
+                    Ok(Err(_)) => tokio::time::sleep(READY_POLL_INTERVAL).await,
+                },
+                None => tokio::time::sleep(READY_POLL_INTERVAL).await,
+            }
         }
     }
 
@@ -296,6 +333,9 @@ impl Broker {
         self.shares.close();
     }
 }
+
+/// How often [`Broker::wait_ready`] looks again when no metadata change woke it.
+pub const READY_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Every node of a cluster reports the same cluster id: derived from the voter list.
 fn cluster_id_for(voters: &str) -> String {

@@ -1,6 +1,12 @@
 //! The TCP listener: accepts connections within `max.connections` and
 //! `max.connections.per.ip` (connection_limits.rs), runs periodic upkeep, and shuts down
 //! cleanly (stop accepting, seal every log) when asked.
+//!
+//! The client listeners are bound at start but accept nothing until the node is ready
+//! ([`Broker::not_ready`], the notion `/readyz` answers too): a cluster node that took
+//! clients before it was registered and unfenced would refuse what needs every node (a
+//! topic with one replica per node). Nothing this node needs to become ready goes through
+//! them: registration and heartbeats use the controller's own port.
 
 use std::future::Future;
 use std::io;
@@ -125,8 +131,15 @@ pub async fn serve(
             node_id = broker.node_id(),
             "sluice broker listening"
         );
-        accept_loops.push(tokio::spawn(accept_loop(broker.clone(), listener, index, tls)));
+        // Bound now (the port is this node's from the start), accepting only once ready:
+        // connections made before wait in the kernel's backlog, unanswered.
+        let broker = broker.clone();
+        accept_loops.push(tokio::spawn(async move {
+            broker.wait_ready().await;
+            accept_loop(broker, listener, index, tls).await
+        }));
     }
+    accept_loops.push(tokio::spawn(announce_ready(broker.clone())));
     shutdown.await;
     tracing::info!("shutting down: sealing logs");
     for accept_loop in accept_loops {
@@ -146,6 +159,15 @@ pub async fn serve(
     tokio::task::spawn_blocking(move || closing.close()).await.map_err(io::Error::other)?;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Logs when the listeners start serving clients, and why they wait until then.
+async fn announce_ready(broker: Arc<Broker>) {
+    if let Some(reason) = broker.not_ready() {
+        tracing::info!(node_id = broker.node_id(), reason, "clients are served once this node is ready");
+    }
+    broker.wait_ready().await;
+    tracing::info!(node_id = broker.node_id(), "ready: serving clients");
 }
 
 /// Accepts the connections of one listener (TLS ones finish their handshake in their own

@@ -4,8 +4,9 @@
 //! with data in `<data_dir>/node-<i>`.
 //!
 //! Start-up fails fast: if a node exits before its Kafka port accepts connections (a port in
-//! use, a bad flag), the others are stopped and dev-cluster exits with an error. Once all
-//! are up, a node that dies is reported and left dead (the others go on: this is a tool for
+//! use, a bad flag), the others are stopped and dev-cluster exits with an error. Once every
+//! node answers Kafka requests (each does only once registered and unfenced) it prints
+//! `ready <bootstrap list>`: scripts wait for that line. Once all are up, a node that dies is reported and left dead (the others go on: this is a tool for
 //! trying failures). Ctrl-C or SIGTERM stops them all cleanly, and the nodes never outlive
 //! dev-cluster: each asks the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`),
 //! so even a SIGKILLed dev-cluster leaves no node behind.
@@ -24,6 +25,13 @@ pub const DEV_CLUSTER_NODES_MAX: u16 = 9;
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long every node gets to accept Kafka connections before start-up counts as failed.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the nodes get to become ready (register, be unfenced) before dev-cluster says
+/// which are not.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long one readiness probe waits for a node's answer.
+const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between two probes of a node that did not answer.
+const READY_PROBE_INTERVAL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, clap::Args)]
 pub struct DevClusterArgs {
@@ -127,6 +135,7 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             controller_port(id)
         );
     }
+    let ready = tokio::spawn(announce_ready(bootstrap));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
@@ -144,7 +153,40 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             }
         }
     }
+    ready.abort();
     stop_all(&mut children).await
+}
+
+/// Prints `ready <bootstrap list>` once every node answers a Kafka request: a node serves
+/// clients only once it is registered and unfenced (`Broker::not_ready`), so from then on a
+/// topic can be placed on every node. After [`READY_TIMEOUT`] it says which nodes do not
+/// answer yet instead (and the nodes keep running).
+async fn announce_ready(bootstrap: Vec<String>) {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    let mut waiting = bootstrap.clone();
+    while !waiting.is_empty() {
+        let address = waiting[0].clone();
+        let answered = tokio::task::spawn_blocking(move || answers_api_versions(&address)).await.unwrap_or(false);
+        if answered {
+            waiting.remove(0);
+            continue;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            eprintln!("not ready after {READY_TIMEOUT:?}: no answer yet from {}", waiting.join(", "));
+            return;
+        }
+        tokio::time::sleep(READY_PROBE_INTERVAL).await;
+    }
+    println!("ready {}", bootstrap.join(","));
+}
+
+/// True when the broker at `address` answers ApiVersions within [`READY_PROBE_TIMEOUT`].
+fn answers_api_versions(address: &str) -> bool {
+    use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, RequestKind, ResponseKind};
+    let Ok(mut connector) = sluice_client::Connector::new(&sluice_client::Settings::default()) else { return false };
+    connector.limit_timeouts(READY_PROBE_TIMEOUT);
+    let request = RequestKind::ApiVersions(ApiVersionsRequest::default());
+    matches!(connector.call(address, ApiKey::ApiVersions, 0, request), Ok(ResponseKind::ApiVersions(r)) if r.error_code == 0)
 }
 
 /// Waits until every node accepts connections on its Kafka port; fails as soon as one exits.

@@ -1,8 +1,10 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
+mod cluster_health;
 mod dev_cluster;
 mod kafka_connection;
 mod output;
+mod reference;
 mod schema_tools;
 mod security_tools;
 mod serve;
@@ -11,7 +13,7 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Hostile array lengths in requests must not abort the broker (see `GuardedAllocator`).
 #[global_allocator]
@@ -49,12 +51,16 @@ enum Command {
     Acl(security_tools::AclArgs),
     /// List, add or delete SCRAM users (kafka-configs --entity-type users), over any listener.
     User(security_tools::UserArgs),
-    /// Show the cluster's brokers.
+    /// Show the cluster's brokers and partition health; `cluster health --wait` for scripts.
     Cluster(tools::ClusterArgs),
     /// Register, list, show, check, delete schemas in the Schema Registry (its REST API).
     Schema(schema_tools::SchemaArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
     DevCluster(dev_cluster::DevClusterArgs),
+    /// Print shell completions (bash, zsh, fish, ...) for sluice to stdout.
+    Completions(reference::CompletionsArgs),
+    /// Print the manual page sluice(1) to stdout, or write every subcommand's page to --dir.
+    Manpage(reference::ManpageArgs),
     /// Run OpenMessaging-Benchmark workloads against Sluice or any Kafka-protocol broker.
     #[cfg(feature = "bench")]
     Bench(sluice_bench::BenchArgs),
@@ -109,9 +115,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Acl(args) => security_tools::acl(connection, format, args),
         Command::User(args) => security_tools::user(connection, format, args),
         Command::Consume(args) => tools::consume(connection, args),
-        Command::Cluster(_) => tools::cluster(connection, format),
+        Command::Cluster(tools::ClusterArgs { command: None }) => tools::cluster(connection, format),
+        Command::Cluster(tools::ClusterArgs { command: Some(tools::ClusterCommand::Health(args)) }) => {
+            cluster_health::health(connection, format, args)
+        }
         Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
+        Command::Completions(args) => reference::completions(Cli::command(), args),
+        Command::Manpage(args) => reference::manpage(Cli::command(), args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => sluice_bench::run(args),
         #[cfg(not(feature = "bench"))]

@@ -456,3 +456,112 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The example config shipped at the root (and, with its own data dir, in the .deb).
+    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sluice.example.toml");
+    /// Second names of keys, each documented beside its first name in a comment.
+    const ALIASES: &[&str] =
+        &["max.connections", "queued.max.request.bytes", "produce_memory_bytes", "ssl.keystore.password"];
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn load(arguments: &[&str]) -> anyhow::Result<BrokerConfig> {
+        let serve = Serve::try_parse_from(std::iter::once("serve").chain(arguments.iter().copied()))?;
+        Ok(serve.args.into_config()?.0)
+    }
+
+    /// The keys a table takes, as its loader names them when it meets an unknown one.
+    fn known_keys(section: &str) -> Vec<String> {
+        let probe = format!("{section}\nno_such_key_at_all = 1\n");
+        let Err(error) = toml::from_str::<BrokerConfig>(&probe) else { panic!("an unknown key was accepted") };
+        let message = error.to_string();
+        let list = message.split_once("expected one of ").expect("the error lists the known keys").1;
+        let keys: Vec<String> = list.split(", ").filter_map(|key| key.split('`').nth(1)).map(str::to_string).collect();
+        assert!(keys.len() >= 8, "too few keys read from {message:?}");
+        keys
+    }
+
+    /// The lines of `text` under `[section]` (commented or not; "" is the top level).
+    fn section_text(text: &str, section: &str) -> String {
+        let mut current = String::new();
+        let mut lines = String::new();
+        for line in text.lines() {
+            let header = line.trim_start_matches(['#', ' ']);
+            if header.starts_with('[') && header.ends_with(']') {
+                current = header.trim_matches(['[', ']']).to_string();
+                continue;
+            }
+            if current == section {
+                lines.push_str(line);
+                lines.push('\n');
+            }
+        }
+        lines
+    }
+
+    /// `key = value` or `"dotted.key" = value`, not prose with an `=` in it.
+    fn is_setting(line: &str) -> bool {
+        let key = line.split_once(" = ").map_or("", |(key, _)| key.trim_matches('"'));
+        !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.".contains(c))
+    }
+
+    #[test]
+    fn the_example_config_loads_as_the_defaults() {
+        let loaded = load(&["--config", EXAMPLE]).expect("the example loads");
+        assert_eq!(format!("{loaded:#?}"), format!("{:#?}", BrokerConfig::default()));
+    }
+
+    #[test]
+    fn the_example_config_documents_every_key() {
+        let text = std::fs::read_to_string(EXAMPLE).unwrap();
+        for (section, header) in [
+            ("", ""),
+            ("topic_defaults", "[topic_defaults]"),
+            ("tiered_storage", "[tiered_storage]"),
+            ("cluster", "[cluster]"),
+        ] {
+            let lines = section_text(&text, section);
+            for key in known_keys(header) {
+                if ["topic_defaults", "tiered_storage", "cluster"].contains(&key.as_str()) {
+                    assert!(text.contains(&format!("[{key}]\n")), "table [{key}] is not in the example");
+                    continue;
+                }
+                if ALIASES.contains(&key.as_str()) {
+                    assert!(text.contains(&format!("\"{key}\"")), "alias {key} is not mentioned");
+                    continue;
+                }
+                let documented = lines.lines().any(|line| {
+                    let setting = line.trim_start_matches(['#', ' ']);
+                    setting.starts_with(&format!("{key} =")) || setting.starts_with(&format!("\"{key}\" ="))
+                });
+                assert!(documented, "key {key} of [{section}] is not in {EXAMPLE}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_example_configs_commented_settings_load_too() {
+        // Uncommented, every example value must be one the loader takes.
+        let text = std::fs::read_to_string(EXAMPLE).unwrap();
+        let uncommented: String = text
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(setting) if is_setting(setting) || setting.starts_with('[') => setting,
+                _ => line,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let table: toml::Table = toml::from_str(&uncommented).expect("the uncommented example is TOML");
+        let config: Result<BrokerConfig, _> = table.try_into();
+        config.expect("the uncommented example has only known keys and values of their types");
+    }
+}

@@ -142,7 +142,17 @@ pub struct ConsumeArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ClusterArgs {}
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub command: Option<ClusterCommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Exit 0 when every registered broker is unfenced and every partition led and fully
+    /// replicated; with --wait, once that holds (for scripts).
+    Health(crate::cluster_health::HealthArgs),
+}
 
 /// `KEY=VALUE` pairs of a flag.
 fn pairs(flag: &str, given: &[String]) -> anyhow::Result<Vec<(String, String)>> {

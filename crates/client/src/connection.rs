@@ -82,6 +82,13 @@ impl Connector {
         self
     }
 
+    /// From now on, sets each connection up and awaits each answer for at most `limit` (a
+    /// caller that must give up by a deadline).
+    pub fn limit_timeouts(&mut self, limit: Duration) {
+        self.connect_timeout = self.connect_timeout.min(limit);
+        self.io_timeout = self.io_timeout.min(limit);
+    }
+
     /// The SASL user connections authenticate as, if any.
     pub fn user(&self) -> Option<&str> {
         self.sasl.as_ref().map(|sasl| sasl.username.as_str())

@@ -473,7 +473,7 @@ fn check_growth(broker: &Broker, name: &str, count: i32) -> Result<TopicMeta, Fa
 
 pub(super) fn describe_cluster(
     broker: &Arc<Broker>,
-    _request: DescribeClusterRequest,
+    request: DescribeClusterRequest,
     listener: usize,
 ) -> DescribeClusterResponse {
     let mut response = DescribeClusterResponse::default();
@@ -482,16 +482,29 @@ pub(super) fn describe_cluster(
     // Every live broker, as Metadata lists them: Kafka's tools (kafka-reassign-partitions)
     // check the broker ids of a plan against this list.
     let snapshot = broker.cluster.as_ref().map(|cluster| cluster.metadata());
+    let node = |id: i32, host: &str, port: i32, fenced: bool| {
+        let mut node = DescribeClusterBroker::default();
+        node.broker_id = BrokerId(id);
+        node.host = str_bytes(host);
+        node.port = port;
+        node.is_fenced = fenced;
+        node
+    };
     response.brokers = live_brokers(broker, snapshot.as_deref(), listener)
         .into_iter()
-        .map(|(id, host, port)| {
-            let mut node = DescribeClusterBroker::default();
-            node.broker_id = BrokerId(id);
-            node.host = str_bytes(&host);
-            node.port = port;
-            node
-        })
+        .map(|(id, host, port)| node(id, &host, port, false))
         .collect();
+    // v2 (KIP-1073): the registered but fenced brokers too, when asked, so that a health
+    // check can tell a fenced node from one that was never there.
+    if let (true, Some(metadata)) = (request.include_fenced_brokers, snapshot.as_deref()) {
+        let name = &broker.listeners()[listener].name;
+        for fenced in metadata.brokers.values().filter(|b| b.fenced) {
+            if let Some((host, port)) = fenced.endpoint(name) {
+                response.brokers.push(node(fenced.node_id, host, i32::from(port), true));
+            }
+        }
+        response.brokers.sort_by_key(|b| b.broker_id.0);
+    }
     response
 }
 
