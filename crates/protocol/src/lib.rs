@@ -25,8 +25,8 @@ pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_AP
 pub use crate::records::new_record;
 pub use crate::request::{encode_response, parse_request, Request, RequestError};
 pub use crate::share_wire::{
-    set_acknowledge_lock_timeout_ms, set_share_acknowledge_renew, set_share_fetch_options, share_acknowledge_is_renew,
-    share_fetch_options, ShareAcquireMode, ShareFetchOptions,
+    set_acknowledge_lock_timeout_ms, set_described_lag, set_share_acknowledge_renew, set_share_fetch_options,
+    share_acknowledge_is_renew, share_fetch_options, ShareAcquireMode, ShareFetchOptions,
 };
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;

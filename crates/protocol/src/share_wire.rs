@@ -8,7 +8,9 @@
 //! - ShareFetch request: `ShareAcquireMode` (int8) and `IsRenewAck` (bool) after `BatchSize`;
 //! - ShareAcknowledge request: `IsRenewAck` (bool) after `ShareSessionEpoch`;
 //! - ShareAcknowledge response: `AcquisitionLockTimeoutMs` (int32) after `ErrorMessage`;
-//! - ShareFetch response: unchanged.
+//! - ShareFetch response: unchanged;
+//! - DescribeShareGroupOffsets v1 (KIP-1226): the request is v0's; the response adds `Lag`
+//!   (int64) after each partition's `LeaderEpoch`.
 //!
 //! The v2 values travel between this module and the broker's handlers in the message's
 //! unknown tagged fields under [`RESERVED_TAG_MIN`] and above: only this module reads or
@@ -16,8 +18,10 @@
 //! set them) and out of every response before it is encoded (they never reach the wire).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponsePartition;
 use kafka_protocol::messages::{
-    ApiKey, RequestKind, ShareAcknowledgeRequest, ShareAcknowledgeResponse, ShareFetchRequest,
+    ApiKey, DescribeShareGroupOffsetsResponse, RequestKind, ShareAcknowledgeRequest, ShareAcknowledgeResponse,
+    ShareFetchRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
@@ -31,6 +35,12 @@ const RESERVED_TAG_MIN: i32 = 0x7fff_ff00;
 const TAG_ACQUIRE_MODE: i32 = RESERVED_TAG_MIN;
 const TAG_IS_RENEW_ACK: i32 = RESERVED_TAG_MIN + 1;
 const TAG_ACQUISITION_LOCK_TIMEOUT_MS: i32 = RESERVED_TAG_MIN + 2;
+const TAG_LAG: i32 = RESERVED_TAG_MIN + 3;
+
+/// The newest DescribeShareGroupOffsets version this module converts.
+pub const DESCRIBE_SHARE_GROUP_OFFSETS_VERSION_MAX: i16 = 1;
+/// Bytes of `PartitionIndex`, `StartOffset` and `LeaderEpoch`, before v1's `Lag`.
+const DESCRIBED_PARTITION_FIXED_PREFIX_BYTES: usize = 4 + 8 + 4;
 
 /// Bytes of the int32 fields between `MemberId` and the v2 fields of a ShareFetch request
 /// (`ShareSessionEpoch`, `MaxWaitMs`, `MinBytes`, `MaxBytes`, `MaxRecords`, `BatchSize`).
@@ -60,13 +70,14 @@ pub struct ShareFetchOptions {
 
 /// Whether `api_key` at `version` is decoded and encoded here.
 pub fn converts(api_key: ApiKey, version: i16) -> bool {
-    matches!(api_key, ApiKey::ShareFetch | ApiKey::ShareAcknowledge) && version == SHARE_WIRE_VERSION_MAX
+    version == version_max(api_key) && version > api_key.valid_versions().max
 }
 
 /// The newest version of `api_key` that can be decoded: the codec's, or this module's.
 pub fn version_max(api_key: ApiKey) -> i16 {
     match api_key {
         ApiKey::ShareFetch | ApiKey::ShareAcknowledge => SHARE_WIRE_VERSION_MAX,
+        ApiKey::DescribeShareGroupOffsets => DESCRIBE_SHARE_GROUP_OFFSETS_VERSION_MAX,
         other => other.valid_versions().max,
     }
 }
@@ -74,7 +85,7 @@ pub fn version_max(api_key: ApiKey) -> i16 {
 /// The version the codec is asked for in place of `version` (the same one unless converted).
 pub fn codec_version(api_key: ApiKey, version: i16) -> i16 {
     if converts(api_key, version) {
-        CODEC_VERSION
+        version - 1
     } else {
         version
     }
@@ -83,8 +94,11 @@ pub fn codec_version(api_key: ApiKey, version: i16) -> i16 {
 /// A request body, v2 share requests converted; the reserved tags of any decoded share
 /// request hold only what this module put there.
 pub fn decode_request(api_key: ApiKey, version: i16, body: &mut Bytes) -> Result<RequestKind, String> {
-    let mut decoded = if converts(api_key, version) {
+    let mut decoded = if converts(api_key, version) && api_key != ApiKey::DescribeShareGroupOffsets {
         decode_v2(api_key, body)?
+    } else if converts(api_key, version) {
+        // v1's request is v0's.
+        RequestKind::decode(api_key, body, codec_version(api_key, version)).map_err(|e| e.to_string())?
     } else {
         RequestKind::decode(api_key, body, version).map_err(|e| e.to_string())?
     };
@@ -223,6 +237,87 @@ pub fn encode_acknowledge_response(
     Ok(())
 }
 
+/// Sets the v1 `Lag` of a described share-partition (-1, unknown, unless set).
+pub fn set_described_lag(partition: &mut DescribeShareGroupOffsetsResponsePartition, lag: i64) {
+    partition.unknown_tagged_fields.insert(TAG_LAG, Bytes::copy_from_slice(&lag.to_be_bytes()));
+}
+
+/// Encodes a DescribeShareGroupOffsets response body at `version` (0 or 1) into `out`. v1
+/// is written level by level around each partition's v0 encoding, `Lag` spliced in.
+pub fn encode_described_offsets(
+    response: &DescribeShareGroupOffsetsResponse,
+    version: i16,
+    out: &mut BytesMut,
+) -> anyhow::Result<()> {
+    let mut plain = response.clone();
+    let lags: Vec<Vec<Vec<i64>>> = plain
+        .groups
+        .iter_mut()
+        .map(|g| {
+            let topics = g.topics.iter_mut();
+            topics.map(|t| t.partitions.iter_mut().map(take_lag).collect()).collect()
+        })
+        .collect();
+    if version < DESCRIBE_SHARE_GROUP_OFFSETS_VERSION_MAX {
+        plain.encode(out, version)?;
+        return Ok(());
+    }
+    out.put_i32(plain.throttle_time_ms);
+    put_length(out, plain.groups.len());
+    for (group, lags) in plain.groups.iter().zip(&lags) {
+        put_compact_string(out, Some(group.group_id.as_str()));
+        put_length(out, group.topics.len());
+        for (topic, lags) in group.topics.iter().zip(lags) {
+            put_compact_string(out, Some(topic.topic_name.as_str()));
+            out.put_slice(topic.topic_id.as_bytes());
+            put_length(out, topic.partitions.len());
+            for (partition, lag) in topic.partitions.iter().zip(lags) {
+                let mut v0 = BytesMut::new();
+                partition.encode(&mut v0, 0)?;
+                out.put_slice(&v0[..DESCRIBED_PARTITION_FIXED_PREFIX_BYTES]);
+                out.put_i64(*lag);
+                out.put_slice(&v0[DESCRIBED_PARTITION_FIXED_PREFIX_BYTES..]);
+            }
+            out.put_u8(0); // no tagged fields
+        }
+        out.put_i16(group.error_code);
+        put_compact_string(out, group.error_message.as_deref());
+        out.put_u8(0);
+    }
+    out.put_u8(0);
+    Ok(())
+}
+
+/// A partition's lag taken out of its reserved tag (-1 when never set).
+fn take_lag(partition: &mut DescribeShareGroupOffsetsResponsePartition) -> i64 {
+    let lag = partition.unknown_tagged_fields.remove(&TAG_LAG);
+    partition.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN);
+    lag.filter(|b| b.len() == 8).map_or(-1, |mut b| b.get_i64())
+}
+
+/// A compact array's length (unsigned varint of length + 1).
+fn put_length(out: &mut BytesMut, length: usize) {
+    put_unsigned_varint(out, length as u32 + 1);
+}
+
+fn put_compact_string(out: &mut BytesMut, value: Option<&str>) {
+    match value {
+        None => out.put_u8(0),
+        Some(text) => {
+            put_unsigned_varint(out, text.len() as u32 + 1);
+            out.put_slice(text.as_bytes());
+        }
+    }
+}
+
+fn put_unsigned_varint(out: &mut BytesMut, mut value: u32) {
+    while value >= 0x80 {
+        out.put_u8((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.put_u8(value as u8);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +410,36 @@ mod tests {
         assert_eq!(&v2_out[field_at..field_at + 4], &15_000i32.to_be_bytes());
         let back = ShareAcknowledgeResponse::decode(&mut v1_out.freeze(), 1).unwrap();
         assert!(back.unknown_tagged_fields.is_empty(), "the reserved tag never reaches the wire");
+    }
+
+    #[test]
+    fn described_offsets_v1_carry_each_partitions_lag() {
+        use kafka_protocol::messages::describe_share_group_offsets_response::{
+            DescribeShareGroupOffsetsResponseGroup, DescribeShareGroupOffsetsResponseTopic,
+        };
+        let mut partition = DescribeShareGroupOffsetsResponsePartition::default();
+        (partition.partition_index, partition.start_offset, partition.leader_epoch) = (3, 40, 2);
+        set_described_lag(&mut partition, 17);
+        let mut topic = DescribeShareGroupOffsetsResponseTopic::default();
+        topic.topic_name = kafka_protocol::messages::TopicName(StrBytes::from_static_str("orders"));
+        topic.partitions = vec![partition.clone(), DescribeShareGroupOffsetsResponsePartition::default()];
+        let mut group = DescribeShareGroupOffsetsResponseGroup::default();
+        group.group_id = GroupId(StrBytes::from_static_str("g"));
+        group.error_message = Some(StrBytes::from_static_str("x"));
+        group.topics.push(topic);
+        let mut response = DescribeShareGroupOffsetsResponse::default();
+        response.groups.push(group);
+        let (mut v0, mut v1) = (BytesMut::new(), BytesMut::new());
+        encode_described_offsets(&response, 0, &mut v0).unwrap();
+        encode_described_offsets(&response, 1, &mut v1).unwrap();
+        assert_eq!(v1.len(), v0.len() + 2 * 8, "one Lag per partition");
+        // v0 is the codec's own encoding with the reserved tag taken out.
+        let back = DescribeShareGroupOffsetsResponse::decode(&mut v0.freeze(), 0).unwrap();
+        assert!(back.groups[0].topics[0].partitions[0].unknown_tagged_fields.is_empty());
+        assert_eq!(back.groups[0].topics[0].partitions[0].start_offset, 40);
+        // v1: throttle, groups, "g", topics, "orders", id, partitions, then the first partition.
+        let at = 4 + 1 + 2 + 1 + 7 + 16 + 1 + DESCRIBED_PARTITION_FIXED_PREFIX_BYTES;
+        assert_eq!(&v1[at..at + 8], &17i64.to_be_bytes());
     }
 
     #[test]

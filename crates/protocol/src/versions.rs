@@ -46,7 +46,7 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     // `share_wire.rs`.
     (ApiKey::ShareFetch, 1, 2),
     (ApiKey::ShareAcknowledge, 1, 2),
-    (ApiKey::DescribeShareGroupOffsets, 0, 0),
+    (ApiKey::DescribeShareGroupOffsets, 0, 1),
     (ApiKey::AlterShareGroupOffsets, 0, 0),
     (ApiKey::DeleteShareGroupOffsets, 0, 0),
     // SaslHandshake v0 (raw SASL tokens after the handshake) is not served.

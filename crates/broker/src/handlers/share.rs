@@ -679,7 +679,11 @@ pub(super) async fn describe_offsets(
                     Some(topic_id) => {
                         let key = (group_id.clone(), topic.clone(), partition);
                         match broker.shares.store.summary(&**broker, &key, topic_id).await {
-                            Ok(summary) => data.start_offset = summary.map_or(-1, |s| s.start),
+                            Ok(summary) => {
+                                data.start_offset = summary.map_or(-1, |s| s.start);
+                                let lag = share_partition_lag(broker, (&topic, partition), summary.as_ref());
+                                sluice_protocol::set_described_lag(&mut data, lag);
+                            }
                             Err(error) => data.error_code = error.code(),
                         }
                     }
@@ -691,6 +695,26 @@ pub(super) async fn describe_offsets(
         response.groups.push(answer);
     }
     response
+}
+
+/// KIP-1226's lag of a share-partition: records up to the high watermark not yet delivered
+/// to completion (past the start offset, less those acknowledged or archived out of order);
+/// -1 (unknown) when the group never fetched it, when this node has no replica of the
+/// partition, or when its state lives on another node.
+fn share_partition_lag(
+    broker: &Broker,
+    (topic, partition): (&str, i32),
+    summary: Option<&sluice_coordinator::share::store::Summary>,
+) -> i64 {
+    let Some(log) = broker.partition(topic, partition) else { return -1 };
+    let offsets = log.offsets();
+    match summary {
+        Some(summary) => match summary.delivery_complete {
+            Some(done) => (offsets.high_watermark - summary.start.max(offsets.log_start_offset) - done).max(0),
+            None => -1,
+        },
+        None => -1,
+    }
 }
 
 /// The share-partition a broker-to-broker share state request names, by topic id.

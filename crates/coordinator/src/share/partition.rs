@@ -130,6 +130,15 @@ pub struct StoredPartition {
     pub deleted: bool,
 }
 
+impl StoredPartition {
+    /// Records at or past `start` already acknowledged or archived (out of order, so the
+    /// window could not move past them yet).
+    pub fn delivery_complete(&self) -> i64 {
+        let done = self.runs.iter().filter(|run| run.2 == STORED_ACKNOWLEDGED || run.2 == STORED_ARCHIVED);
+        done.map(|&(first, last, _, _)| (last.min(self.end - 1) - first.max(self.start) + 1).max(0)).sum()
+    }
+}
+
 const STORED_AVAILABLE: u8 = 0;
 const STORED_ACKNOWLEDGED: u8 = 2;
 const STORED_ARCHIVED: u8 = 4;

@@ -77,6 +77,9 @@ pub struct Summary {
     /// -1 after an administrator's change no leader has read yet.
     pub leader_epoch: i32,
     pub start: i64,
+    /// Records at or past `start` already acknowledged or archived (KIP-1226's
+    /// DeliveryCompleteCount); `None` when the state lives on another node.
+    pub delivery_complete: Option<i64>,
 }
 
 /// An administrator's change of a share-partition (the group has no members).
@@ -176,7 +179,13 @@ impl StateShard {
         let states = self.states.lock();
         let state = states.get(key).filter(|state| !state.deleted)?;
         let leader_epoch = if state.reset { -1 } else { state.leader_epoch };
-        Some(Summary { version: state.version, leader_epoch, start: state.start })
+        let delivery_complete = state.delivery_complete();
+        Some(Summary {
+            version: state.version,
+            leader_epoch,
+            start: state.start,
+            delivery_complete: Some(delivery_complete),
+        })
     }
 
     /// An administrator's change of `key` (a new start offset, or a deletion); the leader
@@ -470,6 +479,7 @@ impl ShareStateStore {
                         version: result.state_epoch,
                         leader_epoch: result.leader_epoch,
                         start: result.start_offset,
+                        delivery_complete: None,
                     })),
                     Some(result) => Err(error_of(result.error_code)),
                     None => Err(ResponseError::CoordinatorNotAvailable),
@@ -734,7 +744,8 @@ mod tests {
         shard.log.wait_durable(change).await.unwrap();
         let change = shard.write("k", state(1, 2, 20), &syncer).unwrap();
         shard.log.wait_durable(change).await.unwrap();
-        let summary = |leader_epoch, start| Some(Summary { version: 3, leader_epoch, start });
+        let summary =
+            |leader_epoch, start| Some(Summary { version: 3, leader_epoch, start, delivery_complete: Some(0) });
         assert_eq!(shard.summary("k"), summary(1, 30), "a late, older version is already included");
 
         let (read, change) = shard.read("k", 2, &syncer).unwrap();
