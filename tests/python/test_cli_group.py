@@ -138,11 +138,13 @@ def test_a_group_with_a_live_member_is_described_and_not_reset(broker):
         described = sluice_group(broker, "describe", "live-g")
         assert described.startswith("group live-g: 1 member, state Stable, protocol "), described
         members = table(described, "MEMBER")
-        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST"] and members[1][1] == "live-client", described
+        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST", "ASSIGNED"], described
+        assert members[1][1] == "live-client" and members[1][3] == "live-t:0,1", described
         refused = sluice_group(broker, "reset-offsets", "live-g", "--topic", "live-t", "--to-earliest", "--execute",
                                ok=False)
         assert refused == "error: group live-g has 1 active member: stop them first\n", refused
         as_json = json.loads(sluice_group(broker, "describe", "live-g", "--format", "json"))
         assert as_json["state"] == "Stable" and [m["client_id"] for m in as_json["members"]] == ["live-client"]
+        assert as_json["members"][0]["assignment"] == [{"topic": "live-t", "partitions": [0, 1]}]
     finally:
         consumer.close()
