@@ -33,7 +33,7 @@ struct Cli {
     connection: kafka_connection::ConnectionArgs,
     /// Output of the list and describe commands: text (aligned tables), json or yaml.
     /// Records of produce and consume: text (lines), json (an object per line) or a
-    /// kcat-style template such as '%k %v\n' (see `sluice consume --help`).
+    /// kcat-style template such as '%k %v\n' (fields: `sluice consume --help`).
     #[arg(long, short = 'f', global = true, default_value = "text", value_name = "FORMAT")]
     format: String,
     #[command(subcommand)]
@@ -49,8 +49,10 @@ enum Command {
     /// Create, list, describe, alter the configs of and delete topics.
     Topic(tools::TopicArgs),
     /// Produce records from stdin: lines, kcat-style templates or JSON lines.
+    #[command(after_help = record_format::RECORD_FORMAT_HELP)]
     Produce(produce_tool::ProduceArgs),
     /// Print records of a topic, alone or as a member of a consumer group.
+    #[command(after_help = record_format::RECORD_FORMAT_HELP)]
     Consume(consume_tool::ConsumeArgs),
     /// List, describe (members, assignments, lag), seek or reset the offsets of, or delete
     /// consumer groups.

@@ -13,6 +13,18 @@ use std::io::{BufRead, Write};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+/// The help of `produce` and `consume` on their `--format`.
+pub const RECORD_FORMAT_HELP: &str = "\
+Record formats (-f/--format):
+  text   one record per line: the value (produce -K SEP splits a key off each line)
+  json   one object per line: {\"topic\", \"partition\", \"offset\", \"timestamp\", \"key\", \"value\",
+         \"headers\": [{\"key\", \"value\"}]}; null for no key or value, \"\" for an empty one
+  a template, as kcat's -f: %t topic, %p partition, %o offset, %T timestamp (ms), %k key,
+         %v value, %h headers (name=value,...), %K / %S key / value length (-1: none), %%;
+         escapes \\n \\t \\r \\0 \\\\. produce reads %k %v %p %T: each field ends where the
+         text after it starts ('%k %v\\n': the key up to the first space)
+Positions (-o): start, end, an offset, -N (N before the end), @TIME (ms or RFC 3339)";
+
 /// The format of `--format` for records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordFormat {
