@@ -572,7 +572,8 @@ pub(crate) fn offsets_of_topics(
 struct LagView {
     topic: String,
     partition: i32,
-    committed: i64,
+    /// None: assigned to a member, nothing committed yet.
+    committed: Option<i64>,
     log_end: Option<i64>,
     lag: Option<i64>,
 }
@@ -592,11 +593,18 @@ fn describe_group(cluster: &mut Cluster, format: Format, group: &str) -> anyhow:
         Some(found) => found,
         None => classic_group(&described_group(&mut coordinator, group)?),
     };
-    let committed = committed_offsets(&mut coordinator, group)?;
-    let mut topics: Vec<&str> = committed.keys().map(|(topic, _)| topic.as_str()).collect();
+    // Every committed partition, and those assigned to a member that has committed nothing.
+    let mut rows: BTreeMap<(String, i32), Option<i64>> =
+        committed_offsets(&mut coordinator, group)?.into_iter().map(|(key, offset)| (key, Some(offset))).collect();
+    for assigned in found.members.iter().flat_map(|m| &m.assignment) {
+        for &partition in &assigned.partitions {
+            rows.entry((assigned.topic.clone(), partition)).or_insert(None);
+        }
+    }
+    let mut topics: Vec<&str> = rows.keys().map(|(topic, _)| topic.as_str()).collect();
     topics.dedup();
     let ends = offsets_of_topics(cluster, &topics, LATEST_TIMESTAMP)?;
-    let offsets = committed
+    let offsets = rows
         .iter()
         .map(|((topic, partition), &committed)| {
             let log_end = ends.get(&(topic.clone(), *partition)).copied();
@@ -605,7 +613,7 @@ fn describe_group(cluster: &mut Cluster, format: Format, group: &str) -> anyhow:
                 partition: *partition,
                 committed,
                 log_end,
-                lag: log_end.map(|end| (end - committed).max(0)),
+                lag: committed.zip(log_end).map(|(committed, end)| (end - committed).max(0)),
             }
         })
         .collect();
@@ -646,7 +654,7 @@ fn describe_group(cluster: &mut Cluster, format: Format, group: &str) -> anyhow:
         table.row([
             lag.topic.clone(),
             lag.partition.to_string(),
-            lag.committed.to_string(),
+            dash(lag.committed),
             dash(lag.log_end),
             dash(lag.lag),
         ]);
