@@ -61,8 +61,11 @@ def test_partitions_are_added_and_trimmed_and_records_keep_their_keys_headers_an
     bad = sluice(broker, "produce", "orders", "-p", "9", stdin="x\n", ok=False)
     assert bad.stderr == "error: topic orders has no partition 9 (4 partitions)\n", bad.stderr
 
-    # -N before the end, and a time.
+    # -N before the end, +N after the start, a time; -e stops at the end of every partition read.
     assert out(broker, "consume", "orders", "-p", "2", "-o", "-1", "-n", "1", "-f", r"%o\n") == "4\n"
+    assert out(broker, "consume", "orders", "-p", "1,2", "-o", "+3", "-e", "-f", r"%p:%o\n") == "2:3\n2:4\n"
+    everything = out(broker, "consume", "orders", "-o", "start", "-e", "-f", r"%p:%o ").split()
+    assert sorted(everything) == ["1:0", "1:1", "2:0", "2:1", "2:2", "2:3", "2:4"], everything
     later = int(time.time() * 1000) + 1
     time.sleep(0.01)
     sluice(broker, "produce", "orders", "-p", "2", stdin="after\n")

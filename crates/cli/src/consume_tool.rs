@@ -5,12 +5,14 @@
 //! joins that group, reads what the group assigns it from the group's committed offsets and
 //! commits what it printed, as any member would.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -27,9 +29,9 @@ const STANDALONE_GROUP_ID: &str = "sluice-cli";
 #[derive(Debug, clap::Args)]
 pub struct ConsumeArgs {
     topic: String,
-    /// Where to start: start, end, an offset, -N (N before the end) or @TIME (ms since the
-    /// epoch or RFC 3339). Default end. With --group: start or end, for partitions the
-    /// group has no committed offset for.
+    /// Where to start: start, end, an offset, -N (N before the end), +N (N after the start)
+    /// or @TIME (ms since the epoch or RFC 3339). Default end. With --group: start or end,
+    /// for partitions the group has no committed offset for.
     #[arg(long, short = 'o', allow_hyphen_values = true, value_name = "POSITION")]
     offset: Option<OffsetSpec>,
     /// The same as --offset start.
@@ -45,6 +47,9 @@ pub struct ConsumeArgs {
     /// offsets of the records printed are committed.
     #[arg(long, short = 'g', conflicts_with = "partitions")]
     group: Option<String>,
+    /// Stop at the end: once every partition read has reached its log end (kcat's -e).
+    #[arg(long, short = 'e')]
+    exit_at_end: bool,
     /// Stop when no record arrives for this long (milliseconds).
     #[arg(long)]
     idle_timeout_ms: Option<u64>,
@@ -78,7 +83,7 @@ pub fn consume(connection: &ConnectionArgs, format: &str, args: ConsumeArgs) -> 
     let mut cluster = connection.cluster()?;
     let (_, topic) = cluster.topic(&args.topic)?;
     let mut config = rdkafka_config(connection);
-    config.set("enable.partition.eof", "false");
+    config.set("enable.partition.eof", if args.exit_at_end { "true" } else { "false" });
     let consumer: BaseConsumer = match &args.group {
         Some(group) => {
             let reset = match start.unwrap_or(OffsetSpec::End) {
@@ -138,6 +143,8 @@ fn print_records(consumer: &BaseConsumer, format: &RecordFormat, args: &ConsumeA
     let idle = args.idle_timeout_ms.map(Duration::from_millis);
     let mut last_record = Instant::now();
     let mut count = 0u64;
+    // Partitions whose log end was reached since their last record (with --exit-at-end).
+    let mut at_end = BTreeSet::new();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     while args.num.is_none_or(|max| count < max) {
@@ -145,7 +152,19 @@ fn print_records(consumer: &BaseConsumer, format: &RecordFormat, args: &ConsumeA
             break;
         }
         let Some(message) = consumer.poll(POLL_INTERVAL) else { continue };
-        let message = message?;
+        let message = match message {
+            Err(KafkaError::PartitionEOF(partition)) => {
+                at_end.insert(partition);
+                let assigned = consumer.assignment()?;
+                let partitions: Vec<i32> = assigned.elements().iter().map(|e| e.partition()).collect();
+                if !partitions.is_empty() && partitions.iter().all(|p| at_end.contains(p)) {
+                    break;
+                }
+                continue;
+            }
+            other => other?,
+        };
+        at_end.remove(&message.partition());
         last_record = Instant::now();
         count += 1;
         let headers: Vec<(&str, Option<&[u8]>)> =

@@ -1,6 +1,6 @@
 //! A position in a partition as an operator names it, the same for every command that takes
-//! one (`consume --offset`, `topic trim --offset`, `group seek --to`): `start`, `end`, an
-//! offset, `-N` (N before the end, as kcat's `-o -N`), or `@TIME` (the first record at or
+//! one (`consume --offset`, `topic trim --offset`): `start`, `end`, an offset, `-N` (N before
+//! the end, as kcat's `-o -N`), `+N` (N after the start, as rpk's), or `@TIME` (the first record at or
 //! after a time: milliseconds since the epoch or RFC 3339), resolved against the partitions'
 //! leaders (ListOffsets) and kept within each log's start and end.
 
@@ -26,6 +26,8 @@ pub enum OffsetSpec {
     At(i64),
     /// This many records before the end.
     BeforeEnd(i64),
+    /// This many records after the start (rpk's `+N`).
+    AfterStart(i64),
     /// The first record at or after this time (milliseconds since the epoch).
     Time(i64),
 }
@@ -42,9 +44,13 @@ impl FromStr for OffsetSpec {
                 Ok(n) if n >= 0 => OffsetSpec::BeforeEnd(n),
                 _ => bail!("offset {given:?}: -N is N records before the end"),
             },
+            after if after.starts_with('+') => match after[1..].parse::<i64>() {
+                Ok(n) if n >= 0 => OffsetSpec::AfterStart(n),
+                _ => bail!("offset {given:?}: +N is N records after the start"),
+            },
             offset => match offset.parse::<i64>() {
                 Ok(offset) => OffsetSpec::At(offset),
-                Err(_) => bail!("offset {given:?}: must be start, end, an offset, -N or @TIME"),
+                Err(_) => bail!("offset {given:?}: must be start, end, an offset, -N, +N or @TIME"),
             },
         };
         Ok(spec)
@@ -96,6 +102,7 @@ impl OffsetSpec {
                 OffsetSpec::End => end,
                 OffsetSpec::At(offset) => offset,
                 OffsetSpec::BeforeEnd(n) => end.saturating_sub(n),
+                OffsetSpec::AfterStart(n) => start.saturating_add(n),
                 OffsetSpec::Time(_) => match at_time.get(&partition).copied() {
                     Some(NO_OFFSET) | None => end,
                     Some(offset) => offset,
@@ -117,6 +124,7 @@ mod tests {
         assert_eq!("end".parse::<OffsetSpec>().unwrap(), OffsetSpec::End);
         assert_eq!("42".parse::<OffsetSpec>().unwrap(), OffsetSpec::At(42));
         assert_eq!("-3".parse::<OffsetSpec>().unwrap(), OffsetSpec::BeforeEnd(3));
+        assert_eq!("+2".parse::<OffsetSpec>().unwrap(), OffsetSpec::AfterStart(2));
         assert_eq!("@1000".parse::<OffsetSpec>().unwrap(), OffsetSpec::Time(1000));
         assert_eq!("@2026-12-03T15:47:11.499Z".parse::<OffsetSpec>().unwrap(), OffsetSpec::Time(1_796_312_831_499));
         assert!("soon".parse::<OffsetSpec>().is_err());

@@ -23,7 +23,8 @@ Record formats (-f/--format):
          %v value, %h headers (name=value,...), %K / %S key / value length (-1: none), %%;
          escapes \\n \\t \\r \\0 \\\\. produce reads %k %v %p %T: each field ends where the
          text after it starts ('%k %v\\n': the key up to the first space)
-Positions (-o): start, end, an offset, -N (N before the end), @TIME (ms or RFC 3339)";
+Positions (-o): start, end, an offset, -N (N before the end), +N (N after the start),
+  @TIME (the first record at or after it: ms since the epoch or RFC 3339)";
 
 /// The format of `--format` for records.
 #[derive(Debug, Clone, PartialEq, Eq)]
