@@ -84,12 +84,7 @@ pub fn seek(cluster: &mut Cluster, format: Format, args: SeekArgs) -> anyhow::Re
     };
     let group = args.group.as_str();
     let mut coordinator = coordinator(cluster, group)?;
-    // A group that does not exist yet gets its first offsets.
-    if let Ok(described) = described_group(&mut coordinator, group) {
-        if !described.members.is_empty() {
-            bail!("group {group} has {}: stop them first", count(described.members.len(), "active member"));
-        }
-    }
+    ensure_without_members(&mut coordinator, group)?;
     let committed = committed_offsets(&mut coordinator, group)?;
     let topics: Vec<String> = match &args.topic {
         Some(topic) => {
@@ -143,20 +138,39 @@ pub fn seek(cluster: &mut Cluster, format: Format, args: SeekArgs) -> anyhow::Re
         eprintln!("(dry run: add --execute to commit these offsets)");
         return Ok(());
     }
-    commit(&mut coordinator, group, &plan)?;
+    let offsets: Vec<(&str, i32, i64)> = plan.iter().map(|p| (p.topic.as_str(), p.partition, p.new)).collect();
+    commit(&mut coordinator, group, &offsets)?;
     eprintln!("committed {} for group {group}", count(plan.len(), "offset"));
     Ok(())
 }
 
-/// Commits `plan` as a tool does: no generation and no member, accepted while the group
-/// is empty.
-fn commit(coordinator: &mut sluice_client::KafkaConnection, group: &str, plan: &[PlannedOffset]) -> anyhow::Result<()> {
+/// Offsets are moved only while nobody reads: a member would overwrite them at its next
+/// commit. A group that does not exist yet gets its first offsets.
+pub(crate) fn ensure_without_members(
+    coordinator: &mut sluice_client::KafkaConnection,
+    group: &str,
+) -> anyhow::Result<()> {
+    if let Ok(described) = described_group(coordinator, group) {
+        if !described.members.is_empty() {
+            bail!("group {group} has {}: stop them first", count(described.members.len(), "active member"));
+        }
+    }
+    Ok(())
+}
+
+/// Commits (topic, partition, offset) as a tool does: no generation and no member, accepted
+/// while the group is empty.
+pub(crate) fn commit(
+    coordinator: &mut sluice_client::KafkaConnection,
+    group: &str,
+    offsets: &[(&str, i32, i64)],
+) -> anyhow::Result<()> {
     let mut by_topic: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
-    for planned in plan {
-        by_topic.entry(&planned.topic).or_default().push(
+    for &(topic, partition, offset) in offsets {
+        by_topic.entry(topic).or_default().push(
             OffsetCommitRequestPartition::default()
-                .with_partition_index(planned.partition)
-                .with_committed_offset(planned.new)
+                .with_partition_index(partition)
+                .with_committed_offset(offset)
                 .with_committed_leader_epoch(-1)
                 .with_committed_metadata(Some(StrBytes::from_static_str(""))),
         );

@@ -10,19 +10,20 @@ use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableT
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
 use kafka_protocol::messages::{
     BrokerId, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     DescribeGroupsRequest, GroupId, IncrementalAlterConfigsRequest, ListGroupsRequest, ListOffsetsRequest,
-    OffsetCommitRequest, OffsetFetchRequest, TopicName,
+    OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde::Serialize;
 use sluice_client::check;
 
 use crate::group_members::{assignment_cell, classic_group, consumer_protocol_group, MemberView};
+use crate::group_offsets::{commit, ensure_without_members};
 use crate::kafka_connection::{Cluster, ConnectionArgs};
+use crate::offset_spec::OffsetSpec;
 use crate::output::{count, ids, Format, TextTable};
 
 /// How long the broker may take to create or delete a topic.
@@ -48,7 +49,6 @@ const LIST_GROUPS_VERSION: i16 = 5;
 const DESCRIBE_GROUPS_VERSION: i16 = 5;
 /// OffsetFetch v8: groups in a list, all of a group's topics at once.
 const OFFSET_FETCH_VERSION: i16 = 8;
-const OFFSET_COMMIT_VERSION: i16 = 8;
 /// Metadata error code of a topic the cluster does not have.
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 /// DeleteGroups error codes said in the tool's own words.
@@ -441,9 +441,9 @@ pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> an
         GroupCommand::DeleteOffsets(args) => crate::group_offsets::delete_offsets(&mut cluster, args)?,
         GroupCommand::ResetOffsets { group, topic, to_earliest, to_latest, to_offset, execute } => {
             let target = match (to_earliest, to_latest, to_offset) {
-                (true, _, _) => ResetTo::Earliest,
-                (_, true, _) => ResetTo::Latest,
-                (_, _, Some(offset)) if offset >= 0 => ResetTo::Offset(offset),
+                (true, _, _) => OffsetSpec::Start,
+                (_, true, _) => OffsetSpec::End,
+                (_, _, Some(offset)) if offset >= 0 => OffsetSpec::At(offset),
                 _ => bail!("say where to: --to-earliest, --to-latest or --to-offset N (N >= 0)"),
             };
             reset_offsets(&mut cluster, &group, &topic, target, execute)?;
@@ -663,49 +663,20 @@ fn describe_group(cluster: &mut Cluster, format: Format, group: &str) -> anyhow:
     Ok(())
 }
 
-/// Where `group reset-offsets` moves a group's offsets.
-#[derive(Debug, Clone, Copy)]
-enum ResetTo {
-    Earliest,
-    Latest,
-    /// This offset, kept within the partition's log start and end.
-    Offset(i64),
-}
-
 fn reset_offsets(
     cluster: &mut Cluster,
     group: &str,
     topic: &str,
-    target: ResetTo,
+    target: OffsetSpec,
     execute: bool,
 ) -> anyhow::Result<()> {
     let mut coordinator = coordinator(cluster, group)?;
-    // A group that does not exist yet gets its first offsets.
-    if let Ok(described) = described_group(&mut coordinator, group) {
-        if !described.members.is_empty() {
-            bail!("group {group} has {}: stop them first", count(described.members.len(), "active member"));
-        }
-    }
+    ensure_without_members(&mut coordinator, group)?;
     cluster.topic(topic)?;
-    let starts = offsets_of_topics(cluster, &[topic], EARLIEST_TIMESTAMP)?;
-    let ends = offsets_of_topics(cluster, &[topic], LATEST_TIMESTAMP)?;
-    let mut plan = Vec::new();
+    let offsets = target.resolve(cluster, topic, None)?;
     let mut table = TextTable::new(&["TOPIC", "PARTITION", "NEW-OFFSET"]).numeric(&["PARTITION", "NEW-OFFSET"]);
-    for ((_, partition), &high) in &ends {
-        let low = starts.get(&(topic.to_string(), *partition)).copied().unwrap_or(0);
-        let offset = match target {
-            ResetTo::Earliest => low,
-            ResetTo::Latest => high,
-            ResetTo::Offset(offset) => offset.clamp(low, high),
-        };
+    for (partition, offset) in &offsets {
         table.row([topic.to_string(), partition.to_string(), offset.to_string()]);
-        plan.push(
-            OffsetCommitRequestPartition::default()
-                .with_partition_index(*partition)
-                .with_committed_offset(offset)
-                .with_committed_leader_epoch(-1)
-                .with_committed_metadata(Some(StrBytes::from_static_str(""))),
-        );
     }
     table.print();
     if !execute {
@@ -713,22 +684,9 @@ fn reset_offsets(
         println!("(dry run: add --execute to commit these offsets)");
         return Ok(());
     }
-    let mut request = OffsetCommitRequest::default();
-    request.group_id = GroupId(StrBytes::from_string(group.to_string()));
-    // No generation and no member: the commit of a tool, accepted while the group is empty.
-    request.generation_id_or_member_epoch = -1;
-    request.member_id = StrBytes::from_static_str("");
-    request.topics = vec![OffsetCommitRequestTopic::default().with_name(topic_name(topic)).with_partitions(plan)];
-    let response = coordinator.send(OFFSET_COMMIT_VERSION, request)?;
-    for answered in &response.topics {
-        for partition in &answered.partitions {
-            check(
-                partition.error_code,
-                None,
-                &format!("committing the offset of {topic}-{}", partition.partition_index),
-            )?;
-        }
-    }
+    let plan: Vec<(&str, i32, i64)> =
+        offsets.into_iter().map(|(partition, offset)| (topic, partition, offset)).collect();
+    commit(&mut coordinator, group, &plan)?;
     println!("committed new offsets for group {group}");
     Ok(())
 }
