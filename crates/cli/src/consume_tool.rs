@@ -40,8 +40,8 @@ pub struct ConsumeArgs {
     /// Partitions to read, comma separated (default all).
     #[arg(long, short = 'p', value_delimiter = ',', value_name = "P,P")]
     partitions: Vec<i32>,
-    /// Stop after this many records.
-    #[arg(long, short = 'n', visible_alias = "max-messages")]
+    /// Stop after this many records (-c as in kcat).
+    #[arg(long, short = 'n', short_alias = 'c', visible_alias = "max-messages")]
     num: Option<u64>,
     /// Read as a member of this consumer group: the group assigns the partitions and the
     /// offsets of the records printed are committed.

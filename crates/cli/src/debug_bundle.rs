@@ -53,7 +53,7 @@ pub enum DebugCommand {
         /// Where to write it (default sluice-bundle-<UTC time>.tar.gz here).
         #[arg(long, short = 'o')]
         output: Option<PathBuf>,
-        /// The brokers' metrics endpoint, scraped into the bundle:
+        /// A metrics endpoint scraped into the bundle, repeatable (one per broker):
         /// http://host:9644/metrics (a broker's --metrics-listen).
         #[arg(long)]
         metrics_url: Vec<String>,
@@ -272,7 +272,10 @@ fn scrape(url: &str) -> anyhow::Result<Vec<u8>> {
     runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().timeout(METRICS_TIMEOUT).build().context("HTTP client")?;
-        let answer = client.get(url).send().await.with_context(|| format!("cannot reach {url}"))?;
+        let answer = match client.get(url).send().await {
+            Ok(answer) => answer,
+            Err(error) => bail!("cannot reach {url}: {}", http_reason(&error)),
+        };
         let status = answer.status();
         if !status.is_success() {
             bail!("{url} answered HTTP {status}");
@@ -283,4 +286,16 @@ fn scrape(url: &str) -> anyhow::Result<Vec<u8>> {
         }
         Ok(bytes.to_vec())
     })
+}
+
+/// Why an HTTP request failed, in words ("connection refused"), not reqwest's whole chain.
+fn http_reason(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        return format!("no answer within {} ms", METRICS_TIMEOUT.as_millis());
+    }
+    let root = std::iter::successors(Some(error as &dyn std::error::Error), |e| e.source()).last();
+    match root.and_then(|e| e.downcast_ref::<std::io::Error>()) {
+        Some(io) => sluice_client::connection::io_reason(io, METRICS_TIMEOUT),
+        None => root.map_or_else(|| error.to_string(), ToString::to_string),
+    }
 }
