@@ -24,7 +24,7 @@ def sluice(broker, *args, stdin=None, ok=True) -> subprocess.CompletedProcess:
                          timeout=60)
     if ok:
         assert res.returncode == 0, f"{args}: {res.stdout}\n{res.stderr}"
-    else:
+    elif ok is not None:
         assert res.returncode != 0, f"{args} succeeded: {res.stdout}"
     return res
 
@@ -111,7 +111,10 @@ def test_a_group_member_commits_and_its_offsets_are_sought_deleted_and_described
     # delete-offsets forgets them (the group is empty: no member is subscribed).
     assert out(broker, "group", "delete-offsets", "g", "--topic", "events") == \
         "deleted the committed offsets of group g for events (1 partition)\n"
-    assert json.loads(out(broker, "group", "describe", "g", "--format", "json"))["offsets"] == []
+    # An empty group without offsets is left for the broker to remove, at once or later.
+    after = sluice(broker, "group", "describe", "g", "--format", "json", ok=None)
+    assert (after.returncode == 0 and json.loads(after.stdout)["offsets"] == []) or \
+        after.stderr == "error: group g does not exist\n", after
 
     # A consumer-protocol (KIP-848) member's assignment, as ConsumerGroupDescribe gives it.
     out(broker, "topic", "create", "streams", "-p", "2")
@@ -123,7 +126,11 @@ def test_a_group_member_commits_and_its_offsets_are_sought_deleted_and_described
         while not consumer.assignment() and time.monotonic() < deadline:
             consumer.poll(0.2)
         assert len(consumer.assignment()) == 2, consumer.assignment()
+        # The member has its partitions; the group is Stable once it has said so (a heartbeat).
         described = out(broker, "group", "describe", "next-gen")
+        while "state Stable" not in described and time.monotonic() < deadline:
+            consumer.poll(0.2)
+            described = out(broker, "group", "describe", "next-gen")
         assert described.startswith("group next-gen: 1 member, state Stable"), described
         members = table(described, "MEMBER")
         assert members[0] == ["MEMBER", "CLIENT-ID", "HOST", "ASSIGNED"], described
