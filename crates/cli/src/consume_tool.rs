@@ -14,6 +14,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::kafka_connection::ConnectionArgs;
@@ -128,12 +129,14 @@ pub fn consume(connection: &ConnectionArgs, format: &str, args: ConsumeArgs) -> 
         }
     };
     let result = print_records(&consumer, &format, &args);
-    if args.group.is_some() {
-        // What was printed is committed even when the output failed half-way.
-        if let Ok(assigned) = consumer.assignment() {
-            if assigned.count() > 0 {
-                let _ = consumer.commit_consumer_state(CommitMode::Sync);
-            }
+    if let Some(group) = &args.group {
+        // What was printed is committed even when the output failed half-way; nothing to
+        // commit (all of it committed in the background already) is no failure.
+        let assigned = consumer.assignment().map_or(0, |assigned| assigned.count());
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) | Ok(()) => {}
+            Err(_) if assigned == 0 => {}
+            Err(error) => eprintln!("warning: committing the offsets of group {group}: {error}"),
         }
     }
     result
