@@ -12,11 +12,8 @@ import time
 
 from confluent_kafka import Consumer
 
-from conftest import SLUICE_BIN, free_port
+from conftest import NO_REBALANCE_DELAY, SLUICE_BIN, free_port
 from test_cli_topics import table
-
-# A group's first member is assigned at once, not after Kafka's 3 s of waiting for others.
-NO_REBALANCE_DELAY = ["--override", "group_initial_rebalance_delay_ms=0"]
 
 
 def sluice(broker, *args, stdin=None, ok=True) -> subprocess.CompletedProcess:
