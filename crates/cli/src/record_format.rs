@@ -272,14 +272,15 @@ pub struct InputRecord {
 }
 
 /// `produce --format json`: `headers` as an object or, to repeat a name, a list of
-/// `{"key": .., "value": ..}`.
+/// `{"key": .., "value": ..}`. A key or value that is not a string (an object, a number)
+/// is stored as its JSON text.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonInput {
     #[serde(default)]
-    key: Option<String>,
+    key: Option<serde_json::Value>,
     #[serde(default)]
-    value: Option<String>,
+    value: Option<serde_json::Value>,
     #[serde(default)]
     headers: Option<JsonHeaders>,
     #[serde(default)]
@@ -380,8 +381,8 @@ impl<R: BufRead> RecordReader<R> {
             }
         };
         Ok(Some(InputRecord {
-            key: parsed.key.map(String::into_bytes),
-            value: parsed.value.map(String::into_bytes),
+            key: parsed.key.and_then(json_bytes),
+            value: parsed.value.and_then(json_bytes),
             headers,
             partition: parsed.partition,
             timestamp: parsed.timestamp,
@@ -444,6 +445,15 @@ impl<R: BufRead> RecordReader<R> {
             started = true;
         }
         Ok(Some(record))
+    }
+}
+
+/// A string as its bytes, `null` as none, anything else as its JSON text.
+fn json_bytes(value: serde_json::Value) -> Option<Vec<u8>> {
+    match value {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(text) => Some(text.into_bytes()),
+        other => Some(other.to_string().into_bytes()),
     }
 }
 
@@ -578,6 +588,11 @@ mod tests {
         assert_eq!(records[0].headers, [("h".to_string(), Some(b"1".to_vec()))]);
         assert_eq!((records[1].key.as_ref(), records[1].value.as_ref(), records[1].partition), (None, None, Some(1)));
         assert_eq!(records[1].headers.len(), 2);
+        let objects = read_all("{\"key\":7,\"value\":{\"a\":[1,2]}}\n", "json", None).unwrap();
+        assert_eq!(
+            (objects[0].key.as_deref(), objects[0].value.as_deref()),
+            (Some(&b"7"[..]), Some(&b"{\"a\":[1,2]}"[..]))
+        );
         let error = read_all("{\"value\":\"a\"}\n{\"vlaue\":1}\n", "json", None).unwrap_err();
         assert!(format!("{error:#}").starts_with("input record 2: not a JSON record"), "{error:#}");
     }
