@@ -38,6 +38,10 @@ def test_partitions_are_added_and_trimmed_and_records_keep_their_keys_headers_an
         "added 1 partition to topic orders: 4 partitions now\n"
     shrink = sluice(broker, "topic", "add-partitions", "orders", "--num", "2", "--total", ok=False)
     assert shrink.stderr == "error: topic orders has 4 partitions: partitions can only be added\n", shrink.stderr
+    out(broker, "topic", "create", "refunds")
+    several = sluice(broker, "topic", "add-partitions", "refunds", "typo", "--num", "+1", ok=False)
+    assert several.stdout == "added 1 partition to topic refunds: 2 partitions now\n", several.stdout
+    assert several.stderr == "error: topic typo does not exist\nerror: 1 topic not grown\n", several.stderr
 
     # Flags fill in what lines do not say: a key, headers (a value may hold colons), a partition.
     sluice(broker, "produce", "orders", "-p", "1", "-k", "fixed", "-H", "a:1", "-H", "trace:x:y", stdin="v1\nv2\n")

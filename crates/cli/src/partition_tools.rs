@@ -25,7 +25,9 @@ const DELETE_RECORDS_VERSION: i16 = 2;
 
 #[derive(Debug, clap::Args)]
 pub struct AddPartitionsArgs {
-    topic: String,
+    /// One or more topics, each grown the same way.
+    #[arg(required = true)]
+    topics: Vec<String>,
     /// Partitions to add (+N or N, as rpk's --num), or with --total the count to reach.
     #[arg(long, short = 'n', value_name = "N")]
     num: String,
@@ -48,38 +50,46 @@ pub struct TrimArgs {
 
 pub fn add_partitions(connection: &ConnectionArgs, args: AddPartitionsArgs) -> anyhow::Result<()> {
     let mut cluster = connection.cluster()?;
-    let (_, topic) = cluster.topic(&args.topic)?;
-    let current = i32::try_from(topic.partitions.len())?;
     let (added, total) = if args.total {
-        let total: i32 = args.num.parse().with_context(|| format!("--num {}: not a count", args.num))?;
-        (total - current, total)
+        (None, Some(args.num.parse::<i32>().with_context(|| format!("--num {}: not a count", args.num))?))
     } else {
-        let added: i32 = args
-            .num
-            .trim_start_matches('+')
-            .parse()
-            .with_context(|| format!("--num {}: not a count (+N adds N)", args.num))?;
-        (added, current + added)
+        let added = args.num.trim_start_matches('+').parse::<i32>();
+        (Some(added.with_context(|| format!("--num {}: not a count (+N adds N)", args.num))?), None)
     };
-    if added <= 0 {
-        bail!("topic {} has {}: partitions can only be added", args.topic, count(current as usize, "partition"));
+    if let [topic] = args.topics.as_slice() {
+        return add_to_topic(&mut cluster, topic, added, total);
+    }
+    let mut failed = 0;
+    for topic in &args.topics {
+        if let Err(error) = add_to_topic(&mut cluster, topic, added, total) {
+            failed += 1;
+            eprintln!("error: {error:#}");
+        }
+    }
+    if failed > 0 {
+        bail!("{} not grown", count(failed, "topic"));
+    }
+    Ok(())
+}
+
+/// Grows one topic by `added` partitions or to `total`.
+fn add_to_topic(cluster: &mut Cluster, name: &str, added: Option<i32>, total: Option<i32>) -> anyhow::Result<()> {
+    let (_, topic) = cluster.topic(name)?;
+    let current = i32::try_from(topic.partitions.len())?;
+    let total = total.unwrap_or_else(|| current.saturating_add(added.unwrap_or(0)));
+    if total <= current {
+        bail!("topic {name} has {}: partitions can only be added", count(current as usize, "partition"));
     }
     let mut request = CreatePartitionsRequest::default();
-    request.topics = vec![CreatePartitionsTopic::default()
-        .with_name(topic_name(&args.topic))
-        .with_count(total)
-        .with_assignments(None)];
+    request.topics =
+        vec![CreatePartitionsTopic::default().with_name(topic_name(name)).with_count(total).with_assignments(None)];
     request.timeout_ms = BROKER_TIMEOUT_MS;
     let response = cluster.bootstrap.send(CREATE_PARTITIONS_VERSION, request)?;
     for result in &response.results {
-        check(result.error_code, result.error_message.as_deref(), &format!("adding partitions to {}", args.topic))?;
+        check(result.error_code, result.error_message.as_deref(), &format!("adding partitions to {name}"))?;
     }
-    println!(
-        "added {} to topic {}: {} now",
-        count(added as usize, "partition"),
-        args.topic,
-        count(total as usize, "partition")
-    );
+    let added = (total - current) as usize;
+    println!("added {} to topic {name}: {} now", count(added, "partition"), count(total as usize, "partition"));
     Ok(())
 }
 

@@ -82,7 +82,7 @@ pub enum TopicCommand {
     },
     /// Delete a topic.
     Delete { name: String },
-    /// Add partitions to a topic: --num +N (or N) adds N, --num N --total grows it to N.
+    /// Add partitions to topics: --num +N (or N) adds N, --num N --total grows each to N.
     AddPartitions(crate::partition_tools::AddPartitionsArgs),
     /// Delete the records before an offset (DeleteRecords): the log start moves forward.
     Trim(crate::partition_tools::TrimArgs),
