@@ -29,7 +29,7 @@ pub struct SeekArgs {
     group: String,
     /// Where to: start, end, or a time (ms since the epoch or RFC 3339, optionally after
     /// an @): the first offset at or after it.
-    #[arg(long, conflicts_with_all = ["shift_by", "to_offset"], allow_hyphen_values = true)]
+    #[arg(long, conflicts_with_all = ["shift_by", "to_offset"])]
     to: Option<String>,
     /// This offset (kept within each log's start and end).
     #[arg(long, conflicts_with = "shift_by")]

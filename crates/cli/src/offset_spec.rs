@@ -60,6 +60,10 @@ impl FromStr for OffsetSpec {
 /// Milliseconds since the epoch, or an RFC 3339 time (`2026-12-06T17:00:00Z`).
 pub fn parse_time(given: &str) -> anyhow::Result<i64> {
     if let Ok(millis) = given.parse::<i64>() {
+        // Negative times are ListOffsets' own codes (-1 latest, -2 earliest, ...).
+        if millis < 0 {
+            bail!("time {given:?}: before 1970");
+        }
         return Ok(millis);
     }
     let time = humantime::parse_rfc3339_weak(given)
@@ -129,5 +133,6 @@ mod tests {
         assert_eq!("@2026-12-03T15:47:11.499Z".parse::<OffsetSpec>().unwrap(), OffsetSpec::Time(1_796_312_831_499));
         assert!("soon".parse::<OffsetSpec>().is_err());
         assert!("@yesterday".parse::<OffsetSpec>().is_err());
+        assert!("@-2".parse::<OffsetSpec>().is_err());
     }
 }
