@@ -17,6 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SLUICE_BIN = os.environ.get("SLUICE_BIN", str(REPO / "target" / "release" / "sluice"))
 START_TIMEOUT_S = 30.0
+# `sluice serve` arguments: a group's first member is assigned at once, not after Kafka's
+# 3 s of waiting for others to join (for tests of one member at a time).
+NO_REBALANCE_DELAY = ["--override", "group_initial_rebalance_delay_ms=0"]
 
 
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"

@@ -7,7 +7,7 @@ import subprocess
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from conftest import SLUICE_BIN
+from conftest import NO_REBALANCE_DELAY, SLUICE_BIN
 from test_cli_topics import table
 
 
@@ -27,7 +27,8 @@ def lag_rows(text: str) -> list[tuple[str, int, int, int, int]]:
     return [(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4])) for row in rows[1:]]
 
 
-def test_group_list_describe_reset_delete(broker):
+def test_group_list_describe_reset_delete(broker_factory):
+    broker = broker_factory(extra_args=NO_REBALANCE_DELAY)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("cli-t", 1)]).values():
         future.result(timeout=10)
@@ -122,7 +123,8 @@ def test_user_and_acl_commands_manage_what_clients_see(broker_factory):
     assert "under-replicated" in health and "0 offline" in health, health
 
 
-def test_a_group_with_a_live_member_is_described_and_not_reset(broker):
+def test_a_group_with_a_live_member_is_described_and_not_reset(broker_factory):
+    broker = broker_factory(extra_args=NO_REBALANCE_DELAY)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("live-t", 2)]).values():
         future.result(timeout=10)
@@ -138,11 +140,13 @@ def test_a_group_with_a_live_member_is_described_and_not_reset(broker):
         described = sluice_group(broker, "describe", "live-g")
         assert described.startswith("group live-g: 1 member, state Stable, protocol "), described
         members = table(described, "MEMBER")
-        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST"] and members[1][1] == "live-client", described
+        assert members[0] == ["MEMBER", "CLIENT-ID", "HOST", "ASSIGNED"], described
+        assert members[1][1] == "live-client" and members[1][3] == "live-t:0,1", described
         refused = sluice_group(broker, "reset-offsets", "live-g", "--topic", "live-t", "--to-earliest", "--execute",
                                ok=False)
         assert refused == "error: group live-g has 1 active member: stop them first\n", refused
         as_json = json.loads(sluice_group(broker, "describe", "live-g", "--format", "json"))
         assert as_json["state"] == "Stable" and [m["client_id"] for m in as_json["members"]] == ["live-client"]
+        assert as_json["members"][0]["assignment"] == [{"topic": "live-t", "partitions": [0, 1]}]
     finally:
         consumer.close()

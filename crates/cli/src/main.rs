@@ -1,9 +1,18 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
 mod cluster_health;
+mod cluster_tools;
+mod consume_tool;
+mod debug_bundle;
 mod dev_cluster;
+mod group_members;
+mod group_offsets;
 mod kafka_connection;
+mod offset_spec;
 mod output;
+mod partition_tools;
+mod produce_tool;
+mod record_format;
 mod reference;
 mod schema_tools;
 mod security_tools;
@@ -25,8 +34,10 @@ struct Cli {
     #[command(flatten)]
     connection: kafka_connection::ConnectionArgs,
     /// Output of the list and describe commands: text (aligned tables), json or yaml.
-    #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
-    format: output::Format,
+    /// Records of produce and consume: text (lines), json (an object per line) or a
+    /// kcat-style template such as '%k %v\n' (fields: `sluice consume --help`).
+    #[arg(long, short = 'f', global = true, default_value = "text", value_name = "FORMAT")]
+    format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -39,11 +50,14 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Create, list, describe, alter the configs of and delete topics.
     Topic(tools::TopicArgs),
-    /// Produce lines from stdin as records.
-    Produce(tools::ProduceArgs),
-    /// Print records of a topic.
-    Consume(tools::ConsumeArgs),
-    /// List, describe (members, lag), reset the offsets of, or delete consumer groups.
+    /// Produce records from stdin: lines, kcat-style templates or JSON lines.
+    #[command(after_help = record_format::RECORD_FORMAT_HELP)]
+    Produce(produce_tool::ProduceArgs),
+    /// Print records of a topic, alone or as a member of a consumer group.
+    #[command(after_help = record_format::RECORD_FORMAT_HELP)]
+    Consume(consume_tool::ConsumeArgs),
+    /// List, describe (members, assignments, lag), seek or reset the offsets of, or delete
+    /// consumer groups.
     Group(tools::GroupArgs),
     /// List share groups (queues, KIP-932) and describe one (members, start offsets, lag).
     Share(share_tools::ShareArgs),
@@ -51,8 +65,10 @@ enum Command {
     Acl(security_tools::AclArgs),
     /// List, add or delete SCRAM users (kafka-configs --entity-type users), over any listener.
     User(security_tools::UserArgs),
-    /// Show the cluster's brokers and partition health; `cluster health --wait` for scripts.
-    Cluster(tools::ClusterArgs),
+    /// Show the cluster's id, brokers and versions; get or set broker configs.
+    Cluster(cluster_tools::ClusterArgs),
+    /// Collect what support needs into a tarball (no secrets).
+    Debug(debug_bundle::DebugArgs),
     /// Register, list, show, check, delete schemas in the Schema Registry (its REST API).
     Schema(schema_tools::SchemaArgs),
     /// Run a local cluster of N nodes as separate processes on 127.0.0.1.
@@ -105,20 +121,20 @@ fn end_quietly_on_a_closed_pipe() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let (connection, format) = (&cli.connection, cli.format);
+    let connection = &cli.connection;
+    // Tables and documents; produce and consume read the flag as a record format.
+    let format = || output::Format::parse(&cli.format);
     match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Topic(args) => tools::topic(connection, format, args),
-        Command::Produce(args) => tools::produce(connection, args),
-        Command::Group(args) => tools::group(connection, format, args),
-        Command::Share(args) => share_tools::share(connection, format, args),
-        Command::Acl(args) => security_tools::acl(connection, format, args),
-        Command::User(args) => security_tools::user(connection, format, args),
-        Command::Consume(args) => tools::consume(connection, args),
-        Command::Cluster(tools::ClusterArgs { command: None }) => tools::cluster(connection, format),
-        Command::Cluster(tools::ClusterArgs { command: Some(tools::ClusterCommand::Health(args)) }) => {
-            cluster_health::health(connection, format, args)
-        }
+        Command::Topic(args) => tools::topic(connection, format()?, args),
+        Command::Produce(args) => produce_tool::produce(connection, &cli.format, args),
+        Command::Group(args) => tools::group(connection, format()?, args),
+        Command::Share(args) => share_tools::share(connection, format()?, args),
+        Command::Acl(args) => security_tools::acl(connection, format()?, args),
+        Command::User(args) => security_tools::user(connection, format()?, args),
+        Command::Consume(args) => consume_tool::consume(connection, &cli.format, args),
+        Command::Cluster(args) => cluster_tools::cluster(connection, format()?, args),
+        Command::Debug(args) => debug_bundle::debug(connection, args),
         Command::Schema(args) => schema_tools::schema(args),
         Command::DevCluster(args) => dev_cluster::run(args),
         Command::Completions(args) => reference::completions(Cli::command(), args),

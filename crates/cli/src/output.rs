@@ -11,7 +11,7 @@ use serde::Serialize;
 const COLUMN_GAP: u16 = 2;
 
 /// The output format of the list and describe commands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Format {
     /// Aligned tables for a person.
     #[default]
@@ -23,6 +23,16 @@ pub enum Format {
 }
 
 impl Format {
+    /// `--format` as the list and describe commands read it.
+    pub fn parse(given: &str) -> anyhow::Result<Format> {
+        match given {
+            "text" => Ok(Format::Text),
+            "json" => Ok(Format::Json),
+            "yaml" => Ok(Format::Yaml),
+            other => anyhow::bail!("--format {other:?}: must be text, json or yaml"),
+        }
+    }
+
     /// Prints `value` as JSON or YAML and returns true, or returns false for text (the
     /// caller then prints its tables).
     pub fn document<T: Serialize>(self, value: &T) -> anyhow::Result<bool> {

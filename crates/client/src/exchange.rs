@@ -57,4 +57,7 @@ exchanges! {
     AlterUserScramCredentials: AlterUserScramCredentialsRequest => AlterUserScramCredentialsResponse,
     OffsetCommit: OffsetCommitRequest => OffsetCommitResponse,
     DeleteGroups: DeleteGroupsRequest => DeleteGroupsResponse,
+    DeleteRecords: DeleteRecordsRequest => DeleteRecordsResponse,
+    OffsetDelete: OffsetDeleteRequest => OffsetDeleteResponse,
+    ApiVersions: ApiVersionsRequest => ApiVersionsResponse,
 }
