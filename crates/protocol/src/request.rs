@@ -93,6 +93,9 @@ pub fn encode_response(
         ResponseKind::ShareAcknowledge(response) => {
             share_wire::encode_acknowledge_response(response, api_version, &mut out)?
         }
+        ResponseKind::DescribeShareGroupOffsets(response) => {
+            share_wire::encode_described_offsets(response, api_version, &mut out)?
+        }
         _ => body.encode(&mut out, share_wire::codec_version(api_key, api_version))?,
     }
     let size = i32::try_from(out.len() - 4)?;
