@@ -407,7 +407,13 @@ impl SluiceBroker {
             ];
             args.extend(extra.iter().cloned());
             let prefix = format!("sluice-bench-sluice-node{}", i + 1);
-            started.push(Self::start_node(bin, ports[i], tls_port(i), &prefix, &args, tls, memory)?);
+            started.push(Self::spawn_node(bin, ports[i], tls_port(i), &prefix, &args, tls, memory)?);
+        }
+        // A node answers clients only once the quorum has registered it, so every node is
+        // started before any is waited for (as Kafka's combined-mode nodes).
+        for node in &mut started {
+            node.wait_ready(None)?;
+            println!("Started sluice (pid {}) on {}{}", node.pid(), node.bootstrap, cap_note(node));
         }
         let set = BrokerSet { nodes: started };
         set.wait_registered()?;
@@ -415,6 +421,22 @@ impl SluiceBroker {
     }
 
     fn start_node(
+        bin: &Path,
+        port: u16,
+        tls_port: Option<u16>,
+        dir_prefix: &str,
+        extra: &[String],
+        tls: Option<&crate::tls::BenchTls>,
+        memory: Option<BrokerMemoryLimit>,
+    ) -> anyhow::Result<BrokerProcess> {
+        let mut broker = Self::spawn_node(bin, port, tls_port, dir_prefix, extra, tls, memory)?;
+        broker.wait_ready(None)?;
+        println!("Started sluice (pid {}) on {}{}", broker.pid(), broker.bootstrap, cap_note(&broker));
+        Ok(broker)
+    }
+
+    /// A `sluice serve` process, started, not yet waited for.
+    fn spawn_node(
         bin: &Path,
         port: u16,
         tls_port: Option<u16>,
@@ -468,7 +490,7 @@ impl SluiceBroker {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {} serve", bin.display()))?;
-        let mut broker = BrokerProcess {
+        Ok(BrokerProcess {
             child: Some(child),
             name: "sluice",
             bootstrap: listen,
@@ -478,10 +500,7 @@ impl SluiceBroker {
             keep_data: false,
             log_copy: None,
             cgroup,
-        };
-        broker.wait_ready(None)?;
-        println!("Started sluice (pid {}) on {}{}", broker.pid(), broker.bootstrap, cap_note(&broker));
-        Ok(broker)
+        })
     }
 }
 
