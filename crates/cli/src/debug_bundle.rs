@@ -21,10 +21,11 @@ use kafka_protocol::protocol::StrBytes;
 use serde_json::{json, Value};
 use sluice_client::check;
 
+use crate::cluster_queries::{committed_offsets, coordinator};
 use crate::cluster_tools::{broker_configs, broker_versions};
 use crate::kafka_connection::{Cluster, ConnectionArgs};
 use crate::output::rfc3339_millis;
-use crate::tools::{committed_offsets, config_source, coordinator};
+use crate::tools::config_source;
 
 /// The directory every file of the bundle is under.
 const BUNDLE_DIR: &str = "sluice-bundle";

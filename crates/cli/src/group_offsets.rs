@@ -15,11 +15,11 @@ use kafka_protocol::protocol::StrBytes;
 use serde::Serialize;
 use sluice_client::check;
 
+use crate::cluster_queries::{committed_offsets, coordinator, described_group, offsets_of_topics, topic_name};
+use crate::cluster_queries::{EARLIEST_TIMESTAMP, LATEST_TIMESTAMP};
 use crate::kafka_connection::Cluster;
 use crate::offset_spec::{parse_time, OffsetSpec};
 use crate::output::{count, Format, TextTable};
-use crate::tools::{committed_offsets, coordinator, described_group, offsets_of_topics, topic_name};
-use crate::tools::{EARLIEST_TIMESTAMP, LATEST_TIMESTAMP};
 
 const OFFSET_COMMIT_VERSION: i16 = 8;
 const OFFSET_DELETE_VERSION: i16 = 0;

@@ -1,6 +1,7 @@
 //! `sluice`: the one binary. `serve` runs a broker; the other subcommands are tools.
 
 mod cluster_health;
+mod cluster_queries;
 mod cluster_tools;
 mod consume_tool;
 mod debug_bundle;

@@ -10,8 +10,8 @@ use std::time::UNIX_EPOCH;
 
 use anyhow::{bail, Context};
 
+use crate::cluster_queries::{offsets_of_topics, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP};
 use crate::kafka_connection::Cluster;
-use crate::tools::{offsets_of_topics, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP};
 
 /// What ListOffsets answers for a time after the last record.
 const NO_OFFSET: i64 = -1;

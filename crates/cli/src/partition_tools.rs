@@ -13,10 +13,10 @@ use kafka_protocol::messages::{CreatePartitionsRequest, DeleteRecordsRequest};
 use serde::Serialize;
 use sluice_client::check;
 
+use crate::cluster_queries::topic_name;
 use crate::kafka_connection::{Cluster, ConnectionArgs};
 use crate::offset_spec::OffsetSpec;
 use crate::output::{count, Format, TextTable};
-use crate::tools::topic_name;
 
 /// How long the broker may take to add partitions or to delete records.
 const BROKER_TIMEOUT_MS: i32 = 30_000;

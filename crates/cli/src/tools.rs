@@ -1,25 +1,25 @@
-//! `sluice topic` and `sluice group`, and the lookups other tools share (offsets by time,
-//! a group's coordinator and committed offsets). They speak the Kafka protocol through
+//! `sluice topic` and `sluice group`. They speak the Kafka protocol through
 //! `sluice-client`, over any listener (TLS, SASL), so a refused request is reported in the
 //! broker's own words and nothing is created by a command that only reads.
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
-use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
 use kafka_protocol::messages::{
-    BrokerId, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
-    DescribeGroupsRequest, GroupId, IncrementalAlterConfigsRequest, ListGroupsRequest, ListOffsetsRequest,
-    OffsetFetchRequest, TopicName,
+    CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest, DescribeConfigsRequest, GroupId,
+    IncrementalAlterConfigsRequest, ListGroupsRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use serde::Serialize;
 use sluice_client::check;
 
+use crate::cluster_queries::{
+    committed_offsets, coordinator, described_group, list_offsets, offsets_of_topics, topic_name, EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+};
 use crate::group_members::{assignment_cell, classic_group, consumer_protocol_group, MemberView};
 use crate::group_offsets::{commit, ensure_without_members};
 use crate::kafka_connection::{Cluster, ConnectionArgs};
@@ -33,12 +33,6 @@ const CREATE_TOPICS_VERSION: i16 = 5;
 const DELETE_TOPICS_VERSION: i16 = 5;
 const DESCRIBE_CONFIGS_VERSION: i16 = 4;
 const ALTER_CONFIGS_VERSION: i16 = 1;
-const LIST_OFFSETS_VERSION: i16 = 7;
-/// ListOffsets timestamps: the log start and the high watermark.
-pub(crate) const EARLIEST_TIMESTAMP: i64 = -2;
-pub(crate) const LATEST_TIMESTAMP: i64 = -1;
-/// ListOffsets from a client, not a follower.
-const CONSUMER_REPLICA_ID: i32 = -1;
 /// DescribeConfigs / IncrementalAlterConfigs resource type of a topic.
 const RESOURCE_TOPIC: i8 = 2;
 const CONFIG_SET: i8 = 0;
@@ -46,11 +40,6 @@ const CONFIG_DELETE: i8 = 1;
 const DELETE_GROUPS_VERSION: i16 = 2;
 /// ListGroups v5 filters by group type (classic and consumer; `sluice share` lists shares).
 const LIST_GROUPS_VERSION: i16 = 5;
-const DESCRIBE_GROUPS_VERSION: i16 = 5;
-/// OffsetFetch v8: groups in a list, all of a group's topics at once.
-const OFFSET_FETCH_VERSION: i16 = 8;
-/// Metadata error code of a topic the cluster does not have.
-const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 /// DeleteGroups error codes said in the tool's own words.
 const NON_EMPTY_GROUP: i16 = 68;
 const GROUP_ID_NOT_FOUND: i16 = 69;
@@ -103,10 +92,6 @@ fn pairs(flag: &str, given: &[String]) -> anyhow::Result<Vec<(String, String)>> 
             _ => bail!("{flag} {pair:?} is not KEY=VALUE"),
         })
         .collect()
-}
-
-pub(crate) fn topic_name(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
 }
 
 pub fn topic(connection: &ConnectionArgs, format: Format, args: TopicArgs) -> anyhow::Result<()> {
@@ -337,33 +322,6 @@ fn describe_topic(cluster: &mut Cluster, format: Format, name: &str) -> anyhow::
     Ok(())
 }
 
-/// The offsets at `timestamp` (earliest or latest) of `partitions` of `topic`, asked of
-/// their leader.
-pub(crate) fn list_offsets(
-    leader: &mut sluice_client::KafkaConnection,
-    topic: &str,
-    partitions: &[i32],
-    timestamp: i64,
-) -> anyhow::Result<BTreeMap<i32, i64>> {
-    let mut request = ListOffsetsRequest::default();
-    request.replica_id = BrokerId(CONSUMER_REPLICA_ID);
-    request.topics = vec![ListOffsetsTopic::default().with_name(topic_name(topic)).with_partitions(
-        partitions
-            .iter()
-            .map(|&index| ListOffsetsPartition::default().with_partition_index(index).with_timestamp(timestamp))
-            .collect(),
-    )];
-    let response = leader.send(LIST_OFFSETS_VERSION, request)?;
-    let mut offsets = BTreeMap::new();
-    for answered in response.topics {
-        for partition in answered.partitions {
-            check(partition.error_code, None, &format!("offsets of {topic}-{}", partition.partition_index))?;
-            offsets.insert(partition.partition_index, partition.offset);
-        }
-    }
-    Ok(offsets)
-}
-
 #[derive(Debug, clap::Subcommand)]
 pub enum GroupCommand {
     /// List consumer groups with their state.
@@ -470,12 +428,6 @@ pub fn group(connection: &ConnectionArgs, format: Format, args: GroupArgs) -> an
     Ok(())
 }
 
-/// A connection to `group`'s coordinator.
-pub(crate) fn coordinator(cluster: &Cluster, group: &str) -> anyhow::Result<sluice_client::KafkaConnection> {
-    let address = crate::share_tools::coordinator(&cluster.connector, cluster.bootstrap.address(), group)?;
-    cluster.connect(&address)
-}
-
 /// DeleteGroups at the group's coordinator.
 fn delete_group(cluster: &Cluster, group: &str) -> anyhow::Result<()> {
     let mut request = DeleteGroupsRequest::default();
@@ -489,83 +441,6 @@ fn delete_group(cluster: &Cluster, group: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The group as DescribeGroups answers it, or "group NAME does not exist".
-pub(crate) fn described_group(
-    coordinator: &mut sluice_client::KafkaConnection,
-    group: &str,
-) -> anyhow::Result<kafka_protocol::messages::describe_groups_response::DescribedGroup> {
-    let mut request = DescribeGroupsRequest::default();
-    request.groups = vec![GroupId(StrBytes::from_string(group.to_string()))];
-    let response = coordinator.send(DESCRIBE_GROUPS_VERSION, request)?;
-    let described = response.groups.into_iter().next().context("DescribeGroups: no answer")?;
-    if described.error_code == GROUP_ID_NOT_FOUND || described.group_state.as_str() == "Dead" {
-        bail!("group {group} does not exist");
-    }
-    check(described.error_code, described.error_message.as_deref(), &format!("describing group {group}"))?;
-    Ok(described)
-}
-
-/// (topic, partition) -> committed offset of every partition the group committed.
-pub(crate) fn committed_offsets(
-    coordinator: &mut sluice_client::KafkaConnection,
-    group: &str,
-) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
-    let mut wanted = OffsetFetchRequestGroup::default();
-    wanted.group_id = GroupId(StrBytes::from_string(group.to_string()));
-    wanted.topics = None;
-    let mut request = OffsetFetchRequest::default();
-    request.groups = vec![wanted];
-    let response = coordinator.send(OFFSET_FETCH_VERSION, request)?;
-    let answered = response.groups.into_iter().next().context("OffsetFetch: no answer")?;
-    check(answered.error_code, None, &format!("committed offsets of group {group}"))?;
-    let mut committed = BTreeMap::new();
-    for topic in answered.topics {
-        for partition in topic.partitions {
-            check(
-                partition.error_code,
-                None,
-                &format!("committed offset of {}-{}", topic.name.as_str(), partition.partition_index),
-            )?;
-            if partition.committed_offset >= 0 {
-                committed.insert((topic.name.to_string(), partition.partition_index), partition.committed_offset);
-            }
-        }
-    }
-    Ok(committed)
-}
-
-/// The offsets at `timestamp` (earliest or latest) of every partition of `topics`, asked of
-/// their leaders.
-pub(crate) fn offsets_of_topics(
-    cluster: &mut Cluster,
-    topics: &[&str],
-    timestamp: i64,
-) -> anyhow::Result<BTreeMap<(String, i32), i64>> {
-    let mut offsets = BTreeMap::new();
-    if topics.is_empty() {
-        return Ok(offsets);
-    }
-    let metadata = cluster.metadata(Some(topics))?;
-    let addresses = Cluster::addresses(&metadata);
-    for topic in &metadata.topics {
-        let Some(name) = topic.name.as_ref().map(|n| n.to_string()) else { continue };
-        if topic.error_code == UNKNOWN_TOPIC_OR_PARTITION {
-            continue;
-        }
-        check(topic.error_code, None, &format!("topic {name}"))?;
-        let mut by_leader: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
-        for partition in &topic.partitions {
-            by_leader.entry(partition.leader_id.0).or_default().push(partition.partition_index);
-        }
-        for (leader, partitions) in by_leader {
-            let Some(address) = addresses.get(&leader) else { continue };
-            let found = list_offsets(&mut cluster.connect(address)?, &name, &partitions, timestamp)?;
-            offsets.extend(found.into_iter().map(|(partition, offset)| ((name.clone(), partition), offset)));
-        }
-    }
-    Ok(offsets)
 }
 
 #[derive(Serialize)]
