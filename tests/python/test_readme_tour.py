@@ -86,3 +86,11 @@ def test_every_line_of_the_readme_tour_runs(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
         broker.stop()
+
+
+def test_the_help_shows_the_tour():
+    """`sluice --help` ends with the tour's first block, taken from the README itself."""
+    shown = subprocess.run([SLUICE_BIN, "--help"], capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    for line in tour_blocks()[0]:
+        assert line in shown.stdout, f"{line!r} is not in `sluice --help`"

@@ -23,7 +23,7 @@ mod tools;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Hostile array lengths in requests must not abort the broker (see `GuardedAllocator`).
 #[global_allocator]
@@ -97,8 +97,23 @@ struct BenchMissing {
 
 /// Errors are printed as one line, `error: what: why` (anyhow's chain, no backtrace): the
 /// reader is an operator, not a debugger.
+/// The README, whose five-minute tour `sluice --help` shows (one text: the tour a reader
+/// types is the one the test suite runs, `tests/python/test_readme_tour.py`).
+const README: &str = include_str!("../../../README.md");
+
+/// The first shell block of the README's tour, as help text.
+fn tour() -> String {
+    let section = README.split("## A five-minute tour").nth(1).unwrap_or_default();
+    let block = section.split("```sh\n").nth(1).and_then(|rest| rest.split("```").next()).unwrap_or_default();
+    format!("A five-minute tour (with `sluice serve` running):\n\n{block}")
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().after_help(tour()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
     if !matches!(cli.command, Command::Serve(_) | Command::DevCluster(_) | Command::Bench(_)) {
         end_quietly_on_a_closed_pipe();
     }
