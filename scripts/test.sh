@@ -145,6 +145,9 @@ if [ -n "$browser_pid" ]; then
   fi
   browser_pid=""
 fi
+# Free space where the builds and the tests' data dirs live: the tests keep a directory only
+# when they fail (tests/python/pytest.ini), so a full disk shows here first.
+df -h . "${TMPDIR:-/tmp}" | sed 's/^/   /'
 # Two worker processes (pytest-xdist): most tests wait on sockets, timers and child
 # processes, and one process at a time left the 2 cores three-quarters idle. Each worker
 # picks listen ports from a range of its own (conftest.free_port).

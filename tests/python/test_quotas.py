@@ -28,15 +28,17 @@ def configs(tools_cp, broker, *args):  # noqa: F811
 
 
 class ProduceMeter:
-    """Produces as fast as the client lets it and records (time, delivered bytes)."""
+    """Produces as fast as the client lets it, or at most `max_rate` bytes/s, and records
+    (time, delivered bytes)."""
 
-    def __init__(self, bootstrap: str, client_id: str, topic: str):
+    def __init__(self, bootstrap: str, client_id: str, topic: str, max_rate: float | None = None):
         self.producer = Producer({
             # Small batches and queue: the throttle acts per request rather than per burst.
             "bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5, "batch.size": 32768,
             "queue.buffering.max.kbytes": 128, "acks": "all",
         })
         self.topic = topic
+        self.max_rate = max_rate
         self.delivered = 0
         self.throttle_reports = 0
         self.samples: list[tuple[float, int]] = []
@@ -47,7 +49,11 @@ class ProduceMeter:
             self.delivered += len(msg.value())
 
     def run(self):
+        started = time.monotonic()
         while not self.stop.is_set():
+            if self.max_rate is not None and self.delivered > self.max_rate * (time.monotonic() - started):
+                self.producer.poll(0.005)
+                continue
             try:
                 self.producer.produce(self.topic, VALUE, on_delivery=self._on_delivery)
             except BufferError:
@@ -106,7 +112,9 @@ def test_producer_byte_rate_holds_a_client_to_its_quota(broker, tools_cp):  # no
     assert f"producer_byte_rate={QUOTA_BYTES_PER_S}" in described, described
 
     throttled = ProduceMeter(broker.bootstrap, "throttled", "quota-topic")
-    free = ProduceMeter(broker.bootstrap, "free", "quota-topic")
+    # The other client is held (client-side) to 10 times the quota: far above it, yet a bounded
+    # amount of data on disk (unbounded, it writes GiBs in the 43 s).
+    free = ProduceMeter(broker.bootstrap, "free", "quota-topic", max_rate=10 * QUOTA_BYTES_PER_S)
     started = run_side_by_side([throttled, free], seconds=43, join_timeout=60)
     steady = throttled.cycle_rate(QUOTA_BYTES_PER_S)
     timeline = [(round(t - started, 1), b) for t, b in throttled.samples[::2]]
