@@ -1,18 +1,19 @@
 """The web console (`--console-listen`), driven in a real headless Chromium: the overview, the
 topics list and its filter, a topic's partitions and configs, its messages (newest, from an
 offset, one partition, filtered; keys, values and headers shown as text, JSON, hex, null or
-empty), a consumer group's members, assignment and lag, on a laptop-size and a phone-size
-screen. With SASL users, visitors log in as Kafka clients do and each sees only what its ACLs
+empty), a consumer group's members, assignment and lag, its positions moved (a plan shown
+first), deleted, and the group deleted, on a laptop-size and a phone-size screen. With SASL users, visitors log in as Kafka clients do and each sees only what its ACLs
 allow."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic,
                                    ResourcePatternType, ResourceType)
 from selenium.webdriver.common.by import By
@@ -207,6 +208,159 @@ def test_topics_are_created_changed_produced_to_and_deleted_in_the_browser(broke
     browser.get(console + "/topics")
     assert "forged" not in browser.find_element(By.ID, "topics").text
     shoot(browser, "create-topic")
+
+
+def consume_and_commit(bootstrap: str, group: str, topic: str, count: int) -> Consumer:
+    """A member of `group` that has read and committed `count` records of `topic`; still in the group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    read = 0
+    deadline = time.monotonic() + 30
+    while read < count and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            read += 1
+    assert read == count, f"read {read} of {count}"
+    consumer.commit(asynchronous=False)
+    return consumer
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        found = probe.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return [tp.offset for tp in found]
+    finally:
+        probe.close()
+
+
+def test_a_groups_positions_are_planned_moved_deleted_and_the_group_deleted_in_the_browser(
+        broker_factory, browser):  # noqa: F811
+    port = free_port()
+    broker = broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}"])
+    console = f"http://127.0.0.1:{port}"
+    create_topic(broker.bootstrap, "ledger", 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(20):
+        producer.produce("ledger", value=f"entry {i}", partition=i % 2)
+    assert producer.flush(30) == 0
+    member = consume_and_commit(broker.bootstrap, "auditors", "ledger", 20)
+
+    def submit(button: str, selects: dict | None = None, **fields):
+        for field, value in (selects or {}).items():
+            Select(browser.find_element(By.ID, field)).select_by_value(value)
+        for field, value in fields.items():
+            element = browser.find_element(By.ID, field)
+            element.clear()
+            element.send_keys(value)
+        browser.find_element(By.ID, button).click()
+
+    # With a member in the group the plan is shown, and why it cannot be applied.
+    browser.get(console + "/groups/auditors")
+    wait_for_text(browser, "#group-lag", "0")
+    submit("plan-reset", {"reset-to": "earliest"})
+    wait_for_text(browser, "#refused", "has an active member")
+    assert texts(browser, "#plan tbody tr") == ["ledger 0 10 0", "ledger 1 10 0"]
+    assert not browser.find_elements(By.ID, "apply-reset")
+    member.close()
+
+    # Empty, the group's positions move once the plan is confirmed.
+    browser.get(console + "/groups/auditors")
+    submit("plan-reset", {"reset-to": "shift"}, **{"reset-value": "-4"})
+    wait_for_element(browser, "#apply-reset")
+    assert texts(browser, "#plan tbody tr") == ["ledger 0 10 6", "ledger 1 10 6"]
+    assert committed(broker.bootstrap, "auditors", "ledger", 2) == [10, 10], "a plan alone changed the offsets"
+    browser.find_element(By.ID, "apply-reset").click()
+    wait_for_text(browser, "#done", "moved 2 positions of group auditors")
+    assert browser.find_element(By.ID, "group-lag").text == "8"
+    assert committed(broker.bootstrap, "auditors", "ledger", 2) == [6, 6]
+    # Bad input is refused with the reason.
+    submit("plan-reset", {"reset-to": "offset"}, **{"reset-value": "soon"})
+    wait_for_text(browser, "#refused", "the offset must be a whole number")
+
+    # Deleting the group asks for its id first.
+    submit("delete-group", **{"delete-group-confirm": "audit"})
+    wait_for_text(browser, "#refused", "type the group's id")
+    submit("delete-group", **{"delete-group-confirm": "auditors"})
+    wait_for_element(browser, "#groups")
+    assert "auditors" not in browser.find_element(By.ID, "groups").text
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    listed = admin.list_consumer_groups().result(timeout=10)
+    assert "auditors" not in [g.group_id for g in listed.valid]
+
+    # Another group's positions in one topic are deleted, the rest kept.
+    create_topic(broker.bootstrap, "journal", 1)
+    producer.produce("journal", value="j0")
+    producer.produce("journal", value="j1")
+    assert producer.flush(30) == 0
+    positions = [TopicPartition("ledger", 0, 3), TopicPartition("journal", 0, 1)]
+    for future in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("archivists", positions)]).values():
+        future.result(timeout=10)
+    browser.get(console + "/groups/archivists")
+    submit("delete-offsets", {"delete-offsets-topic": "ledger"})
+    wait_for_text(browser, "#done", "deleted the positions of group archivists in ledger")
+    assert texts(browser, "#positions tbody tr") == ["journal 0 1 2 1"]
+
+
+def chart_values(driver, css: str) -> tuple[int, int, int]:
+    """(points, last, largest) of a chart as the page shows it now."""
+    chart = driver.find_element(By.CSS_SELECTOR, css)
+    return tuple(int(chart.get_attribute(f"data-{name}")) for name in ("points", "last", "max"))
+
+
+def wait_for_chart(driver, css: str, done, timeout: float = 30) -> tuple[int, int, int]:
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        try:
+            seen = chart_values(driver, css)
+            if done(*seen):
+                return seen
+        except Exception:  # the chart is being swapped in place
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{css}: (points, last, max) stayed {seen}")
+
+
+def test_a_groups_lag_rises_and_falls_on_its_chart_and_topics_show_their_rate(broker_factory, browser):  # noqa: F811
+    port = free_port()
+    broker = broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}",
+                                        "--override", "console_history_interval_ms=1000"])
+    console = f"http://127.0.0.1:{port}"
+    create_topic(broker.bootstrap, "clicks", 2)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    # The group starts at offset 0 of each partition, with nothing to read yet.
+    offsets = [TopicPartition("clicks", p, 0) for p in range(2)]
+    for future in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("trend", offsets)]).values():
+        future.result(timeout=10)
+    browser.get(console + "/groups/trend")
+    wait_for_chart(browser, "#lag-chart", lambda points, last, top: points >= 2 and last == 0)
+
+    # 60 records arrive: the lag rises on the chart, which redraws itself in place.
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(60):
+        producer.produce("clicks", value=f"click {i}", partition=i % 2)
+    assert producer.flush(30) == 0
+    wait_for_chart(browser, "#lag-chart", lambda points, last, top: last == 60)
+    # The group reads them: the lag falls back, and the chart keeps the peak.
+    consume_and_commit(broker.bootstrap, "trend", "clicks", 60).close()
+    points, last, top = wait_for_chart(browser, "#lag-chart", lambda points, last, top: last == 0 and top == 60)
+    shoot(browser, "group-lag")
+
+    # The topic's and the cluster's messages per second saw the 60 records.
+    browser.get(console + "/topics/clicks")
+    wait_for_chart(browser, "#rate-chart", lambda points, last, top: top > 0)
+    browser.get(console + "/")
+    wait_for_chart(browser, "#cluster-rate-chart", lambda points, last, top: top > 0)
+    # The day's window keeps every 30th sample, from the first.
+    browser.get(console + "/groups/trend")
+    browser.find_element(By.LINK_TEXT, "last day").click()
+    wait_for_chart(browser, "#lag-chart", lambda points, last, top: points >= 1)
+    assert "window=24h" in browser.current_url
+    # The chart's own route (what the page polls) draws the same.
+    with urllib.request.urlopen(console + "/groups/trend/lag-chart", timeout=10) as answer:
+        assert b'data-max="60"' in answer.read()
 
 
 def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, browser):  # noqa: F811

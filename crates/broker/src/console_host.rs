@@ -9,11 +9,16 @@
 //! own port, and a SCRAM login proves both sides anyway).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use sluice_console::{ConsoleConfig, Login, SaslMechanism, Settings};
-use sluice_security::SecurityProtocol;
+use sluice_security::{SecurityProtocol, INTER_BROKER_USER};
 
 use crate::Broker;
+
+/// The console's own bound on its history interval is the one the config validates.
+const _: () =
+    assert!(sluice_config::CONSOLE_HISTORY_INTERVAL_MS_MIN as u128 == sluice_console::HISTORY_INTERVAL_MIN.as_millis());
 
 /// SASL mechanisms the console logs in with, in the order tried.
 const LOGIN_MECHANISMS: [&str; 3] = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"];
@@ -58,7 +63,18 @@ pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
             Login::Sasl(mechanisms)
         }
     };
-    Ok(ConsoleConfig { bootstrap: reachable(chosen.bind).to_string(), settings, login, tls: None })
+    // With logins, the history sampler is the brokers' own user (a super user whose
+    // password comes from the cluster's shared secret); without, it is anonymous as any visitor.
+    let history_login =
+        broker.inter_broker.password().map(|password| (INTER_BROKER_USER.to_string(), password.to_string()));
+    Ok(ConsoleConfig {
+        bootstrap: reachable(chosen.bind).to_string(),
+        settings,
+        login,
+        tls: None,
+        history_interval: Duration::from_millis(broker.config().console_history_interval_ms),
+        history_login,
+    })
 }
 
 /// `bind` as an address to connect to: a wildcard bind is reached on loopback.

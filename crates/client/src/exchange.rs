@@ -59,5 +59,7 @@ exchanges! {
     DeleteGroups: DeleteGroupsRequest => DeleteGroupsResponse,
     DeleteRecords: DeleteRecordsRequest => DeleteRecordsResponse,
     OffsetDelete: OffsetDeleteRequest => OffsetDeleteResponse,
+    AlterShareGroupOffsets: AlterShareGroupOffsetsRequest => AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsets: DeleteShareGroupOffsetsRequest => DeleteShareGroupOffsetsResponse,
     ApiVersions: ApiVersionsRequest => ApiVersionsResponse,
 }

@@ -95,6 +95,9 @@ pub struct BrokerConfig {
     pub schema_registry_tls: bool,
     /// Where the web console is served over HTTP; off when unset.
     pub console_listen: Option<SocketAddr>,
+    /// How often the console samples each group's lag and each topic's end offsets for its
+    /// charts (at least `CONSOLE_HISTORY_INTERVAL_MS_MIN`).
+    pub console_history_interval_ms: u64,
     /// Where AMQP 0-9-1 clients (RabbitMQ's) connect; off when unset (5672 by convention).
     pub amqp_listen: Option<SocketAddr>,
     /// Kafka's `listeners` (`NAME://host:port,...`); replaces `listen` when set.
@@ -395,6 +398,7 @@ impl Default for BrokerConfig {
             metrics_listen: None,
             schema_registry_listen: None,
             console_listen: None,
+            console_history_interval_ms: 10_000,
             amqp_listen: None,
             schema_registry_tls: false,
             listeners: None,
@@ -459,6 +463,8 @@ const QUEUED_REQUEST_BYTES_MIN: usize = 1024 * 1024;
 
 /// The smallest `log.cleaner.dedupe.buffer.size` (Kafka's minimum is 1 MiB per thread).
 const LOG_CLEANER_DEDUPE_BUFFER_MIN: u64 = 1024 * 1024;
+/// The shortest interval between the console's history samples.
+pub const CONSOLE_HISTORY_INTERVAL_MS_MIN: u64 = 500;
 
 impl BrokerConfig {
     /// The log cleaner's settings.
@@ -480,6 +486,12 @@ impl BrokerConfig {
             return Err("schema_registry_tls needs schema_registry_listen (--schema-registry-listen)".into());
         }
         self.amqp_listeners()?;
+        if self.console_history_interval_ms < CONSOLE_HISTORY_INTERVAL_MS_MIN {
+            return Err(format!(
+                "console_history_interval_ms must be at least {CONSOLE_HISTORY_INTERVAL_MS_MIN}, got {}",
+                self.console_history_interval_ms
+            ));
+        }
         if self.max_request_bytes < 1024 || self.max_request_bytes > i32::MAX as usize {
             return Err(format!("max_request_bytes must be in [1024, {}], got {}", i32::MAX, self.max_request_bytes));
         }

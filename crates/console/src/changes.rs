@@ -17,6 +17,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use crate::admin::{self, NewRecord};
+use crate::history::Window;
 use crate::pages::{render, session_of, topic_page, Chrome, Outcome};
 use crate::Console;
 
@@ -146,7 +147,7 @@ where
         Ok(done) => Outcome::Done(done),
         Err(why) => Outcome::Refused(why),
     };
-    topic_page(&session, name, outcome).await
+    topic_page(console, &session, name, outcome, Window::Recent).await
 }
 
 #[derive(Deserialize)]
@@ -227,7 +228,9 @@ pub async fn delete_topic(
     };
     match admin::delete_topic(&session.cluster, &name).await {
         Ok(()) => Redirect::to("/topics").into_response(),
-        Err(error) => topic_page(&session, name, Outcome::Refused(format!("{error:#}"))).await,
+        Err(error) => {
+            topic_page(&console, &session, name, Outcome::Refused(format!("{error:#}")), Window::Recent).await
+        }
     }
 }
 

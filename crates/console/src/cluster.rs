@@ -34,6 +34,11 @@ pub mod versions {
     pub const DELETE_TOPICS: i16 = 6;
     pub const INCREMENTAL_ALTER_CONFIGS: i16 = 1;
     pub const PRODUCE: i16 = 9;
+    pub const OFFSET_COMMIT: i16 = 8;
+    pub const OFFSET_DELETE: i16 = 0;
+    pub const DELETE_GROUPS: i16 = 2;
+    pub const ALTER_SHARE_GROUP_OFFSETS: i16 = 0;
+    pub const DELETE_SHARE_GROUP_OFFSETS: i16 = 0;
 }
 
 /// Idle connections kept per broker.

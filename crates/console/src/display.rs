@@ -119,6 +119,9 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
+/// What [`parse_time`] takes, said to a user whose text it refused.
+pub const TIME_FORMS: &str = "the time must be YYYY-MM-DD, YYYY-MM-DD HH:MM[:SS] (UTC) or milliseconds since 1970";
+
 /// Parses `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM` or `YYYY-MM-DD HH:MM:SS` (UTC) as ms since the
 /// epoch, or a plain number as ms.
 pub fn parse_time(text: &str) -> Option<i64> {

@@ -143,7 +143,7 @@ pub async fn group_detail(client: &Arc<ClusterClient>, id: &str) -> anyhow::Resu
     Ok(GroupDetail { row, coordinator, members, offsets })
 }
 
-async fn coordinator_of(client: &Arc<ClusterClient>, id: &str) -> anyhow::Result<(i32, String)> {
+pub async fn coordinator_of(client: &Arc<ClusterClient>, id: &str) -> anyhow::Result<(i32, String)> {
     let mut request = FindCoordinatorRequest::default();
     request.key_type = GROUP_KEY;
     request.coordinator_keys = vec![StrBytes::from_string(id.to_string())];

@@ -14,10 +14,16 @@
 mod admin;
 mod assets;
 mod changes;
+mod chart;
+mod chart_routes;
 mod cluster;
 mod display;
+mod group_changes;
+mod group_forms;
 mod groups;
+mod history;
 mod messages;
+mod over_time;
 mod pages;
 mod session;
 mod topics;
@@ -35,7 +41,10 @@ use tokio_rustls::TlsAcceptor;
 pub use session::Login;
 pub use sluice_client::{SaslMechanism, Settings};
 
+use crate::history::History;
 use crate::session::Sessions;
+
+pub use history::HISTORY_INTERVAL_MIN;
 
 /// Connections served at once; the oldest is closed to admit a new one.
 const CONNECTIONS_MAX: usize = 256;
@@ -59,11 +68,17 @@ pub struct ConsoleConfig {
     pub login: Login,
     /// Serve HTTPS with this acceptor.
     pub tls: Option<TlsAcceptor>,
+    /// How often lag and rates are sampled for the charts.
+    pub history_interval: Duration,
+    /// Who samples them when visitors log in (a user allowed to describe every group and
+    /// topic, e.g. the brokers' own); `None`: no history on a console with logins.
+    pub history_login: Option<(String, String)>,
 }
 
 /// A running console's state.
 pub struct Console {
     sessions: Sessions,
+    history: Arc<History>,
     /// Served over HTTPS (cookies are `Secure`).
     https: bool,
 }
@@ -92,7 +107,13 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/topics/{name}/delete", post(changes::delete_topic))
         .route("/topics/{name}/produce", post(changes::produce))
         .route("/groups", get(pages::groups))
+        .route("/rate-chart", get(chart_routes::cluster_rate_chart))
+        .route("/topics/{name}/rate-chart", get(chart_routes::topic_rate_chart))
         .route("/groups/{id}", get(pages::group))
+        .route("/groups/{id}/lag-chart", get(chart_routes::group_lag_chart))
+        .route("/groups/{id}/reset", post(group_forms::reset_offsets))
+        .route("/groups/{id}/delete-offsets", post(group_forms::delete_offsets))
+        .route("/groups/{id}/delete", post(group_forms::delete_group))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(axum::middleware::from_fn(changes::same_origin))
@@ -102,10 +123,12 @@ pub fn router(console: Arc<Console>) -> Router {
 
 /// Serves the console on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
-    let console = Arc::new(Console {
-        sessions: Sessions::new(config.bootstrap, config.settings, config.login),
-        https: config.tls.is_some(),
-    });
+    assert!(config.history_interval >= HISTORY_INTERVAL_MIN, "validated with the broker's config");
+    let sessions = Sessions::new(config.bootstrap, config.settings, config.login);
+    let history = Arc::new(History::new(config.history_interval));
+    let sampler = sessions.history_client(config.history_login);
+    tokio::spawn(history::run(history.clone(), sampler));
+    let console = Arc::new(Console { sessions, history, https: config.tls.is_some() });
     let limits = HttpLimits {
         connections_max: CONNECTIONS_MAX,
         header_read_timeout: HEADER_READ_TIMEOUT,

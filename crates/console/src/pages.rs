@@ -12,8 +12,11 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use crate::display::{self, parse_time, Shown};
+use crate::group_changes::PlannedOffset;
 use crate::groups::{group_detail, group_rows, GroupRow, MemberRow};
+use crate::history::Window;
 use crate::messages::{browse, MessageRow, Start, MESSAGES_MAX};
+use crate::over_time::{self, WindowQuery};
 use crate::session::{cleared_cookie, cookie, Session};
 use crate::topics::{configs, topic_rows, TopicRow};
 use crate::Console;
@@ -128,9 +131,15 @@ struct OverviewPage {
     offline: usize,
     messages: String,
     size: String,
+    /// Messages per second into the topics the user sees, over time (`over_time`).
+    rate_chart: String,
 }
 
-pub async fn overview(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+pub async fn overview(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<WindowQuery>,
+) -> Response {
     let session = match session_of(&console, &headers).await {
         Ok(session) => session,
         Err(response) => return response,
@@ -155,8 +164,10 @@ pub async fn overview(State(console): State<Arc<Console>>, headers: HeaderMap) -
             leads: leads(*id),
         })
         .collect();
+    let rate_chart = over_time::cluster_rate(&console.history, &over_time::visible_topics(&metadata), query.window());
     render(OverviewPage {
         chrome: Chrome::of(&session),
+        rate_chart,
         cluster_id: metadata.cluster_id.clone(),
         nodes,
         topics: rows.len(),
@@ -280,6 +291,8 @@ struct TopicPage {
     configs_error: Option<String>,
     done: Option<String>,
     refused: Option<String>,
+    /// Messages per second over time (`over_time`).
+    rate_chart: String,
 }
 
 fn ids(ids: &[i32]) -> String {
@@ -302,9 +315,14 @@ async fn topic_row(session: &Session, topic: &str) -> Result<(crate::cluster::Cl
     Ok((metadata, row))
 }
 
-pub async fn topic(State(console): State<Arc<Console>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
+pub async fn topic(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(query): Query<WindowQuery>,
+) -> Response {
     match session_of(&console, &headers).await {
-        Ok(session) => topic_page(&session, name, Outcome::None).await,
+        Ok(session) => topic_page(&console, &session, name, Outcome::None, query.window()).await,
         Err(response) => response,
     }
 }
@@ -316,8 +334,25 @@ pub enum Outcome {
     Refused(String),
 }
 
+impl Outcome {
+    /// (what was done, what was refused), for a page's two message lines.
+    fn split(self) -> (Option<String>, Option<String>) {
+        match self {
+            Outcome::None => (None, None),
+            Outcome::Done(text) => (Some(text), None),
+            Outcome::Refused(text) => (None, Some(text)),
+        }
+    }
+}
+
 /// The topic page, with the outcome of the change that led to it.
-pub async fn topic_page(session: &Session, name: String, outcome: Outcome) -> Response {
+pub async fn topic_page(
+    console: &Console,
+    session: &Session,
+    name: String,
+    outcome: Outcome,
+    window: Window,
+) -> Response {
     let (_, row) = match topic_row(session, &name).await {
         Ok(found) => found,
         Err(response) => return response,
@@ -348,13 +383,11 @@ pub async fn topic_page(session: &Session, name: String, outcome: Outcome) -> Re
             source: c.source,
         })
         .collect();
-    let (done, refused) = match outcome {
-        Outcome::None => (None, None),
-        Outcome::Done(text) => (Some(text), None),
-        Outcome::Refused(text) => (None, Some(text)),
-    };
+    let (done, refused) = outcome.split();
     let status = if refused.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
-    let page = TopicPage { chrome: Chrome::of(session), name, partitions, configs, configs_error, done, refused };
+    let rate_chart = over_time::topic_rate(&console.history, &name, window);
+    let page =
+        TopicPage { chrome: Chrome::of(session), name, partitions, configs, configs_error, done, refused, rate_chart };
     (status, render(page)).into_response()
 }
 
@@ -405,9 +438,7 @@ impl MessagesQuery {
         match self.from.as_str() {
             "" | "end" => Ok(Start::End),
             "offset" => self.offset.trim().parse().map(Start::Offset).map_err(|_| "the offset must be a number".into()),
-            "time" => parse_time(&self.time).map(Start::Timestamp).ok_or_else(|| {
-                "the time must be YYYY-MM-DD, YYYY-MM-DD HH:MM[:SS] (UTC) or milliseconds since 1970".to_string()
-            }),
+            "time" => parse_time(&self.time).map(Start::Timestamp).ok_or_else(|| display::TIME_FORMS.to_string()),
             other => Err(format!("unknown start {other:?}")),
         }
     }
@@ -513,13 +544,46 @@ struct GroupPage {
     members: Vec<MemberRow>,
     positions: Vec<PositionLine>,
     lag: i64,
+    /// The topics the group has positions in (the forms' choices).
+    topics: Vec<String>,
+    done: Option<String>,
+    refused: Option<String>,
+    /// A reset shown before it is applied, with the form that applies it.
+    plan: Option<ResetPlan>,
+    /// Lag over time (`over_time`).
+    lag_chart: String,
 }
 
-pub async fn group(State(console): State<Arc<Console>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let session = match session_of(&console, &headers).await {
-        Ok(session) => session,
-        Err(response) => return response,
-    };
+/// A reset's plan as the group page shows it: each partition's move, and the form's fields
+/// to send again to apply it.
+pub struct ResetPlan {
+    pub lines: Vec<PlannedOffset>,
+    pub topic: String,
+    pub to: String,
+    pub value: String,
+}
+
+pub async fn group(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(query): Query<WindowQuery>,
+) -> Response {
+    match session_of(&console, &headers).await {
+        Ok(session) => group_page(&console, &session, id, Outcome::None, None, query.window()).await,
+        Err(response) => response,
+    }
+}
+
+/// The group page, with the outcome of the change that led to it and a reset's plan.
+pub async fn group_page(
+    console: &Console,
+    session: &Session,
+    id: String,
+    outcome: Outcome,
+    plan: Option<ResetPlan>,
+    window: Window,
+) -> Response {
     let detail = match group_detail(&session.cluster, &id).await {
         Ok(detail) => detail,
         Err(error) => return failure(&format!("{error:#}")),
@@ -536,12 +600,22 @@ pub async fn group(State(console): State<Arc<Console>>, headers: HeaderMap, Path
             lag: shown(row.lag()),
         })
         .collect();
-    render(GroupPage {
-        chrome: Chrome::of(&session),
+    let mut topics: Vec<String> = detail.offsets.iter().map(|row| row.topic.clone()).collect();
+    topics.dedup();
+    let (done, refused) = outcome.split();
+    let status = if refused.is_some() { StatusCode::UNPROCESSABLE_ENTITY } else { StatusCode::OK };
+    let page = GroupPage {
+        lag_chart: over_time::group_lag(&console.history, &id, window),
+        chrome: Chrome::of(session),
         lag: detail.lag(),
         group: detail.row,
         coordinator: detail.coordinator,
         members: detail.members,
         positions,
-    })
+        topics,
+        done,
+        refused,
+        plan,
+    };
+    (status, render(page)).into_response()
 }

@@ -29,6 +29,8 @@ pub const SESSIONS_MAX: usize = 1024;
 pub const CREDENTIAL_BYTES_MAX: usize = 1024;
 /// The `client.id` of the console's requests.
 const CLIENT_ID: &str = "sluice-console";
+/// The `client.id` of the history sampler's requests.
+const HISTORY_CLIENT_ID: &str = "sluice-console-history";
 
 /// How visitors reach the cluster.
 #[derive(Clone)]
@@ -126,6 +128,40 @@ impl Sessions {
         assert!(open.len() < SESSIONS_MAX);
         open.insert(token.clone(), Arc::new(session));
         token
+    }
+
+    /// How the history sampler opens its client: anonymous without logins, else as
+    /// `login` (user, password), with the first mechanism that takes it.
+    pub fn history_client(&self, login: Option<(String, String)>) -> Option<crate::history::ClientOpener> {
+        let (bootstrap, settings) = (self.bootstrap.clone(), self.settings.clone());
+        let attempts: Vec<Settings> = match (&self.login, login) {
+            (Login::Anonymous, _) => vec![settings],
+            (Login::Sasl(_), None) => return None,
+            (Login::Sasl(mechanisms), Some((user, password))) => mechanisms
+                .iter()
+                .filter_map(|mechanism| {
+                    let mut settings = settings.clone();
+                    settings.set("sasl.mechanism", mechanism.name()).ok()?;
+                    settings.set("sasl.username", &user).ok()?;
+                    settings.set("sasl.password", &password).ok()?;
+                    Some(settings)
+                })
+                .collect(),
+        };
+        Some(Box::new(move || {
+            let (bootstrap, attempts) = (bootstrap.clone(), attempts.clone());
+            Box::pin(async move {
+                let mut refused = None;
+                for settings in attempts {
+                    let connector = Connector::new(&settings)?.with_client_id(HISTORY_CLIENT_ID);
+                    match ClusterClient::open(connector, bootstrap.clone()).await {
+                        Ok(client) => return Ok(client),
+                        Err(error) => refused = Some(error),
+                    }
+                }
+                Err(refused.context("no SASL mechanism to sample with")?)
+            })
+        }))
     }
 
     /// Ends the session of `headers`, if any.
