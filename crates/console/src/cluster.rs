@@ -34,6 +34,13 @@ pub mod versions {
     pub const DELETE_TOPICS: i16 = 6;
     pub const INCREMENTAL_ALTER_CONFIGS: i16 = 1;
     pub const PRODUCE: i16 = 9;
+    pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 0;
+    pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 0;
+    pub const DESCRIBE_ACLS: i16 = 3;
+    pub const CREATE_ACLS: i16 = 3;
+    pub const DELETE_ACLS: i16 = 3;
+    pub const DESCRIBE_CLIENT_QUOTAS: i16 = 1;
+    pub const ALTER_CLIENT_QUOTAS: i16 = 1;
 }
 
 /// Idle connections kept per broker.
