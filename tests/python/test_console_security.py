@@ -14,7 +14,7 @@ from selenium.webdriver.support.ui import Select
 
 from browser_support import browser, wait_for_element, wait_for_text  # noqa: F401
 from conftest import free_port
-from test_console import create_topic, texts
+from test_console import create_topic, shoot, texts
 from test_security import add_user
 
 EVERY_ACL = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
@@ -87,6 +87,7 @@ def test_admin_adds_a_user_who_logs_in_and_grants_it_a_topic(broker_factory, bro
     assert rows(browser, "#users") == [["admin", "SCRAM-SHA-256", "4096", "Delete"],
                                        ["bob", "SCRAM-SHA-256", "4096", "Delete"]]
     assert "bob-Secret-42" not in browser.page_source
+    shoot(browser, "users")
     described = admin.describe_user_scram_credentials(["bob"])["bob"].result(timeout=10)
     assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == \
         [(ScramMechanism.SCRAM_SHA_256, 4096)]
@@ -105,6 +106,7 @@ def test_admin_adds_a_user_who_logs_in_and_grants_it_a_topic(broker_factory, bro
     browser.find_element(By.ID, "add-acl").click()
     wait_for_text(browser, "#done", "added: ALLOW User:bob from * READ on TOPIC LITERAL orders")
     assert rows(browser, "#acls") == [["User:bob", "*", "READ", "ALLOW", "TOPIC", "LITERAL", "orders", "Remove"]]
+    shoot(browser, "acls")
     bindings = admin.describe_acls(EVERY_ACL).result(timeout=10)
     assert [(b.principal, b.operation, b.name) for b in bindings] == [("User:bob", AclOperation.READ, "orders")]
     log_out(browser, console)
@@ -138,7 +140,7 @@ def test_admin_sets_and_removes_a_client_quota(broker_factory, browser):  # noqa
     console, admin = start_console(broker_factory)
     log_in(browser, console, "admin", "admin-secret")
     browser.get(console + "/security/quotas")
-    wait_for_text(browser, ".count", "0 entit")
+    wait_for_text(browser, ".count", "Entities with quotas: 0")
 
     fill(browser, {"quota-client-match": "named", "quota-client-id": "loader", "quota-key": "producer_byte_rate",
                    "quota-value": "1048576"})
@@ -150,6 +152,7 @@ def test_admin_sets_and_removes_a_client_quota(broker_factory, browser):  # noqa
     wait_for_text(browser, "#done", "consumer_byte_rate = 2000 for user (default)")
     assert rows(browser, "#quotas") == [["client-id", "loader", "1048576", "Remove"],
                                         ["user", "(default)", "2000", "Remove"]]
+    shoot(browser, "quotas")
 
     # Bad input is refused by the console with what is wrong; the broker's own refusal shown as is.
     fill(browser, {"quota-client-match": "named", "quota-client-id": "loader", "quota-value": "fast"})
@@ -171,6 +174,7 @@ def test_a_user_without_cluster_rights_sees_the_refusals_and_bad_input_is_named(
     for page in ("users", "acls", "quotas"):
         browser.get(f"{console}/security/{page}")
         wait_for_text(browser, "#listing-refused", "ClusterAuthorizationFailed")
+    shoot(browser, "quotas-refused")
     fill(browser, {"quota-client-match": "named", "quota-client-id": "x", "quota-value": "10"})
     browser.find_element(By.ID, "set-quota").click()
     wait_for_text(browser, "#refused", "ClusterAuthorizationFailed")
