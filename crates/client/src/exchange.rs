@@ -55,6 +55,8 @@ exchanges! {
     CreateAcls: CreateAclsRequest => CreateAclsResponse,
     DeleteAcls: DeleteAclsRequest => DeleteAclsResponse,
     AlterUserScramCredentials: AlterUserScramCredentialsRequest => AlterUserScramCredentialsResponse,
+    DescribeClientQuotas: DescribeClientQuotasRequest => DescribeClientQuotasResponse,
+    AlterClientQuotas: AlterClientQuotasRequest => AlterClientQuotasResponse,
     OffsetCommit: OffsetCommitRequest => OffsetCommitResponse,
     DeleteGroups: DeleteGroupsRequest => DeleteGroupsResponse,
     DeleteRecords: DeleteRecordsRequest => DeleteRecordsResponse,

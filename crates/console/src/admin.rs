@@ -35,7 +35,7 @@ fn name(topic: &str) -> TopicName {
 }
 
 /// Kafka's refusal as a message: its own text when it sent one, else the error's name.
-fn refusal(code: i16, message: Option<StrBytes>) -> anyhow::Error {
+pub(crate) fn refusal(code: i16, message: Option<StrBytes>) -> anyhow::Error {
     match message.filter(|m| !m.is_empty()) {
         Some(message) => anyhow!("{}: {message}", error_name(code)),
         None => anyhow!("{}", error_name(code)),
@@ -43,7 +43,7 @@ fn refusal(code: i16, message: Option<StrBytes>) -> anyhow::Error {
 }
 
 /// A result's error code as the outcome: success, or Kafka's refusal.
-fn checked(code: i16, message: Option<StrBytes>) -> anyhow::Result<()> {
+pub(crate) fn checked(code: i16, message: Option<StrBytes>) -> anyhow::Result<()> {
     match code {
         0 => Ok(()),
         code => Err(refusal(code, message)),

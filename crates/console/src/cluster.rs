@@ -39,6 +39,13 @@ pub mod versions {
     pub const DELETE_GROUPS: i16 = 2;
     pub const ALTER_SHARE_GROUP_OFFSETS: i16 = 0;
     pub const DELETE_SHARE_GROUP_OFFSETS: i16 = 0;
+    pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 0;
+    pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 0;
+    pub const DESCRIBE_ACLS: i16 = 3;
+    pub const CREATE_ACLS: i16 = 3;
+    pub const DELETE_ACLS: i16 = 3;
+    pub const DESCRIBE_CLIENT_QUOTAS: i16 = 1;
+    pub const ALTER_CLIENT_QUOTAS: i16 = 1;
 }
 
 /// Idle connections kept per broker.

@@ -1,5 +1,5 @@
-//! The web console served by the broker (`--console-listen`): the cluster's nodes, topics
-//! and messages in a browser, from a phone or a laptop.
+//! The web console served by the broker (`--console-listen`): the cluster's nodes, topics,
+//! messages, groups, users, ACLs and quotas in a browser, from a phone or a laptop.
 //!
 //! Why a Kafka client inside the broker: the console asks the cluster with the protocol's
 //! own requests, authenticated as the user who logged in (`session`), so each page shows
@@ -11,6 +11,7 @@
 //! Pages are rendered on the server (`askama` templates in `templates/`) and work without
 //! scripts; `htmx` (from npm, embedded: `assets/`) swaps parts of a page in place. No CDN.
 
+mod acls;
 mod admin;
 mod assets;
 mod changes;
@@ -25,8 +26,11 @@ mod history;
 mod messages;
 mod over_time;
 mod pages;
+mod quotas;
+mod security_pages;
 mod session;
 mod topics;
+mod users;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,6 +118,13 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/groups/{id}/reset", post(group_forms::reset_offsets))
         .route("/groups/{id}/delete-offsets", post(group_forms::delete_offsets))
         .route("/groups/{id}/delete", post(group_forms::delete_group))
+        .route("/security", get(|| async { axum::response::Redirect::to("/security/users") }))
+        .route("/security/users", get(security_pages::users).post(security_pages::set_password))
+        .route("/security/users/delete", post(security_pages::delete_credential))
+        .route("/security/acls", get(security_pages::acls).post(security_pages::add_acl))
+        .route("/security/acls/delete", post(security_pages::remove_acl))
+        .route("/security/quotas", get(security_pages::quotas).post(security_pages::set_quota))
+        .route("/security/quotas/delete", post(security_pages::remove_quota))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(axum::middleware::from_fn(changes::same_origin))

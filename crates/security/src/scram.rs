@@ -87,7 +87,9 @@ impl Mechanism {
         }
     }
 
-    pub(crate) fn salted_password(self, password: &[u8], salt: &[u8], iterations: i32) -> Vec<u8> {
+    /// PBKDF2 of `password` (RFC 5802's Hi): what a client computes for
+    /// AlterUserScramCredentials, and the server to check a PLAIN password.
+    pub fn salted_password(self, password: &[u8], salt: &[u8], iterations: i32) -> Vec<u8> {
         let rounds = u32::try_from(iterations).expect("iterations validated positive");
         let mut out = vec![0u8; self.digest_bytes()];
         match self {
