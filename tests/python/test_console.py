@@ -363,6 +363,63 @@ def test_a_groups_lag_rises_and_falls_on_its_chart_and_topics_show_their_rate(br
         assert b'data-max="60"' in answer.read()
 
 
+def test_a_topic_is_searched_on_the_broker_with_progress_and_a_cap(broker_factory, browser):  # noqa: F811
+    port = free_port()
+    broker = broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}"])
+    console = f"http://127.0.0.1:{port}"
+    create_topic(broker.bootstrap, "orders", 3)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+    for i in range(3000):
+        value = json.dumps({"customer": {"id": i % 100}, "total": i})
+        producer.produce("orders", key=f"order-{i}", value=value, partition=i % 3,
+                         headers=[("channel", b"shop" if i == 1234 else b"app")])
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+    def search(**fields):
+        browser.get(console + "/topics/orders/messages")
+        browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
+        for field, value in fields.items():
+            if field == "search-field":
+                Select(browser.find_element(By.ID, field)).select_by_value(value)
+            else:
+                browser.find_element(By.ID, field).send_keys(value)
+        browser.find_element(By.ID, "search").click()
+        wait_for_element(browser, "#search-state")
+        deadline = time.monotonic() + 30
+        while browser.find_element(By.ID, "search-state").text == "searching" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        return browser.find_element(By.ID, "search-state").text
+
+    # One key among 3,000, found on the broker: every record read, one row shipped.
+    assert search(**{"search-text": "ORDER-2999", "search-field": "key"}) == "done: every record read"
+    assert browser.find_element(By.ID, "search-scanned").text == "3000"
+    rows = texts(browser, "#search-table tbody tr")
+    assert len(rows) == 1 and "order-2999" in rows[0], rows
+    # A header's value, and a JSON field's value (30 orders of customer 7).
+    search(**{"search-text": "shop", "search-field": "headers"})
+    assert len(texts(browser, "#search-table tbody tr")) == 1
+    search(**{"search-json": "customer.id=7"})
+    assert browser.find_element(By.ID, "search-found").text == "30"
+    # A search that matches everything stops at its cap and says so.
+    assert search(**{"search-text": "order"}) == "stopped at 500 matches: narrow the search"
+    assert len(texts(browser, "#search-table tbody tr")) == 500
+    shoot(browser, "search")
+    # Nothing to look for is refused; an unknown search is not found.
+    search_page = browser.current_url
+    browser.get(console + "/topics/orders/messages")
+    browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
+    browser.find_element(By.ID, "search").click()
+    wait_for_text(browser, "#error", "say what to look for")
+    with urllib.request.urlopen(search_page, timeout=10) as answer:
+        assert answer.status == 200
+    try:
+        urllib.request.urlopen(console + "/topics/orders/search/0123456789abcdef", timeout=10)
+        raise AssertionError("an unknown search was found")
+    except urllib.error.HTTPError as missing:
+        assert missing.code == 404
+
+
 def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, browser):  # noqa: F811
     plaintext, sasl, port = free_port(), free_port(), free_port()
     broker = broker_factory(extra_args=[

@@ -27,6 +27,8 @@ mod messages;
 mod over_time;
 mod pages;
 mod quotas;
+mod search;
+mod search_pages;
 mod security_pages;
 mod session;
 mod topics;
@@ -46,6 +48,7 @@ pub use session::Login;
 pub use sluice_client::{SaslMechanism, Settings};
 
 use crate::history::History;
+use crate::search::Searches;
 use crate::session::Sessions;
 
 pub use history::HISTORY_INTERVAL_MIN;
@@ -83,6 +86,7 @@ pub struct ConsoleConfig {
 pub struct Console {
     sessions: Sessions,
     history: Arc<History>,
+    searches: Searches,
     /// Served over HTTPS (cookies are `Secure`).
     https: bool,
 }
@@ -106,6 +110,9 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/create-topic", get(changes::create_topic_form).post(changes::create_topic))
         .route("/topics/{name}", get(pages::topic))
         .route("/topics/{name}/messages", get(pages::messages))
+        .route("/topics/{name}/search", post(search_pages::start_search))
+        .route("/topics/{name}/search/{id}", get(search_pages::search_page))
+        .route("/topics/{name}/search/{id}/cancel", post(search_pages::cancel_search))
         .route("/topics/{name}/partitions", post(changes::add_partitions))
         .route("/topics/{name}/configs", post(changes::alter_config))
         .route("/topics/{name}/delete", post(changes::delete_topic))
@@ -139,7 +146,7 @@ pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
     let history = Arc::new(History::new(config.history_interval));
     let sampler = sessions.history_client(config.history_login);
     tokio::spawn(history::run(history.clone(), sampler));
-    let console = Arc::new(Console { sessions, history, https: config.tls.is_some() });
+    let console = Arc::new(Console { sessions, history, searches: Searches::default(), https: config.tls.is_some() });
     let limits = HttpLimits {
         connections_max: CONNECTIONS_MAX,
         header_read_timeout: HEADER_READ_TIMEOUT,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::records::{Record, RecordBatchDecoder};
 
 use crate::cluster::{versions, ClusterClient, ClusterMetadata};
 use crate::display::Shown;
@@ -43,6 +43,20 @@ pub struct MessageRow {
     pub headers: Vec<(String, Shown)>,
 }
 
+impl MessageRow {
+    /// How `record` of `partition` is shown.
+    pub fn of(partition: i32, record: &Record) -> MessageRow {
+        MessageRow {
+            partition,
+            offset: record.offset,
+            timestamp: record.timestamp,
+            key: Shown::of(record.key.as_deref()),
+            value: Shown::of(record.value.as_deref()),
+            headers: record.headers.iter().map(|(k, v)| (k.to_string(), Shown::of(v.as_deref()))).collect(),
+        }
+    }
+}
+
 /// Up to `max` messages of `topic` (one partition, or all), from `start`, oldest first
 /// within a partition; with `End`, the newest `max` of each partition read.
 pub async fn browse(
@@ -70,7 +84,7 @@ pub async fn browse(
 }
 
 /// The first offset to read in each partition.
-async fn starting_offsets(
+pub async fn starting_offsets(
     client: &Arc<ClusterClient>,
     metadata: &ClusterMetadata,
     topic: &str,
@@ -129,14 +143,7 @@ async fn read_partition(
             if record.control || record.offset < before || rows.len() >= max {
                 continue;
             }
-            rows.push(MessageRow {
-                partition,
-                offset: record.offset,
-                timestamp: record.timestamp,
-                key: Shown::of(record.key.as_deref()),
-                value: Shown::of(record.value.as_deref()),
-                headers: record.headers.iter().map(|(k, v)| (k.to_string(), Shown::of(v.as_deref()))).collect(),
-            });
+            rows.push(MessageRow::of(partition, &record));
         }
         if rows.len() >= max || offset >= data.high_watermark || offset == before {
             break;
@@ -145,7 +152,7 @@ async fn read_partition(
     Ok(rows)
 }
 
-fn fetch_request(topic: &str, partition: i32, offset: i64) -> FetchRequest {
+pub fn fetch_request(topic: &str, partition: i32, offset: i64) -> FetchRequest {
     let mut wanted = FetchPartition::default();
     wanted.partition = partition;
     wanted.fetch_offset = offset;

@@ -300,7 +300,10 @@ fn ids(ids: &[i32]) -> String {
 }
 
 /// The row of `topic` as the user sees it, or the page that says why there is none.
-async fn topic_row(session: &Session, topic: &str) -> Result<(crate::cluster::ClusterMetadata, TopicRow), Response> {
+pub async fn topic_row(
+    session: &Session,
+    topic: &str,
+) -> Result<(crate::cluster::ClusterMetadata, TopicRow), Response> {
     let metadata = session.cluster.metadata(Some(&[topic.to_string()])).await;
     let metadata = metadata.map_err(|error| failure(&format!("{error:#}")))?;
     let found = metadata.topics.iter().find(|t| t.name.as_ref().is_some_and(|n| n.as_str() == topic));
