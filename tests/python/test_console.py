@@ -7,21 +7,24 @@ allow."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
 
+import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic,
-                                   ResourcePatternType, ResourceType)
+                                   ResourcePatternType, ResourceType, ScramMechanism)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from browser_support import browser, phone_size, screenshot, wait_for_element, wait_for_text  # noqa: F401
 from conftest import free_port
-from test_security import add_user
+from test_security import add_user, start_secure_broker
 
 # Where a run that sets it saves a screenshot of each page (the docs' images come from here).
 SCREENSHOTS = os.environ.get("SLUICE_CONSOLE_SCREENSHOTS")
@@ -418,6 +421,49 @@ def test_a_topic_is_searched_on_the_broker_with_progress_and_a_cap(broker_factor
         raise AssertionError("an unknown search was found")
     except urllib.error.HTTPError as missing:
         assert missing.code == 404
+
+
+def test_the_console_over_https_logs_in_with_a_secure_cookie_and_samples_as_the_brokers_user(
+        broker_factory, tmp_path):
+    port = free_port()
+    secure = start_secure_broker(broker_factory, tmp_path, "--console-listen", f"127.0.0.1:{port}", "--console-tls",
+                                 "--override", "console_history_interval_ms=1000")
+    admin = secure.admin()
+    add_user(admin, "alice", "alice-secret", [ScramMechanism.SCRAM_SHA_512])
+    create_topic(secure.broker.bootstrap, "visits", 1)
+    positions = [TopicPartition("visits", 0, 0)]
+    for future in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("readers", positions)]).values():
+        future.result(timeout=10)
+    context = ssl.create_default_context(cafile=str(secure.pki.ca))
+
+    def call(method: str, path: str, body: str | None = None, cookie: str | None = None):
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        headers = {"Content-Type": "application/x-www-form-urlencoded"} if body else {}
+        if cookie:
+            headers["Cookie"] = cookie
+        connection.request(method, path, body=body, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.getheader("Set-Cookie"), answer.read().decode()
+
+    # The login page over HTTPS, the broker's certificate checked against its CA.
+    status, _, page = call("GET", "/login")
+    assert status == 200 and "login-user" in page
+    status, cookie, _ = call("POST", "/login", "user=alice&password=alice-secret")
+    assert status in (302, 303) and "; Secure" in cookie and "HttpOnly" in cookie, cookie
+    session = cookie.split(";")[0]
+    status, _, page = call("GET", "/", cookie=session)
+    assert status == 200 and "alice" in page
+    # The history sampler logged in as the brokers' own user (no credential was made for it).
+    deadline = time.monotonic() + 20
+    while True:
+        status, _, chart = call("GET", "/groups/readers/lag-chart", cookie=session)
+        if status == 200 and 'data-points="0"' not in chart and 'data-points="1"' not in chart:
+            break
+        assert time.monotonic() < deadline, f"no lag history after 20 s: {status} {chart[:500]}"
+        time.sleep(0.5)
+    # Plain HTTP on the HTTPS port gets no HTTP answer.
+    with pytest.raises((urllib.error.URLError, OSError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=5)
 
 
 def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, browser):  # noqa: F811

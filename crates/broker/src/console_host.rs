@@ -71,10 +71,19 @@ pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
         bootstrap: reachable(chosen.bind).to_string(),
         settings,
         login,
-        tls: None,
+        tls: https(broker)?,
         history_interval: Duration::from_millis(broker.config().console_history_interval_ms),
         history_login,
     })
+}
+
+/// The console's HTTPS, when `console_tls` is on: the broker's own certificate.
+fn https(broker: &Broker) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    if !broker.config().console_tls {
+        return Ok(None);
+    }
+    let acceptor = sluice_security::tls::server_acceptor(&broker.config().tls_settings());
+    acceptor.map(Some).map_err(|error| format!("console TLS: {error}"))
 }
 
 /// `bind` as an address to connect to: a wildcard bind is reached on loopback.

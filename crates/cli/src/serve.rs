@@ -158,6 +158,10 @@ pub struct ServeArgs {
     /// Serve the web console at http://ADDR/ (8080 by convention) [default: off].
     #[arg(long, env = "SLUICE_CONSOLE_LISTEN")]
     console_listen: Option<SocketAddr>,
+    /// Serve the web console over HTTPS with the listeners' certificate
+    /// (`ssl.keystore.location`).
+    #[arg(long, env = "SLUICE_CONSOLE_TLS")]
+    console_tls: bool,
     /// Take AMQP 0-9-1 clients (RabbitMQ's) at ADDR (5672 by convention) [default: off].
     #[arg(long, env = "SLUICE_AMQP_LISTEN")]
     amqp_listen: Option<SocketAddr>,
@@ -225,6 +229,9 @@ impl ServeArgs {
         }
         if self.console_listen.is_some() {
             config.console_listen = self.console_listen;
+        }
+        if self.console_tls {
+            config.console_tls = true;
         }
         if self.amqp_listen.is_some() {
             config.amqp_listen = self.amqp_listen;

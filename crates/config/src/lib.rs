@@ -95,6 +95,8 @@ pub struct BrokerConfig {
     pub schema_registry_tls: bool,
     /// Where the web console is served over HTTP; off when unset.
     pub console_listen: Option<SocketAddr>,
+    /// Serve the web console over HTTPS with the listeners' `ssl.keystore.*`.
+    pub console_tls: bool,
     /// How often the console samples each group's lag and each topic's end offsets for its
     /// charts (at least `CONSOLE_HISTORY_INTERVAL_MS_MIN`).
     pub console_history_interval_ms: u64,
@@ -398,6 +400,7 @@ impl Default for BrokerConfig {
             metrics_listen: None,
             schema_registry_listen: None,
             console_listen: None,
+            console_tls: false,
             console_history_interval_ms: 10_000,
             amqp_listen: None,
             schema_registry_tls: false,
@@ -486,6 +489,9 @@ impl BrokerConfig {
             return Err("schema_registry_tls needs schema_registry_listen (--schema-registry-listen)".into());
         }
         self.amqp_listeners()?;
+        if self.console_tls && self.console_listen.is_none() {
+            return Err("console_tls needs console_listen (--console-listen)".into());
+        }
         if self.console_history_interval_ms < CONSOLE_HISTORY_INTERVAL_MS_MIN {
             return Err(format!(
                 "console_history_interval_ms must be at least {CONSOLE_HISTORY_INTERVAL_MS_MIN}, got {}",

@@ -44,8 +44,8 @@ pub fn line_chart(id: &str, points: &[Point], unit: &str) -> String {
             let _ = write!(
                 svg,
                 r##"<text x="{LEFT}" y="{HEIGHT}" font-size="11" fill="#5f6b7a">{}</text><text x="{WIDTH}" y="{HEIGHT}" text-anchor="end" font-size="11" fill="#5f6b7a">{}</text>"##,
-                display::timestamp(first.at_ms),
-                display::timestamp(end.at_ms)
+                time_label(first.at_ms, end.at_ms - first.at_ms),
+                time_label(end.at_ms, end.at_ms - first.at_ms)
             );
             let _ = write!(
                 svg,
@@ -65,6 +65,16 @@ pub fn line_chart(id: &str, points: &[Point], unit: &str) -> String {
     svg.push_str("</svg>");
     svg
 }
+
+/// A time on the chart's axis (UTC): `HH:MM:SS` for a span under a day, else `MM-DD HH:MM`.
+fn time_label(at_ms: i64, span_ms: i64) -> String {
+    let text = display::timestamp(at_ms);
+    let part = if span_ms < DAY_MS { text.get(11..19) } else { text.get(5..16) };
+    part.unwrap_or(&text).to_string()
+}
+
+/// Milliseconds in a day.
+const DAY_MS: i64 = 86_400_000;
 
 /// The points' coordinates: time across (first to last), value up (0 to `max`).
 fn polyline(points: &[Point], max: i64) -> String {
@@ -92,6 +102,8 @@ mod tests {
         let svg = line_chart("lag-chart", &points, "messages behind");
         assert!(svg.contains(r#"data-points="3" data-last="10" data-max="40""#), "{svg}");
         assert!(svg.contains(r#"points="56.0,142.0 328.0,8.0 600.0,108.5""#), "{svg}");
+        assert!(svg.contains(">00:00:00</text>") && svg.contains(">00:00:10</text>"), "{svg}");
+        assert_eq!(time_label(2 * DAY_MS + 3_600_000, 2 * DAY_MS), "01-03 01:00");
         let empty = line_chart("lag-chart", &[], "messages behind");
         assert!(empty.contains("collecting") && empty.contains(r#"data-points="0""#));
     }

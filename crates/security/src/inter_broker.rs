@@ -8,7 +8,9 @@
 //! and a process without the secret cannot pass for a broker. Its principal,
 //! [`INTER_BROKER_PRINCIPAL`], is a super user. The name is reserved ([`is_reserved_user`]):
 //! no SCRAM credential can be made for it and no OAUTHBEARER token can name it, so the only
-//! way to be that principal is to prove the secret.
+//! way to be that principal is to prove the secret. A node outside a cluster makes a random
+//! secret at start and keeps it in memory only, so that its own parts (the console's history
+//! sampler) can act as that user and nothing outside the process can.
 
 use std::path::Path;
 
@@ -22,6 +24,9 @@ use crate::scram::{Mechanism as ScramMechanism, ITERATIONS_MIN};
 use crate::settings::SecuritySettings;
 
 pub use crate::reserved_users::{is_reserved_user, INTER_BROKER_PRINCIPAL, INTER_BROKER_USER};
+
+/// Random bytes of the secret a node outside a cluster makes at start and keeps in memory.
+const LOCAL_SECRET_BYTES: usize = 32;
 
 /// The shared controller-RPC secret in `path`, surrounding whitespace removed.
 pub fn read_rpc_secret(path: &Path) -> Result<Vec<u8>, String> {
@@ -73,7 +78,7 @@ impl BrokerCredentials {
 /// This node's side of the inter-broker listener: the server's view of the brokers'
 /// credential, and how to connect to another node's inter-broker listener.
 pub struct InterBroker {
-    /// `None` without a shared secret (a single node, or a cluster without one).
+    /// `None` in a cluster without a shared secret.
     credentials: Option<BrokerCredentials>,
     /// For TLS inter-broker listeners.
     pub tls: Option<TlsConnector>,
@@ -102,11 +107,13 @@ fn mechanism(settings: &SecuritySettings, enabled: &[Mechanism]) -> Result<Mecha
 impl InterBroker {
     pub fn new(settings: &SecuritySettings) -> Result<InterBroker, String> {
         let protocol = settings.listeners[settings.inter_broker_listener].protocol;
+        let in_cluster = settings.cluster.is_some();
         let secret = match settings.cluster.as_ref().and_then(|cluster| cluster.rpc_secret_file.as_deref()) {
             Some(path) => Some(read_rpc_secret(path)?),
+            // Outside a cluster nobody else needs it: a secret of this process alone.
+            None if !in_cluster => Some(rand::random::<[u8; LOCAL_SECRET_BYTES]>().to_vec()),
             None => None,
         };
-        let in_cluster = settings.cluster.is_some();
         if in_cluster && protocol.uses_sasl() && secret.is_none() {
             return Err(format!(
                 "the inter-broker listener is {protocol:?}: set [cluster] rpc_secret_file; brokers authenticate to \
