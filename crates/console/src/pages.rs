@@ -403,6 +403,19 @@ pub struct MessageLine {
     pub headers: Vec<(String, Shown)>,
 }
 
+impl From<MessageRow> for MessageLine {
+    fn from(row: MessageRow) -> MessageLine {
+        MessageLine {
+            partition: row.partition,
+            offset: row.offset,
+            time: display::timestamp(row.timestamp),
+            key: row.key,
+            value: row.value,
+            headers: row.headers,
+        }
+    }
+}
+
 #[derive(Template)]
 #[template(path = "messages.html")]
 struct MessagesPage {
@@ -486,18 +499,7 @@ pub async fn messages(
             || row.value.contains(filter)
             || row.headers.iter().any(|(k, v)| k.contains(filter) || v.contains(filter))
     };
-    let rows = rows
-        .into_iter()
-        .filter(keep)
-        .map(|row| MessageLine {
-            partition: row.partition,
-            offset: row.offset,
-            time: display::timestamp(row.timestamp),
-            key: row.key,
-            value: row.value,
-            headers: row.headers,
-        })
-        .collect();
+    let rows = rows.into_iter().filter(keep).map(MessageLine::from).collect();
     render(MessagesPage {
         chrome: Chrome::of(&session),
         name,

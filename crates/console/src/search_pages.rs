@@ -155,17 +155,7 @@ pub async fn search_page(
         SearchState::Cancelled => (false, "cancelled".to_string()),
         SearchState::Failed(why) => (false, format!("failed: {why}")),
     };
-    let rows = matches
-        .into_iter()
-        .map(|row| MessageLine {
-            partition: row.partition,
-            offset: row.offset,
-            time: display::timestamp(row.timestamp),
-            key: row.key,
-            value: row.value,
-            headers: row.headers,
-        })
-        .collect();
+    let rows = matches.into_iter().map(MessageLine::from).collect();
     let chrome = Chrome::of(&session);
     render(SearchPage { chrome, name, id, described: search.described.clone(), running, state, scanned, total, rows })
 }
