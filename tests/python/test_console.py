@@ -10,9 +10,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -23,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from browser_support import browser, phone_size, screenshot, wait_for_element, wait_for_text  # noqa: F401
-from conftest import free_port
+from conftest import REPO, free_port
 from test_security import add_user, start_secure_broker
 
 # Where a run that sets it saves a screenshot of each page (the docs' images come from here).
@@ -464,6 +466,33 @@ def test_the_console_over_https_logs_in_with_a_secure_cookie_and_samples_as_the_
     # Plain HTTP on the HTTPS port gets no HTTP answer.
     with pytest.raises((urllib.error.URLError, OSError, http.client.HTTPException)):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=5)
+
+
+def test_bench_runs_in_a_folder_are_listed_with_their_table_and_charts(broker_factory, browser, tmp_path):  # noqa: F811
+    runs = tmp_path / "runs"
+    shutil.copytree(REPO / "bench" / "results" / "latency-10k", runs / "nightly" / "latency-10k")
+    port = free_port()
+    broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}", "--console-bench-dir", str(runs)])
+    console = f"http://127.0.0.1:{port}"
+    browser.get(console + "/")
+    browser.find_element(By.ID, "nav-benchmarks").click()
+    wait_for_element(browser, "#runs")
+    assert texts(browser, "#runs tbody tr") == [
+        "nightly/latency-10k Workload: local 10k rate 4p/4c on 1 topic / 100 partitions; driver: local-latency"]
+    browser.find_element(By.LINK_TEXT, "nightly/latency-10k").click()
+    wait_for_text(browser, "#run-path", "nightly/latency-10k")
+    assert "broker CPU s per GiB" in browser.find_element(By.ID, "summary").text
+    # Each round's rate and p99 over its 24 samples (the Kafka round first).
+    assert chart_values(browser, "#rate-0")[0] == 24 and chart_values(browser, "#rate-1")[1] > 9000
+    assert chart_values(browser, "#p99-1")[0] == 24
+    shoot(browser, "benchmark")
+    # Nothing outside the folder is read.
+    for outside in ["../..", "/etc", "nightly"]:
+        try:
+            urllib.request.urlopen(f"{console}/benchmarks/run?path={urllib.parse.quote(outside)}", timeout=10)
+            raise AssertionError(f"{outside} was read")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 404
 
 
 def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, browser):  # noqa: F811

@@ -74,6 +74,7 @@ pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
         tls: https(broker)?,
         history_interval: Duration::from_millis(broker.config().console_history_interval_ms),
         history_login,
+        bench_dir: broker.config().console_bench_dir.clone(),
     })
 }
 

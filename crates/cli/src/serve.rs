@@ -162,6 +162,9 @@ pub struct ServeArgs {
     /// (`ssl.keystore.location`).
     #[arg(long, env = "SLUICE_CONSOLE_TLS")]
     console_tls: bool,
+    /// Show the `sluice bench` runs in DIR on the console's benchmarks pages.
+    #[arg(long, env = "SLUICE_CONSOLE_BENCH_DIR")]
+    console_bench_dir: Option<PathBuf>,
     /// Take AMQP 0-9-1 clients (RabbitMQ's) at ADDR (5672 by convention) [default: off].
     #[arg(long, env = "SLUICE_AMQP_LISTEN")]
     amqp_listen: Option<SocketAddr>,
@@ -232,6 +235,9 @@ impl ServeArgs {
         }
         if self.console_tls {
             config.console_tls = true;
+        }
+        if self.console_bench_dir.is_some() {
+            config.console_bench_dir = self.console_bench_dir.clone();
         }
         if self.amqp_listen.is_some() {
             config.amqp_listen = self.amqp_listen;

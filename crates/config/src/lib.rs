@@ -97,6 +97,8 @@ pub struct BrokerConfig {
     pub console_listen: Option<SocketAddr>,
     /// Serve the web console over HTTPS with the listeners' `ssl.keystore.*`.
     pub console_tls: bool,
+    /// A folder of `sluice bench` runs the console's benchmarks pages show.
+    pub console_bench_dir: Option<PathBuf>,
     /// How often the console samples each group's lag and each topic's end offsets for its
     /// charts (at least `CONSOLE_HISTORY_INTERVAL_MS_MIN`).
     pub console_history_interval_ms: u64,
@@ -401,6 +403,7 @@ impl Default for BrokerConfig {
             schema_registry_listen: None,
             console_listen: None,
             console_tls: false,
+            console_bench_dir: None,
             console_history_interval_ms: 10_000,
             amqp_listen: None,
             schema_registry_tls: false,

@@ -14,6 +14,8 @@
 mod acls;
 mod admin;
 mod assets;
+mod bench_pages;
+mod bench_runs;
 mod changes;
 mod chart;
 mod chart_routes;
@@ -77,6 +79,8 @@ pub struct ConsoleConfig {
     pub tls: Option<TlsAcceptor>,
     /// How often lag and rates are sampled for the charts.
     pub history_interval: Duration,
+    /// Where `sluice bench` runs are kept, for the benchmarks pages.
+    pub bench_dir: Option<std::path::PathBuf>,
     /// Who samples them when visitors log in (a user allowed to describe every group and
     /// topic, e.g. the brokers' own); `None`: no history on a console with logins.
     pub history_login: Option<(String, String)>,
@@ -87,6 +91,7 @@ pub struct Console {
     sessions: Sessions,
     history: Arc<History>,
     searches: Searches,
+    bench_dir: Option<std::path::PathBuf>,
     /// Served over HTTPS (cookies are `Secure`).
     https: bool,
 }
@@ -132,6 +137,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/security/acls/delete", post(security_pages::remove_acl))
         .route("/security/quotas", get(security_pages::quotas).post(security_pages::set_quota))
         .route("/security/quotas/delete", post(security_pages::remove_quota))
+        .route("/benchmarks", get(bench_pages::benchmarks))
+        .route("/benchmarks/run", get(bench_pages::bench_run))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::extract::DefaultBodyLimit::max(REQUEST_BYTES_MAX))
         .layer(axum::middleware::from_fn(changes::same_origin))
@@ -146,7 +153,13 @@ pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
     let history = Arc::new(History::new(config.history_interval));
     let sampler = sessions.history_client(config.history_login);
     tokio::spawn(history::run(history.clone(), sampler));
-    let console = Arc::new(Console { sessions, history, searches: Searches::default(), https: config.tls.is_some() });
+    let console = Arc::new(Console {
+        sessions,
+        history,
+        searches: Searches::default(),
+        bench_dir: config.bench_dir,
+        https: config.tls.is_some(),
+    });
     let limits = HttpLimits {
         connections_max: CONNECTIONS_MAX,
         header_read_timeout: HEADER_READ_TIMEOUT,
