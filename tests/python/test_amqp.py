@@ -122,6 +122,23 @@ def test_a_message_not_acknowledged_is_redelivered_flagged(amqp):
     connection.close()
 
 
+def test_basic_get_and_queue_delete_say_how_many_messages_are_left(amqp):
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.queue_declare(queue="counted", durable=True)
+    for i in range(3):
+        channel.basic_publish(exchange="", routing_key="counted", body=f"m{i}".encode())
+    method, _, body = channel.basic_get("counted", auto_ack=True)
+    assert body == b"m0" and method.message_count == 2
+    method, _, body = channel.basic_get("counted", auto_ack=True)
+    assert body == b"m1" and method.message_count == 1
+    for i in range(3, 5):
+        channel.basic_publish(exchange="", routing_key="counted", body=f"m{i}".encode())
+    assert channel.queue_declare(queue="counted", passive=True).method.message_count == 3
+    assert channel.queue_delete(queue="counted").method.message_count == 3
+    connection.close()
+
+
 def test_the_java_client_runs_rabbitmqs_tutorials(amqp, java_cp):  # noqa: F811
     res = run_java(java_cp, "sluice.tests.AmqpTutorials", ["--host", "127.0.0.1", "--port", str(amqp.amqp_port)],
                    timeout=120)

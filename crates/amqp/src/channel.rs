@@ -463,19 +463,23 @@ impl Channel {
             }
             queue::AMQPMethod::Delete(delete) => {
                 let name = self.queue_name(delete.queue.as_str())?;
-                if self.server.topology.queue(&name).is_some() {
+                let mut deleted_messages = 0;
+                if let Some(queue) = self.server.topology.queue(&name) {
                     self.server.queues.check_access(&name, self.connection)?;
                     if delete.if_unused && self.server.queues.consumers(&name) > 0 {
                         return Err(Refused(reply::PRECONDITION_FAILED, format!("queue '{name}' in vhost '/' in use")));
                     }
+                    let partitions = queues::partitions(&queue.arguments)?;
+                    deleted_messages =
+                        queues::message_count(&*self.server.gateway, &self.session, &name, partitions).await;
                     queues::delete_topic(&*self.server.gateway, Some(&self.session), &name).await?;
                     self.server.topology.forget_queue(&name)?;
                     self.server.queues.forget(&name);
                     self.server.delivered.forget(&name);
                 }
                 if !delete.nowait {
-                    self.send(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: 0 })))
-                        .await;
+                    let ok = queue::DeleteOk { message_count: deleted_messages };
+                    self.send(AMQPClass::Queue(queue::AMQPMethod::DeleteOk(ok))).await;
                 }
             }
             _ => return Err(Refused(reply::COMMAND_INVALID, "a server method sent by the client".into())),
@@ -641,7 +645,9 @@ impl Channel {
 
     async fn get(&mut self, get: basic::Get) -> Result<(), Refused> {
         let name = self.queue_name(get.queue.as_str())?;
-        let policy = QueuePolicy::parse(&self.existing_queue(&name)?.arguments)?;
+        let arguments = self.existing_queue(&name)?.arguments;
+        let policy = QueuePolicy::parse(&arguments)?;
+        let partitions = queues::partitions(&arguments)?;
         self.server.queues.touch(&name);
         let reader = self.getters.entry(name.clone()).or_insert_with(|| {
             consumer::start(
@@ -660,12 +666,16 @@ impl Channel {
         match got {
             None => self.send(AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))).await,
             Some(got) => {
+                // Those left: the unsettled ones but this one, unless acknowledged on receipt
+                // (the reader settles those before it answers).
+                let unsettled = queues::message_count(&*self.server.gateway, &self.session, &name, partitions).await;
+                let left = if get.no_ack { unsettled } else { unsettled.saturating_sub(1) };
                 let method = AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
                     delivery_tag: got.delivery_tag,
                     redelivered: got.redelivered,
                     exchange: got.message.exchange.clone().into(),
                     routing_key: got.message.routing_key.clone().into(),
-                    message_count: 0,
+                    message_count: left,
                 }));
                 let _ = self.outlet.outbox.send(consumer::content_frames(&self.outlet, method, &got.message)).await;
             }

@@ -546,20 +546,27 @@ impl Reader {
         let _ = self.outlet.outbox.send(encode(&AMQPFrame::Method(self.outlet.channel, cancel))).await;
     }
 
+    /// Sends the acknowledgements gathered so far, if the member has a share session.
+    async fn send_acks(&mut self) {
+        if !self.acks.is_empty() && self.member.has_session() {
+            let acks = std::mem::take(&mut self.acks);
+            let _ = self.member.acknowledge(&acks).await;
+        }
+    }
+
     async fn serve_gets(mut self) {
         while let Some(command) = self.inbox.recv().await {
             if let Some((reply, no_ack)) = self.apply(command) {
                 let got = self.get(no_ack).await;
+                // A message acknowledged on receipt is settled before the answer.
+                self.send_acks().await;
                 let _ = reply.send(got);
             }
             if self.stopping {
                 break;
             }
             self.give_up_settled().await;
-            if !self.acks.is_empty() && self.member.has_session() {
-                let acks = std::mem::take(&mut self.acks);
-                let _ = self.member.acknowledge(&acks).await;
-            }
+            self.send_acks().await;
         }
         self.finish().await;
     }
