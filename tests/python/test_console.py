@@ -518,6 +518,9 @@ def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, bro
                          AclPermissionType.ALLOW) for operation in (AclOperation.DESCRIBE, AclOperation.READ)]
     for future in admin.create_acls(grants).values():
         future.result(timeout=10)
+    vault = [TopicPartition("secret", 0, 0)]
+    for future in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("vault-readers", vault)]).values():
+        future.result(timeout=10)
 
     def log_in(user: str, password: str) -> None:
         browser.get(console + "/")
@@ -546,6 +549,13 @@ def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, bro
     browser.get(console + "/topics/secret/messages")
     wait_for_text(browser, "#error", "TopicAuthorizationFailed")
     assert "launch codes" not in browser.page_source
+    # Nor do the console's own charts show her what the broker would not: the history of a
+    # group or topic she may not describe (sampled as the brokers' user) stays hidden.
+    for path in ["/groups/vault-readers/lag-chart", "/topics/secret/rate-chart"]:
+        browser.get(console + path)
+        assert "data-points" not in browser.page_source, f"{path}: {browser.page_source[:300]}"
+    browser.get(console + "/topics/public/rate-chart")
+    assert "data-points" in browser.page_source
     # Logging out ends the session; admin, a super user, sees both topics.
     browser.get(console + "/")
     browser.find_element(By.CSS_SELECTOR, ".who button").click()
