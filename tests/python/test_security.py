@@ -13,7 +13,7 @@ import struct
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -116,7 +116,11 @@ def first_error(conf: dict, topic: str, wait_s: float = 5.0):
     producer = Producer(dict(conf, **{"error_cb": lambda e: errors.append(e.str()),
                                       "message.timeout.ms": int(wait_s * 1000)}))
     delivered = []
-    producer.produce(topic, b"x", on_delivery=lambda err, msg: delivered.append(err and err.str()))
+    try:
+        producer.produce(topic, b"x", on_delivery=lambda err, msg: delivered.append(err and err.str()))
+    except KafkaException as refused:
+        # The client already knows the topic is refused (its metadata said so): it says so at once.
+        return refused.args[0].str()
     # Returns at the first report: a refused login is reported at once, while waiting for the
     # undeliverable message to time out would cost the whole `wait_s`.
     deadline = time.monotonic() + wait_s + 2
