@@ -286,7 +286,7 @@ impl LogManager {
         }
         // One at a time: removals in one parent directory serialize on its lock anyway.
         for dir in doomed {
-            std::fs::remove_dir_all(&dir)?;
+            remove_deleted_dir(&dir);
         }
         Ok(())
     }
@@ -474,8 +474,17 @@ fn remove_deleted_dirs(root: &Path) -> io::Result<()> {
         let entry = entry?;
         if entry.file_type()?.is_dir() && entry.file_name().to_string_lossy().ends_with(DELETED_DIR_SUFFIX) {
             tracing::info!(dir = %entry.path().display(), "removing the log of a deleted partition");
-            std::fs::remove_dir_all(entry.path())?;
+            remove_deleted_dir(&entry.path());
         }
     }
     Ok(())
+}
+
+/// Removes a directory a deletion renamed away. One that cannot be removed now is left for
+/// the next start: its name keeps it from ever being opened as a partition, so it costs disk
+/// space only, and refusing to start over it would cost the whole broker.
+fn remove_deleted_dir(dir: &Path) {
+    if let Err(error) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), %error, "the log of a deleted partition is left for the next start");
+    }
 }
