@@ -111,15 +111,16 @@ setsid bash -c '
     cd tests/python && ../../.venv/bin/python -c "import java_support as j; j.java_test_classpath(); j.kafka_tools_classpath(); import go_support; go_support.registry_client_binary()"
   ' > target/test-tools.log 2>&1 &
 tools_pid=$!
+stage() { echo "== $* ($(date -u +%T))"; }
 trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
-echo "== style"
+stage "style"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Each crate's modules form layers: no two import each other, directly or in a circle.
 python3 scripts/import_cycles.py
 
-echo "== build"
+stage "build"
 cargo build --release -p sluice-cli -p sluice-lossyfs --features sluice-cli/bench
 export SLUICE_BIN="$PWD/target/release/sluice"
 # The power-loss tests mount the broker's data dir on this FUSE filesystem (crates/lossyfs).
@@ -127,10 +128,10 @@ export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"
 # The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
 export SLUICE_BENCH_KAFKA_TEST=1
 
-echo "== unit and property tests"
+stage "unit and property tests"
 cargo test --workspace
 
-echo "== end-to-end tests"
+stage "end-to-end tests"
 if ! wait "$tools_pid"; then
   tail -50 target/test-tools.log >&2
   echo "preparing the test tools failed" >&2
@@ -153,7 +154,7 @@ df -h . "${TMPDIR:-/tmp}" | sed 's/^/   /'
 # picks listen ports from a range of its own (conftest.free_port).
 .venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --dist worksteal --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
 
-echo "== rolling upgrade from the previous version"
+stage "rolling upgrade from the previous version"
 if [ -n "$base_build_pid" ]; then
   if ! wait "$base_build_pid"; then
     tail -50 "$base_dir/build.log" >&2

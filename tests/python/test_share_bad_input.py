@@ -34,7 +34,7 @@ import kafka_wire as kw
 from peer_support import kafka_peer  # noqa: F401  (fixture)
 from kafka_wire import ACCEPT, REJECT, RELEASE, Conn, Record, record_batch
 
-NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, UNKNOWN_TOPIC_ID = 16, 14, 100
+NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, UNKNOWN_TOPIC_ID = 6, 16, 14, 100
 
 
 def unique(prefix: str) -> str:
@@ -61,15 +61,33 @@ def bootstrap(request):
 
 def topic_with_records(conn: Conn, count: int) -> tuple[str, bytes]:
     """A new one-partition topic holding `count` records (offsets 0..count-1); its name and id."""
-    topic = unique("share-bad")
+    topic = new_topic(conn, unique("share-bad"))
+    for i in range(count):
+        assert produce_once_led(conn, topic, record_batch([Record(key=b"k%d" % i, value=b"v%d" % i)])) == i
+    return topic, conn.topic_id(topic)
+
+
+def new_topic(conn: Conn, topic: str) -> str:
+    """Creates a one-partition topic and waits until metadata shows its leader."""
     assert conn.create_topics([(topic, 1, 1, {})])[topic][0] == kw.NONE
     deadline = time.monotonic() + 10
     while conn.metadata([topic])[topic] != (kw.NONE, [0]):
         assert time.monotonic() < deadline, "topic never appeared"
         time.sleep(0.1)
-    for i in range(count):
-        assert conn.produce(topic, 0, record_batch([Record(key=b"k%d" % i, value=b"v%d" % i)]))[:2] == (kw.NONE, i)
-    return topic, conn.topic_id(topic)
+    return topic
+
+
+def produce_once_led(conn: Conn, topic: str, records: bytes) -> int:
+    """Produces to partition 0 and returns the base offset. A new topic's leader may answer
+    NOT_LEADER_OR_FOLLOWER for a moment after metadata names it (Kafka does); a client retries
+    that, and so does this helper, for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        error, base_offset = conn.produce(topic, 0, records)[:2]
+        if error != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+            assert error == kw.NONE, error
+            return base_offset
+        time.sleep(0.1)
 
 
 def new_group(conn: Conn) -> str:
@@ -244,14 +262,9 @@ def test_v2_record_limit_and_renewals_on_the_wire(bootstrap):
     with Conn.to(bootstrap) as conn:
         _, versions = conn.api_versions(3)
         assert versions[kw.SHARE_FETCH][1] >= 2 and versions[kw.SHARE_ACKNOWLEDGE][1] >= 2, versions
-        topic = unique("share-v2")
-        assert conn.create_topics([(topic, 1, 1, {})])[topic][0] == kw.NONE
-        deadline = time.monotonic() + 10
-        while conn.metadata([topic])[topic] != (kw.NONE, [0]):
-            assert time.monotonic() < deadline, "topic never appeared"
-            time.sleep(0.1)
+        topic = new_topic(conn, unique("share-v2"))
         five = record_batch([Record(key=b"k%d" % i, value=b"v%d" % i) for i in range(5)])
-        assert conn.produce(topic, 0, five)[:2] == (kw.NONE, 0)
+        assert produce_once_led(conn, topic, five) == 0
         topic_id = conn.topic_id(topic)
         group, m = new_group(conn), member_id()
         join(conn, group, m, topic, topic_id)
