@@ -358,6 +358,14 @@ def test_a_groups_lag_rises_and_falls_on_its_chart_and_topics_show_their_rate(br
     wait_for_chart(browser, "#rate-chart", lambda points, last, top: top > 0)
     browser.get(console + "/")
     wait_for_chart(browser, "#cluster-rate-chart", lambda points, last, top: top > 0)
+    # This node's own load saw them too: bytes in per second, and the produce requests'
+    # p99 latency over the intervals that had some (the chart's first line).
+    wait_for_chart(browser, "#node-traffic-chart", lambda points, last, top: top > 0)
+    _, produce_p99_us, _ = wait_for_chart(browser, "#node-latency-chart", lambda points, last, top: points >= 1)
+    assert 0 < produce_p99_us < 10_000_000, produce_p99_us
+    fetch_line = browser.find_element(By.CSS_SELECTOR, '#node-latency-chart polyline[data-name="Fetch"]')
+    assert int(fetch_line.get_attribute("data-last")) > 0
+    shoot(browser, "overview-load")
     # The day's window keeps every 30th sample, from the first.
     browser.get(console + "/groups/trend")
     browser.find_element(By.LINK_TEXT, "last day").click()
@@ -551,11 +559,17 @@ def test_each_user_logs_in_and_sees_only_what_its_acls_allow(broker_factory, bro
     assert "launch codes" not in browser.page_source
     # Nor do the console's own charts show her what the broker would not: the history of a
     # group or topic she may not describe (sampled as the brokers' user) stays hidden.
-    for path in ["/groups/vault-readers/lag-chart", "/topics/secret/rate-chart"]:
+    # Nor this node's load, which needs DESCRIBE on the cluster: not on her overview, and
+    # its charts' own routes refuse her.
+    for path in ["/groups/vault-readers/lag-chart", "/topics/secret/rate-chart", "/node-latency-chart",
+                 "/node-traffic-chart"]:
         browser.get(console + path)
         assert "data-points" not in browser.page_source, f"{path}: {browser.page_source[:300]}"
     browser.get(console + "/topics/public/rate-chart")
     assert "data-points" in browser.page_source
+    browser.get(console + "/")
+    wait_for_element(browser, "#cluster-rate-chart")
+    assert not browser.find_elements(By.ID, "node-latency-chart"), "alice sees this node's request latency"
     # Logging out ends the session; admin, a super user, sees both topics.
     browser.get(console + "/")
     browser.find_element(By.CSS_SELECTOR, ".who button").click()

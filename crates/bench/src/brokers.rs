@@ -72,7 +72,7 @@ pub fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
 
 /// Makes `command`'s process receive SIGTERM when the bench dies, so an interrupted
 /// run leaves no broker behind.
-fn die_with_parent(command: &mut Command) -> &mut Command {
+pub(crate) fn die_with_parent(command: &mut Command) -> &mut Command {
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe.
     unsafe {

@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use crate::brokers::{self, SluiceBroker};
+use crate::console_viewer::{self, ConsoleViewer};
 use crate::driver::Driver;
 use crate::memcap::MemoryCap;
 use crate::result::{BacklogPhases, PhaseFigures, SluiceExtras, TestResult};
@@ -88,6 +89,11 @@ pub struct CompareArgs {
     /// memory cgroups.
     #[arg(long, value_name = "SIZE")]
     pub broker_memory_limit: Option<MemoryCap>,
+    /// Serve Sluice's web console and keep a headless Chromium (Debian's `chromium`) on its
+    /// overview throughout each Sluice run: what the console costs while someone watches.
+    /// One node only.
+    #[arg(long)]
+    pub console_viewer: bool,
     /// Kafka settings.
     #[command(flatten)]
     pub kafka: KafkaArgs,
@@ -227,6 +233,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
+    if args.console_viewer && args.nodes > 1 {
+        bail!("--console-viewer watches one node's console: use it with --nodes 1");
+    }
     let workload = Workload::load(&args.workload)?;
     let driver = Driver::load(&args.driver)?;
     let sluice_bin = match &args.sluice_bin {
@@ -251,6 +260,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
     if let Some(line) = &neighbour {
         println!("Neighbour: {line}");
     }
+    let console = args.console_viewer.then_some(CONSOLE_VIEWER_LINE);
 
     let mut runs: Vec<(String, u32, anyhow::Result<TestResult>)> = Vec::new();
     for round in 1..=args.rounds {
@@ -282,6 +292,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<()> {
         memory: memory.as_deref(),
         backlog: backlog.as_deref(),
         neighbour: neighbour.as_deref(),
+        console,
     };
     let table = summary_table(&runs, &header);
     println!("\n{table}");
@@ -307,11 +318,19 @@ fn run_one(
     tls: Option<&crate::tls::BenchTls>,
 ) -> anyhow::Result<TestResult> {
     let nodes = usize::from(args.nodes);
+    let console_port = match (broker, args.console_viewer) {
+        ("sluice", true) => Some(brokers::free_ports(1)?[0]),
+        _ => None,
+    };
+    let mut sluice_args = args.sluice_arg.clone();
+    sluice_args.extend(console_port.map(console_viewer::serve_args).unwrap_or_default());
     let mut process = match broker {
         "kafka" => args.kafka.start(nodes, tls, args.broker_memory_limit)?,
-        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &args.sluice_arg, tls, args.broker_memory_limit)?,
+        _ => SluiceBroker::start_cluster(sluice_bin, nodes, &sluice_args, tls, args.broker_memory_limit)?,
     };
     process.keep_logs_in(&args.output_dir, &format!("round-{round}-{broker}"));
+    let profile = args.output_dir.join(format!("round-{round}-console-viewer"));
+    let _viewer = console_port.map(|port| ConsoleViewer::open(port, &profile)).transpose()?;
     let mut options = args.overrides.run_options();
     options.bootstrap = Some(process.client_bootstrap());
     options.client_settings = tls.map(crate::tls::BenchTls::client_settings).unwrap_or_default();
@@ -395,7 +414,13 @@ struct TableHeader<'a> {
     backlog: Option<&'a str>,
     /// The noisy neighbour, when the runs had one.
     neighbour: Option<&'a str>,
+    /// The console watched during Sluice's runs, when it was.
+    console: Option<&'a str>,
 }
+
+/// What the summary says of `--console-viewer`.
+const CONSOLE_VIEWER_LINE: &str =
+    "Sluice served its web console, open on the overview in a headless Chromium throughout each run";
 
 /// What the summary says of each broker's durability. Extra `sluice serve` arguments
 /// (`--sluice-arg`, e.g. `--durability-level=2`) may change Sluice's, so they are named.
@@ -437,6 +462,9 @@ fn summary_table(runs: &[(String, u32, anyhow::Result<TestResult>)], header: &Ta
     }
     if let Some(backlog) = header.backlog {
         let _ = writeln!(table, "Backlog: {backlog}");
+    }
+    if let Some(console) = header.console {
+        let _ = writeln!(table, "Console: {console}");
     }
     if let Some(neighbour) = header.neighbour {
         let _ = writeln!(table, "Neighbour: {neighbour}");
@@ -593,6 +621,7 @@ mod tests {
             memory: None,
             backlog: None,
             neighbour: None,
+            console: None,
         }
     }
 

@@ -20,6 +20,7 @@
 pub mod brokers;
 pub mod chart;
 pub mod compare;
+pub mod console_viewer;
 pub mod driver;
 pub mod kafka;
 pub mod memcap;

@@ -9,9 +9,10 @@
 //! own port, and a SCRAM login proves both sides anyway).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_console::{ConsoleConfig, Login, SaslMechanism, Settings};
+use sluice_console::{ConsoleConfig, Login, NodeTotalsSource, SaslMechanism, Settings};
 use sluice_security::{SecurityProtocol, INTER_BROKER_USER};
 
 use crate::Broker;
@@ -23,8 +24,13 @@ const _: () =
 /// SASL mechanisms the console logs in with, in the order tried.
 const LOGIN_MECHANISMS: [&str; 3] = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"];
 
+/// This node's own totals, read at each of the console's samples.
+fn node_totals(broker: Arc<Broker>) -> NodeTotalsSource {
+    Arc::new(move || broker.metrics.load_totals())
+}
+
 /// How `broker`'s console reaches it.
-pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
+pub fn config(broker: &Arc<Broker>) -> Result<ConsoleConfig, String> {
     let listeners = broker.listeners();
     let chosen = listeners
         .iter()
@@ -75,6 +81,7 @@ pub fn config(broker: &Broker) -> Result<ConsoleConfig, String> {
         history_interval: Duration::from_millis(broker.config().console_history_interval_ms),
         history_login,
         bench_dir: broker.config().console_bench_dir.clone(),
+        node_totals: Some(node_totals(broker.clone())),
     })
 }
 

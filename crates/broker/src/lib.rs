@@ -13,6 +13,7 @@ mod coordinator_host;
 mod fetch_session;
 mod handlers;
 mod http_auth;
+mod load_totals;
 mod metadata_writes;
 pub mod metrics;
 mod open;

@@ -38,6 +38,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+
+use crate::load_totals::LoadTotals;
 use sluice_tiered::TieredMetrics;
 use tokio::net::TcpListener;
 
@@ -142,6 +144,8 @@ pub(crate) struct Metrics {
     /// Per-topic handles, found without allocating.
     topics: RwLock<HashMap<String, TopicCounters>>,
     fsync_seconds: Histogram,
+    /// This node's totals for the console's load charts.
+    load: LoadTotals,
     connections: Gauge,
     /// Connections refused at accept, by the limit that refused them.
     connections_refused: Family<ReasonLabels, Counter>,
@@ -386,6 +390,7 @@ impl Metrics {
             fetch_bytes,
             topics: RwLock::new(HashMap::new()),
             fsync_seconds,
+            load: LoadTotals::new(),
             connections,
             connections_refused,
             connections_closed,
@@ -422,6 +427,7 @@ impl Metrics {
     /// Counts one answered request of API `api_key` that took `elapsed`; the API's first
     /// request creates its series.
     pub(crate) fn request_done(&self, api_key: i16, elapsed: Duration) {
+        self.load.request_done(api_key, elapsed);
         if let Some(Some(slot)) = self.apis.get(api_key as usize) {
             let api = slot.handles.get_or_init(|| ApiMetrics {
                 requests: self.requests.get_or_create_owned(&slot.labels),
@@ -447,6 +453,7 @@ impl Metrics {
 
     pub(crate) fn produced(&self, topic: &str, bytes: u64, records: u64) {
         if bytes > 0 {
+            self.load.produced(bytes);
             let counters = self.topic(topic);
             counters.produce_bytes.inc_by(bytes);
             counters.produce_records.inc_by(records);
@@ -455,8 +462,14 @@ impl Metrics {
 
     pub(crate) fn fetched(&self, topic: &str, bytes: u64) {
         if bytes > 0 {
+            self.load.fetched(bytes);
             self.topic(topic).fetch_bytes.inc_by(bytes);
         }
+    }
+
+    /// This node's byte and latency totals since it started (the console's load charts).
+    pub(crate) fn load_totals(&self) -> sluice_console::NodeTotals {
+        self.load.read()
     }
 
     /// What the syncer reports after each fsync.

@@ -2,7 +2,8 @@
 //!
 //! A chart shows what `history` kept, but only to a user the broker lets see the group or
 //! topic: each route first asks the broker as that user (FindCoordinator for a group, which
-//! needs DESCRIBE on it; Metadata for topics, which lists only what the user may describe).
+//! needs DESCRIBE on it; Metadata for topics, which lists only what the user may describe;
+//! DescribeCluster for this node's own load, shown to a user with DESCRIBE on the cluster).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 
 use crate::groups::coordinator_of;
-use crate::over_time::{cluster_rate, group_lag, topic_rate, visible_topics, WindowQuery};
+use crate::over_time::{cluster_rate, group_lag, node_latency, node_traffic, topic_rate, visible_topics, WindowQuery};
 use crate::pages::session_of;
 use crate::Console;
 
@@ -66,5 +67,32 @@ pub async fn cluster_rate_chart(
             Html(cluster_rate(&console.history, &topics, query.window())).into_response()
         }
         Err(error) => (StatusCode::BAD_GATEWAY, format!("{error:#}")).into_response(),
+    }
+}
+
+pub async fn node_traffic_chart(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<WindowQuery>,
+) -> Response {
+    node_chart(&console, &headers, || node_traffic(&console.history, query.window())).await
+}
+
+pub async fn node_latency_chart(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<WindowQuery>,
+) -> Response {
+    node_chart(&console, &headers, || node_latency(&console.history, query.window())).await
+}
+
+async fn node_chart(console: &Arc<Console>, headers: &HeaderMap, chart: impl FnOnce() -> String) -> Response {
+    let session = match session_of(console, headers).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    match session.cluster.may_describe_cluster().await {
+        true => Html(chart()).into_response(),
+        false => (StatusCode::FORBIDDEN, "this node's load needs DESCRIBE on the cluster").into_response(),
     }
 }

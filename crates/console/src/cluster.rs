@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{MetadataRequest, TopicName};
+use kafka_protocol::messages::{DescribeClusterRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use parking_lot::Mutex;
 use sluice_client::{Connector, Exchange, KafkaConnection};
@@ -42,6 +42,7 @@ pub mod versions {
     pub const DESCRIBE_USER_SCRAM_CREDENTIALS: i16 = 0;
     pub const ALTER_USER_SCRAM_CREDENTIALS: i16 = 0;
     pub const DESCRIBE_ACLS: i16 = 3;
+    pub const DESCRIBE_CLUSTER: i16 = 1;
     pub const CREATE_ACLS: i16 = 3;
     pub const DELETE_ACLS: i16 = 3;
     pub const DESCRIBE_CLIENT_QUOTAS: i16 = 1;
@@ -77,7 +78,24 @@ impl ClusterMetadata {
     }
 }
 
+/// Kafka's ACL operation code of DESCRIBE, a bit of `cluster_authorized_operations`.
+const DESCRIBE_OPERATION: i32 = 8;
+
 impl ClusterClient {
+    /// Whether this client's user may DESCRIBE the cluster (Kafka's gate on broker-wide
+    /// information such as its configs), asked with DescribeCluster.
+    pub async fn may_describe_cluster(self: &Arc<Self>) -> bool {
+        let mut request = DescribeClusterRequest::default();
+        request.include_cluster_authorized_operations = true;
+        let bootstrap = self.bootstrap().to_string();
+        match self.send(&bootstrap, versions::DESCRIBE_CLUSTER, request).await {
+            Ok(answer) => {
+                answer.error_code == 0 && answer.cluster_authorized_operations & (1 << DESCRIBE_OPERATION) != 0
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Opens a first connection to `bootstrap` (so that a login with a wrong password fails
     /// here) and keeps it.
     pub async fn open(connector: Connector, bootstrap: String) -> anyhow::Result<Arc<ClusterClient>> {

@@ -24,6 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use parking_lot::Mutex;
 
 use crate::cluster::{versions, ClusterClient};
+use crate::node_load::{self, NodeTotals, NodeTotalsSource};
 
 /// Opens the sampler's client of the cluster.
 pub type ClientOpener =
@@ -53,6 +54,20 @@ pub enum SeriesKey {
     GroupLag(String),
     /// A topic's end offsets summed over its partitions.
     TopicEnd(String),
+    /// Bytes produced to this node since it started.
+    NodeBytesIn,
+    /// Bytes fetched from this node since it started.
+    NodeBytesOut,
+    /// This node's request latency percentile over each interval (`node_load`), in
+    /// microseconds, by API; a point only for an interval that served a request.
+    RequestLatency(String),
+}
+
+impl SeriesKey {
+    /// Whether the series is this node's own, kept whether or not the cluster answered.
+    fn is_node(&self) -> bool {
+        matches!(self, SeriesKey::NodeBytesIn | SeriesKey::NodeBytesOut | SeriesKey::RequestLatency(_))
+    }
 }
 
 /// One sample of a series.
@@ -118,15 +133,19 @@ impl History {
         History { interval, series: Mutex::default(), samples: Mutex::new(0), last_error: Mutex::default() }
     }
 
-    /// Adds one sample of every series at `at_ms`; series not in `values` are dropped.
-    pub fn record(&self, at_ms: i64, values: BTreeMap<SeriesKey, i64>) {
+    /// Adds one sample of every series at `at_ms`. With `cluster_answered`, a group's or
+    /// topic's series not in `values` is gone and dropped; without (the cluster's part of
+    /// the sample failed), every series is kept.
+    pub fn record(&self, at_ms: i64, values: BTreeMap<SeriesKey, i64>, cluster_answered: bool) {
         let into_day = {
             let mut samples = self.samples.lock();
             *samples += 1;
             (*samples - 1) % DAY_EVERY == 0
         };
         let mut series = self.series.lock();
-        series.retain(|key, _| values.contains_key(key));
+        if cluster_answered {
+            series.retain(|key, _| key.is_node() || values.contains_key(key));
+        }
         for (key, value) in values {
             if series.len() >= SERIES_MAX && !series.contains_key(&key) {
                 continue;
@@ -158,6 +177,11 @@ impl History {
         rates(&totals)
     }
 
+    /// Per-second growth of a series of totals (this node's bytes in or out).
+    pub fn growth(&self, key: &SeriesKey, window: Window) -> Vec<Point> {
+        rates(&self.points(key, window))
+    }
+
     pub fn last_error(&self) -> Option<String> {
         self.last_error.lock().clone()
     }
@@ -178,38 +202,56 @@ pub fn rates(totals: &[Point]) -> Vec<Point> {
 }
 
 /// Samples the cluster every `history.interval` for as long as the console runs, as the
-/// client `connect` opens (again after a failure); `None`: nobody to sample as.
-pub async fn run(history: Arc<History>, connect: Option<ClientOpener>) {
-    let Some(connect) = connect else {
+/// client `connect` opens (again after a failure; `None`: nobody to sample as), and this
+/// node's own totals from `node`.
+pub async fn run(history: Arc<History>, connect: Option<ClientOpener>, node: Option<NodeTotalsSource>) {
+    if connect.is_none() {
         *history.last_error.lock() = Some("no user to sample as: history needs the cluster's shared secret".into());
-        return;
-    };
+    }
     let mut ticks = tokio::time::interval(history.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client = None;
+    let mut node_before: Option<NodeTotals> = None;
     loop {
         ticks.tick().await;
-        if client.is_none() {
-            client = match connect().await {
-                Ok(opened) => Some(opened),
-                Err(error) => {
-                    *history.last_error.lock() = Some(format!("{error:#}"));
-                    continue;
-                }
-            };
+        let mut values = BTreeMap::new();
+        if let Some(node) = &node {
+            let totals = node();
+            values.extend(node_load::sample_values(node_before.as_ref(), &totals));
+            node_before = Some(totals);
         }
-        let Some(opened) = &client else { continue };
-        match sample(opened).await {
-            Ok(values) => {
-                history.record(now_ms(), values);
-                *history.last_error.lock() = None;
-            }
+        let Some(connect) = &connect else {
+            history.record(now_ms(), values, false);
+            continue;
+        };
+        let cluster = match sample_cluster(&mut client, connect).await {
+            Ok(cluster) => cluster,
             Err(error) => {
                 tracing::debug!(error = %format!("{error:#}"), "console history sample failed");
                 *history.last_error.lock() = Some(format!("{error:#}"));
+                history.record(now_ms(), values, false);
+                continue;
             }
-        }
+        };
+        values.extend(cluster);
+        history.record(now_ms(), values, true);
+        *history.last_error.lock() = None;
     }
+}
+
+/// The cluster's part of one sample, over `client` (opened first if it is not; forgotten
+/// after a failure, so the next sample opens another).
+async fn sample_cluster(
+    client: &mut Option<Arc<ClusterClient>>,
+    connect: &ClientOpener,
+) -> anyhow::Result<BTreeMap<SeriesKey, i64>> {
+    let opened = match client.take() {
+        Some(opened) => opened,
+        None => connect().await?,
+    };
+    let values = sample(&opened).await?;
+    *client = Some(opened);
+    Ok(values)
 }
 
 fn now_ms() -> i64 {
@@ -346,7 +388,7 @@ mod tests {
         let history = History::new(Duration::from_secs(10));
         let lag = SeriesKey::GroupLag("g".into());
         for i in 0..(RECENT_POINTS as i64 + 5) {
-            history.record(i * 10_000, values(&[(lag.clone(), i)]));
+            history.record(i * 10_000, values(&[(lag.clone(), i)]), true);
         }
         let recent = history.points(&lag, Window::Recent);
         assert_eq!(recent.len(), RECENT_POINTS);
@@ -355,8 +397,20 @@ mod tests {
         let day = history.points(&lag, Window::Day);
         assert_eq!(day.len(), (RECENT_POINTS + 5).div_ceil(DAY_EVERY as usize));
         assert_eq!(day[1].value, DAY_EVERY as i64);
-        history.record(1, values(&[(SeriesKey::TopicEnd("t".into()), 1)]));
+        history.record(1, values(&[(SeriesKey::TopicEnd("t".into()), 1)]), false);
+        assert!(!history.points(&lag, Window::Recent).is_empty(), "a failed cluster sample dropped a series");
+        history.record(1, values(&[(SeriesKey::TopicEnd("t".into()), 1)]), true);
         assert!(history.points(&lag, Window::Recent).is_empty(), "a gone group's series stays");
+    }
+
+    #[test]
+    fn a_nodes_series_outlive_samples_that_leave_them_out() {
+        let history = History::new(Duration::from_secs(1));
+        let latency = SeriesKey::RequestLatency("Produce".into());
+        history.record(0, values(&[(latency.clone(), 900), (SeriesKey::NodeBytesIn, 0)]), true);
+        history.record(1000, values(&[(SeriesKey::NodeBytesIn, 4096)]), true);
+        assert_eq!(history.points(&latency, Window::Recent).len(), 1, "an idle interval dropped the latency series");
+        assert_eq!(history.growth(&SeriesKey::NodeBytesIn, Window::Recent), vec![Point { at_ms: 1000, value: 4096 }]);
     }
 
     #[test]
@@ -367,7 +421,7 @@ mod tests {
         let history = History::new(Duration::from_secs(1));
         for (at_ms, a, b) in [(0, 0, 0), (1000, 10, 5)] {
             let sample = values(&[(SeriesKey::TopicEnd("a".into()), a), (SeriesKey::TopicEnd("b".into()), b)]);
-            history.record(at_ms, sample);
+            history.record(at_ms, sample, true);
         }
         let both = history.rate(&["a".to_string(), "b".to_string()], Window::Recent);
         assert_eq!(both, vec![Point { at_ms: 1000, value: 15 }]);

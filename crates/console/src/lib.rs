@@ -26,6 +26,7 @@ mod group_forms;
 mod groups;
 mod history;
 mod messages;
+mod node_load;
 mod over_time;
 mod pages;
 mod quotas;
@@ -54,6 +55,7 @@ use crate::search::Searches;
 use crate::session::Sessions;
 
 pub use history::HISTORY_INTERVAL_MIN;
+pub use node_load::{ApiLatency, NodeTotals, NodeTotalsSource};
 
 /// Connections served at once; the oldest is closed to admit a new one.
 const CONNECTIONS_MAX: usize = 256;
@@ -84,6 +86,8 @@ pub struct ConsoleConfig {
     /// Who samples them when visitors log in (a user allowed to describe every group and
     /// topic, e.g. the brokers' own); `None`: no history on a console with logins.
     pub history_login: Option<(String, String)>,
+    /// This node's own byte and latency totals, for its load charts.
+    pub node_totals: Option<NodeTotalsSource>,
 }
 
 /// A running console's state.
@@ -124,6 +128,8 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/topics/{name}/produce", post(changes::produce))
         .route("/groups", get(pages::groups))
         .route("/rate-chart", get(chart_routes::cluster_rate_chart))
+        .route("/node-traffic-chart", get(chart_routes::node_traffic_chart))
+        .route("/node-latency-chart", get(chart_routes::node_latency_chart))
         .route("/topics/{name}/rate-chart", get(chart_routes::topic_rate_chart))
         .route("/groups/{id}", get(pages::group))
         .route("/groups/{id}/lag-chart", get(chart_routes::group_lag_chart))
@@ -152,7 +158,7 @@ pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
     let sessions = Sessions::new(config.bootstrap, config.settings, config.login);
     let history = Arc::new(History::new(config.history_interval));
     let sampler = sessions.history_client(config.history_login);
-    tokio::spawn(history::run(history.clone(), sampler));
+    tokio::spawn(history::run(history.clone(), sampler, config.node_totals));
     let console = Arc::new(Console {
         sessions,
         history,

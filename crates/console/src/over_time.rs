@@ -5,7 +5,7 @@
 use askama::Template;
 use serde::Deserialize;
 
-use crate::chart::line_chart;
+use crate::chart::{line_chart, lines_chart, Line, Scale};
 use crate::history::{History, SeriesKey, Window};
 
 /// The `window` query of a page or chart: `1h` (default) or `24h`.
@@ -75,6 +75,33 @@ pub fn cluster_rate(history: &History, topics: &[String], window: Window) -> Str
     let points = history.rate(topics, window);
     let svg = line_chart("cluster-rate-chart", &points, "messages per second");
     drawn(history, "cluster-rate-over-time", "Messages per second, all topics", "/rate-chart".to_string(), window, svg)
+}
+
+/// This node's bytes in (produced) and out (fetched by consumers and followers) per second.
+pub fn node_traffic(history: &History, window: Window) -> String {
+    let (into, out) =
+        (history.growth(&SeriesKey::NodeBytesIn, window), history.growth(&SeriesKey::NodeBytesOut, window));
+    let lines = [Line { name: "in", points: &into }, Line { name: "out", points: &out }];
+    let svg = lines_chart("node-traffic-chart", &lines, "bytes per second", Scale::BytesPerSecond);
+    drawn(
+        history,
+        "node-traffic-over-time",
+        "Bytes per second, this node",
+        "/node-traffic-chart".to_string(),
+        window,
+        svg,
+    )
+}
+
+/// This node's Produce and Fetch latency percentile over each interval (a Fetch's time
+/// includes its wait for data, up to the consumer's `fetch.max.wait.ms`).
+pub fn node_latency(history: &History, window: Window) -> String {
+    let series = |api: &str| history.points(&SeriesKey::RequestLatency(api.to_string()), window);
+    let (produce, fetch) = (series("Produce"), series("Fetch"));
+    let lines = [Line { name: "Produce", points: &produce }, Line { name: "Fetch", points: &fetch }];
+    let svg = lines_chart("node-latency-chart", &lines, "p99 request latency", Scale::Micros);
+    let title = "Request latency p99, this node (Fetch includes its wait for data)";
+    drawn(history, "node-latency-over-time", title, "/node-latency-chart".to_string(), window, svg)
 }
 
 /// The names of the topics a Metadata answer lists without an error.

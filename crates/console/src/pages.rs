@@ -133,6 +133,9 @@ struct OverviewPage {
     size: String,
     /// Messages per second into the topics the user sees, over time (`over_time`).
     rate_chart: String,
+    /// This node's bytes per second and request latency, for a user who may describe the
+    /// cluster; empty otherwise.
+    node_charts: String,
 }
 
 pub async fn overview(
@@ -165,9 +168,17 @@ pub async fn overview(
         })
         .collect();
     let rate_chart = over_time::cluster_rate(&console.history, &over_time::visible_topics(&metadata), query.window());
+    let node_charts = match session.cluster.may_describe_cluster().await {
+        true => {
+            over_time::node_traffic(&console.history, query.window())
+                + &over_time::node_latency(&console.history, query.window())
+        }
+        false => String::new(),
+    };
     render(OverviewPage {
         chrome: Chrome::of(&session),
         rate_chart,
+        node_charts,
         cluster_id: metadata.cluster_id.clone(),
         nodes,
         topics: rows.len(),
