@@ -46,6 +46,7 @@ use sluice_http::HttpLimits;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+pub use display::{SchemaDecoded, SchemaDecoder};
 pub use session::Login;
 pub use sluice_client::{SaslMechanism, Settings};
 
@@ -84,6 +85,9 @@ pub struct ConsoleConfig {
     /// Who samples them when visitors log in (a user allowed to describe every group and
     /// topic, e.g. the brokers' own); `None`: no history on a console with logins.
     pub history_login: Option<(String, String)>,
+    /// Decodes keys and values framed with a schema id (the broker's schema registry);
+    /// `None`: they are shown as bytes.
+    pub schema_decoder: Option<Arc<dyn SchemaDecoder>>,
 }
 
 /// A running console's state.
@@ -92,6 +96,7 @@ pub struct Console {
     history: Arc<History>,
     searches: Searches,
     bench_dir: Option<std::path::PathBuf>,
+    schema_decoder: Option<Arc<dyn SchemaDecoder>>,
     /// Served over HTTPS (cookies are `Secure`).
     https: bool,
 }
@@ -158,6 +163,7 @@ pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
         history,
         searches: Searches::default(),
         bench_dir: config.bench_dir,
+        schema_decoder: config.schema_decoder,
         https: config.tls.is_some(),
     });
     let limits = HttpLimits {
