@@ -68,7 +68,7 @@ pub struct Decoded {
 /// A schema ready to decode with.
 enum Compiled {
     Avro { schema: AvroSchema, referenced: Vec<AvroSchema> },
-    Protobuf { pool: DescriptorPool, file: prost_types::FileDescriptorProto },
+    Protobuf { pool: DescriptorPool, file: Box<prost_types::FileDescriptorProto> },
     Json,
 }
 
@@ -167,14 +167,17 @@ fn compile_avro(state: &State, value: &SchemaValue) -> Result<Compiled, String> 
     let resolved = ResolvedSchema::try_from(all).map_err(|error| error.to_string())?;
     let mut steps = 0;
     if recursive(&schema, resolved.get_names(), &None, &mut Vec::new(), &mut steps) {
-        return Err("a recursive Avro schema is not decoded (its depth would be the message's)".to_string());
+        return Err("a recursive Avro schema, or one with an array of items that take no bytes, is not decoded \
+                    (its size would be bounded by nothing but the message's claims)"
+            .to_string());
     }
     Ok(Compiled::Avro { schema, referenced })
 }
 
 /// Whether `schema` (in `namespace`, inside the named types of `path`) names one of its
-/// own enclosing types, so a datum's depth is bounded only by its bytes; also true when
-/// a name does not resolve or the walk takes too long (either way: not decoded).
+/// own enclosing types, so a datum's depth is bounded only by its bytes, or has an array of
+/// items that take no bytes; also true when a name does not resolve or the walk takes too
+/// long (either way: not decoded).
 fn recursive(
     schema: &AvroSchema,
     names: &NamesRef<'_>,
@@ -187,7 +190,10 @@ fn recursive(
         return true;
     }
     match schema {
-        AvroSchema::Array(array) => recursive(&array.items, names, namespace, path, steps),
+        AvroSchema::Array(array) => {
+            takes_no_bytes(&array.items, names, namespace, steps)
+                || recursive(&array.items, names, namespace, path, steps)
+        }
         AvroSchema::Map(map) => recursive(&map.types, names, namespace, path, steps),
         AvroSchema::Union(union) => union.variants().iter().any(|v| recursive(v, names, namespace, path, steps)),
         AvroSchema::Decimal(decimal) => recursive(&decimal.inner, names, namespace, path, steps),
@@ -216,6 +222,30 @@ fn recursive(
     }
 }
 
+/// Whether a value of `schema` may take no bytes at all (a null, a record of nulls, an empty
+/// fixed): an array of such items is as long as its block counts say, without bytes to
+/// bound it. Called on schemas the walk has not yet found recursive, so bounded by `steps`.
+fn takes_no_bytes(schema: &AvroSchema, names: &NamesRef<'_>, namespace: &Namespace, steps: &mut usize) -> bool {
+    *steps += 1;
+    if *steps > AVRO_WALK_STEPS_MAX {
+        return true;
+    }
+    match schema {
+        AvroSchema::Null => true,
+        AvroSchema::Fixed(fixed) => fixed.size == 0,
+        AvroSchema::Decimal(decimal) => takes_no_bytes(&decimal.inner, names, namespace, steps),
+        AvroSchema::Record(record) => {
+            let inner = record.name.fully_qualified_name(namespace).namespace;
+            record.fields.iter().all(|field| takes_no_bytes(&field.schema, names, &inner, steps))
+        }
+        AvroSchema::Ref { name } => {
+            let name = name.fully_qualified_name(namespace);
+            names.get(&name).is_none_or(|named| takes_no_bytes(named, names, &name.namespace, steps))
+        }
+        _ => false,
+    }
+}
+
 fn compile_protobuf(state: &State, value: &SchemaValue) -> Result<Compiled, String> {
     let mut files = Vec::new();
     referenced_files(state, value, 0, &mut files)?;
@@ -229,7 +259,7 @@ fn compile_protobuf(state: &State, value: &SchemaValue) -> Result<Compiled, Stri
         }
     }
     pool.add_file_descriptor_proto((*file).clone()).map_err(|error| error.to_string())?;
-    Ok(Compiled::Protobuf { pool, file: *file })
+    Ok(Compiled::Protobuf { pool, file })
 }
 
 /// The files `value` imports through its references, each under the name it imports it
@@ -513,12 +543,19 @@ mod tests {
         let id = register(&registry, "people-value", "AVRO", person, vec![reference]).await;
         let list = r#"{"type":"record","name":"Node","fields":[{"name":"next","type":["null","Node"]}]}"#;
         let list_id = register(&registry, "list-value", "AVRO", list, vec![]).await;
+        let nulls =
+            r#"{"type":"record","name":"Nulls","fields":[{"name":"n","type":{"type":"array","items":"null"}}]}"#;
+        let nulls_id = register(&registry, "nulls-value", "AVRO", nulls, vec![]).await;
         let decoder = Decoder::new(registry);
         let json = decoded(&decoder, &framed_bytes(id, &[8, b'O', b's', b'l', b'o']));
         assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap()["home"]["city"], "Oslo");
         let deep: Vec<u8> = std::iter::repeat_n(2, 100_000).chain([0]).collect();
         let refused = decoder.decode(&framed_bytes(list_id, &deep)).unwrap().unwrap_err();
         assert!(refused.contains("recursive"), "{refused}");
+        // Blocks of 4 million nulls each, in 4 bytes a block.
+        let endless: Vec<u8> = [0x80, 0x80, 0x80, 0x04].repeat(1000);
+        let refused = decoder.decode(&framed_bytes(nulls_id, &endless)).unwrap().unwrap_err();
+        assert!(refused.contains("no bytes"), "{refused}");
     }
 
     #[tokio::test]
