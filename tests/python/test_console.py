@@ -1,7 +1,8 @@
 """The web console (`--console-listen`), driven in a real headless Chromium: the overview, the
 topics list and its filter, a topic's partitions and configs, its messages (newest, from an
 offset, one partition, filtered; keys, values and headers shown as text, JSON, hex, null or
-empty), a consumer group's members, assignment and lag, its positions moved (a plan shown
+empty; Avro, Protobuf and JSON Schema values decoded by the built-in registry's schemas and
+found by a search for what they decode to), a consumer group's members, assignment and lag, its positions moved (a plan shown
 first), deleted, and the group deleted, on a laptop-size and a phone-size screen. With SASL users, visitors log in as Kafka clients do and each sees only what its ACLs
 allow."""
 
@@ -431,6 +432,80 @@ def test_a_topic_is_searched_on_the_broker_with_progress_and_a_cap(broker_factor
         raise AssertionError("an unknown search was found")
     except urllib.error.HTTPError as missing:
         assert missing.code == 404
+
+
+def test_schema_framed_values_are_shown_decoded_and_found_by_what_they_decode_to(
+        broker_factory, browser):  # noqa: F811
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from test_schema_registry import order_message_class
+
+    port, registry_port = free_port(), free_port()
+    broker = broker_factory(extra_args=["--console-listen", f"127.0.0.1:{port}",
+                                        "--schema-registry-listen", f"127.0.0.1:{registry_port}"])
+    console = f"http://127.0.0.1:{port}"
+    client = SchemaRegistryClient({"url": f"http://127.0.0.1:{registry_port}"})
+    payment = json.dumps({"type": "record", "name": "Payment", "namespace": "shop", "fields": [
+        {"name": "payer", "type": "string"}, {"name": "cents", "type": "long"},
+        {"name": "currency", "type": {"type": "enum", "name": "Currency", "symbols": ["EUR", "USD"]}}]})
+    event = json.dumps({"type": "object", "properties": {"kind": {"type": "string"}, "basket": {"type": "string"}}})
+    order = order_message_class()
+    produced = {
+        "payments": (AvroSerializer(client, payment), [{"payer": "ada", "cents": 1250, "currency": "EUR"},
+                                                       {"payer": "grace", "cents": 990, "currency": "USD"}]),
+        "orders": (ProtobufSerializer(order, client, {"use.deprecated.format": False}), [order(id=41, item="teapot")]),
+        "events": (JSONSerializer(event, client), [{"kind": "checkout", "basket": "b-77"}]),
+    }
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for topic, (serializer, values) in produced.items():
+        create_topic(broker.bootstrap, topic, 1)
+        for value in values:
+            producer.produce(topic, serializer(value, SerializationContext(topic, MessageField.VALUE)))
+    producer.produce("payments", value=b"plain text")
+    assert producer.flush(30) == 0
+    ids = {topic: client.get_latest_version(f"{topic}-value").schema_id for topic in produced}
+
+    # Each value shows as the JSON its schema decodes it to, labelled with the schema.
+    browser.get(console + "/topics/payments/messages")
+    wait_for_text(browser, "#message-table .value", '"payer": "grace"')
+    values = texts(browser, "#message-table .value")
+    assert any('"currency": "USD"' in value and '"cents": 990' in value for value in values), values
+    assert "plain text" in values, values
+    assert texts(browser, "#message-table .schema") == [f"avro · schema {ids['payments']}"] * 2
+    shoot(browser, "messages-decoded")
+    browser.get(console + "/topics/orders/messages")
+    wait_for_text(browser, "#message-table .value", '"item": "teapot"')
+    assert '"id": "41"' in texts(browser, "#message-table .value")[0]
+    assert texts(browser, "#message-table .schema") == [f"protobuf · schema {ids['orders']}"]
+    browser.get(console + "/topics/events/messages")
+    wait_for_text(browser, "#message-table .value", '"basket": "b-77"')
+    assert texts(browser, "#message-table .schema") == [f"json-schema · schema {ids['events']}"]
+    # The raw bytes on asking: the magic byte and the schema id lead them.
+    Select(browser.find_element(By.ID, "decode")).select_by_value("raw")
+    browser.find_element(By.ID, "read").click()
+    wait_for_element(browser, "#message-table .binary")
+    assert texts(browser, "#message-table .value")[0].startswith(f"00{ids['events']:08x}7b")
+    assert texts(browser, "#message-table .schema") == []
+
+    # A search finds a value by what it decodes to: the enum's symbol is not in its bytes.
+    browser.get(console + "/topics/payments/messages")
+    browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
+    browser.find_element(By.ID, "search-text").send_keys("usd")
+    browser.find_element(By.ID, "search").click()
+    wait_for_text(browser, "#search-state", "done")
+    rows = texts(browser, "#search-table tbody tr")
+    assert len(rows) == 1 and "grace" in rows[0] and f"avro · schema {ids['payments']}" in rows[0], rows
+    browser.get(console + "/topics/payments/messages")
+    browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
+    browser.find_element(By.ID, "search-json").send_keys("currency=EUR")
+    browser.find_element(By.ID, "search").click()
+    wait_for_text(browser, "#search-state", "done")
+    rows = texts(browser, "#search-table tbody tr")
+    assert len(rows) == 1 and '"payer": "ada"' in rows[0], rows
 
 
 def test_the_console_over_https_logs_in_with_a_secure_cookie_and_samples_as_the_brokers_user(

@@ -7,12 +7,19 @@
 //! there. Over TLS it checks the broker's certificate against `ssl.truststore.location`;
 //! without a truststore it takes the certificate it is shown (the link is to this broker's
 //! own port, and a SCRAM login proves both sides anyway).
+//!
+//! Keys and values framed with a schema id are decoded by the schemas of this node's
+//! replica of `_schemas` (the registry state the REST API answers from): a node that
+//! holds no replica decodes nothing and shows the bytes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_console::{ConsoleConfig, Login, NodeTotalsSource, SaslMechanism, Settings};
+use sluice_console::{ConsoleConfig, Login, NodeTotalsSource, SaslMechanism, SchemaDecoded, SchemaDecoder, Settings};
+use sluice_schema_registry::decode::Decoder;
+use sluice_schema_registry::schema::SchemaType;
+use sluice_schema_registry::Registry;
 use sluice_security::{SecurityProtocol, INTER_BROKER_USER};
 
 use crate::Broker;
@@ -29,8 +36,8 @@ fn node_totals(broker: Arc<Broker>) -> NodeTotalsSource {
     Arc::new(move || broker.metrics.load_totals())
 }
 
-/// How `broker`'s console reaches it.
-pub fn config(broker: &Arc<Broker>) -> Result<ConsoleConfig, String> {
+/// How `broker`'s console reaches it; `registry` decodes framed keys and values.
+pub fn config(broker: &Arc<Broker>, registry: Option<Arc<Registry>>) -> Result<ConsoleConfig, String> {
     let listeners = broker.listeners();
     let chosen = listeners
         .iter()
@@ -82,7 +89,26 @@ pub fn config(broker: &Arc<Broker>) -> Result<ConsoleConfig, String> {
         history_login,
         bench_dir: broker.config().console_bench_dir.clone(),
         node_totals: Some(node_totals(broker.clone())),
+        schema_decoder: registry.map(|registry| Arc::new(RegistryDecoder(Decoder::new(registry))) as _),
     })
+}
+
+/// The console's decoding by the registry's schemas.
+struct RegistryDecoder(Decoder);
+
+impl SchemaDecoder for RegistryDecoder {
+    fn decode(&self, bytes: &[u8]) -> Option<Result<SchemaDecoded, String>> {
+        let decoded = self.0.decode(bytes)?;
+        Some(decoded.map(|decoded| SchemaDecoded {
+            kind: match decoded.schema_type {
+                SchemaType::Avro => "avro",
+                SchemaType::Protobuf => "protobuf",
+                SchemaType::Json => "json-schema",
+            },
+            schema_id: decoded.schema_id,
+            json: decoded.json,
+        }))
+    }
 }
 
 /// The console's HTTPS, when `console_tls` is on: the broker's own certificate.

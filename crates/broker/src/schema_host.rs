@@ -14,7 +14,9 @@ use kafka_protocol::records::RecordBatchDecoder;
 use kafka_protocol::ResponseError;
 use sluice_coordinator::internal_log::{encode_internal_batch, InternalLog, LogWriteError};
 use sluice_meta::topics::TopicMeta;
-use sluice_schema_registry::{LogFuture, LogRecord, RegistryError, RegistryTls, SchemaLog, Writer, SCHEMAS_TOPIC};
+use sluice_schema_registry::{
+    LogFuture, LogRecord, Registry, RegistryError, RegistryTls, SchemaLog, Writer, SCHEMAS_TOPIC,
+};
 use sluice_storage::{Partition, ReadMode};
 
 use crate::metadata_writes::{internal_topic_configs, MetadataWriter, NewTopic};
@@ -224,9 +226,18 @@ pub fn tls(broker: &Broker) -> Result<Option<RegistryTls>, String> {
     Ok(Some(RegistryTls { acceptor, peers }))
 }
 
+/// The registry over this node's `_schemas` (its state starts empty and catches up on use).
+pub fn registry(broker: &Arc<Broker>) -> Arc<Registry> {
+    Arc::new(Registry::new(Arc::new(BrokerSchemaLog::new(broker.clone()))))
+}
+
 /// Serves the Schema Registry's REST API on `listener` for as long as the broker runs.
-pub async fn serve(broker: Arc<Broker>, listener: tokio::net::TcpListener, tls: Option<RegistryTls>) {
+pub async fn serve(
+    broker: Arc<Broker>,
+    registry: Arc<Registry>,
+    listener: tokio::net::TcpListener,
+    tls: Option<RegistryTls>,
+) {
     let gate = crate::http_auth::BasicAuth::for_broker(&broker);
-    let registry = Arc::new(sluice_schema_registry::Registry::new(Arc::new(BrokerSchemaLog::new(broker))));
     sluice_schema_registry::serve(listener, registry, gate, tls).await
 }

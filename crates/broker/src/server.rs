@@ -79,18 +79,25 @@ pub async fn serve(
         tracing::info!(%address, "metrics at http://{address}/metrics (and /healthz, /readyz)");
         http_servers.push(tokio::spawn(crate::metrics::serve(broker.clone(), metrics_listener)));
     }
+    // One registry state for the REST API and the console's decoding of framed messages.
+    let schema_registry = crate::schema_host::registry(&broker);
     if let Some(registry_listener) = http.schema_registry {
         let address = registry_listener.local_addr()?;
         let registry_tls =
             crate::schema_host::tls(&broker).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let scheme = if registry_tls.is_some() { "https" } else { "http" };
         tracing::info!(%address, "schema registry at {scheme}://{address}/");
-        http_servers.push(tokio::spawn(crate::schema_host::serve(broker.clone(), registry_listener, registry_tls)));
+        http_servers.push(tokio::spawn(crate::schema_host::serve(
+            broker.clone(),
+            schema_registry.clone(),
+            registry_listener,
+            registry_tls,
+        )));
     }
     if let Some(console_listener) = http.console {
         let address = console_listener.local_addr()?;
-        let config =
-            crate::console_host::config(&broker).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let config = crate::console_host::config(&broker, Some(schema_registry.clone()))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         tracing::info!(%address, "console at http://{address}/");
         http_servers.push(tokio::spawn(crate::console_host::serve(config, console_listener)));
     }

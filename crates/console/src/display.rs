@@ -1,8 +1,30 @@
 //! How bytes and numbers read on a page: a key or value as null, empty, text, JSON or hex
-//! (never guessed past what the bytes are); sizes and times in human units.
+//! (never guessed past what the bytes are), or, when it is framed with the id of a schema
+//! the registry knows, decoded by that schema; sizes and times in human units.
+//!
+//! The console knows no schema registry: the broker gives it a [`SchemaDecoder`], so the
+//! console depends on no schema format and a console without a registry decodes nothing.
 
 /// The longest text or hex shown of one key, value or header before it is cut.
 pub const SHOWN_BYTES_MAX: usize = 4096;
+
+/// A key or value decoded by the schema it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaDecoded {
+    /// `avro`, `protobuf` or `json-schema`.
+    pub kind: &'static str,
+    pub schema_id: i32,
+    /// The value as pretty JSON.
+    pub json: String,
+}
+
+/// Decodes keys and values written in a schema registry's wire format (a 0 byte, the schema
+/// id, the payload).
+pub trait SchemaDecoder: Send + Sync {
+    /// `None` when `bytes` are not so framed or name a schema it does not know (they are
+    /// then shown as bytes); else the value, or why it does not decode by its schema.
+    fn decode(&self, bytes: &[u8]) -> Option<Result<SchemaDecoded, String>>;
+}
 
 /// A key, value or header value as the page shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +39,10 @@ pub enum Shown {
     Json(String),
     /// Bytes that are not UTF-8, in hex.
     Binary(String),
+    /// Decoded by its schema: pretty JSON, and which schema (e.g. `avro · schema 3`).
+    Decoded { label: String, json: String },
+    /// Framed with a known schema's id but not decodable by it: why, then the bytes in hex.
+    Undecodable { label: String, text: String },
 }
 
 impl Shown {
@@ -25,7 +51,6 @@ impl Shown {
         if bytes.is_empty() {
             return Shown::Empty;
         }
-        let cut = &bytes[..bytes.len().min(SHOWN_BYTES_MAX)];
         match std::str::from_utf8(bytes) {
             Ok(text) => match serde_json::from_str::<serde_json::Value>(text) {
                 Ok(value @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
@@ -33,7 +58,32 @@ impl Shown {
                 }
                 _ => Shown::Text(truncated(text)),
             },
-            Err(_) => Shown::Binary(hex(cut) + if cut.len() < bytes.len() { "…" } else { "" }),
+            Err(_) => Shown::Binary(hex_cut(bytes)),
+        }
+    }
+
+    /// How a key or value is shown: decoded by its schema when `decoder` knows it, in hex
+    /// when `raw` (the bytes as they are), else as [`Shown::of`].
+    pub fn decoded(bytes: Option<&[u8]>, decoder: Option<&dyn SchemaDecoder>, raw: bool) -> Shown {
+        let (Some(bytes), Some(decoder)) = (bytes, decoder) else { return Shown::of(bytes) };
+        match decoder.decode(bytes) {
+            None => Shown::of(Some(bytes)),
+            Some(_) if raw => Shown::Binary(hex_cut(bytes)),
+            Some(Ok(decoded)) => {
+                Shown::Decoded { label: label(decoded.kind, decoded.schema_id), json: truncated(&decoded.json) }
+            }
+            Some(Err(why)) => Shown::Undecodable {
+                label: format!("schema {} · not decoded", schema_id(bytes)),
+                text: truncated(&format!("{why}\n{}", hex_cut(bytes))),
+            },
+        }
+    }
+
+    /// Which schema decoded it, if one did or should have.
+    pub fn label(&self) -> Option<&str> {
+        match self {
+            Shown::Decoded { label, .. } | Shown::Undecodable { label, .. } => Some(label),
+            _ => None,
         }
     }
 
@@ -45,6 +95,8 @@ impl Shown {
             Shown::Text(_) => "text",
             Shown::Json(_) => "json",
             Shown::Binary(_) => "binary",
+            Shown::Decoded { .. } => "decoded",
+            Shown::Undecodable { .. } => "undecodable",
         }
     }
 
@@ -54,6 +106,7 @@ impl Shown {
             Shown::Null => "null",
             Shown::Empty => "(empty)",
             Shown::Text(text) | Shown::Json(text) | Shown::Binary(text) => text,
+            Shown::Decoded { json: text, .. } | Shown::Undecodable { text, .. } => text,
         }
     }
 
@@ -72,6 +125,25 @@ fn truncated(text: &str) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// `kind · schema id`, the label of a decoded key or value.
+fn label(kind: &str, schema_id: i32) -> String {
+    format!("{kind} · schema {schema_id}")
+}
+
+/// The schema id of framed bytes (bytes 1 to 4).
+fn schema_id(bytes: &[u8]) -> i32 {
+    match bytes.get(1..5) {
+        Some(&[a, b, c, d]) => i32::from_be_bytes([a, b, c, d]),
+        _ => 0,
+    }
+}
+
+/// The first [`SHOWN_BYTES_MAX`] of `bytes` in hex, `…` when there were more.
+fn hex_cut(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(SHOWN_BYTES_MAX)];
+    hex(cut) + if cut.len() < bytes.len() { "…" } else { "" }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -164,6 +236,38 @@ mod tests {
         assert_eq!(Shown::of(Some(b"42")), Shown::Text("42".into()));
         assert_eq!(Shown::of(Some(br#"{"a":1}"#)), Shown::Json("{\n  \"a\": 1\n}".into()));
         assert_eq!(Shown::of(Some(&[0xff, 0x00, 0x10])), Shown::Binary("ff0010".into()));
+    }
+
+    /// Decodes bytes framed as `0, id` followed by JSON text, for schema 7 only.
+    struct Framed;
+
+    impl SchemaDecoder for Framed {
+        fn decode(&self, bytes: &[u8]) -> Option<Result<SchemaDecoded, String>> {
+            if bytes.len() < 5 || bytes[0] != 0 || schema_id(bytes) != 7 {
+                return None;
+            }
+            let json = serde_json::from_slice::<serde_json::Value>(&bytes[5..]).map_err(|e| e.to_string());
+            Some(json.map(|value| SchemaDecoded { kind: "avro", schema_id: 7, json: value.to_string() }))
+        }
+    }
+
+    #[test]
+    fn framed_bytes_are_shown_decoded_by_their_schema() {
+        let framed = |id: u8, rest: &[u8]| [&[0, 0, 0, 0, id][..], rest].concat();
+        let decoded = Shown::decoded(Some(&framed(7, br#"{"city":"Oslo"}"#)), Some(&Framed), false);
+        assert_eq!(decoded.text(), r#"{"city":"Oslo"}"#);
+        assert_eq!(decoded.label(), Some("avro · schema 7"));
+        assert!(decoded.contains("oslo"));
+        let raw = Shown::decoded(Some(&framed(7, b"{}")), Some(&Framed), true);
+        assert_eq!(raw, Shown::Binary("00000000077b7d".into()));
+        let broken = Shown::decoded(Some(&framed(7, b"{")), Some(&Framed), false);
+        assert_eq!((broken.kind(), broken.label()), ("undecodable", Some("schema 7 · not decoded")));
+        assert!(broken.text().ends_with("\n00000000077b"), "{}", broken.text());
+        let unknown = framed(8, b"x");
+        assert_eq!(Shown::decoded(Some(&unknown), Some(&Framed), false), Shown::of(Some(&unknown)));
+        assert_eq!(Shown::decoded(None, Some(&Framed), false), Shown::Null);
+        let long = framed(7, format!("[{}1]", "1,".repeat(SHOWN_BYTES_MAX)).as_bytes());
+        assert!(Shown::decoded(Some(&long), Some(&Framed), false).text().ends_with('…'));
     }
 
     #[test]

@@ -47,6 +47,7 @@ use sluice_http::HttpLimits;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+pub use display::{SchemaDecoded, SchemaDecoder};
 pub use session::Login;
 pub use sluice_client::{SaslMechanism, Settings};
 
@@ -88,6 +89,9 @@ pub struct ConsoleConfig {
     pub history_login: Option<(String, String)>,
     /// This node's own byte and latency totals, for its load charts.
     pub node_totals: Option<NodeTotalsSource>,
+    /// Decodes keys and values framed with a schema id (the broker's schema registry);
+    /// `None`: they are shown as bytes.
+    pub schema_decoder: Option<Arc<dyn SchemaDecoder>>,
 }
 
 /// A running console's state.
@@ -96,6 +100,7 @@ pub struct Console {
     history: Arc<History>,
     searches: Searches,
     bench_dir: Option<std::path::PathBuf>,
+    schema_decoder: Option<Arc<dyn SchemaDecoder>>,
     /// Served over HTTPS (cookies are `Secure`).
     https: bool,
 }
@@ -164,6 +169,7 @@ pub async fn serve(listener: TcpListener, config: ConsoleConfig) {
         history,
         searches: Searches::default(),
         bench_dir: config.bench_dir,
+        schema_decoder: config.schema_decoder,
         https: config.tls.is_some(),
     });
     let limits = HttpLimits {

@@ -10,7 +10,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Record, RecordBatchDecoder};
 
 use crate::cluster::{versions, ClusterClient, ClusterMetadata};
-use crate::display::Shown;
+use crate::display::{SchemaDecoder, Shown};
 use crate::topics::{offsets, PartitionRow, LATEST};
 
 /// The most messages one page shows.
@@ -44,17 +44,26 @@ pub struct MessageRow {
 }
 
 impl MessageRow {
-    /// How `record` of `partition` is shown.
-    pub fn of(partition: i32, record: &Record) -> MessageRow {
+    /// How `record` of `partition` is shown: its key and value decoded by `decoder` where
+    /// it knows their schema (in hex when `raw`).
+    pub fn of(partition: i32, record: &Record, decoder: Option<&dyn SchemaDecoder>, raw: bool) -> MessageRow {
         MessageRow {
             partition,
             offset: record.offset,
             timestamp: record.timestamp,
-            key: Shown::of(record.key.as_deref()),
-            value: Shown::of(record.value.as_deref()),
+            key: Shown::decoded(record.key.as_deref(), decoder, raw),
+            value: Shown::decoded(record.value.as_deref(), decoder, raw),
             headers: record.headers.iter().map(|(k, v)| (k.to_string(), Shown::of(v.as_deref()))).collect(),
         }
     }
+}
+
+/// How a page shows keys and values framed with a schema id.
+#[derive(Clone, Default)]
+pub struct Decoding {
+    pub decoder: Option<Arc<dyn SchemaDecoder>>,
+    /// Their bytes in hex rather than decoded.
+    pub raw: bool,
 }
 
 /// Up to `max` messages of `topic` (one partition, or all), from `start`, oldest first
@@ -66,6 +75,7 @@ pub async fn browse(
     partitions: &[PartitionRow],
     start: Start,
     max: usize,
+    decoding: &Decoding,
 ) -> anyhow::Result<Vec<MessageRow>> {
     assert!(max <= MESSAGES_MAX, "a page shows at most {MESSAGES_MAX} messages");
     let per_partition = max.div_ceil(partitions.len().max(1)).max(1);
@@ -74,8 +84,8 @@ pub async fn browse(
         let client = client.clone();
         let address = metadata.address(partition.leader).map(str::to_string);
         let offset = from.iter().find(|(id, _)| *id == partition.id).map_or(0, |(_, offset)| *offset);
-        let (topic, id) = (topic.to_string(), partition.id);
-        async move { read_partition(&client, &address?, &topic, id, offset, per_partition).await }
+        let (topic, id, decoding) = (topic.to_string(), partition.id, decoding.clone());
+        async move { read_partition(&client, &address?, &topic, id, offset, per_partition, &decoding).await }
     });
     let mut rows: Vec<MessageRow> = futures::future::try_join_all(reads).await?.into_iter().flatten().collect();
     rows.sort_by_key(|row| (row.timestamp, row.partition, row.offset));
@@ -120,6 +130,7 @@ async fn read_partition(
     partition: i32,
     mut offset: i64,
     max: usize,
+    decoding: &Decoding,
 ) -> anyhow::Result<Vec<MessageRow>> {
     let mut rows = Vec::new();
     for _ in 0..FETCHES_PER_PARTITION_MAX {
@@ -143,7 +154,7 @@ async fn read_partition(
             if record.control || record.offset < before || rows.len() >= max {
                 continue;
             }
-            rows.push(MessageRow::of(partition, &record));
+            rows.push(MessageRow::of(partition, &record, decoding.decoder.as_deref(), decoding.raw));
         }
         if rows.len() >= max || offset >= data.high_watermark || offset == before {
             break;

@@ -15,7 +15,7 @@ use crate::display::{self, parse_time, Shown};
 use crate::group_changes::PlannedOffset;
 use crate::groups::{group_detail, group_rows, GroupRow, MemberRow};
 use crate::history::Window;
-use crate::messages::{browse, MessageRow, Start, MESSAGES_MAX};
+use crate::messages::{browse, Decoding, MessageRow, Start, MESSAGES_MAX};
 use crate::over_time::{self, WindowQuery};
 use crate::session::{cleared_cookie, cookie, Session};
 use crate::topics::{configs, topic_rows, TopicRow};
@@ -458,6 +458,10 @@ pub struct MessagesQuery {
     /// `on`: the page reloads its messages every few seconds (a live tail).
     #[serde(default)]
     live: String,
+    /// `raw`: keys and values framed with a schema id shown as their bytes (hex), not
+    /// decoded.
+    #[serde(default)]
+    decode: String,
 }
 
 impl MessagesQuery {
@@ -493,10 +497,11 @@ pub async fn messages(
         Ok(id) => row.partitions.iter().filter(|p| p.id == id).cloned().collect(),
         Err(_) => row.partitions.clone(),
     };
+    let decoding = Decoding { decoder: console.schema_decoder.clone(), raw: form.decode == "raw" };
     let read = match form.start() {
-        Ok(start) => {
-            browse(&session.cluster, &metadata, &name, &chosen, start, form.max()).await.map_err(|e| format!("{e:#}"))
-        }
+        Ok(start) => browse(&session.cluster, &metadata, &name, &chosen, start, form.max(), &decoding)
+            .await
+            .map_err(|e| format!("{e:#}")),
         Err(why) => Err(why),
     };
     let (rows, error) = match read {

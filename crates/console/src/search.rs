@@ -16,6 +16,7 @@ use kafka_protocol::records::{Record, RecordBatchDecoder};
 use parking_lot::Mutex;
 
 use crate::cluster::{versions, ClusterClient, ClusterMetadata};
+use crate::display::SchemaDecoder;
 use crate::messages::{fetch_request, starting_offsets, MessageRow, Start};
 use crate::topics::{error_name, PartitionRow};
 
@@ -50,23 +51,38 @@ pub struct Criteria {
     pub until_ms: Option<i64>,
 }
 
+/// The JSON a key or value framed with a schema id decodes to, if `decoder` knows it.
+fn decoded_json(decoder: Option<&dyn SchemaDecoder>, bytes: &[u8]) -> Option<String> {
+    decoder?.decode(bytes)?.ok().map(|decoded| decoded.json)
+}
+
 impl Criteria {
-    pub fn matches(&self, record: &Record) -> bool {
+    /// Whether `record` matches: its key and value as bytes, or as `decoder` decodes them.
+    pub fn matches(&self, record: &Record, decoder: Option<&dyn SchemaDecoder>) -> bool {
         let in_time = self.from_ms.is_none_or(|from| record.timestamp >= from)
             && self.until_ms.is_none_or(|until| record.timestamp <= until);
-        in_time && self.text_matches(record) && self.json_matches(record)
+        in_time && self.text_matches(record, decoder) && self.json_matches(record, decoder)
     }
 
-    fn text_matches(&self, record: &Record) -> bool {
+    fn text_matches(&self, record: &Record, decoder: Option<&dyn SchemaDecoder>) -> bool {
         if self.text.is_empty() {
             return true;
         }
         let needle = self.text.to_lowercase();
         let has = |bytes: Option<&[u8]>| {
-            bytes.is_some_and(|bytes| String::from_utf8_lossy(bytes).to_lowercase().contains(&needle))
+            bytes.is_some_and(|bytes| {
+                String::from_utf8_lossy(bytes).to_lowercase().contains(&needle)
+                    || decoded_json(decoder, bytes).is_some_and(|json| json.to_lowercase().contains(&needle))
+            })
         };
-        let in_headers =
-            || record.headers.iter().any(|(name, value)| has(Some(name.as_bytes())) || has(value.as_deref()));
+        let in_headers = || {
+            record.headers.iter().any(|(name, value)| {
+                let text = |bytes: Option<&[u8]>| {
+                    bytes.is_some_and(|bytes| String::from_utf8_lossy(bytes).to_lowercase().contains(&needle))
+                };
+                text(Some(name.as_bytes())) || text(value.as_deref())
+            })
+        };
         match self.field {
             Field::Key => has(record.key.as_deref()),
             Field::Value => has(record.value.as_deref()),
@@ -75,10 +91,13 @@ impl Criteria {
         }
     }
 
-    fn json_matches(&self, record: &Record) -> bool {
+    fn json_matches(&self, record: &Record, decoder: Option<&dyn SchemaDecoder>) -> bool {
         let Some((path, wanted)) = &self.json_path else { return true };
         let Some(value) = record.value.as_deref() else { return false };
-        let Ok(mut found) = serde_json::from_slice::<serde_json::Value>(value) else { return false };
+        let parsed = serde_json::from_slice::<serde_json::Value>(value).ok().or_else(|| {
+            decoded_json(decoder, value).and_then(|json| serde_json::from_str::<serde_json::Value>(&json).ok())
+        });
+        let Some(mut found) = parsed else { return false };
         for step in path {
             found = match found {
                 serde_json::Value::Object(mut fields) => match fields.remove(step) {
@@ -122,6 +141,8 @@ pub struct SearchRequest {
     pub criteria: Criteria,
     /// The criteria in words, for the search's page.
     pub described: String,
+    /// Decodes keys and values framed with a schema id, to match and show.
+    pub decoder: Option<Arc<dyn SchemaDecoder>>,
 }
 
 /// How a search stands.
@@ -273,7 +294,7 @@ async fn scan(
                     continue;
                 }
                 offset = offset.max(record.offset + 1);
-                if let Some(capped) = take(search, partition.id, &record, criteria) {
+                if let Some(capped) = take(search, partition.id, &record, criteria, asked.decoder.as_deref()) {
                     return Ok(capped);
                 }
             }
@@ -286,11 +307,19 @@ async fn scan(
 }
 
 /// Counts `record` and keeps it when it matches; the bound reached, if one is.
-fn take(search: &Search, partition: i32, record: &Record, criteria: &Criteria) -> Option<State> {
+fn take(
+    search: &Search,
+    partition: i32,
+    record: &Record,
+    criteria: &Criteria,
+    decoder: Option<&dyn SchemaDecoder>,
+) -> Option<State> {
+    let matched = !record.control && criteria.matches(record, decoder);
+    let row = matched.then(|| MessageRow::of(partition, record, decoder, false));
     let mut progress = search.progress.lock();
     progress.scanned += 1;
-    if !record.control && criteria.matches(record) {
-        progress.matches.push(MessageRow::of(partition, record));
+    if let Some(row) = row {
+        progress.matches.push(row);
         if progress.matches.len() >= SEARCH_MATCHES_MAX {
             return Some(State::Capped(format!("stopped at {SEARCH_MATCHES_MAX} matches: narrow the search")));
         }
@@ -333,17 +362,31 @@ mod tests {
     #[test]
     fn text_is_found_in_the_chosen_field_whatever_its_case() {
         let order = record("order-7", r#"{"customer": {"id": 42}, "items": ["tea"]}"#, 1000);
-        assert!(criteria("ORDER-7", Field::Key, "").matches(&order));
-        assert!(!criteria("order-7", Field::Value, "").matches(&order));
-        assert!(criteria("web", Field::Headers, "").matches(&order));
-        assert!(criteria("tea", Field::Any, "").matches(&order));
-        assert!(criteria("", Field::Any, "customer.id=42").matches(&order));
-        assert!(criteria("", Field::Any, "$.items.0=tea").matches(&order));
-        assert!(!criteria("", Field::Any, "customer.id=43").matches(&order));
+        assert!(criteria("ORDER-7", Field::Key, "").matches(&order, None));
+        assert!(!criteria("order-7", Field::Value, "").matches(&order, None));
+        assert!(criteria("web", Field::Headers, "").matches(&order, None));
+        assert!(criteria("tea", Field::Any, "").matches(&order, None));
+        assert!(criteria("", Field::Any, "customer.id=42").matches(&order, None));
+        assert!(criteria("", Field::Any, "$.items.0=tea").matches(&order, None));
+        assert!(!criteria("", Field::Any, "customer.id=43").matches(&order, None));
         let mut late = criteria("", Field::Any, "");
         late.from_ms = Some(2000);
-        assert!(!late.matches(&order));
+        assert!(!late.matches(&order, None));
         assert!(parse_json_path("customer..id=1").is_err());
+        // A value framed with a schema id matches by what it decodes to.
+        struct Shouting;
+        impl SchemaDecoder for Shouting {
+            fn decode(&self, bytes: &[u8]) -> Option<Result<crate::display::SchemaDecoded, String>> {
+                let rest = bytes.strip_prefix(&[0, 0, 0, 0, 1])?;
+                let json = format!(r#"{{"city": "{}"}}"#, String::from_utf8_lossy(rest).to_uppercase());
+                Some(Ok(crate::display::SchemaDecoded { kind: "avro", schema_id: 1, json }))
+            }
+        }
+        let mut framed = record("k", "", 1000);
+        framed.value = Some(Bytes::from_static(b"\0\0\0\0\x01oslo"));
+        assert!(criteria("\"OSLO\"", Field::Value, "").matches(&framed, Some(&Shouting)));
+        assert!(!criteria("\"OSLO\"", Field::Value, "").matches(&framed, None));
+        assert!(criteria("", Field::Any, "city=OSLO").matches(&framed, Some(&Shouting)));
         assert!(parse_json_path("no equals sign").is_err());
     }
 }

@@ -115,7 +115,8 @@ pub async fn start_search(
     };
     let start = criteria.from_ms.map_or(Start::Offset(0), Start::Timestamp);
     let described = form.described();
-    let asked = SearchRequest { topic: name.clone(), partitions, start, criteria, described };
+    let decoder = console.schema_decoder.clone();
+    let asked = SearchRequest { topic: name.clone(), partitions, start, criteria, described, decoder };
     let id = console.searches.start(session.cluster.clone(), metadata, asked, session.user.clone());
     Redirect::to(&format!("/topics/{name}/search/{id}")).into_response()
 }

@@ -14,6 +14,7 @@
 
 pub mod authorization;
 pub mod compatibility;
+pub mod decode;
 pub mod error;
 mod forward;
 pub mod http;

@@ -196,6 +196,12 @@ impl Registry {
         read(&self.state.read().expect("state lock"))
     }
 
+    /// Runs `read` over the state as last caught up, without reading the log (for lookups
+    /// frequent enough that each cannot replay it; see `decode`).
+    pub fn read_applied<T>(&self, read: impl FnOnce(&State) -> T) -> T {
+        read(&self.state.read().expect("state lock"))
+    }
+
     /// Takes this node's one write slot once its state holds every record of the local log.
     /// A node that has just become the leader may hold records its predecessor committed
     /// above its own high watermark (it learns they are committed when its followers fetch):
@@ -451,7 +457,11 @@ fn parse_request(state: &State, request: &SchemaRequest) -> Result<(SchemaType, 
 }
 
 /// The texts of the schemas `references` name, and of theirs, dependencies first.
-fn referenced_texts(state: &State, references: &[Reference], depth: usize) -> Result<Vec<String>, RegistryError> {
+pub(crate) fn referenced_texts(
+    state: &State,
+    references: &[Reference],
+    depth: usize,
+) -> Result<Vec<String>, RegistryError> {
     if depth > REFERENCE_DEPTH_MAX {
         return Err(RegistryError::InvalidSchema(format!("references nest deeper than {REFERENCE_DEPTH_MAX}")));
     }
@@ -545,7 +555,7 @@ pub fn referenced_by(state: &State, subject: &str, version: i32) -> Vec<i32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicI64, Ordering};
     use std::sync::Mutex;
 
@@ -553,7 +563,7 @@ mod tests {
 
     /// A replica of `_schemas` in memory whose high watermark the test moves.
     #[derive(Default)]
-    struct MemoryLog {
+    pub(crate) struct MemoryLog {
         records: Mutex<Vec<(Bytes, Option<Bytes>)>>,
         committed: AtomicI64,
     }
