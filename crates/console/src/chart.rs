@@ -183,7 +183,7 @@ mod tests {
         let svg = lines_chart("latency-chart", &lines, "p99 latency", Scale::Micros);
         // The value axis reaches the largest value of any line; time spans both lines.
         assert!(svg.contains(">4.0 ms</text>"), "{svg}");
-        assert!(svg.contains(r#"data-name="Produce" data-last="2000" points="56.0,142.0 600.0,75.0""#), "{svg}");
+        assert!(svg.contains(r#"data-name="Produce" data-last="2000" points="56.0,108.5 600.0,75.0""#), "{svg}");
         assert!(svg.contains(r#"data-name="Fetch" data-last="500" points="328.0,8.0 600.0,125.2""#), "{svg}");
         assert!(svg.contains(">Fetch</text>"), "no legend: {svg}");
         assert_eq!(Scale::BytesPerSecond.label(2048), format!("{}/s", display::size(2048)));
