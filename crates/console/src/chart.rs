@@ -52,8 +52,8 @@ pub fn line_chart(id: &str, points: &[Point], unit: &str) -> String {
 }
 
 /// A chart of up to [`LINE_COLOURS`]' count of lines sharing one time and value axis, each
-/// line also a `<polyline>` carrying its name and last value; with more than one line, a
-/// legend. The element's data attributes describe the first line.
+/// line a `<polyline>` carrying its name and last value (and a dot when it has one point);
+/// with more than one line, a legend. The element's data attributes describe the first line.
 pub fn lines_chart(id: &str, lines: &[Line], unit: &str, scale: Scale) -> String {
     assert!(id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'), "a chart's id is a plain name");
     assert!(!lines.is_empty() && lines.len() <= LINE_COLOURS.len(), "a chart has 1 to {} lines", LINE_COLOURS.len());
@@ -86,7 +86,7 @@ pub fn lines_chart(id: &str, lines: &[Line], unit: &str, scale: Scale) -> String
     let start = all().map(|p| p.at_ms).min();
     let end = all().map(|p| p.at_ms).max();
     match (start, end) {
-        (Some(start), Some(end)) if lines.iter().any(|line| line.points.len() >= 2) => {
+        (Some(start), Some(end)) => {
             let span = end - start;
             let _ = write!(
                 svg,
@@ -95,13 +95,17 @@ pub fn lines_chart(id: &str, lines: &[Line], unit: &str, scale: Scale) -> String
                 time_label(end, span)
             );
             for (line, colour) in lines.iter().zip(LINE_COLOURS) {
+                let coordinates = polyline(line.points, (start, end), top);
                 let _ = write!(
                     svg,
-                    r##"<polyline fill="none" stroke="{colour}" stroke-width="2" data-name="{}" data-last="{}" points="{}"/>"##,
+                    r##"<polyline fill="none" stroke="{colour}" stroke-width="2" data-name="{}" data-last="{}" points="{coordinates}"/>"##,
                     line.name,
                     line.points.last().map_or(0, |p| p.value),
-                    polyline(line.points, (start, end), top)
                 );
+                // A line of one point is a dot.
+                if let ([_], Some((x, y))) = (line.points, coordinates.split_once(',')) {
+                    let _ = write!(svg, r##"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"##);
+                }
             }
             if lines.len() > 1 {
                 legend(&mut svg, lines);
@@ -186,6 +190,12 @@ mod tests {
         assert!(svg.contains(r#"data-name="Produce" data-last="2000" points="56.0,108.5 600.0,75.0""#), "{svg}");
         assert!(svg.contains(r#"data-name="Fetch" data-last="500" points="328.0,8.0 600.0,125.2""#), "{svg}");
         assert!(svg.contains(">Fetch</text>"), "no legend: {svg}");
+        let lonely = [Point { at_ms: 5000, value: 300 }];
+        let svg = lines_chart("latency-chart", &[Line { name: "Produce", points: &lonely }], "p99", Scale::Micros);
+        assert!(
+            svg.contains(r##"<circle cx="56.0" cy="8.0" r="3" fill="#1f6feb"/>"##),
+            "a point alone is not drawn: {svg}"
+        );
         assert_eq!(Scale::BytesPerSecond.label(2048), format!("{}/s", display::size(2048)));
     }
 }
