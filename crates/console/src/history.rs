@@ -24,7 +24,7 @@ use kafka_protocol::protocol::StrBytes;
 use parking_lot::Mutex;
 
 use crate::cluster::{versions, ClusterClient};
-use crate::node_load::{self, NodeTotals, NodeTotalsSource};
+use crate::node_load::{self, NodeSample, NodeTotals, NodeTotalsSource};
 
 /// Opens the sampler's client of the cluster.
 pub type ClientOpener =
@@ -217,7 +217,7 @@ pub async fn run(history: Arc<History>, connect: Option<ClientOpener>, node: Opt
         let mut values = BTreeMap::new();
         if let Some(node) = &node {
             let totals = node();
-            values.extend(node_load::sample_values(node_before.as_ref(), &totals));
+            values.extend(node_values(node_load::sample(node_before.as_ref(), &totals)));
             node_before = Some(totals);
         }
         let Some(connect) = &connect else {
@@ -237,6 +237,15 @@ pub async fn run(history: Arc<History>, connect: Option<ClientOpener>, node: Opt
         history.record(now_ms(), values, true);
         *history.last_error.lock() = None;
     }
+}
+
+/// The series of one sample of this node.
+fn node_values(sample: NodeSample) -> Vec<(SeriesKey, i64)> {
+    let mut values =
+        vec![(SeriesKey::NodeBytesIn, sample.produced_bytes), (SeriesKey::NodeBytesOut, sample.fetched_bytes)];
+    values
+        .extend(sample.latency_micros.into_iter().map(|(api, micros)| (SeriesKey::RequestLatency(api.into()), micros)));
+    values
 }
 
 /// The cluster's part of one sample, over `client` (opened first if it is not; forgotten

@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use crate::history::SeriesKey;
-
 /// The percentile of request latency the charts show.
 pub const LATENCY_QUANTILE: f64 = 0.99;
 
@@ -47,15 +45,25 @@ pub struct NodeTotals {
 /// Reads this node's totals; given by the broker.
 pub type NodeTotalsSource = Arc<dyn Fn() -> NodeTotals + Send + Sync>;
 
-/// The series one sample adds: the byte totals, and each API's latency percentile over
-/// the interval since `previous` (left out for an API that served no request in it, and
-/// for every API on the first sample).
-pub fn sample_values(previous: Option<&NodeTotals>, now: &NodeTotals) -> Vec<(SeriesKey, i64)> {
-    let mut values = vec![
-        (SeriesKey::NodeBytesIn, saturating_i64(now.produced_bytes)),
-        (SeriesKey::NodeBytesOut, saturating_i64(now.fetched_bytes)),
-    ];
-    let Some(previous) = previous else { return values };
+/// What one sample keeps of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSample {
+    pub produced_bytes: i64,
+    pub fetched_bytes: i64,
+    /// Each API's latency percentile over the interval, in microseconds.
+    pub latency_micros: Vec<(&'static str, i64)>,
+}
+
+/// One sample: the byte totals, and each API's latency percentile over the interval since
+/// `previous` (left out for an API that served no request in it, and for every API on the
+/// first sample).
+pub fn sample(previous: Option<&NodeTotals>, now: &NodeTotals) -> NodeSample {
+    let mut sample = NodeSample {
+        produced_bytes: saturating_i64(now.produced_bytes),
+        fetched_bytes: saturating_i64(now.fetched_bytes),
+        latency_micros: Vec::new(),
+    };
+    let Some(previous) = previous else { return sample };
     for api in &now.latency {
         api.assert_shape();
         let Some(before) = previous.latency.iter().find(|b| b.api == api.api && b.bounds_micros == api.bounds_micros)
@@ -64,10 +72,10 @@ pub fn sample_values(previous: Option<&NodeTotals>, now: &NodeTotals) -> Vec<(Se
         };
         let counts: Vec<u64> = api.counts.iter().zip(&before.counts).map(|(n, b)| n.saturating_sub(*b)).collect();
         if let Some(micros) = quantile_micros(&api.bounds_micros, &counts, LATENCY_QUANTILE) {
-            values.push((SeriesKey::RequestLatency(api.api.to_string()), saturating_i64(micros)));
+            sample.latency_micros.push((api.api, saturating_i64(micros)));
         }
     }
-    values
+    sample
 }
 
 fn saturating_i64(value: u64) -> i64 {
@@ -123,15 +131,14 @@ mod tests {
         };
         let first = at(100, [5, 0, 0, 0]);
         assert_eq!(
-            sample_values(None, &first),
-            vec![(SeriesKey::NodeBytesIn, 100), (SeriesKey::NodeBytesOut, 7)],
+            sample(None, &first),
+            NodeSample { produced_bytes: 100, fetched_bytes: 7, latency_micros: vec![] },
             "no interval before the first sample"
         );
         // The interval saw 100 requests past the last bound; the 5 fast ones before it do not count.
         let second = at(300, [5, 0, 0, 100]);
-        let values = sample_values(Some(&first), &second);
-        assert_eq!(values[2], (SeriesKey::RequestLatency("Produce".into()), 400));
+        assert_eq!(sample(Some(&first), &second).latency_micros, vec![("Produce", 400)]);
         // An interval without requests adds no point.
-        assert_eq!(sample_values(Some(&second), &second).len(), 2);
+        assert!(sample(Some(&second), &second).latency_micros.is_empty());
     }
 }
