@@ -503,20 +503,18 @@ def test_schema_framed_values_are_shown_decoded_and_found_by_what_they_decode_to
     assert texts(browser, "#message-table .value")[0].startswith(f"00{ids['events']:08x}7b")
     assert texts(browser, "#message-table .schema") == []
 
+    def search(field: str, value: str) -> list[str]:
+        browser.get(console + "/topics/payments/messages")
+        browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
+        browser.find_element(By.ID, field).send_keys(value)
+        browser.find_element(By.ID, "search").click()
+        wait_for_text(browser, "#search-state", "done")
+        return texts(browser, "#search-table tbody tr")
+
     # A search finds a value by what it decodes to: the enum's symbol is not in its bytes.
-    browser.get(console + "/topics/payments/messages")
-    browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
-    browser.find_element(By.ID, "search-text").send_keys("usd")
-    browser.find_element(By.ID, "search").click()
-    wait_for_text(browser, "#search-state", "done")
-    rows = texts(browser, "#search-table tbody tr")
+    rows = search("search-text", "usd")
     assert len(rows) == 1 and "grace" in rows[0] and f"avro · schema {ids['payments']}" in rows[0], rows
-    browser.get(console + "/topics/payments/messages")
-    browser.find_element(By.CSS_SELECTOR, "#search-box summary").click()
-    browser.find_element(By.ID, "search-json").send_keys("currency=EUR")
-    browser.find_element(By.ID, "search").click()
-    wait_for_text(browser, "#search-state", "done")
-    rows = texts(browser, "#search-table tbody tr")
+    rows = search("search-json", "currency=EUR")
     assert len(rows) == 1 and '"payer": "ada"' in rows[0], rows
 
 
