@@ -18,7 +18,9 @@ binary="${1:-$repo/target/release/sluice}"
 out_dir="${2:-$repo/target/deb}"
 [ -x "$binary" ] || { echo "no binary at $binary: cargo build --release -p sluice-cli" >&2; exit 1; }
 
-version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)"
+# No reader below leaves a pipe early (head, awk's exit): under pipefail the writer's
+# SIGPIPE would fail the script, depending on timing.
+version="$(awk -F'"' '/^version = / {print $2; exit}' "$repo/Cargo.toml")"
 arch="$(dpkg --print-architecture)"
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
@@ -54,8 +56,8 @@ glibc="$(objdump -T "$root/usr/bin/sluice" | grep -o 'GLIBC_[0-9.]*' | sed 's/GL
 depends="libc6 (>= $glibc), adduser"
 for library in $(objdump -p "$root/usr/bin/sluice" | awk '$1 == "NEEDED" {print $2}'); do
   case "$library" in libc.so.*|libm.so.*|libgcc_s.so.*|ld-linux*|libpthread.so.*|libdl.so.*|librt.so.*) continue ;; esac
-  path="$(ldconfig -p | awk -v lib="$library" '$1 == lib {print $NF; exit}')"
-  package="$(dpkg -S "$(readlink -f "$path")" 2> /dev/null | head -1 | cut -d: -f1)"
+  path="$(ldconfig -p | awk -v lib="$library" '$1 == lib && !found {print $NF; found = 1}')"
+  package="$(dpkg -S "$(readlink -f "$path")" 2> /dev/null | awk -F: 'NR == 1 {print $1}')"
   [ -n "$package" ] || { echo "no package holds $library" >&2; exit 1; }
   case ", $depends, " in *", $package, "*) ;; *) depends="$depends, $package" ;; esac
 done

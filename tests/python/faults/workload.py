@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 OUTSTANDING_MAX = 2000
 """Records a producer has in flight at most; beyond it, it waits for acknowledgements."""
@@ -148,6 +148,25 @@ class ConsumerThread(threading.Thread):
         self.stopping.set()
 
 
+# What a watermark query answers while a partition's leadership moves.
+LEADER_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                 KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+
+
+def high_watermark(consumer: Consumer, topic: str, partition: int, timeout_s: float = 30.0) -> int:
+    """The partition's high watermark, asked again while the cluster still moves its leader
+    after the last fault (NOT_LEADER_FOR_PARTITION and other retriable errors), as a client
+    retries them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+        except KafkaException as error:
+            if error.args[0].code() not in LEADER_MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def final_read(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, str]]]:
     """Reads every partition from the start to its high watermark, with a fresh consumer."""
     consumer = Consumer({
@@ -157,7 +176,7 @@ def final_read(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tu
         "auto.offset.reset": "earliest",
     })
     try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        ends = {p: high_watermark(consumer, topic, p) for p in range(partitions)}
         log: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions) if ends[p] > 0])
         position = {p: 0 for p in range(partitions)}
