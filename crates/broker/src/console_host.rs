@@ -37,7 +37,7 @@ fn node_totals(broker: Arc<Broker>) -> NodeTotalsSource {
 }
 
 /// How `broker`'s console reaches it; `registry` decodes framed keys and values.
-pub fn config(broker: &Arc<Broker>, registry: Option<Arc<Registry>>) -> Result<ConsoleConfig, String> {
+pub fn config(broker: &Arc<Broker>, registry: Arc<Registry>) -> Result<ConsoleConfig, String> {
     let listeners = broker.listeners();
     let chosen = listeners
         .iter()
@@ -89,7 +89,7 @@ pub fn config(broker: &Arc<Broker>, registry: Option<Arc<Registry>>) -> Result<C
         history_login,
         bench_dir: broker.config().console_bench_dir.clone(),
         node_totals: Some(node_totals(broker.clone())),
-        schema_decoder: registry.map(|registry| Arc::new(RegistryDecoder(Decoder::new(registry))) as _),
+        schema_decoder: Some(Arc::new(RegistryDecoder(Decoder::new(registry)))),
     })
 }
 

@@ -96,7 +96,7 @@ pub async fn serve(
     }
     if let Some(console_listener) = http.console {
         let address = console_listener.local_addr()?;
-        let config = crate::console_host::config(&broker, Some(schema_registry.clone()))
+        let config = crate::console_host::config(&broker, schema_registry.clone())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         tracing::info!(%address, "console at http://{address}/");
         http_servers.push(tokio::spawn(crate::console_host::serve(config, console_listener)));
