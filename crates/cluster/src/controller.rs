@@ -15,6 +15,12 @@
 //! - every `leader_rebalance_interval_ms` it runs a preferred leader election (Kafka's
 //!   `auto.leader.rebalance.enable`), only when some partition is off its preferred leader.
 //!
+//! A node that is not among the configured (initial) voters is an *observer*: it heartbeats
+//! the voters with its controller address, and the active controller adds it to the raft
+//! membership as a learner; AddRaftVoter / RemoveRaftVoter change who votes at run time (see
+//! [`crate::quorum`]). Every voter set after the first lives in the raft log, so the
+//! configured voters only say how to reach the quorum and whom to start it with.
+//!
 //! Writes ([`Controller::create_topic`] and the rest) may be called on any node: a follower
 //! forwards the command to the leader over the RPC, retrying across leader changes until the
 //! write deadline. A write returns only once the entry is committed **and** applied on the
@@ -38,7 +44,8 @@ use crate::error::ControllerError;
 use crate::log_store::LogStore;
 use crate::metadata::{BrokerInfo, ClusterMetadata, Command, CommandOutput, PartitionInfo, TopicInfo};
 use crate::network::{NetworkFactory, Peers};
-use crate::rpc::{self, Handler, Heartbeat, Redirect, Request, Response, RpcError, WriteReply};
+use crate::quorum::{self, QuorumDescription, QuorumReplica, VoterChange, VoterChangeError};
+use crate::rpc::{self, Handler, Heartbeat, Redirect, Request, Response, RpcError, VoterChangeReply, WriteReply};
 use crate::state_machine::StateMachine;
 use crate::types::{node_id, raft_id, Proposal, TypeConfig};
 
@@ -70,6 +77,11 @@ const WRITE_RETRY_BACKOFF_MS: u64 = 50;
 const LIVENESS_TICK_MS_MAX: u64 = 100;
 /// Default number of raft entries between snapshots (and so the log kept, roughly).
 pub const SNAPSHOT_INTERVAL_ENTRIES_DEFAULT: u64 = 1_000;
+/// Election timeouts a leader that left the voters waits for another to take over.
+const RESIGN_ELECTION_TIMEOUTS: u64 = 10;
+/// The file in `<data_dir>/controller/` naming this node's controller directory (a UUID, made
+/// at its first start): a node that lost its disk comes back with another one.
+const DIRECTORY_ID_FILE: &str = "directory.id";
 /// Entries kept behind a snapshot, as a fraction of the interval, so that slightly lagging
 /// followers catch up from the log instead of a whole snapshot.
 const LOGS_KEPT_AFTER_SNAPSHOT_DIVISOR: u64 = 5;
@@ -77,12 +89,16 @@ const LOGS_KEPT_AFTER_SNAPSHOT_DIVISOR: u64 = 5;
 /// Configuration of one node's controller.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
-    /// This node's id (also its broker id). Must be one of `voters`.
+    /// This node's id (also its broker id). A node not among `voters` joins as an observer.
     pub node_id: i32,
     /// Address the controller RPC listens on.
     pub listen: SocketAddr,
-    /// Every voter's controller RPC `host:port`, by node id.
+    /// The initial voters' controller RPC `host:port`, by node id: whom a new cluster starts
+    /// with, and where a node finds the quorum until it has the log's voter set.
     pub voters: BTreeMap<i32, String>,
+    /// This node's controller RPC address as the other nodes reach it (`host:port`); `None`:
+    /// its entry in `voters`, else `listen` (its host replaced by `kafka_host` when unspecified).
+    pub advertised_address: Option<String>,
     /// The node's data directory; the controller uses `<data_dir>/controller/`.
     pub data_dir: PathBuf,
     /// Host of this node's Kafka listener (registered for clients).
@@ -142,6 +158,7 @@ impl ControllerConfig {
             node_id,
             listen,
             voters,
+            advertised_address: None,
             data_dir,
             kafka_host,
             kafka_port,
@@ -170,8 +187,8 @@ impl ControllerConfig {
         if self.voters.keys().any(|&id| id < 0) {
             return fail("voter ids must be non-negative".to_string());
         }
-        if !self.voters.contains_key(&self.node_id) {
-            return fail(format!("node {} is not a voter (learners are not supported yet)", self.node_id));
+        if self.node_id < 0 {
+            return fail("node ids must be non-negative".to_string());
         }
         if self.rpc_secret.len() < crate::rpc::RPC_SECRET_BYTES_MIN {
             return fail(format!("the rpc secret must be at least {} bytes", crate::rpc::RPC_SECRET_BYTES_MIN));
@@ -192,6 +209,17 @@ impl ControllerConfig {
             return fail("source_address must be a concrete unicast address".to_string());
         }
         Ok(())
+    }
+
+    /// This node's controller address as the others reach it.
+    fn advertised_address(&self) -> String {
+        if let Some(address) = self.advertised_address.as_ref().or_else(|| self.voters.get(&self.node_id)) {
+            return address.clone();
+        }
+        match self.listen.ip().is_unspecified() {
+            true => format!("{}:{}", self.kafka_host, self.listen.port()),
+            false => self.listen.to_string(),
+        }
     }
 
     fn raft_config(&self) -> Result<openraft::Config, ControllerError> {
@@ -225,6 +253,12 @@ struct Shared {
     liveness: Mutex<Liveness>,
     heartbeats_paused: AtomicBool,
     shut_down: AtomicBool,
+    /// Set while this leader, no longer a voter, hands the leadership over ([`Shared::resign`]).
+    resigning: AtomicBool,
+    /// The id of this node's controller directory ([`DIRECTORY_ID_FILE`]).
+    directory_id: Uuid,
+    /// When each node last held every entry this leader had (leader only, memory only).
+    caught_up: Mutex<HashMap<i32, Instant>>,
 }
 
 /// This node's view of broker liveness (memory only): the heartbeats it received, kept
@@ -260,6 +294,7 @@ impl Controller {
         config.validate()?;
         let dir = config.data_dir.join("controller");
         crate::log_store::create_dir_durably(&dir)?;
+        let directory_id = directory_id(&dir)?;
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
@@ -282,6 +317,9 @@ impl Controller {
             liveness: Mutex::new(Liveness::new(Instant::now())),
             heartbeats_paused: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            resigning: AtomicBool::new(false),
+            directory_id,
+            caught_up: Mutex::default(),
             config,
         });
         let handler_shared = shared.clone();
@@ -512,6 +550,62 @@ impl Controller {
         self.write(Command::Reassign { topic: topic.to_string(), partition, target }).await.map(drop)
     }
 
+    /// The quorum as its active controller describes it (Kafka's DescribeQuorum).
+    pub async fn describe_quorum(&self) -> Result<QuorumDescription, ControllerError> {
+        let shared = &self.shared;
+        let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
+        let mut hint: Option<i32> = None;
+        loop {
+            let leader = hint.take().or_else(|| shared.active_controller());
+            let reply = match leader {
+                Some(leader) if leader == shared.config.node_id => Some(shared.describe_quorum_here()),
+                Some(leader) => shared.call_leader(leader, &Request::DescribeQuorum, deadline).await,
+                None => None,
+            };
+            match reply {
+                Some(Response::DescribeQuorum(Ok(description))) => return Ok(description),
+                Some(Response::DescribeQuorum(Err(Redirect::NotLeader(new_hint)))) => {
+                    hint = new_hint.filter(|&id| Some(id) != leader)
+                }
+                _ => {}
+            }
+            shared.pause_before_retry(deadline, hint.is_none()).await?;
+        }
+    }
+
+    /// Adds or removes a voter (Kafka's AddRaftVoter / RemoveRaftVoter), through the active
+    /// controller; returns once the new voter set is committed.
+    pub async fn change_voters(&self, change: VoterChange) -> Result<Result<(), VoterChangeError>, ControllerError> {
+        let shared = &self.shared;
+        let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
+        let request = Request::ChangeVoters(change);
+        let mut hint: Option<i32> = None;
+        loop {
+            let leader = hint.take().or_else(|| shared.active_controller());
+            let reply = match (leader, &request) {
+                (Some(leader), Request::ChangeVoters(change)) if leader == shared.config.node_id => {
+                    Some(Response::ChangeVoters(shared.change_voters_here(change.clone()).await))
+                }
+                (Some(leader), _) => shared.call_leader(leader, &request, deadline).await,
+                (None, _) => None,
+            };
+            match reply {
+                Some(Response::ChangeVoters(VoterChangeReply::Done)) => return Ok(Ok(())),
+                Some(Response::ChangeVoters(VoterChangeReply::Refused(why))) => return Ok(Err(why)),
+                Some(Response::ChangeVoters(VoterChangeReply::NotLeader(new_hint))) => {
+                    hint = new_hint.filter(|&id| Some(id) != leader)
+                }
+                _ => {}
+            }
+            shared.pause_before_retry(deadline, hint.is_none()).await?;
+        }
+    }
+
+    /// This node's controller directory id.
+    pub fn directory_id(&self) -> Uuid {
+        self.shared.directory_id
+    }
+
     /// Stops heartbeating (the active controller will fence this broker) or resumes it.
     /// For tests and for a broker that shuts down cleanly and wants its leaderships moved.
     pub fn set_heartbeats_paused(&self, paused: bool) {
@@ -575,13 +669,7 @@ impl Controller {
                 Some(WriteReply::Failed(why)) => tracing::debug!(%why, "write attempt failed, retrying"),
                 None => {}
             }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return Err(ControllerError::Timeout("no active controller committed the write".to_string()));
-            }
-            if hint.is_none() {
-                tokio::time::sleep(remaining.min(Duration::from_millis(WRITE_RETRY_BACKOFF_MS))).await;
-            }
+            shared.pause_before_retry(deadline, hint.is_none()).await?;
         }
     }
 }
@@ -592,6 +680,23 @@ impl Drop for Controller {
         for task in self.tasks.lock().expect("tasks lock poisoned").drain(..) {
             task.abort();
         }
+    }
+}
+
+/// The id of the controller directory `dir`, made (written new, fsynced, renamed) at its
+/// first use.
+fn directory_id(dir: &std::path::Path) -> Result<Uuid, ControllerError> {
+    let path = dir.join(DIRECTORY_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Uuid::parse_str(text.trim()).map_err(|error| {
+            ControllerError::Config(format!("{} does not hold a directory id: {error}", path.display()))
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let id = Uuid::new_v4();
+            crate::log_store::write_atomic(dir, DIRECTORY_ID_FILE, id.to_string().as_bytes())?;
+            Ok(id)
+        }
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -614,6 +719,10 @@ impl Shared {
     async fn try_bootstrap(&self) -> Result<(), ControllerError> {
         let raft = &self.raft;
         let config = &self.config;
+        if !config.voters.contains_key(&config.node_id) {
+            // An observer: the active controller adds it once it hears its heartbeats.
+            return Ok(());
+        }
         let rank = config.voters.keys().filter(|&&id| id < config.node_id).count() as u64;
         let stagger = Duration::from_millis(config.election_timeout_max_ms * BOOTSTRAP_STAGGER_ELECTION_TIMEOUTS);
         tokio::time::sleep(stagger * rank as u32).await;
@@ -634,6 +743,9 @@ impl Shared {
 
     /// This node's raft term if it is the leader.
     fn leader_term(&self) -> Option<u64> {
+        if self.resigning.load(Ordering::SeqCst) {
+            return None;
+        }
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let leading = metrics.state == ServerState::Leader && metrics.current_leader == Some(metrics.id);
@@ -647,7 +759,194 @@ impl Shared {
             Request::InstallSnapshot(rpc) => Response::InstallSnapshot(self.raft.install_snapshot(rpc).await),
             Request::Heartbeat(heartbeat) => Response::Heartbeat(self.record_heartbeat(heartbeat)),
             Request::Write(proposal) => Response::Write(self.propose(proposal).await),
+            Request::DescribeQuorum => self.describe_quorum_here(),
+            Request::ChangeVoters(change) => Response::ChangeVoters(self.change_voters_here(change).await),
         }
+    }
+
+    /// Before another attempt at the leader: fails past `deadline`, else sleeps a backoff
+    /// (unless a new leader hint makes an immediate retry worth it).
+    async fn pause_before_retry(&self, deadline: Instant, sleep: bool) -> Result<(), ControllerError> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(ControllerError::Shutdown);
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(ControllerError::Timeout("no active controller answered in time".to_string()));
+        }
+        if sleep {
+            tokio::time::sleep(remaining.min(Duration::from_millis(WRITE_RETRY_BACKOFF_MS))).await;
+        }
+        Ok(())
+    }
+
+    /// One request to `leader`; `None` when it could not be reached or did not answer.
+    async fn call_leader(&self, leader: i32, request: &Request, deadline: Instant) -> Option<Response> {
+        let timeout =
+            deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(FORWARD_TIMEOUT_MS_MAX));
+        let address = self.address_of(leader)?;
+        match self.peers.client(&address).call(request, timeout).await {
+            Ok(response) => Some(response),
+            Err(error) => {
+                tracing::debug!(leader, %error, "controller request failed, retrying");
+                None
+            }
+        }
+    }
+
+    /// The raft membership as this node last applied it.
+    fn membership(&self) -> openraft::Membership<u64, BasicNode> {
+        self.raft.metrics().borrow().membership_config.membership().clone()
+    }
+
+    /// The voters' controller addresses: the log's voter set, or the configured voters
+    /// while this node has no membership yet (an observer not yet added).
+    fn voter_addresses(&self) -> BTreeMap<i32, String> {
+        let membership = self.membership();
+        let voters: BTreeMap<i32, String> = membership
+            .voter_ids()
+            .filter_map(|id| membership.get_node(&id).map(|node| (node_id(id), node.addr.clone())))
+            .collect();
+        if voters.is_empty() {
+            return self.config.voters.clone();
+        }
+        voters
+    }
+
+    /// The controller address of `node`: from the membership, else the configured voters.
+    fn address_of(&self, node: i32) -> Option<String> {
+        let membership = self.membership();
+        let from_membership = membership.get_node(&raft_id(node)).map(|node| node.addr.clone());
+        from_membership.or_else(|| self.config.voters.get(&node).cloned())
+    }
+
+    /// What [`quorum::check_voter_change`] needs, from this leader's metrics.
+    fn quorum_membership(&self) -> quorum::Membership {
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: std::collections::BTreeSet<i32> = membership.voter_ids().map(node_id).collect();
+        let learners = membership.learner_ids().map(node_id).collect();
+        let matched = metrics
+            .replication
+            .iter()
+            .flatten()
+            .filter_map(|(&id, matched)| matched.map(|log_id| (node_id(id), log_id.index)))
+            .collect();
+        quorum::Membership {
+            voters,
+            learners,
+            directories: self.directories(),
+            matched,
+            last_index: metrics.last_log_index.unwrap_or(0),
+        }
+    }
+
+    /// The directory ids nodes reported in their heartbeats, this node's own included.
+    fn directories(&self) -> BTreeMap<i32, Uuid> {
+        let liveness = self.liveness.lock().expect("liveness lock poisoned");
+        let mut directories: BTreeMap<i32, Uuid> = liveness
+            .last_seen
+            .iter()
+            .filter_map(|(&id, (_, heartbeat))| heartbeat.directory_id.map(|directory| (id, directory)))
+            .collect();
+        directories.insert(self.config.node_id, self.directory_id);
+        directories
+    }
+
+    /// Makes a voter change on this node, which must be the raft leader.
+    async fn change_voters_here(&self, change: VoterChange) -> VoterChangeReply {
+        if self.leader_term().is_none() {
+            return VoterChangeReply::NotLeader(self.active_controller());
+        }
+        if let Err(why) = quorum::check_voter_change(&change, &self.quorum_membership(), VOTERS_MAX) {
+            return VoterChangeReply::Refused(why);
+        }
+        let removes_self = matches!(change, VoterChange::Remove { node_id, .. } if node_id == self.config.node_id);
+        let members = match change {
+            VoterChange::Add { node_id, .. } => openraft::ChangeMembers::AddVoterIds([raft_id(node_id)].into()),
+            VoterChange::Remove { node_id, .. } => openraft::ChangeMembers::RemoveVoters([raft_id(node_id)].into()),
+        };
+        tracing::info!(?change, "changing the controller voters");
+        // openraft lets a leader that is no longer a voter go on leading (commits then need
+        // the new voters only, so this is safe), and panics if it removes itself outright;
+        // so it is retained as a learner and resigns below.
+        // Retained: a removed voter stays an observer, since it is still a broker.
+        match self.raft.change_membership(members, true).await {
+            Ok(_) if removes_self => {
+                self.resign().await;
+                VoterChangeReply::Done
+            }
+            Ok(_) => VoterChangeReply::Done,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                VoterChangeReply::NotLeader(forward.leader_id.map(node_id))
+            }
+            Err(error) => VoterChangeReply::Refused(VoterChangeError::Raft(error.to_string())),
+        }
+    }
+
+    /// Stops leading after this leader left the voters: it stops heartbeating and refuses
+    /// proposals until the voters (whose leader lease then runs out) elect another leader,
+    /// at most [`RESIGN_ELECTION_TIMEOUTS`] election timeouts.
+    async fn resign(&self) {
+        self.resigning.store(true, Ordering::SeqCst);
+        self.raft.runtime_config().heartbeat(false);
+        let wait = Duration::from_millis(self.config.election_timeout_max_ms * RESIGN_ELECTION_TIMEOUTS);
+        let mut metrics = self.raft.metrics();
+        let me = raft_id(self.config.node_id);
+        let replaced = tokio::time::timeout(wait, metrics.wait_for(|metrics| metrics.current_leader != Some(me))).await;
+        if replaced.is_err() {
+            tracing::warn!("no other controller took over after this one left the voters; leading on");
+        }
+        self.raft.runtime_config().heartbeat(true);
+        self.resigning.store(false, Ordering::SeqCst);
+    }
+
+    /// Kafka's DescribeQuorum, answered by this node if it is the raft leader.
+    fn describe_quorum_here(&self) -> Response {
+        let Some(term) = self.leader_term() else {
+            return Response::DescribeQuorum(Err(Redirect::NotLeader(self.active_controller())));
+        };
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let matched: BTreeMap<u64, i64> = metrics
+            .replication
+            .iter()
+            .flatten()
+            .map(|(&id, matched)| (id, matched.map_or(-1, |log_id| log_id.index as i64 + 1)))
+            .collect();
+        let last_seen: HashMap<i32, Instant> = {
+            let liveness = self.liveness.lock().expect("liveness lock poisoned");
+            liveness.last_seen.iter().map(|(&id, (seen, _))| (id, *seen)).collect()
+        };
+        let caught_up = self.caught_up.lock().expect("caught-up lock poisoned").clone();
+        let directories = self.directories();
+        let now = (Instant::now(), std::time::SystemTime::now());
+        let log_end_offset = metrics.last_log_index.map_or(0, |index| index as i64 + 1);
+        let replica = |id: u64| {
+            let node = node_id(id);
+            let leading = node == self.config.node_id;
+            QuorumReplica {
+                node_id: node,
+                directory_id: directories.get(&node).copied().unwrap_or_default(),
+                log_end_offset: if leading { log_end_offset } else { matched.get(&id).copied().unwrap_or(-1) },
+                last_fetch_timestamp_ms: epoch_ms(
+                    now,
+                    if leading { Some(now.0) } else { last_seen.get(&node).copied() },
+                ),
+                last_caught_up_timestamp_ms: epoch_ms(
+                    now,
+                    if leading { Some(now.0) } else { caught_up.get(&node).copied() },
+                ),
+                controller_address: membership.get_node(&id).map(|node| node.addr.clone()),
+            }
+        };
+        Response::DescribeQuorum(Ok(QuorumDescription {
+            leader_id: self.config.node_id,
+            leader_epoch: i32::try_from(term).unwrap_or(i32::MAX),
+            high_watermark: metrics.last_applied.map_or(0, |log_id| log_id.index as i64 + 1),
+            voters: membership.voter_ids().map(replica).collect(),
+            observers: membership.learner_ids().map(replica).collect(),
+        }))
     }
 
     /// Notes a heartbeat whether or not this node leads: a future leader needs the history.
@@ -662,6 +961,9 @@ impl Shared {
 
     /// Proposes on this node, which must be the raft leader.
     async fn propose(&self, proposal: Proposal) -> WriteReply {
+        if self.resigning.load(Ordering::SeqCst) {
+            return WriteReply::NotLeader(None);
+        }
         match self.raft.client_write(proposal).await {
             Ok(response) => WriteReply::Committed { log_index: response.log_id.index, result: response.data },
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
@@ -680,8 +982,8 @@ impl Shared {
             let proposed = tokio::time::timeout(timeout, self.propose(proposal.clone())).await;
             return Some(proposed.unwrap_or_else(|_| WriteReply::Failed("proposal timed out".to_string())));
         }
-        let address = self.config.voters.get(&leader)?;
-        match self.peers.client(address).call(&Request::Write(proposal.clone()), timeout).await {
+        let address = self.address_of(leader)?;
+        match self.peers.client(&address).call(&Request::Write(proposal.clone()), timeout).await {
             Ok(Response::Write(reply)) => Some(reply),
             Ok(other) => Some(WriteReply::Failed(format!("mismatched response {other:?}"))),
             Err(RpcError::Connect(..)) => None,
@@ -712,20 +1014,36 @@ impl Shared {
             rack: self.config.rack.clone(),
             endpoints: self.config.kafka_endpoints.clone(),
             metadata_version_max: crate::metadata::METADATA_VERSION_LATEST,
+            controller_address: Some(self.config.advertised_address()),
+            directory_id: Some(self.directory_id),
         }
     }
 
     /// Heartbeats every voter (itself included) every `heartbeat_interval_ms`, one task
-    /// per voter so a dead or slow voter delays no other.
+    /// per voter so a dead or slow voter delays no other. The voters are the log's current
+    /// ones, checked every period, so a voter added or removed at run time is heard or left.
     async fn send_heartbeats(self: Arc<Self>) {
-        let voters: Vec<(i32, String)> =
-            self.config.voters.iter().map(|(&id, address)| (id, address.clone())).collect();
         // A JoinSet aborts its tasks when dropped, so stopping this task stops them all.
         let mut senders = tokio::task::JoinSet::new();
-        for (id, address) in voters {
-            senders.spawn(self.clone().heartbeat_voter(id, address));
+        let mut running: HashMap<(i32, String), tokio::task::AbortHandle> = HashMap::new();
+        let mut ticker = tokio::time::interval(Duration::from_millis(self.config.heartbeat_interval_ms));
+        loop {
+            ticker.tick().await;
+            let voters = self.voter_addresses();
+            running.retain(|(id, address), sender| {
+                let current = voters.get(id) == Some(address);
+                if !current {
+                    sender.abort();
+                }
+                current
+            });
+            for (id, address) in voters {
+                if let std::collections::hash_map::Entry::Vacant(entry) = running.entry((id, address.clone())) {
+                    entry.insert(senders.spawn(self.clone().heartbeat_voter(id, address)));
+                }
+            }
+            while senders.try_join_next().is_some() {}
         }
-        while senders.join_next().await.is_some() {}
     }
 
     async fn heartbeat_voter(self: Arc<Self>, voter: i32, address: String) {
@@ -758,6 +1076,8 @@ impl Shared {
         loop {
             ticker.tick().await;
             let Some(term) = self.leader_term() else { continue };
+            self.note_caught_up(Instant::now());
+            self.admit_observers().await;
             let metadata = self.metadata.borrow().clone();
             for command in self.liveness_commands(term, Instant::now(), &metadata) {
                 tracing::info!(?command, "active controller proposes");
@@ -774,12 +1094,49 @@ impl Shared {
         }
     }
 
-    /// The `metadata.version` to finalize now: the newest that every voter's binary (as
-    /// registered) and this one understand, when it is newer than the finalized one.
+    /// Records which nodes hold every entry this leader has, for DescribeQuorum.
+    fn note_caught_up(&self, now: Instant) {
+        let metrics = self.raft.metrics().borrow().clone();
+        let (Some(replication), Some(last_index)) = (&metrics.replication, metrics.last_log_index) else { return };
+        let mut caught_up = self.caught_up.lock().expect("caught-up lock poisoned");
+        for (&id, matched) in replication {
+            if matched.is_some_and(|log_id| log_id.index >= last_index) {
+                caught_up.insert(node_id(id), now);
+            }
+        }
+    }
+
+    /// Adds every node that heartbeats with a controller address but is not in the raft
+    /// membership as a learner (an observer), so it receives the log.
+    async fn admit_observers(&self) {
+        let session_timeout = Duration::from_millis(self.config.session_timeout_ms);
+        let membership = self.membership();
+        let newcomers: Vec<(i32, String)> = {
+            let liveness = self.liveness.lock().expect("liveness lock poisoned");
+            liveness
+                .last_seen
+                .iter()
+                .filter(|(&id, (seen, _))| {
+                    seen.elapsed() < session_timeout && membership.get_node(&raft_id(id)).is_none()
+                })
+                .filter_map(|(&id, (_, heartbeat))| heartbeat.controller_address.clone().map(|address| (id, address)))
+                .collect()
+        };
+        for (id, address) in newcomers {
+            tracing::info!(node_id = id, %address, "adding an observer to the controller quorum");
+            if let Err(error) = self.raft.add_learner(raft_id(id), BasicNode::new(&address), false).await {
+                tracing::info!(node_id = id, %error, "adding the observer failed; retrying");
+            }
+        }
+    }
+
+    /// The `metadata.version` to finalize now: the newest that every member's binary (voters
+    /// and observers, as registered) and this one understand, when it is newer than the
+    /// finalized one.
     fn metadata_version_to_finalize(&self, metadata: &ClusterMetadata) -> Option<u16> {
         let mut supported = crate::metadata::METADATA_VERSION_LATEST;
-        for voter in self.config.voters.keys() {
-            let broker = metadata.brokers.get(voter)?;
+        for member in self.membership().nodes().map(|(&id, _)| node_id(id)) {
+            let broker = metadata.brokers.get(&member)?;
             supported = supported.min(broker.metadata_version_max.max(crate::metadata::METADATA_VERSION_INITIAL));
         }
         (supported > metadata.metadata_version()).then_some(supported)
@@ -833,6 +1190,13 @@ impl Shared {
     }
 }
 
+/// `at` in ms since the epoch, given `now` as both an `Instant` and a wall-clock time; -1 for none.
+fn epoch_ms(now: (Instant, std::time::SystemTime), at: Option<Instant>) -> i64 {
+    let Some(at) = at else { return -1 };
+    let wall = now.1 - now.0.saturating_duration_since(at);
+    wall.duration_since(std::time::UNIX_EPOCH).map_or(-1, |since| since.as_millis() as i64)
+}
+
 fn same_registration(broker: &BrokerInfo, heartbeat: &Heartbeat) -> bool {
     broker.incarnation == heartbeat.incarnation
         && broker.host == heartbeat.host
@@ -868,7 +1232,7 @@ mod tests {
 
     #[test]
     fn config_refusals() {
-        check_refused(|config| config.node_id = 3, "learners are not supported");
+        check_refused(|config| config.node_id = -1, "non-negative");
         check_refused(|config| config.voters.clear(), "voters");
         check_refused(|config| config.heartbeat_interval_ms = config.session_timeout_ms, "heartbeat_interval_ms");
         check_refused(|config| config.election_timeout_max_ms = config.election_timeout_min_ms, "election");

@@ -39,6 +39,7 @@ mod log_store;
 pub mod metadata;
 pub mod net;
 mod network;
+pub mod quorum;
 mod rpc;
 mod rpc_protection;
 mod state_machine;
@@ -55,5 +56,6 @@ pub use crate::metadata::{
     QuotaEntity, QuotaEntityName, Reassignment, RemoteLog, RemoteLogSegment, ScramCredential, TopicInfo,
     METADATA_VERSION_INITIAL, METADATA_VERSION_LATEST, NO_LEADER,
 };
+pub use crate::quorum::{QuorumDescription, QuorumReplica, VoterChange, VoterChangeError};
 pub use crate::rpc::{RpcTls, FRAME_BYTES_MAX, RPC_SECRET_BYTES_MIN};
 pub use crate::types::{Proposal, TypeConfig};

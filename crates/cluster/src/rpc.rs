@@ -65,6 +65,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::metadata::CommandResult;
+use crate::quorum::{QuorumDescription, VoterChange, VoterChangeError};
 use crate::rpc_protection::{Direction, FrameCipher, Protection, NONCE_BYTES};
 use crate::types::{Proposal, TypeConfig};
 
@@ -174,6 +175,13 @@ pub(crate) struct Heartbeat {
     /// The newest metadata.version the sender understands (0 from old nodes).
     #[serde(default)]
     pub(crate) metadata_version_max: u16,
+    /// The sender's controller RPC address, by which the active controller adds a node that
+    /// is not a voter to the quorum as an observer (absent from old nodes, all voters).
+    #[serde(default)]
+    pub(crate) controller_address: Option<String>,
+    /// The id of the sender's controller directory (absent from old nodes).
+    #[serde(default)]
+    pub(crate) directory_id: Option<uuid::Uuid>,
 }
 
 /// Everything one controller asks another.
@@ -185,6 +193,10 @@ pub(crate) enum Request {
     Heartbeat(Heartbeat),
     /// A write made on a follower, for the raft leader to propose.
     Write(Proposal),
+    /// Kafka's DescribeQuorum, for the raft leader to answer.
+    DescribeQuorum,
+    /// Kafka's AddRaftVoter / RemoveRaftVoter, for the raft leader to make.
+    ChangeVoters(VoterChange),
 }
 
 /// A request with the cluster id of its sender.
@@ -208,6 +220,19 @@ pub(crate) enum Response {
     InstallSnapshot(Result<InstallSnapshotResponse<u64>, RaftError<u64, InstallSnapshotError>>),
     Heartbeat(Redirect),
     Write(WriteReply),
+    DescribeQuorum(Result<QuorumDescription, Redirect>),
+    ChangeVoters(VoterChangeReply),
+}
+
+/// Answer to a voter change.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum VoterChangeReply {
+    /// The new voter set is committed.
+    Done,
+    /// This node is not the raft leader; the leader it knows of, if any.
+    NotLeader(Option<i32>),
+    /// Refused, and why.
+    Refused(VoterChangeError),
 }
 
 /// Answer to a heartbeat.
@@ -633,6 +658,8 @@ mod tests {
             rack: None,
             endpoints: Vec::new(),
             metadata_version_max: 0,
+            controller_address: None,
+            directory_id: None,
         })
     }
 

@@ -22,7 +22,10 @@ const READY: Duration = Duration::from_secs(20);
 struct Cluster {
     /// `Some(interval)` turns on the automatic preferred leader election.
     auto_rebalance_ms: Option<u64>,
+    /// The initial voters' addresses, as every node is configured.
     voters: BTreeMap<i32, String>,
+    /// Every node's controller address, observers' included.
+    addresses: BTreeMap<i32, String>,
     dirs: BTreeMap<i32, TempDir>,
     nodes: BTreeMap<i32, Arc<Controller>>,
 }
@@ -69,7 +72,8 @@ impl Cluster {
         let voters: BTreeMap<i32, String> =
             (1..=count).zip(ports).map(|(id, port)| (id, format!("127.0.0.1:{port}"))).collect();
         let dirs = (1..=count).map(|id| (id, tempfile::tempdir().unwrap())).collect();
-        let mut cluster = Cluster { auto_rebalance_ms, voters, dirs, nodes: BTreeMap::new() };
+        let addresses = voters.clone();
+        let mut cluster = Cluster { auto_rebalance_ms, voters, addresses, dirs, nodes: BTreeMap::new() };
         let starts: Vec<_> = (1..=count).map(|id| Controller::start(cluster.config(id))).collect();
         for (id, started) in (1..=count).zip(futures_join_all(starts).await) {
             cluster.nodes.insert(id, started.unwrap());
@@ -83,7 +87,7 @@ impl Cluster {
     fn config(&self, id: i32) -> ControllerConfig {
         let mut config = ControllerConfig::new(
             id,
-            self.voters[&id].parse().unwrap(),
+            self.addresses[&id].parse().unwrap(),
             self.voters.clone(),
             self.dirs[&id].path().to_path_buf(),
             "127.0.0.1".to_string(),
@@ -103,6 +107,16 @@ impl Cluster {
 
     async fn restart(&mut self, id: i32) {
         let controller = restart_on_same_port(self.config(id)).await;
+        controller.wait_ready(READY).await.unwrap();
+        self.nodes.insert(id, controller);
+    }
+
+    /// Starts node `id`, not among the configured voters: it joins as an observer.
+    async fn start_observer(&mut self, id: i32) {
+        let port = free_ports(1)[0];
+        self.addresses.insert(id, format!("127.0.0.1:{port}"));
+        self.dirs.insert(id, tempfile::tempdir().unwrap());
+        let controller = Controller::start(self.config(id)).await.unwrap();
         controller.wait_ready(READY).await.unwrap();
         self.nodes.insert(id, controller);
     }
@@ -435,5 +449,60 @@ async fn automatic_preferred_election_restores_leaders() {
         metadata.topics["t"].partitions.iter().all(|partition| partition.leader == partition.replicas[0])
     })
     .await;
+    cluster.shutdown().await;
+}
+
+/// The voter and observer ids of a quorum description.
+fn quorum_ids(quorum: &sluice_cluster::QuorumDescription) -> (Vec<i32>, Vec<i32>) {
+    let ids = |replicas: &[sluice_cluster::QuorumReplica]| replicas.iter().map(|replica| replica.node_id).collect();
+    (ids(&quorum.voters), ids(&quorum.observers))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_becomes_a_voter_and_a_voter_leaves_while_writes_go_on() {
+    use sluice_cluster::{VoterChange, VoterChangeError};
+    let mut cluster = Cluster::start(3).await;
+    cluster.start_observer(4).await;
+    let observer = cluster.nodes[&4].clone();
+    let quorum = observer.describe_quorum().await.unwrap();
+    assert_eq!(quorum_ids(&quorum), (vec![1, 2, 3], vec![4]));
+    assert!(quorum.observers[0].log_end_offset > 0, "the observer receives the log: {quorum:?}");
+    assert_eq!(quorum.observers[0].directory_id, observer.directory_id());
+    // The observer is a broker: its writes are forwarded and applied on it.
+    observer.create_topic("before", 1, 3, BTreeMap::new()).await.unwrap();
+
+    let wrong_directory = VoterChange::Add { node_id: 4, directory_id: uuid::Uuid::from_u128(1) };
+    assert!(matches!(
+        observer.change_voters(wrong_directory).await.unwrap(),
+        Err(VoterChangeError::DirectoryMismatch { .. })
+    ));
+    let add = VoterChange::Add { node_id: 4, directory_id: observer.directory_id() };
+    observer.change_voters(add.clone()).await.unwrap().unwrap();
+    assert_eq!(observer.change_voters(add).await.unwrap(), Err(VoterChangeError::DuplicateVoter(4)));
+    assert_eq!(quorum_ids(&observer.describe_quorum().await.unwrap()), (vec![1, 2, 3, 4], vec![]));
+
+    // The leader leaves the voters; the others elect a new one and it stays an observer.
+    let leader = cluster.leader().await;
+    let remove = VoterChange::Remove { node_id: leader, directory_id: uuid::Uuid::nil() };
+    cluster.nodes[&4].change_voters(remove).await.unwrap().unwrap();
+    // It steps down once the new voter set is applied, and the others elect a leader.
+    let deadline = Instant::now() + READY;
+    let quorum = loop {
+        let quorum = observer.describe_quorum().await.unwrap();
+        if (quorum.leader_id != leader && !quorum.observers.is_empty()) || Instant::now() > deadline {
+            break quorum;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_ne!(quorum.leader_id, leader, "the removed voter no longer leads");
+    let voters: Vec<i32> = [1, 2, 3, 4].into_iter().filter(|&id| id != leader).collect();
+    assert_eq!(quorum_ids(&quorum), (voters, vec![leader]));
+    cluster.nodes[&leader].create_topic("after", 1, 3, BTreeMap::new()).await.unwrap();
+
+    // The new voter set is in the log: node 4 votes after a restart though not configured as a voter.
+    cluster.stop(4).await;
+    cluster.restart(4).await;
+    let quorum = cluster.nodes[&4].describe_quorum().await.unwrap();
+    assert!(quorum_ids(&quorum).0.contains(&4), "{quorum:?}");
     cluster.shutdown().await;
 }
