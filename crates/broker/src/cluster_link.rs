@@ -36,20 +36,22 @@ pub struct ClusterLink {
     /// Set once the logs left on disk by partitions deleted or moved away while this node
     /// was down are removed (at the first apply that includes this process's registration).
     strays_removed: AtomicBool,
+    /// This node's data directory id (`meta.properties`).
+    directory_id: Uuid,
 }
 
-impl Default for ClusterLink {
-    fn default() -> ClusterLink {
+impl ClusterLink {
+    /// The link of a node whose data directory has `directory_id`.
+    pub fn new(directory_id: Uuid) -> ClusterLink {
         ClusterLink {
             controller: OnceLock::new(),
             applied_version: watch::channel(0).0,
             applied_topic_ids: Mutex::new(HashMap::new()),
             strays_removed: AtomicBool::new(false),
+            directory_id,
         }
     }
-}
 
-impl ClusterLink {
     /// Waits until this broker applied metadata `version` or later (so an admin request
     /// answers only once its change shows here). False on timeout.
     pub async fn wait_applied(&self, version: u64, timeout: Duration) -> bool {
@@ -121,7 +123,11 @@ pub async fn join(broker: &Arc<Broker>, cluster: &ClusterConfig) -> anyhow::Resu
         node_id: broker.node_id(),
         listen: cluster.controller_listen,
         voters: cluster.voters().map_err(anyhow::Error::msg)?,
+        // Its entry in the voters, else the controller listener (with the advertised host
+        // when that listens on every interface).
+        advertised_address: None,
         data_dir: broker.config().data_dir.clone(),
+        directory_id: link.directory_id,
         kafka_host: host,
         kafka_port: u16::try_from(port)?,
         kafka_endpoints: endpoints,

@@ -53,10 +53,10 @@ pub(crate) fn cluster_role(config: &BrokerConfig, topics: &TopicRegistry) -> io:
     let Some(cluster_config) = &config.cluster else { return Ok((None, None)) };
     topics.replace_all(Vec::new());
     let cluster_id = cluster_config.cluster_id.clone().unwrap_or_else(|| cluster_id_for(&cluster_config.voters));
-    meta_properties::check_or_write(&config.data_dir, config.node_id, &cluster_id)?;
+    let directory_id = meta_properties::check_or_write(&config.data_dir, config.node_id, &cluster_id)?;
     topics.set_cluster_id(cluster_id);
     topics.use_node_producer_ids(config.node_id);
-    let link = Arc::new(cluster_link::ClusterLink::default());
+    let link = Arc::new(cluster_link::ClusterLink::new(directory_id));
     let replicas = ReplicaManager::new(config.node_id, link.clone(), cluster_config.replica_lag_time_max_ms);
     Ok((Some(replicas), Some(link)))
 }

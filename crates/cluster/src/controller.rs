@@ -79,9 +79,6 @@ const LIVENESS_TICK_MS_MAX: u64 = 100;
 pub const SNAPSHOT_INTERVAL_ENTRIES_DEFAULT: u64 = 1_000;
 /// Election timeouts a leader that left the voters waits for another to take over.
 const RESIGN_ELECTION_TIMEOUTS: u64 = 10;
-/// The file in `<data_dir>/controller/` naming this node's controller directory (a UUID, made
-/// at its first start): a node that lost its disk comes back with another one.
-const DIRECTORY_ID_FILE: &str = "directory.id";
 /// Entries kept behind a snapshot, as a fraction of the interval, so that slightly lagging
 /// followers catch up from the log instead of a whole snapshot.
 const LOGS_KEPT_AFTER_SNAPSHOT_DIVISOR: u64 = 5;
@@ -101,6 +98,9 @@ pub struct ControllerConfig {
     pub advertised_address: Option<String>,
     /// The node's data directory; the controller uses `<data_dir>/controller/`.
     pub data_dir: PathBuf,
+    /// The data directory's id (`meta.properties`): with the node id, the key of a voter, so
+    /// a node that lost its disk (and so got a new id) is not taken for the voter it was.
+    pub directory_id: Uuid,
     /// Host of this node's Kafka listener (registered for clients).
     pub kafka_host: String,
     /// Port of this node's Kafka listener.
@@ -160,6 +160,7 @@ impl ControllerConfig {
             voters,
             advertised_address: None,
             data_dir,
+            directory_id: Uuid::new_v4(),
             kafka_host,
             kafka_port,
             kafka_endpoints: Vec::new(),
@@ -255,7 +256,7 @@ struct Shared {
     shut_down: AtomicBool,
     /// Set while this leader, no longer a voter, hands the leadership over ([`Shared::resign`]).
     resigning: AtomicBool,
-    /// The id of this node's controller directory ([`DIRECTORY_ID_FILE`]).
+    /// The id of this node's data directory.
     directory_id: Uuid,
     /// When each node last held every entry this leader had (leader only, memory only).
     caught_up: Mutex<HashMap<i32, Instant>>,
@@ -294,7 +295,7 @@ impl Controller {
         config.validate()?;
         let dir = config.data_dir.join("controller");
         crate::log_store::create_dir_durably(&dir)?;
-        let directory_id = directory_id(&dir)?;
+        let directory_id = config.directory_id;
         let log_store = LogStore::open(&dir)?;
         let (state_machine, metadata) = StateMachine::open(&dir)?;
         let listener = TcpListener::bind(config.listen).await?;
@@ -601,7 +602,7 @@ impl Controller {
         }
     }
 
-    /// This node's controller directory id.
+    /// This node's data directory id.
     pub fn directory_id(&self) -> Uuid {
         self.shared.directory_id
     }
@@ -680,23 +681,6 @@ impl Drop for Controller {
         for task in self.tasks.lock().expect("tasks lock poisoned").drain(..) {
             task.abort();
         }
-    }
-}
-
-/// The id of the controller directory `dir`, made (written new, fsynced, renamed) at its
-/// first use.
-fn directory_id(dir: &std::path::Path) -> Result<Uuid, ControllerError> {
-    let path = dir.join(DIRECTORY_ID_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Uuid::parse_str(text.trim()).map_err(|error| {
-            ControllerError::Config(format!("{} does not hold a directory id: {error}", path.display()))
-        }),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let id = Uuid::new_v4();
-            crate::log_store::write_atomic(dir, DIRECTORY_ID_FILE, id.to_string().as_bytes())?;
-            Ok(id)
-        }
-        Err(error) => Err(error.into()),
     }
 }
 

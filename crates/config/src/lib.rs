@@ -255,7 +255,10 @@ pub const CLUSTER_ID_BYTES_MAX: usize = 64;
 pub struct ClusterConfig {
     /// Where this node's controller (Raft) listens for the other controllers.
     pub controller_listen: SocketAddr,
-    /// The controller quorum as `id@host:port,...` (Kafka's `controller.quorum.voters`).
+    /// The controller quorum's initial voters as `id@host:port,...` (Kafka's
+    /// `controller.quorum.voters`): whom a new cluster starts with, and where a node finds the
+    /// quorum. A node not among them joins as an observer (a broker that does not vote) and
+    /// may be made a voter with AddRaftVoter (`kafka-metadata-quorum.sh add-controller`).
     pub voters: String,
     /// How often a broker tells the active controller it is alive.
     pub heartbeat_interval_ms: u64,
@@ -334,9 +337,7 @@ impl ClusterConfig {
 
     pub fn validate(&self, node_id: i32) -> Result<(), String> {
         let voters = self.voters()?;
-        if !voters.contains_key(&node_id) {
-            return Err(format!("node_id {node_id} is not among cluster.voters (learners are not supported yet)"));
-        }
+        let observer = !voters.contains_key(&node_id);
         if self.heartbeat_interval_ms == 0 || self.session_timeout_ms <= self.heartbeat_interval_ms * 2 {
             return Err("cluster.session_timeout_ms must exceed twice cluster.heartbeat_interval_ms".into());
         }
@@ -353,13 +354,13 @@ impl ClusterConfig {
             Some(path) => {
                 self.rpc_secret().map_err(|error| format!("cluster.rpc_secret_file {}: {error}", path.display()))?;
             }
-            None if voters.len() > 1 => {
+            None if voters.len() > 1 || observer => {
                 return Err(format!(
-                    "cluster.rpc_secret_file is not set: the {} controllers authenticate each other with a secret \
+                    "cluster.rpc_secret_file is not set: the {} nodes authenticate each other with a secret \
                      they share, so that nobody else can vote, replicate or propose changes. Create one (e.g. \
                      `head -c 32 /dev/urandom | base64 > cluster.secret; chmod 600 cluster.secret`), give every node \
                      the same file (--cluster-rpc-secret-file or cluster.rpc_secret_file)",
-                    voters.len()
+                    voters.len() + usize::from(observer)
                 ));
             }
             None => {}

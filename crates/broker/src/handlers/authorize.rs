@@ -129,6 +129,10 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
         ApiKey::DeleteGroups => checks(rq::delete_groups, rs::delete_groups),
         ApiKey::AlterPartitionReassignments => cluster(&[acl::OP_ALTER], rq::refuse_alter_reassignments),
         ApiKey::ListPartitionReassignments => cluster(&[acl::OP_DESCRIBE], rq::refuse_list_reassignments),
+        // The controller quorum: DESCRIBE to see it, ALTER to change its voters.
+        ApiKey::DescribeQuorum => cluster(&[acl::OP_DESCRIBE], rq::refuse_describe_quorum),
+        ApiKey::AddRaftVoter => cluster(&[acl::OP_ALTER], rq::refuse_add_raft_voter),
+        ApiKey::RemoveRaftVoter => cluster(&[acl::OP_ALTER], rq::refuse_remove_raft_voter),
         // DELETE on the group, READ on each topic.
         ApiKey::OffsetDelete => checks(rq::offset_delete, rs::offset_delete),
         // DESCRIBE_CONFIGS / ALTER_CONFIGS on the cluster.
@@ -172,7 +176,6 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
         | ApiKey::Vote
         | ApiKey::BeginQuorumEpoch
         | ApiKey::EndQuorumEpoch
-        | ApiKey::DescribeQuorum
         | ApiKey::AlterPartition
         | ApiKey::UpdateFeatures
         | ApiKey::Envelope
@@ -187,8 +190,6 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
         | ApiKey::AssignReplicasToDirs
         | ApiKey::ListConfigResources
         | ApiKey::DescribeTopicPartitions
-        | ApiKey::AddRaftVoter
-        | ApiKey::RemoveRaftVoter
         | ApiKey::UpdateRaftVoter => Rule::NotServed,
     }
 }

@@ -11,6 +11,7 @@ mod fetch;
 mod groups;
 mod offsets;
 mod produce;
+mod quorum;
 mod quotas;
 mod reassignments;
 mod share;
@@ -208,6 +209,9 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
         Rq::AlterPartitionReassignments(r) => {
             later!(call, AlterPartitionReassignments, |b, _| reassignments::alter(b, r))
         }
+        Rq::DescribeQuorum(r) => later!(call, DescribeQuorum, |b, _| quorum::describe(b, r)),
+        Rq::AddRaftVoter(r) => later!(call, AddRaftVoter, |b, _| quorum::add_voter(b, r)),
+        Rq::RemoveRaftVoter(r) => later!(call, RemoveRaftVoter, |b, _| quorum::remove_voter(b, r)),
         Rq::ListPartitionReassignments(r) => now(Rs::ListPartitionReassignments(reassignments::list(broker, r))),
         Rq::DescribeLogDirs(r) => now(Rs::DescribeLogDirs(admin::describe_log_dirs(broker, r))),
         Rq::DescribeCluster(r) => now(Rs::DescribeCluster(admin::describe_cluster(broker, r, listener))),

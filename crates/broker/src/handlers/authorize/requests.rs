@@ -480,6 +480,24 @@ pub(super) fn refuse_alter_reassignments(_: RequestKind, error: ResponseError) -
     ResponseKind::AlterPartitionReassignments(response)
 }
 
+pub(super) fn refuse_describe_quorum(_: RequestKind, error: ResponseError) -> ResponseKind {
+    let response =
+        DescribeQuorumResponse::default().with_error_code(error.code()).with_error_message(error_message(error));
+    ResponseKind::DescribeQuorum(response)
+}
+
+pub(super) fn refuse_add_raft_voter(_: RequestKind, error: ResponseError) -> ResponseKind {
+    let response =
+        AddRaftVoterResponse::default().with_error_code(error.code()).with_error_message(error_message(error));
+    ResponseKind::AddRaftVoter(response)
+}
+
+pub(super) fn refuse_remove_raft_voter(_: RequestKind, error: ResponseError) -> ResponseKind {
+    let response =
+        RemoveRaftVoterResponse::default().with_error_code(error.code()).with_error_message(error_message(error));
+    ResponseKind::RemoveRaftVoter(response)
+}
+
 pub(super) fn refuse_list_reassignments(_: RequestKind, error: ResponseError) -> ResponseKind {
     let response = ListPartitionReassignmentsResponse::default()
         .with_error_code(error.code())
