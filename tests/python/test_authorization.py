@@ -56,6 +56,7 @@ DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS, CONSUMER_GROUP_HEARTBEAT, CONSUMER_GRO
 SHARE_GROUP_DESCRIBE = 77
 INITIALIZE_SHARE_STATE, READ_SHARE_STATE, WRITE_SHARE_STATE, DELETE_SHARE_STATE, READ_SHARE_SUMMARY = 83, 84, 85, 86, 87
 DESCRIBE_SHARE_OFFSETS, ALTER_SHARE_OFFSETS, DELETE_SHARE_OFFSETS = 90, 91, 92
+DESCRIBE_QUORUM, ADD_RAFT_VOTER, REMOVE_RAFT_VOTER = 55, 80, 81
 
 kw.FLEXIBLE_FROM.update({
     WRITE_TXN_MARKERS: 1, DESCRIBE_LOG_DIRS: 2, SASL_AUTHENTICATE: 2, DESCRIBE_USER_SCRAM: 0, ALTER_USER_SCRAM: 0,
@@ -64,6 +65,7 @@ kw.FLEXIBLE_FROM.update({
     READ_SHARE_STATE: 0, WRITE_SHARE_STATE: 0, DELETE_SHARE_STATE: 0, READ_SHARE_SUMMARY: 0,
     DESCRIBE_SHARE_OFFSETS: 0, ALTER_SHARE_OFFSETS: 0, DELETE_SHARE_OFFSETS: 0,
     kw.FIND_COORDINATOR: 3, DESCRIBE_ACLS: 2, CREATE_ACLS: 2, DELETE_ACLS: 2,
+    DESCRIBE_QUORUM: 0, ADD_RAFT_VOTER: 0, REMOVE_RAFT_VOTER: 0,
 })
 
 TOPIC = "orders"
@@ -655,6 +657,13 @@ def every_api(tid: bytes):
          w_(True).i32(10000).array([], None).tags().getvalue(), throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
         ("ListPartitionReassignments", kw.LIST_PARTITION_REASSIGNMENTS, 0,
          w_(True).i32(10000).array(None, None).tags().getvalue(), throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
+        ("DescribeQuorum", DESCRIBE_QUORUM, 0,
+         w_(True).array(["__cluster_metadata"], lambda w, t: w.string(t).array([0], lambda w, p: w.i32(p).tags()).tags())
+         .tags().getvalue(), lambda r: r.i16(), CLUSTER_AUTHORIZATION_FAILED),
+        ("AddRaftVoter", ADD_RAFT_VOTER, 0, w_(True).string(None).i32(10000).i32(4).raw(bytes(16)).array([], None).tags()
+         .getvalue(), throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
+        ("RemoveRaftVoter", REMOVE_RAFT_VOTER, 0, w_(True).string(None).i32(4).raw(bytes(16)).tags().getvalue(),
+         throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
         ("OffsetDelete", OFFSET_DELETE, 0,
          w_().string("g").array([TOPIC], lambda w, t: w.string(t).array([0], lambda w, p: w.i32(p))).getvalue(),
          lambda r: r.i16(), GROUP_AUTHORIZATION_FAILED),
