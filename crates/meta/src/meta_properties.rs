@@ -55,10 +55,13 @@ pub fn check_or_write(data_dir: &Path, node_id: i32, cluster_id: &str) -> io::Re
                 )));
             }
             match value(DIRECTORY_ID_KEY) {
-                Some(stored) => parse_kafka_uuid(&stored).ok_or_else(|| refuse(format!("bad {DIRECTORY_ID_KEY} {stored}"))),
+                Some(stored) => {
+                    parse_kafka_uuid(&stored).ok_or_else(|| refuse(format!("bad {DIRECTORY_ID_KEY} {stored}")))
+                }
                 None => {
                     let directory_id = Uuid::new_v4();
-                    let body = format!("{}{DIRECTORY_ID_KEY}={}\n", with_final_newline(&text), kafka_uuid(directory_id));
+                    let body =
+                        format!("{}{DIRECTORY_ID_KEY}={}\n", with_final_newline(&text), kafka_uuid(directory_id));
                     sluice_storage::write_file_atomically(&path, body.as_bytes())?;
                     Ok(directory_id)
                 }

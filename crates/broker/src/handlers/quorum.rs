@@ -82,7 +82,9 @@ fn refused(error: ResponseError, text: &str) -> DescribeQuorumResponse {
         .with_partition_index(0)
         .with_error_code(error.code())
         .with_error_message(message(text));
-    let topic = TopicData::default().with_topic_name(TopicName(StrBytes::from_static_str(METADATA_TOPIC))).with_partitions(vec![partition]);
+    let topic = TopicData::default()
+        .with_topic_name(TopicName(StrBytes::from_static_str(METADATA_TOPIC)))
+        .with_partitions(vec![partition]);
     DescribeQuorumResponse::default().with_topics(vec![topic])
 }
 
@@ -121,9 +123,8 @@ fn node(replica: &QuorumReplica) -> Option<Node> {
 
 /// A node without a controller quorum: itself, the only voter, always caught up.
 fn quorum_of_one(node_id: i32) -> QuorumDescription {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(-1, |since| since.as_millis() as i64);
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(-1, |since| since.as_millis() as i64);
     let myself = QuorumReplica {
         node_id,
         directory_id: uuid::Uuid::nil(),
@@ -132,5 +133,11 @@ fn quorum_of_one(node_id: i32) -> QuorumDescription {
         last_caught_up_timestamp_ms: now_ms,
         controller_address: None,
     };
-    QuorumDescription { leader_id: node_id, leader_epoch: 0, high_watermark: 0, voters: vec![myself], observers: vec![] }
+    QuorumDescription {
+        leader_id: node_id,
+        leader_epoch: 0,
+        high_watermark: 0,
+        voters: vec![myself],
+        observers: vec![],
+    }
 }
