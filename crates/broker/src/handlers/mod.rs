@@ -14,6 +14,7 @@ mod produce;
 mod quotas;
 mod reassignments;
 mod share;
+mod topic_partitions;
 mod transactions;
 mod users;
 
@@ -211,6 +212,9 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
         Rq::ListPartitionReassignments(r) => now(Rs::ListPartitionReassignments(reassignments::list(broker, r))),
         Rq::DescribeLogDirs(r) => now(Rs::DescribeLogDirs(admin::describe_log_dirs(broker, r))),
         Rq::DescribeCluster(r) => now(Rs::DescribeCluster(admin::describe_cluster(broker, r, listener))),
+        Rq::DescribeTopicPartitions(r) => {
+            now(Rs::DescribeTopicPartitions(topic_partitions::describe(broker, session, r)))
+        }
         Rq::InitProducerId(r) if r.transactional_id.is_some() => {
             later!(call, InitProducerId, |b, s| transactions::init_producer_id(&b, &s, r))
         }
@@ -445,6 +449,7 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         DescribeUserScramCredentials,
         AlterUserScramCredentials,
         DescribeCluster,
+        DescribeTopicPartitions,
         ConsumerGroupHeartbeat,
         ConsumerGroupDescribe,
         ShareGroupHeartbeat,
