@@ -59,9 +59,10 @@ INVALID_SHARE_SESSION_EPOCH = 123
 # First flexible version of each API we encode.
 ALTER_PARTITION_REASSIGNMENTS = 45
 LIST_PARTITION_REASSIGNMENTS = 46
+DESCRIBE_TOPIC_PARTITIONS = 75
 FLEXIBLE_FROM = {PRODUCE: 9, FETCH: 12, LIST_OFFSETS: 6, METADATA: 9, API_VERSIONS: 3, CREATE_TOPICS: 5, DELETE_TOPICS: 4,
                  INIT_PRODUCER_ID: 2, ALTER_PARTITION_REASSIGNMENTS: 0, LIST_PARTITION_REASSIGNMENTS: 0,
-                 SHARE_GROUP_HEARTBEAT: 0, SHARE_FETCH: 0, SHARE_ACKNOWLEDGE: 0}
+                 SHARE_GROUP_HEARTBEAT: 0, SHARE_FETCH: 0, SHARE_ACKNOWLEDGE: 0, DESCRIBE_TOPIC_PARTITIONS: 0}
 
 
 # ---------------------------------------------------------------- CRC32C (Castagnoli)
@@ -736,6 +737,19 @@ class Conn:
         r = self.request(METADATA, v, metadata_body(v, topics, allow_auto_create))
         return parse_metadata_response(r, v)
 
+    def describe_topic_partitions(self, topics: list[str], limit: int = 2000,
+                                  cursor: tuple[str, int] | None = None) -> "TopicPartitionsPage":
+        """DescribeTopicPartitions v0 as this one broker answers it (no topics: all of them)."""
+        w = Writer(True)
+        w.array(topics, lambda ww, name: ww.string(name).tags())
+        w.i32(limit)
+        if cursor is None:
+            w.i8(-1)
+        else:
+            w.i8(1).string(cursor[0]).i32(cursor[1]).tags()
+        w.tags()
+        return parse_describe_topic_partitions(self.request(DESCRIBE_TOPIC_PARTITIONS, 0, w.getvalue()))
+
 
 ACCEPT, RELEASE, REJECT = 1, 2, 3  # share acknowledgement types
 
@@ -1061,6 +1075,54 @@ def parse_metadata_response(r: Reader, v: int) -> MetadataResponse:
         return name, TopicMetadata(err, parts, internal, topic_id)
 
     return MetadataResponse(sorted(brokers), controller_id, dict(r.array(topic)))
+
+
+@dataclass
+class PartitionDetail:
+    error: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    elr: list[int] | None
+    last_known_elr: list[int] | None
+    offline: list[int]
+
+
+@dataclass
+class TopicPartitionsPage:
+    topics: dict[str, tuple[int, dict[int, PartitionDetail]]]  # name -> (error, partitions)
+    next_cursor: tuple[str, int] | None
+
+
+def parse_describe_topic_partitions(r: Reader) -> TopicPartitionsPage:
+    r.i32()  # throttle
+
+    def ids(rr: Reader):
+        return rr.array(lambda x: x.i32())
+
+    def part(rr: Reader):
+        err, idx, leader, epoch = rr.i16(), rr.i32(), rr.i32(), rr.i32()
+        detail = PartitionDetail(err, leader, epoch, ids(rr), ids(rr), ids(rr), ids(rr), ids(rr))
+        rr.tags()
+        return idx, detail
+
+    def topic(rr: Reader):
+        err, name = rr.i16(), rr.string()
+        rr._take(16)  # topic id
+        rr.boolean()
+        parts = dict(rr.array(part))
+        rr.i32()  # authorized operations
+        rr.tags()
+        return name, (err, parts)
+
+    topics = dict(r.array(topic))
+    cursor = None
+    if r.i8() >= 0:
+        cursor = (r.string(), r.i32())
+        r.tags()
+    r.tags()
+    return TopicPartitionsPage(topics, cursor)
 
 
 # ---------------------------------------------------------------- confluent-kafka (librdkafka) helpers

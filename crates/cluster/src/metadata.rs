@@ -22,6 +22,23 @@
 //! - a new partition is led by its first unfenced replica and its ISR is its unfenced replicas
 //!   (only a manual replica assignment names fenced brokers; placement uses unfenced ones).
 //!
+//! From `metadata.version` [`METADATA_VERSION_ELR`] on, partitions also keep eligible leader
+//! replicas (ELR): the replicas that left the ISR while it was smaller than the topic's
+//! `min.insync.replicas`. The leader's high watermark does not move while its ISR is that
+//! small, so each of them still holds every committed record and may lead as safely as an
+//! ISR member. That lets the ISR shrink to nothing (a fenced last member leaves it for the
+//! ELR) while the partition keeps several candidates instead of one:
+//! - a replica leaving the ISR joins the ELR when the ISR left behind is below
+//!   `min.insync.replicas`; at or above it the ELR is empty; the ELR and the ISR never share
+//!   a member;
+//! - without an eligible ISR member the first unfenced ELR member (in replica order) leads,
+//!   with itself as the ISR; only after that comes an unclean election, which empties the
+//!   ELR into `last_known_elr`;
+//! - an unfenced broker in a leaderless partition's ELR becomes its leader.
+//!
+//! The ELR rules change how old commands apply, so before every node understands them
+//! (a rolling upgrade) the rules above without ELR hold unchanged.
+//!
 //! ```
 //! use sluice_cluster::{BrokerInfo, ClusterMetadata, Command};
 //! let mut metadata = ClusterMetadata::default();
@@ -40,8 +57,10 @@ use uuid::Uuid;
 pub const METADATA_VERSION_INITIAL: u16 = 1;
 /// The newest `metadata.version` this binary understands: 2 adds SCRAM credentials, ACLs,
 /// client quotas and broker listener endpoints; 3 adds share groups' configs; 4 adds the
-/// remote log metadata of tiered topics.
-pub const METADATA_VERSION_LATEST: u16 = 4;
+/// remote log metadata of tiered topics; 5 adds eligible leader replicas.
+pub const METADATA_VERSION_LATEST: u16 = 5;
+/// The `metadata.version` from which partitions keep eligible leader replicas.
+pub const METADATA_VERSION_ELR: u16 = 5;
 
 /// Most groups with configs of their own the cluster holds.
 pub const GROUP_CONFIGS_MAX: usize = 100_000;
@@ -64,6 +83,11 @@ pub const PRODUCER_ID_BLOCK_MAX: i64 = 1 << 20;
 pub const NO_LEADER: i32 = -1;
 /// Topic config that allows electing an out-of-sync replica (data loss) over staying leaderless.
 pub const UNCLEAN_LEADER_ELECTION_CONFIG: &str = "unclean.leader.election.enable";
+/// Topic config: the ISR size below which acks=all writes are refused, the high watermark
+/// stops, and replicas leaving the ISR become eligible leader replicas.
+pub const MIN_INSYNC_REPLICAS_CONFIG: &str = "min.insync.replicas";
+/// `min.insync.replicas` of a topic that does not set it (the brokers' default).
+pub const MIN_INSYNC_REPLICAS_DEFAULT: usize = 1;
 
 /// One broker as the controller quorum knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +149,14 @@ pub struct PartitionInfo {
     pub isr: Vec<i32>,
     /// Bumped on every change of this partition's state.
     pub partition_epoch: i32,
+    /// Eligible leader replicas: out of the ISR, yet holding every committed record (they
+    /// left it while it was below `min.insync.replicas`). Never shares a member with `isr`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elr: Vec<i32>,
+    /// Former eligible leader replicas an unclean election passed over: the replicas most
+    /// likely to hold the newest records, for an operator recovering the partition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_known_elr: Vec<i32>,
 }
 
 /// One topic.
@@ -756,11 +788,12 @@ impl ClusterMetadata {
             return Ok(CommandOutput::Done);
         }
         broker.fenced = true;
+        let elr = self.elr_enabled();
         let brokers = &self.brokers;
         for topic in self.topics.values_mut() {
-            let unclean = unclean_allowed(&topic.configs);
+            let rules = ElectionRules::of(&topic.configs, elr);
             for partition in &mut topic.partitions {
-                fence_in_partition(partition, node_id, brokers, unclean);
+                fence_in_partition(partition, node_id, brokers, rules);
             }
         }
         Ok(CommandOutput::Done)
@@ -776,22 +809,30 @@ impl ClusterMetadata {
         Ok(CommandOutput::Done)
     }
 
-    /// A broker became eligible: it leads the leaderless partitions whose ISR holds it (or, with
-    /// unclean election allowed, whose replicas hold it).
+    /// Whether partitions keep eligible leader replicas (every node understands them).
+    fn elr_enabled(&self) -> bool {
+        self.metadata_version() >= METADATA_VERSION_ELR
+    }
+
+    /// A broker became eligible: it leads the leaderless partitions whose ISR or ELR holds it
+    /// (or, with unclean election allowed, whose replicas hold it).
     fn elect_for_unfenced(&mut self, node_id: i32) {
         assert!(self.brokers.get(&node_id).is_some_and(|broker| !broker.fenced));
+        let elr = self.elr_enabled();
         for topic in self.topics.values_mut() {
-            let unclean = unclean_allowed(&topic.configs);
+            let rules = ElectionRules::of(&topic.configs, elr);
             for partition in &mut topic.partitions {
                 if partition.leader != NO_LEADER {
                     continue;
                 }
                 if partition.isr.contains(&node_id) {
                     set_leader(partition, node_id);
-                } else if unclean && partition.replicas.contains(&node_id) {
-                    set_leader(partition, node_id);
-                    partition.isr = vec![node_id];
+                } else if let Some(min_insync) = rules.min_insync.filter(|_| partition.elr.contains(&node_id)) {
+                    lead_from_elr(partition, node_id, min_insync);
+                } else if rules.unclean && partition.replicas.contains(&node_id) {
+                    lead_unclean(partition, node_id);
                 }
+                check_partition(partition);
             }
         }
     }
@@ -1048,11 +1089,22 @@ impl ClusterMetadata {
         expected: Option<BTreeMap<String, String>>,
     ) -> CommandResult {
         validate_configs(&configs)?;
+        let elr = self.elr_enabled();
         let topic = self.topics.get_mut(name).ok_or_else(|| MetadataError::UnknownTopic(name.to_string()))?;
         if expected.is_some_and(|expected| expected != topic.configs) {
             return Err(MetadataError::ConfigsChanged(name.to_string()));
         }
         topic.configs = configs;
+        if let Some(min_insync) = ElectionRules::of(&topic.configs, elr).min_insync {
+            // A lower min.insync.replicas may put the ISR at or above it: the ELR empties.
+            for partition in &mut topic.partitions {
+                let before = partition.clone();
+                track_elr(partition, &[], min_insync);
+                if *partition != before {
+                    partition.partition_epoch += 1;
+                }
+            }
+        }
         Ok(CommandOutput::Topic(topic.clone()))
     }
 
@@ -1079,10 +1131,15 @@ impl ClusterMetadata {
             });
         }
         self.check_new_isr(partition, leader_id, &new_isr)?;
+        let rules = ElectionRules::of(&self.topics[topic].configs, self.elr_enabled());
         let brokers = &self.brokers;
         let pending = self.reassignments.get(topic).and_then(|by_partition| by_partition.get(&index)).cloned();
         let partition = partition_mut(&mut self.topics, topic, index);
-        partition.isr = new_isr;
+        let old_isr = std::mem::replace(&mut partition.isr, new_isr);
+        if let Some(min_insync) = rules.min_insync {
+            let left: Vec<i32> = old_isr.into_iter().filter(|replica| !partition.isr.contains(replica)).collect();
+            track_elr(partition, &left, min_insync);
+        }
         partition.partition_epoch += 1;
         if let Some(reassignment) = pending {
             if reassignment.target.iter().all(|replica| partition.isr.contains(replica)) {
@@ -1091,6 +1148,7 @@ impl ClusterMetadata {
             }
         }
         let partition = self.partition(topic, index).expect("exists").clone();
+        check_partition(&partition);
         Ok(CommandOutput::Partition(partition))
     }
 
@@ -1128,27 +1186,25 @@ impl ClusterMetadata {
     }
 
     /// Preferred: the first replica leads where it is in the ISR and unfenced. Otherwise (and in
-    /// both cases) leaderless partitions get the first eligible ISR member. Returns how many
-    /// partitions changed leader.
+    /// both cases) leaderless partitions get the first eligible ISR member, else the first
+    /// eligible ELR member. Returns how many partitions changed leader.
     fn elect_leaders(&mut self, preferred: bool) -> usize {
+        let elr = self.elr_enabled();
         let brokers = &self.brokers;
         let mut elected = 0;
-        for partition in self.topics.values_mut().flat_map(|topic| topic.partitions.iter_mut()) {
-            let preferred_leader = partition.replicas[0];
-            let candidate = if preferred
-                && partition.leader != preferred_leader
-                && partition.isr.contains(&preferred_leader)
-                && eligible(brokers, preferred_leader)
-            {
-                Some(preferred_leader)
-            } else if partition.leader == NO_LEADER {
-                first_eligible_in_isr(partition, brokers, None)
-            } else {
-                None
-            };
-            if let Some(leader) = candidate {
-                set_leader(partition, leader);
-                elected += 1;
+        for topic in self.topics.values_mut() {
+            let rules = ElectionRules::of(&topic.configs, elr);
+            for partition in &mut topic.partitions {
+                if partition.leader == NO_LEADER && first_eligible_in_isr(partition, brokers, None).is_none() {
+                    if let (Some(min_insync), Some(leader)) =
+                        (rules.min_insync, first_eligible_in_elr(partition, brokers))
+                    {
+                        lead_from_elr(partition, leader, min_insync);
+                        elected += 1;
+                    }
+                    continue;
+                }
+                elected += usize::from(elect_in_isr(partition, brokers, preferred));
             }
         }
         elected
@@ -1201,13 +1257,40 @@ impl ClusterMetadata {
     }
 }
 
+/// ElectLeaders' choice among the ISR for one partition: whether its leader changed.
+fn elect_in_isr(partition: &mut PartitionInfo, brokers: &BTreeMap<i32, BrokerInfo>, preferred: bool) -> bool {
+    let preferred_leader = partition.replicas[0];
+    let candidate = if preferred
+        && partition.leader != preferred_leader
+        && partition.isr.contains(&preferred_leader)
+        && eligible(brokers, preferred_leader)
+    {
+        Some(preferred_leader)
+    } else if partition.leader == NO_LEADER {
+        first_eligible_in_isr(partition, brokers, None)
+    } else {
+        None
+    };
+    let Some(leader) = candidate else { return false };
+    set_leader(partition, leader);
+    true
+}
+
 /// A new partition, led by its first unfenced replica, with its unfenced replicas (in replica
 /// order) as the ISR: Kafka's rule for a manual assignment naming a fenced broker. Placed
 /// replicas are all unfenced, so there the first replica leads and all are in the ISR.
 fn new_partition(replicas: Vec<i32>, brokers: &BTreeMap<i32, BrokerInfo>) -> PartitionInfo {
     let isr: Vec<i32> = replicas.iter().copied().filter(|&replica| eligible(brokers, replica)).collect();
     assert!(!isr.is_empty(), "checked by the caller: a new partition needs an unfenced replica");
-    PartitionInfo { leader: isr[0], leader_epoch: 0, isr, replicas, partition_epoch: 0 }
+    PartitionInfo {
+        leader: isr[0],
+        leader_epoch: 0,
+        isr,
+        replicas,
+        partition_epoch: 0,
+        elr: Vec::new(),
+        last_known_elr: Vec::new(),
+    }
 }
 
 fn check_partition_count(partitions: i32) -> Result<(), MetadataError> {
@@ -1225,6 +1308,81 @@ fn eligible(brokers: &BTreeMap<i32, BrokerInfo>, node_id: i32) -> bool {
 
 fn unclean_allowed(configs: &BTreeMap<String, String>) -> bool {
     configs.get(UNCLEAN_LEADER_ELECTION_CONFIG).is_some_and(|value| value.eq_ignore_ascii_case("true"))
+}
+
+/// A topic's `min.insync.replicas`, read as the brokers read it (at least 1; an unreadable
+/// value is the default).
+fn min_insync_replicas(configs: &BTreeMap<String, String>) -> usize {
+    configs
+        .get(MIN_INSYNC_REPLICAS_CONFIG)
+        .and_then(|value| value.trim().parse::<i64>().ok())
+        .and_then(|value| usize::try_from(value.max(1)).ok())
+        .unwrap_or(MIN_INSYNC_REPLICAS_DEFAULT)
+}
+
+/// How one topic's partitions elect leaders.
+#[derive(Clone, Copy, Debug)]
+struct ElectionRules {
+    /// `unclean.leader.election.enable`.
+    unclean: bool,
+    /// The topic's `min.insync.replicas` when partitions keep eligible leader replicas.
+    min_insync: Option<usize>,
+}
+
+impl ElectionRules {
+    fn of(configs: &BTreeMap<String, String>, elr: bool) -> ElectionRules {
+        ElectionRules { unclean: unclean_allowed(configs), min_insync: elr.then(|| min_insync_replicas(configs)) }
+    }
+}
+
+/// Restores the ELR rules after the ISR changed and `left` left it: below
+/// `min.insync.replicas` (at most the replica count, as the leader counts it) those who left
+/// join the ELR; at or above it the ELR is empty. ELR members back in the ISR leave the ELR.
+fn track_elr(partition: &mut PartitionInfo, left: &[i32], min_insync: usize) {
+    let PartitionInfo { isr, elr, last_known_elr, replicas, .. } = partition;
+    if isr.len() >= min_insync.min(replicas.len()) {
+        elr.clear();
+        last_known_elr.clear();
+        return;
+    }
+    for replica in left {
+        if !elr.contains(replica) {
+            elr.push(*replica);
+        }
+    }
+    elr.retain(|replica| !isr.contains(replica) && replicas.contains(replica));
+    elr.sort_unstable();
+    last_known_elr.retain(|replica| !isr.contains(replica) && !elr.contains(replica));
+}
+
+/// `leader`, an unfenced ELR member, leads with itself as the ISR; the members of the old
+/// ISR (fenced, or there would have been no need) keep their claim in the ELR.
+fn lead_from_elr(partition: &mut PartitionInfo, leader: i32, min_insync: usize) {
+    set_leader(partition, leader);
+    let left = std::mem::replace(&mut partition.isr, vec![leader]);
+    track_elr(partition, &left, min_insync);
+}
+
+/// `leader`, out of sync, leads with itself as the ISR (records may be lost). The ELR it
+/// passed over is remembered as `last_known_elr`.
+fn lead_unclean(partition: &mut PartitionInfo, leader: i32) {
+    set_leader(partition, leader);
+    partition.isr = vec![leader];
+    for replica in std::mem::take(&mut partition.elr) {
+        if replica != leader && !partition.last_known_elr.contains(&replica) {
+            partition.last_known_elr.push(replica);
+        }
+    }
+    partition.last_known_elr.sort_unstable();
+}
+
+/// The invariants every partition state keeps after a change.
+fn check_partition(partition: &PartitionInfo) {
+    assert!(partition.isr.iter().all(|replica| partition.replicas.contains(replica)), "{partition:?}");
+    assert!(partition.elr.iter().all(|replica| partition.replicas.contains(replica)), "{partition:?}");
+    assert!(partition.elr.iter().all(|replica| !partition.isr.contains(replica)), "{partition:?}");
+    assert!(partition.leader == NO_LEADER || partition.isr.contains(&partition.leader), "{partition:?}");
+    assert!(!partition.isr.is_empty() || !partition.elr.is_empty(), "an in-sync replica is remembered: {partition:?}");
 }
 
 fn set_leader(partition: &mut PartitionInfo, leader: i32) {
@@ -1247,9 +1405,57 @@ fn first_eligible_in_isr(
         .find(|&replica| Some(replica) != excluded && partition.isr.contains(&replica) && eligible(brokers, replica))
 }
 
+/// The first replica (in preference order) that is in the ELR and unfenced.
+fn first_eligible_in_elr(partition: &PartitionInfo, brokers: &BTreeMap<i32, BrokerInfo>) -> Option<i32> {
+    partition.replicas.iter().copied().find(|&replica| partition.elr.contains(&replica) && eligible(brokers, replica))
+}
+
 /// The election rule for one partition when `fenced` (already marked fenced) goes away.
-fn fence_in_partition(partition: &mut PartitionInfo, fenced: i32, brokers: &BTreeMap<i32, BrokerInfo>, unclean: bool) {
+fn fence_in_partition(
+    partition: &mut PartitionInfo,
+    fenced: i32,
+    brokers: &BTreeMap<i32, BrokerInfo>,
+    rules: ElectionRules,
+) {
     debug_assert!(!eligible(brokers, fenced));
+    match rules.min_insync {
+        Some(min_insync) => fence_with_elr(partition, fenced, brokers, rules.unclean, min_insync),
+        None => fence_without_elr(partition, fenced, brokers, rules.unclean),
+    }
+    check_partition(partition);
+}
+
+/// With eligible leader replicas: `fenced` leaves the ISR even as its last member (the ELR
+/// keeps its claim), and a leader comes from the ISR, else the ELR, else (unclean) anywhere.
+fn fence_with_elr(
+    partition: &mut PartitionInfo,
+    fenced: i32,
+    brokers: &BTreeMap<i32, BrokerInfo>,
+    unclean: bool,
+    min_insync: usize,
+) {
+    let led = partition.leader == fenced;
+    if !led && !partition.isr.contains(&fenced) {
+        return;
+    }
+    partition.isr.retain(|&replica| replica != fenced);
+    track_elr(partition, &[fenced], min_insync);
+    if !led {
+        partition.partition_epoch += 1;
+    } else if let Some(leader) = first_eligible_in_isr(partition, brokers, None) {
+        set_leader(partition, leader);
+    } else if let Some(leader) = first_eligible_in_elr(partition, brokers) {
+        lead_from_elr(partition, leader, min_insync);
+    } else if let Some(leader) = partition.replicas.iter().copied().find(|&r| unclean && eligible(brokers, r)) {
+        lead_unclean(partition, leader);
+    } else {
+        set_leader(partition, NO_LEADER);
+    }
+}
+
+/// Without eligible leader replicas: the last ISR member stays in the ISR when fenced, so
+/// the partition remembers the one replica it may elect.
+fn fence_without_elr(partition: &mut PartitionInfo, fenced: i32, brokers: &BTreeMap<i32, BrokerInfo>, unclean: bool) {
     if partition.leader == fenced {
         if let Some(leader) = first_eligible_in_isr(partition, brokers, Some(fenced)) {
             set_leader(partition, leader);
@@ -1257,8 +1463,7 @@ fn fence_in_partition(partition: &mut PartitionInfo, fenced: i32, brokers: &BTre
         } else if let Some(leader) =
             partition.replicas.iter().copied().find(|&replica| unclean && eligible(brokers, replica))
         {
-            set_leader(partition, leader);
-            partition.isr = vec![leader];
+            lead_unclean(partition, leader);
         } else {
             // No in-sync replica can take over: stay leaderless and remember the ISR, so the
             // partition recovers when one of its members comes back.
@@ -1278,6 +1483,8 @@ fn fence_in_partition(partition: &mut PartitionInfo, fenced: i32, brokers: &BTre
 fn move_replicas(partition: &mut PartitionInfo, replicas: Vec<i32>, brokers: &BTreeMap<i32, BrokerInfo>) {
     let isr: Vec<i32> = partition.isr.iter().copied().filter(|replica| replicas.contains(replica)).collect();
     assert!(!isr.is_empty(), "checked by the caller");
+    partition.elr.retain(|replica| replicas.contains(replica));
+    partition.last_known_elr.retain(|replica| replicas.contains(replica));
     partition.replicas = replicas;
     partition.isr = isr;
     partition.partition_epoch += 1;
@@ -1398,6 +1605,8 @@ mod tests {
             leader_epoch: 5,
             isr: isr.to_vec(),
             partition_epoch: 10,
+            elr: vec![],
+            last_known_elr: vec![],
         };
     }
 
@@ -1501,6 +1710,144 @@ mod tests {
         assert_eq!(metadata.topics["t"].configs, both);
         metadata.apply(alter(set("segment.ms"), None)).unwrap();
         assert_eq!(metadata.topics["t"].configs, set("segment.ms"));
+    }
+
+    /// A cluster at `metadata.version` [`METADATA_VERSION_ELR`] with topic "t" in the given
+    /// state and `min.insync.replicas` set.
+    fn elr_partition(nodes: &[i32], replicas: &[i32], leader: i32, isr: &[i32], min_insync: &str) -> ClusterMetadata {
+        let mut metadata = cluster(nodes);
+        metadata.apply(Command::FinalizeMetadataVersion { version: METADATA_VERSION_ELR }).unwrap();
+        with_partition(&mut metadata, replicas, leader, isr);
+        let configs = &mut metadata.topics.get_mut("t").unwrap().configs;
+        configs.insert(MIN_INSYNC_REPLICAS_CONFIG.into(), min_insync.into());
+        metadata
+    }
+
+    /// (leader, isr, elr, last known elr) of partition t-0.
+    fn elr_state(metadata: &ClusterMetadata) -> (i32, Vec<i32>, Vec<i32>, Vec<i32>) {
+        let p = metadata.partition("t", 0).unwrap();
+        (p.leader, p.isr.clone(), p.elr.clone(), p.last_known_elr.clone())
+    }
+
+    fn alter_isr(metadata: &mut ClusterMetadata, new_isr: &[i32]) -> CommandResult {
+        let p = metadata.partition("t", 0).unwrap().clone();
+        metadata.apply(Command::AlterPartition {
+            topic: "t".into(),
+            partition: 0,
+            leader_id: p.leader,
+            leader_epoch: p.leader_epoch,
+            partition_epoch: p.partition_epoch,
+            new_isr: new_isr.to_vec(),
+        })
+    }
+
+    #[test]
+    fn fenced_replicas_join_the_elr_below_min_insync_and_one_of_them_leads_when_back() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], 1, &[1, 2, 3], "2");
+        // At min.insync.replicas the ISR is still enough: no ELR.
+        metadata.apply(Command::FenceBroker { node_id: 3 }).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1, 2], vec![], vec![]));
+        metadata.apply(Command::FenceBroker { node_id: 2 }).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![2], vec![]));
+        // The last ISR member leaves the ISR too: the ELR remembers both.
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        assert_eq!(elr_state(&metadata), (NO_LEADER, vec![], vec![1, 2], vec![]));
+        // A replica that left at min.insync.replicas is not eligible.
+        metadata.apply(Command::UnfenceBroker { node_id: 3 }).unwrap();
+        assert_eq!(elr_state(&metadata), (NO_LEADER, vec![], vec![1, 2], vec![]));
+        metadata.apply(Command::UnfenceBroker { node_id: 2 }).unwrap();
+        assert_eq!(elr_state(&metadata), (2, vec![2], vec![1], vec![]));
+        let partition = metadata.partition("t", 0).unwrap();
+        assert_eq!((partition.leader_epoch, partition.partition_epoch), (7, 14));
+        // Back at min.insync.replicas, the ELR empties.
+        alter_isr(&mut metadata, &[2, 3]).unwrap();
+        assert_eq!(elr_state(&metadata), (2, vec![2, 3], vec![], vec![]));
+    }
+
+    #[test]
+    fn an_unfenced_elr_member_takes_over_from_a_fenced_last_isr_member() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], 1, &[1, 2], "2");
+        alter_isr(&mut metadata, &[1]).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![2], vec![]));
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        assert_eq!(elr_state(&metadata), (2, vec![2], vec![1], vec![]));
+        assert_eq!(metadata.partition("t", 0).unwrap().leader_epoch, 6);
+    }
+
+    #[test]
+    fn isr_changes_from_the_leader_keep_the_elr() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], 1, &[1, 2, 3], "3");
+        alter_isr(&mut metadata, &[1]).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![2, 3], vec![]));
+        // A replica back in the ISR leaves the ELR; the other keeps its place.
+        alter_isr(&mut metadata, &[1, 2]).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1, 2], vec![3], vec![]));
+        alter_isr(&mut metadata, &[1, 2, 3]).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1, 2, 3], vec![], vec![]));
+        // min.insync.replicas above the replica count counts as the replica count.
+        let mut metadata = elr_partition(&[1, 2], &[1, 2], 1, &[1, 2], "5");
+        alter_isr(&mut metadata, &[1]).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![2], vec![]));
+    }
+
+    #[test]
+    fn unclean_election_comes_after_the_elr_and_empties_it_into_last_known_elr() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], 1, &[1, 2], "2");
+        let configs = &mut metadata.topics.get_mut("t").unwrap().configs;
+        configs.insert(UNCLEAN_LEADER_ELECTION_CONFIG.into(), "true".into());
+        alter_isr(&mut metadata, &[1]).unwrap();
+        metadata.apply(Command::FenceBroker { node_id: 2 }).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![2], vec![]), "a fenced ELR member keeps its place");
+        metadata.apply(Command::FenceBroker { node_id: 1 }).unwrap();
+        assert_eq!(elr_state(&metadata), (3, vec![3], vec![], vec![1, 2]));
+        alter_isr(&mut metadata, &[1, 3]).unwrap_err();
+        metadata.apply(Command::UnfenceBroker { node_id: 1 }).unwrap();
+        alter_isr(&mut metadata, &[1, 3]).unwrap();
+        assert_eq!(elr_state(&metadata), (3, vec![1, 3], vec![], vec![]));
+    }
+
+    #[test]
+    fn a_lower_min_insync_empties_the_elr() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], 1, &[1, 2], "2");
+        alter_isr(&mut metadata, &[1]).unwrap();
+        let epoch = metadata.partition("t", 0).unwrap().partition_epoch;
+        let configs = BTreeMap::from([(MIN_INSYNC_REPLICAS_CONFIG.to_string(), "1".to_string())]);
+        metadata.apply(Command::AlterTopicConfigs { name: "t".into(), configs, expected: None }).unwrap();
+        assert_eq!(elr_state(&metadata), (1, vec![1], vec![], vec![]));
+        assert_eq!(metadata.partition("t", 0).unwrap().partition_epoch, epoch + 1);
+    }
+
+    #[test]
+    fn elect_leaders_elects_an_unfenced_elr_member_of_a_leaderless_partition() {
+        let mut metadata = elr_partition(&[1, 2, 3], &[1, 2, 3], NO_LEADER, &[], "2");
+        metadata.topics.get_mut("t").unwrap().partitions[0].elr = vec![1, 3];
+        metadata.brokers.get_mut(&1).unwrap().fenced = true;
+        assert_eq!(metadata.apply(Command::ElectLeaders { preferred: false }), Ok(CommandOutput::Elected(1)));
+        assert_eq!(elr_state(&metadata), (3, vec![3], vec![1], vec![]));
+    }
+
+    #[test]
+    fn before_metadata_version_5_the_last_isr_member_stays_and_no_elr_is_kept() {
+        let mut metadata = cluster(&[1, 2, 3]);
+        metadata.apply(Command::FinalizeMetadataVersion { version: METADATA_VERSION_ELR - 1 }).unwrap();
+        with_partition(&mut metadata, &[1, 2, 3], 1, &[1, 2, 3]);
+        let configs = &mut metadata.topics.get_mut("t").unwrap().configs;
+        configs.insert(MIN_INSYNC_REPLICAS_CONFIG.into(), "2".into());
+        for node_id in [3, 2, 1] {
+            metadata.apply(Command::FenceBroker { node_id }).unwrap();
+        }
+        assert_eq!(elr_state(&metadata), (NO_LEADER, vec![1], vec![], vec![]));
+        metadata.apply(Command::UnfenceBroker { node_id: 2 }).unwrap();
+        assert_eq!(elr_state(&metadata), (NO_LEADER, vec![1], vec![], vec![]));
+        let json = serde_json::to_string(&metadata).unwrap();
+        assert!(!json.contains("elr"), "the state serializes as older nodes wrote it: {json}");
+    }
+
+    #[test]
+    fn partitions_written_before_the_elr_still_decode() {
+        let old = r#"{"replicas":[1,2],"leader":1,"leader_epoch":3,"isr":[1],"partition_epoch":4}"#;
+        let partition: PartitionInfo = serde_json::from_str(old).unwrap();
+        assert_eq!((partition.elr, partition.last_known_elr), (vec![], vec![]));
     }
 
     #[test]

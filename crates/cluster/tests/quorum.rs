@@ -305,7 +305,9 @@ async fn last_isr_member_goes_leaderless_and_recovers_after_restart() {
     let limit = Duration::from_millis(SESSION_TIMEOUT_MS) + SLACK;
     wait_until("victim fenced", limit, || cluster.metadata(leader).brokers[&victim].fenced).await;
     let partition = cluster.metadata(leader).topics["single"].partitions[index].clone();
-    assert_eq!((partition.leader, partition.leader_epoch, partition.isr.as_slice()), (NO_LEADER, 1, &[victim][..]));
+    // It left the ISR for the eligible leader replicas: the partition's one candidate.
+    let state = (partition.leader, partition.leader_epoch, partition.isr.as_slice(), partition.elr.as_slice());
+    assert_eq!(state, (NO_LEADER, 1, &[][..], &[victim][..]));
     // A write while it is down, that it must catch up with after the restart.
     cluster.nodes[&leader].create_topic("later", 1, 2, BTreeMap::new()).await.unwrap();
     cluster.restart(victim).await;

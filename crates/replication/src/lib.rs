@@ -25,7 +25,11 @@
 //! - a follower truncates to the leader's epoch end before fetching on (divergence is
 //!   answered in the fetch response, KIP-595 style, from the leader-epoch cache);
 //! - an ISR expansion counts the new member for the high watermark from the moment it is
-//!   requested (Kafka's "maximal ISR"), a shrink only once the controller committed it.
+//!   requested (Kafka's "maximal ISR"), a shrink only once the controller committed it;
+//! - the high watermark stands still while the ISR is smaller than `min.insync.replicas`
+//!   (at most the replica count): the replicas that left it meanwhile hold everything below
+//!   it, which is what lets the controller elect them (eligible leader replicas) when no
+//!   ISR member is left.
 
 mod fetcher;
 mod peer;
@@ -110,6 +114,12 @@ struct LeaderRole {
 }
 
 impl LeaderRole {
+    /// Fewer in-sync replicas than `min.insync.replicas`, counted as at most the replica
+    /// count (a topic asking for more than it has waits for all of them).
+    fn isr_below_min_insync(&self) -> bool {
+        self.assignment.isr.len() < self.min_insync.min(self.assignment.replicas.len())
+    }
+
     /// Drops the joiners of a proposal that metadata newer than it has settled: those it
     /// added are in the ISR (and left `joining` then), the rest were never added.
     fn forget_settled_expansion(&mut self) {
@@ -251,8 +261,23 @@ impl Replica {
     /// (the ISR shrank after a write was accepted).
     pub fn isr_below_min_insync(&self) -> bool {
         match &*self.role.lock() {
-            Role::Leader(leader) => leader.assignment.isr.len() < leader.min_insync,
+            Role::Leader(leader) => leader.isr_below_min_insync(),
             _ => false,
+        }
+    }
+
+    /// Resolves once this node leads at `epoch` with an ISR below `min.insync.replicas`, or
+    /// no longer leads at `epoch`: either way the high watermark will not move on here, so
+    /// a write waiting for it can be answered at once.
+    pub async fn commit_stalled(&self, epoch: i32) {
+        loop {
+            let changed = self.role_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.leader_epoch() != Some(epoch) || self.isr_below_min_insync() {
+                return;
+            }
+            changed.await;
         }
     }
 
@@ -356,7 +381,7 @@ impl Replica {
     /// At every level: levels 3 and 4 acknowledge before replication, but consumers still
     /// see only what the ISR holds, so a failover never takes back a record a consumer read.
     fn advance_high_watermark(&self, leader: &LeaderRole) {
-        if leader.assignment.replicas.len() == 1 {
+        if leader.assignment.replicas.len() == 1 || leader.isr_below_min_insync() {
             return;
         }
         let mut high_watermark = self.log.progress().borrow().local_end;
@@ -521,6 +546,10 @@ impl ReplicaManager {
         let leads = assignment.leader == self.node_id;
         let changed = match &mut *role {
             Role::Leader(leader) if leads && leader.assignment.leader_epoch == assignment.leader_epoch => {
+                if leader.assignment.isr != assignment.isr {
+                    // Writes waiting for the high watermark check whether it still can move.
+                    replica.role_changed.notify_waiters();
+                }
                 leader.assignment = assignment.clone();
                 leader.joining.retain(|j| !leader.assignment.isr.contains(j));
                 if leader.expansion_refused_at.is_some_and(|epoch| assignment.partition_epoch > epoch) {
@@ -810,6 +839,47 @@ mod tests {
             assert_eq!(replica.log.offsets().high_watermark, 3, "{level:?}");
             manager.remove(&logs, "t", partition).unwrap();
         }
+    }
+
+    /// Below min.insync.replicas the high watermark stands still, so the replicas that left
+    /// the ISR meanwhile (the controller's eligible leader replicas) hold all of it; it moves
+    /// on once the ISR is back at min.insync.replicas.
+    #[tokio::test]
+    async fn the_high_watermark_stands_still_below_min_insync() {
+        let (_dir, logs, isr_changes, manager) = leader_with_refused_isr_changes();
+        let config = ReplicationConfig { min_insync_replicas: 2, ..page_cache_config(DurabilityLevel::LeaderOnly) };
+        let with_isr = |isr: &[i32], partition_epoch| Assignment {
+            replicas: vec![1, 2, 3],
+            leader: 1,
+            leader_epoch: 1,
+            isr: isr.to_vec(),
+            partition_epoch,
+        };
+        manager.apply(&logs, "t", 0, &with_isr(&[1, 2, 3], 1), &config).unwrap();
+        let replica = manager.get("t", 0).unwrap();
+        let now = sluice_storage::now_ms();
+        let append_and_fetch = |fetchers: &[i32], end: i64| {
+            replica.log.append(&one_batch(3), 1, now).unwrap();
+            for &follower in fetchers {
+                replica.follower_fetched(follower, 1, end, 1, now, &isr_changes).unwrap();
+            }
+        };
+        append_and_fetch(&[2, 3], 3);
+        assert_eq!(replica.log.offsets().high_watermark, 3);
+        // At min.insync.replicas it still moves.
+        manager.apply(&logs, "t", 0, &with_isr(&[1, 2], 2), &config).unwrap();
+        append_and_fetch(&[2], 6);
+        assert_eq!(replica.log.offsets().high_watermark, 6);
+        // Below it, not even a follower that has everything moves it.
+        manager.apply(&logs, "t", 0, &with_isr(&[1], 3), &config).unwrap();
+        append_and_fetch(&[2, 3], 9);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(replica.log.offsets().high_watermark, 6);
+        assert!(replica.isr_below_min_insync());
+        tokio::time::timeout(Duration::from_secs(5), replica.commit_stalled(1)).await.expect("stalled at once");
+        manager.apply(&logs, "t", 0, &with_isr(&[1, 2], 4), &config).unwrap();
+        assert_eq!(replica.log.offsets().high_watermark, 9);
+        manager.remove(&logs, "t", 0).unwrap();
     }
 
     /// Node 1's replica manager, whose ISR change requests the controller refuses.

@@ -15,6 +15,7 @@ mod quorum;
 mod quotas;
 mod reassignments;
 mod share;
+mod topic_partitions;
 mod transactions;
 mod users;
 
@@ -215,6 +216,9 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
         Rq::ListPartitionReassignments(r) => now(Rs::ListPartitionReassignments(reassignments::list(broker, r))),
         Rq::DescribeLogDirs(r) => now(Rs::DescribeLogDirs(admin::describe_log_dirs(broker, r))),
         Rq::DescribeCluster(r) => now(Rs::DescribeCluster(admin::describe_cluster(broker, r, listener))),
+        Rq::DescribeTopicPartitions(r) => {
+            now(Rs::DescribeTopicPartitions(topic_partitions::describe(broker, session, r)))
+        }
         Rq::InitProducerId(r) if r.transactional_id.is_some() => {
             later!(call, InitProducerId, |b, s| transactions::init_producer_id(&b, &s, r))
         }
@@ -449,6 +453,7 @@ fn throttle_time_field(body: &mut ResponseKind) -> Option<&mut i32> {
         DescribeUserScramCredentials,
         AlterUserScramCredentials,
         DescribeCluster,
+        DescribeTopicPartitions,
         ConsumerGroupHeartbeat,
         ConsumerGroupDescribe,
         ShareGroupHeartbeat,

@@ -161,6 +161,14 @@ impl PendingAck {
                         biased;
                         v = visible => v.is_ok_and(|v| v.high_watermark >= at),
                         () = replica.leadership_lost(*epoch) => return Err(ResponseError::NotLeaderOrFollower),
+                        // Below min.insync.replicas the high watermark stands still: answer now.
+                        () = replica.commit_stalled(*epoch), if self.checks_min_insync => {
+                            return Err(if replica.leader_epoch() == Some(*epoch) {
+                                ResponseError::NotEnoughReplicasAfterAppend
+                            } else {
+                                ResponseError::NotLeaderOrFollower
+                            });
+                        }
                     },
                 }
             }

@@ -47,6 +47,8 @@ impl OperationsWanted {
                 cluster: r.include_cluster_authorized_operations,
                 ..Default::default()
             },
+            // Always answered, as Kafka does.
+            RequestKind::DescribeTopicPartitions(_) => OperationsWanted { topics: true, ..Default::default() },
             RequestKind::DescribeCluster(r) => {
                 OperationsWanted { cluster: r.include_cluster_authorized_operations, ..Default::default() }
             }
@@ -92,6 +94,12 @@ pub(crate) fn fill_operations(
             }
             if wanted.cluster {
                 response.cluster_authorized_operations = cluster();
+            }
+        }
+        ResponseKind::DescribeTopicPartitions(response) if wanted.topics => {
+            for t in response.topics.iter_mut().filter(|t| t.error_code == 0) {
+                let name = t.name.as_ref().map(|n| n.to_string()).unwrap_or_default();
+                t.topic_authorized_operations = operations(broker, session, RESOURCE_TOPIC, &name, &TOPIC_OPERATIONS);
             }
         }
         ResponseKind::DescribeCluster(response) if wanted.cluster && response.error_code == 0 => {
