@@ -112,13 +112,23 @@ setsid bash -c '
   ' > target/test-tools.log 2>&1 &
 tools_pid=$!
 stage() { echo "== $* ($(date -u +%T))"; }
-trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+clippy_pid=""
+unit_pid=""
+trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid $clippy_pid $unit_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 stage "style"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
 # Each crate's modules form layers: no two import each other, directly or in a circle.
 python3 scripts/import_cycles.py
+# Clippy checks every crate in a target dir of its own, in the background at the lowest
+# priority (as the previous version's build above): the builds below leave a core idle
+# whenever one crate compiles alone or the linker runs, and the end-to-end tests leave
+# more. Its verdict is awaited at the end.
+echo "== clippy: in the background, log in target/clippy.log"
+setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
+  nice -n 19 cargo clippy --workspace --all-targets --target-dir target/clippy -- -D warnings \
+  > target/clippy.log 2>&1 &
+clippy_pid=$!
 
 stage "build"
 cargo build --release -p sluice-cli -p sluice-lossyfs --features sluice-cli/bench
@@ -128,8 +138,11 @@ export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"
 # The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
 export SLUICE_BENCH_KAFKA_TEST=1
 
-stage "unit and property tests"
-cargo test --workspace
+stage "unit and property tests: build"
+cargo test --workspace --no-run
+# They run beside the end-to-end tests below, at normal priority: most of either waits on
+# sockets, timers and child processes (the bench's test waits on Apache Kafka's start), so
+# together they take about the time of the longer. Their output is printed once both end.
 
 stage "end-to-end tests"
 if ! wait "$tools_pid"; then
@@ -149,10 +162,32 @@ fi
 # Free space where the builds and the tests' data dirs live: the tests keep a directory only
 # when they fail (tests/python/pytest.ini), so a full disk shows here first.
 df -h . "${TMPDIR:-/tmp}" | sed 's/^/   /'
+setsid cargo test --workspace > target/unit-tests.log 2>&1 &
+unit_pid=$!
 # Two worker processes (pytest-xdist): most tests wait on sockets, timers and child
 # processes, and one process at a time left the 2 cores three-quarters idle. Each worker
 # picks listen ports from a range of its own (conftest.free_port).
 .venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --dist worksteal --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
+
+stage "unit and property tests: results"
+unit_status=0
+wait "$unit_pid" || unit_status=$?
+unit_pid=""
+cat target/unit-tests.log
+if [ "$unit_status" -ne 0 ]; then
+  echo "unit and property tests failed" >&2
+  exit 1
+fi
+
+stage "clippy: results"
+clippy_status=0
+wait "$clippy_pid" || clippy_status=$?
+clippy_pid=""
+if [ "$clippy_status" -ne 0 ]; then
+  cat target/clippy.log >&2
+  echo "clippy failed" >&2
+  exit 1
+fi
 
 stage "rolling upgrade from the previous version"
 if [ -n "$base_build_pid" ]; then

@@ -26,6 +26,7 @@ test_share_bad_input.py.
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import uuid
 
@@ -191,8 +192,23 @@ def test_kafka_share_groups_resets_deletes_offsets_and_deletes_the_group(broker_
     with kw.Conn.to(broker.bootstrap) as conn:
         joined = conn.share_heartbeat(group, "admin-test-member", 0, [topic])
         assert joined.error == 0, joined
-        refused = share_groups("--reset-offsets", "--group", group, "--topic", topic, "--to-earliest", "--execute",
-                               ok=False)
+        # The member heartbeats while the tool runs (its JVM may take longer than the session).
+        stop = threading.Event()
+
+        def keep_alive():
+            epoch = joined.member_epoch
+            while not stop.wait(0.5):
+                beat = conn.share_heartbeat(group, "admin-test-member", epoch)
+                epoch = beat.member_epoch if beat.error == 0 else epoch
+
+        alive = threading.Thread(target=keep_alive)
+        alive.start()
+        try:
+            refused = share_groups("--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
+                                   "--execute", ok=False)
+        finally:
+            stop.set()
+            alive.join()
         assert "not empty" in refused.lower() or "NonEmptyGroup" in refused or "active members" in refused, refused
         assert conn.share_heartbeat(group, "admin-test-member", -1).error == 0
     wait_for_empty = time.monotonic() + 60
