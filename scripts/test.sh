@@ -3,7 +3,8 @@
 # clients (librdkafka via confluent-kafka, the Java client, Kafka's own tools) against a
 # real `sluice serve` process. Installs what it needs (Python venv, Maven artifacts).
 # SLUICE_SLOW_TESTS=1 adds the slow tier (the 10-minute mixed fault run, test_faults.py;
-# tiered storage with 2 GiB of history and a 60 s object-store outage).
+# tiered storage with 2 GiB of history and a 60 s object-store outage; 120 cuts per mode of
+# the power-loss hunt; Kafka Streams with in-memory stores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -30,6 +30,7 @@ counts, the repartition topic must have been purged, and the application must cl
 from __future__ import annotations
 
 import collections
+import os
 import random
 import struct
 import time
@@ -219,7 +220,15 @@ class StreamsApp:
         assert res.returncode == 0 and not self.proc.seen("UNCAUGHT"), f"unclean close\n{self.report()}"
 
 
-@pytest.mark.parametrize("store", ["rocksdb", "memory"])
+# With exactly_once_v2 a killed application wipes its local stores and restores them from the
+# changelog whatever the store, so the in-memory variant runs in the slow tier only.
+SLOW = os.environ.get("SLUICE_SLOW_TESTS") == "1"
+
+
+@pytest.mark.parametrize("store", [
+    "rocksdb",
+    pytest.param("memory", marks=pytest.mark.skipif(not SLOW, reason="slow tier: SLUICE_SLOW_TESTS=1")),
+])
 def test_streams_exactly_once_word_count_survives_kill_9(broker_factory, java_cp, tmp_path, store):
     """Word count with exactly_once_v2 over three rounds of input; the application is SIGKILLed
     mid-stream and restarted, then the broker is SIGKILLed mid-stream and restarted. The
