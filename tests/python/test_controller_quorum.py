@@ -6,11 +6,13 @@ takes over and the removed one stays an observer), all while an idempotent acks=
 producer writes; every acknowledged record is read back and no send failed.
 `describe --status` and `describe --replication` show each step."""
 
+import json
 import re
+import subprocess
 import uuid
 
 from cluster_support import Cluster, LoadProducer, consume_all, create_topic, wait_for
-from conftest import Broker, free_port
+from conftest import SLUICE_BIN, Broker, free_port
 from java_support import run_java, tools_cp  # noqa: F401  (tools_cp is a fixture)
 
 QUORUM_COMMAND = "org.apache.kafka.tools.MetadataQuorumCommand"
@@ -41,6 +43,14 @@ def replication(cp, bootstrap, logs):
         if len(cells) >= 7 and cells[0].isdigit():
             rows[int(cells[0])] = (cells[1], int(cells[2]), cells[-1])
     return rows
+
+
+def sluice_quorum(bootstrap):
+    """`sluice cluster quorum --format json`: {node id: (role, directory id)}."""
+    res = subprocess.run([SLUICE_BIN, "cluster", "quorum", "--format", "json", "-b", bootstrap], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return {r["node"]: (r["role"], r["directory_id"]) for r in json.loads(res.stdout)["replicas"]}
 
 
 def start_observer(cluster, tmp_path, node_id):
@@ -94,6 +104,10 @@ def test_a_voter_is_added_and_the_active_controller_removed_under_load(tmp_path,
         rows = replication(tools_cp, bootstrap, logs)
         assert set(rows) == {1, 2, 3, 4}, rows
         assert rows[4][2] == "Follower" or rows[4][2] == "Leader", rows
+        # Sluice's own tool shows the same quorum, directory ids as Kafka's tool prints them.
+        ours = sluice_quorum(bootstrap)
+        assert {node: directory for node, (_, directory) in ours.items()} == {n: r[0] for n, r in rows.items()}, ours
+        assert sorted(role for role, _ in ours.values()) == ["leader", "voter", "voter", "voter"], ours
 
         leader = int(now["LeaderId"])
         directory = rows[leader][0]

@@ -1,5 +1,6 @@
 //! `sluice cluster`: the cluster as a whole. Its overview (id, controller, brokers,
-//! partition health), its health for scripts (`cluster_health.rs`), what each broker speaks (ApiVersions, as kafka-broker-api-versions
+//! partition health), its health for scripts (`cluster_health.rs`), its controller quorum
+//! (`cluster_quorum.rs`), what each broker speaks (ApiVersions, as kafka-broker-api-versions
 //! lists it) and the broker configs (DescribeConfigs and IncrementalAlterConfigs on the
 //! broker resource: the cluster-wide default is the resource with an empty name, as Kafka's
 //! `kafka-configs --entity-default`, one broker's is its node id).
@@ -42,6 +43,9 @@ pub enum ClusterCommand {
     Health(crate::cluster_health::HealthArgs),
     /// The API versions each broker supports, and this tool's version.
     Versions,
+    /// The controller quorum: the active controller, and each voter's and observer's
+    /// progress through the controller log.
+    Quorum,
     /// Get or set broker configs: the cluster-wide default, or one broker's (--broker).
     Config {
         #[command(subcommand)]
@@ -82,6 +86,7 @@ pub fn cluster(connection: &ConnectionArgs, format: Format, args: ClusterArgs) -
         None => overview(&mut cluster, format),
         Some(ClusterCommand::Health(_)) => unreachable!("answered above"),
         Some(ClusterCommand::Versions) => versions(&mut cluster, format),
+        Some(ClusterCommand::Quorum) => crate::cluster_quorum::quorum(&mut cluster, format),
         Some(ClusterCommand::Config { command: ConfigCommand::Get { name, broker } }) => {
             get_configs(&mut cluster, format, name.as_deref(), broker)
         }

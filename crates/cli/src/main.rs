@@ -2,6 +2,7 @@
 
 mod cluster_health;
 mod cluster_queries;
+mod cluster_quorum;
 mod cluster_tools;
 mod consume_tool;
 mod debug_bundle;

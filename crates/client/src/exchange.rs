@@ -64,4 +64,5 @@ exchanges! {
     AlterShareGroupOffsets: AlterShareGroupOffsetsRequest => AlterShareGroupOffsetsResponse,
     DeleteShareGroupOffsets: DeleteShareGroupOffsetsRequest => DeleteShareGroupOffsetsResponse,
     ApiVersions: ApiVersionsRequest => ApiVersionsResponse,
+    DescribeQuorum: DescribeQuorumRequest => DescribeQuorumResponse,
 }
