@@ -579,16 +579,16 @@ impl Controller {
     pub async fn change_voters(&self, change: VoterChange) -> Result<Result<(), VoterChangeError>, ControllerError> {
         let shared = &self.shared;
         let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
-        let request = Request::ChangeVoters(change);
+        let request = Request::ChangeVoters(change.clone());
         let mut hint: Option<i32> = None;
         loop {
             let leader = hint.take().or_else(|| shared.active_controller());
-            let reply = match (leader, &request) {
-                (Some(leader), Request::ChangeVoters(change)) if leader == shared.config.node_id => {
+            let reply = match leader {
+                Some(leader) if leader == shared.config.node_id => {
                     Some(Response::ChangeVoters(shared.change_voters_here(change.clone()).await))
                 }
-                (Some(leader), _) => shared.call_leader(leader, &request, deadline).await,
-                (None, _) => None,
+                Some(leader) => shared.call_leader(leader, &request, deadline).await,
+                None => None,
             };
             match reply {
                 Some(Response::ChangeVoters(VoterChangeReply::Done)) => return Ok(Ok(())),
