@@ -117,7 +117,7 @@ def test_dev_cluster_ready_line_then_a_topic_on_every_node_and_a_healthy_cluster
         # No retry: every node is registered and unfenced once the line is out.
         admin = AdminClient({"bootstrap.servers": bootstrap})
         futures = admin.create_topics([NewTopic("everywhere", num_partitions=3, replication_factor=3)])
-        futures["everywhere"].result(timeout=30)
+        futures["everywhere"].result(timeout=60)
 
         health = subprocess.run([SLUICE_BIN, "cluster", "health", "--wait", "--timeout", "30s", "-b", bootstrap],
                                 capture_output=True, text=True, timeout=60)

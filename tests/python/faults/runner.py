@@ -26,6 +26,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from faults.checker import CheckResult, check
@@ -43,6 +44,7 @@ IN_FLIGHT_S = 0.3
 """Answers already on their way when a fault begins (and the metadata poll that notices a
 new leader): acknowledgements this close to the fault are not counted as after it."""
 TRUNCATION_LINE = re.compile(r"log diverges from leader; truncating")
+TAKEOVER_LINE = re.compile(r'^(\S+)Z\s+INFO becoming leader topic="?([^"\s]+)"? partition=(\d+) epoch=(\d+)', re.MULTILINE)
 
 
 @dataclass
@@ -139,6 +141,22 @@ class Nemesis:
         md = self.cluster.any_metadata(TOPIC)
         return {p: state.leader for p, state in md.partitions.items()}
 
+    def takeover_time(self, partition: int, after: float, avoid: set[int]) -> float | None:
+        """When a node not in `avoid` logged becoming the leader of `partition` after `after`
+        (monotonic), from the timestamps of the nodes' logs; None when none did."""
+        wall_minus_monotonic = time.time() - time.monotonic()
+        times = []
+        for node_id, node in self.cluster.nodes.items():
+            if node_id in avoid:
+                continue
+            for match in TAKEOVER_LINE.finditer(node.log_path.read_text(errors="replace")):
+                if match.group(2) != TOPIC or int(match.group(3)) != partition:
+                    continue
+                wall = datetime.fromisoformat(match.group(1)).replace(tzinfo=timezone.utc).timestamp()
+                if wall - wall_minus_monotonic > after:
+                    times.append(wall - wall_minus_monotonic)
+        return min(times, default=None)
+
     def acks_on(self, partition: int, after: float) -> int:
         with self.history.lock:
             return sum(1 for a in self.history.acks if a.partition == partition and a.time > after)
@@ -216,15 +234,22 @@ class Nemesis:
                 return all(md.partitions[p].leader not in (-1, event.victim) for p in event.led)
             try:
                 self.cluster.wait_for("a leader on the majority side", moved, self.config.hold_s + 10)
-                elected = time.monotonic()
-                event.observations["majority_leader_s"] = round(elected - event.start, 2)
-                # Between the cut (plus answers already on their way) and the new leader, the
-                # isolated leader cannot advance its high watermark: at levels 1 and 2 it must
-                # acknowledge nothing on the partitions it led.
-                window = (event.start + IN_FLIGHT_S, elected - IN_FLIGHT_S)
-                with self.history.lock:
-                    event.observations["minority_acks"] = sum(
-                        1 for a in self.history.acks if a.partition in event.led and window[0] < a.time < window[1])
+                seen = time.monotonic()
+                event.observations["majority_leader_s"] = round(seen - event.start, 2)
+                # Between the cut (plus answers already on their way) and the new leader taking
+                # over, the isolated leader cannot advance its high watermark: at levels 1 and 2
+                # it must acknowledge nothing on the partitions it led. The takeover time comes
+                # from the new leader's log: the metadata poll above can see it late on a busy
+                # host, after the new leader's own acknowledgements began.
+                minority_acks = 0
+                for partition in event.led:
+                    took_over = min(self.takeover_time(partition, event.start, others) or seen, seen)
+                    event.observations[f"took_over_s[{partition}]"] = round(took_over - event.start, 2)
+                    window = (event.start + IN_FLIGHT_S, took_over - IN_FLIGHT_S)
+                    with self.history.lock:
+                        minority_acks += sum(1 for a in self.history.acks
+                                             if a.partition == partition and window[0] < a.time < window[1])
+                event.observations["minority_acks"] = minority_acks
             except AssertionError:
                 event.observations["majority_leader_s"] = None
         time.sleep(max(0.0, deadline - time.monotonic()))

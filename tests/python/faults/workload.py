@@ -70,6 +70,14 @@ class ProducerThread(threading.Thread):
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
+            # One request in flight per connection. With more, a request refused with a
+            # retriable error (NOT_ENOUGH_REPLICAS while the ISR regrows after a fault) can be
+            # followed by one the broker accepted out of order; librdkafka then drains, bumps
+            # its epoch and sends every queued record again under new sequence numbers,
+            # including records whose earlier send was possibly persisted: duplicates no
+            # broker can recognize (its INTRODUCTION.md, "Error handling"). The checker
+            # counts duplicates as the broker's, so the client must not make any.
+            "max.in.flight.requests.per.connection": 1,
             "linger.ms": 5,
             "message.timeout.ms": MESSAGE_TIMEOUT_MS,
             "request.timeout.ms": 5000,
