@@ -584,6 +584,75 @@ def test_amqp_and_amqps_ports_are_named_in_listeners(tmp_path):
         broker.stop()
 
 
+def test_amqps_external_logs_in_as_the_client_certificates_user(tmp_path):
+    """Over AMQPS a client certificate logs in with `EXTERNAL` as the user
+    `ssl.principal.mapping.rules` makes of it (as on a Kafka SSL listener), and that user's
+    ACLs decide; a client without a certificate is not offered EXTERNAL and cannot use it,
+    and still logs in with a password."""
+    import ssl
+
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+    from test_security import add_user
+    from tls_certs import make_pki
+    pki = make_pki(tmp_path / "pki")
+    kafka, sasl, amqps = free_port(), free_port(), free_port()
+    broker = Broker(tmp_path / "data", port=kafka, extra_args=[
+        "--override", f"listeners=PLAINTEXT://127.0.0.1:{kafka},SASL_PLAINTEXT://127.0.0.1:{sasl},"
+                      f"AMQPS://127.0.0.1:{amqps}",
+        "--override", "sasl.enabled.mechanisms=SCRAM-SHA-256",
+        "--override", f"ssl.keystore.location={pki.server}",
+        "--override", f"ssl.truststore.location={pki.ca}",
+        "--override", "ssl.client.auth=requested",
+        "--override", r"ssl.principal.mapping.rules=RULE:^CN=([^,]*)$/$1/L,DEFAULT",
+        "--override", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "--override", "allow.everyone.if.no.acl.found=false",
+        "--override", "super.users=User:ANONYMOUS"]).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka}"})
+        add_user(admin, "alice", "alice-secret")
+        user = "User:sluice-test-client"
+        bindings = [AclBinding(ResourceType.TOPIC, "by-cert", ResourcePatternType.LITERAL, user, "*", operation,
+                               AclPermissionType.ALLOW)
+                    for operation in (AclOperation.CREATE, AclOperation.WRITE, AclOperation.READ)]
+        bindings.append(AclBinding(ResourceType.GROUP, "by-cert", ResourcePatternType.LITERAL, user, "*",
+                                   AclOperation.READ, AclPermissionType.ALLOW))
+        for future in admin.create_acls(bindings).values():
+            future.result(timeout=10)
+
+        def params(credentials, with_certificate):
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            if with_certificate:
+                context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+            return pika.ConnectionParameters("127.0.0.1", amqps, ssl_options=pika.SSLOptions(context, "127.0.0.1"),
+                                             credentials=credentials, blocked_connection_timeout=30)
+
+        by_certificate = pika.BlockingConnection(params(pika.credentials.ExternalCredentials(), True))
+        channel = by_certificate.channel()
+        channel.queue_declare("by-cert", durable=True)
+        channel.confirm_delivery()
+        channel.basic_publish("", "by-cert", b"signed")
+        assert [body for _, _, body in receive(channel, "by-cert", 1)] == [b"signed"]
+        # The certificate's user, not an anonymous super user: no ACL, no queue.
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            by_certificate.channel().queue_declare("not-by-cert", durable=True)
+        assert refused.value.reply_code == 403
+        by_certificate.close()
+
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(params(pika.credentials.ExternalCredentials(), False))
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(params(pika.PlainCredentials("alice", "wrong"), True))
+        by_password = pika.BlockingConnection(params(pika.PlainCredentials("alice", "alice-secret"), False))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            by_password.channel().queue_declare("by-cert", passive=True)
+            by_password.channel().basic_get("by-cert")
+        assert refused.value.reply_code == 403
+        by_password.close()
+    finally:
+        broker.stop()
+
+
 def test_amqp_ports_named_twice_or_without_a_keystore_are_refused_at_start(tmp_path):
     from test_startup import run_serve
     port = free_port()

@@ -52,11 +52,26 @@ struct HardError(u16, String);
 pub type ReadStream = Box<dyn AsyncRead + Send + Unpin>;
 pub type WriteStream = Box<dyn AsyncWrite + Send + Unpin>;
 
+/// Who is at the other end, as the transport knows it.
+struct Peer {
+    address: SocketAddr,
+    /// The user its verified TLS client certificate names (AMQPS only).
+    certificate_user: Option<String>,
+}
+
 /// Serves one connection, read from `read` and written to `write`, until it ends.
-pub async fn run(read: ReadStream, mut write: WriteStream, peer: SocketAddr, server: Arc<Server>) {
+/// `certificate_user`: the user a verified TLS client certificate names, for `EXTERNAL`.
+pub async fn run(
+    read: ReadStream,
+    mut write: WriteStream,
+    peer: SocketAddr,
+    certificate_user: Option<String>,
+    server: Arc<Server>,
+) {
     let mut reader = FrameReader::new(read, FRAME_MAX_BYTES);
+    let from = Peer { address: peer, certificate_user };
     let negotiated =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut write, peer, &server)).await {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut reader, &mut write, &from, &server)).await {
             Ok(Ok(negotiated)) => negotiated,
             Ok(Err(Some(HardError(code, text)))) => {
                 tracing::debug!(%peer, code, %text, "AMQP handshake refused");
@@ -144,7 +159,7 @@ fn server_properties() -> FieldTable {
 async fn handshake(
     reader: &mut FrameReader<ReadStream>,
     write: &mut WriteStream,
-    peer: SocketAddr,
+    peer: &Peer,
     server: &Server,
 ) -> Result<Negotiated, Option<HardError>> {
     let header = reader.protocol_header().await.map_err(|_| None)?;
@@ -157,7 +172,8 @@ async fn handshake(
         version_major: 0,
         version_minor: 9,
         server_properties: server_properties(),
-        mechanisms: "PLAIN AMQPLAIN".into(),
+        // EXTERNAL (the TLS client certificate's user) only to a client that presented one.
+        mechanisms: if peer.certificate_user.is_some() { "EXTERNAL PLAIN AMQPLAIN" } else { "PLAIN AMQPLAIN" }.into(),
         locales: "en_US".into(),
     };
     let frame = AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Start(start)));
@@ -220,11 +236,10 @@ fn credentials(mechanism: &str, response: &LongString) -> Option<(String, String
     }
 }
 
-async fn login(
-    server: &Server,
-    start_ok: &connection::StartOk,
-    peer: SocketAddr,
-) -> Result<Session, Option<HardError>> {
+/// Who the connection runs as. `EXTERNAL` is the TLS client certificate's user; without
+/// logins (no SASL users) a certificate still names its user, as on a Kafka SSL listener, and
+/// anyone else is anonymous; with logins PLAIN and AMQPLAIN check a password.
+async fn login(server: &Server, start_ok: &connection::StartOk, peer: &Peer) -> Result<Session, Option<HardError>> {
     let mechanism = start_ok.mechanism.as_str();
     let refused = |why: &str| {
         Some(HardError(
@@ -232,8 +247,15 @@ async fn login(
             format!("ACCESS_REFUSED - Login was refused using authentication mechanism {mechanism}: {why}"),
         ))
     };
+    let session = |user: &str| Session { principal: format!("User:{user}"), peer: peer.address };
+    if mechanism == "EXTERNAL" {
+        return match &peer.certificate_user {
+            Some(user) => Ok(session(user)),
+            None => Err(refused("no verified TLS client certificate")),
+        };
+    }
     if !server.gateway.login_required() {
-        return Ok(Session { principal: "User:ANONYMOUS".into(), peer });
+        return Ok(session(peer.certificate_user.as_deref().unwrap_or("ANONYMOUS")));
     }
     let Some((user, password)) = credentials(mechanism, &start_ok.response) else {
         return Err(refused("unsupported mechanism or malformed response (PLAIN and AMQPLAIN are supported)"));
@@ -241,7 +263,7 @@ async fn login(
     if !server.gateway.authenticate(user.clone(), password).await {
         return Err(refused("invalid username or password"));
     }
-    Ok(Session { principal: format!("User:{user}"), peer })
+    Ok(session(&user))
 }
 
 /// The content of a message being received on a channel.

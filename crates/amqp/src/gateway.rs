@@ -29,6 +29,10 @@ pub trait Gateway: Send + Sync + 'static {
     /// Whether `password` is `user`'s.
     fn authenticate(&self, user: String, password: String) -> GatewayFuture<'static, bool>;
 
+    /// The user a verified TLS client certificate (DER) names, by the broker's
+    /// `ssl.principal.mapping.rules` as on its Kafka SSL listeners; `None` when no rule applies.
+    fn certificate_user(&self, certificate: &[u8]) -> Option<String>;
+
     /// Runs one Kafka request at `api_version` as `session`; `None` if the broker gave no
     /// answer (a bug, or shutdown).
     fn call(

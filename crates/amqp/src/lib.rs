@@ -132,12 +132,26 @@ pub async fn serve(listener: TcpListener, server: Arc<Server>, tls: Option<TlsAc
             match tls {
                 None => {
                     let (read, write) = stream.into_split();
-                    connection::run(Box::new(read), Box::new(write), peer, server).await;
+                    connection::run(Box::new(read), Box::new(write), peer, None, server).await;
                 }
                 Some(tls) => match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
                     Ok(Ok(stream)) => {
+                        let certificate = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
+                        let certificate_user = match certificate {
+                            None => None,
+                            Some(certificate) => match server.gateway.certificate_user(certificate.as_ref()) {
+                                Some(user) => Some(user),
+                                None => {
+                                    // As the Kafka SSL listeners: a certificate that names nobody
+                                    // gets no connection, not an anonymous one.
+                                    tracing::warn!(%peer, "no ssl.principal.mapping.rules rule applies to the AMQPS client certificate; closing");
+                                    drop(permit);
+                                    return;
+                                }
+                            },
+                        };
                         let (read, write) = tokio::io::split(stream);
-                        connection::run(Box::new(read), Box::new(write), peer, server).await;
+                        connection::run(Box::new(read), Box::new(write), peer, certificate_user, server).await;
                     }
                     Ok(Err(error)) => tracing::debug!(%peer, %error, "AMQPS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "AMQPS handshake timed out"),

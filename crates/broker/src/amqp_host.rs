@@ -87,6 +87,12 @@ impl Gateway for AmqpGateway {
         })
     }
 
+    fn certificate_user(&self, certificate: &[u8]) -> Option<String> {
+        let certificate = rustls::pki_types::CertificateDer::from(certificate);
+        let subject = sluice_security::tls::certificate_user(&certificate)?;
+        self.broker.config().ssl_principal_mapping_rules.apply(&subject)
+    }
+
     fn may_configure_routing(&self, session: &Session) -> bool {
         let client = self.client_session(&session.principal, session.peer);
         self.broker.authorized(&client, OP_CREATE, RESOURCE_CLUSTER, CLUSTER_RESOURCE_NAME)
