@@ -136,6 +136,59 @@ def test_basic_get_and_queue_delete_say_how_many_messages_are_left(amqp):
         channel.basic_publish(exchange="", routing_key="counted", body=f"m{i}".encode())
     assert channel.queue_declare(queue="counted", passive=True).method.message_count == 3
     assert channel.queue_delete(queue="counted").method.message_count == 3
+    # Only ready messages count, as in RabbitMQ: not one a consumer holds unacknowledged.
+    channel.queue_declare(queue="held", durable=True)
+    for i in range(3):
+        channel.basic_publish(exchange="", routing_key="held", body=f"h{i}".encode())
+    method, _, body = channel.basic_get("held")
+    assert body == b"h0" and method.message_count == 2
+    assert channel.queue_declare(queue="held", passive=True).method.message_count == 2
+    channel.basic_ack(method.delivery_tag)
+    connection.close()
+
+
+def test_a_queue_at_its_max_length_drops_its_oldest_or_refuses_more(amqp):
+    """`x-max-length` bounds a queue's ready messages: by default (`drop-head`) the oldest go
+    when a new one is stored, and with `x-overflow: reject-publish` a new one is refused with a
+    nack while the queue is full (the other queues it was routed to still take it). Messages a
+    consumer holds do not count."""
+    connection = connect(amqp.amqp_port)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue="newest", durable=True, arguments={"x-max-length": 3})
+    for i in range(5):
+        channel.basic_publish(exchange="", routing_key="newest", body=f"n{i}".encode())
+    assert channel.queue_declare(queue="newest", passive=True).method.message_count == 3
+    held, _, body = channel.basic_get("newest")
+    assert body == b"n2" and held.message_count == 2
+    for i in range(5, 8):
+        channel.basic_publish(exchange="", routing_key="newest", body=f"n{i}".encode())
+    # n2 is held (not counted); of n3..n7 the newest three are left.
+    got = [channel.basic_get("newest", auto_ack=True)[2] for _ in range(3)]
+    assert got == [b"n5", b"n6", b"n7"]
+    assert channel.basic_get("newest", auto_ack=True) == (None, None, None)
+    channel.basic_ack(held.delivery_tag)
+
+    channel.queue_declare(queue="bounded", durable=True,
+                          arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    channel.queue_declare(queue="unbounded", durable=True)
+    channel.exchange_declare(exchange="both", exchange_type="fanout")
+    for queue in ["bounded", "unbounded"]:
+        channel.queue_bind(queue=queue, exchange="both")
+    for i in range(2):
+        channel.basic_publish(exchange="both", routing_key="", body=f"b{i}".encode())
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish(exchange="both", routing_key="", body=b"b2")
+    assert channel.basic_get("bounded", auto_ack=True)[2] == b"b0"
+    channel.basic_publish(exchange="both", routing_key="", body=b"b3")
+    assert [channel.basic_get("bounded", auto_ack=True)[2] for _ in range(2)] == [b"b1", b"b3"]
+    assert [channel.basic_get("unbounded", auto_ack=True)[2] for _ in range(4)] == [b"b0", b"b1", b"b2", b"b3"]
+
+    for arguments in [{"x-max-length": -1}, {"x-max-length-bytes": 1024},
+                      {"x-max-length": 5, "x-overflow": "reject-publish-dlx"}]:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            connection.channel().queue_declare(queue="refused", durable=True, arguments=arguments)
+        assert refused.value.reply_code == 406, arguments
     connection.close()
 
 

@@ -244,14 +244,14 @@ impl Channel {
     async fn confirm_batch(&self, first_tag: u64, outcomes: &[Outcome]) {
         let last_tag = first_tag + outcomes.len() as u64 - 1;
         let mut frames = Vec::new();
-        if outcomes.iter().all(|o| *o != Outcome::Failed) {
+        if outcomes.iter().all(|o| !matches!(o, Outcome::Failed | Outcome::Rejected)) {
             let ack = basic::Ack { delivery_tag: last_tag, multiple: true };
             frames.extend(encode(&AMQPFrame::Method(self.id, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)))));
         } else {
             for (i, outcome) in outcomes.iter().enumerate() {
                 let delivery_tag = first_tag + i as u64;
                 let method = match outcome {
-                    Outcome::Failed => {
+                    Outcome::Failed | Outcome::Rejected => {
                         basic::AMQPMethod::Nack(basic::Nack { delivery_tag, multiple: false, requeue: false })
                     }
                     _ => basic::AMQPMethod::Ack(basic::Ack { delivery_tag, multiple: false }),
@@ -506,6 +506,7 @@ impl Channel {
             let arguments = arguments_text(&declare.arguments);
             let partitions = queues::partitions(&arguments)?;
             queues::expires_ms(&arguments)?;
+            crate::length_limit::LengthLimit::parse(&arguments)?;
             let policy = QueuePolicy::parse(&arguments)?;
             if policy.dead_letter_exchange.is_some() {
                 // Dead letters are republished by the broker: naming where they go is routing.
@@ -666,10 +667,17 @@ impl Channel {
         match got {
             None => self.send(AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {}))).await,
             Some(got) => {
-                // Those left: the unsettled ones but this one, unless acknowledged on receipt
-                // (the reader settles those before it answers).
-                let unsettled = queues::message_count(&*self.server.gateway, &self.session, &name, partitions).await;
-                let left = if get.no_ack { unsettled } else { unsettled.saturating_sub(1) };
+                // Those left: the ready ones (this one is not, whether held or acknowledged on
+                // receipt); where only the unsettled ones are known, those but this one unless
+                // acknowledged on receipt (the reader settles those before it answers).
+                let gateway = &*self.server.gateway;
+                let left = match queues::ready_count(gateway, &name, partitions).await {
+                    Some(ready) => ready,
+                    None => {
+                        let unsettled = queues::message_count(gateway, &self.session, &name, partitions).await;
+                        if get.no_ack { unsettled } else { unsettled.saturating_sub(1) }
+                    }
+                };
                 let method = AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {
                     delivery_tag: got.delivery_tag,
                     redelivered: got.redelivered,

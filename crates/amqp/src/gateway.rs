@@ -54,6 +54,21 @@ pub trait Gateway: Send + Sync + 'static {
 
     /// The log end offset of this node's replica of `topic`'s `partition`, if it has one.
     fn local_log_end(&self, topic: &str, partition: i32) -> Option<i64>;
+
+    /// How many records of `queue`'s `partition` its share group (of the same name) has ready
+    /// and how many handed out and unacknowledged, when this node leads the partition.
+    fn queue_depth(&self, queue: &str, partition: i32) -> GatewayFuture<'static, Option<QueueDepth>>;
+
+    /// Archives up to `count` of the oldest ready records of `queue`'s `partition` (a queue
+    /// over its `x-max-length`), durably; how many. `None` when this node does not lead it.
+    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<u64>>;
+}
+
+/// A queue partition's records: ready, and handed out but not acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub ready: u64,
+    pub unacknowledged: u64,
 }
 
 /// The API versions this crate builds its requests for (ones the broker serves).

@@ -30,6 +30,7 @@ pub mod dead_letter;
 pub mod delivered;
 pub mod frames;
 pub mod gateway;
+pub mod length_limit;
 pub mod messages;
 pub mod publish;
 pub mod queues;
@@ -38,7 +39,7 @@ pub mod topology;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use gateway::{Gateway, GatewayFuture, Session};
+pub use gateway::{Gateway, GatewayFuture, QueueDepth, Session};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 

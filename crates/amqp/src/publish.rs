@@ -13,6 +13,7 @@ use kafka_protocol::ResponseError;
 
 use crate::frames::reply;
 use crate::gateway::{versions, Session};
+use crate::length_limit::{self, LengthLimit, Overflow};
 use crate::messages::{to_record, Message};
 use crate::topology::Refused;
 use crate::Server;
@@ -29,6 +30,9 @@ pub enum Outcome {
     Unroutable,
     /// A queue's topic refused it (the publisher gets a nack).
     Failed,
+    /// A queue at its `x-max-length` with `reject-publish` refused it (the publisher gets a
+    /// nack); the other queues it was routed to took it.
+    Rejected,
 }
 
 /// Picks partitions of multi-partition queues in turn.
@@ -58,8 +62,8 @@ pub async fn publish(
     let mut outcomes = vec![Outcome::Stored; messages.len()];
     // (queue, partition) -> (records, indexes of their messages)
     let mut writes: BTreeMap<(String, i32), (Vec<kafka_protocol::records::Record>, Vec<usize>)> = BTreeMap::new();
-    // Each queue's partition count, looked up once per batch.
-    let mut partition_counts: HashMap<String, i32> = HashMap::new();
+    // What each queue takes, looked up once per batch.
+    let mut shapes: HashMap<String, QueueShape> = HashMap::new();
     for (index, message) in messages.iter().enumerate() {
         let queues = server
             .topology
@@ -71,15 +75,20 @@ pub async fn publish(
         }
         let record = to_record(message, now_ms);
         for queue in queues {
-            let partitions = match partition_counts.get(&queue) {
-                Some(&count) => count,
-                None => {
-                    let count =
-                        server.topology.queue(&queue).map_or(Ok(1), |q| crate::queues::partitions(&q.arguments))?;
-                    partition_counts.insert(queue.clone(), count);
-                    count
+            if !shapes.contains_key(&queue) {
+                let shape = QueueShape::of(server, &queue).await?;
+                shapes.insert(queue.clone(), shape);
+            }
+            let shape = shapes.get_mut(&queue).expect("inserted above");
+            if let Some(room) = &mut shape.room {
+                // reject-publish: this queue refuses it; the others still take it.
+                if *room == 0 {
+                    outcomes[index] = Outcome::Rejected;
+                    continue;
                 }
-            };
+                *room -= 1;
+            }
+            let partitions = shape.partitions;
             let partition = partitioner.pick(&queue, partitions);
             let entry = writes.entry((queue, partition)).or_default();
             entry.0.push(record.clone());
@@ -131,7 +140,37 @@ pub async fn publish(
             }
         }
     }
+    for (queue, shape) in &shapes {
+        if let Some(limit) = shape.limit.filter(|l| l.overflow == Overflow::DropHead) {
+            length_limit::trim(&*server.gateway, queue, shape.partitions, limit).await;
+        }
+    }
     Ok(outcomes)
+}
+
+/// What a queue takes: its partitions, its length limit, and under `reject-publish` how
+/// many more messages it has room for now.
+struct QueueShape {
+    partitions: i32,
+    limit: Option<LengthLimit>,
+    room: Option<u64>,
+}
+
+impl QueueShape {
+    async fn of(server: &Server, queue: &str) -> Result<QueueShape, Refused> {
+        let Some(declared) = server.topology.queue(queue) else {
+            return Ok(QueueShape { partitions: 1, limit: None, room: None });
+        };
+        let partitions = crate::queues::partitions(&declared.arguments)?;
+        let limit = LengthLimit::parse(&declared.arguments)?;
+        let room = match limit {
+            Some(limit) if limit.overflow == Overflow::RejectPublish => {
+                length_limit::room(&*server.gateway, queue, partitions, limit).await
+            }
+            _ => None,
+        };
+        Ok(QueueShape { partitions, limit, room })
+    }
 }
 
 /// `records` as the one batch a Produce takes per partition: the encoder writes offsets as

@@ -237,11 +237,15 @@ pub async fn offsets(
     Ok(bounds[0].iter().copied().zip(bounds[1].iter().copied()).collect())
 }
 
-/// The records of queue `name` its share group has not yet settled below (its start offset
-/// on each partition, or the log start where it never fetched): ready and unacknowledged
-/// messages together. 0 when `session` may not see them.
+/// The ready messages of queue `name` (RabbitMQ's `message_count`), when this node leads its
+/// partitions; elsewhere the records its share group has not yet settled below (its start
+/// offset on each partition, or the log start where it never fetched), ready and
+/// unacknowledged together. 0 when `session` may not see them.
 pub async fn message_count(gateway: &dyn Gateway, session: &Session, name: &str, partitions: i32) -> u32 {
     let Ok(bounds) = offsets(gateway, session, name, partitions).await else { return 0 };
+    if let Some(ready) = ready_count(gateway, name, partitions).await {
+        return ready;
+    }
     let mut topic = DescribeShareGroupOffsetsRequestTopic::default();
     topic.topic_name = TopicName(StrBytes::from_string(name.to_string()));
     topic.partitions = (0..partitions).collect();
@@ -261,6 +265,13 @@ pub async fn message_count(gateway: &dyn Gateway, session: &Session, name: &str,
     }
     let count: i64 = bounds.iter().zip(&starts).map(|(&(log_start, end), &start)| end - start.max(log_start)).sum();
     count.clamp(0, u32::MAX as i64) as u32
+}
+
+/// The ready messages of queue `name` when this node leads its partitions. Not authorized:
+/// for a session that was allowed to see the queue.
+pub async fn ready_count(gateway: &dyn Gateway, name: &str, partitions: i32) -> Option<u32> {
+    let depth = crate::length_limit::depth(gateway, name, partitions).await?;
+    Some(depth.ready.min(u64::from(u32::MAX)) as u32)
 }
 
 /// Deletes every record of queue `name` now in it; returns how many there were.

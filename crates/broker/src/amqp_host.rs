@@ -9,7 +9,7 @@ use std::io;
 use std::sync::Arc;
 
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseKind};
-use sluice_amqp::{AmqpConfig, Gateway, GatewayFuture, Server, Session};
+use sluice_amqp::{AmqpConfig, Gateway, GatewayFuture, QueueDepth, Server, Session};
 use sluice_security::acl::{CLUSTER_RESOURCE_NAME, OP_CREATE, RESOURCE_CLUSTER};
 
 use crate::handlers::ClientSession;
@@ -29,6 +29,24 @@ pub fn server(broker: &Arc<Broker>) -> io::Result<Arc<Server>> {
     let gateway = Arc::new(AmqpGateway { broker: broker.clone(), login_required });
     let config = AmqpConfig { state_dir: broker.config().data_dir.join(AMQP_STATE_DIR) };
     Server::new(gateway, &config)
+}
+
+/// The share-partition of queue `queue`'s `partition` (its share group has the queue's name),
+/// loaded here if this node leads the partition: its key, the leader epoch and the log's
+/// (start, high watermark).
+async fn served_share_partition(
+    broker: &Arc<Broker>,
+    queue: &str,
+    partition: i32,
+) -> Option<(sluice_coordinator::share::PartitionKey, i32, (i64, i64))> {
+    let (topic_id, _) = broker.topics.catalog().get(queue)?;
+    let log = broker.partition(queue, partition)?;
+    let epoch = sluice_coordinator::share::leader_epoch(&**broker, queue, partition)?;
+    let offsets = log.offsets();
+    let bounds = (offsets.log_start_offset, offsets.high_watermark);
+    let key = (queue.to_string(), queue.to_string(), partition);
+    broker.shares.ensure_loaded(&**broker, &key, topic_id, epoch, bounds, false).await.ok()?;
+    Some((key, epoch, bounds))
 }
 
 /// The API of the requests the AMQP front door sends; None for any other.
@@ -113,6 +131,25 @@ impl Gateway for AmqpGateway {
             Some(replicas) => replicas.get(topic, partition).map(|replica| replica.log.clone()),
         }?;
         Some(log.offsets().log_end_offset)
+    }
+
+    fn queue_depth(&self, queue: &str, partition: i32) -> GatewayFuture<'static, Option<QueueDepth>> {
+        let (broker, queue) = (self.broker.clone(), queue.to_string());
+        Box::pin(async move {
+            let (key, epoch, bounds) = served_share_partition(&broker, &queue, partition).await?;
+            let depth = broker.shares.depth(&key, epoch, bounds)?;
+            Some(QueueDepth { ready: depth.ready, unacknowledged: depth.unacknowledged })
+        })
+    }
+
+    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<u64>> {
+        let (broker, queue) = (self.broker.clone(), queue.to_string());
+        Box::pin(async move {
+            let (key, epoch, bounds) = served_share_partition(&broker, &queue, partition).await?;
+            let (dropped, write) = broker.shares.discard_ready(&key, epoch, count, bounds)?;
+            broker.shares.persist(&*broker, write).await.ok()?;
+            Some(dropped)
+        })
     }
 
     fn call_internal(&self, api_version: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {

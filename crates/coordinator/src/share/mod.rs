@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::CoordinatorHost;
-pub use partition::RecordLimit;
+pub use partition::{Depth, RecordLimit};
 use partition::{AckError, AcquiredRange, BatchSpan, DeadRecord, SharePartition, StoredPartition};
 use store::ShareStateStore;
 
@@ -829,6 +829,31 @@ impl ShareCoordinator {
         let Some(loaded) = state.partitions.get_mut(key) else { return (Vec::new(), Vec::new()) };
         let member: Arc<str> = member_id.into();
         loaded.partition.acquire(&member, batches, limit, self.settings.partition_max_record_locks, now_ms + lock_ms)
+    }
+
+    /// The ready and unacknowledged records of `key` when it is served here at
+    /// `leader_epoch`, for a log from `log_start` up to `high_watermark`.
+    pub fn depth(&self, key: &PartitionKey, leader_epoch: i32, (log_start, high_watermark): (i64, i64)) -> Option<Depth> {
+        let state = self.state.lock();
+        let loaded = state.partitions.get(key).filter(|p| p.leader_epoch == leader_epoch)?;
+        Some(loaded.partition.depth(log_start, high_watermark))
+    }
+
+    /// Archives up to `count` of the oldest ready records of `key`, served here at
+    /// `leader_epoch` (a queue over its length limit): how many, and the change to
+    /// [`ShareCoordinator::persist`]. `None` when it is not served here.
+    pub fn discard_ready(
+        &self,
+        key: &PartitionKey,
+        leader_epoch: i32,
+        count: u64,
+        (log_start, high_watermark): (i64, i64),
+    ) -> Option<(u64, StateWrite)> {
+        let mut state = self.state.lock();
+        let loaded = state.partitions.get_mut(key).filter(|p| p.leader_epoch == leader_epoch)?;
+        let max_in_flight = self.settings.partition_max_record_locks;
+        let discarded = loaded.partition.discard_ready(count, log_start, high_watermark, max_in_flight);
+        Some((discarded, loaded.next_write(key)))
     }
 
     /// A future that resolves when records may have become available again.

@@ -75,6 +75,14 @@ pub struct AcquiredRange {
     pub delivery_count: i16,
 }
 
+/// A share-partition's records as a queue counts them (RabbitMQ's `messages_ready` and
+/// `messages_unacknowledged`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Depth {
+    pub ready: u64,
+    pub unacknowledged: u64,
+}
+
 /// How many records one acquisition may take (ShareFetch `MaxRecords` and KIP-1206's
 /// `ShareAcquireMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -421,6 +429,48 @@ impl SharePartition {
         self.check();
     }
 
+    /// How many records are ready (never handed out, or available again) and how many are
+    /// handed out and not acknowledged, for a log from `log_start` up to `visible_end` (the
+    /// high watermark: what an acquisition may read).
+    pub fn depth(&self, log_start: i64, visible_end: i64) -> Depth {
+        let mut depth = Depth::default();
+        for (offset, record) in self.records.range(log_start..) {
+            match record.state {
+                State::Available => depth.ready += 1,
+                State::Acquired { .. } => depth.unacknowledged += 1,
+                State::Acknowledged | State::Archived => {}
+            }
+            debug_assert!(*offset < self.end);
+        }
+        depth.ready += (visible_end - self.end.max(log_start)).max(0) as u64;
+        depth
+    }
+
+    /// Archives up to `count` ready records, oldest first, below `visible_end`: a queue over
+    /// its length limit dropping its head. New offsets join the window only while it holds
+    /// fewer than `max_in_flight` (a record still held at its start keeps it from moving).
+    /// Returns how many it archived.
+    pub fn discard_ready(&mut self, count: u64, log_start: i64, visible_end: i64, max_in_flight: usize) -> u64 {
+        self.skip_to(log_start);
+        let mut discarded = 0;
+        for record in self.records.values_mut() {
+            if discarded == count {
+                break;
+            }
+            if record.state == State::Available {
+                record.state = State::Archived;
+                discarded += 1;
+            }
+        }
+        while discarded < count && self.end < visible_end && ((self.end - self.start) as usize) < max_in_flight {
+            self.records.insert(self.end, InFlight { state: State::Archived, delivery_count: 0 });
+            self.end += 1;
+            discarded += 1;
+        }
+        self.advance();
+        discarded
+    }
+
     pub fn stored(&self) -> StoredPartition {
         let mut runs: Vec<(i64, i64, u8, i16)> = Vec::new();
         for (offset, record) in &self.records {
@@ -488,6 +538,29 @@ mod tests {
 
     fn range(first: i64, last: i64, delivery_count: i16) -> AcquiredRange {
         AcquiredRange { first_offset: first, last_offset: last, delivery_count }
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_ready_records_and_keeps_the_held_ones() {
+        let member: Arc<str> = "m".into();
+        let mut partition = SharePartition::starting_at(0);
+        // 0..=1 held by a consumer, 2..10 ready (the high watermark is at 10).
+        partition.acquire(&member, &[batch(0, 1)], RecordLimit::batches(2), 100, 1_000);
+        assert_eq!(partition.depth(0, 10), Depth { ready: 8, unacknowledged: 2 });
+        assert_eq!(partition.discard_ready(5, 0, 10, 100), 5);
+        assert_eq!(partition.depth(0, 10), Depth { ready: 3, unacknowledged: 2 });
+        // The next acquisition gets the newest three, not what was dropped.
+        let (ranges, _) = partition.acquire(&member, &[batch(2, 9)], RecordLimit::batches(10), 100, 1_000);
+        assert_eq!(ranges, vec![range(7, 9, 1)]);
+        // Once the held ones are done the window moves past everything dropped.
+        partition.acknowledge("m", (0, 1), &[ACK_ACCEPT], 5, None).unwrap();
+        partition.acknowledge("m", (7, 9), &[ACK_ACCEPT], 5, None).unwrap();
+        assert_eq!((partition.start(), partition.end()), (10, 10));
+        // Never more than there is, nor past the in-flight limit.
+        assert_eq!(partition.discard_ready(100, 0, 12, 100), 2);
+        partition.acquire(&member, &[batch(12, 12)], RecordLimit::batches(1), 100, 1_000);
+        assert_eq!(partition.discard_ready(100, 0, 30, 4), 3);
+        assert_eq!(partition.depth(0, 30), Depth { ready: 14, unacknowledged: 1 });
     }
 
     #[test]
