@@ -184,6 +184,20 @@ def test_a_queue_at_its_max_length_drops_its_oldest_or_refuses_more(amqp):
     assert [channel.basic_get("bounded", auto_ack=True)[2] for _ in range(2)] == [b"b1", b"b3"]
     assert [channel.basic_get("unbounded", auto_ack=True)[2] for _ in range(4)] == [b"b0", b"b1", b"b2", b"b3"]
 
+    # With a dead-letter exchange, what the head loses goes there, as RabbitMQ's `maxlen`.
+    channel.exchange_declare(exchange="overflow-x", exchange_type="fanout")
+    channel.queue_declare(queue="overflow", durable=True)
+    channel.queue_bind(queue="overflow", exchange="overflow-x")
+    channel.queue_declare(queue="latest", durable=True,
+                          arguments={"x-max-length": 1, "x-dead-letter-exchange": "overflow-x"})
+    for i in range(3):
+        channel.basic_publish(exchange="", routing_key="latest", body=f"l{i}".encode())
+    assert channel.basic_get("latest", auto_ack=True)[2] == b"l2"
+    dropped = [channel.basic_get("overflow", auto_ack=True) for _ in range(2)]
+    assert [body for _, _, body in dropped] == [b"l0", b"l1"]
+    death = dropped[0][1].headers["x-death"][0]
+    assert (death["reason"], death["queue"], death["count"]) == ("maxlen", "latest", 1)
+
     for arguments in [{"x-max-length": -1}, {"x-max-length-bytes": 1024},
                       {"x-max-length": 5, "x-overflow": "reject-publish-dlx"}]:
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:

@@ -675,7 +675,11 @@ impl Channel {
                     Some(ready) => ready,
                     None => {
                         let unsettled = queues::message_count(gateway, &self.session, &name, partitions).await;
-                        if get.no_ack { unsettled } else { unsettled.saturating_sub(1) }
+                        if get.no_ack {
+                            unsettled
+                        } else {
+                            unsettled.saturating_sub(1)
+                        }
                     }
                 };
                 let method = AMQPClass::Basic(basic::AMQPMethod::GetOk(basic::GetOk {

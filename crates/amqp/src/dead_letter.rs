@@ -52,6 +52,8 @@ pub enum Reason {
     Rejected,
     Expired,
     DeliveryLimit,
+    /// Dropped from the head of a queue at its `x-max-length`.
+    MaxLength,
 }
 
 impl Reason {
@@ -60,6 +62,7 @@ impl Reason {
             Reason::Rejected => "rejected",
             Reason::Expired => "expired",
             Reason::DeliveryLimit => "delivery_limit",
+            Reason::MaxLength => "maxlen",
         }
     }
 }

@@ -60,8 +60,8 @@ pub trait Gateway: Send + Sync + 'static {
     fn queue_depth(&self, queue: &str, partition: i32) -> GatewayFuture<'static, Option<QueueDepth>>;
 
     /// Archives up to `count` of the oldest ready records of `queue`'s `partition` (a queue
-    /// over its `x-max-length`), durably; how many. `None` when this node does not lead it.
-    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<u64>>;
+    /// over its `x-max-length`), durably; their offsets. `None` when this node does not lead it.
+    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<Vec<i64>>>;
 }
 
 /// A queue partition's records: ready, and handed out but not acknowledged.
@@ -74,6 +74,7 @@ pub struct QueueDepth {
 /// The API versions this crate builds its requests for (ones the broker serves).
 pub mod versions {
     pub const PRODUCE: i16 = 11;
+    pub const FETCH: i16 = 12;
     pub const METADATA: i16 = 12;
     pub const LIST_OFFSETS: i16 = 8;
     pub const CREATE_TOPICS: i16 = 7;

@@ -10,9 +10,19 @@
 
 use std::collections::BTreeMap;
 
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, RequestKind, ResponseKind, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{Record, RecordBatchDecoder};
+
+use crate::dead_letter::{QueuePolicy, Reason};
 use crate::frames::reply;
-use crate::gateway::{Gateway, QueueDepth};
+use crate::gateway::{versions, Gateway, QueueDepth};
+use crate::messages::{from_record, Message};
 use crate::topology::Refused;
+
+/// The most one read of dropped records (to dead-letter them) asks for.
+const READ_BYTES_MAX: i32 = 16 * 1024 * 1024;
 
 pub const ARG_MAX_LENGTH: &str = "x-max-length";
 pub const ARG_MAX_LENGTH_BYTES: &str = "x-max-length-bytes";
@@ -43,9 +53,13 @@ impl LengthLimit {
             None | Some("drop-head") => Overflow::DropHead,
             Some("reject-publish") => Overflow::RejectPublish,
             Some("reject-publish-dlx") => {
-                return refused(format!("{ARG_OVERFLOW} reject-publish-dlx is not supported: drop-head or reject-publish"));
+                return refused(format!(
+                    "{ARG_OVERFLOW} reject-publish-dlx is not supported: drop-head or reject-publish"
+                ));
             }
-            Some(other) => return refused(format!("invalid arg '{ARG_OVERFLOW}': {other} (drop-head, reject-publish)")),
+            Some(other) => {
+                return refused(format!("invalid arg '{ARG_OVERFLOW}': {other} (drop-head, reject-publish)"))
+            }
         };
         let Some(text) = arguments.get(ARG_MAX_LENGTH) else { return Ok(None) };
         match text.parse::<u64>() {
@@ -75,22 +89,88 @@ pub async fn room(gateway: &dyn Gateway, name: &str, partitions: i32, limit: Len
 }
 
 /// Drops the ready messages of queue `name` beyond `limit`, oldest first within each
-/// partition, from the first partition on.
-pub async fn trim(gateway: &dyn Gateway, name: &str, partitions: i32, limit: LengthLimit) {
+/// partition, from the first partition on. Returns, when `policy` has a dead-letter
+/// exchange, the dead letters (reason `maxlen`) of what it dropped, for the caller to store:
+/// at most once, as RabbitMQ's default dead-lettering.
+pub async fn trim(
+    gateway: &dyn Gateway,
+    name: &str,
+    partitions: i32,
+    (limit, policy): (LengthLimit, &QueuePolicy),
+) -> Vec<Message> {
     debug_assert_eq!(limit.overflow, Overflow::DropHead);
+    let mut letters = Vec::new();
     for partition in 0..partitions {
-        let Some(total) = depth(gateway, name, partitions).await else { return };
+        let Some(total) = depth(gateway, name, partitions).await else { break };
         let excess = total.ready.saturating_sub(limit.max_ready);
         if excess == 0 {
-            return;
+            break;
         }
-        let Some(here) = gateway.queue_depth(name, partition).await else { return };
+        let Some(here) = gateway.queue_depth(name, partition).await else { break };
         let count = excess.min(here.ready);
-        if count > 0 && gateway.drop_ready(name, partition, count).await.is_none() {
+        if count == 0 {
+            continue;
+        }
+        let Some(dropped) = gateway.drop_ready(name, partition, count).await else {
             tracing::warn!(queue = name, partition, "could not drop messages over the queue's x-max-length");
-            return;
+            break;
+        };
+        if policy.dead_letter_exchange.is_some() {
+            let now_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+            let records = read_records(gateway, name, partition, &dropped).await;
+            letters.extend(
+                records
+                    .iter()
+                    .filter_map(|record| policy.dead_letter(name, from_record(record), Reason::MaxLength, now_ms)),
+            );
         }
     }
+    letters
+}
+
+/// The records of `queue`'s `partition` at `offsets` (ascending), read as the broker.
+async fn read_records(gateway: &dyn Gateway, queue: &str, partition: i32, offsets: &[i64]) -> Vec<Record> {
+    let mut found = Vec::with_capacity(offsets.len());
+    let mut next = 0;
+    while let Some(&from) = offsets.get(next) {
+        let mut wanted = FetchPartition::default();
+        wanted.partition = partition;
+        wanted.fetch_offset = from;
+        wanted.partition_max_bytes = READ_BYTES_MAX;
+        let mut topic = FetchTopic::default();
+        topic.topic = TopicName(StrBytes::from_string(queue.to_string()));
+        topic.partitions = vec![wanted];
+        let mut request = FetchRequest::default();
+        request.replica_id = BrokerId(-1);
+        request.max_bytes = READ_BYTES_MAX;
+        request.topics = vec![topic];
+        let Some(ResponseKind::Fetch(response)) =
+            gateway.call_internal(versions::FETCH, RequestKind::Fetch(request)).await
+        else {
+            break;
+        };
+        let bytes = response.responses.iter().flat_map(|t| &t.partitions).find_map(|p| p.records.clone());
+        let Some(mut bytes) = bytes else { break };
+        let Ok(sets) = RecordBatchDecoder::decode_all(&mut bytes) else { break };
+        let before = next;
+        for record in sets.into_iter().flat_map(|set| set.records) {
+            while offsets.get(next).is_some_and(|&offset| offset < record.offset) {
+                next += 1;
+            }
+            if offsets.get(next) == Some(&record.offset) {
+                next += 1;
+                if !record.control {
+                    found.push(record);
+                }
+            }
+        }
+        if next == before {
+            // Nothing at the next offset any more (retention deleted it): past it.
+            next += 1;
+        }
+    }
+    found
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
 use kafka_protocol::ResponseError;
 
+use crate::dead_letter::QueuePolicy;
 use crate::frames::reply;
 use crate::gateway::{versions, Session};
 use crate::length_limit::{self, LengthLimit, Overflow};
@@ -50,14 +51,49 @@ impl Partitioner {
     }
 }
 
+/// How many rounds of dead letters one publish stores at most: messages dropped at a
+/// queue's length limit go to its dead-letter exchange, whose queues may drop more, and a
+/// dead-letter exchange may route back to the queue.
+const DEAD_LETTER_ROUNDS_MAX: usize = 8;
+
 /// Routes and stores `messages` as `session` (None: as the broker, for dead letters); an
 /// unknown exchange is a channel error (404), as in RabbitMQ, and refuses the whole batch.
+/// Then the dead letters of what queues dropped at their length limit are stored, each on
+/// its own, as the broker (an exchange deleted since drops its letter, as in RabbitMQ).
 pub async fn publish(
     server: &Server,
     session: Option<&Session>,
     partitioner: &mut Partitioner,
     messages: &[Message],
 ) -> Result<Vec<Outcome>, Refused> {
+    let (outcomes, mut letters) = publish_once(server, session, partitioner, messages).await?;
+    for _ in 0..DEAD_LETTER_ROUNDS_MAX {
+        if letters.is_empty() {
+            break;
+        }
+        let mut next = Vec::new();
+        for letter in &letters {
+            match publish_once(server, None, partitioner, std::slice::from_ref(letter)).await {
+                Ok((stored, more)) if stored.iter().all(|o| *o != Outcome::Failed) => next.extend(more),
+                Ok((_, more)) => {
+                    tracing::warn!(exchange = %letter.exchange, "a dead letter of a message dropped at a queue's x-max-length was not stored");
+                    next.extend(more);
+                }
+                Err(Refused(_, text)) => tracing::debug!(%text, "dead letter dropped"),
+            }
+        }
+        letters = next;
+    }
+    Ok(outcomes)
+}
+
+/// One round of [`publish`]: the outcomes, and the dead letters of what queues dropped.
+async fn publish_once(
+    server: &Server,
+    session: Option<&Session>,
+    partitioner: &mut Partitioner,
+    messages: &[Message],
+) -> Result<(Vec<Outcome>, Vec<Message>), Refused> {
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let mut outcomes = vec![Outcome::Stored; messages.len()];
     // (queue, partition) -> (records, indexes of their messages)
@@ -96,7 +132,7 @@ pub async fn publish(
         }
     }
     if writes.is_empty() {
-        return Ok(outcomes);
+        return Ok((outcomes, Vec::new()));
     }
     let mut topics: BTreeMap<String, TopicProduceData> = BTreeMap::new();
     for ((queue, partition), (records, _)) in &mut writes {
@@ -140,12 +176,13 @@ pub async fn publish(
             }
         }
     }
+    let mut letters = Vec::new();
     for (queue, shape) in &shapes {
         if let Some(limit) = shape.limit.filter(|l| l.overflow == Overflow::DropHead) {
-            length_limit::trim(&*server.gateway, queue, shape.partitions, limit).await;
+            letters.extend(length_limit::trim(&*server.gateway, queue, shape.partitions, (limit, &shape.policy)).await);
         }
     }
-    Ok(outcomes)
+    Ok((outcomes, letters))
 }
 
 /// What a queue takes: its partitions, its length limit, and under `reject-publish` how
@@ -154,12 +191,14 @@ struct QueueShape {
     partitions: i32,
     limit: Option<LengthLimit>,
     room: Option<u64>,
+    /// Where messages dropped at the limit are dead-lettered.
+    policy: QueuePolicy,
 }
 
 impl QueueShape {
     async fn of(server: &Server, queue: &str) -> Result<QueueShape, Refused> {
         let Some(declared) = server.topology.queue(queue) else {
-            return Ok(QueueShape { partitions: 1, limit: None, room: None });
+            return Ok(QueueShape { partitions: 1, limit: None, room: None, policy: QueuePolicy::default() });
         };
         let partitions = crate::queues::partitions(&declared.arguments)?;
         let limit = LengthLimit::parse(&declared.arguments)?;
@@ -169,7 +208,8 @@ impl QueueShape {
             }
             _ => None,
         };
-        Ok(QueueShape { partitions, limit, room })
+        let policy = if limit.is_some() { QueuePolicy::parse(&declared.arguments)? } else { QueuePolicy::default() };
+        Ok(QueueShape { partitions, limit, room, policy })
     }
 }
 

@@ -54,6 +54,7 @@ fn api_of(request: &RequestKind) -> Option<ApiKey> {
     Some(match request {
         RequestKind::Produce(_) => ApiKey::Produce,
         RequestKind::Metadata(_) => ApiKey::Metadata,
+        RequestKind::Fetch(_) => ApiKey::Fetch,
         RequestKind::ListOffsets(_) => ApiKey::ListOffsets,
         RequestKind::CreateTopics(_) => ApiKey::CreateTopics,
         RequestKind::DeleteTopics(_) => ApiKey::DeleteTopics,
@@ -142,7 +143,7 @@ impl Gateway for AmqpGateway {
         })
     }
 
-    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<u64>> {
+    fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<Vec<i64>>> {
         let (broker, queue) = (self.broker.clone(), queue.to_string());
         Box::pin(async move {
             let (key, epoch, bounds) = served_share_partition(&broker, &queue, partition).await?;

@@ -42,8 +42,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::CoordinatorHost;
-pub use partition::{Depth, RecordLimit};
 use partition::{AckError, AcquiredRange, BatchSpan, DeadRecord, SharePartition, StoredPartition};
+pub use partition::{Depth, RecordLimit};
 use store::ShareStateStore;
 
 /// Kafka's `group.share.max.share.sessions`.
@@ -833,14 +833,19 @@ impl ShareCoordinator {
 
     /// The ready and unacknowledged records of `key` when it is served here at
     /// `leader_epoch`, for a log from `log_start` up to `high_watermark`.
-    pub fn depth(&self, key: &PartitionKey, leader_epoch: i32, (log_start, high_watermark): (i64, i64)) -> Option<Depth> {
+    pub fn depth(
+        &self,
+        key: &PartitionKey,
+        leader_epoch: i32,
+        (log_start, high_watermark): (i64, i64),
+    ) -> Option<Depth> {
         let state = self.state.lock();
         let loaded = state.partitions.get(key).filter(|p| p.leader_epoch == leader_epoch)?;
         Some(loaded.partition.depth(log_start, high_watermark))
     }
 
     /// Archives up to `count` of the oldest ready records of `key`, served here at
-    /// `leader_epoch` (a queue over its length limit): how many, and the change to
+    /// `leader_epoch` (a queue over its length limit): their offsets, and the change to
     /// [`ShareCoordinator::persist`]. `None` when it is not served here.
     pub fn discard_ready(
         &self,
@@ -848,7 +853,7 @@ impl ShareCoordinator {
         leader_epoch: i32,
         count: u64,
         (log_start, high_watermark): (i64, i64),
-    ) -> Option<(u64, StateWrite)> {
+    ) -> Option<(Vec<i64>, StateWrite)> {
         let mut state = self.state.lock();
         let loaded = state.partitions.get_mut(key).filter(|p| p.leader_epoch == leader_epoch)?;
         let max_in_flight = self.settings.partition_max_record_locks;

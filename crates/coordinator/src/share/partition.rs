@@ -449,23 +449,26 @@ impl SharePartition {
     /// Archives up to `count` ready records, oldest first, below `visible_end`: a queue over
     /// its length limit dropping its head. New offsets join the window only while it holds
     /// fewer than `max_in_flight` (a record still held at its start keeps it from moving).
-    /// Returns how many it archived.
-    pub fn discard_ready(&mut self, count: u64, log_start: i64, visible_end: i64, max_in_flight: usize) -> u64 {
+    /// Returns the offsets it archived, in order.
+    pub fn discard_ready(&mut self, count: u64, log_start: i64, visible_end: i64, max_in_flight: usize) -> Vec<i64> {
         self.skip_to(log_start);
-        let mut discarded = 0;
-        for record in self.records.values_mut() {
-            if discarded == count {
+        let mut discarded = Vec::new();
+        for (offset, record) in self.records.iter_mut() {
+            if discarded.len() as u64 == count {
                 break;
             }
             if record.state == State::Available {
                 record.state = State::Archived;
-                discarded += 1;
+                discarded.push(*offset);
             }
         }
-        while discarded < count && self.end < visible_end && ((self.end - self.start) as usize) < max_in_flight {
+        while (discarded.len() as u64) < count
+            && self.end < visible_end
+            && ((self.end - self.start) as usize) < max_in_flight
+        {
             self.records.insert(self.end, InFlight { state: State::Archived, delivery_count: 0 });
+            discarded.push(self.end);
             self.end += 1;
-            discarded += 1;
         }
         self.advance();
         discarded
@@ -547,7 +550,7 @@ mod tests {
         // 0..=1 held by a consumer, 2..10 ready (the high watermark is at 10).
         partition.acquire(&member, &[batch(0, 1)], RecordLimit::batches(2), 100, 1_000);
         assert_eq!(partition.depth(0, 10), Depth { ready: 8, unacknowledged: 2 });
-        assert_eq!(partition.discard_ready(5, 0, 10, 100), 5);
+        assert_eq!(partition.discard_ready(5, 0, 10, 100), vec![2, 3, 4, 5, 6]);
         assert_eq!(partition.depth(0, 10), Depth { ready: 3, unacknowledged: 2 });
         // The next acquisition gets the newest three, not what was dropped.
         let (ranges, _) = partition.acquire(&member, &[batch(2, 9)], RecordLimit::batches(10), 100, 1_000);
@@ -557,9 +560,9 @@ mod tests {
         partition.acknowledge("m", (7, 9), &[ACK_ACCEPT], 5, None).unwrap();
         assert_eq!((partition.start(), partition.end()), (10, 10));
         // Never more than there is, nor past the in-flight limit.
-        assert_eq!(partition.discard_ready(100, 0, 12, 100), 2);
+        assert_eq!(partition.discard_ready(100, 0, 12, 100), vec![10, 11]);
         partition.acquire(&member, &[batch(12, 12)], RecordLimit::batches(1), 100, 1_000);
-        assert_eq!(partition.discard_ready(100, 0, 30, 4), 3);
+        assert_eq!(partition.discard_ready(100, 0, 30, 4), vec![13, 14, 15]);
         assert_eq!(partition.depth(0, 30), Depth { ready: 14, unacknowledged: 1 });
     }
 
