@@ -147,6 +147,21 @@ def test_basic_get_and_queue_delete_say_how_many_messages_are_left(amqp):
     connection.close()
 
 
+def test_cc_and_bcc_headers_route_to_more_queues_and_bcc_is_not_delivered(amqp):
+    """RabbitMQ's sender-selected distribution: the routing keys in `CC` and `BCC` route the
+    message too; no consumer sees `BCC`."""
+    channel = connect(amqp.amqp_port).channel()
+    channel.confirm_delivery()
+    for queue in ["to", "copied", "blind"]:
+        channel.queue_declare(queue=queue, durable=True)
+    channel.basic_publish(exchange="", routing_key="to", body=b"memo",
+                          properties=pika.BasicProperties(headers={"CC": ["copied"], "BCC": ["blind"]}))
+    for queue in ["to", "copied", "blind"]:
+        _, properties, body = channel.basic_get(queue, auto_ack=True)
+        assert body == b"memo", queue
+        assert properties.headers == {"CC": ["copied"]}, (queue, properties.headers)
+
+
 def test_a_queue_at_its_max_length_drops_its_oldest_or_refuses_more(amqp):
     """`x-max-length` bounds a queue's ready messages: by default (`drop-head`) the oldest go
     when a new one is stored, and with `x-overflow: reject-publish` a new one is refused with a

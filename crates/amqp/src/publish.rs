@@ -2,7 +2,10 @@
 //! queues' topics with one Produce (acks=all), so a confirm means what a Kafka producer's
 //! acknowledgement means: the message is as durable as its topic promises.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+
+use amq_protocol::types::{AMQPValue, FieldTable};
 
 use bytes::BytesMut;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
@@ -50,6 +53,10 @@ impl Partitioner {
         partition
     }
 }
+
+/// Sender-selected distribution's headers (RabbitMQ): more routing keys for the message.
+const HEADER_CC: &str = "CC";
+const HEADER_BCC: &str = "BCC";
 
 /// How many rounds of dead letters one publish stores at most: messages dropped at a
 /// queue's length limit go to its dead-letter exchange, whose queues may drop more, and a
@@ -101,15 +108,17 @@ async fn publish_once(
     // What each queue takes, looked up once per batch.
     let mut shapes: HashMap<String, QueueShape> = HashMap::new();
     for (index, message) in messages.iter().enumerate() {
-        let queues = server
-            .topology
-            .route(&message.exchange, &message.routing_key, message.properties.headers().as_ref())
-            .ok_or_else(|| Refused(reply::NOT_FOUND, format!("no exchange '{}' in vhost '/'", message.exchange)))?;
+        let headers = message.properties.headers().as_ref();
+        let unknown = || Refused(reply::NOT_FOUND, format!("no exchange '{}' in vhost '/'", message.exchange));
+        let mut queues = server.topology.route(&message.exchange, &message.routing_key, headers).ok_or_else(unknown)?;
+        for key in sender_selected_keys(message) {
+            queues.extend(server.topology.route(&message.exchange, &key, headers).ok_or_else(unknown)?);
+        }
         if queues.is_empty() {
             outcomes[index] = Outcome::Unroutable;
             continue;
         }
-        let record = to_record(message, now_ms);
+        let record = to_record(&without_bcc(message), now_ms);
         for queue in queues {
             if !shapes.contains_key(&queue) {
                 let shape = QueueShape::of(server, &queue).await?;
@@ -183,6 +192,36 @@ async fn publish_once(
         }
     }
     Ok((outcomes, letters))
+}
+
+/// RabbitMQ's sender-selected distribution: the routing keys in the `CC` and `BCC` headers
+/// (arrays of strings) route the message too, on the same exchange.
+fn sender_selected_keys(message: &Message) -> Vec<String> {
+    let Some(headers) = message.properties.headers() else { return Vec::new() };
+    let mut keys = Vec::new();
+    for name in [HEADER_CC, HEADER_BCC] {
+        if let Some(AMQPValue::FieldArray(values)) = headers.inner().get(name) {
+            keys.extend(values.as_slice().iter().filter_map(|value| match value {
+                AMQPValue::LongString(key) => Some(key.to_string()),
+                AMQPValue::ShortString(key) => Some(key.to_string()),
+                _ => None,
+            }));
+        }
+    }
+    keys
+}
+
+/// `message` without its `BCC` header, which no consumer sees (RabbitMQ's rule).
+fn without_bcc(message: &Message) -> Cow<'_, Message> {
+    let Some(headers) = message.properties.headers() else { return Cow::Borrowed(message) };
+    if !headers.inner().contains_key(HEADER_BCC) {
+        return Cow::Borrowed(message);
+    }
+    let mut kept = headers.inner().clone();
+    kept.remove(HEADER_BCC);
+    let mut stripped = message.clone();
+    stripped.properties = stripped.properties.with_headers(FieldTable::from(kept));
+    Cow::Owned(stripped)
 }
 
 /// What a queue takes: its partitions, its length limit, and under `reject-publish` how
