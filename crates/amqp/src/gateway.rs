@@ -62,6 +62,17 @@ pub trait Gateway: Send + Sync + 'static {
     /// Archives up to `count` of the oldest ready records of `queue`'s `partition` (a queue
     /// over its `x-max-length`), durably; their offsets. `None` when this node does not lead it.
     fn drop_ready(&self, queue: &str, partition: i32, count: u64) -> GatewayFuture<'static, Option<Vec<i64>>>;
+
+    /// Stored batches of this node's replica of `topic`'s `partition`, from the one holding
+    /// `offset`, up to about `max_bytes`, below the high watermark (a Fetch's records travel
+    /// beside its response, so the front door reads the log through this instead).
+    fn read_batches(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> GatewayFuture<'static, Option<bytes::Bytes>>;
 }
 
 /// A queue partition's records: ready, and handed out but not acknowledged.
@@ -74,7 +85,6 @@ pub struct QueueDepth {
 /// The API versions this crate builds its requests for (ones the broker serves).
 pub mod versions {
     pub const PRODUCE: i16 = 11;
-    pub const FETCH: i16 = 12;
     pub const METADATA: i16 = 12;
     pub const LIST_OFFSETS: i16 = 8;
     pub const CREATE_TOPICS: i16 = 7;

@@ -10,19 +10,16 @@
 
 use std::collections::BTreeMap;
 
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, RequestKind, ResponseKind, TopicName};
-use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Record, RecordBatchDecoder};
 
 use crate::dead_letter::{QueuePolicy, Reason};
 use crate::frames::reply;
-use crate::gateway::{versions, Gateway, QueueDepth};
+use crate::gateway::{Gateway, QueueDepth};
 use crate::messages::{from_record, Message};
 use crate::topology::Refused;
 
 /// The most one read of dropped records (to dead-letter them) asks for.
-const READ_BYTES_MAX: i32 = 16 * 1024 * 1024;
+const READ_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 pub const ARG_MAX_LENGTH: &str = "x-max-length";
 pub const ARG_MAX_LENGTH_BYTES: &str = "x-max-length-bytes";
@@ -129,29 +126,12 @@ pub async fn trim(
     letters
 }
 
-/// The records of `queue`'s `partition` at `offsets` (ascending), read as the broker.
+/// The records of `queue`'s `partition` at `offsets` (ascending), read from this node's log.
 async fn read_records(gateway: &dyn Gateway, queue: &str, partition: i32, offsets: &[i64]) -> Vec<Record> {
     let mut found = Vec::with_capacity(offsets.len());
     let mut next = 0;
     while let Some(&from) = offsets.get(next) {
-        let mut wanted = FetchPartition::default();
-        wanted.partition = partition;
-        wanted.fetch_offset = from;
-        wanted.partition_max_bytes = READ_BYTES_MAX;
-        let mut topic = FetchTopic::default();
-        topic.topic = TopicName(StrBytes::from_string(queue.to_string()));
-        topic.partitions = vec![wanted];
-        let mut request = FetchRequest::default();
-        request.replica_id = BrokerId(-1);
-        request.max_bytes = READ_BYTES_MAX;
-        request.topics = vec![topic];
-        let Some(ResponseKind::Fetch(response)) =
-            gateway.call_internal(versions::FETCH, RequestKind::Fetch(request)).await
-        else {
-            break;
-        };
-        let bytes = response.responses.iter().flat_map(|t| &t.partitions).find_map(|p| p.records.clone());
-        let Some(mut bytes) = bytes else { break };
+        let Some(mut bytes) = gateway.read_batches(queue, partition, from, READ_BYTES_MAX).await else { break };
         let Ok(sets) = RecordBatchDecoder::decode_all(&mut bytes) else { break };
         let before = next;
         for record in sets.into_iter().flat_map(|set| set.records) {

@@ -54,7 +54,6 @@ fn api_of(request: &RequestKind) -> Option<ApiKey> {
     Some(match request {
         RequestKind::Produce(_) => ApiKey::Produce,
         RequestKind::Metadata(_) => ApiKey::Metadata,
-        RequestKind::Fetch(_) => ApiKey::Fetch,
         RequestKind::ListOffsets(_) => ApiKey::ListOffsets,
         RequestKind::CreateTopics(_) => ApiKey::CreateTopics,
         RequestKind::DeleteTopics(_) => ApiKey::DeleteTopics,
@@ -150,6 +149,29 @@ impl Gateway for AmqpGateway {
             let (dropped, write) = broker.shares.discard_ready(&key, epoch, count, bounds)?;
             broker.shares.persist(&*broker, write).await.ok()?;
             Some(dropped)
+        })
+    }
+
+    fn read_batches(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> GatewayFuture<'static, Option<bytes::Bytes>> {
+        let log = self.broker.partition(topic, partition);
+        Box::pin(async move {
+            let log = log?;
+            let read = move || {
+                log.read_until(
+                    offset,
+                    max_bytes,
+                    true,
+                    sluice_storage::ReadLimit::HighWatermark,
+                    sluice_storage::ReadMode::MayBlock,
+                )
+            };
+            tokio::task::spawn_blocking(read).await.ok()?.ok()
         })
     }
 
