@@ -42,7 +42,7 @@ use crate::dead_letter::{self, QueuePolicy, Reason};
 use crate::frames::{encode, reply};
 use crate::gateway::{versions, Gateway, Session};
 use crate::messages::{from_record, Delivered};
-use crate::publish::Partitioner;
+use crate::publish::{self, Partitioner};
 use crate::topology::Refused;
 use crate::Server;
 
@@ -486,7 +486,7 @@ impl Reader {
             .iter()
             .filter_map(|(_, message, reason)| self.policy.dead_letter(queue, message.clone()?, *reason, now))
             .collect();
-        let settlement = match dead_letter::store(&self.server, &mut self.partitioner, &letters).await {
+        let settlement = match publish::store_dead_letters(&self.server, &mut self.partitioner, &letters).await {
             Ok(()) => Settlement::Accept,
             Err(Refused(_, text)) => {
                 tracing::warn!(queue = %self.member.topic, %text, "dead letters not stored: their messages go back");

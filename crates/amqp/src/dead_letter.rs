@@ -19,9 +19,7 @@ use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortSt
 
 use crate::frames::reply;
 use crate::messages::{without_expiration, Delivered, Message};
-use crate::publish::{self, Outcome, Partitioner};
 use crate::topology::Refused;
-use crate::Server;
 
 /// The queue argument naming the exchange dead letters are republished to.
 pub const ARG_DEAD_LETTER_EXCHANGE: &str = "x-dead-letter-exchange";
@@ -220,25 +218,6 @@ pub fn with_delivery_count(mut message: Delivered, delivery_count: i16) -> Deliv
         message.properties = message.properties.with_headers(headers);
     }
     message
-}
-
-/// Stores `letters` (already routed to their dead-letter exchanges) as the broker: a
-/// dead-letter exchange was allowed when the queue was declared. An exchange that no longer
-/// exists or routes nowhere drops the letter, as in RabbitMQ.
-pub async fn store(server: &Server, partitioner: &mut Partitioner, letters: &[Message]) -> Result<(), Refused> {
-    let mut failed = false;
-    for letter in letters {
-        // One at a time: an exchange deleted since the queue was declared refuses only its letter.
-        match publish::publish(server, None, partitioner, std::slice::from_ref(letter)).await {
-            Ok(outcomes) => failed |= outcomes.contains(&Outcome::Failed),
-            Err(Refused(reply::NOT_FOUND, text)) => tracing::debug!(%text, "dead letter dropped"),
-            Err(refused) => return Err(refused),
-        }
-    }
-    if failed {
-        return Err(Refused(reply::INTERNAL_ERROR, "a dead-letter queue did not store a dead letter".into()));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

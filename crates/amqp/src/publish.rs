@@ -94,6 +94,29 @@ pub async fn publish(
     Ok(outcomes)
 }
 
+/// Stores `letters` (already routed to their dead-letter exchanges) as the broker: a
+/// dead-letter exchange was allowed when the queue was declared. An exchange that no longer
+/// exists or routes nowhere drops the letter, as in RabbitMQ.
+pub async fn store_dead_letters(
+    server: &Server,
+    partitioner: &mut Partitioner,
+    letters: &[Message],
+) -> Result<(), Refused> {
+    let mut failed = false;
+    for letter in letters {
+        // One at a time: an exchange deleted since the queue was declared refuses only its letter.
+        match publish(server, None, partitioner, std::slice::from_ref(letter)).await {
+            Ok(outcomes) => failed |= outcomes.contains(&Outcome::Failed),
+            Err(Refused(reply::NOT_FOUND, text)) => tracing::debug!(%text, "dead letter dropped"),
+            Err(refused) => return Err(refused),
+        }
+    }
+    if failed {
+        return Err(Refused(reply::INTERNAL_ERROR, "a dead-letter queue did not store a dead letter".into()));
+    }
+    Ok(())
+}
+
 /// One round of [`publish`]: the outcomes, and the dead letters of what queues dropped.
 async fn publish_once(
     server: &Server,
