@@ -57,7 +57,9 @@ pub const CONNECTIONS_MAX: usize = 4096;
 /// How the AMQP front door runs.
 #[derive(Clone, Debug)]
 pub struct AmqpConfig {
-    /// Where exchanges and bindings are kept (a file in this directory).
+    /// Where exchanges, bindings and queues are kept (files in this directory, each written
+    /// new, fsynced, renamed and the directory fsynced). The caller creates it durably (its
+    /// entry in its parent fsynced), as the broker does its data dir's other directories.
     pub state_dir: PathBuf,
 }
 

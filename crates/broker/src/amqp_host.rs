@@ -28,6 +28,9 @@ pub fn server(broker: &Arc<Broker>) -> io::Result<Arc<Server>> {
     let login_required = broker.listeners().iter().any(|listener| listener.protocol.uses_sasl());
     let gateway = Arc::new(AmqpGateway { broker: broker.clone(), login_required });
     let config = AmqpConfig { state_dir: broker.config().data_dir.join(AMQP_STATE_DIR) };
+    // Its entry in the data dir made durable too: a directory created and never synced in its
+    // parent vanishes with every file in it at a power cut.
+    sluice_storage::durable::create_dir_all(&config.state_dir)?;
     Server::new(gateway, &config)
 }
 
