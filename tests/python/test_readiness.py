@@ -100,9 +100,11 @@ def assert_silent_and_idle(node) -> None:
 def test_dev_cluster_ready_line_then_a_topic_on_every_node_and_a_healthy_cluster(tmp_path):
     base = base_port_with_room(3)
     started = time.monotonic()
+    # The nodes log to dev-cluster's stderr: kept for a failure's message.
+    node_log = tmp_path / "nodes.log"
     proc = subprocess.Popen([SLUICE_BIN, "dev-cluster", "--nodes", "3", "--base-port", str(base),
-                             "--console-port", "0", "--data-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             "--console-port", "0", "--data-dir", str(tmp_path / "data")],
+                            stdout=subprocess.PIPE, stderr=node_log.open("w"), text=True)
     try:
         bootstrap = None
         while bootstrap is None:
@@ -117,7 +119,11 @@ def test_dev_cluster_ready_line_then_a_topic_on_every_node_and_a_healthy_cluster
         # No retry: every node is registered and unfenced once the line is out.
         admin = AdminClient({"bootstrap.servers": bootstrap})
         futures = admin.create_topics([NewTopic("everywhere", num_partitions=3, replication_factor=3)])
-        futures["everywhere"].result(timeout=60)
+        try:
+            futures["everywhere"].result(timeout=60)
+        except Exception as error:
+            raise AssertionError(f"creating a topic failed: {error!r}\n--- nodes (tail) ---\n"
+                                 f"{node_log.read_text(errors='replace')[-8000:]}") from None
 
         health = subprocess.run([SLUICE_BIN, "cluster", "health", "--wait", "--timeout", "30s", "-b", bootstrap],
                                 capture_output=True, text=True, timeout=60)
