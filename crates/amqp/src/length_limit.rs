@@ -97,9 +97,9 @@ pub async fn trim(
 ) -> Vec<Message> {
     debug_assert_eq!(limit.overflow, Overflow::DropHead);
     let mut letters = Vec::new();
+    let Some(total) = depth(gateway, name, partitions).await else { return letters };
+    let mut excess = total.ready.saturating_sub(limit.max_ready);
     for partition in 0..partitions {
-        let Some(total) = depth(gateway, name, partitions).await else { break };
-        let excess = total.ready.saturating_sub(limit.max_ready);
         if excess == 0 {
             break;
         }
@@ -112,6 +112,7 @@ pub async fn trim(
             tracing::warn!(queue = name, partition, "could not drop messages over the queue's x-max-length");
             break;
         };
+        excess = excess.saturating_sub(dropped.len() as u64);
         if policy.dead_letter_exchange.is_some() {
             let now_ms =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
