@@ -61,7 +61,9 @@ RESTART_LIMIT_S = 30.0
 UPKEEP_MS = 100
 LIVE_TOPICS_MAX = 4
 RETENTION_BYTES = 256 * 1024
-READ_TIMEOUT_S = 120.0
+# Reading every topic back through the FUSE daemon: up to a minute or two on a busy host for
+# the heaviest random workloads (a hundred MiB and more).
+READ_TIMEOUT_S = 240.0
 WAL_FILE_BYTES_CHOICES = (1024 * 1024, 4 * 1024 * 1024)
 # Producers pause PACE_SLEEP_S on average every PACE_RECORDS records (~500 records/s each):
 # every check reads every topic from its start, through the FUSE daemon.
