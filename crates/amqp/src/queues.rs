@@ -242,6 +242,7 @@ pub async fn offsets(
 /// offset on each partition, or the log start where it never fetched), ready and
 /// unacknowledged together. 0 when `session` may not see them.
 pub async fn message_count(gateway: &dyn Gateway, session: &Session, name: &str, partitions: i32) -> u32 {
+    // ListOffsets as the session is also the check that it may see the queue at all.
     let Ok(bounds) = offsets(gateway, session, name, partitions).await else { return 0 };
     if let Some(ready) = ready_count(gateway, name, partitions).await {
         return ready;
