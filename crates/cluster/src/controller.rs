@@ -452,6 +452,17 @@ impl Controller {
         self.write(Command::AlterTopicConfigs { name: name.to_string(), configs, expected }).await.map(drop)
     }
 
+    /// Puts and deletes entries of the AMQP front door's state, if it is still at
+    /// `expected_version` (else [`crate::MetadataError::ConfigsChanged`]).
+    pub async fn alter_amqp_state(
+        &self,
+        expected_version: Option<u64>,
+        puts: BTreeMap<String, String>,
+        deletes: Vec<String>,
+    ) -> Result<(), ControllerError> {
+        self.write(Command::AlterAmqpState { expected_version, puts, deletes }).await.map(drop)
+    }
+
     /// Replaces a group's configs (empty: removes them).
     pub async fn alter_group_configs(
         &self,

@@ -57,8 +57,15 @@ use uuid::Uuid;
 pub const METADATA_VERSION_INITIAL: u16 = 1;
 /// The newest `metadata.version` this binary understands: 2 adds SCRAM credentials, ACLs,
 /// client quotas and broker listener endpoints; 3 adds share groups' configs; 4 adds the
-/// remote log metadata of tiered topics; 5 adds eligible leader replicas.
-pub const METADATA_VERSION_LATEST: u16 = 5;
+/// remote log metadata of tiered topics; 5 adds eligible leader replicas; 6 adds the AMQP
+/// front door's state.
+pub const METADATA_VERSION_LATEST: u16 = 6;
+/// The `metadata.version` from which the cluster holds the AMQP front door's state.
+pub const METADATA_VERSION_AMQP: u16 = 6;
+/// Most entries of the AMQP front door's state (exchanges, queues, bindings, marks).
+pub const AMQP_ENTRIES_MAX: usize = 400_000;
+/// Largest key or value of an AMQP state entry.
+pub const AMQP_ENTRY_BYTES_MAX: usize = 64 * 1024;
 /// The `metadata.version` from which partitions keep eligible leader replicas.
 pub const METADATA_VERSION_ELR: u16 = 5;
 
@@ -216,6 +223,14 @@ pub struct ClusterMetadata {
     /// object store holds. Written by each partition's leader, dropped with the topic.
     #[serde(default)]
     pub remote_logs: BTreeMap<Uuid, BTreeMap<i32, RemoteLog>>,
+    /// The AMQP front door's state (exchanges, what AMQP knows of queues, bindings, delivery
+    /// marks): key -> value, both opaque here (`sluice-amqp` defines them). Every node routes
+    /// AMQP messages with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub amqp: BTreeMap<String, String>,
+    /// Bumped by every change of `amqp`: a change computed from an older state is refused.
+    #[serde(default)]
+    pub amqp_version: u64,
 }
 
 /// One segment copied to the object store (Kafka's RemoteLogSegmentMetadata).
@@ -432,6 +447,15 @@ pub enum Command {
         #[serde(default)]
         expected: Option<BTreeMap<String, String>>,
     },
+    /// Change entries of the AMQP front door's state, as one change.
+    AlterAmqpState {
+        /// Compare-and-set: the `amqp_version` the change was computed from (`None`: any).
+        expected_version: Option<u64>,
+        /// Entries added or replaced.
+        puts: BTreeMap<String, String>,
+        /// Entries removed.
+        deletes: Vec<String>,
+    },
     /// Replace a group's configs (all of them; none removes the entry).
     AlterGroupConfigs {
         /// Group id.
@@ -497,6 +521,7 @@ impl Command {
             Command::AlterScramCredentials { .. } | Command::AlterAcls { .. } | Command::AlterClientQuotas { .. } => 2,
             Command::AlterGroupConfigs { .. } => 3,
             Command::SetRemoteLog { .. } => 4,
+            Command::AlterAmqpState { .. } => METADATA_VERSION_AMQP,
             _ => METADATA_VERSION_INITIAL,
         }
     }
@@ -621,6 +646,31 @@ impl ClusterMetadata {
         self.brokers.values().filter(|broker| !broker.fenced).map(|broker| broker.node_id).collect()
     }
 
+    fn alter_amqp_state(
+        &mut self,
+        expected_version: Option<u64>,
+        puts: BTreeMap<String, String>,
+        deletes: Vec<String>,
+    ) -> CommandResult {
+        if expected_version.is_some_and(|expected| expected != self.amqp_version) {
+            return Err(MetadataError::ConfigsChanged("the AMQP state".to_string()));
+        }
+        let oversized = puts.iter().any(|(k, v)| k.len() > AMQP_ENTRY_BYTES_MAX || v.len() > AMQP_ENTRY_BYTES_MAX);
+        if oversized {
+            return Err(MetadataError::InvalidRequest(format!("an AMQP entry over {AMQP_ENTRY_BYTES_MAX} bytes")));
+        }
+        let added = puts.keys().filter(|key| !self.amqp.contains_key(*key)).count();
+        if self.amqp.len() + added > AMQP_ENTRIES_MAX + deletes.len() {
+            return Err(MetadataError::LimitExceeded(format!("{AMQP_ENTRIES_MAX} AMQP entries")));
+        }
+        for key in &deletes {
+            self.amqp.remove(key);
+        }
+        self.amqp.extend(puts);
+        self.amqp_version += 1;
+        Ok(CommandOutput::Done)
+    }
+
     /// The finalized `metadata.version`.
     pub fn metadata_version(&self) -> u16 {
         self.metadata_version.max(METADATA_VERSION_INITIAL)
@@ -672,6 +722,9 @@ impl ClusterMetadata {
                     self.group_configs.insert(group, configs);
                 }
                 Ok(CommandOutput::Done)
+            }
+            Command::AlterAmqpState { expected_version, puts, deletes } => {
+                self.alter_amqp_state(expected_version, puts, deletes)
             }
             Command::AlterPartition { topic, partition, leader_id, leader_epoch, partition_epoch, new_isr } => {
                 self.alter_partition(&topic, partition, leader_id, leader_epoch, partition_epoch, new_isr)
@@ -2161,5 +2214,30 @@ mod tests {
         metadata.apply(alter()).unwrap();
         assert_eq!(metadata.acls.len(), 1);
         assert!(metadata.apply(Command::FinalizeMetadataVersion { version: 2 }).is_err(), "never goes back or repeats");
+    }
+
+    #[test]
+    fn amqp_state_changes_are_compare_and_set() {
+        let mut metadata = ClusterMetadata::default();
+        let put = |expected_version, key: &str| Command::AlterAmqpState {
+            expected_version,
+            puts: BTreeMap::from([(key.to_string(), "{}".to_string())]),
+            deletes: Vec::new(),
+        };
+        let refused = metadata.apply(put(Some(0), "exchange/logs")).unwrap_err();
+        assert!(matches!(refused, MetadataError::UnsupportedMetadataVersion { .. }), "{refused:?}");
+        metadata.apply(Command::FinalizeMetadataVersion { version: METADATA_VERSION_AMQP }).unwrap();
+        metadata.apply(put(Some(0), "exchange/logs")).unwrap();
+        let stale = metadata.apply(put(Some(0), "exchange/other")).unwrap_err();
+        assert!(matches!(stale, MetadataError::ConfigsChanged(_)), "{stale:?}");
+        metadata.apply(put(Some(1), "exchange/other")).unwrap();
+        let delete = Command::AlterAmqpState {
+            expected_version: None,
+            puts: BTreeMap::new(),
+            deletes: vec!["exchange/logs".into()],
+        };
+        metadata.apply(delete).unwrap();
+        assert_eq!(metadata.amqp.keys().collect::<Vec<_>>(), ["exchange/other"]);
+        assert_eq!(metadata.amqp_version, 3);
     }
 }

@@ -23,10 +23,11 @@ pub use crate::chunked::{
 pub use crate::client::{decode_response, encode_request};
 pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_API_KEY_BYTES, FRAME_SIZE_PREFIX_BYTES};
 pub use crate::records::new_record;
-pub use crate::request::{encode_response, parse_request, Request, RequestError};
+pub use crate::request::{encode_response, parse_forwarded_request, parse_request, Request, RequestError};
 pub use crate::share_wire::{
-    set_acknowledge_lock_timeout_ms, set_described_lag, set_share_acknowledge_renew, set_share_fetch_options,
-    share_acknowledge_is_renew, share_fetch_options, ShareAcquireMode, ShareFetchOptions,
+    ask_for_queue_depth, ask_to_discard_ready, asks_for_queue_depth, discard_ready_asked, discarded, queue_depth,
+    set_acknowledge_lock_timeout_ms, set_described_lag, set_discarded, set_queue_depth, set_share_acknowledge_renew,
+    set_share_fetch_options, share_acknowledge_is_renew, share_fetch_options, ShareAcquireMode, ShareFetchOptions,
 };
 pub use crate::versions::{api_versions_response, supported_range, ADVERTISED_APIS, PRODUCE_MIN_ACCEPTED_VERSION};
 pub use kafka_protocol;

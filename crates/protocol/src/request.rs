@@ -34,7 +34,17 @@ pub enum RequestError {
 }
 
 /// Decodes a frame (size prefix already removed) into a request.
-pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
+pub fn parse_request(frame: Bytes) -> Result<Request, RequestError> {
+    parse(frame, false)
+}
+
+/// Decodes a request another broker forwarded (an Envelope's): unlike a client's, the v2
+/// share fields it carries in this crate's reserved tags are kept (`share_wire`).
+pub fn parse_forwarded_request(frame: Bytes) -> Result<Request, RequestError> {
+    parse(frame, true)
+}
+
+fn parse(mut frame: Bytes, forwarded: bool) -> Result<Request, RequestError> {
     if frame.len() < 8 {
         return Err(RequestError::TooShort);
     }
@@ -54,7 +64,12 @@ pub fn parse_request(mut frame: Bytes) -> Result<Request, RequestError> {
     let malformed = |reason: String| RequestError::Malformed { api_key, api_version, correlation_id, reason };
     let header_version = api_key.request_header_version(api_version);
     let header = RequestHeader::decode(&mut frame, header_version).map_err(|e| malformed(e.to_string()))?;
-    let body = share_wire::decode_request(api_key, api_version, &mut frame).map_err(malformed)?;
+    let body = if forwarded {
+        share_wire::decode_forwarded_request(api_key, api_version, &mut frame)
+    } else {
+        share_wire::decode_request(api_key, api_version, &mut frame)
+    }
+    .map_err(malformed)?;
     // Trailing bytes are tolerated, as Kafka does: librdkafka sends a few on some versions.
     Ok(Request { api_key, api_version, correlation_id, client_id: header.client_id, body })
 }

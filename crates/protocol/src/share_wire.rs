@@ -20,8 +20,8 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponsePartition;
 use kafka_protocol::messages::{
-    ApiKey, DescribeShareGroupOffsetsResponse, RequestKind, ShareAcknowledgeRequest, ShareAcknowledgeResponse,
-    ShareFetchRequest,
+    ApiKey, DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse, RequestKind, ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse, ShareFetchRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
@@ -36,6 +36,14 @@ const TAG_ACQUIRE_MODE: i32 = RESERVED_TAG_MIN;
 const TAG_IS_RENEW_ACK: i32 = RESERVED_TAG_MIN + 1;
 const TAG_ACQUISITION_LOCK_TIMEOUT_MS: i32 = RESERVED_TAG_MIN + 2;
 const TAG_LAG: i32 = RESERVED_TAG_MIN + 3;
+/// A DescribeShareGroupOffsets one broker sends another for the AMQP front door asks the
+/// partitions' leader for their ready and unacknowledged counts (request), which its answer
+/// carries (response partitions).
+const TAG_QUEUE_DEPTH: i32 = RESERVED_TAG_MIN + 4;
+/// A ShareAcknowledge one broker sends another for the AMQP front door asks the partition's
+/// leader to archive this many of its oldest ready records (a queue over its `x-max-length`,
+/// request); the answer carries their offsets (response).
+const TAG_DISCARD_READY: i32 = RESERVED_TAG_MIN + 5;
 
 /// The newest DescribeShareGroupOffsets version this module converts.
 pub const DESCRIBE_SHARE_GROUP_OFFSETS_VERSION_MAX: i16 = 1;
@@ -109,9 +117,21 @@ pub fn decode_request(api_key: ApiKey, version: i16, body: &mut Bytes) -> Result
         RequestKind::ShareAcknowledge(request) if !converts(api_key, version) => {
             request.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN)
         }
+        RequestKind::DescribeShareGroupOffsets(request) => {
+            request.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN)
+        }
         _ => {}
     }
     Ok(decoded)
+}
+
+/// Decodes a request a broker built and another forwarded: its reserved tags are the
+/// sender's, kept (a client's request never reaches here: `decode_request` strips them).
+pub(crate) fn decode_forwarded_request(api_key: ApiKey, version: i16, body: &mut Bytes) -> Result<RequestKind, String> {
+    if converts(api_key, version) {
+        return decode_request(api_key, version, body);
+    }
+    RequestKind::decode(api_key, body, version).map_err(|e| e.to_string())
 }
 
 fn decode_v2(api_key: ApiKey, body: &mut Bytes) -> Result<RequestKind, String> {
@@ -220,7 +240,9 @@ pub fn encode_acknowledge_response(
 ) -> anyhow::Result<()> {
     let mut v1 = response.clone();
     let lock_timeout = v1.unknown_tagged_fields.remove(&TAG_ACQUISITION_LOCK_TIMEOUT_MS);
-    v1.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN);
+    // Discarded offsets are only ever set in answer to a broker's request (a client's cannot
+    // ask: `decode_request`), and travel back to it.
+    v1.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN || *tag == TAG_DISCARD_READY);
     let mut body = BytesMut::new();
     v1.encode(&mut body, CODEC_VERSION)?;
     if version < SHARE_WIRE_VERSION_MAX {
@@ -240,6 +262,61 @@ pub fn encode_acknowledge_response(
 /// Sets the v1 `Lag` of a described share-partition (-1, unknown, unless set).
 pub fn set_described_lag(partition: &mut DescribeShareGroupOffsetsResponsePartition, lag: i64) {
     partition.unknown_tagged_fields.insert(TAG_LAG, Bytes::copy_from_slice(&lag.to_be_bytes()));
+}
+
+/// Makes `request` ask its partition's leader to archive `count` of the oldest ready records.
+pub fn ask_to_discard_ready(request: &mut ShareAcknowledgeRequest, count: u64) {
+    request.unknown_tagged_fields.insert(TAG_DISCARD_READY, Bytes::copy_from_slice(&count.to_be_bytes()));
+}
+
+/// How many of the oldest ready records `request` (a broker's) asks to archive, if it does.
+pub fn discard_ready_asked(request: &ShareAcknowledgeRequest) -> Option<u64> {
+    let mut bytes = request.unknown_tagged_fields.get(&TAG_DISCARD_READY).filter(|b| b.len() == 8)?.clone();
+    Some(bytes.get_u64())
+}
+
+/// Sets the offsets archived in answer to [`ask_to_discard_ready`].
+pub fn set_discarded(response: &mut ShareAcknowledgeResponse, offsets: &[i64]) {
+    let mut bytes = BytesMut::with_capacity(offsets.len() * 8);
+    for offset in offsets {
+        bytes.put_i64(*offset);
+    }
+    response.unknown_tagged_fields.insert(TAG_DISCARD_READY, bytes.freeze());
+}
+
+/// The offsets an answer to [`ask_to_discard_ready`] says were archived.
+pub fn discarded(response: &ShareAcknowledgeResponse) -> Option<Vec<i64>> {
+    let mut bytes = response.unknown_tagged_fields.get(&TAG_DISCARD_READY).filter(|b| b.len() % 8 == 0)?.clone();
+    let mut offsets = Vec::with_capacity(bytes.len() / 8);
+    while bytes.has_remaining() {
+        offsets.push(bytes.get_i64());
+    }
+    Some(offsets)
+}
+
+/// Makes `request` ask the partitions' leader for their ready and unacknowledged counts.
+pub fn ask_for_queue_depth(request: &mut DescribeShareGroupOffsetsRequest) {
+    request.unknown_tagged_fields.insert(TAG_QUEUE_DEPTH, Bytes::from_static(&[1]));
+}
+
+/// Whether `request` (a broker's) asks for the partitions' ready and unacknowledged counts.
+pub fn asks_for_queue_depth(request: &DescribeShareGroupOffsetsRequest) -> bool {
+    flag(request.unknown_tagged_fields.get(&TAG_QUEUE_DEPTH))
+}
+
+/// Sets a partition's ready and unacknowledged counts in an answer to
+/// [`ask_for_queue_depth`].
+pub fn set_queue_depth(partition: &mut DescribeShareGroupOffsetsResponsePartition, ready: u64, unacknowledged: u64) {
+    let mut bytes = BytesMut::with_capacity(16);
+    bytes.put_u64(ready);
+    bytes.put_u64(unacknowledged);
+    partition.unknown_tagged_fields.insert(TAG_QUEUE_DEPTH, bytes.freeze());
+}
+
+/// A partition's (ready, unacknowledged) counts, as [`set_queue_depth`] set them.
+pub fn queue_depth(partition: &DescribeShareGroupOffsetsResponsePartition) -> Option<(u64, u64)> {
+    let mut bytes = partition.unknown_tagged_fields.get(&TAG_QUEUE_DEPTH).filter(|b| b.len() == 16)?.clone();
+    Some((bytes.get_u64(), bytes.get_u64()))
 }
 
 /// Encodes a DescribeShareGroupOffsets response body at `version` (0 or 1) into `out`. v1
@@ -291,7 +368,9 @@ pub fn encode_described_offsets(
 /// A partition's lag taken out of its reserved tag (-1 when never set).
 fn take_lag(partition: &mut DescribeShareGroupOffsetsResponsePartition) -> i64 {
     let lag = partition.unknown_tagged_fields.remove(&TAG_LAG);
-    partition.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN);
+    // A queue depth is only ever set in answer to a broker's request (a client's request
+    // cannot ask for one: `decode_request`), and travels back to it.
+    partition.unknown_tagged_fields.retain(|tag, _| *tag < RESERVED_TAG_MIN || *tag == TAG_QUEUE_DEPTH);
     lag.filter(|b| b.len() == 8).map_or(-1, |mut b| b.get_i64())
 }
 
@@ -453,5 +532,55 @@ mod tests {
             panic!("not a ShareAcknowledge")
         };
         assert!(!share_acknowledge_is_renew(&decoded));
+    }
+
+    #[test]
+    fn broker_marks_travel_between_brokers_and_never_from_clients() {
+        let mut ask = DescribeShareGroupOffsetsRequest::default();
+        ask_for_queue_depth(&mut ask);
+        let mut body = BytesMut::new();
+        ask.encode(&mut body, 0).unwrap();
+        let from_client = decode_request(ApiKey::DescribeShareGroupOffsets, 0, &mut body.clone().freeze()).unwrap();
+        let RequestKind::DescribeShareGroupOffsets(from_client) = from_client else { panic!("not a describe") };
+        assert!(!asks_for_queue_depth(&from_client), "a client cannot ask for a queue depth");
+        let forwarded = decode_forwarded_request(ApiKey::DescribeShareGroupOffsets, 0, &mut body.freeze()).unwrap();
+        let RequestKind::DescribeShareGroupOffsets(forwarded) = forwarded else { panic!("not a describe") };
+        assert!(asks_for_queue_depth(&forwarded));
+
+        let mut partition = DescribeShareGroupOffsetsResponsePartition::default();
+        set_queue_depth(&mut partition, 7, 2);
+        let mut topic = kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponseTopic::default();
+        topic.partitions = vec![partition];
+        let mut group = kafka_protocol::messages::describe_share_group_offsets_response::DescribeShareGroupOffsetsResponseGroup::default();
+        group.topics = vec![topic];
+        let mut response = DescribeShareGroupOffsetsResponse::default();
+        response.groups = vec![group];
+        let mut out = BytesMut::new();
+        encode_described_offsets(&response, 0, &mut out).unwrap();
+        let decoded = DescribeShareGroupOffsetsResponse::decode(&mut out.freeze(), 0).unwrap();
+        assert_eq!(queue_depth(&decoded.groups[0].topics[0].partitions[0]), Some((7, 2)));
+
+        let mut discard = ShareAcknowledgeRequest::default();
+        ask_to_discard_ready(&mut discard, 3);
+        let mut body = BytesMut::new();
+        discard.encode(&mut body, 1).unwrap();
+        let RequestKind::ShareAcknowledge(from_client) =
+            decode_request(ApiKey::ShareAcknowledge, 1, &mut body.clone().freeze()).unwrap()
+        else {
+            panic!("not an acknowledge")
+        };
+        assert_eq!(discard_ready_asked(&from_client), None, "a client cannot discard ready records");
+        let RequestKind::ShareAcknowledge(forwarded) =
+            decode_forwarded_request(ApiKey::ShareAcknowledge, 1, &mut body.freeze()).unwrap()
+        else {
+            panic!("not an acknowledge")
+        };
+        assert_eq!(discard_ready_asked(&forwarded), Some(3));
+        let mut answer = ShareAcknowledgeResponse::default();
+        set_discarded(&mut answer, &[4, 5, 6]);
+        let mut out = BytesMut::new();
+        encode_acknowledge_response(&answer, 1, &mut out).unwrap();
+        let decoded = ShareAcknowledgeResponse::decode(&mut out.freeze(), 1).unwrap();
+        assert_eq!(discarded(&decoded), Some(vec![4, 5, 6]));
     }
 }

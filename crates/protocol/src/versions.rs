@@ -81,6 +81,9 @@ pub const ADVERTISED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ReadShareGroupStateSummary, 0, 0),
     (ApiKey::InitializeShareGroupState, 0, 0),
     (ApiKey::DeleteShareGroupState, 0, 0),
+    // Broker to broker: a client's request forwarded with its principal (the AMQP front
+    // door of a node serving a queue another node leads); needs CLUSTER_ACTION.
+    (ApiKey::Envelope, 0, 0),
 ];
 
 /// The advertised (min, max) for `api_key`, if we serve it at all. Produce v0-v2 are
