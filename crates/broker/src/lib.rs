@@ -3,7 +3,8 @@
 //!
 //! Entry point: [`Broker::open`] (recovers the data dir) then [`server::serve`].
 
-mod amqp_host;
+pub(crate) mod amqp_host;
+mod amqp_routing;
 mod blocking;
 pub mod cluster_link;
 mod connection;

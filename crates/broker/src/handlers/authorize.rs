@@ -114,6 +114,8 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
         // ALTER or CLUSTER_ACTION on the cluster: only brokers and administrators end
         // another producer's transaction.
         ApiKey::WriteTxnMarkers => cluster(&[acl::OP_ALTER, acl::OP_CLUSTER_ACTION], rq::refuse_write_txn_markers),
+        // Brokers only: a client's request forwarded with its principal (`envelope.rs`).
+        ApiKey::Envelope => cluster(&[acl::OP_CLUSTER_ACTION], rq::refuse_envelope),
         // DESCRIBE (DescribeAcls) or ALTER (CreateAcls, DeleteAcls) on the cluster.
         ApiKey::DescribeAcls | ApiKey::CreateAcls | ApiKey::DeleteAcls => Rule::InHandler,
         // DESCRIBE_CONFIGS on each resource.
@@ -181,7 +183,6 @@ pub(super) const fn rule(api: ApiKey) -> Rule {
         | ApiKey::EndQuorumEpoch
         | ApiKey::AlterPartition
         | ApiKey::UpdateFeatures
-        | ApiKey::Envelope
         | ApiKey::FetchSnapshot
         | ApiKey::BrokerRegistration
         | ApiKey::BrokerHeartbeat

@@ -7,6 +7,7 @@ mod admin;
 mod authorize;
 mod configs;
 mod consumer_groups;
+pub(crate) mod envelope;
 mod fetch;
 mod groups;
 mod offsets;
@@ -230,6 +231,7 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
         }
         Rq::EndTxn(r) => later!(call, EndTxn, |b, s| transactions::end(&b, &s, r)),
         Rq::WriteTxnMarkers(r) => later!(call, WriteTxnMarkers, |b, _| transactions::write_markers(&b, r)),
+        Rq::Envelope(r) => envelope::answer(call, r),
         Rq::ListTransactions(r) => now(Rs::ListTransactions(transactions::list(broker, session, r))),
         Rq::DescribeTransactions(r) => now(Rs::DescribeTransactions(transactions::describe(broker, session, r))),
         Rq::DescribeProducers(r) => now(Rs::DescribeProducers(transactions::describe_producers(broker, session, r))),

@@ -577,6 +577,9 @@ pub(super) async fn acknowledge_request(
     broker: &Arc<Broker>,
     request: ShareAcknowledgeRequest,
 ) -> ShareAcknowledgeResponse {
+    if let Some(count) = sluice_protocol::discard_ready_asked(&request) {
+        return discard_ready(broker, request, count).await;
+    }
     let mut response = ShareAcknowledgeResponse::default();
     let Some((group_id, member_id)) = group_and_member(request.group_id.as_deref(), request.member_id.as_ref()) else {
         response.error_code = ResponseError::InvalidRequest.code();
@@ -643,6 +646,9 @@ pub(super) async fn describe_offsets(
         DescribeShareGroupOffsetsResponseGroup, DescribeShareGroupOffsetsResponsePartition,
         DescribeShareGroupOffsetsResponseTopic,
     };
+    if sluice_protocol::asks_for_queue_depth(&request) {
+        return queue_depths(broker, request).await;
+    }
     let catalog = broker.topics.catalog();
     let mut response = kafka_protocol::messages::DescribeShareGroupOffsetsResponse::default();
     for group in request.groups {
@@ -692,6 +698,66 @@ pub(super) async fn describe_offsets(
             }
             answer.topics.push(entry);
         }
+        response.groups.push(answer);
+    }
+    response
+}
+
+/// A broker's ShareAcknowledge asking the leader of a queue's partition to archive `count`
+/// of its oldest ready records (the AMQP front door of another node: a queue over its
+/// `x-max-length`); the answer carries their offsets, or NOT_LEADER_OR_FOLLOWER. A queue's
+/// share group and topic share its name.
+async fn discard_ready(broker: &Arc<Broker>, request: ShareAcknowledgeRequest, count: u64) -> ShareAcknowledgeResponse {
+    let mut response = ShareAcknowledgeResponse::default();
+    let queue = request.group_id.as_deref().map(|g| g.to_string()).unwrap_or_default();
+    let partition = request.topics.first().and_then(|t| t.partitions.first()).map(|p| p.partition_index);
+    let Some(partition) = partition else {
+        response.error_code = ResponseError::InvalidRequest.code();
+        return response;
+    };
+    match crate::amqp_host::discard_ready_here(broker, &queue, partition, count).await {
+        Some(offsets) => sluice_protocol::set_discarded(&mut response, &offsets),
+        None => response.error_code = ResponseError::NotLeaderOrFollower.code(),
+    }
+    response
+}
+
+/// A broker's DescribeShareGroupOffsets asking, at the partitions' leader, how many records
+/// of each are ready and how many handed out and unacknowledged (the AMQP front door of
+/// another node: a queue's `message_count` and `x-max-length`). NOT_LEADER_OR_FOLLOWER for a
+/// partition not led here.
+async fn queue_depths(
+    broker: &Arc<Broker>,
+    request: kafka_protocol::messages::DescribeShareGroupOffsetsRequest,
+) -> kafka_protocol::messages::DescribeShareGroupOffsetsResponse {
+    use kafka_protocol::messages::describe_share_group_offsets_response::{
+        DescribeShareGroupOffsetsResponseGroup, DescribeShareGroupOffsetsResponsePartition,
+        DescribeShareGroupOffsetsResponseTopic,
+    };
+    let mut response = kafka_protocol::messages::DescribeShareGroupOffsetsResponse::default();
+    for group in request.groups {
+        let mut answer = DescribeShareGroupOffsetsResponseGroup::default();
+        for topic in group.topics.unwrap_or_default() {
+            let mut entry = DescribeShareGroupOffsetsResponseTopic::default();
+            for partition in &topic.partitions {
+                let mut data = DescribeShareGroupOffsetsResponsePartition::default();
+                data.partition_index = *partition;
+                let depth = crate::amqp_host::local_depth(
+                    broker,
+                    group.group_id.as_str(),
+                    topic.topic_name.as_str(),
+                    *partition,
+                );
+                match depth.await {
+                    Some((ready, unacknowledged)) => sluice_protocol::set_queue_depth(&mut data, ready, unacknowledged),
+                    None => data.error_code = ResponseError::NotLeaderOrFollower.code(),
+                }
+                entry.partitions.push(data);
+            }
+            entry.topic_name = topic.topic_name;
+            answer.topics.push(entry);
+        }
+        answer.group_id = group.group_id;
         response.groups.push(answer);
     }
     response

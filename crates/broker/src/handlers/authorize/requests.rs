@@ -444,6 +444,10 @@ pub(super) fn init_producer_id(access: &Access<'_>, body: RequestKind, _: &mut D
     refused(ResponseKind::InitProducerId(InitProducerIdResponse::default().with_error_code(code)))
 }
 
+pub(super) fn refuse_envelope(_body: RequestKind, error: ResponseError) -> ResponseKind {
+    ResponseKind::Envelope(kafka_protocol::messages::EnvelopeResponse::default().with_error_code(error.code()))
+}
+
 pub(super) fn refuse_write_txn_markers(body: RequestKind, error: ResponseError) -> ResponseKind {
     let mut response = WriteTxnMarkersResponse::default();
     let RequestKind::WriteTxnMarkers(request) = body else { return ResponseKind::WriteTxnMarkers(response) };
