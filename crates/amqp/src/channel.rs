@@ -356,7 +356,7 @@ impl Channel {
                         auto_delete: declare.auto_delete,
                         internal: declare.internal,
                     };
-                    topology.declare_exchange(name, exchange)?;
+                    topology.declare_exchange(name, exchange).await?;
                 }
                 if !declare.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}))).await;
@@ -364,7 +364,7 @@ impl Channel {
             }
             exchange::AMQPMethod::Delete(delete) => {
                 self.check_routing_allowed()?;
-                topology.delete_exchange(delete.exchange.as_str(), delete.if_unused)?;
+                topology.delete_exchange(delete.exchange.as_str(), delete.if_unused).await?;
                 if !delete.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}))).await;
                 }
@@ -377,7 +377,7 @@ impl Channel {
                     bind.routing_key.as_str(),
                     &bind.arguments,
                 );
-                topology.bind(binding)?;
+                topology.bind(binding).await?;
                 if !bind.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::BindOk(exchange::BindOk {}))).await;
                 }
@@ -390,7 +390,7 @@ impl Channel {
                     unbind.routing_key.as_str(),
                     &unbind.arguments,
                 );
-                topology.unbind(&binding)?;
+                topology.unbind(&binding).await?;
                 if !unbind.nowait {
                     self.send(AMQPClass::Exchange(exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}))).await;
                 }
@@ -434,7 +434,7 @@ impl Channel {
                     bind.routing_key.as_str(),
                     &bind.arguments,
                 );
-                self.server.topology.bind(binding)?;
+                self.server.topology.bind(binding).await?;
                 if !bind.nowait {
                     self.send(AMQPClass::Queue(queue::AMQPMethod::BindOk(queue::BindOk {}))).await;
                 }
@@ -448,7 +448,7 @@ impl Channel {
                     unbind.routing_key.as_str(),
                     &unbind.arguments,
                 );
-                self.server.topology.unbind(&binding)?;
+                self.server.topology.unbind(&binding).await?;
                 self.send(AMQPClass::Queue(queue::AMQPMethod::UnbindOk(queue::UnbindOk {}))).await;
             }
             queue::AMQPMethod::Purge(purge) => {
@@ -473,7 +473,7 @@ impl Channel {
                     deleted_messages =
                         queues::message_count(&*self.server.gateway, &self.session, &name, partitions).await;
                     queues::delete_topic(&*self.server.gateway, Some(&self.session), &name).await?;
-                    self.server.topology.forget_queue(&name)?;
+                    self.server.topology.forget_queue(&name).await?;
                     self.server.queues.forget(&name);
                     self.server.delivered.forget(&name);
                 }
@@ -524,7 +524,7 @@ impl Channel {
                 auto_delete: declare.auto_delete,
                 arguments,
             };
-            self.server.topology.declare_queue(&name, queue)?;
+            self.server.topology.declare_queue(&name, queue).await?;
             if declare.exclusive {
                 self.server.queues.claim(&name, self.connection);
             }
@@ -759,7 +759,7 @@ pub async fn delete_lapsed_queue(server: &Server, queue: &str) {
     if let Err(Refused(_, text)) = queues::delete_topic(&*server.gateway, None, queue).await {
         tracing::warn!(%queue, %text, "could not delete the topic of a queue that ended with its connection");
     }
-    let _ = server.topology.forget_queue(queue);
+    let _ = server.topology.forget_queue(queue).await;
     server.queues.forget(queue);
     server.delivered.forget(queue);
 }

@@ -448,11 +448,13 @@ impl Reader {
         Ok(())
     }
 
-    /// Whether `record` may have been delivered before: acquired before, or (after a
-    /// restart, which forgets acquisitions) handed out before the node started.
+    /// Whether `record`, handed out now, may have been delivered before: acquired before,
+    /// or handed out by this node before its partition's leader changed or before the node
+    /// started (both forget acquisitions). Called once per delivery.
     fn redelivered(&self, record: &Acquired) -> bool {
-        record.delivery_count > 1
-            || self.server.delivered.before_start(&self.member.topic, record.partition, record.offset)
+        let (queue, delivered) = (&self.member.topic, &self.server.delivered);
+        let again = delivered.note_handed_out(record.topic_id, record.partition, record.offset);
+        record.delivery_count > 1 || again || delivered.before_start(queue, record.partition, record.offset)
     }
 
     /// Why the queue gives up on a record the client settled this way: rejected (with a
@@ -582,12 +584,24 @@ impl Reader {
         // record the queue gives up on (expired, delivered too often) does not count.
         let mut empty_fetches = 0;
         let mut fetches = 0;
-        while empty_fetches < 2 && fetches < GET_FETCHES_MAX {
+        let give_up_at = Instant::now() + GET_JOIN_TIMEOUT;
+        while fetches < GET_FETCHES_MAX {
             fetches += 1;
             let acks = std::mem::take(&mut self.acks);
             let mut fetched = self.member.fetch(&acks, 1, 0).await?.into_iter();
             let Some(first) = fetched.next() else {
                 empty_fetches += 1;
+                if empty_fetches < 2 {
+                    continue;
+                }
+                // Empty twice: the queue is empty, unless its leader is still loading the
+                // share-partition's state (another node's, in a cluster) or moving.
+                let declared = self.server.topology.queue(&self.member.topic);
+                let partitions = declared.map_or(Ok(1), |q| crate::queues::partitions(&q.arguments)).unwrap_or(1);
+                if Instant::now() >= give_up_at || !self.member.may_have_ready(partitions).await {
+                    break;
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             };
             self.acks.extend(fetched.map(|r| (r.unacked(self.id), Settlement::Release)));
@@ -673,6 +687,12 @@ struct Member {
 }
 
 impl Member {
+    /// Whether the queue holds records its share group has not settled (ready, or held by
+    /// a consumer).
+    async fn may_have_ready(&self, partitions: i32) -> bool {
+        crate::queues::message_count(&*self.gateway, &self.session, &self.topic, partitions).await > 0
+    }
+
     fn new(gateway: Arc<dyn Gateway>, session: Session, queue: &str) -> Member {
         Member {
             gateway,
@@ -847,13 +867,16 @@ impl Member {
             self.lock_duration = Duration::from_millis(response.acquisition_lock_timeout_ms as u64);
         }
         let mut acquired = Vec::new();
+        let (mut answered, mut failed) = (0, 0);
         for topic in response.responses {
             for partition in topic.partitions {
+                answered += 1;
                 if let Some(error) = ResponseError::try_from_code(partition.error_code) {
                     if matches!(error, ResponseError::UnknownTopicOrPartition | ResponseError::UnknownTopicId) {
                         return Err(self.refused(error, partition.error_message.as_ref()));
                     }
                     tracing::debug!(queue = %self.topic, %error, "share fetch partition error");
+                    failed += 1;
                     continue;
                 }
                 let Some(records) = partition.records else { continue };
@@ -865,6 +888,11 @@ impl Member {
                     &mut acquired,
                 );
             }
+        }
+        if answered > 0 && failed == answered {
+            // Every partition's leader is moving (an answer without waiting): ask again
+            // after a pause, not at once.
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
         Ok(acquired)
     }

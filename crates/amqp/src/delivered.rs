@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-use crate::topology::write_atomically;
+use crate::state_store::write_atomically;
 
 /// The file of marks in the state directory.
 const MARKS_FILE: &str = "amqp-delivered.json";
@@ -56,6 +56,12 @@ pub struct DeliveredMarks {
     written: Mutex<BTreeMap<Key, i64>>,
     /// One write at a time, each carrying every mark.
     writer: tokio::sync::Mutex<()>,
+    /// The highest offset of each queue partition this process handed out. A partition's
+    /// leader hands its records out in offset order, so one at or below it comes back: a
+    /// redelivery, which the leader itself may not know of when it took over from a leader
+    /// that crashed (acquisitions are not replicated).
+    /// By topic id: a queue deleted and declared again (anywhere) starts afresh.
+    handed_out: Mutex<BTreeMap<(uuid::Uuid, i32), i64>>,
 }
 
 impl DeliveredMarks {
@@ -78,6 +84,7 @@ impl DeliveredMarks {
             written: Mutex::new(at_start.clone()),
             at_start,
             writer: tokio::sync::Mutex::new(()),
+            handed_out: Mutex::default(),
         })
     }
 
@@ -85,6 +92,19 @@ impl DeliveredMarks {
     /// started.
     pub fn before_start(&self, queue: &str, partition: i32, offset: i64) -> bool {
         self.at_start.get(&(queue.to_string(), partition)).is_some_and(|mark| offset < *mark)
+    }
+
+    /// Notes that `offset` of partition `partition` of the queue's topic `topic_id` is
+    /// handed out now; whether this process had handed out that offset or a later one before.
+    pub fn note_handed_out(&self, topic_id: uuid::Uuid, partition: i32, offset: i64) -> bool {
+        let mut handed_out = self.handed_out.lock();
+        if handed_out.len() >= MARKS_MAX && !handed_out.contains_key(&(topic_id, partition)) {
+            handed_out.clear();
+        }
+        let highest = handed_out.entry((topic_id, partition)).or_insert(i64::MIN);
+        let again = offset <= *highest;
+        *highest = (*highest).max(offset);
+        again
     }
 
     fn covered(&self, key: &Key, offset: i64) -> bool {

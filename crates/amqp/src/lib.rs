@@ -34,6 +34,7 @@ pub mod length_limit;
 pub mod messages;
 pub mod publish;
 pub mod queues;
+pub mod state_store;
 pub mod topology;
 
 use std::path::PathBuf;
@@ -75,8 +76,13 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn new(gateway: Arc<dyn Gateway>, config: &AmqpConfig) -> std::io::Result<Arc<Server>> {
-        let topology = topology::Topology::open(&config.state_dir)?;
+    /// The front door of `gateway`'s broker, its topology in `store`.
+    pub fn new(
+        gateway: Arc<dyn Gateway>,
+        config: &AmqpConfig,
+        store: Arc<dyn state_store::StateStore>,
+    ) -> std::io::Result<Arc<Server>> {
+        let topology = topology::Topology::new(store);
         let delivered = delivered::DeliveredMarks::open(&config.state_dir, |queue, partition| {
             gateway.local_log_end(queue, partition)
         })?;

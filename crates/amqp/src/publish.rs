@@ -25,6 +25,71 @@ use crate::Server;
 /// How long a produce may wait for replication before the broker answers.
 const PRODUCE_TIMEOUT_MS: i32 = 30_000;
 
+/// How long a publish waits before it asks again a partition whose leader is moving.
+const PRODUCE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A (queue, partition) of a publish.
+type QueuePartition = (String, i32);
+
+/// Errors after which the same produce is sent again (the leader moved or is catching up):
+/// the records were not written.
+fn is_retriable(error: ResponseError) -> bool {
+    matches!(
+        error,
+        ResponseError::NotLeaderOrFollower
+            | ResponseError::LeaderNotAvailable
+            | ResponseError::NotEnoughReplicas
+            | ResponseError::FencedLeaderEpoch
+            | ResponseError::UnknownLeaderEpoch
+    )
+}
+
+/// One Produce (acks=all) of `batches`; the partitions it failed for, with their errors.
+async fn produce_once(
+    server: &Server,
+    session: Option<&Session>,
+    batches: &BTreeMap<QueuePartition, bytes::Bytes>,
+) -> Result<Vec<(QueuePartition, ResponseError)>, Refused> {
+    let mut topics: BTreeMap<String, TopicProduceData> = BTreeMap::new();
+    for ((queue, partition), batch) in batches {
+        let topic = topics.entry(queue.clone()).or_insert_with(|| {
+            let mut topic = TopicProduceData::default();
+            topic.name = TopicName(StrBytes::from_string(queue.clone()));
+            topic
+        });
+        let mut data = PartitionProduceData::default();
+        data.index = *partition;
+        data.records = Some(batch.clone());
+        topic.partition_data.push(data);
+    }
+    let mut request = ProduceRequest::default();
+    request.acks = -1;
+    request.timeout_ms = PRODUCE_TIMEOUT_MS;
+    request.topic_data = topics.into_values().collect();
+    let answer = match session {
+        Some(session) => server.gateway.call(session, versions::PRODUCE, RequestKind::Produce(request)).await,
+        None => server.gateway.call_internal(versions::PRODUCE, RequestKind::Produce(request)).await,
+    };
+    let Some(ResponseKind::Produce(response)) = answer else {
+        return Err(Refused(reply::INTERNAL_ERROR, "the broker gave no answer to a produce".into()));
+    };
+    let mut failed = Vec::new();
+    for topic in &response.responses {
+        for partition in &topic.partition_responses {
+            let Some(error) = ResponseError::try_from_code(partition.error_code) else { continue };
+            let queue = topic.name.0.to_string();
+            if error == ResponseError::TopicAuthorizationFailed {
+                return Err(Refused(
+                    reply::ACCESS_REFUSED,
+                    format!("write access to queue '{queue}' in vhost '/' refused"),
+                ));
+            }
+            failed.push(((queue, partition.index), error));
+        }
+    }
+    Ok(failed)
+}
+
 /// What became of one published message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -166,47 +231,30 @@ async fn publish_once(
     if writes.is_empty() {
         return Ok((outcomes, Vec::new()));
     }
-    let mut topics: BTreeMap<String, TopicProduceData> = BTreeMap::new();
-    for ((queue, partition), (records, _)) in &mut writes {
-        let batch = one_batch(records)?;
-        let topic = topics.entry(queue.clone()).or_insert_with(|| {
-            let mut topic = TopicProduceData::default();
-            topic.name = TopicName(StrBytes::from_string(queue.clone()));
-            topic
-        });
-        let mut data = PartitionProduceData::default();
-        data.index = *partition;
-        data.records = Some(batch);
-        topic.partition_data.push(data);
+    let mut batches = BTreeMap::new();
+    for (key, (records, _)) in &mut writes {
+        batches.insert(key.clone(), one_batch(records)?);
     }
-    let mut request = ProduceRequest::default();
-    request.acks = -1;
-    request.timeout_ms = PRODUCE_TIMEOUT_MS;
-    request.topic_data = topics.into_values().collect();
-    let answer = match session {
-        Some(session) => server.gateway.call(session, versions::PRODUCE, RequestKind::Produce(request)).await,
-        None => server.gateway.call_internal(versions::PRODUCE, RequestKind::Produce(request)).await,
-    };
-    let Some(ResponseKind::Produce(response)) = answer else {
-        return Err(Refused(reply::INTERNAL_ERROR, "the broker gave no answer to a produce".into()));
-    };
-    for topic in &response.responses {
-        for partition in &topic.partition_responses {
-            let Some(error) = ResponseError::try_from_code(partition.error_code) else { continue };
-            let queue = topic.name.0.to_string();
-            if error == ResponseError::TopicAuthorizationFailed {
-                return Err(Refused(
-                    reply::ACCESS_REFUSED,
-                    format!("write access to queue '{queue}' in vhost '/' refused"),
-                ));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(PRODUCE_TIMEOUT_MS as u64);
+    loop {
+        let failed = produce_once(server, session, &batches).await?;
+        let mut retry = BTreeMap::new();
+        for (key, error) in failed {
+            if is_retriable(error) && tokio::time::Instant::now() < deadline {
+                retry.insert(key.clone(), batches[&key].clone());
+                continue;
             }
-            tracing::debug!(%queue, partition = partition.index, %error, "AMQP publish not stored");
-            if let Some((_, indexes)) = writes.get(&(queue, partition.index)) {
-                for &index in indexes {
-                    outcomes[index] = Outcome::Failed;
-                }
+            tracing::debug!(queue = %key.0, partition = key.1, %error, "AMQP publish not stored");
+            for &index in &writes[&key].1 {
+                outcomes[index] = Outcome::Failed;
             }
         }
+        if retry.is_empty() {
+            break;
+        }
+        // As a Kafka producer: the partition's leader is moving; ask again once it moved.
+        tokio::time::sleep(PRODUCE_RETRY_PAUSE).await;
+        batches = retry;
     }
     let mut letters = Vec::new();
     for (queue, shape) in &shapes {

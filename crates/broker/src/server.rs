@@ -103,7 +103,11 @@ pub async fn serve(
     }
     if !http.amqp.is_empty() {
         let server = crate::amqp_host::server(&broker)?;
-        http_servers.push(tokio::spawn(sluice_amqp::expire_unused_queues(server.clone())));
+        // A node sees only the uses of a queue made through it; in a cluster another node's
+        // consumers and declarations would not keep the queue, so none is expired there.
+        if broker.cluster.is_none() {
+            http_servers.push(tokio::spawn(sluice_amqp::expire_unused_queues(server.clone())));
+        }
         for (amqp_listener, uses_tls) in http.amqp {
             let address = amqp_listener.local_addr()?;
             let tls = match uses_tls {
