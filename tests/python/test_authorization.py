@@ -57,6 +57,7 @@ SHARE_GROUP_DESCRIBE = 77
 INITIALIZE_SHARE_STATE, READ_SHARE_STATE, WRITE_SHARE_STATE, DELETE_SHARE_STATE, READ_SHARE_SUMMARY = 83, 84, 85, 86, 87
 DESCRIBE_SHARE_OFFSETS, ALTER_SHARE_OFFSETS, DELETE_SHARE_OFFSETS = 90, 91, 92
 DESCRIBE_QUORUM, ADD_RAFT_VOTER, REMOVE_RAFT_VOTER = 55, 80, 81
+ENVELOPE = 58
 
 kw.FLEXIBLE_FROM.update({
     WRITE_TXN_MARKERS: 1, DESCRIBE_LOG_DIRS: 2, SASL_AUTHENTICATE: 2, DESCRIBE_USER_SCRAM: 0, ALTER_USER_SCRAM: 0,
@@ -65,7 +66,7 @@ kw.FLEXIBLE_FROM.update({
     READ_SHARE_STATE: 0, WRITE_SHARE_STATE: 0, DELETE_SHARE_STATE: 0, READ_SHARE_SUMMARY: 0,
     DESCRIBE_SHARE_OFFSETS: 0, ALTER_SHARE_OFFSETS: 0, DELETE_SHARE_OFFSETS: 0,
     kw.FIND_COORDINATOR: 3, DESCRIBE_ACLS: 2, CREATE_ACLS: 2, DELETE_ACLS: 2,
-    DESCRIBE_QUORUM: 0, ADD_RAFT_VOTER: 0, REMOVE_RAFT_VOTER: 0,
+    DESCRIBE_QUORUM: 0, ADD_RAFT_VOTER: 0, REMOVE_RAFT_VOTER: 0, ENVELOPE: 0,
 })
 
 TOPIC = "orders"
@@ -662,6 +663,9 @@ def every_api(tid: bytes):
          .tags().getvalue(), lambda r: r.i16(), CLUSTER_AUTHORIZATION_FAILED),
         ("AddRaftVoter", ADD_RAFT_VOTER, 0, w_(True).string(None).i32(10000).i32(4).raw(bytes(16)).array([], None).tags()
          .getvalue(), throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
+        # A client posing as a broker that forwards an admin's request.
+        ("Envelope", ENVELOPE, 0, w_(True).bytes_(b"inner request").bytes_(b"User:admin").bytes_(bytes([127, 0, 0, 1]))
+         .tags().getvalue(), lambda r: (r.bytes_(), r.i16())[1], CLUSTER_AUTHORIZATION_FAILED),
         ("RemoveRaftVoter", REMOVE_RAFT_VOTER, 0, w_(True).string(None).i32(4).raw(bytes(16)).tags().getvalue(),
          throttle_then_error, CLUSTER_AUTHORIZATION_FAILED),
         ("DescribeTopicPartitions", kw.DESCRIBE_TOPIC_PARTITIONS, 0,
