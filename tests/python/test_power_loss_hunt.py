@@ -70,6 +70,9 @@ WAL_FILE_BYTES_CHOICES = (1024 * 1024, 4 * 1024 * 1024)
 PACE_RECORDS = 10
 PACE_SLEEP_S = 0.02
 PAUSE_FLUSH_S = 60.0
+# A paused producer waits this long for the answers to what it sent (retried across a restart
+# through the FUSE daemon) before the check fails.
+PAUSE_WAIT_S = 240.0
 WAL_HOLE_LINE = "WAL file holds records of its own after bytes that are not one"
 
 
@@ -123,8 +126,10 @@ class TopicProducer:
         pad = bytes(range(256)) * (self.value_bytes // 256 + 1)
         while not self.stop.is_set():
             if self.paused.is_set():
-                self.producer.flush(PAUSE_FLUSH_S)
-                self.idle.set()
+                # Idle only once every record sent has its answer: a check reads a log that
+                # does not grow.
+                if self.producer.flush(PAUSE_FLUSH_S) == 0:
+                    self.idle.set()
                 time.sleep(0.01)
                 continue
             self.idle.clear()
@@ -144,8 +149,10 @@ class TopicProducer:
     def pause(self) -> None:
         """Stops sending and waits for the answers to what was sent: a check then reads a
         log that neither grows nor is cleaned under it."""
+        self.idle.clear()
         self.paused.set()
-        self.idle.wait(PAUSE_FLUSH_S + 10)
+        assert self.idle.wait(PAUSE_WAIT_S), \
+            f"{self.topic.name}: {len(self.producer)} records still unanswered {PAUSE_WAIT_S:.0f} s after the pause"
 
     def resume(self) -> None:
         self.paused.clear()
@@ -296,6 +303,11 @@ def check_topic(bootstrap: str, topic: Incarnation, acked: dict, when: str, expl
         for (p, offset), (key, _) in found.items():
             present[(p, key)] = max(present.get((p, key), -1), offset)
         missing = [k for k, offset in latest.items() if present.get(k, -1) < offset]
+        # A record written after `ends` was read could supersede an acknowledged one, and the
+        # cleaner then rightly removes it: the check stands only on a log that did not grow.
+        grown = {p: end for p in range(topic.partitions)
+                 if (end := watermarks(bootstrap, topic.name, p, timeout=30)[1]) != ends[p]}
+        assert not grown, f"{when}: {topic.name}: the log grew while it was checked: ends {ends}, then {grown}"
         if missing and explain is not None:
             details = []
             for p in sorted({p for p, _ in missing})[:2]:

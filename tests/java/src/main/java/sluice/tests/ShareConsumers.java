@@ -16,6 +16,7 @@ import java.util.Optional;
 import java.util.Properties;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 import org.apache.kafka.clients.admin.Admin;
@@ -30,6 +31,7 @@ import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.errors.GroupIdNotFoundException;
 import org.apache.kafka.common.errors.InvalidMetadataException;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -133,11 +135,19 @@ public final class ShareConsumers {
     }
 
     static void createAndFill(String bootstrap, String topic, int partitions, int count) {
+        createTopic(bootstrap, topic, partitions);
+        fill(bootstrap, topic, partitions, count);
+    }
+
+    static void createTopic(String bootstrap, String topic, int partitions) {
         Properties p = new Properties();
         p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         try (Admin admin = Admin.create(p)) {
             Check.get(admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1))).all(), "create " + topic);
         }
+    }
+
+    static void fill(String bootstrap, String topic, int partitions, int count) {
         Properties pp = new Properties();
         pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
@@ -175,6 +185,30 @@ public final class ShareConsumers {
         return new KafkaShareConsumer<>(p);
     }
 
+    /** Waits (up to 60 s) until the share group has {@code members} members, each assigned a partition. */
+    static void awaitAssignedMembers(String bootstrap, String group, int members) throws InterruptedException {
+        Properties p = new Properties();
+        p.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            long deadline = System.nanoTime() + 60_000_000_000L;
+            while (true) {
+                long assigned = 0;
+                try {
+                    var described = admin.describeShareGroups(List.of(group)).all().get().get(group);
+                    assigned = described.members().stream()
+                            .filter(m -> !m.assignment().topicPartitions().isEmpty())
+                            .count();
+                } catch (ExecutionException e) {
+                    // Until the first member's heartbeat, the group does not exist.
+                    check(e.getCause() instanceof GroupIdNotFoundException, "describe share group: " + e.getCause());
+                }
+                if (assigned >= members) return;
+                check(System.nanoTime() < deadline, "members with an assignment after 60 s: " + assigned + " of " + members);
+                Thread.sleep(100);
+            }
+        }
+    }
+
     static String key(ConsumerRecord<byte[], byte[]> r) {
         return new String(r.key(), UTF_8);
     }
@@ -187,7 +221,7 @@ public final class ShareConsumers {
 
     /** 4 consumers on 2 partitions: all receive records, each record exactly once. */
     static void spread(String bootstrap, String topic, String group, int count) throws Exception {
-        createAndFill(bootstrap, topic, 2, count);
+        createTopic(bootstrap, topic, 2);
         int members = 4;
         Map<String, Integer> seen = new ConcurrentHashMap<>();
         Map<Integer, Integer> perConsumer = new ConcurrentHashMap<>();
@@ -219,6 +253,10 @@ public final class ShareConsumers {
             t.start();
             threads.add(t);
         }
+        // The records go in once every member holds an assignment: one that joins after the
+        // others drained the topic would receive nothing, however well the broker spreads.
+        awaitAssignedMembers(bootstrap, group, members);
+        fill(bootstrap, topic, 2, count);
         long deadline = System.nanoTime() + 90_000_000_000L;
         while (seen.size() < count && System.nanoTime() < deadline && errors.isEmpty()) {
             Thread.sleep(100);
