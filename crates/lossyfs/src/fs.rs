@@ -79,7 +79,7 @@
 //! directory, is hidden from the mount.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::ops::Range;
@@ -704,6 +704,12 @@ pub struct LossyFs {
     state: Arc<Mutex<LossyState>>,
     /// `FOPEN_*` flags of every opened file.
     open_flags: u32,
+    /// Each open directory's listing, taken at its first `readdir` and read on by offset:
+    /// the kernel reads a directory a page of entries at a time, and listing the backing
+    /// directory again for each page cost O(entries²) (minutes for a log of thousands of
+    /// segments, during which the broker's every directory operation waited).
+    listings: HashMap<u64, Vec<(u64, FileType, OsString)>>,
+    next_dir_handle: u64,
 }
 
 impl LossyFs {
@@ -712,11 +718,29 @@ impl LossyFs {
             OpenMode::DirectIo => FOPEN_DIRECT_IO,
             OpenMode::PageCache => 0,
         };
-        LossyFs { state, open_flags }
+        LossyFs { state, open_flags, listings: HashMap::new(), next_dir_handle: 1 }
     }
 
     fn state(&self) -> MutexGuard<'_, LossyState> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A directory's entries as `readdir` hands them out: `.`, `..`, then the backing
+    /// directory's (the root's trash hidden).
+    fn list(&self, ino: u64) -> Result<Vec<(u64, FileType, OsString)>, i32> {
+        let mut state = self.state();
+        let path = state.path(ino)?;
+        let entries = std::fs::read_dir(&path).map_err(|error| errno(&error))?;
+        let mut listing = vec![(ino, FileType::Directory, ".".into()), (ino, FileType::Directory, "..".into())];
+        for entry in entries.flatten() {
+            if ino == FUSE_ROOT_ID && entry.file_name() == TRASH_DIR {
+                continue;
+            }
+            let Ok(file_type) = entry.file_type() else { continue };
+            let child = state.ino_for(&entry.path());
+            listing.push((child, kind_of(file_type), entry.file_name()));
+        }
+        Ok(listing)
     }
 
     fn entry_reply(&self, path: &Path, reply: ReplyEntry) {
@@ -1045,36 +1069,36 @@ impl Filesystem for LossyFs {
     }
 
     fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        match self.state().path(ino) {
-            Ok(_) => reply.opened(0, 0),
+        let found = self.state().path(ino);
+        match found {
+            Ok(_) => {
+                let handle = self.next_dir_handle;
+                self.next_dir_handle += 1;
+                reply.opened(handle, 0)
+            }
             Err(code) => reply.error(code),
         }
     }
 
-    fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
-        let mut state = self.state();
-        let path = match state.path(ino) {
-            Ok(path) => path,
-            Err(code) => return reply.error(code),
-        };
-        let entries = match std::fs::read_dir(&path) {
-            Ok(entries) => entries,
-            Err(error) => return reply.error(errno(&error)),
-        };
-        let mut listing = vec![(ino, FileType::Directory, ".".into()), (ino, FileType::Directory, "..".into())];
-        for entry in entries.flatten() {
-            if ino == FUSE_ROOT_ID && entry.file_name() == TRASH_DIR {
-                continue;
-            }
-            let Ok(file_type) = entry.file_type() else { continue };
-            let child = state.ino_for(&entry.path());
-            listing.push((child, kind_of(file_type), entry.file_name()));
+    fn readdir(&mut self, _req: &Request<'_>, ino: u64, fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        // A rewind (offset 0) lists the directory again, as a fresh `opendir` would.
+        if offset == 0 || !self.listings.contains_key(&fh) {
+            match self.list(ino) {
+                Ok(listing) => self.listings.insert(fh, listing),
+                Err(code) => return reply.error(code),
+            };
         }
-        for (index, (child, kind, name)) in listing.into_iter().enumerate().skip(offset.max(0) as usize) {
-            if reply.add(child, index as i64 + 1, kind, name) {
+        let listing = &self.listings[&fh];
+        for (index, (child, kind, name)) in listing.iter().enumerate().skip(offset.max(0) as usize) {
+            if reply.add(*child, index as i64 + 1, *kind, name) {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    fn releasedir(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _flags: i32, reply: ReplyEmpty) {
+        self.listings.remove(&fh);
         reply.ok();
     }
 

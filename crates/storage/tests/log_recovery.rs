@@ -769,3 +769,38 @@ fn a_deleted_partition_never_comes_back_under_its_name() {
     let partition = logs.open(&tp, page_cache_config()).unwrap();
     assert_eq!(partition.offsets().log_end_offset, 0, "a new partition of the same name is empty");
 }
+
+#[test]
+fn rolls_keep_the_two_newest_producer_snapshots_and_a_reopen_uses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t-0");
+    let config = LogConfig { segment_bytes: 200, ..page_cache_config() };
+    let snapshots = |path: &std::path::Path| {
+        let mut offsets: Vec<i64> = std::fs::read_dir(path)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".snapshot")?.parse().ok())
+            .collect();
+        offsets.sort_unstable();
+        offsets
+    };
+    {
+        let partition = Partition::open(&path, config.clone()).unwrap();
+        for i in 0..30 {
+            partition.append(&batch(3, 1, Some((42, 0, 3 * i))), 0, 0).unwrap();
+        }
+        let bases: Vec<i64> = std::fs::read_dir(&path)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
+            .collect();
+        assert!(bases.len() > 10, "the test needs many rolls: {bases:?}");
+        let kept = snapshots(&path);
+        assert_eq!(kept.len(), 2, "snapshots after many rolls: {kept:?}");
+        assert_eq!(kept.last(), bases.iter().max(), "the newest snapshot is the active segment's base");
+    }
+    // The producer state comes back: a retry of the last batch is a duplicate.
+    let partition = Partition::open(&path, config).unwrap();
+    let retry = partition.append(&batch(3, 1, Some((42, 0, 87))), 0, 0).unwrap();
+    assert!(retry.duplicate, "the last batch's retry was appended again at {}", retry.base_offset);
+}

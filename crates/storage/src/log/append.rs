@@ -31,7 +31,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::recovery::{
-    capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs, write_snapshot,
+    capture_recovery_image, note_leader_epoch, recovery_image_due, write_leader_epochs, write_snapshot, SnapshotFiles,
 };
 use super::wal_link::{Control, WalLink};
 use super::{
@@ -167,7 +167,7 @@ impl RollWork {
     /// snapshot only shorten recovery, so a full disk that refuses them does not hold the
     /// roll back (without the epochs written, the sealed segment gets no index, so
     /// recovery scans it and finds its epochs in its batches).
-    fn run(&self) -> io::Result<bool> {
+    fn run(&self, snapshots: &SnapshotFiles) -> io::Result<bool> {
         let epochs_written = match &self.epochs {
             None => true,
             Some(epochs) => write_leader_epochs(&self.dir, epochs)
@@ -186,7 +186,7 @@ impl RollWork {
         // The name must be durable before the checkpoint drops the WAL's copy of its
         // batches, or a per-file fsync acknowledges them.
         crate::durable::sync_dir(&self.dir)?;
-        if let Err(error) = write_snapshot(&self.dir, self.new_base, &self.producers) {
+        if let Err(error) = write_snapshot(&self.dir, self.new_base, &self.producers, snapshots) {
             // Only a longer replay at the next start.
             tracing::warn!(dir = %self.dir.display(), %error, "could not write a producer snapshot");
         }
@@ -443,7 +443,7 @@ impl Partition {
         state.roll = Some(PendingRoll { sealing_base, new_base, producers, queued: false });
         if !state.config.fsync_before_ack() {
             let work = self.capture_roll(state)?;
-            let done = work.run();
+            let done = work.run(&self.snapshots);
             self.install_roll(state, &work, done)?;
         }
         Ok(())
@@ -482,7 +482,7 @@ impl Partition {
             }
             self.capture_roll(&mut state)?
         };
-        let done = work.run();
+        let done = work.run(&self.snapshots);
         let mut state = self.state.lock();
         self.install_roll(&mut state, &work, done)?;
         Ok(true)

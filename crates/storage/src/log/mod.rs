@@ -369,6 +369,8 @@ pub struct Partition {
     /// a cut or a reset reloads the log from its directory, which must not find a segment
     /// being deleted; one at a time, taken before the state's lock, never under it.
     head_lock: Mutex<()>,
+    /// The producer snapshot files in `dir` (see `recovery.rs::SnapshotFiles`).
+    snapshots: recovery::SnapshotFiles,
 }
 
 /// [`LogOffsets`] and the offline flag as of the last publish.

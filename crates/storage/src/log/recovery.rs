@@ -72,6 +72,7 @@ impl Partition {
             failures: OnceLock::new(),
             roll_lock: Mutex::new(()),
             head_lock: Mutex::new(()),
+            snapshots: SnapshotFiles::listed(dir),
         };
         partition.publish_offsets(&partition.state.lock());
         Ok(partition)
@@ -183,6 +184,7 @@ impl Partition {
         let high_watermark = state.high_watermark;
         state.segments.clear();
         let mut reloaded = load_state(&self.dir, config)?;
+        self.snapshots.relist(&self.dir);
         reloaded.replicated = replicated;
         // The reload fsynced what is left: unreplicated, all of it is visible (WAL replay
         // cuts such logs); replicated, never more than replication had committed.
@@ -222,6 +224,7 @@ impl Partition {
         let config = state.config.clone();
         let replicated = state.replicated;
         let mut reloaded = load_state(&self.dir, config)?;
+        self.snapshots.relist(&self.dir);
         assert_eq!(reloaded.log_end_offset, offset);
         reloaded.replicated = replicated;
         // Pending batches lie below `offset`: replay skips them, nothing to log.
@@ -241,7 +244,7 @@ impl Partition {
         let log_end_offset = state.log_end_offset;
         let active = state.segments.values_mut().next_back().expect("active segment");
         active.seal(true)?;
-        write_snapshot(&self.dir, log_end_offset, &state.producers)?;
+        write_snapshot(&self.dir, log_end_offset, &state.producers, &self.snapshots)?;
         crate::durable::sync_path(&self.dir.join(snapshot_file_name(log_end_offset)))?;
         crate::durable::sync_dir(&self.dir)
     }
@@ -530,15 +533,49 @@ struct ProducerSnapshot {
     producers: ProducerStateTable,
 }
 
-pub(super) fn write_snapshot(dir: &Path, offset: i64, producers: &ProducerStateTable) -> io::Result<()> {
+/// The producer snapshots in a partition's directory, by offset, ascending: listed when the
+/// log is loaded from its directory (open, cut, reset), then kept as snapshots are written
+/// and deleted, so a roll neither lists the directory (thousands of segment files) nor
+/// keeps more than [`SNAPSHOTS_KEPT`]. A leaf lock: nothing else is locked under it.
+pub(super) struct SnapshotFiles(Mutex<Vec<i64>>);
+
+impl SnapshotFiles {
+    pub(super) fn listed(dir: &Path) -> SnapshotFiles {
+        SnapshotFiles(Mutex::new(list_snapshots(dir)))
+    }
+
+    pub(super) fn relist(&self, dir: &Path) {
+        *self.0.lock() = list_snapshots(dir);
+    }
+
+    /// Notes the snapshot at `offset` written; returns the oldest ones past [`SNAPSHOTS_KEPT`],
+    /// forgotten here, for the caller to delete.
+    fn note_written(&self, offset: i64) -> Vec<i64> {
+        let mut offsets = self.0.lock();
+        if let Err(position) = offsets.binary_search(&offset) {
+            offsets.insert(position, offset);
+        }
+        let excess = offsets.len().saturating_sub(SNAPSHOTS_KEPT);
+        // The newest are kept: `offset` itself goes when a roll and a recovery image wrote
+        // newer ones meanwhile.
+        let dropped: Vec<i64> = offsets.drain(..excess).collect();
+        assert!(offsets.len() <= SNAPSHOTS_KEPT);
+        dropped
+    }
+}
+
+pub(super) fn write_snapshot(
+    dir: &Path,
+    offset: i64,
+    producers: &ProducerStateTable,
+    known: &SnapshotFiles,
+) -> io::Result<()> {
     let snapshot = ProducerSnapshot { version: 1, offset, producers: producers.clone() };
     let body = serde_json::to_vec(&snapshot).map_err(io::Error::other)?;
     // Durable before it is named: a snapshot that a crash emptied would cost every restart
     // a warning and a replay of the whole log instead of its tail.
     crate::write_file_atomically(&dir.join(snapshot_file_name(offset)), &body)?;
-    let mut snapshots = list_snapshots(dir);
-    while snapshots.len() > SNAPSHOTS_KEPT {
-        let oldest = snapshots.remove(0);
+    for oldest in known.note_written(offset) {
         let _ = std::fs::remove_file(dir.join(snapshot_file_name(oldest)));
     }
     Ok(())
@@ -629,7 +666,7 @@ impl Partition {
         // Under the lock: a cut, which removes the index, cannot come in between.
         write_leader_epochs_if_unwritten(&self.dir, &mut state)?;
         std::fs::rename(&staged, &image.index_path)?;
-        write_snapshot(&self.dir, image.log_end_offset, &image.producers)?;
+        write_snapshot(&self.dir, image.log_end_offset, &image.producers, &self.snapshots)?;
         state.recovery_image = (image.base_offset, image.covered);
         Ok(())
     }
