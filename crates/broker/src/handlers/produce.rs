@@ -296,6 +296,17 @@ fn panics_for_tests(topic: &str) -> bool {
     TOPIC.get_or_init(|| std::env::var(PANIC_ON_PRODUCE_ENV).ok()).as_deref() == Some(topic)
 }
 
+/// Runs `work`, which waits for the disk (a segment roll the append must finish: fsyncs,
+/// renames), with this runtime worker's other tasks handed to another thread meanwhile
+/// (tokio's `block_in_place`), so the connections it serves do not wait for this
+/// partition's disk. A current-thread runtime (tests) runs it in place.
+fn wait_off_the_runtime(work: &mut dyn FnMut() -> std::io::Result<bool>) -> std::io::Result<bool> {
+    match tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 /// Appends one batch and asks for its fsync if the topic fsyncs before acknowledging.
 fn append_one(
     broker: &Broker,
@@ -306,7 +317,7 @@ fn append_one(
     topic: &str,
     partition: i32,
 ) -> Result<sluice_storage::AppendOutcome, ProduceRefusal> {
-    match log.append(records, leader_epoch, now_ms) {
+    match log.append_waiting_in(records, leader_epoch, now_ms, wait_off_the_runtime) {
         Ok(outcome) => {
             if outcome.needs_sync {
                 broker.logs.syncer().schedule(log);

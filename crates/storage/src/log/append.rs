@@ -200,16 +200,38 @@ impl Partition {
         self.after_rolls(|| self.append_once(batch, leader_epoch, now_ms))
     }
 
+    /// As [`Partition::append`], but a roll the batch must wait for (see
+    /// [`Partition::after_rolls`]) is finished inside `waiting`: the broker's request
+    /// threads pass tokio's `block_in_place`, so their other connections go on meanwhile.
+    pub fn append_waiting_in(
+        &self,
+        batch: &Bytes,
+        leader_epoch: i32,
+        now_ms: i64,
+        waiting: impl Fn(&mut dyn FnMut() -> io::Result<bool>) -> io::Result<bool>,
+    ) -> Result<AppendOutcome, AppendError> {
+        self.after_rolls_in(|| self.append_once(batch, leader_epoch, now_ms), waiting)
+    }
+
     /// Runs `attempt` (an append under the log's lock) again after finishing the roll in
     /// progress, for as long as it needs that roll finished: its batch found the new
     /// segment full already ([`RollInProgress`]). An attempt that stops so has changed
     /// nothing that a second one does not redo the same way. A roll that cannot finish (the
     /// log went offline or was deleted) ends the append.
-    fn after_rolls<T>(&self, mut attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
+    fn after_rolls<T>(&self, attempt: impl FnMut() -> Result<T, AppendError>) -> Result<T, AppendError> {
+        self.after_rolls_in(attempt, |roll| roll())
+    }
+
+    /// [`Partition::after_rolls`], finishing each roll inside `waiting`.
+    fn after_rolls_in<T>(
+        &self,
+        mut attempt: impl FnMut() -> Result<T, AppendError>,
+        waiting: impl Fn(&mut dyn FnMut() -> io::Result<bool>) -> io::Result<bool>,
+    ) -> Result<T, AppendError> {
         loop {
             match attempt() {
                 Err(AppendError::Storage(error)) if is_roll_in_progress(&error) => {
-                    if !self.complete_roll()? {
+                    if !waiting(&mut || self.complete_roll())? {
                         return Err(AppendError::Offline);
                     }
                 }
