@@ -339,6 +339,19 @@ def wait_for_text(driver: webdriver.Chrome, css: str, text: str, timeout: float 
         time.sleep(0.05)
 
 
+def current_text(driver: webdriver.Chrome, css: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The rendered text of the first element matching `css`, found again when the page
+    replaced the element between finding and reading it (a re-render while it is polled)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return driver.find_element(By.CSS_SELECTOR, css).text
+        except StaleElementReferenceException:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def screenshot(driver: webdriver.Chrome, path, full_page: bool = False) -> Path:
     """A PNG of the viewport (or of the whole page, full_page=True) at `path`, e.g. for the docs."""
     path = Path(path)

@@ -25,7 +25,7 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-from browser_support import browser, phone_size, screenshot, wait_for_element, wait_for_text  # noqa: F401
+from browser_support import browser, current_text, phone_size, screenshot, wait_for_element, wait_for_text  # noqa: F401
 from conftest import REPO, free_port
 from test_security import add_user, start_secure_broker
 
@@ -413,9 +413,9 @@ def test_a_topic_is_searched_on_the_broker_with_progress_and_a_cap(broker_factor
         browser.find_element(By.ID, "search").click()
         wait_for_element(browser, "#search-state")
         deadline = time.monotonic() + 30
-        while browser.find_element(By.ID, "search-state").text == "searching" and time.monotonic() < deadline:
+        while current_text(browser, "#search-state") == "searching" and time.monotonic() < deadline:
             time.sleep(0.3)
-        return browser.find_element(By.ID, "search-state").text
+        return current_text(browser, "#search-state")
 
     # One key among 3,000, found on the broker: every record read, one row shipped.
     assert search(**{"search-text": "ORDER-2999", "search-field": "key"}) == "done: every record read"
