@@ -71,6 +71,9 @@ pub const VOTERS_MAX: usize = 7;
 const FENCE_GRACE_HEARTBEATS: u32 = 2;
 /// Bound on one forwarded write or heartbeat exchange.
 const FORWARD_TIMEOUT_MS_MAX: u64 = 5_000;
+/// How long a command waits for the `metadata.version` it needs to be finalized before it
+/// is refused: a few registration rounds of a forming cluster.
+const FINALIZE_WAIT_MS_MAX: u64 = 5_000;
 /// Pause between write retries while there is no leader.
 const WRITE_RETRY_BACKOFF_MS: u64 = 50;
 /// Period of the active controller's liveness check.
@@ -648,12 +651,30 @@ impl Controller {
     /// Proposes `command` through the current leader and waits until it is applied here.
     /// Every attempt carries the same request id, so a retry after an unknown outcome (lost
     /// answer, leader change) returns the first application's result instead of applying twice.
+    /// The finalized `metadata.version`, once it reaches `required` or after at most
+    /// [`FINALIZE_WAIT_MS_MAX`] (never past `deadline`). A new cluster finalizes its version
+    /// moments after it is ready, once every member registered: a command sent at once
+    /// waits for that. In a cluster of mixed binaries the version stays, and the wait ends.
+    async fn metadata_version_reaching(&self, required: u16, deadline: Instant) -> u16 {
+        let mut metadata = self.metadata();
+        let finalized = metadata.borrow().metadata_version();
+        if finalized >= required || required > crate::metadata::METADATA_VERSION_LATEST {
+            return finalized;
+        }
+        let wait_end = deadline.min(Instant::now() + Duration::from_millis(FINALIZE_WAIT_MS_MAX));
+        let reached = metadata.wait_for(|metadata| metadata.metadata_version() >= required);
+        let _ = tokio::time::timeout_at(wait_end.into(), reached).await;
+        let finalized = metadata.borrow().metadata_version();
+        finalized
+    }
+
     async fn write(&self, command: Command) -> Result<CommandOutput, ControllerError> {
         let shared = &self.shared;
+        let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
         // Refused here, not only when applied: the active controller may still run an
         // older binary that cannot even read this command.
-        let finalized = self.metadata().borrow().metadata_version();
         let required = command.required_metadata_version();
+        let finalized = self.metadata_version_reaching(required, deadline).await;
         if required > finalized {
             return Err(ControllerError::Refused(crate::MetadataError::UnsupportedMetadataVersion {
                 required,
@@ -661,7 +682,6 @@ impl Controller {
             }));
         }
         let proposal = Proposal::new(command);
-        let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
         let mut hint: Option<i32> = None;
         loop {
             if shared.shut_down.load(Ordering::SeqCst) {

@@ -508,3 +508,16 @@ async fn an_observer_becomes_a_voter_and_a_voter_leaves_while_writes_go_on() {
     assert!(quorum_ids(&quorum).0.contains(&4), "{quorum:?}");
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_accepts_its_newest_commands_as_soon_as_it_is_ready() {
+    // A brand-new cluster finalizes its metadata.version once every member registered,
+    // moments after it is ready: a command that needs the newest version, sent at once,
+    // waits for that instead of being refused as if a node ran an older binary.
+    let cluster = Cluster::start(3).await;
+    let node = &cluster.nodes[&cluster.follower().await];
+    let puts = BTreeMap::from([("queue//first".to_string(), "{}".to_string())]);
+    node.alter_amqp_state(None, puts, Vec::new()).await.unwrap();
+    assert_eq!(node.metadata().borrow().metadata_version(), sluice_cluster::METADATA_VERSION_LATEST);
+    cluster.shutdown().await;
+}

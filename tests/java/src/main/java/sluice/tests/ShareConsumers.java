@@ -45,9 +45,10 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * tests/python/test_share_groups.py. Modes ({@code --mode}):
  *
  * <ul>
- *   <li>{@code spread}: 4 consumers of one group on a 2-partition topic of {@code --count}
- *       records (implicit acknowledgement): every consumer receives records, and every record
- *       is delivered exactly once.</li>
+ *   <li>{@code spread}: 4 consumers of one group on a 2-partition topic of at least
+ *       {@code --count} records (implicit acknowledgement; more are produced until every
+ *       consumer received some): every consumer receives records, and every record is
+ *       delivered exactly once.</li>
  *   <li>{@code ack-types}: explicit acknowledgement on a 1-partition topic of 4 records:
  *       released records come back with delivery count 2, rejected ones never; a record
  *       released at the group's delivery limit (2) is archived; a record whose lock expires
@@ -147,12 +148,16 @@ public final class ShareConsumers {
         }
     }
 
+    static KafkaProducer<byte[], byte[]> producer(String bootstrap) {
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        return new KafkaProducer<>(p);
+    }
+
     static void fill(String bootstrap, String topic, int partitions, int count) {
-        Properties pp = new Properties();
-        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-        pp.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+        try (KafkaProducer<byte[], byte[]> producer = producer(bootstrap)) {
             for (int i = 0; i < count; i++) {
                 byte[] key = ("k-" + i).getBytes(UTF_8);
                 producer.send(new ProducerRecord<>(topic, i % partitions, key, key));
@@ -253,12 +258,14 @@ public final class ShareConsumers {
             t.start();
             threads.add(t);
         }
-        // The records go in once every member holds an assignment: one that joins after the
-        // others drained the topic would receive nothing, however well the broker spreads.
+        // The records go in once every member holds an assignment, and keep coming (past
+        // `count` if need be) until every member received some: a member whose first fetch
+        // comes after the others drained the topic would receive nothing, however well the
+        // broker spreads.
         awaitAssignedMembers(bootstrap, group, members);
-        fill(bootstrap, topic, 2, count);
+        int produced = fillUntilAllReceive(bootstrap, topic, count, perConsumer, members);
         long deadline = System.nanoTime() + 90_000_000_000L;
-        while (seen.size() < count && System.nanoTime() < deadline && errors.isEmpty()) {
+        while (seen.size() < produced && System.nanoTime() < deadline && errors.isEmpty()) {
             Thread.sleep(100);
         }
         // Give redeliveries (there must be none) a moment to show up.
@@ -266,13 +273,38 @@ public final class ShareConsumers {
         stop.set(true);
         for (Thread t : threads) t.join(30_000);
         check(errors.isEmpty(), "consumer errors: " + errors);
-        log("PER_CONSUMER " + perConsumer);
-        checkEq(count, seen.size(), "distinct records received");
+        log("PER_CONSUMER " + perConsumer + " of " + produced);
+        checkEq(produced, seen.size(), "distinct records received");
         List<String> twice = seen.entrySet().stream().filter(e -> e.getValue() > 1).map(Map.Entry::getKey).toList();
         check(twice.isEmpty(), "records delivered more than once: " + twice);
         for (int i = 0; i < members; i++) {
             check(perConsumer.getOrDefault(i, 0) > 0, "consumer " + i + " received nothing: " + perConsumer);
         }
+    }
+
+    /**
+     * Produces `count` records over 2 partitions in batches of 20, then more batches, paced,
+     * until `members` consumers appear in `perConsumer` (for at most 60 s). Returns how many
+     * records it produced.
+     */
+    static int fillUntilAllReceive(
+            String bootstrap, String topic, int count, Map<Integer, Integer> perConsumer, int members)
+            throws InterruptedException {
+        long deadline = System.nanoTime() + 60_000_000_000L;
+        int produced = 0;
+        try (KafkaProducer<byte[], byte[]> producer = producer(bootstrap)) {
+            while (produced < count || (perConsumer.size() < members && System.nanoTime() < deadline)) {
+                for (int i = 0; i < 20; i++, produced++) {
+                    byte[] key = ("k-" + produced).getBytes(UTF_8);
+                    producer.send(new ProducerRecord<>(topic, produced % 2, key, key));
+                }
+                // Batches of about 10 records per partition: acquisition hands out whole
+                // batches (Kafka's batch_optimized mode), so small ones spread over members.
+                producer.flush();
+                if (produced >= count) Thread.sleep(50);
+            }
+        }
+        return produced;
     }
 
     /** Polls `c` until it returns at least one record (or fails after 30 s). */
@@ -327,11 +359,7 @@ public final class ShareConsumers {
         log("ACK_TYPES_OK");
         // Lock expiry: a consumer holds a new record without acknowledging it; after the lock
         // duration (2 s) another consumer gets it with delivery count 2.
-        Properties pp = new Properties();
-        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-        pp.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+        try (KafkaProducer<byte[], byte[]> producer = producer(bootstrap)) {
             byte[] key = "k-held".getBytes(UTF_8);
             producer.send(new ProducerRecord<>(topic, 0, key, key)).get();
         }
