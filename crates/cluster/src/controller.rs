@@ -648,9 +648,6 @@ impl Controller {
         tracing::info!(node_id = self.shared.config.node_id, "controller shut down");
     }
 
-    /// Proposes `command` through the current leader and waits until it is applied here.
-    /// Every attempt carries the same request id, so a retry after an unknown outcome (lost
-    /// answer, leader change) returns the first application's result instead of applying twice.
     /// The finalized `metadata.version`, once it reaches `required` or after at most
     /// [`FINALIZE_WAIT_MS_MAX`] (never past `deadline`). A new cluster finalizes its version
     /// moments after it is ready, once every member registered: a command sent at once
@@ -668,6 +665,9 @@ impl Controller {
         finalized
     }
 
+    /// Proposes `command` through the current leader and waits until it is applied here.
+    /// Every attempt carries the same request id, so a retry after an unknown outcome (lost
+    /// answer, leader change) returns the first application's result instead of applying twice.
     async fn write(&self, command: Command) -> Result<CommandOutput, ControllerError> {
         let shared = &self.shared;
         let deadline = Instant::now() + Duration::from_millis(shared.config.write_timeout_ms);
