@@ -17,6 +17,7 @@ import pika
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from cluster_support import wait_for
 from conftest import Broker, free_port
 from java_support import java_cp, run_java  # noqa: F401  (java_cp is a fixture)
 
@@ -700,7 +701,8 @@ def test_amqp_and_amqps_ports_are_named_in_listeners(tmp_path):
         "--override", f"listeners=PLAINTEXT://127.0.0.1:{kafka},AMQP://127.0.0.1:{amqp},AMQPS://127.0.0.1:{amqps}",
         "--override", f"ssl.keystore.location={pki.server}"]).start()
     try:
-        assert f"AMQP 0-9-1 at amqps://127.0.0.1:{amqps}/" in broker.log()
+        # The broker is started once its Kafka port answers; the AMQP listeners log a moment later.
+        wait_for("the AMQPS listener's log line", lambda: f"AMQP 0-9-1 at amqps://127.0.0.1:{amqps}/" in broker.log())
         plain = connect(amqp)
         plain.channel().queue_declare("over-tls", durable=True)
         plain.channel().basic_publish("", "over-tls", b"plain")
