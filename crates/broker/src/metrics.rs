@@ -355,7 +355,7 @@ impl Metrics {
             "Memory of the active segments' tails: their newest bytes, read by tailing consumers and written to the segment files with direct I/O",
         );
         let segment_tail_written_bytes = counters::<WriteModeLabels>(&mut registry, "segment_tail_written_bytes", "Bytes the segments' tails wrote to their files, by how: direct (direct I/O) or page_cache (log_segment_direct_io off, a filesystem without O_DIRECT, or a batch that found the tails' memory full)");
-        let segment_tail_full_appends = counter(&mut registry, "segment_tail_full_appends", "Batches appended through the page cache on the request path because the tails' memory (TAIL_MEMORY_BYTES_MAX) was full; each also wrote what its segment's tail held");
+        let segment_tail_full_appends = counter(&mut registry, "segment_tail_full_appends", "Batches appended through the page cache on the request path because the tails' memory (tail_memory_bytes_max) was full; each also wrote what its segment's tail held");
         let segment_files_open = gauge(
             &mut registry,
             "segment_files_open",

@@ -7,10 +7,13 @@
 //! and appends the payload's `Bytes` itself. The chunks then go to the socket with a
 //! vectored write.
 //!
-//! Records to be sent straight from a segment file (`sendfile`, plaintext connections) are
-//! not in memory at all: the response carries a placeholder of their length
-//! ([`file_placeholder`], bytes that are never read) and the encoder swaps it for a
-//! [`ResponseChunk::File`]. The codec only sees a slice of the right length.
+//! Records that are not one buffer are spliced in: records to be sent straight from a
+//! segment file (`sendfile`, plaintext connections) are not in memory at all, and records
+//! read across several tail chunks are in several buffers. The response carries a
+//! placeholder of their length ([`records_placeholder`], bytes that are never read) and the
+//! encoder swaps it for what it stands for ([`Spliced`]): a [`ResponseChunk::File`], or the
+//! buffers as [`ResponseChunk::Bytes`] one after the other. The codec only sees a slice of
+//! the right length.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -23,10 +26,10 @@ use kafka_protocol::protocol::buf::ByteBufMut;
 pub const ZERO_COPY_BYTES_MIN: usize = 4096;
 const CHUNK_CAPACITY_BYTES: usize = 4096;
 
-/// File chunks one response may carry (placeholders are told apart by their address).
-pub const FILE_CHUNKS_MAX: usize = 4096;
-/// The longest file chunk: a read never returns more (the storage's `READ_BYTES_MAX`).
-pub const FILE_CHUNK_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Placeholders one response may carry (they are told apart by their address).
+pub const PLACEHOLDERS_MAX: usize = 4096;
+/// The longest placeholder: a read never returns more (the storage's `READ_BYTES_MAX`).
+pub const PLACEHOLDER_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Placeholders are slices of this: placeholder `i` starts at byte `i`. It is never read
 /// (the encoder recognises placeholders by address), so its pages are never touched.
 ///
@@ -35,7 +38,7 @@ pub const FILE_CHUNK_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// mutability is placed in `.bss`, which takes no room in the file and, untouched, no
 /// memory either.
 static PLACEHOLDERS: Placeholders = Placeholders(std::cell::UnsafeCell::new([0; PLACEHOLDERS_BYTES]));
-const PLACEHOLDERS_BYTES: usize = FILE_CHUNKS_MAX + FILE_CHUNK_BYTES_MAX;
+const PLACEHOLDERS_BYTES: usize = PLACEHOLDERS_MAX + PLACEHOLDER_BYTES_MAX;
 
 struct Placeholders(std::cell::UnsafeCell<[u8; PLACEHOLDERS_BYTES]>);
 
@@ -80,18 +83,40 @@ pub struct FileChunk {
     pub length: usize,
 }
 
-/// The placeholder that stands for file chunk `index` (of `length` bytes) in a response's
-/// records; `None` beyond [`FILE_CHUNKS_MAX`] chunks or [`FILE_CHUNK_BYTES_MAX`] bytes.
-pub fn file_placeholder(index: usize, length: usize) -> Option<Bytes> {
-    (index < FILE_CHUNKS_MAX && length <= FILE_CHUNK_BYTES_MAX)
+/// What a placeholder in a response's records stands for.
+#[derive(Debug, Clone)]
+pub enum Spliced {
+    File(FileChunk),
+    /// Buffers sent one after the other.
+    Parts(Vec<Bytes>),
+}
+
+impl Spliced {
+    pub fn len(&self) -> usize {
+        match self {
+            Spliced::File(file) => file.length,
+            Spliced::Parts(parts) => parts.iter().map(Bytes::len).sum(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The placeholder that stands for spliced records `index` (of `length` bytes) in a
+/// response's records; `None` beyond [`PLACEHOLDERS_MAX`] of them or
+/// [`PLACEHOLDER_BYTES_MAX`] bytes.
+pub fn records_placeholder(index: usize, length: usize) -> Option<Bytes> {
+    (index < PLACEHOLDERS_MAX && length <= PLACEHOLDER_BYTES_MAX)
         .then(|| Bytes::from_static(&PLACEHOLDERS.bytes()[index..index + length]))
 }
 
-/// Which file chunk `src` stands for, if it is a placeholder.
+/// Which spliced records `src` stands for, if it is a placeholder.
 fn placeholder_index(src: &[u8]) -> Option<usize> {
     let base = PLACEHOLDERS.bytes().as_ptr() as usize;
     let at = (src.as_ptr() as usize).checked_sub(base)?;
-    (at < FILE_CHUNKS_MAX && !src.is_empty()).then_some(at)
+    (at < PLACEHOLDERS_MAX && !src.is_empty()).then_some(at)
 }
 
 pub struct ChunkedBuf {
@@ -99,19 +124,19 @@ pub struct ChunkedBuf {
     current: BytesMut,
     /// Payloads that may be referenced rather than copied.
     payloads: Vec<Bytes>,
-    /// The file chunks placeholders stand for, by index.
-    files: Vec<FileChunk>,
+    /// What placeholders stand for, by index.
+    spliced: Vec<Spliced>,
     length: usize,
 }
 
 impl ChunkedBuf {
-    pub fn new(payloads: Vec<Bytes>, files: Vec<FileChunk>) -> ChunkedBuf {
-        assert!(files.len() <= FILE_CHUNKS_MAX);
+    pub fn new(payloads: Vec<Bytes>, spliced: Vec<Spliced>) -> ChunkedBuf {
+        assert!(spliced.len() <= PLACEHOLDERS_MAX);
         ChunkedBuf {
             done: Vec::new(),
             current: BytesMut::with_capacity(CHUNK_CAPACITY_BYTES),
             payloads,
-            files,
+            spliced,
             length: 0,
         }
     }
@@ -164,10 +189,13 @@ unsafe impl BufMut for ChunkedBuf {
 
     fn put_slice(&mut self, src: &[u8]) {
         if let Some(index) = placeholder_index(src) {
-            let file = self.files.get(index).expect("a placeholder stands for a registered file chunk").clone();
-            assert_eq!(file.length, src.len(), "a placeholder has its file chunk's length");
+            let spliced = self.spliced.get(index).expect("a placeholder stands for registered records").clone();
+            assert_eq!(spliced.len(), src.len(), "a placeholder has its records' length");
             self.close_chunk();
-            self.done.push(ResponseChunk::File(file));
+            match spliced {
+                Spliced::File(file) => self.done.push(ResponseChunk::File(file)),
+                Spliced::Parts(parts) => self.done.extend(parts.into_iter().map(ResponseChunk::Bytes)),
+            }
         } else if let Some(payload) = self.registered(src) {
             self.close_chunk();
             self.done.push(ResponseChunk::Bytes(payload));
@@ -231,10 +259,10 @@ mod tests {
     #[test]
     fn placeholders_become_their_file_chunks() {
         let file = Arc::new(tempfile_with(b"0123456789"));
-        let chunk = |position, length| FileChunk { file: file.clone(), position, length };
-        let files = vec![chunk(0, 70_000), chunk(5, 70_000)];
-        let (first, second) = (file_placeholder(0, 70_000).unwrap(), file_placeholder(1, 70_000).unwrap());
-        let mut buf = ChunkedBuf::new(vec![first.clone(), second.clone()], files);
+        let chunk = |position, length| Spliced::File(FileChunk { file: file.clone(), position, length });
+        let spliced = vec![chunk(0, 70_000), chunk(5, 70_000)];
+        let (first, second) = (records_placeholder(0, 70_000).unwrap(), records_placeholder(1, 70_000).unwrap());
+        let mut buf = ChunkedBuf::new(vec![first.clone(), second.clone()], spliced);
         buf.put_u8(1);
         buf.put_slice(&second);
         buf.put_slice(&first);
@@ -248,8 +276,31 @@ mod tests {
             })
             .collect();
         assert_eq!(positions, [None, Some(5), Some(0)]);
-        assert!(file_placeholder(FILE_CHUNKS_MAX, 1).is_none());
-        assert!(file_placeholder(0, FILE_CHUNK_BYTES_MAX + 1).is_none());
+        assert!(records_placeholder(PLACEHOLDERS_MAX, 1).is_none());
+        assert!(records_placeholder(0, PLACEHOLDER_BYTES_MAX + 1).is_none());
+    }
+
+    #[test]
+    fn a_placeholder_of_parts_becomes_the_parts_themselves() {
+        let parts = vec![Bytes::from(vec![1u8; 6000]), Bytes::from(vec![2u8; 100]), Bytes::from(vec![3u8; 9000])];
+        let placeholder = records_placeholder(0, 15_100).unwrap();
+        let mut buf = ChunkedBuf::new(vec![placeholder.clone()], vec![Spliced::Parts(parts.clone())]);
+        buf.put_u8(1);
+        buf.put_slice(&placeholder);
+        buf.put_u8(9);
+        let chunks: Vec<Bytes> = buf
+            .into_chunks()
+            .into_iter()
+            .map(|chunk| match chunk {
+                ResponseChunk::Bytes(bytes) => bytes,
+                ResponseChunk::File(_) => panic!("no file was registered"),
+            })
+            .collect();
+        assert_eq!(chunks.len(), 5);
+        for (chunk, part) in chunks[1..4].iter().zip(&parts) {
+            assert_eq!((chunk.as_ptr(), chunk.len()), (part.as_ptr(), part.len()), "parts are not copied");
+        }
+        assert_eq!((&chunks[0][..], &chunks[4][..]), (&[1u8][..], &[9u8][..]));
     }
 
     fn tempfile_with(content: &[u8]) -> File {

@@ -18,7 +18,8 @@ mod versions;
 
 pub use crate::alloc_guard::{GuardedAllocator, LAZY_ALLOCATION_BYTES_MIN};
 pub use crate::chunked::{
-    file_placeholder, ChunkedBuf, FileChunk, ResponseChunk, FILE_CHUNKS_MAX, FILE_CHUNK_BYTES_MAX, ZERO_COPY_BYTES_MIN,
+    records_placeholder, ChunkedBuf, FileChunk, ResponseChunk, Spliced, PLACEHOLDERS_MAX, PLACEHOLDER_BYTES_MAX,
+    ZERO_COPY_BYTES_MIN,
 };
 pub use crate::client::{decode_response, encode_request};
 pub use crate::frame::{decode_frame, peek_frame, FrameError, FrameHead, FRAME_API_KEY_BYTES, FRAME_SIZE_PREFIX_BYTES};

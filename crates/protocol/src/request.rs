@@ -4,7 +4,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
-use crate::chunked::{ChunkedBuf, FileChunk, ResponseChunk, ZERO_COPY_BYTES_MIN};
+use crate::chunked::{ChunkedBuf, ResponseChunk, Spliced, ZERO_COPY_BYTES_MIN};
 use crate::share_wire;
 use crate::versions::supported_range;
 
@@ -82,7 +82,7 @@ pub fn encode_response(
     api_version: i16,
     correlation_id: i32,
     body: &ResponseKind,
-    files: Vec<FileChunk>,
+    spliced: Vec<Spliced>,
 ) -> anyhow::Result<Vec<ResponseChunk>> {
     let header_version = if api_key == ApiKey::ApiVersions { 0 } else { api_key.response_header_version(api_version) };
     let mut header = ResponseHeader::default();
@@ -92,7 +92,7 @@ pub fn encode_response(
         let large = |records: &&Bytes| records.len() >= ZERO_COPY_BYTES_MIN;
         let partitions = fetch.responses.iter().flat_map(|t| t.partitions.iter());
         let payloads = partitions.filter_map(|p| p.records.as_ref().filter(large).cloned()).collect();
-        let mut out = ChunkedBuf::new(payloads, files);
+        let mut out = ChunkedBuf::new(payloads, spliced);
         header.encode(&mut out, header_version)?;
         fetch.encode(&mut out, api_version)?;
         let size = i32::try_from(out.len())?;
@@ -100,7 +100,7 @@ pub fn encode_response(
         chunks.extend(out.into_chunks());
         return Ok(chunks);
     }
-    anyhow::ensure!(files.is_empty(), "only fetch responses carry file chunks");
+    anyhow::ensure!(spliced.is_empty(), "only fetch responses carry spliced records");
     let mut out = BytesMut::with_capacity(256);
     out.put_i32(0);
     header.encode(&mut out, header_version)?;

@@ -20,6 +20,7 @@ pub mod durable;
 mod log;
 mod manager;
 mod page_cache;
+mod process_memory;
 mod producer_state;
 mod records;
 mod segment;

@@ -49,7 +49,7 @@
 //! broker leaves direct writes off there, see `durable::direct_io_trusted`), gets the same
 //! writes through the page cache.
 //!
-//! Memory: every chunk of the process counts against [`TAIL_MEMORY_BYTES_MAX`] until its
+//! Memory: every chunk of the process counts against [`tail_memory_bytes_max`] until its
 //! last reader drops it; a chunk that does not fit is not made, and the segment writes
 //! through the page cache instead.
 
@@ -74,20 +74,25 @@ pub const PAGE_BYTES: usize = 4096;
 pub const TAIL_CHUNK_BYTES_MIN: usize = 8 * 1024;
 /// The largest chunk (a batch larger than this gets a chunk of its own size).
 pub const TAIL_CHUNK_BYTES_MAX: usize = 1024 * 1024;
-/// All chunks of the process together, readers' included.
-pub const TAIL_MEMORY_BYTES_MAX: usize = 1024 * 1024 * 1024;
-/// With direct I/O, frozen chunks stay for readers behind the end (once written) while all
-/// chunks of the process hold less than this; past it, a segment that starts a chunk lets
-/// its go. Through the page cache, which keeps those bytes for such readers, a segment
-/// keeps [`TAIL_FROZEN_CHUNKS_PAGE_CACHE`].
-pub const TAIL_RETAINED_BYTES_MAX: usize = 768 * 1024 * 1024;
+/// The least [`tail_memory_bytes_max`] gives all chunks of the process together.
+pub const TAIL_MEMORY_BYTES_FLOOR: usize = 256 * 1024 * 1024;
+/// The most [`tail_memory_bytes_max`] gives all chunks of the process together: 13 s of a
+/// 300 MB/s ingest, more than a consumer group's rebalance holds its readers back.
+pub const TAIL_MEMORY_BYTES_CEILING: usize = 4 * 1024 * 1024 * 1024;
+/// [`tail_memory_bytes_max`] is this fraction of the memory the process may use.
+const TAIL_MEMORY_SHARE_DIVISOR: usize = 6;
+/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`] kept for the next ones, at most (outside
+/// [`tail_memory_bytes_max`]): at the peak a busy partition starts such a chunk every few
+/// hundred milliseconds, and memory fresh from the kernel costs a page fault and a zeroed
+/// page every 4 KiB.
+pub const TAIL_CHUNK_POOL_MAX: usize = 64;
 /// Frozen chunks a segment keeps at most with direct I/O, however much memory is free.
 pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// With direct I/O, a written frozen chunk goes once this long has passed since it froze
 /// (checked when a chunk starts), unless a reader lags ([`TAIL_READER_LAGGING_MS`]):
 /// readers a moment behind find their bytes in memory, and a slow partition holds no more
 /// than through the page cache (at 10,000 partitions of 1 msg/s the tails would otherwise
-/// keep [`TAIL_RETAINED_BYTES_MAX`]).
+/// keep [`tail_retained_bytes_max`]).
 pub const TAIL_FROZEN_RETAIN_MS: i64 = 2000;
 /// A reader of a chunk that froze this long ago lags: for [`READER_BEHIND_RETAIN_MS`] frozen
 /// chunks stay past [`TAIL_FROZEN_RETAIN_MS`] (within the count and memory bounds), so it
@@ -150,6 +155,32 @@ impl Drop for KeptDirect {
     }
 }
 
+/// What all chunks of the process may hold together, readers' included: a share of the
+/// memory the process may use, within [[`TAIL_MEMORY_BYTES_FLOOR`],
+/// [`TAIL_MEMORY_BYTES_CEILING`]]. A chunk that does not fit is not made.
+///
+/// Why that much: readers held back a few seconds (a consumer group's rebalance at the
+/// start of a run; a consumer restarting) then read their backlog from memory. Read from the
+/// disk instead, at the peak a backlog drains slower than producers add to it, so such
+/// readers never catch up; Kafka's readers find it in the page cache, which takes all the
+/// memory that is free.
+pub fn tail_memory_bytes_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let share = crate::process_memory::usable_memory_bytes() / TAIL_MEMORY_SHARE_DIVISOR;
+        share.clamp(TAIL_MEMORY_BYTES_FLOOR, TAIL_MEMORY_BYTES_CEILING)
+    })
+}
+
+/// With direct I/O, frozen chunks stay for readers behind the end (once written) while all
+/// chunks of the process hold less than this (three quarters of [`tail_memory_bytes_max`],
+/// the rest for the last chunks that take appends); past it, a segment that starts a chunk
+/// lets its go. Through the page cache, which keeps those bytes for such readers, a segment
+/// keeps [`TAIL_FROZEN_CHUNKS_PAGE_CACHE`].
+fn tail_retained_bytes_max() -> usize {
+    tail_memory_bytes_max() / 4 * 3
+}
+
 /// Bytes all segments' tail chunks hold now (readers' included).
 pub fn tail_memory_bytes() -> usize {
     TAIL_MEMORY_BYTES.load(Ordering::Relaxed)
@@ -198,16 +229,19 @@ unsafe impl Send for ChunkShared {}
 unsafe impl Sync for ChunkShared {}
 
 impl ChunkShared {
-    /// `None` when the process's chunks would exceed [`TAIL_MEMORY_BYTES_MAX`].
+    /// `None` when the process's chunks would exceed [`tail_memory_bytes_max`].
     fn allocate(capacity: usize) -> Option<Arc<ChunkShared>> {
         assert!(capacity > 0 && capacity.is_multiple_of(PAGE_BYTES));
-        if TAIL_MEMORY_BYTES.fetch_add(capacity, Ordering::Relaxed) + capacity > TAIL_MEMORY_BYTES_MAX {
+        if TAIL_MEMORY_BYTES.fetch_add(capacity, Ordering::Relaxed) + capacity > tail_memory_bytes_max() {
             TAIL_MEMORY_BYTES.fetch_sub(capacity, Ordering::Relaxed);
             return None;
         }
-        let layout = Layout::from_size_align(capacity, PAGE_BYTES).expect("a page-aligned layout");
-        // SAFETY: the layout's size is not zero.
-        let Some(ptr) = NonNull::new(unsafe { std::alloc::alloc(layout) }) else {
+        let pooled = (capacity == TAIL_CHUNK_BYTES_MAX).then(|| CHUNK_POOL.lock().pop()).flatten();
+        let Some(ptr) = pooled.map(|free| free.0).or_else(|| {
+            let layout = Layout::from_size_align(capacity, PAGE_BYTES).expect("a page-aligned layout");
+            // SAFETY: the layout's size is not zero.
+            NonNull::new(unsafe { std::alloc::alloc(layout) })
+        }) else {
             TAIL_MEMORY_BYTES.fetch_sub(capacity, Ordering::Relaxed);
             return None;
         };
@@ -229,12 +263,28 @@ impl ChunkShared {
 
 impl Drop for ChunkShared {
     fn drop(&mut self) {
+        TAIL_MEMORY_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
+        if self.capacity == TAIL_CHUNK_BYTES_MAX {
+            let mut pool = CHUNK_POOL.lock();
+            if pool.len() < TAIL_CHUNK_POOL_MAX {
+                pool.push(FreeChunk(self.ptr));
+                return;
+            }
+        }
         let layout = Layout::from_size_align(self.capacity, PAGE_BYTES).expect("a page-aligned layout");
         // SAFETY: allocated in `allocate` with this layout, freed once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-        TAIL_MEMORY_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
     }
 }
+
+/// The memory of a freed chunk of [`TAIL_CHUNK_BYTES_MAX`], kept for the next one.
+struct FreeChunk(NonNull<u8>);
+
+// SAFETY: memory nobody references (its chunk was dropped); whoever pops it owns it.
+unsafe impl Send for FreeChunk {}
+
+/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`], [`TAIL_CHUNK_POOL_MAX`] at most.
+static CHUNK_POOL: Mutex<Vec<FreeChunk>> = Mutex::new(Vec::new());
 
 /// The owner of a reader's `Bytes`: bytes below the chunk's `len` when it was made.
 struct ChunkView {
@@ -381,7 +431,7 @@ impl WriterState {
 /// One segment's tail. Methods that take `&mut self` run under the log's lock.
 pub(crate) struct Tail {
     chunks: VecDeque<Chunk>,
-    /// Frozen chunks kept at most (see [`TAIL_RETAINED_BYTES_MAX`]).
+    /// Frozen chunks kept at most (see [`tail_retained_bytes_max`]).
     frozen_max: usize,
     writer: Arc<Mutex<WriterState>>,
     /// When a reader last lagged or read the file behind this tail's memory (ms; see
@@ -508,7 +558,7 @@ impl Tail {
         let readers_keep_up = readers_keep_up(&self.reader_behind_ms, now_ms);
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
-                || tail_memory_bytes() > TAIL_RETAINED_BYTES_MAX
+                || tail_memory_bytes() > tail_retained_bytes_max()
                 || (now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS && readers_keep_up))
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sluice_storage::batch::BatchIter;
-use sluice_storage::{LogConfig, LogManager, ReadMode, TopicPartition};
+use sluice_storage::{LogConfig, LogManager, ReadLimit, ReadMode, TopicPartition};
 use sluice_storage::{TAIL_CHUNK_BYTES_MAX, TAIL_CHUNK_BYTES_MIN, TAIL_FROZEN_CHUNKS_MAX};
 
 mod common;
@@ -127,6 +127,7 @@ fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
         append_acknowledged(&manager, &log, group);
     }
     let end = batches.len() as i64;
+    let mut spanned_chunks = false;
     for from in 0..end {
         let read = read_all(&log, from, ReadMode::CachedOnly);
         assert_batches(&read, &batches[from as usize..], from);
@@ -134,7 +135,13 @@ fn reads_from_every_offset_across_chunks_return_the_batches_in_order() {
         let count = BatchIter::new(&replica).count();
         assert!(count >= 1);
         assert_batches(&replica, &batches[from as usize..from as usize + count], from);
+        // The same read as the chunks it spans, each whole batches, in memory as they are.
+        let parts = log.read_parts_until(from, 16 << 20, true, ReadLimit::LogEnd, ReadMode::MayBlock).unwrap();
+        assert!(parts.iter().all(|part| BatchIter::new(part).all(|item| item.is_ok()) && !part.is_empty()));
+        assert_eq!(parts.concat(), replica.to_vec(), "the pieces of a read from {from} joined");
+        spanned_chunks |= parts.len() > 1;
     }
+    assert!(spanned_chunks, "some reads span several chunks");
     // A restart reads the same bytes from the file.
     let expected = read_all(&log, 0, ReadMode::CachedOnly);
     drop(log);

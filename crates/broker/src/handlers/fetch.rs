@@ -22,10 +22,12 @@
 //!
 //! Zero copy: on a plaintext listener, a consumer's read of at least
 //! `FILE_RANGE_BYTES_MIN` that is all in the page cache is not read into memory. The
-//! response carries a placeholder of its length (`sluice_protocol::file_placeholder`) and
+//! response carries a placeholder of its length (`sluice_protocol::records_placeholder`) and
 //! the connection sends the segment file's bytes with `sendfile`, as Kafka does. TLS needs
 //! the bytes in memory to encrypt them, and a follower's reads may pass the high watermark
-//! (where a log can be truncated), so those are copied.
+//! (where a log can be truncated), so those are copied. Records in memory (the segments'
+//! tails) are never copied: a read that spans several tail chunks is sent as those chunks,
+//! one after the other, behind a placeholder too (`splice`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,7 +37,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::ResponseError;
-use sluice_protocol::{file_placeholder, FileChunk};
+use sluice_protocol::{records_placeholder, FileChunk, Spliced};
 use sluice_security::acl;
 use sluice_storage::{Partition, ReadError, ReadLimit, ReadMode};
 use tokio::time::Instant;
@@ -65,7 +67,7 @@ pub(super) async fn handle(
     request: FetchRequest,
     version: i16,
     client: &super::ClientSession,
-) -> (FetchResponse, Vec<FileChunk>) {
+) -> (FetchResponse, Vec<Spliced>) {
     let deadline = Instant::now() + Duration::from_millis(request.max_wait_ms.clamp(0, FETCH_WAIT_MS_MAX) as u64);
     let min_bytes = request.min_bytes.max(0) as usize;
     let max_bytes = if request.max_bytes <= 0 { i32::MAX as usize } else { request.max_bytes as usize };
@@ -130,7 +132,7 @@ pub(super) async fn handle(
             let mut response = build_response(answered, version);
             count_fetched_bytes(broker, &response, version);
             response.session_id = session.id();
-            return (response, pass.files);
+            return (response, pass.spliced);
         }
         wait_for_news(&mut receivers, &mut notified, deadline).await;
     }
@@ -424,8 +426,9 @@ struct ReadPass {
     has_error: bool,
     /// Partitions (by index) whose fetch offset is in the remote tier: read by [`read_remote`].
     remote: Vec<usize>,
-    /// The file ranges the records' placeholders stand for (`zero_copy` reads).
-    files: Vec<FileChunk>,
+    /// What the records' placeholders stand for: file ranges (`zero_copy` reads) and reads
+    /// that span several tail chunks.
+    spliced: Vec<Spliced>,
 }
 
 /// One pass over all partitions; `None` when a [`ReadMode::CachedOnly`] pass found data that
@@ -446,7 +449,7 @@ fn read_all(
     zero_copy: bool,
 ) -> Option<ReadPass> {
     let mut used = 0usize;
-    let mut files = Vec::new();
+    let mut spliced = Vec::new();
     let mut has_error = false;
     let mut partitions = Vec::with_capacity(targets.len());
     let mut remote = Vec::new();
@@ -492,16 +495,19 @@ fn read_all(
                 let in_file = (zero_copy && limit > 0)
                     .then(|| log.read_range_cached(target.fetch_offset, limit, used == 0, read_limit))
                     .flatten()
-                    .and_then(|range| Some((file_placeholder(files.len(), range.length)?, range)));
+                    .and_then(|range| Some((records_placeholder(spliced.len(), range.length)?, range)));
                 let read = if let Some((placeholder, range)) = in_file {
-                    files.push(FileChunk { file: range.file, position: range.position, length: range.length });
+                    let file = FileChunk { file: range.file, position: range.position, length: range.length };
+                    spliced.push(Spliced::File(file));
                     Ok(placeholder)
                 } else if limit == 0 && used > 0 {
                     Ok(Bytes::new())
-                } else if read_limit == ReadLimit::LogEnd {
-                    log.read_for_replica(target.fetch_offset, limit.max(1), mode)
                 } else {
-                    log.read_until(target.fetch_offset, limit, used == 0, read_limit, mode)
+                    // A follower always gets a batch, however large (it must not stall).
+                    let follower = read_limit == ReadLimit::LogEnd;
+                    let (limit, min_one_batch) = if follower { (limit.max(1), true) } else { (limit, used == 0) };
+                    log.read_parts_until(target.fetch_offset, limit, min_one_batch, read_limit, mode)
+                        .map(|parts| splice(parts, &mut spliced))
                 };
                 match read {
                     Ok(records) => {
@@ -526,7 +532,26 @@ fn read_all(
         has_error |= data.error_code != 0;
         partitions.push(data);
     }
-    Some(ReadPass { partitions, bytes: used, has_error, remote, files })
+    Some(ReadPass { partitions, bytes: used, has_error, remote, spliced })
+}
+
+/// A read's pieces as one partition's records: the piece itself when there is one, else a
+/// placeholder for them all (sent one after the other, without joining them in a new buffer),
+/// or a copy of them joined when a response has no placeholder left.
+fn splice(mut parts: Vec<Bytes>, spliced: &mut Vec<Spliced>) -> Bytes {
+    if parts.len() <= 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let length = parts.iter().map(Bytes::len).sum();
+    if let Some(placeholder) = records_placeholder(spliced.len(), length) {
+        spliced.push(Spliced::Parts(parts));
+        return placeholder;
+    }
+    let mut joined = bytes::BytesMut::with_capacity(length);
+    for part in &parts {
+        joined.extend_from_slice(part);
+    }
+    joined.freeze()
 }
 
 /// Adds each topic's record bytes in the answer to its fetch-bytes metric.

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use kafka_protocol::messages::{RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
-use sluice_protocol::{api_versions_response, encode_response, FileChunk, Request, ResponseChunk};
+use sluice_protocol::{api_versions_response, encode_response, Request, ResponseChunk, Spliced};
 
 use crate::Broker;
 
@@ -40,7 +40,7 @@ pub(crate) use groups::create_internal_topics_once_formed;
 pub(crate) type ResponseFuture = Pin<Box<dyn Future<Output = Option<Vec<ResponseChunk>>> + Send>>;
 
 /// Where a fetch handler leaves the file chunks its response's placeholders stand for.
-type FileChunks = Arc<parking_lot::Mutex<Vec<FileChunk>>>;
+type SplicedRecords = Arc<parking_lot::Mutex<Vec<Spliced>>>;
 
 /// How Kafka shows a client's address in DescribeGroups (`InetAddress.toString()` of an
 /// address without a host name): "/127.0.0.1".
@@ -119,9 +119,9 @@ pub(crate) fn dispatch(broker: &Arc<Broker>, request: Request, session: &ClientS
         }
     };
     let call = Call { broker: broker.clone(), session: session.clone(), api_version, client_id };
-    let mut file_chunks = None;
-    let answer = route(&call, body, &mut file_chunks);
-    respond(call.broker, call.session, exchange, answer, denied, file_chunks)
+    let mut spliced = None;
+    let answer = route(&call, body, &mut spliced);
+    respond(call.broker, call.session, exchange, answer, denied, spliced)
 }
 
 /// Runs one request for a front door of the broker's own (AMQP): authorized as `session`,
@@ -185,8 +185,8 @@ macro_rules! later {
 }
 
 /// The handler of each request kind: one row per API (authorization is declared per API in
-/// `authorize::rule`). A fetch leaves the file chunks its response sends in `file_chunks`.
-fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -> Answer {
+/// `authorize::rule`). A fetch leaves what its response's placeholders stand for in `spliced`.
+fn route(call: &Call, body: RequestKind, spliced: &mut Option<SplicedRecords>) -> Answer {
     use RequestKind as Rq;
     use ResponseKind as Rs;
     let (broker, session, version) = (&call.broker, &call.session, call.api_version);
@@ -197,7 +197,7 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
             let appended = produce::append(broker, r, session);
             Box::pin(async move { appended.await.map(Rs::Produce) })
         }
-        Rq::Fetch(r) => fetch_answer(call, r, file_chunks.insert(FileChunks::default()).clone()),
+        Rq::Fetch(r) => fetch_answer(call, r, spliced.insert(SplicedRecords::default()).clone()),
         Rq::ListOffsets(r) => later!(call, ListOffsets, |b, _| offsets::list_offsets(&b, r, version)),
         Rq::DeleteRecords(r) => later!(call, DeleteRecords, |b, _| offsets::delete_records(&b, r)),
         Rq::Metadata(r) if admin::may_create_logs(broker, &r) => {
@@ -294,12 +294,12 @@ fn route(call: &Call, body: RequestKind, file_chunks: &mut Option<FileChunks>) -
     }
 }
 
-/// A Fetch's answer; the file chunks its response's placeholders stand for go to `files`.
-fn fetch_answer(call: &Call, request: kafka_protocol::messages::FetchRequest, files: FileChunks) -> Answer {
+/// A Fetch's answer; what its response's placeholders stand for goes to `spliced`.
+fn fetch_answer(call: &Call, request: kafka_protocol::messages::FetchRequest, spliced: SplicedRecords) -> Answer {
     let Call { broker, session, api_version, .. } = call.clone();
     Box::pin(async move {
-        let (response, chunks) = fetch::handle(&broker, request, api_version, &session).await;
-        *files.lock() = chunks;
+        let (response, records) = fetch::handle(&broker, request, api_version, &session).await;
+        *spliced.lock() = records;
         Some(ResponseKind::Fetch(response))
     })
 }
@@ -312,7 +312,7 @@ fn respond(
     exchange: Exchange,
     response: Pin<Box<dyn Future<Output = Option<ResponseKind>> + Send>>,
     denied: authorize::Denied,
-    file_chunks: Option<FileChunks>,
+    spliced: Option<SplicedRecords>,
 ) -> ResponseFuture {
     let Exchange { api_key, api_version, correlation_id, arrived, .. } = exchange;
     // Many handlers do their work in `dispatch`, before their future is first polled.
@@ -326,8 +326,8 @@ fn respond(
         authorize::after(&broker, &session, api_key, denied, &mut body);
         authorize::fill_operations(&broker, &session, exchange.authorized_operations, &mut body);
         charge_quota(&broker, &session, &exchange, &mut body, timed.busy);
-        let files = file_chunks.map(|files| std::mem::take(&mut *files.lock())).unwrap_or_default();
-        match encode_response(api_key, api_version, correlation_id, &body, files) {
+        let spliced = spliced.map(|spliced| std::mem::take(&mut *spliced.lock())).unwrap_or_default();
+        match encode_response(api_key, api_version, correlation_id, &body, spliced) {
             Ok(chunks) => Some(chunks),
             Err(error) => {
                 tracing::error!(?api_key, api_version, %error, "failed to encode response");

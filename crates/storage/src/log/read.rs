@@ -77,6 +77,31 @@ impl Partition {
         limit: ReadLimit,
         mode: ReadMode,
     ) -> Result<Bytes, ReadError> {
+        let mut parts = self.read_parts_until(offset, max_bytes, min_one_batch, limit, mode)?;
+        Ok(match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.pop().expect("one part"),
+            _ => {
+                let mut joined = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+                for part in &parts {
+                    joined.extend_from_slice(part);
+                }
+                joined.freeze()
+            }
+        })
+    }
+
+    /// What [`Partition::read_until`] reads, as the pieces it lies in (tail chunks, the
+    /// file's part before them), each whole batches, in order and not empty: a response
+    /// sends them one after the other without joining them in a new buffer.
+    pub fn read_parts_until(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        min_one_batch: bool,
+        limit: ReadLimit,
+        mode: ReadMode,
+    ) -> Result<Vec<Bytes>, ReadError> {
         let max_bytes = max_bytes.min(READ_BYTES_MAX);
         let mut offset = offset;
         let mut located_again = 0;
@@ -112,17 +137,7 @@ impl Partition {
                 Err(error) => return Err(error),
             }
         }
-        Ok(match parts.len() {
-            0 => Bytes::new(),
-            1 => parts.pop().expect("one part"),
-            _ => {
-                let mut joined = bytes::BytesMut::with_capacity(taken);
-                for part in &parts {
-                    joined.extend_from_slice(part);
-                }
-                joined.freeze()
-            }
-        })
+        Ok(parts)
     }
 
     /// One source's part of [`Partition::read_until`]: the batches, and where the log goes on
