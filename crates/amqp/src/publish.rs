@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use amq_protocol::types::{AMQPValue, FieldTable};
 
@@ -26,22 +27,36 @@ use crate::Server;
 const PRODUCE_TIMEOUT_MS: i32 = 30_000;
 
 /// How long a publish waits before it asks again a partition whose leader is moving.
-const PRODUCE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+const PRODUCE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long a publish keeps asking again a partition whose leader is moving or catching up
+/// before the publisher gets a nack.
+const LEADER_MOVE_WAIT: Duration = Duration::from_millis(PRODUCE_TIMEOUT_MS as u64);
+
+/// How long a publish keeps asking again a queue's topic that the node answering does not
+/// know: in a cluster each node applies a topic's creation at its own pace, so a queue just
+/// declared through one node may be routed to a leader that has not applied it yet (a Kafka
+/// producer likewise retries UNKNOWN_TOPIC_OR_PARTITION). Shorter than [`LEADER_MOVE_WAIT`]:
+/// past it the topic is taken as gone (deleted by a Kafka client) and the publish is nacked.
+const UNKNOWN_TOPIC_WAIT: Duration = Duration::from_secs(10);
 
 /// A (queue, partition) of a publish.
 type QueuePartition = (String, i32);
 
-/// Errors after which the same produce is sent again (the leader moved or is catching up):
-/// the records were not written.
-fn is_retriable(error: ResponseError) -> bool {
-    matches!(
-        error,
+/// How long after its first attempt a produce refused with `error` is sent again; `None`
+/// when it is not (the refusal is final, or the records may have been written). Each
+/// attempt is routed afresh, to the partition's leader as this node then knows it.
+fn retry_window(error: ResponseError) -> Option<Duration> {
+    match error {
+        // The records were not written: the leader moved, or is not there yet.
         ResponseError::NotLeaderOrFollower
-            | ResponseError::LeaderNotAvailable
-            | ResponseError::NotEnoughReplicas
-            | ResponseError::FencedLeaderEpoch
-            | ResponseError::UnknownLeaderEpoch
-    )
+        | ResponseError::LeaderNotAvailable
+        | ResponseError::NotEnoughReplicas
+        | ResponseError::FencedLeaderEpoch
+        | ResponseError::UnknownLeaderEpoch => Some(LEADER_MOVE_WAIT),
+        ResponseError::UnknownTopicOrPartition => Some(UNKNOWN_TOPIC_WAIT),
+        _ => None,
+    }
 }
 
 /// One Produce (acks=all) of `batches`; the partitions it failed for, with their errors.
@@ -235,12 +250,13 @@ async fn publish_once(
     for (key, (records, _)) in &mut writes {
         batches.insert(key.clone(), one_batch(records)?);
     }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(PRODUCE_TIMEOUT_MS as u64);
+    let started = tokio::time::Instant::now();
     loop {
         let failed = produce_once(server, session, &batches).await?;
         let mut retry = BTreeMap::new();
         for (key, error) in failed {
-            if is_retriable(error) && tokio::time::Instant::now() < deadline {
+            if retry_window(error).is_some_and(|window| started.elapsed() < window) {
+                tracing::debug!(queue = %key.0, partition = key.1, %error, "AMQP publish asks again");
                 retry.insert(key.clone(), batches[&key].clone());
                 continue;
             }
@@ -252,7 +268,8 @@ async fn publish_once(
         if retry.is_empty() {
             break;
         }
-        // As a Kafka producer: the partition's leader is moving; ask again once it moved.
+        // As a Kafka producer: the partition's leader is moving, or has not learned of its
+        // topic yet; ask again once it has.
         tokio::time::sleep(PRODUCE_RETRY_PAUSE).await;
         batches = retry;
     }
@@ -341,6 +358,133 @@ fn one_batch(records: &mut [kafka_protocol::records::Record]) -> Result<bytes::B
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+    use kafka_protocol::messages::ProduceResponse;
+
+    use crate::gateway::{Gateway, GatewayFuture, QueueDepth};
+    use crate::topology::Queue;
+
+    /// A broker whose produces are refused with `refusal` the first `refusals` times, then
+    /// taken.
+    struct Refusing {
+        refusal: ResponseError,
+        refusals: usize,
+        produces: AtomicUsize,
+    }
+
+    impl Refusing {
+        fn answer(&self, request: &ProduceRequest) -> ProduceResponse {
+            let refused = self.produces.fetch_add(1, Ordering::SeqCst) < self.refusals;
+            let error_code = if refused { self.refusal.code() } else { 0 };
+            let mut response = ProduceResponse::default();
+            for topic in &request.topic_data {
+                let mut answered = TopicProduceResponse::default();
+                answered.name = topic.name.clone();
+                for partition in &topic.partition_data {
+                    let mut part = PartitionProduceResponse::default();
+                    part.index = partition.index;
+                    part.error_code = error_code;
+                    answered.partition_responses.push(part);
+                }
+                response.responses.push(answered);
+            }
+            response
+        }
+    }
+
+    impl Gateway for Refusing {
+        fn login_required(&self) -> bool {
+            false
+        }
+        fn authenticate(&self, _: String, _: String) -> GatewayFuture<'static, bool> {
+            Box::pin(async { false })
+        }
+        fn certificate_user(&self, _: &[u8]) -> Option<String> {
+            None
+        }
+        fn call(
+            &self,
+            _: &Session,
+            version: i16,
+            request: RequestKind,
+        ) -> GatewayFuture<'static, Option<ResponseKind>> {
+            self.call_internal(version, request)
+        }
+        fn may_configure_routing(&self, _: &Session) -> bool {
+            true
+        }
+        fn call_internal(&self, _: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+            let answer = match &request {
+                RequestKind::Produce(produce) => Some(ResponseKind::Produce(self.answer(produce))),
+                _ => None,
+            };
+            Box::pin(async move { answer })
+        }
+        fn local_log_end(&self, _: &str, _: i32) -> Option<i64> {
+            None
+        }
+        fn queue_depth(&self, _: &str, _: i32) -> GatewayFuture<'static, Option<QueueDepth>> {
+            Box::pin(async { None })
+        }
+        fn drop_ready(&self, _: &str, _: i32, _: u64) -> GatewayFuture<'static, Option<Vec<i64>>> {
+            Box::pin(async { None })
+        }
+        fn read_batches(&self, _: &str, _: i32, _: i64, _: usize) -> GatewayFuture<'static, Option<bytes::Bytes>> {
+            Box::pin(async { None })
+        }
+    }
+
+    /// The outcome of publishing one message to queue "q" through `gateway`, and how many
+    /// produces it took.
+    async fn publish_through(gateway: Refusing) -> (Outcome, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(crate::state_store::FileStore::open(dir.path(), |_, _| false, |_| Ok(None)).unwrap());
+        let gateway = Arc::new(gateway);
+        let config = crate::AmqpConfig { state_dir: dir.path().to_path_buf() };
+        let server = Server::new(gateway.clone(), &config, store).unwrap();
+        let queue = Queue { durable: true, exclusive: false, auto_delete: false, arguments: BTreeMap::new() };
+        server.topology.declare_queue("q", queue).await.unwrap();
+        let message = Message {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            properties: Default::default(),
+            body: bytes::Bytes::from_static(b"x"),
+        };
+        let outcomes = publish(&server, None, &mut Partitioner::default(), &[message]).await.unwrap();
+        (outcomes[0], gateway.produces.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_topic_its_leader_does_not_know_yet_is_asked_again_before_a_nack() {
+        let gateway =
+            Refusing { refusal: ResponseError::UnknownTopicOrPartition, refusals: 2, produces: AtomicUsize::new(0) };
+        assert_eq!(publish_through(gateway).await, (Outcome::Stored, 3));
+    }
+
+    #[tokio::test]
+    async fn a_moving_leader_is_asked_again_before_a_nack() {
+        let gateway =
+            Refusing { refusal: ResponseError::NotLeaderOrFollower, refusals: 1, produces: AtomicUsize::new(0) };
+        assert_eq!(publish_through(gateway).await, (Outcome::Stored, 2));
+    }
+
+    #[tokio::test]
+    async fn a_final_refusal_is_nacked_at_once() {
+        let gateway = Refusing { refusal: ResponseError::CorruptMessage, refusals: 1, produces: AtomicUsize::new(0) };
+        assert_eq!(publish_through(gateway).await, (Outcome::Failed, 1));
+    }
+
+    #[test]
+    fn a_topic_unknown_for_good_is_given_up_on_sooner_than_a_moving_leader() {
+        assert_eq!(retry_window(ResponseError::UnknownTopicOrPartition), Some(UNKNOWN_TOPIC_WAIT));
+        assert!(UNKNOWN_TOPIC_WAIT < LEADER_MOVE_WAIT);
+        // Maybe written: asking again could store the message twice.
+        assert_eq!(retry_window(ResponseError::NotEnoughReplicasAfterAppend), None);
+        assert_eq!(retry_window(ResponseError::RequestTimedOut), None);
+    }
 
     #[test]
     fn the_records_of_one_partition_encode_as_one_batch() {

@@ -12,7 +12,10 @@
 //!
 //! A part whose node cannot be reached, or whose leader is unknown, is answered here: this
 //! node then says NOT_LEADER_OR_FOLLOWER or NOT_COORDINATOR, which the front door treats as
-//! a Kafka client does (it retries after a pause).
+//! a Kafka client does (it retries after a pause). A publish retries
+//! UNKNOWN_TOPIC_OR_PARTITION too, for a while: each node applies the cluster metadata at its
+//! own pace, so the leader this node names may not have applied the creation of a queue's
+//! topic yet.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
