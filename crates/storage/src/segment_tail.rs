@@ -81,11 +81,13 @@ pub const TAIL_MEMORY_BYTES_FLOOR: usize = 256 * 1024 * 1024;
 pub const TAIL_MEMORY_BYTES_CEILING: usize = 4 * 1024 * 1024 * 1024;
 /// [`tail_memory_bytes_max`] is this fraction of the memory the process may use.
 const TAIL_MEMORY_SHARE_DIVISOR: usize = 6;
-/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`] kept for the next ones, at most (outside
-/// [`tail_memory_bytes_max`]): at the peak a busy partition starts such a chunk every few
-/// hundred milliseconds, and memory fresh from the kernel costs a page fault and a zeroed
-/// page every 4 KiB.
-pub const TAIL_CHUNK_POOL_MAX: usize = 64;
+/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`] are kept for the next ones (outside
+/// [`tail_memory_bytes_max`]) up to this fraction of it: memory fresh from the kernel costs a
+/// page fault and a zeroed page every 4 KiB (a fifth of the broker's CPU while the tails grew
+/// by 3 GiB for consumers catching up at 300 MB/s), and the tails' memory comes and goes in
+/// such waves (a consumer group's rebalance, a restarted consumer, a deleted topic). The
+/// pool is only of chunks once used, so a broker whose readers keep up never fills it.
+const TAIL_CHUNK_POOL_SHARE_DIVISOR: usize = 4;
 /// Frozen chunks a segment keeps at most with direct I/O, however much memory is free.
 pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// With direct I/O, a written frozen chunk goes once this long has passed since it froze
@@ -170,6 +172,11 @@ pub fn tail_memory_bytes_max() -> usize {
         let share = crate::process_memory::usable_memory_bytes() / TAIL_MEMORY_SHARE_DIVISOR;
         share.clamp(TAIL_MEMORY_BYTES_FLOOR, TAIL_MEMORY_BYTES_CEILING)
     })
+}
+
+/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`] the pool keeps at most.
+fn tail_chunk_pool_max() -> usize {
+    tail_memory_bytes_max() / TAIL_CHUNK_POOL_SHARE_DIVISOR / TAIL_CHUNK_BYTES_MAX
 }
 
 /// With direct I/O, frozen chunks stay for readers behind the end (once written) while all
@@ -266,7 +273,7 @@ impl Drop for ChunkShared {
         TAIL_MEMORY_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
         if self.capacity == TAIL_CHUNK_BYTES_MAX {
             let mut pool = CHUNK_POOL.lock();
-            if pool.len() < TAIL_CHUNK_POOL_MAX {
+            if pool.len() < tail_chunk_pool_max() {
                 pool.push(FreeChunk(self.ptr));
                 return;
             }
@@ -283,7 +290,7 @@ struct FreeChunk(NonNull<u8>);
 // SAFETY: memory nobody references (its chunk was dropped); whoever pops it owns it.
 unsafe impl Send for FreeChunk {}
 
-/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`], [`TAIL_CHUNK_POOL_MAX`] at most.
+/// Freed chunks of [`TAIL_CHUNK_BYTES_MAX`], [`tail_chunk_pool_max`] at most.
 static CHUNK_POOL: Mutex<Vec<FreeChunk>> = Mutex::new(Vec::new());
 
 /// The owner of a reader's `Bytes`: bytes below the chunk's `len` when it was made.
