@@ -35,8 +35,8 @@ use std::path::Path;
 
 pub use crate::cleaner::{clean_partition, CleanStats, CleanerSettings, IoPacer};
 pub use crate::log::{
-    read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets, Partition,
-    Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
+    joined, read_file_range, AbortedTransaction, AppendError, AppendOutcome, FileRange, LogConfig, LogOffsets,
+    Partition, Progress, ReadError, ReadLimit, ReplicaAppend, SealedSegment, Visible, ACTIVE_SEGMENT_IDLE_MS,
     FILE_RANGE_BYTES_MIN,
 };
 pub use crate::manager::{LogManager, TopicPartition};

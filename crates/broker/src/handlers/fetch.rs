@@ -538,20 +538,16 @@ fn read_all(
 /// A read's pieces as one partition's records: the piece itself when there is one, else a
 /// placeholder for them all (sent one after the other, without joining them in a new buffer),
 /// or a copy of them joined when a response has no placeholder left.
-fn splice(mut parts: Vec<Bytes>, spliced: &mut Vec<Spliced>) -> Bytes {
-    if parts.len() <= 1 {
-        return parts.pop().unwrap_or_default();
+fn splice(parts: Vec<Bytes>, spliced: &mut Vec<Spliced>) -> Bytes {
+    let placeholder =
+        (parts.len() > 1).then(|| records_placeholder(spliced.len(), parts.iter().map(Bytes::len).sum())).flatten();
+    match placeholder {
+        Some(placeholder) => {
+            spliced.push(Spliced::Parts(parts));
+            placeholder
+        }
+        None => sluice_storage::joined(parts),
     }
-    let length = parts.iter().map(Bytes::len).sum();
-    if let Some(placeholder) = records_placeholder(spliced.len(), length) {
-        spliced.push(Spliced::Parts(parts));
-        return placeholder;
-    }
-    let mut joined = bytes::BytesMut::with_capacity(length);
-    for part in &parts {
-        joined.extend_from_slice(part);
-    }
-    joined.freeze()
 }
 
 /// Adds each topic's record bytes in the answer to its fetch-bytes metric.

@@ -50,7 +50,7 @@ use crate::batch::BatchError;
 use crate::producer_state::ProducerStateTable;
 use crate::segment::Segment;
 
-pub use self::read::{read_file_range, FileRange, FILE_RANGE_BYTES_MIN};
+pub use self::read::{joined, read_file_range, FileRange, FILE_RANGE_BYTES_MIN};
 pub(crate) use self::retention::{CleanableSegment, CleaningPlan, Installed};
 pub use self::tier::SealedSegment;
 

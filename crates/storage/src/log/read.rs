@@ -55,6 +55,22 @@ pub struct FileRange {
     pub length: usize,
 }
 
+/// The pieces of a read ([`Partition::read_parts_until`]) as one buffer: the piece itself
+/// when there is one, else a copy of them all.
+pub fn joined(mut parts: Vec<Bytes>) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.pop().expect("one part"),
+        _ => {
+            let mut joined = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            for part in &parts {
+                joined.extend_from_slice(part);
+            }
+            joined.freeze()
+        }
+    }
+}
+
 impl Partition {
     /// Reads whole batches starting with the one containing `offset`, up to `max_bytes`
     /// (at least one batch when `min_one_batch`) and never past the high watermark. With
@@ -77,18 +93,7 @@ impl Partition {
         limit: ReadLimit,
         mode: ReadMode,
     ) -> Result<Bytes, ReadError> {
-        let mut parts = self.read_parts_until(offset, max_bytes, min_one_batch, limit, mode)?;
-        Ok(match parts.len() {
-            0 => Bytes::new(),
-            1 => parts.pop().expect("one part"),
-            _ => {
-                let mut joined = bytes::BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
-                for part in &parts {
-                    joined.extend_from_slice(part);
-                }
-                joined.freeze()
-            }
-        })
+        Ok(joined(self.read_parts_until(offset, max_bytes, min_one_batch, limit, mode)?))
     }
 
     /// What [`Partition::read_until`] reads, as the pieces it lies in (tail chunks, the
