@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
@@ -125,6 +125,10 @@ const RATE_CONTROL_PERIOD: Duration = Duration::from_secs(3);
 const TICK: Duration = Duration::from_millis(100);
 /// Rate discovery starts here (OMB's).
 const DISCOVERY_RATE_START: f64 = 10_000.0;
+/// When a run ends, the producers stop first and the consumers get up to this long to
+/// receive what was sent: the run's last records are read rather than cut off with the
+/// producers (what a broker's fetch counters show then matches what it took).
+const CONSUMER_CATCH_UP_AT_STOP: Duration = Duration::from_secs(2);
 /// Prefix of generated transactional ids when the driver names none.
 const TRANSACTIONAL_ID_PREFIX_DEFAULT: &str = "sluice-bench";
 
@@ -145,6 +149,8 @@ struct Clients {
     handles: Vec<JoinHandle<()>>,
     producers_count: usize,
     expected_probe_messages: u64,
+    /// Subscriptions per topic: how many times each sent message is to be received.
+    subscriptions: u64,
     /// The share consumers' totals (queue workloads only).
     queue_stats: Option<Arc<QueueStats>>,
 }
@@ -177,6 +183,10 @@ impl Clients {
 
     fn stop(self) {
         self.producer_control.stop.store(true, Ordering::Relaxed);
+        let catch_up_until = Instant::now() + CONSUMER_CATCH_UP_AT_STOP;
+        while self.counters().backlog(self.subscriptions) > 0 && Instant::now() < catch_up_until {
+            std::thread::sleep(TICK);
+        }
         self.consumer_control.stop.store(true, Ordering::Relaxed);
         for handle in self.handles {
             let _ = handle.join();
@@ -270,6 +280,7 @@ pub fn run_workload(
         handles: Vec::new(),
         producers_count: 0,
         expected_probe_messages: 0,
+        subscriptions: u64::from(workload.subscriptions_per_topic),
         queue_stats: workload.queue.as_ref().map(|_| Arc::new(QueueStats::default())),
     };
     let producers = ProducerTemplate { config: &producer_config, payloads, keys, transactions: transactions.as_ref() };
@@ -345,7 +356,7 @@ fn create_topics(
     let topics: Vec<(String, u32)> = (0..workload.topics as usize)
         .map(|index| (format!("{TOPIC_PREFIX}-{index:07}-{suffix}"), workload.partitions_of(index)))
         .collect();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     admin.create_topics(&topics, replication_factor, &topic_config)?;
     println!("Created {} topics in {} ms", topics.len(), started.elapsed().as_millis());
     Ok(topics)
@@ -523,7 +534,7 @@ fn start_share_group(
 
 fn wait_ready(clients: &Clients) -> anyhow::Result<()> {
     println!("Waiting for consumers to be ready");
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     loop {
         let counters = clients.counters();
         if counters.messages_received >= clients.expected_probe_messages {
