@@ -140,6 +140,11 @@ def test_dev_cluster_ready_line_then_a_topic_on_every_node_and_a_healthy_cluster
         proc.wait()
         for pid in nodes_of(tmp_path):
             os.kill(pid, signal.SIGKILL)
+    # The nodes log to stderr. Their logs in the stdout a script stops reading at `ready` would
+    # fill its pipe, and a node blocked writing a log line serves nobody.
+    assert node_log.read_text(errors="replace").count("ready: serving clients") == 3
+    rest = proc.stdout.read()
+    assert "serving clients" not in rest, rest[-2000:]
 
 
 def test_cluster_health_names_what_it_waited_for_on_timeout():

@@ -6,10 +6,12 @@
 //! Start-up fails fast: if a node exits before its Kafka port accepts connections (a port in
 //! use, a bad flag), the others are stopped and dev-cluster exits with an error. Once every
 //! node answers Kafka requests (each does only once registered and unfenced) it prints
-//! `ready <bootstrap list>`: scripts wait for that line. Once all are up, a node that dies is reported and left dead (the others go on: this is a tool for
-//! trying failures). Ctrl-C or SIGTERM stops them all cleanly, and the nodes never outlive
-//! dev-cluster: each asks the kernel for SIGTERM when its parent dies (`PR_SET_PDEATHSIG`),
-//! so even a SIGKILLed dev-cluster leaves no node behind.
+//! `ready <bootstrap list>`: scripts wait for that line. The nodes log to dev-cluster's
+//! stderr, never to its stdout. Once all are up, a node that dies is reported and left dead
+//! (the others go on: this is a tool for trying failures). Ctrl-C or SIGTERM stops them all
+//! cleanly, and the nodes never outlive dev-cluster: each asks the kernel for SIGTERM when
+//! its parent dies (`PR_SET_PDEATHSIG`), so even a SIGKILLed dev-cluster leaves no node
+//! behind.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -115,6 +117,10 @@ async fn run_nodes(args: DevClusterArgs) -> anyhow::Result<()> {
             .args(console_port(id).map(|port| format!("--console-listen=127.0.0.1:{port}")))
             .args(&args.serve_args)
             .stdin(Stdio::null())
+            // dev-cluster's stdout carries only its own lines, which scripts read up to
+            // `ready` and then may stop reading: a node logging into that pipe would block
+            // on it once it is full, and stop serving.
+            .stdout(std::io::stderr())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting node {id}"))?;
