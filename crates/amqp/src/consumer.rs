@@ -43,6 +43,7 @@ use crate::frames::{encode, reply};
 use crate::gateway::{versions, Gateway, Session};
 use crate::messages::{from_record, Delivered};
 use crate::publish::{self, Partitioner};
+use crate::queues::UNKNOWN_TOPIC_WAIT;
 use crate::topology::Refused;
 use crate::Server;
 
@@ -684,6 +685,9 @@ struct Member {
     next_heartbeat: Instant,
     /// The share group's acquisition lock duration, as its last fetch answered.
     lock_duration: Duration,
+    /// Since when the leaders fetched from have not known the queue's topic (none: they
+    /// knew it at the last fetch).
+    unknown_topic_since: Option<Instant>,
 }
 
 impl Member {
@@ -706,6 +710,7 @@ impl Member {
             heartbeat_interval: Duration::from_secs(1),
             next_heartbeat: Instant::now(),
             lock_duration: LOCK_DURATION_DEFAULT,
+            unknown_topic_since: None,
         }
     }
 
@@ -872,13 +877,14 @@ impl Member {
             for partition in topic.partitions {
                 answered += 1;
                 if let Some(error) = ResponseError::try_from_code(partition.error_code) {
-                    if matches!(error, ResponseError::UnknownTopicOrPartition | ResponseError::UnknownTopicId) {
+                    if self.topic_gone(error) {
                         return Err(self.refused(error, partition.error_message.as_ref()));
                     }
                     tracing::debug!(queue = %self.topic, %error, "share fetch partition error");
                     failed += 1;
                     continue;
                 }
+                self.unknown_topic_since = None;
                 let Some(records) = partition.records else { continue };
                 collect_acquired(
                     topic.topic_id,
@@ -895,6 +901,18 @@ impl Member {
             tokio::time::sleep(RETRY_PAUSE).await;
         }
         Ok(acquired)
+    }
+
+    /// Whether a fetch's partition `error` means the queue's topic is gone. A leader that
+    /// does not know the topic may only not have applied its creation yet (a queue just
+    /// declared through another node): that is taken as gone only once it has lasted
+    /// [`UNKNOWN_TOPIC_WAIT`].
+    fn topic_gone(&mut self, error: ResponseError) -> bool {
+        if !matches!(error, ResponseError::UnknownTopicOrPartition | ResponseError::UnknownTopicId) {
+            return false;
+        }
+        let since = *self.unknown_topic_since.get_or_insert_with(Instant::now);
+        since.elapsed() >= UNKNOWN_TOPIC_WAIT
     }
 
     /// The partitions the session fetched that the member is no longer assigned.
@@ -1006,4 +1024,109 @@ fn collect_acquired(
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use kafka_protocol::messages::share_fetch_response::{PartitionData, ShareFetchableTopicResponse};
+    use kafka_protocol::messages::ShareFetchResponse;
+
+    use crate::gateway::{GatewayFuture, QueueDepth};
+
+    /// A leader whose share fetches answer every partition with UNKNOWN_TOPIC_OR_PARTITION.
+    #[derive(Default)]
+    struct Unaware {
+        fetches: AtomicUsize,
+    }
+
+    impl Unaware {
+        fn answer(&self, request: &ShareFetchRequest) -> ShareFetchResponse {
+            self.fetches.fetch_add(1, Ordering::SeqCst);
+            let mut response = ShareFetchResponse::default();
+            for topic in &request.topics {
+                let mut answered = ShareFetchableTopicResponse::default();
+                answered.topic_id = topic.topic_id;
+                for partition in &topic.partitions {
+                    let mut part = PartitionData::default();
+                    part.partition_index = partition.partition_index;
+                    part.error_code = ResponseError::UnknownTopicOrPartition.code();
+                    answered.partitions.push(part);
+                }
+                response.responses.push(answered);
+            }
+            response
+        }
+    }
+
+    impl Gateway for Unaware {
+        fn login_required(&self) -> bool {
+            false
+        }
+        fn authenticate(&self, _: String, _: String) -> GatewayFuture<'static, bool> {
+            Box::pin(async { false })
+        }
+        fn certificate_user(&self, _: &[u8]) -> Option<String> {
+            None
+        }
+        fn call(
+            &self,
+            _: &Session,
+            version: i16,
+            request: RequestKind,
+        ) -> GatewayFuture<'static, Option<ResponseKind>> {
+            self.call_internal(version, request)
+        }
+        fn may_configure_routing(&self, _: &Session) -> bool {
+            true
+        }
+        fn call_internal(&self, _: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
+            let answer = match &request {
+                RequestKind::ShareFetch(fetch) => Some(ResponseKind::ShareFetch(self.answer(fetch))),
+                _ => None,
+            };
+            Box::pin(async move { answer })
+        }
+        fn local_log_end(&self, _: &str, _: i32) -> Option<i64> {
+            None
+        }
+        fn queue_depth(&self, _: &str, _: i32) -> GatewayFuture<'static, Option<QueueDepth>> {
+            Box::pin(async { None })
+        }
+        fn drop_ready(&self, _: &str, _: i32, _: u64) -> GatewayFuture<'static, Option<Vec<i64>>> {
+            Box::pin(async { None })
+        }
+        fn read_batches(&self, _: &str, _: i32, _: i64, _: usize) -> GatewayFuture<'static, Option<Bytes>> {
+            Box::pin(async { None })
+        }
+    }
+
+    /// A member of queue "q" assigned its partition 0, fetching from `gateway`.
+    fn assigned_member(gateway: Arc<Unaware>) -> Member {
+        let session = Session { principal: "User:ANONYMOUS".into(), peer: "127.0.0.1:5672".parse().unwrap() };
+        let mut member = Member::new(gateway, session, "q");
+        member.assignment = vec![(Uuid::new_v4(), vec![0])];
+        member
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_does_not_know_the_queue_yet_is_asked_again_not_taken_as_gone() {
+        let gateway = Arc::new(Unaware::default());
+        let mut member = assigned_member(gateway.clone());
+        for _ in 0..2 {
+            let fetched = member.fetch(&[], 1, 0).await.map_err(|refused| refused.1);
+            assert_eq!(fetched.map(|records| records.len()), Ok(0));
+        }
+        assert_eq!(gateway.fetches.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_topic_unknown_for_longer_than_the_wait_is_gone() {
+        let mut member = assigned_member(Arc::new(Unaware::default()));
+        member.unknown_topic_since = Instant::now().checked_sub(UNKNOWN_TOPIC_WAIT);
+        let refused = member.fetch(&[], 1, 0).await.err().expect("the queue is gone");
+        assert_eq!(refused.0, reply::NOT_FOUND);
+    }
 }

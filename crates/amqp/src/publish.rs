@@ -20,6 +20,7 @@ use crate::frames::reply;
 use crate::gateway::{versions, Session};
 use crate::length_limit::{self, LengthLimit, Overflow};
 use crate::messages::{to_record, Message};
+use crate::queues::UNKNOWN_TOPIC_WAIT;
 use crate::topology::Refused;
 use crate::Server;
 
@@ -32,13 +33,6 @@ const PRODUCE_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// How long a publish keeps asking again a partition whose leader is moving or catching up
 /// before the publisher gets a nack.
 const LEADER_MOVE_WAIT: Duration = Duration::from_millis(PRODUCE_TIMEOUT_MS as u64);
-
-/// How long a publish keeps asking again a queue's topic that the node answering does not
-/// know: in a cluster each node applies a topic's creation at its own pace, so a queue just
-/// declared through one node may be routed to a leader that has not applied it yet (a Kafka
-/// producer likewise retries UNKNOWN_TOPIC_OR_PARTITION). Shorter than [`LEADER_MOVE_WAIT`]:
-/// past it the topic is taken as gone (deleted by a Kafka client) and the publish is nacked.
-const UNKNOWN_TOPIC_WAIT: Duration = Duration::from_secs(10);
 
 /// A (queue, partition) of a publish.
 type QueuePartition = (String, i32);

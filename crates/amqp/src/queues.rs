@@ -36,6 +36,13 @@ const QUEUE_PARTITIONS_MAX: i32 = 1024;
 const RESOURCE_GROUP: i8 = 32;
 /// The longest queue name: Kafka's longest topic name.
 const QUEUE_NAME_BYTES_MAX: usize = 249;
+/// How long a publish or a consumer keeps asking again about a queue's topic that the node
+/// answering does not know: in a cluster each node applies a topic's creation at its own
+/// pace, so a queue just declared through one node may be served by a leader that has not
+/// applied it yet (a Kafka client likewise retries UNKNOWN_TOPIC_OR_PARTITION). Past it the
+/// topic is taken as gone (deleted by a Kafka client): the publish is nacked, the consumer
+/// cancelled.
+pub(crate) const UNKNOWN_TOPIC_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether `name` can be a queue: it must be a valid Kafka topic name, since it is one.
 pub fn check_name(name: &str) -> Result<(), Refused> {
