@@ -341,7 +341,7 @@ pub const READY_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_m
 
 /// Every node of a cluster reports the same cluster id: derived from the voter list.
 fn cluster_id_for(voters: &str) -> String {
-    let digest = crc32c::crc32c(voters.as_bytes());
+    let digest = sluice_storage::checksum::crc32c(voters.as_bytes());
     let id = uuid::Uuid::from_u64_pair(u64::from(digest) << 32 | 0x5_1ce, u64::from(digest));
     topics::base64_cluster_id(id)
 }

@@ -265,7 +265,7 @@ impl LogInner {
 fn record(payload: &[u8]) -> Vec<u8> {
     let mut record = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
     record.extend_from_slice(&u32::try_from(payload.len()).expect("bounded by ENTRY_BYTES_MAX").to_le_bytes());
-    record.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    record.extend_from_slice(&crc_fast::crc32_iscsi(payload).to_le_bytes());
     record.extend_from_slice(payload);
     record
 }
@@ -279,7 +279,7 @@ fn parse_record(bytes: &[u8]) -> Option<&[u8]> {
         return None;
     }
     let payload = bytes.get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + length)?;
-    (crc32c::crc32c(payload) == crc).then_some(payload)
+    (crc_fast::crc32_iscsi(payload) == crc).then_some(payload)
 }
 
 fn corrupt(message: String) -> io::Error {

@@ -288,7 +288,7 @@ fn persist_snapshot(dir: &Path, snapshot: &StoredSnapshot) -> io::Result<()> {
     bytes.extend_from_slice(&u32::try_from(meta.len()).map_err(io::Error::other)?.to_le_bytes());
     bytes.extend_from_slice(&meta);
     bytes.extend_from_slice(&snapshot.data);
-    bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
+    bytes.extend_from_slice(&crc_fast::crc32_iscsi(&bytes).to_le_bytes());
     if bytes.len() > SNAPSHOT_BYTES_MAX {
         return Err(io::Error::other(format!("snapshot of {} bytes exceeds the limit", bytes.len())));
     }
@@ -307,7 +307,7 @@ fn read_snapshot(path: &Path) -> io::Result<Option<StoredSnapshot>> {
         return Err(invalid("not a snapshot file"));
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body).to_le_bytes() != crc {
+    if crc_fast::crc32_iscsi(body).to_le_bytes() != crc {
         return Err(invalid("checksum mismatch"));
     }
     let meta_length = u32::from_le_bytes(body[SNAPSHOT_MAGIC.len()..header].try_into().expect("4 bytes")) as usize;

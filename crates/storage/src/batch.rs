@@ -6,6 +6,7 @@
 //! client's CRC32C stays valid and is never recomputed. Records inside a batch are never
 //! decoded here: compression codecs pass through untouched.
 
+use crate::checksum::{crc32c, crc32c_append};
 use std::ops::Range;
 
 /// Bytes before `batch_length` counts: base offset (8) + batch length (4).
@@ -181,7 +182,7 @@ pub fn validate_stored_batch(buf: &[u8]) -> Result<BatchHeader, BatchError> {
     if header.compression() > 4 {
         return Err(BatchError::UnknownCompression(header.compression()));
     }
-    let computed = crc32c::crc32c(&buf[CRC_START..]);
+    let computed = crc32c(&buf[CRC_START..]);
     if computed != header.crc {
         return Err(BatchError::CrcMismatch { stored: header.crc, computed });
     }
@@ -218,7 +219,7 @@ pub fn log_append_time_header(
     let attributes = read_i16(&header, ATTRIBUTES_AT) | ATTRIBUTE_TIMESTAMP_TYPE;
     header[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
     header[MAX_TIMESTAMP_FIELD].copy_from_slice(&append_time_ms.to_be_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[CRC_START..]), &batch[BATCH_HEADER_BYTES..]);
+    let crc = crc32c_append(crc32c(&header[CRC_START..]), &batch[BATCH_HEADER_BYTES..]);
     header[CRC_FIELD].copy_from_slice(&crc.to_be_bytes());
     header
 }
@@ -262,7 +263,7 @@ pub fn transaction_marker(
     batch.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
     batch.extend_from_slice(&1i32.to_be_bytes()); // record count
     batch.extend_from_slice(&record);
-    let crc = crc32c::crc32c(&batch[CRC_START..]);
+    let crc = crc32c(&batch[CRC_START..]);
     batch[CRC_FIELD].copy_from_slice(&crc.to_be_bytes());
     batch
 }
@@ -341,7 +342,7 @@ pub(crate) mod tests {
         buf.extend_from_slice(&seq.to_be_bytes());
         buf.extend_from_slice(&count.to_be_bytes());
         buf.extend_from_slice(&records);
-        let crc = crc32c::crc32c(&buf[CRC_START..]);
+        let crc = crc32c(&buf[CRC_START..]);
         buf[CRC_FIELD].copy_from_slice(&crc.to_be_bytes());
         buf
     }

@@ -15,6 +15,7 @@
 //! ([`cleaner`], [`records`]).
 
 pub mod batch;
+pub mod checksum;
 mod cleaner;
 pub mod durable;
 mod log;

@@ -13,6 +13,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use kafka_protocol::compression::{Compressor, Decompressor, Gzip, Lz4, Snappy, Zstd};
 
 use crate::batch::{BatchHeader, BATCH_HEADER_BYTES};
+use crate::checksum::crc32c;
 
 /// Compression codec ids in the batch attributes.
 const CODEC_NONE: i16 = 0;
@@ -134,7 +135,7 @@ pub(crate) fn rebuild(original: &[u8], header: &BatchHeader, kept: &[u8], kept_c
     let attributes = (header.attributes & !0x07) | codec;
     batch[21..23].copy_from_slice(&attributes.to_be_bytes());
     batch[57..61].copy_from_slice(&kept_count.to_be_bytes());
-    let crc = crc32c::crc32c(&batch[CRC_START..]);
+    let crc = crc32c(&batch[CRC_START..]);
     batch[17..21].copy_from_slice(&crc.to_be_bytes());
     Ok(batch)
 }

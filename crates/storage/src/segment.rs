@@ -33,6 +33,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::batch::{BatchHeader, BatchIter, BATCH_HEADER_BYTES};
+use crate::checksum::crc32c;
 use crate::segment_file::SegmentFile;
 use crate::segment_tail::{Appended, Tail, TailClaim, PAGE_BYTES, WRITEBACK_PAGES_BYTES_MIN};
 
@@ -998,7 +999,7 @@ impl Segment {
             out.extend_from_slice(&entry.relative_offset.to_le_bytes());
             out.extend_from_slice(&entry.position.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&out);
+        let crc = crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
     }
@@ -1051,7 +1052,7 @@ impl SegmentIndex {
             return Err(invalid());
         }
         let (body, crc) = data.split_at(data.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        if crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
             return Err(invalid());
         }
         let mut reader = LeReader { data: body, position: 4 };

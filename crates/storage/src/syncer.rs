@@ -331,13 +331,14 @@ fn wal_worker(shared: &Shared, mut writer: WalWriter) {
             wal::encode_control(&mut headers, writer.sequence(), &control.path, control.control);
         }
         // A header and the parts of each partition's batches, then the controls.
-        let parts = batches.iter().map(|(_, batches)| 1 + batches.parts().count()).sum::<usize>() + 1;
-        let mut records: Vec<&[u8]> = Vec::with_capacity(parts);
+        let mut records: Vec<wal::RoundRecord<'_>> = Vec::with_capacity(batches.len() + 1);
         for (header, batches) in &batches {
-            records.push(&headers[header.clone()]);
-            records.extend(batches.parts());
+            records.push(wal::RoundRecord::Batches {
+                header: &headers[header.clone()],
+                batches: batches.parts().collect(),
+            });
         }
-        records.push(&headers[controls_start..]);
+        records.push(wal::RoundRecord::Sealed(&headers[controls_start..]));
         let result = if headers.is_empty() {
             Ok(())
         } else {

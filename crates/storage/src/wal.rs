@@ -66,6 +66,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::checksum::{crc32c, crc32c_append};
 use crate::log::wal_link::Control;
 use crate::log::{CheckpointSync, LogConfig, Partition};
 
@@ -114,18 +115,11 @@ const KIND_BATCHES: u8 = 1;
 const KIND_TRUNCATE: u8 = 2;
 const KIND_FORGET: u8 = 3;
 
-/// Appends to `buf` the header of one record of WAL file `sequence`, up to where its
-/// `payload` starts: the payload is written from where it lies ([`WalWriter::write_round`]).
-/// `payload` may come in parts (a partition's batches, each where it lies).
-fn encode_header<'a>(
-    buf: &mut Vec<u8>,
-    sequence: u64,
-    path: &str,
-    kind: u8,
-    payload: impl Iterator<Item = &'a [u8]> + Clone,
-) {
+/// Appends to `buf` the header of one record of WAL file `sequence` whose payload is
+/// `payload_len` bytes, up to where that payload starts, with its CRC left to [`seal`].
+/// Returns where the header starts in `buf`.
+fn encode_unsealed_header(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload_len: usize) -> usize {
     let path_len = u16::try_from(path.len()).expect("partition paths are short");
-    let payload_len: usize = payload.clone().map(<[u8]>::len).sum();
     let body_len = BODY_HEADER_BYTES + path.len() + payload_len;
     let len = u32::try_from(4 + body_len).expect("a WAL record fits in 4 GiB");
     let start = buf.len();
@@ -135,24 +129,52 @@ fn encode_header<'a>(
     buf.push(kind);
     buf.extend_from_slice(&path_len.to_le_bytes());
     buf.extend_from_slice(path.as_bytes());
-    let crc = payload.fold(crc32c::crc32c(&buf[start + RECORD_PREFIX_BYTES..]), crc32c::crc32c_append);
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    start
+}
+
+/// Writes into `header` (from [`encode_unsealed_header`]) the CRC of its record, whose
+/// payload is `payload`, in parts.
+fn seal<'a>(header: &mut [u8], payload: impl Iterator<Item = &'a [u8]>) {
+    let crc = payload.fold(crc32c(&header[RECORD_PREFIX_BYTES..]), crc32c_append);
+    header[4..8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Appends one whole record of WAL file `sequence` to `buf`.
 fn encode_record(buf: &mut Vec<u8>, sequence: u64, path: &str, kind: u8, payload: &[u8]) {
-    encode_header(buf, sequence, path, kind, std::iter::once(payload));
+    let start = encode_unsealed_header(buf, sequence, path, kind, payload.len());
+    seal(&mut buf[start..], std::iter::once(payload));
     buf.extend_from_slice(payload);
 }
 
-/// The header of a record of `batches` (in parts), which follow it in the round.
+/// Appends to `buf` the header of a record of `batches` (in parts, which follow it in the
+/// round, each where it lies). Its CRC is left to [`WalWriter::write_round`], which
+/// computes it just before it gathers the record into its write buffer: the gathering then
+/// reads the batches from the cache that checksumming them brought them into, rather than
+/// from memory a second time.
 pub(crate) fn encode_batches_header<'a>(
     buf: &mut Vec<u8>,
     sequence: u64,
     path: &str,
-    batches: impl Iterator<Item = &'a [u8]> + Clone,
+    batches: impl Iterator<Item = &'a [u8]>,
 ) {
-    encode_header(buf, sequence, path, KIND_BATCHES, batches);
+    encode_unsealed_header(buf, sequence, path, KIND_BATCHES, batches.map(<[u8]>::len).sum());
+}
+
+/// One record of a round, as [`WalWriter::write_round`] takes it.
+pub(crate) enum RoundRecord<'a> {
+    /// Whole records (controls), their CRCs in place.
+    Sealed(&'a [u8]),
+    /// A header from [`encode_batches_header`] and its batches.
+    Batches { header: &'a [u8], batches: Vec<&'a [u8]> },
+}
+
+impl RoundRecord<'_> {
+    fn len(&self) -> usize {
+        match self {
+            RoundRecord::Sealed(bytes) => bytes.len(),
+            RoundRecord::Batches { header, batches } => header.len() + batches.iter().map(|b| b.len()).sum::<usize>(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -188,9 +210,7 @@ fn decode_records(data: &[u8], sequence: u64) -> (Vec<(&str, Record<'_>)>, usize
         let crc = u32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes"));
         let end = position + 4 + len;
         let body = match data.get(position + RECORD_PREFIX_BYTES..end) {
-            Some(body) if len <= RECORD_BYTES_MAX && body.len() >= BODY_HEADER_BYTES && crc32c::crc32c(body) == crc => {
-                body
-            }
+            Some(body) if len <= RECORD_BYTES_MAX && body.len() >= BODY_HEADER_BYTES && crc32c(body) == crc => body,
             _ => return (records, position),
         };
         if u64::from_le_bytes(body[..8].try_into().expect("8 bytes")) != sequence {
@@ -425,6 +445,8 @@ pub(crate) struct WalWriter {
     /// The bytes of the current file from the start of `position`'s page up to `position`:
     /// the next round rewrites them (unchanged) ahead of its records.
     tail_page: Vec<u8>,
+    /// The header of the record being gathered, with its CRC ([`seal`]).
+    sealed_header: Vec<u8>,
     /// Partitions with records in the current file (by address).
     touched: HashMap<usize, Arc<Partition>>,
     /// Partitions with records since the last writeback job (by address).
@@ -468,6 +490,7 @@ impl WalWriter {
             sequence,
             position: 0,
             tail_page: Vec::new(),
+            sealed_header: Vec::new(),
             touched: HashMap::new(),
             unwritten_back: HashMap::new(),
             last_writeback: Instant::now(),
@@ -508,17 +531,21 @@ impl WalWriter {
     /// instead. A failed fsync is marked as such ([`crate::durable::is_fsync_failure`]) and
     /// breaks the WAL for good.
     ///
-    /// `records` are the round's records, in parts written one after another (headers and
-    /// the partitions' pending batches); they are gathered into the page-aligned write
-    /// buffer, [`WAL_WRITE_CHUNK_BYTES`] at a time.
-    pub(crate) fn write_round(&mut self, records: &[&[u8]], partitions: &[&Arc<Partition>]) -> io::Result<()> {
+    /// `records` are the round's records (headers and the partitions' pending batches, where
+    /// they lie); they are gathered into the page-aligned write buffer,
+    /// [`WAL_WRITE_CHUNK_BYTES`] at a time, each record of batches sealed just before.
+    pub(crate) fn write_round(
+        &mut self,
+        records: &[RoundRecord<'_>],
+        partitions: &[&Arc<Partition>],
+    ) -> io::Result<()> {
         if self.broken {
             let error = io::Error::other("the WAL's fsync failed earlier; restart the broker to recover");
             return Err(io::Error::new(error.kind(), crate::durable::FsyncFailed::from(error)));
         }
         let page_start = self.position - self.tail_page.len() as u64;
         debug_assert_eq!(page_start % WAL_PAGE_BYTES, 0);
-        let end = self.position + records.iter().map(|part| part.len() as u64).sum::<u64>();
+        let end = self.position + records.iter().map(|record| record.len() as u64).sum::<u64>();
         // Durable once written: by the write itself (RWF_DSYNC) or by an fdatasync after it.
         let durable = self.write_pages(page_start, end, records).and_then(|(tail_page, synced)| {
             if !synced {
@@ -576,24 +603,33 @@ impl WalWriter {
     /// the round is durable already: a round written in one direct write is written with
     /// `RWF_DSYNC` ([`crate::durable::write_data_synced`]), so no `fdatasync` follows it.
     /// (Only then: the flag's FUA write makes durable that write alone, not earlier ones.)
-    fn write_pages(&mut self, page_start: u64, end: u64, records: &[&[u8]]) -> io::Result<(Vec<u8>, bool)> {
-        let chunk = self.chunk.as_mut_slice();
-        // The file offset of chunk[0], and how much of the chunk is filled.
-        let mut offset = page_start;
-        let mut filled = 0;
-        for mut part in std::iter::once(self.tail_page.as_slice()).chain(records.iter().copied()) {
-            while !part.is_empty() {
-                let take = part.len().min(chunk.len() - filled);
-                chunk[filled..filled + take].copy_from_slice(&part[..take]);
-                filled += take;
-                part = &part[take..];
-                if filled == chunk.len() {
-                    write_pages_at(&mut self.file, &mut self.direct, &self.path, chunk, offset)?;
-                    offset += filled as u64;
-                    filled = 0;
+    fn write_pages(&mut self, page_start: u64, end: u64, records: &[RoundRecord<'_>]) -> io::Result<(Vec<u8>, bool)> {
+        let mut gather = Gather {
+            chunk: self.chunk.as_mut_slice(),
+            offset: page_start,
+            filled: 0,
+            file: &mut self.file,
+            direct: &mut self.direct,
+            path: &self.path,
+        };
+        gather.push(&self.tail_page)?;
+        for record in records {
+            match record {
+                RoundRecord::Sealed(bytes) => gather.push(bytes)?,
+                RoundRecord::Batches { header, batches } => {
+                    let sealed = &mut self.sealed_header;
+                    sealed.clear();
+                    sealed.extend_from_slice(header);
+                    seal(sealed, batches.iter().copied());
+                    gather.push(sealed)?;
+                    for batch in batches {
+                        gather.push(batch)?;
+                    }
                 }
             }
         }
+        let (offset, filled) = (gather.offset, gather.filled);
+        let chunk = self.chunk.as_mut_slice();
         debug_assert_eq!(offset + filled as u64, end);
         // Chunks end on page boundaries, so the last partial page is in this chunk.
         let tail_len = (end % WAL_PAGE_BYTES) as usize;
@@ -671,6 +707,36 @@ impl AlignedChunk {
 /// Writes whole pages of `data` at `offset` (both page-aligned, as is `data`'s memory). A
 /// file opened with `O_DIRECT` whose filesystem then refuses the write (`EINVAL`) is
 /// reopened without it and written through the page cache from then on.
+/// A round's bytes being gathered into the write buffer, which is written out each time it
+/// is full.
+struct Gather<'a> {
+    chunk: &'a mut [u8],
+    /// The file offset of `chunk[0]`.
+    offset: u64,
+    /// How much of `chunk` is filled.
+    filled: usize,
+    file: &'a mut File,
+    direct: &'a mut bool,
+    path: &'a Path,
+}
+
+impl Gather<'_> {
+    fn push(&mut self, mut part: &[u8]) -> io::Result<()> {
+        while !part.is_empty() {
+            let take = part.len().min(self.chunk.len() - self.filled);
+            self.chunk[self.filled..self.filled + take].copy_from_slice(&part[..take]);
+            self.filled += take;
+            part = &part[take..];
+            if self.filled == self.chunk.len() {
+                write_pages_at(self.file, self.direct, self.path, self.chunk, self.offset)?;
+                self.offset += self.filled as u64;
+                self.filled = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn write_pages_at(file: &mut File, direct: &mut bool, path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
     debug_assert!(offset.is_multiple_of(WAL_PAGE_BYTES) && (data.len() as u64).is_multiple_of(WAL_PAGE_BYTES));
     debug_assert!((data.as_ptr() as usize).is_multiple_of(WAL_PAGE_BYTES as usize));
@@ -991,9 +1057,12 @@ mod tests {
         flipped[20] ^= 1;
         assert_eq!(decode_records(&flipped, 7), (vec![], 0));
 
-        // A payload in parts (batches where they lie) gets the header of the whole.
+        // A payload in parts (batches where they lie) gets the header of the whole once
+        // sealed.
         let mut in_parts = Vec::new();
-        encode_batches_header(&mut in_parts, 7, "logs/a-0", [&b"bat"[..], b"", b"ches"].into_iter());
+        let parts = [&b"bat"[..], b"", b"ches"];
+        encode_batches_header(&mut in_parts, 7, "logs/a-0", parts.into_iter());
+        seal(&mut in_parts, parts.into_iter());
         in_parts.extend_from_slice(b"batches");
         let mut whole_record = Vec::new();
         encode_batches(&mut whole_record, 7, "logs/a-0", b"batches");
@@ -1046,7 +1115,7 @@ mod tests {
         let header_bytes = RECORD_PREFIX_BYTES + BODY_HEADER_BYTES + "logs/a-0".len();
         encode_batches(&mut round, 0, "logs/a-0", &vec![9; WAL_PAGE_BYTES as usize - header_bytes]);
         assert_eq!(round.len() as u64, WAL_PAGE_BYTES, "the round ends on a page boundary, with no zeros after it");
-        writer.write_round(&[&round], &[]).unwrap();
+        writer.write_round(&[RoundRecord::Sealed(&round)], &[]).unwrap();
         let data = std::fs::read(&writer.path).unwrap();
         let (records, _) = decode_records(&data, 0);
         assert_eq!(records.len(), 1, "an earlier run's record read as this run's: {:?}", records.last().map(|r| &r.1));
@@ -1099,10 +1168,9 @@ mod tests {
                 encode_batches_header(&mut headers, sequence, "logs/a-0", std::iter::once(&payload[..]));
                 ranges.push(start..headers.len());
             }
-            let mut parts: Vec<&[u8]> = vec![&[]];
+            let mut parts = vec![RoundRecord::Sealed(&[])];
             for (range, payload) in ranges.iter().zip(&payloads) {
-                parts.push(&headers[range.clone()]);
-                parts.push(payload);
+                parts.push(RoundRecord::Batches { header: &headers[range.clone()], batches: vec![payload] });
             }
             writer.write_round(&parts, &[]).unwrap();
             expected.extend(payloads);

@@ -32,7 +32,7 @@ fn batch(count: i32, timestamp: i64, producer: Option<(i64, i16, i32)>) -> Bytes
     buf.extend_from_slice(&seq.to_be_bytes());
     buf.extend_from_slice(&count.to_be_bytes());
     buf.extend_from_slice(&records);
-    let crc = crc32c::crc32c(&buf[21..]);
+    let crc = sluice_storage::checksum::crc32c(&buf[21..]);
     buf[17..21].copy_from_slice(&crc.to_be_bytes());
     Bytes::from(buf)
 }
