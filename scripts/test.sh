@@ -114,8 +114,7 @@ setsid bash -c '
 tools_pid=$!
 stage() { echo "== $* ($(date -u +%T))"; }
 clippy_pid=""
-unit_build_pid=""
-trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid $clippy_pid $unit_build_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid $clippy_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 stage "style"
 cargo fmt --all -- --check
@@ -139,15 +138,11 @@ export SLUICE_LOSSYFS_BIN="$PWD/target/release/sluice-lossyfs"
 # The bench's end-to-end test also runs its workload against Apache Kafka 4.3.1 (Maven).
 export SLUICE_BENCH_KAFKA_TEST=1
 
-# The unit and property tests are built in the background at the lowest priority (as clippy
-# above), on the cores the end-to-end tests leave idle, and run after them, while the
-# previous version's build (above) ends; not beside them: the storage tests fsync without
-# pause, and the end-to-end tests that time a restart, a failover or a power cut must not
-# share the disk with them.
-echo "== unit and property tests: building in the background, log in target/unit-build.log"
-setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-  nice -n 19 cargo test --workspace --no-run > target/unit-build.log 2>&1 &
-unit_build_pid=$!
+stage "unit and property tests: build"
+cargo test --workspace --no-run
+# They run after the end-to-end tests, while the previous version's build (above) ends, and
+# not beside them: the storage tests fsync without pause, and the end-to-end tests that time
+# a restart, a failover or a power cut must not share the disk with them.
 
 stage "end-to-end tests"
 if ! wait "$tools_pid"; then
@@ -173,14 +168,6 @@ df -h . "${TMPDIR:-/tmp}" | sed 's/^/   /'
 .venv/bin/pytest -q -n "${SLUICE_TEST_WORKERS:-2}" --dist worksteal --durations=25 --ignore=tests/python/test_rolling_upgrade.py tests/python "$@"
 
 stage "unit and property tests"
-unit_build_status=0
-wait "$unit_build_pid" || unit_build_status=$?
-unit_build_pid=""
-if [ "$unit_build_status" -ne 0 ]; then
-  tail -80 target/unit-build.log >&2
-  echo "building the unit and property tests failed" >&2
-  exit 1
-fi
 cargo test --workspace
 
 stage "clippy: results"
