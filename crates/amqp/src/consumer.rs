@@ -1034,7 +1034,7 @@ mod tests {
     use kafka_protocol::messages::share_fetch_response::{PartitionData, ShareFetchableTopicResponse};
     use kafka_protocol::messages::ShareFetchResponse;
 
-    use crate::gateway::{GatewayFuture, QueueDepth};
+    use crate::test_gateway::{Answers, TestGateway};
 
     /// A leader whose share fetches answer every partition with UNKNOWN_TOPIC_OR_PARTITION.
     #[derive(Default)]
@@ -1042,8 +1042,9 @@ mod tests {
         fetches: AtomicUsize,
     }
 
-    impl Unaware {
-        fn answer(&self, request: &ShareFetchRequest) -> ShareFetchResponse {
+    impl Answers for Unaware {
+        fn answer(&self, request: &RequestKind) -> Option<ResponseKind> {
+            let RequestKind::ShareFetch(request) = request else { return None };
             self.fetches.fetch_add(1, Ordering::SeqCst);
             let mut response = ShareFetchResponse::default();
             for topic in &request.topics {
@@ -1057,54 +1058,12 @@ mod tests {
                 }
                 response.responses.push(answered);
             }
-            response
-        }
-    }
-
-    impl Gateway for Unaware {
-        fn login_required(&self) -> bool {
-            false
-        }
-        fn authenticate(&self, _: String, _: String) -> GatewayFuture<'static, bool> {
-            Box::pin(async { false })
-        }
-        fn certificate_user(&self, _: &[u8]) -> Option<String> {
-            None
-        }
-        fn call(
-            &self,
-            _: &Session,
-            version: i16,
-            request: RequestKind,
-        ) -> GatewayFuture<'static, Option<ResponseKind>> {
-            self.call_internal(version, request)
-        }
-        fn may_configure_routing(&self, _: &Session) -> bool {
-            true
-        }
-        fn call_internal(&self, _: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
-            let answer = match &request {
-                RequestKind::ShareFetch(fetch) => Some(ResponseKind::ShareFetch(self.answer(fetch))),
-                _ => None,
-            };
-            Box::pin(async move { answer })
-        }
-        fn local_log_end(&self, _: &str, _: i32) -> Option<i64> {
-            None
-        }
-        fn queue_depth(&self, _: &str, _: i32) -> GatewayFuture<'static, Option<QueueDepth>> {
-            Box::pin(async { None })
-        }
-        fn drop_ready(&self, _: &str, _: i32, _: u64) -> GatewayFuture<'static, Option<Vec<i64>>> {
-            Box::pin(async { None })
-        }
-        fn read_batches(&self, _: &str, _: i32, _: i64, _: usize) -> GatewayFuture<'static, Option<Bytes>> {
-            Box::pin(async { None })
+            Some(ResponseKind::ShareFetch(response))
         }
     }
 
     /// A member of queue "q" assigned its partition 0, fetching from `gateway`.
-    fn assigned_member(gateway: Arc<Unaware>) -> Member {
+    fn assigned_member(gateway: Arc<TestGateway<Unaware>>) -> Member {
         let session = Session { principal: "User:ANONYMOUS".into(), peer: "127.0.0.1:5672".parse().unwrap() };
         let mut member = Member::new(gateway, session, "q");
         member.assignment = vec![(Uuid::new_v4(), vec![0])];
@@ -1113,18 +1072,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_leader_that_does_not_know_the_queue_yet_is_asked_again_not_taken_as_gone() {
-        let gateway = Arc::new(Unaware::default());
+        let gateway = Arc::new(TestGateway(Unaware::default()));
         let mut member = assigned_member(gateway.clone());
         for _ in 0..2 {
             let fetched = member.fetch(&[], 1, 0).await.map_err(|refused| refused.1);
             assert_eq!(fetched.map(|records| records.len()), Ok(0));
         }
-        assert_eq!(gateway.fetches.load(Ordering::SeqCst), 2);
+        assert_eq!(gateway.0.fetches.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
     async fn a_topic_unknown_for_longer_than_the_wait_is_gone() {
-        let mut member = assigned_member(Arc::new(Unaware::default()));
+        let mut member = assigned_member(Arc::new(TestGateway(Unaware::default())));
         member.unknown_topic_since = Instant::now().checked_sub(UNKNOWN_TOPIC_WAIT);
         let refused = member.fetch(&[], 1, 0).await.err().expect("the queue is gone");
         assert_eq!(refused.0, reply::NOT_FOUND);

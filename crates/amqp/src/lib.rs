@@ -35,6 +35,8 @@ pub mod messages;
 pub mod publish;
 pub mod queues;
 pub mod state_store;
+#[cfg(test)]
+mod test_gateway;
 pub mod topology;
 
 use std::path::PathBuf;

@@ -358,7 +358,7 @@ mod tests {
     use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
     use kafka_protocol::messages::ProduceResponse;
 
-    use crate::gateway::{Gateway, GatewayFuture, QueueDepth};
+    use crate::test_gateway::{Answers, TestGateway};
     use crate::topology::Queue;
 
     /// A broker whose produces are refused with `refusal` the first `refusals` times, then
@@ -369,8 +369,9 @@ mod tests {
         produces: AtomicUsize,
     }
 
-    impl Refusing {
-        fn answer(&self, request: &ProduceRequest) -> ProduceResponse {
+    impl Answers for Refusing {
+        fn answer(&self, request: &RequestKind) -> Option<ResponseKind> {
+            let RequestKind::Produce(request) = request else { return None };
             let refused = self.produces.fetch_add(1, Ordering::SeqCst) < self.refusals;
             let error_code = if refused { self.refusal.code() } else { 0 };
             let mut response = ProduceResponse::default();
@@ -385,49 +386,7 @@ mod tests {
                 }
                 response.responses.push(answered);
             }
-            response
-        }
-    }
-
-    impl Gateway for Refusing {
-        fn login_required(&self) -> bool {
-            false
-        }
-        fn authenticate(&self, _: String, _: String) -> GatewayFuture<'static, bool> {
-            Box::pin(async { false })
-        }
-        fn certificate_user(&self, _: &[u8]) -> Option<String> {
-            None
-        }
-        fn call(
-            &self,
-            _: &Session,
-            version: i16,
-            request: RequestKind,
-        ) -> GatewayFuture<'static, Option<ResponseKind>> {
-            self.call_internal(version, request)
-        }
-        fn may_configure_routing(&self, _: &Session) -> bool {
-            true
-        }
-        fn call_internal(&self, _: i16, request: RequestKind) -> GatewayFuture<'static, Option<ResponseKind>> {
-            let answer = match &request {
-                RequestKind::Produce(produce) => Some(ResponseKind::Produce(self.answer(produce))),
-                _ => None,
-            };
-            Box::pin(async move { answer })
-        }
-        fn local_log_end(&self, _: &str, _: i32) -> Option<i64> {
-            None
-        }
-        fn queue_depth(&self, _: &str, _: i32) -> GatewayFuture<'static, Option<QueueDepth>> {
-            Box::pin(async { None })
-        }
-        fn drop_ready(&self, _: &str, _: i32, _: u64) -> GatewayFuture<'static, Option<Vec<i64>>> {
-            Box::pin(async { None })
-        }
-        fn read_batches(&self, _: &str, _: i32, _: i64, _: usize) -> GatewayFuture<'static, Option<bytes::Bytes>> {
-            Box::pin(async { None })
+            Some(ResponseKind::Produce(response))
         }
     }
 
@@ -436,7 +395,7 @@ mod tests {
     async fn publish_through(gateway: Refusing) -> (Outcome, usize) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(crate::state_store::FileStore::open(dir.path(), |_, _| false, |_| Ok(None)).unwrap());
-        let gateway = Arc::new(gateway);
+        let gateway = Arc::new(TestGateway(gateway));
         let config = crate::AmqpConfig { state_dir: dir.path().to_path_buf() };
         let server = Server::new(gateway.clone(), &config, store).unwrap();
         let queue = Queue { durable: true, exclusive: false, auto_delete: false, arguments: BTreeMap::new() };
@@ -448,7 +407,7 @@ mod tests {
             body: bytes::Bytes::from_static(b"x"),
         };
         let outcomes = publish(&server, None, &mut Partitioner::default(), &[message]).await.unwrap();
-        (outcomes[0], gateway.produces.load(Ordering::SeqCst))
+        (outcomes[0], gateway.0.produces.load(Ordering::SeqCst))
     }
 
     #[tokio::test]
