@@ -704,9 +704,6 @@ impl AlignedChunk {
     }
 }
 
-/// Writes whole pages of `data` at `offset` (both page-aligned, as is `data`'s memory). A
-/// file opened with `O_DIRECT` whose filesystem then refuses the write (`EINVAL`) is
-/// reopened without it and written through the page cache from then on.
 /// A round's bytes being gathered into the write buffer, which is written out each time it
 /// is full.
 struct Gather<'a> {
@@ -737,6 +734,9 @@ impl Gather<'_> {
     }
 }
 
+/// Writes whole pages of `data` at `offset` (both page-aligned, as is `data`'s memory). A
+/// file opened with `O_DIRECT` whose filesystem then refuses the write (`EINVAL`) is
+/// reopened without it and written through the page cache from then on.
 fn write_pages_at(file: &mut File, direct: &mut bool, path: &Path, data: &[u8], offset: u64) -> io::Result<()> {
     debug_assert!(offset.is_multiple_of(WAL_PAGE_BYTES) && (data.len() as u64).is_multiple_of(WAL_PAGE_BYTES));
     debug_assert!((data.as_ptr() as usize).is_multiple_of(WAL_PAGE_BYTES as usize));
