@@ -51,28 +51,18 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
 fi
 
 # The previous version's binary (the commit in tests/upgrade-base-rev), for the
-# rolling-upgrade test: built once from the repository's own history into
-# target/upgrade-base, in the background, at idle I/O priority, in a session of its own whose
-# autogroup has nice 19. (The scheduler weighs autogroups equally whatever a process's own
-# nice, so only the autogroup's nice keeps it off the cores the steps below use; it is
-# written from inside the new session, since writing it from here would race with setsid and
-# renice this script's group.) It runs as many jobs as there are cores: the autogroup's
-# weight, not the job count, keeps it from slowing the steps below, and whatever is left
-# when they end builds on every core; without debug info and in more codegen units than a
-# release, at opt-level 1 (only its behaviour is tested). Its test runs last, once the build is done.
+# rolling-upgrade test: its source is taken from the repository's own history into
+# target/upgrade-base here, and built after the unit tests' build (below), in the dev profile
+# and in the same build directory: the dependencies it shares with them are built once. (Built
+# on its own, in release, it cost more CPU than all the end-to-end tests' brokers; only its
+# behaviour is tested.)
 base_rev="$(cat tests/upgrade-base-rev)"
 base_dir="$PWD/target/upgrade-base"
-base_build_pid=""
+base_needed=""
 if [ ! -x "$base_dir/sluice" ] || [ "$(cat "$base_dir/rev" 2>/dev/null)" != "$base_rev" ]; then
   rm -rf "$base_dir/src" "$base_dir/sluice" && mkdir -p "$base_dir/src"
   git archive "$base_rev" | tar -x -C "$base_dir/src"
-  echo "== previous version ($base_rev): building in the background, log in $base_dir/build.log"
-  # Its own session, so that an early exit stops the whole build (cargo and its rustc jobs).
-  setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-    nice -n 19 ionice -c 3 env CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_OPT_LEVEL=1 \
-    cargo build --release -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
-    --target-dir "$base_dir/target" > "$base_dir/build.log" 2>&1 &
-  base_build_pid=$!
+  base_needed=1
 fi
 export SLUICE_UPGRADE_BASE_BIN="$base_dir/sluice"
 
@@ -113,23 +103,12 @@ setsid bash -c '
   ' > target/test-tools.log 2>&1 &
 tools_pid=$!
 stage() { echo "== $* ($(date -u +%T))"; }
-clippy_pid=""
-trap 'for pid in $base_build_pid $s3_build_pid $helm_build_pid $tools_pid $clippy_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+trap 'for pid in $s3_build_pid $helm_build_pid $tools_pid; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
 
 stage "style"
 cargo fmt --all -- --check
 # Each crate's modules form layers: no two import each other, directly or in a circle.
 python3 scripts/import_cycles.py
-# Clippy checks every crate in a target dir of its own, in the background at the lowest
-# priority (as the previous version's build above): the builds below leave a core idle
-# whenever one crate compiles alone or the linker runs, and the end-to-end tests leave
-# more. Its verdict is awaited at the end.
-echo "== clippy: in the background, log in target/clippy.log"
-setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec "$@"' autogroup-nice \
-  nice -n 19 cargo clippy --workspace --all-targets --target-dir target/clippy -- -D warnings \
-  > target/clippy.log 2>&1 &
-clippy_pid=$!
-
 stage "build"
 cargo build --release -p sluice-cli -p sluice-lossyfs --features sluice-cli/bench
 export SLUICE_BIN="$PWD/target/release/sluice"
@@ -140,10 +119,22 @@ export SLUICE_BENCH_KAFKA_TEST=1
 
 stage "unit and property tests: build"
 cargo test --workspace --no-run
-# They run after the end-to-end tests, while the previous version's build (above) ends, and
-# not beside them: the storage tests fsync without pause, and the end-to-end tests that time
-# a restart, a failover or a power cut must not share the disk with them.
+# They run after the end-to-end tests, not beside them: the storage tests fsync without
+# pause, and the end-to-end tests that time a restart, a failover or a power cut must not
+# share the disk with them.
 
+# After the build above, in its target dir: the build scripts and procedural macros it built
+# serve clippy too (in a target dir of its own, clippy cost three times the CPU).
+stage "clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+stage "previous version ($base_rev): build"
+if [ -n "$base_needed" ]; then
+  CARGO_BUILD_BUILD_DIR="$PWD/target" cargo build -p sluice-cli --manifest-path "$base_dir/src/Cargo.toml" \
+    --target-dir "$base_dir/target"
+  cp "$base_dir/target/debug/sluice" "$base_dir/sluice"
+  echo "$base_rev" > "$base_dir/rev"
+fi
 stage "end-to-end tests"
 if ! wait "$tools_pid"; then
   tail -50 target/test-tools.log >&2
@@ -170,25 +161,6 @@ df -h . "${TMPDIR:-/tmp}" | sed 's/^/   /'
 stage "unit and property tests"
 cargo test --workspace
 
-stage "clippy: results"
-clippy_status=0
-wait "$clippy_pid" || clippy_status=$?
-clippy_pid=""
-if [ "$clippy_status" -ne 0 ]; then
-  cat target/clippy.log >&2
-  echo "clippy failed" >&2
-  exit 1
-fi
-
 stage "rolling upgrade from the previous version"
-if [ -n "$base_build_pid" ]; then
-  if ! wait "$base_build_pid"; then
-    tail -50 "$base_dir/build.log" >&2
-    echo "building the previous version ($base_rev) failed" >&2
-    exit 1
-  fi
-  cp "$base_dir/target/release/sluice" "$base_dir/sluice"
-  echo "$base_rev" > "$base_dir/rev"
-fi
 # Exit status 5: the arguments given deselected this test.
 .venv/bin/pytest -q tests/python/test_rolling_upgrade.py "$@" || [ $? -eq 5 ]
