@@ -96,6 +96,15 @@ pub const TAIL_FROZEN_CHUNKS_MAX: usize = 64;
 /// than through the page cache (at 10,000 partitions of 1 msg/s the tails would otherwise
 /// keep [`tail_retained_bytes_max`]).
 pub const TAIL_FROZEN_RETAIN_MS: i64 = 2000;
+/// A busy partition's written frozen chunks (of [`TAIL_CHUNK_BYTES_MAX`]: a chunk that size
+/// fills within a second) stay this long instead of [`TAIL_FROZEN_RETAIN_MS`], unless memory
+/// is short. A consumer group's rebalance resumes each partition at its last committed
+/// offset, up to the clients' auto-commit interval (5 s by default, librdkafka and the Java
+/// client alike) before where its reader stopped, once the rebalance's own seconds have
+/// passed; read from the disk at the peak, that backlog drained slower than producers added
+/// to it (Kafka's readers find it in the page cache). An idle partition's backlog is a few
+/// small reads: its chunks go at the shorter age, so 10,000 idle partitions hold no more.
+pub const TAIL_BUSY_FROZEN_RETAIN_MS: i64 = 8000;
 /// A reader of a chunk that froze this long ago lags: for [`READER_BEHIND_RETAIN_MS`] frozen
 /// chunks stay past [`TAIL_FROZEN_RETAIN_MS`] (within the count and memory bounds), so it
 /// reads on from memory rather than from the disk.
@@ -446,6 +455,17 @@ pub(crate) struct Tail {
     reader_behind_ms: AtomicI64,
 }
 
+/// How long after it froze a written chunk stays for readers a moment behind, when no
+/// reader lags: [`TAIL_BUSY_FROZEN_RETAIN_MS`] for a busy partition's, else
+/// [`TAIL_FROZEN_RETAIN_MS`].
+fn frozen_retain_ms(chunk: &Chunk) -> i64 {
+    if chunk.shared.capacity >= TAIL_CHUNK_BYTES_MAX {
+        TAIL_BUSY_FROZEN_RETAIN_MS
+    } else {
+        TAIL_FROZEN_RETAIN_MS
+    }
+}
+
 /// Whether no reader lagged for [`READER_BEHIND_RETAIN_MS`]: frozen chunks may then go for
 /// their age.
 fn readers_keep_up(reader_behind_ms: &AtomicI64, now_ms: i64) -> bool {
@@ -566,7 +586,7 @@ impl Tail {
         while self.chunks.len() > 1
             && (self.chunks.len() > self.frozen_max + 1
                 || tail_memory_bytes() > tail_retained_bytes_max()
-                || (now_ms - self.chunks[1].created_ms > TAIL_FROZEN_RETAIN_MS && readers_keep_up))
+                || (now_ms - self.chunks[1].created_ms > frozen_retain_ms(&self.chunks[0]) && readers_keep_up))
             && self.chunks[0].is_written()
             && self.chunks[1].written() >= self.chunks[1].first_batch
         {
@@ -875,6 +895,32 @@ mod tests {
         f.now_ms += READER_BEHIND_RETAIN_MS;
         f.tail.claim(f.file.clone(), 0).unwrap().write();
         while f.append(5000) == Appended::Added {}
+        assert_eq!(f.tail.chunks.len(), 2, "written chunks that froze long ago go");
+        f.tail.flush(&f.file).unwrap();
+        assert_eq!(f.file_bytes(), f.appended);
+    }
+
+    #[test]
+    fn a_busy_partitions_written_chunks_stay_for_a_rebalance_and_smaller_ones_go_sooner() {
+        let mut f = Fixture::new(true);
+        f.now_ms = 1_000_000;
+        // Filled within a second each, the chunks grow to the largest size.
+        let busy = |f: &Fixture| f.tail.chunks.iter().filter(|c| c.shared.capacity == TAIL_CHUNK_BYTES_MAX).count();
+        while busy(&f) < 3 {
+            f.append(100_000);
+        }
+        assert!(f.tail.chunks[0].shared.capacity < TAIL_CHUNK_BYTES_MAX);
+        let first_busy = f.tail.chunks.iter().find(|c| c.shared.capacity == TAIL_CHUNK_BYTES_MAX).unwrap();
+        let first_busy = first_busy.first_batch_position();
+        f.tail.claim(f.file.clone(), 0).unwrap().write();
+        // Past the shorter age, the smaller written chunks go; the largest ones stay.
+        f.now_ms += TAIL_FROZEN_RETAIN_MS + 1;
+        while f.append(100_000) == Appended::Added {}
+        assert_eq!(f.tail.memory_start(), Some(first_busy), "a busy partition's chunks stay past the shorter age");
+        // Past the longer age, they go too.
+        f.now_ms += TAIL_BUSY_FROZEN_RETAIN_MS + 1;
+        f.tail.claim(f.file.clone(), 0).unwrap().write();
+        while f.append(100_000) == Appended::Added {}
         assert_eq!(f.tail.chunks.len(), 2, "written chunks that froze long ago go");
         f.tail.flush(&f.file).unwrap();
         assert_eq!(f.file_bytes(), f.appended);

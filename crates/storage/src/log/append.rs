@@ -725,7 +725,9 @@ impl Partition {
                 return CheckpointSync::Synced;
             }
             let active = state.segments.values_mut().next_back().expect("active segment");
-            active.flushed_file().map(|file| (file, recovery_image_due(&state).then(|| capture_recovery_image(&state))))
+            active
+                .flushed_file()
+                .map(|file| (file, recovery_image_due(&state, crate::now_ms()).then(|| capture_recovery_image(&state))))
         };
         match flushed.and_then(|(active, image)| crate::durable::sync_data(&active).map(|()| image)) {
             Ok(image) => {

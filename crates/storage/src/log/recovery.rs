@@ -38,7 +38,7 @@ use super::wal_link::Control;
 use super::{
     AbortedTransaction, LogConfig, LogState, Partition, Progress, PublishedOffsets, Visible, ABORTED_TRANSACTIONS_FILE,
     CLEANER_CHECKPOINT_FILE, CLEANING_DIR, LEADER_EPOCHS_FILE, LEADER_EPOCHS_MAX, LOG_START_OFFSET_FILE,
-    RECOVERY_IMAGE_GROWTH_BYTES_MIN, SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
+    RECOVERY_IMAGE_GROWTH_BYTES_MIN, RECOVERY_IMAGE_INTERVAL_MS, SNAPSHOTS_KEPT, SNAPSHOT_SUFFIX,
 };
 use crate::batch::BatchHeader;
 use crate::producer_state::ProducerStateTable;
@@ -415,6 +415,7 @@ fn load_state_once(dir: &Path, config: LogConfig) -> io::Result<LogState> {
         roll: None,
         retired: false,
         recovery_image: (active_base, 0),
+        recovery_image_ms: i64::MIN,
         remote_tier: None,
     })
 }
@@ -622,12 +623,14 @@ pub(super) struct RecoveryImage {
     producers: ProducerStateTable,
 }
 
-/// True when the active segment grew enough since its last recovery image.
-pub(super) fn recovery_image_due(state: &LogState) -> bool {
+/// True when the active segment grew enough since its last recovery image, and that image
+/// is old enough (`now_ms`).
+pub(super) fn recovery_image_due(state: &LogState, now_ms: i64) -> bool {
     let active = state.segments.values().next_back().expect("active segment");
     let (base, covered) = state.recovery_image;
     let last = if base == active.base_offset() { covered } else { 0 };
     active.size_bytes().saturating_sub(last) >= RECOVERY_IMAGE_GROWTH_BYTES_MIN.max(last / 16)
+        && now_ms.saturating_sub(state.recovery_image_ms) >= RECOVERY_IMAGE_INTERVAL_MS
 }
 
 /// The active segment's index and the producer state at its end, captured under the lock.
@@ -668,6 +671,7 @@ impl Partition {
         std::fs::rename(&staged, &image.index_path)?;
         write_snapshot(&self.dir, image.log_end_offset, &image.producers, &self.snapshots)?;
         state.recovery_image = (image.base_offset, image.covered);
+        state.recovery_image_ms = crate::now_ms();
         Ok(())
     }
 }
@@ -743,6 +747,25 @@ mod recovery_image_tests {
         );
         append(&partition, 1, 100, 30);
         assert_eq!(partition.offsets().log_end_offset, 451 * 100);
+        partition.close().unwrap();
+    }
+
+    #[test]
+    fn checkpoints_in_quick_succession_write_one_recovery_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let partition = Partition::open(dir.path(), page_cache_config()).unwrap();
+        append(&partition, 400, 100, 10);
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
+        let first = partition.state.lock().recovery_image;
+        assert!(first.1 >= RECOVERY_IMAGE_GROWTH_BYTES_MIN);
+        // Grown enough again, but right after the last image: none now.
+        append(&partition, 400, 100, 20);
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
+        assert_eq!(partition.state.lock().recovery_image, first, "no second image within the interval");
+        // Once the interval has passed, the next checkpoint writes one.
+        partition.state.lock().recovery_image_ms -= RECOVERY_IMAGE_INTERVAL_MS;
+        assert_eq!(partition.sync_for_wal_checkpoint(true), crate::log::CheckpointSync::Synced);
+        assert!(partition.state.lock().recovery_image.1 > first.1, "an image after the interval");
         partition.close().unwrap();
     }
 
