@@ -578,7 +578,13 @@ impl Group {
         }
         let rebalance_timeout_ms =
             self.members.values().map(|m| i64::from(m.rebalance_timeout_ms)).max().unwrap_or_default();
-        let initial = self.state == GroupState::Empty && timing.initial_rebalance_delay_ms > 0;
+        // A new group's first generation forms at a tick once the initial delay has passed,
+        // a delay of 0 included (as Kafka's, which completes it from its timer): consumers
+        // started together, each through its KIP-394 round trip, then share the first
+        // generation. Formed at the first member's join, it held every partition until the
+        // others' join forced a rebalance a heartbeat later, and they read again from the
+        // last committed offsets what it had read meanwhile.
+        let initial = self.state == GroupState::Empty;
         self.state = GroupState::PreparingRebalance;
         if initial {
             self.initial_delay_cap_ms = Some(now_ms + rebalance_timeout_ms);

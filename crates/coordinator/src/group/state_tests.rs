@@ -74,7 +74,8 @@ fn join_dynamic(group: &mut Group, names: &[&str], now_ms: i64) -> (String, ones
 /// A one-member Stable group; returns the member id.
 fn stable_single(group: &mut Group) -> String {
     let (member, mut join) = join_dynamic(group, &["range"], T0);
-    let joined = answered(&mut join).expect("single member completes the join at once");
+    group.tick(T0, &NO_DELAY);
+    let joined = answered(&mut join).expect("a single member's first generation forms at the next tick");
     assert_eq!(joined.generation_id, 1);
     let mut sync = waiting(group.sync(sync_request(&member, 1, &[(&member, "all")]), T0));
     assert_eq!(answered(&mut sync).unwrap().assignment, Bytes::from("all"));
@@ -86,6 +87,8 @@ fn stable_single(group: &mut Group) -> String {
 fn first_member_needs_a_member_id_then_leads_a_stable_group() {
     let mut group = Group::new("g");
     let (member, mut join) = join_dynamic(&mut group, &["range"], T0);
+    assert!(answered(&mut join).is_none(), "a new group's first generation forms at a tick");
+    group.tick(T0, &NO_DELAY);
     let response = answered(&mut join).unwrap();
     assert_eq!(response.error, None);
     assert_eq!(response.leader_id, member);
@@ -98,6 +101,22 @@ fn first_member_needs_a_member_id_then_leads_a_stable_group() {
     assert_eq!(answered(&mut sync).unwrap().assignment, Bytes::from("p0"));
     assert_eq!(group.state(), GroupState::Stable);
     assert_eq!(group.leader_id(), Some(member.as_str()));
+}
+
+#[test]
+fn members_that_join_together_share_the_first_generation_without_an_initial_delay() {
+    let mut group = Group::new("g");
+    let (first, mut first_join) = join_dynamic(&mut group, &["range"], T0);
+    // The second member's KIP-394 round trip begins after the first's has ended, before
+    // the tick: it takes part in the first generation.
+    let (second, mut second_join) = join_dynamic(&mut group, &["range"], T0 + 5);
+    group.tick(T0 + 10, &NO_DELAY);
+    let leader_view = answered(&mut first_join).unwrap();
+    let follower_view = answered(&mut second_join).unwrap();
+    assert_eq!((leader_view.generation_id, follower_view.generation_id), (1, 1));
+    assert_eq!(leader_view.members.len(), 2);
+    assert_eq!(leader_view.leader_id, first);
+    assert_eq!(follower_view.member_id, second);
 }
 
 #[test]
@@ -212,6 +231,7 @@ fn members_that_miss_the_rebalance_timeout_are_dropped() {
 fn a_static_member_rejoining_with_unchanged_metadata_causes_no_rebalance() {
     let mut group = Group::new("g");
     let mut join = waiting(group.join(request("", Some("instance-1"), &["range"]), T0, &NO_DELAY));
+    group.tick(T0, &NO_DELAY);
     let old = answered(&mut join).unwrap();
     assert_eq!(old.error, None, "static members skip MEMBER_ID_REQUIRED");
     let mut sync = waiting(group.sync(sync_request(&old.member_id, 1, &[(&old.member_id, "p0-p3")]), T0));
